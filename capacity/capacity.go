@@ -1,0 +1,51 @@
+// Package capacity owns the read-only capacity snapshot the EPP serves on its
+// admin port (GET /v1/capacity) and the quoter reads: per model, how much
+// headroom the pool has right now, computed from the same KV index and engine
+// metrics the scheduler uses. It is deliberately narrow so the quoter never
+// depends on scheduler internals.
+package capacity
+
+import "time"
+
+// Path is where the EPP's admin server serves the snapshot.
+const Path = "/v1/capacity"
+
+// Snapshot is the whole pool at one instant.
+type Snapshot struct {
+	// Taken is when the snapshot was computed.
+	Taken time.Time `json:"taken"`
+	// Models has one entry per served base model.
+	Models []Model `json:"models"`
+}
+
+// Model is the capacity of the replicas serving one model.
+type Model struct {
+	Model string `json:"model"`
+	// Replicas is how many endpoints serve the model; Healthy those whose
+	// breaker is closed and whose metrics are fresh.
+	Replicas int `json:"replicas"`
+	Healthy  int `json:"healthy"`
+	// Stale counts replicas whose metrics are older than the staleness limit.
+	Stale int `json:"stale"`
+	// FreeKVBlocks and FreeKVTokens are summed over healthy replicas
+	// (total minus used, from the engines' own cache metrics).
+	FreeKVBlocks int64 `json:"free_kv_blocks"`
+	FreeKVTokens int64 `json:"free_kv_tokens"`
+	// TotalKVTokens is the KV capacity of healthy replicas.
+	TotalKVTokens int64 `json:"total_kv_tokens"`
+	// Waiting and Running are the engines' queue depth and running requests,
+	// summed; InFlight is what the EPP routed and has not seen finish.
+	Waiting  int `json:"waiting"`
+	Running  int `json:"running"`
+	InFlight int `json:"in_flight"`
+	// MaxConcurrency is the configured running-request target summed over
+	// healthy replicas (target_inflight each).
+	MaxConcurrency int `json:"max_concurrency"`
+	// OutputTokensPerSec and PromptTokensPerSec are measured over the last
+	// scrape window from the engines' counters.
+	OutputTokensPerSec float64 `json:"output_tokens_per_sec"`
+	PromptTokensPerSec float64 `json:"prompt_tokens_per_sec"`
+	// PrefixHitRate is prefix-cache hits over queries (tokens) over the
+	// window, 0..1.
+	PrefixHitRate float64 `json:"prefix_hit_rate"`
+}

@@ -1,0 +1,135 @@
+// Command enginesim runs a simulated vLLM or SGLang replica (one process, one
+// or more data-parallel ranks): the OpenAI API, a prefix-caching KV cache
+// with continuous-batching timing, real metric names and the real KV-event
+// wire format. See engines/sim for the configuration.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/omnious/provider-node/engines/sim"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "enginesim:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	// The config file is read first so that flags, whose defaults are the
+	// file's values, override only what they set.
+	var c sim.Config
+	configPath := configFlag(os.Args[1:])
+	if configPath != "" {
+		var err error
+		if c, err = sim.LoadConfig(configPath); err != nil {
+			return err
+		}
+	}
+	fs := flag.NewFlagSet("enginesim", flag.ContinueOnError)
+	fs.String("config", configPath, "YAML config file (flags override it)")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&c.Listen, "listen", c.Listen, "HTTP address of rank 0 (default 127.0.0.1:8000)")
+	fs.StringVar(&c.Model, "model", c.Model, "served model name (default Qwen/Qwen3-32B)")
+	fs.IntVar(&c.MaxModelLen, "max-model-len", c.MaxModelLen, "maximum prompt+output tokens (default 40960)")
+	fs.IntVar(&c.DataParallelSize, "data-parallel-size", c.DataParallelSize, "ranks on consecutive ports (default 1)")
+	fs.Int64Var(&c.Seed, "seed", c.Seed, "seed for deterministic outputs")
+	flavour := fs.String("engine", c.Engine.Flavour, "engine flavour: vllm or sglang (default vllm)")
+	fs.IntVar(&c.Engine.BlockSize, "block-size", c.Engine.BlockSize, "KV block (SGLang: page) size in tokens (default 16)")
+	fs.IntVar(&c.Engine.NumGPUBlocks, "num-gpu-blocks", c.Engine.NumGPUBlocks, "KV blocks on the GPU tier")
+	fs.IntVar(&c.Engine.NumCPUBlocks, "num-cpu-blocks", c.Engine.NumCPUBlocks, "KV blocks on the CPU tier (0: no CPU tier)")
+	fs.IntVar(&c.Engine.MaxNumBatchedTokens, "max-num-batched-tokens", c.Engine.MaxNumBatchedTokens, "token budget per step (default 8192)")
+	fs.IntVar(&c.Engine.MaxNumSeqs, "max-num-seqs", c.Engine.MaxNumSeqs, "maximum running requests (default 256)")
+	fs.Float64Var(&c.Engine.TimeScale, "time-scale", c.Engine.TimeScale, "run this many times faster than real time (default 1)")
+	fs.StringVar(&c.KVEvents.Endpoint, "kv-events-endpoint", c.KVEvents.Endpoint, "ZMQ PUB endpoint of rank 0 (default tcp://127.0.0.1:5557)")
+	fs.StringVar(&c.KVEvents.ReplayEndpoint, "kv-events-replay-endpoint", c.KVEvents.ReplayEndpoint, "ZMQ ROUTER replay endpoint of rank 0 (default off)")
+	fs.StringVar(&c.KVEvents.Topic, "kv-events-topic", c.KVEvents.Topic, "ZMQ topic (default \"\")")
+	fs.StringVar(&c.KVEvents.Format, "kv-events-format", c.KVEvents.Format, "event encoding: map, array (vLLM legacy) or sglang")
+	fs.StringVar(&c.KVEvents.Hashes, "kv-events-hashes", c.KVEvents.Hashes, "block hash encoding: uint64, int64 or bytes")
+	noEvents := fs.Bool("no-kv-events", false, "do not publish KV events")
+	fs.Float64Var(&c.Faults.ErrorRate, "error-rate", c.Faults.ErrorRate, "share of requests answered with an injected error")
+	fs.IntVar(&c.Faults.ErrorStatus, "error-status", c.Faults.ErrorStatus, "HTTP status of injected errors (default 500)")
+	fs.DurationVar(&c.Faults.Latency, "added-latency", c.Faults.Latency, "latency added before each request")
+	fs.BoolVar(&c.Faults.RejectAutoToolChoice, "reject-auto-tool-choice", c.Faults.RejectAutoToolChoice, "answer tool_choice auto with vLLM's 400")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		return err
+	}
+	c.Engine.Flavour = *flavour
+	if *noEvents {
+		off := false
+		c.KVEvents.Enabled = &off
+	}
+	c = c.WithDefaults()
+	if err := c.Validate(); err != nil {
+		return fmt.Errorf("invalid configuration: %w", err)
+	}
+	log, err := newLogger(*logLevel)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = log.Sync() }()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	replicas := make([]*sim.Replica, 0, c.DataParallelSize)
+	for rank := 0; rank < c.DataParallelSize; rank++ {
+		r, err := sim.NewReplica(c, rank, log)
+		if err != nil {
+			stop()
+			return errors.Join(fmt.Errorf("rank %d: %w", rank, err), runAll(ctx, replicas))
+		}
+		replicas = append(replicas, r)
+	}
+	return runAll(ctx, replicas)
+}
+
+func runAll(ctx context.Context, replicas []*sim.Replica) error {
+	var wg sync.WaitGroup
+	errs := make([]error, len(replicas))
+	for i, r := range replicas {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = r.Run(ctx) }()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// configFlag finds -config/--config in args without parsing the rest.
+func configFlag(args []string) string {
+	for i, a := range args {
+		for _, name := range []string{"-config", "--config"} {
+			if a == name && i+1 < len(args) {
+				return args[i+1]
+			}
+			if v, ok := strings.CutPrefix(a, name+"="); ok {
+				return v
+			}
+		}
+	}
+	return ""
+}
+
+func newLogger(level string) (*zap.Logger, error) {
+	lvl, err := zapcore.ParseLevel(level)
+	if err != nil {
+		return nil, fmt.Errorf("bad -log-level: %w", err)
+	}
+	cfg := zap.NewProductionConfig()
+	cfg.Level = zap.NewAtomicLevelAt(lvl)
+	cfg.EncoderConfig.EncodeTime = zapcore.TimeEncoderOfLayout(time.RFC3339Nano)
+	return cfg.Build()
+}

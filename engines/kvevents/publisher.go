@@ -1,0 +1,302 @@
+package kvevents
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"go.uber.org/zap"
+)
+
+// PublisherConfig configures a Publisher. Zero values take the defaults
+// stated per field, which are vLLM's.
+type PublisherConfig struct {
+	// Endpoint is the PUB endpoint, e.g. "tcp://127.0.0.1:5557" (port 0
+	// picks a free port; see Publisher.Endpoint). Required.
+	Endpoint string
+	// Dial makes the PUB socket connect to Endpoint instead of binding it,
+	// for subscribers in bind mode. Unlike libzmq, the subscriber must be
+	// listening within zmq4's dial retries (10 x 250ms). Default false (bind).
+	Dial bool
+	// ReplayEndpoint is the ROUTER endpoint answering replay requests.
+	// Default "" (replay disabled).
+	ReplayEndpoint string
+	// ReplayLayout is the reply layout. Default ReplayLayoutSeq.
+	ReplayLayout ReplayLayout
+	// Topic is the first frame of every message. Default "" (vLLM's).
+	Topic string
+	// Format is the event encoding. Default FormatArray.
+	Format Format
+	// HashEncoding is the block-hash encoding. Default HashUint64.
+	HashEncoding HashEncoding
+	// DPRank is sent in every batch unless OmitDPRank. Default 0.
+	DPRank int
+	// OmitDPRank sends nil as the rank. Default false (vLLM always sets it).
+	OmitDPRank bool
+	// BufferSteps is how many recent batches are kept for replay.
+	// Default 10000 (vLLM's buffer_steps).
+	BufferSteps int
+	// HWM is the PUB queue bound; batches past it are dropped silently, as
+	// ZMQ does. Default 100000.
+	HWM int
+	// Now stamps batches. Default time.Now.
+	Now func() time.Time
+}
+
+const (
+	defaultBufferSteps = 10000
+	defaultHWM         = 100000
+)
+
+type bufferedBatch struct {
+	seq     uint64
+	payload []byte
+}
+
+// Publisher is a vLLM-compatible KV-event publisher: a ZMQ PUB socket plus an
+// optional ROUTER answering replay requests from a ring of recent batches.
+// It is safe for concurrent use.
+type Publisher struct {
+	cfg   PublisherConfig
+	log   *zap.Logger
+	topic []byte
+
+	pub    zmq4.Socket
+	router zmq4.Socket
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu     sync.Mutex
+	closed bool
+	seq    uint64
+	drop   int
+	ring   []bufferedBatch // circular, oldest at head once full
+	head   int
+}
+
+// NewPublisher opens the PUB socket (and the ROUTER when replay is
+// configured) and starts serving replay requests.
+func NewPublisher(cfg PublisherConfig, log *zap.Logger) (*Publisher, error) {
+	if cfg.Endpoint == "" {
+		return nil, errors.New("cannot create publisher: empty endpoint")
+	}
+	if cfg.Format > FormatArraySGLang || cfg.HashEncoding > HashBytes || cfg.ReplayLayout > ReplayLayoutTopicSeq {
+		return nil, errors.New("cannot create publisher: unknown format, hash encoding or replay layout")
+	}
+	if cfg.BufferSteps <= 0 {
+		cfg.BufferSteps = defaultBufferSteps
+	}
+	if cfg.HWM <= 0 {
+		cfg.HWM = defaultHWM
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &Publisher{
+		cfg:    cfg,
+		log:    log,
+		topic:  []byte(cfg.Topic),
+		cancel: cancel,
+		done:   make(chan struct{}),
+		ring:   make([]bufferedBatch, 0, min(cfg.BufferSteps, 1024)),
+	}
+	var opts []zmq4.Option
+	if cfg.Dial {
+		// Like libzmq's connect, follow the subscriber across its restarts.
+		opts = append(opts, zmq4.WithAutomaticReconnect(true))
+	}
+	p.pub = zmq4.NewPub(ctx, opts...)
+	if err := p.pub.SetOption(zmq4.OptionHWM, cfg.HWM); err != nil {
+		p.closeSockets()
+		return nil, fmt.Errorf("cannot create publisher: set hwm: %w", err)
+	}
+	var err error
+	if cfg.Dial {
+		err = p.pub.Dial(cfg.Endpoint)
+	} else {
+		err = p.pub.Listen(cfg.Endpoint)
+	}
+	if err != nil {
+		p.closeSockets()
+		return nil, fmt.Errorf("cannot create publisher on %s: %w", cfg.Endpoint, err)
+	}
+	if cfg.ReplayEndpoint == "" {
+		close(p.done)
+		return p, nil
+	}
+	p.router = zmq4.NewRouter(ctx)
+	if err := p.router.Listen(cfg.ReplayEndpoint); err != nil {
+		p.closeSockets()
+		return nil, fmt.Errorf("cannot create publisher replay socket on %s: %w", cfg.ReplayEndpoint, err)
+	}
+	go p.serveReplay(ctx)
+	return p, nil
+}
+
+// Endpoint returns the bound PUB endpoint with the real port, or the
+// configured endpoint when dialing.
+func (p *Publisher) Endpoint() string {
+	return boundEndpoint(p.pub, p.cfg.Endpoint)
+}
+
+// ReplayEndpoint returns the bound ROUTER endpoint, or "" without replay.
+func (p *Publisher) ReplayEndpoint() string {
+	if p.router == nil {
+		return ""
+	}
+	return boundEndpoint(p.router, p.cfg.ReplayEndpoint)
+}
+
+func boundEndpoint(s zmq4.Socket, configured string) string {
+	if a := s.Addr(); a != nil {
+		return a.Network() + "://" + a.String()
+	}
+	return configured
+}
+
+// Publish sends events as one batch and returns its sequence number.
+// Encoding happens before the lock; sequence assignment, buffering and the
+// enqueue to the socket happen under it so that seq order is wire order.
+func (p *Publisher) Publish(events []Event) (uint64, error) {
+	b := Batch{TS: float64(p.cfg.Now().UnixNano()) / 1e9, Events: events, DPRank: p.cfg.DPRank, HasDPRank: !p.cfg.OmitDPRank}
+	payload, err := AppendBatch(make([]byte, 0, 64+len(events)*64), &b, p.cfg.Format, p.cfg.HashEncoding)
+	if err != nil {
+		return 0, fmt.Errorf("cannot publish: %w", err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return 0, errors.New("cannot publish: publisher closed")
+	}
+	seq := p.seq
+	p.seq++
+	p.buffer(seq, payload)
+	if p.drop > 0 {
+		p.drop--
+		return seq, nil
+	}
+	if err := p.pub.SendMulti(zmq4.NewMsgFrom(MessageFrames(p.topic, seq, payload)...)); err != nil {
+		return seq, fmt.Errorf("cannot publish seq %d: %w", seq, err)
+	}
+	return seq, nil
+}
+
+func (p *Publisher) buffer(seq uint64, payload []byte) {
+	if len(p.ring) < p.cfg.BufferSteps {
+		p.ring = append(p.ring, bufferedBatch{seq, payload})
+		return
+	}
+	p.ring[p.head] = bufferedBatch{seq, payload}
+	p.head = (p.head + 1) % len(p.ring)
+}
+
+// DropNext makes the next n batches take a sequence number and enter the
+// replay buffer without being sent: a gap a subscriber can fill by replay.
+func (p *Publisher) DropNext(n int) {
+	p.mu.Lock()
+	p.drop += n
+	p.mu.Unlock()
+}
+
+// Reset simulates an engine restart: the sequence restarts at 0 and the
+// replay buffer is emptied.
+func (p *Publisher) Reset() {
+	p.mu.Lock()
+	p.seq, p.drop, p.head = 0, 0, 0
+	clear(p.ring)
+	p.ring = p.ring[:0]
+	p.mu.Unlock()
+}
+
+// Close stops replay service and closes the sockets.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.mu.Unlock()
+	p.cancel()
+	err := p.closeSockets()
+	<-p.done
+	return err
+}
+
+func (p *Publisher) closeSockets() error {
+	p.cancel()
+	var errs []error
+	for _, s := range []zmq4.Socket{p.pub, p.router} {
+		// zmq4 reports connections it already tore down; that is not a failure.
+		if s != nil {
+			if err := s.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("cannot close publisher: %w", err)
+	}
+	return nil
+}
+
+// snapshot returns the buffered batches with seq >= start, oldest first.
+func (p *Publisher) snapshot(start uint64) []bufferedBatch {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []bufferedBatch
+	for i := range p.ring {
+		bb := p.ring[(p.head+i)%len(p.ring)]
+		if bb.seq >= start {
+			out = append(out, bb)
+		}
+	}
+	return out
+}
+
+func (p *Publisher) serveReplay(ctx context.Context) {
+	defer close(p.done)
+	for {
+		msg, err := p.router.Recv()
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			// A peer went away; the socket stays usable.
+			p.log.Debug("replay receive failed", zap.Error(err))
+			continue
+		}
+		id, start, err := ParseReplayRequest(msg.Frames)
+		if err != nil {
+			p.log.Warn("ignoring invalid replay request", zap.Error(err))
+			continue
+		}
+		batches := p.snapshot(start)
+		p.log.Debug("serving replay", zap.Uint64("start", start), zap.Int("batches", len(batches)))
+		if err := p.reply(id, batches); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			p.log.Warn("replay reply failed", zap.Uint64("start", start), zap.Error(err))
+		}
+	}
+}
+
+func (p *Publisher) reply(id []byte, batches []bufferedBatch) error {
+	for _, bb := range batches {
+		frames := append([][]byte{id}, ReplayReplyFrames(p.cfg.ReplayLayout, p.topic, bb.seq, bb.payload)...)
+		if err := p.router.SendMulti(zmq4.NewMsgFrom(frames...)); err != nil {
+			return err
+		}
+	}
+	frames := append([][]byte{id}, ReplayEndFrames(p.cfg.ReplayLayout)...)
+	return p.router.SendMulti(zmq4.NewMsgFrom(frames...))
+}

@@ -1,0 +1,430 @@
+package kvevents
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"go.uber.org/zap"
+)
+
+// Handler receives a subscriber's batches and resets, from the subscriber's
+// single goroutine, in sequence order.
+type Handler interface {
+	// HandleBatch applies one batch. b is reused after the call returns.
+	HandleBatch(topic string, seq uint64, b *Batch)
+	// HandleReset says the events of topic's replica can no longer be
+	// trusted (restart, or loss that replay could not fill): drop its state
+	// and rebuild from the batches that follow.
+	HandleReset(topic string, reason string)
+}
+
+// SubscriberConfig configures a Subscriber. Zero values take the defaults
+// stated per field.
+type SubscriberConfig struct {
+	// Endpoint is the engine's PUB endpoint to dial, or with Bind the
+	// endpoint to bind for engines to connect to. Required.
+	Endpoint string
+	// Bind binds Endpoint and accepts many engines; each is identified by
+	// its topic (llm-d's "kv@<ip>:<port>@<model>"). Replay is not attempted
+	// in this mode: a gap resets that replica. Default false (dial).
+	Bind bool
+	// ReplayEndpoint is the engine's ROUTER endpoint used to fill gaps.
+	// Default "" (no replay: a gap resets).
+	ReplayEndpoint string
+	// Topic is the subscription prefix. Default "" (everything).
+	Topic string
+	// ReplayTimeout bounds one replay, end marker included. Default 2s.
+	ReplayTimeout time.Duration
+	// MinBackoff and MaxBackoff bound the reconnect delay, which doubles
+	// after each failure. Defaults 100ms and 5s.
+	MinBackoff time.Duration
+	MaxBackoff time.Duration
+	// MaxReplicas bounds the topics tracked in bind mode; messages on
+	// further topics are dropped. Default 4096.
+	MaxReplicas int
+}
+
+// Stats counts what a subscriber saw. Fields are updated atomically and can
+// be read at any time.
+type Stats struct {
+	// Received counts live messages.
+	Received atomic.Uint64
+	// Applied counts batches delivered to the handler (live and replayed).
+	Applied atomic.Uint64
+	// DroppedFrames counts messages with a bad frame layout.
+	DroppedFrames atomic.Uint64
+	// DroppedDecode counts batches whose payload did not decode.
+	DroppedDecode atomic.Uint64
+	// DroppedDuplicate counts live batches already applied by a replay.
+	DroppedDuplicate atomic.Uint64
+	// DroppedReplicas counts messages on topics past MaxReplicas.
+	DroppedReplicas atomic.Uint64
+	// UnknownEvents counts skipped events of unknown type.
+	UnknownEvents atomic.Uint64
+	// Gaps counts jumps forward in the sequence.
+	Gaps atomic.Uint64
+	// Replays counts replay attempts; ReplayFailures those that did not fill the gap.
+	Replays        atomic.Uint64
+	ReplayFailures atomic.Uint64
+	// ReplayedBatches counts batches applied from replays.
+	ReplayedBatches atomic.Uint64
+	// Resets counts HandleReset calls.
+	Resets atomic.Uint64
+	// Reconnects counts failed dials and lost connections.
+	Reconnects atomic.Uint64
+}
+
+// SeqVerdict classifies a live sequence number.
+type SeqVerdict uint8
+
+const (
+	// SeqFirst is the first sequence seen: the baseline.
+	SeqFirst SeqVerdict = iota
+	// SeqNext follows the last applied batch.
+	SeqNext
+	// SeqGap skips batches: fill them by replay or reset.
+	SeqGap
+	// SeqDuplicate was already applied by a replay.
+	SeqDuplicate
+	// SeqRestart went backwards on the live stream: the engine restarted.
+	SeqRestart
+)
+
+// SeqTracker follows one replica's sequence numbers. The zero value is ready.
+type SeqTracker struct {
+	started  bool
+	last     uint64 // last applied, live or replayed
+	lastLive uint64 // highest seen on the live stream
+}
+
+// Live classifies seq received on the live stream. Live sequences only go
+// up, so one at or below the previous live one means a restart, while one
+// at or below the last applied (after a replay ran ahead) is a duplicate.
+func (t *SeqTracker) Live(seq uint64) SeqVerdict {
+	defer func() { t.lastLive = seq }()
+	switch {
+	case !t.started:
+		return SeqFirst
+	case seq <= t.lastLive:
+		return SeqRestart
+	case seq <= t.last:
+		return SeqDuplicate
+	case seq == t.last+1:
+		return SeqNext
+	}
+	return SeqGap
+}
+
+// Applied records that batch seq reached the handler.
+func (t *SeqTracker) Applied(seq uint64) {
+	t.started, t.last = true, seq
+}
+
+// Last returns the last applied sequence; ok is false before the first.
+func (t *SeqTracker) Last() (seq uint64, ok bool) { return t.last, t.started }
+
+type replica struct {
+	topic string
+	seq   SeqTracker
+}
+
+// Subscriber receives KV events from one engine (dial mode) or many (bind
+// mode), keeps each replica's sequence, fills gaps by replay and reports
+// what cannot be filled as a reset.
+type Subscriber struct {
+	cfg   SubscriberConfig
+	h     Handler
+	log   *zap.Logger
+	stats Stats
+
+	bound zmq4.Socket // bind mode only, opened by NewSubscriber
+
+	mu       sync.Mutex // guards closed and bound's lifetime against Close
+	closed   bool
+	single   *replica            // dial mode
+	replicas map[string]*replica // bind mode, by topic
+	batch    Batch
+}
+
+// NewSubscriber validates cfg and, in bind mode, binds the endpoint.
+func NewSubscriber(cfg SubscriberConfig, h Handler, log *zap.Logger) (*Subscriber, error) {
+	if cfg.Endpoint == "" {
+		return nil, errors.New("cannot create subscriber: empty endpoint")
+	}
+	if h == nil {
+		return nil, errors.New("cannot create subscriber: nil handler")
+	}
+	if cfg.ReplayTimeout <= 0 {
+		cfg.ReplayTimeout = 2 * time.Second
+	}
+	if cfg.MinBackoff <= 0 {
+		cfg.MinBackoff = 100 * time.Millisecond
+	}
+	if cfg.MaxBackoff < cfg.MinBackoff {
+		cfg.MaxBackoff = max(5*time.Second, cfg.MinBackoff)
+	}
+	if cfg.MaxReplicas <= 0 {
+		cfg.MaxReplicas = 4096
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	s := &Subscriber{cfg: cfg, h: h, log: log, replicas: make(map[string]*replica)}
+	if cfg.Bind {
+		sock := zmq4.NewSub(context.Background())
+		if err := sock.SetOption(zmq4.OptionSubscribe, cfg.Topic); err != nil {
+			sock.Close()
+			return nil, fmt.Errorf("cannot create subscriber: subscribe: %w", err)
+		}
+		if err := sock.Listen(cfg.Endpoint); err != nil {
+			sock.Close()
+			return nil, fmt.Errorf("cannot create subscriber on %s: %w", cfg.Endpoint, err)
+		}
+		s.bound = sock
+	}
+	return s, nil
+}
+
+// Stats returns the live counters.
+func (s *Subscriber) Stats() *Stats { return &s.stats }
+
+// Endpoint returns the bound endpoint with its real port in bind mode, else
+// the configured endpoint.
+func (s *Subscriber) Endpoint() string {
+	if s.bound != nil {
+		return boundEndpoint(s.bound, s.cfg.Endpoint)
+	}
+	return s.cfg.Endpoint
+}
+
+// Close releases the bound socket if Run was never called. Run closes it
+// itself when it returns.
+func (s *Subscriber) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	if s.bound != nil {
+		if err := s.bound.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			return fmt.Errorf("cannot close subscriber: %w", err)
+		}
+	}
+	return nil
+}
+
+// Run receives until ctx is done, reconnecting forever in dial mode. It
+// returns ctx's error.
+func (s *Subscriber) Run(ctx context.Context) error {
+	if s.cfg.Bind {
+		return s.runBound(ctx)
+	}
+	backoff := s.cfg.MinBackoff
+	for ctx.Err() == nil {
+		received, err := s.runDialed(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		if received {
+			backoff = s.cfg.MinBackoff
+		}
+		s.stats.Reconnects.Add(1)
+		s.log.Info("kv event subscription lost, reconnecting",
+			zap.String("endpoint", s.cfg.Endpoint), zap.Duration("backoff", backoff), zap.Error(err))
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, s.cfg.MaxBackoff)
+	}
+	return ctx.Err()
+}
+
+// runDialed runs one connection; received reports whether any message came.
+func (s *Subscriber) runDialed(ctx context.Context) (received bool, err error) {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sock := zmq4.NewSub(sctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.cfg.MaxBackoff))
+	defer sock.Close()
+	if err := sock.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
+		return false, fmt.Errorf("subscribe: %w", err)
+	}
+	if err := sock.Dial(s.cfg.Endpoint); err != nil {
+		return false, err
+	}
+	for {
+		msg, err := sock.Recv()
+		if err != nil {
+			return received, err
+		}
+		received = true
+		s.handle(ctx, msg.Frames, true)
+	}
+}
+
+func (s *Subscriber) runBound(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() { _ = s.Close() })
+	defer stop()
+	defer s.Close()
+	for {
+		msg, err := s.bound.Recv()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
+				return errors.New("subscriber closed")
+			}
+			// One engine's connection failed; the others are unaffected.
+			s.stats.Reconnects.Add(1)
+			s.log.Debug("kv event connection lost", zap.Error(err))
+			continue
+		}
+		s.handle(ctx, msg.Frames, false)
+	}
+}
+
+// replicaFor returns the sequence state for a message. A dialed endpoint is
+// one engine whatever its topic says (SGLang changes the topic per epoch), so
+// dial mode keeps one replica; bind mode tells engines apart by topic.
+func (s *Subscriber) replicaFor(topic []byte) *replica {
+	if !s.cfg.Bind {
+		if s.single == nil {
+			s.single = &replica{}
+		}
+		if s.single.topic != string(topic) {
+			s.single.topic = string(topic)
+		}
+		return s.single
+	}
+	if r, ok := s.replicas[string(topic)]; ok {
+		return r
+	}
+	if len(s.replicas) >= s.cfg.MaxReplicas {
+		return nil
+	}
+	r := &replica{topic: string(topic)}
+	s.replicas[r.topic] = r
+	return r
+}
+
+func (s *Subscriber) handle(ctx context.Context, frames [][]byte, canReplay bool) {
+	s.stats.Received.Add(1)
+	topic, seq, payload, err := ParseMessage(frames)
+	if err != nil {
+		s.stats.DroppedFrames.Add(1)
+		s.log.Debug("dropping kv event message", zap.Error(err))
+		return
+	}
+	rep := s.replicaFor(topic)
+	if rep == nil {
+		s.stats.DroppedReplicas.Add(1)
+		return
+	}
+	switch rep.seq.Live(seq) {
+	case SeqFirst, SeqNext:
+		s.apply(rep, seq, payload)
+	case SeqDuplicate:
+		s.stats.DroppedDuplicate.Add(1)
+	case SeqRestart:
+		last, _ := rep.seq.Last()
+		s.reset(rep, fmt.Sprintf("sequence went back from %d to %d: engine restarted", last, seq))
+		s.apply(rep, seq, payload)
+	case SeqGap:
+		s.stats.Gaps.Add(1)
+		last, _ := rep.seq.Last()
+		if canReplay && s.cfg.ReplayEndpoint != "" {
+			err := s.replay(ctx, rep, last+1, seq)
+			if err == nil {
+				if applied, _ := rep.seq.Last(); applied < seq {
+					s.apply(rep, seq, payload)
+				}
+				return
+			}
+			s.stats.ReplayFailures.Add(1)
+			applied, _ := rep.seq.Last()
+			s.reset(rep, fmt.Sprintf("gap after %d: replay failed: %v", applied, err))
+		} else {
+			s.reset(rep, fmt.Sprintf("gap: %d batches lost after %d, no replay", seq-last-1, last))
+		}
+		s.apply(rep, seq, payload)
+	}
+}
+
+func (s *Subscriber) reset(rep *replica, reason string) {
+	s.stats.Resets.Add(1)
+	s.log.Info("kv event stream reset", zap.String("topic", rep.topic), zap.String("reason", reason))
+	s.h.HandleReset(rep.topic, reason)
+}
+
+// apply decodes and delivers one batch. An undecodable batch loses its
+// events, so the replica is reset and rebuilt from the next batch.
+func (s *Subscriber) apply(rep *replica, seq uint64, payload []byte) {
+	rep.seq.Applied(seq)
+	if err := DecodeBatch(payload, &s.batch); err != nil {
+		s.stats.DroppedDecode.Add(1)
+		s.reset(rep, fmt.Sprintf("batch %d: %v", seq, err))
+		return
+	}
+	if s.batch.Unknown > 0 {
+		s.stats.UnknownEvents.Add(uint64(s.batch.Unknown))
+	}
+	s.stats.Applied.Add(1)
+	s.h.HandleBatch(rep.topic, seq, &s.batch)
+}
+
+// replay asks the engine for every batch from start and applies those not
+// yet applied, in order. It succeeds only if the batches are contiguous and
+// reach at least until-1, so that the live batch until can follow.
+func (s *Subscriber) replay(ctx context.Context, rep *replica, start, until uint64) error {
+	s.stats.Replays.Add(1)
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
+	defer cancel()
+	dealer := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.cfg.ReplayTimeout))
+	defer dealer.Close()
+	if err := dealer.Dial(s.cfg.ReplayEndpoint); err != nil {
+		return fmt.Errorf("dial %s: %w", s.cfg.ReplayEndpoint, err)
+	}
+	if err := dealer.SendMulti(zmq4.NewMsgFrom(ReplayRequestFrames(start)...)); err != nil {
+		return fmt.Errorf("send request: %w", err)
+	}
+	for {
+		msg, err := dealer.Recv()
+		if err != nil {
+			if rctx.Err() != nil {
+				err = rctx.Err()
+			}
+			return fmt.Errorf("receive: %w", err)
+		}
+		rr, err := ParseReplayReply(msg.Frames)
+		if err != nil {
+			return err
+		}
+		if rr.End {
+			break
+		}
+		last, _ := rep.seq.Last()
+		if rr.Seq <= last {
+			continue
+		}
+		if rr.Seq != last+1 {
+			return fmt.Errorf("replay starts at %d, need %d (buffer too short)", rr.Seq, last+1)
+		}
+		s.stats.ReplayedBatches.Add(1)
+		s.apply(rep, rr.Seq, rr.Payload)
+	}
+	if last, _ := rep.seq.Last(); last+1 < until {
+		return fmt.Errorf("replay ended at %d before %d", last, until-1)
+	}
+	return nil
+}

@@ -1,0 +1,373 @@
+package kvevents
+
+import (
+	"context"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+)
+
+type seen struct {
+	topic  string
+	seq    uint64
+	hashes []uint64 // first hash of every event
+}
+
+// recorder is a Handler that copies what it is given.
+type recorder struct {
+	mu      sync.Mutex
+	batches []seen
+	resets  []string
+}
+
+func (r *recorder) HandleBatch(topic string, seq uint64, b *Batch) {
+	s := seen{topic: topic, seq: seq}
+	for _, ev := range b.Events {
+		s.hashes = append(s.hashes, ev.BlockHashes[0])
+	}
+	r.mu.Lock()
+	r.batches = append(r.batches, s)
+	r.mu.Unlock()
+}
+
+func (r *recorder) HandleReset(topic, reason string) {
+	r.mu.Lock()
+	r.resets = append(r.resets, topic+": "+reason)
+	r.mu.Unlock()
+}
+
+func (r *recorder) snapshot() ([]seen, []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]seen(nil), r.batches...), append([]string(nil), r.resets...)
+}
+
+// waitSeq waits until the recorder saw seq on topic.
+func (r *recorder) waitSeq(t *testing.T, topic string, seq uint64) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		bs, _ := r.snapshot()
+		for _, b := range bs {
+			if b.topic == topic && b.seq == seq {
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, 5*time.Millisecond, "seq %d on %q never arrived", seq, topic)
+}
+
+// hashFor gives each published batch a distinct, checkable block hash.
+func hashFor(tag, i int) uint64 { return splitmix64(uint64(tag)<<32 | uint64(i)) }
+
+func storedEvent(h uint64) []Event {
+	return []Event{{Kind: KindBlockStored, BlockHashes: []uint64{h}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: "GPU"}}
+}
+
+// connect publishes probe batches until the subscriber receives one, which
+// becomes its baseline, and returns the last probe seq.
+func connect(t *testing.T, p *Publisher, rec *recorder, topic string) uint64 {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		seq, err := p.Publish(storedEvent(hashFor(0, 0)))
+		require.NoError(t, err)
+		time.Sleep(20 * time.Millisecond)
+		bs, _ := rec.snapshot()
+		for _, b := range bs {
+			if b.topic == topic {
+				// Once one probe arrived the later ones will: wait for the
+				// last so none lands among the test's own batches.
+				rec.waitSeq(t, topic, seq)
+				return seq
+			}
+		}
+		require.True(t, time.Now().Before(deadline), "subscriber never connected")
+	}
+}
+
+func startSubscriber(t *testing.T, cfg SubscriberConfig, rec *recorder) *Subscriber {
+	t.Helper()
+	s, err := NewSubscriber(cfg, rec, zaptest.NewLogger(t))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			require.ErrorIs(t, err, context.Canceled)
+		case <-time.After(5 * time.Second):
+			t.Error("subscriber did not stop")
+		}
+	})
+	return s
+}
+
+func startPublisher(t *testing.T, cfg PublisherConfig) *Publisher {
+	t.Helper()
+	p, err := NewPublisher(cfg, zaptest.NewLogger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, p.Close()) })
+	return p
+}
+
+// requireContiguous checks that topic's batches run from..to without holes
+// or repeats and carry the hashes published for them.
+func requireContiguous(t *testing.T, bs []seen, topic string, from, to uint64, want map[uint64]uint64) {
+	t.Helper()
+	next := from
+	for _, b := range bs {
+		if b.topic != topic || b.seq < from {
+			continue
+		}
+		require.Equal(t, next, b.seq, "batches out of order or missing")
+		if h, ok := want[b.seq]; ok {
+			require.Equal(t, []uint64{h}, b.hashes, "seq %d", b.seq)
+		}
+		next++
+	}
+	require.Equal(t, to+1, next, "last batch")
+}
+
+func TestGapFilledByReplay(t *testing.T) {
+	tests := []struct {
+		name   string
+		format Format
+		hash   HashEncoding
+		layout ReplayLayout
+	}{
+		{"vLLM 0.26 map bytes topic-seq", FormatMap, HashBytes, ReplayLayoutTopicSeq},
+		{"vLLM legacy array uint64 seq", FormatArray, HashUint64, ReplayLayoutSeq},
+		{"SGLang array int64 seq", FormatArraySGLang, HashInt64, ReplayLayoutSeq},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := startPublisher(t, PublisherConfig{
+				Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", ReplayLayout: tt.layout,
+				Topic: "kv-events", Format: tt.format, HashEncoding: tt.hash,
+			})
+			rec := &recorder{}
+			s := startSubscriber(t, SubscriberConfig{Endpoint: p.Endpoint(), ReplayEndpoint: p.ReplayEndpoint(), Topic: "kv"}, rec)
+			base := connect(t, p, rec, "kv-events")
+
+			want := map[uint64]uint64{}
+			var last uint64
+			for i := 1; i <= 10; i++ {
+				if i == 4 {
+					p.DropNext(3)
+				}
+				h := hashFor(1, i)
+				seq, err := p.Publish(storedEvent(h))
+				require.NoError(t, err)
+				want[seq], last = h, seq
+			}
+			rec.waitSeq(t, "kv-events", last)
+			bs, resets := rec.snapshot()
+			require.Empty(t, resets)
+			requireContiguous(t, bs, "kv-events", base+1, last, want)
+			require.Equal(t, uint64(1), s.Stats().Gaps.Load())
+			require.Equal(t, uint64(1), s.Stats().Replays.Load())
+			require.Zero(t, s.Stats().ReplayFailures.Load())
+			require.GreaterOrEqual(t, s.Stats().ReplayedBatches.Load(), uint64(3))
+		})
+	}
+}
+
+func TestGapWithoutReplayResets(t *testing.T) {
+	tests := []struct {
+		name        string
+		pcfg        PublisherConfig
+		replay      bool
+		resetReason string
+	}{
+		{"replay disabled", PublisherConfig{}, false, "no replay"},
+		{"replay buffer too short", PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 2}, true, "buffer too short"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := tt.pcfg
+			cfg.Endpoint = "tcp://127.0.0.1:0"
+			p := startPublisher(t, cfg)
+			rec := &recorder{}
+			scfg := SubscriberConfig{Endpoint: p.Endpoint()}
+			if tt.replay {
+				scfg.ReplayEndpoint = p.ReplayEndpoint()
+			}
+			s := startSubscriber(t, scfg, rec)
+			base := connect(t, p, rec, "")
+
+			p.DropNext(5)
+			var last uint64
+			for i := 1; i <= 8; i++ {
+				seq, err := p.Publish(storedEvent(hashFor(2, i)))
+				require.NoError(t, err)
+				last = seq
+			}
+			rec.waitSeq(t, "", last)
+			bs, resets := rec.snapshot()
+			require.Len(t, resets, 1)
+			require.Contains(t, resets[0], tt.resetReason)
+			// After the reset the stream restarts at the first live batch.
+			requireContiguous(t, bs, "", base+6, last, nil)
+			for _, b := range bs {
+				require.False(t, b.seq > base && b.seq <= base+5, "dropped seq %d delivered", b.seq)
+			}
+			require.Equal(t, uint64(1), s.Stats().Resets.Load())
+			require.Equal(t, uint64(1), s.Stats().Gaps.Load())
+		})
+	}
+}
+
+func TestRestartResets(t *testing.T) {
+	p := startPublisher(t, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	rec := &recorder{}
+	s := startSubscriber(t, SubscriberConfig{Endpoint: p.Endpoint(), ReplayEndpoint: p.ReplayEndpoint()}, rec)
+	connect(t, p, rec, "")
+	for i := 0; i < 3; i++ {
+		_, err := p.Publish(storedEvent(hashFor(3, i)))
+		require.NoError(t, err)
+	}
+	p.Reset()
+	want := map[uint64]uint64{}
+	var last uint64
+	for i := 0; i < 3; i++ {
+		h := hashFor(4, i)
+		seq, err := p.Publish(storedEvent(h))
+		require.NoError(t, err)
+		want[seq], last = h, seq
+	}
+	require.Equal(t, uint64(2), last)
+	require.Eventually(t, func() bool {
+		bs, _ := rec.snapshot()
+		return len(bs) > 0 && bs[len(bs)-1].seq == last && bs[len(bs)-1].hashes[0] == want[last]
+	}, 10*time.Second, 5*time.Millisecond)
+	bs, resets := rec.snapshot()
+	require.Len(t, resets, 1)
+	require.Contains(t, resets[0], "engine restarted")
+	require.Equal(t, []seen{{"", 0, []uint64{want[0]}}, {"", 1, []uint64{want[1]}}, {"", 2, []uint64{want[2]}}}, bs[len(bs)-3:])
+	require.Equal(t, uint64(1), s.Stats().Resets.Load())
+}
+
+func TestReconnectAfterPublisherStarts(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ep := "tcp://" + l.Addr().String()
+	require.NoError(t, l.Close())
+
+	rec := &recorder{}
+	s := startSubscriber(t, SubscriberConfig{Endpoint: ep, MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}, rec)
+	require.Eventually(t, func() bool { return s.Stats().Reconnects.Load() >= 2 }, 5*time.Second, 5*time.Millisecond)
+
+	p := startPublisher(t, PublisherConfig{Endpoint: ep})
+	connect(t, p, rec, "")
+	_, resets := rec.snapshot()
+	require.Empty(t, resets)
+}
+
+func TestPublisherRestartOnSamePort(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ep := "tcp://" + l.Addr().String()
+	require.NoError(t, l.Close())
+
+	p1, err := NewPublisher(PublisherConfig{Endpoint: ep}, zaptest.NewLogger(t))
+	require.NoError(t, err)
+	rec := &recorder{}
+	s := startSubscriber(t, SubscriberConfig{Endpoint: ep, MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}, rec)
+	connect(t, p1, rec, "")
+	require.NoError(t, p1.Close())
+
+	p2 := startPublisher(t, PublisherConfig{Endpoint: ep})
+	marker := hashFor(6, 0)
+	require.Eventually(t, func() bool {
+		if _, err := p2.Publish(storedEvent(marker)); err != nil {
+			return false
+		}
+		bs, _ := rec.snapshot()
+		return len(bs) > 0 && bs[len(bs)-1].hashes[0] == marker
+	}, 10*time.Second, 20*time.Millisecond, "no batch from the restarted publisher")
+	_, resets := rec.snapshot()
+	require.Len(t, resets, 1)
+	require.Contains(t, resets[0], "engine restarted")
+	require.GreaterOrEqual(t, s.Stats().Reconnects.Load(), uint64(1))
+}
+
+func TestBindModeTracksReplicas(t *testing.T) {
+	rec := &recorder{}
+	s := startSubscriber(t, SubscriberConfig{Endpoint: "tcp://127.0.0.1:0", Bind: true, Topic: "kv@"}, rec)
+	topics := []string{"kv@10.0.0.1:8000@m", "kv@10.0.0.2:8000@m"}
+	pubs := make([]*Publisher, len(topics))
+	for i, topic := range topics {
+		pubs[i] = startPublisher(t, PublisherConfig{Endpoint: s.Endpoint(), Dial: true, Topic: topic, Format: FormatMap})
+	}
+	for i, topic := range topics {
+		connect(t, pubs[i], rec, topic)
+	}
+	// A restart of one replica resets only that replica.
+	pubs[0].Reset()
+	seq0, err := pubs[0].Publish(storedEvent(hashFor(5, 0)))
+	require.NoError(t, err)
+	seq1, err := pubs[1].Publish(storedEvent(hashFor(5, 1)))
+	require.NoError(t, err)
+	rec.waitSeq(t, topics[1], seq1)
+	require.Eventually(t, func() bool {
+		_, resets := rec.snapshot()
+		return len(resets) == 1
+	}, 10*time.Second, 5*time.Millisecond)
+	rec.waitSeq(t, topics[0], seq0)
+	_, resets := rec.snapshot()
+	require.True(t, strings.HasPrefix(resets[0], topics[0]+": "), resets[0])
+	require.Contains(t, resets[0], "engine restarted")
+	require.Equal(t, uint64(1), s.Stats().Resets.Load())
+}
+
+func TestSeqTracker(t *testing.T) {
+	var tr SeqTracker
+	steps := []struct {
+		seq     uint64
+		verdict SeqVerdict
+		apply   []uint64 // what the caller applies after the verdict
+	}{
+		{5, SeqFirst, []uint64{5}},
+		{6, SeqNext, []uint64{6}},
+		{9, SeqGap, []uint64{7, 8, 9, 10}}, // replay ran past the live batch
+		{10, SeqDuplicate, nil},
+		{11, SeqNext, []uint64{11}},
+		{11, SeqRestart, []uint64{11}},
+		{0, SeqRestart, []uint64{0}},
+		{1, SeqNext, []uint64{1}},
+	}
+	for i, st := range steps {
+		require.Equal(t, st.verdict, tr.Live(st.seq), "step %d", i)
+		for _, a := range st.apply {
+			tr.Applied(a)
+		}
+	}
+	last, ok := tr.Last()
+	require.True(t, ok)
+	require.Equal(t, uint64(1), last)
+}
+
+func TestConfigErrors(t *testing.T) {
+	_, err := NewPublisher(PublisherConfig{}, nil)
+	require.ErrorContains(t, err, "empty endpoint")
+	_, err = NewPublisher(PublisherConfig{Endpoint: "bogus://x"}, nil)
+	require.ErrorContains(t, err, "cannot create publisher")
+	_, err = NewSubscriber(SubscriberConfig{}, &recorder{}, nil)
+	require.ErrorContains(t, err, "empty endpoint")
+	_, err = NewSubscriber(SubscriberConfig{Endpoint: "tcp://127.0.0.1:1"}, nil, nil)
+	require.ErrorContains(t, err, "nil handler")
+
+	p, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:0"}, nil)
+	require.NoError(t, err)
+	require.NoError(t, p.Close())
+	require.NoError(t, p.Close())
+	_, err = p.Publish(storedEvent(1))
+	require.ErrorContains(t, err, "closed")
+}

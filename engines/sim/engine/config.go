@@ -1,0 +1,114 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Engine flavours.
+const (
+	FlavourVLLM   = "vllm"
+	FlavourSGLang = "sglang"
+)
+
+// DefaultKVTokens is the default KV capacity in tokens: Qwen3-32B keeps
+// 256 KiB of bf16 KV per token (64 layers x 8 KV heads x 128 x 2 x 2 B), split
+// over two H100s at TP 2, and about 36 GB per GPU is left for KV at a memory
+// utilisation of 0.9.
+const DefaultKVTokens = 281_600
+
+// Config configures one simulated engine replica.
+type Config struct {
+	// Flavour is "vllm" (default) or "sglang"; it selects hashing, event
+	// granularity and metric names.
+	Flavour string `yaml:"flavour"`
+	// Model is the served model name used in metric labels. Default "Qwen/Qwen3-32B".
+	Model string `yaml:"model"`
+	// BlockSize is the tokens per KV block (SGLang's page size). Default 16
+	// (vLLM's default; SGLang's own default page size is 1).
+	BlockSize int `yaml:"block_size"`
+	// NumGPUBlocks is the GPU cache size. Default DefaultKVTokens / BlockSize.
+	NumGPUBlocks int `yaml:"num_gpu_blocks"`
+	// NumCPUBlocks is the CPU offload tier size; 0 (default) disables it.
+	// Blocks evicted from the GPU are offloaded there (medium "CPU", SGLang
+	// "CPU_PINNED"), evicted LRU, and a hit there costs
+	// Timing.CPULoadPerToken per token instead of a prefill.
+	NumCPUBlocks int `yaml:"num_cpu_blocks"`
+	// MaxNumSeqs caps the running requests. Default 256.
+	MaxNumSeqs int `yaml:"max_num_seqs"`
+	// MaxNumBatchedTokens is the per-step token budget. Default 8192.
+	MaxNumBatchedTokens int `yaml:"max_num_batched_tokens"`
+	// DisablePrefixCaching turns prefix caching (and KV events) off; caching
+	// is on by default, as in vLLM v1 and SGLang.
+	DisablePrefixCaching bool `yaml:"disable_prefix_caching"`
+	// Seed is the hash seed (vLLM's PYTHONHASHSEED); NONE_HASH is the sha256
+	// of its decimal string. Default 0.
+	Seed int64 `yaml:"seed"`
+	// TimeScale speeds the simulation up: wall time = model time / TimeScale.
+	// Default 1.
+	TimeScale float64 `yaml:"time_scale"`
+	// Timing is the step-time model; zero fields take the documented defaults.
+	Timing Timing `yaml:"timing"`
+}
+
+// WithDefaults returns c with every unset field at its default.
+func (c Config) WithDefaults() Config {
+	if c.Flavour == "" {
+		c.Flavour = FlavourVLLM
+	}
+	if c.Model == "" {
+		c.Model = "Qwen/Qwen3-32B"
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = 16
+	}
+	if c.NumGPUBlocks == 0 && c.BlockSize > 0 {
+		c.NumGPUBlocks = DefaultKVTokens / c.BlockSize
+	}
+	if c.MaxNumSeqs == 0 {
+		c.MaxNumSeqs = 256
+	}
+	if c.MaxNumBatchedTokens == 0 {
+		c.MaxNumBatchedTokens = 8192
+	}
+	if c.TimeScale == 0 {
+		c.TimeScale = 1
+	}
+	c.Timing = c.Timing.withDefaults()
+	return c
+}
+
+// Validate reports every invalid setting of a completed config.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Flavour != FlavourVLLM && c.Flavour != FlavourSGLang {
+		errs = append(errs, fmt.Errorf("flavour %q: want %q or %q", c.Flavour, FlavourVLLM, FlavourSGLang))
+	}
+	if c.BlockSize <= 0 || c.BlockSize > 4096 {
+		errs = append(errs, fmt.Errorf("block size %d: want 1..4096", c.BlockSize))
+	}
+	if c.NumGPUBlocks <= 0 {
+		errs = append(errs, fmt.Errorf("num GPU blocks %d: want > 0", c.NumGPUBlocks))
+	}
+	if c.NumCPUBlocks < 0 {
+		errs = append(errs, fmt.Errorf("num CPU blocks %d: want >= 0", c.NumCPUBlocks))
+	}
+	if c.MaxNumSeqs <= 0 {
+		errs = append(errs, fmt.Errorf("max num seqs %d: want > 0", c.MaxNumSeqs))
+	}
+	if c.MaxNumBatchedTokens <= 0 {
+		errs = append(errs, fmt.Errorf("max num batched tokens %d: want > 0", c.MaxNumBatchedTokens))
+	}
+	if !(c.TimeScale > 0) || c.TimeScale > 1e6 {
+		errs = append(errs, fmt.Errorf("time scale %v: want > 0 and <= 1e6", c.TimeScale))
+	}
+	t := c.Timing
+	if t.PrefillBase < 0 || t.PrefillPerToken < 0 || t.DecodeBase < 0 || t.DecodePerSeq < 0 ||
+		t.KVTerm < 0 || t.CPULoadPerToken < 0 {
+		errs = append(errs, errors.New("timing: durations must not be negative"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("invalid engine config: %w", err)
+	}
+	return nil
+}

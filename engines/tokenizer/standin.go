@@ -1,0 +1,209 @@
+package tokenizer
+
+import (
+	"bytes"
+	"fmt"
+
+	"github.com/omnious/provider-node/engines/openai"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// Special token ids of the stand-in vocabulary. They follow Qwen2.5/Qwen3 so
+// that prompts look like a real ChatML model's to anything that inspects ids.
+const (
+	StandInEndOfText  uint32 = 151643
+	StandInIMStart    uint32 = 151644
+	StandInIMEnd      uint32 = 151645
+	StandInToolCall   uint32 = 151657
+	StandInToolCallE  uint32 = 151658
+	standInVocab             = 151643 // ordinary ids are in [0, standInVocab)
+	standInMaxPiece          = 6      // runes per piece: about 4 characters per token on English
+	standInMaxDigits         = 3      // digits per piece, as Qwen and Llama 3 split numbers
+	standInSpecialLen        = len("<|endoftext|>")
+)
+
+var standInSpecials = []struct {
+	text string
+	id   uint32
+}{
+	{"<|endoftext|>", StandInEndOfText},
+	{"<|im_start|>", StandInIMStart},
+	{"<|im_end|>", StandInIMEnd},
+	{"<tool_call>", StandInToolCall},
+	{"</tool_call>", StandInToolCallE},
+}
+
+// StandIn is a deterministic tokenizer used until a model's real tokenizer is
+// loaded: the simulator and the EPP agree on its ids, a shared text prefix
+// gives a shared id prefix (up to the last piece), and English text yields
+// about one token per four characters, like a real BPE vocabulary.
+//
+// Pieces are: a special token; an optional space followed by up to six
+// letters or marks; up to three digits; a run of whitespace; any other single
+// character. A piece's id is its xxhash modulo the vocabulary size.
+type StandIn struct{}
+
+// NewStandIn returns the stand-in tokenizer.
+func NewStandIn() StandIn { return StandIn{} }
+
+// Name implements Tokenizer.
+func (StandIn) Name() string { return "standin" }
+
+// Encode implements Tokenizer.
+func (StandIn) Encode(dst []uint32, text string) []uint32 {
+	for len(text) > 0 {
+		if text[0] == '<' {
+			if id, n := matchStandInSpecial(text); n > 0 {
+				dst = append(dst, id)
+				text = text[n:]
+				continue
+			}
+		}
+		n := standInPieceLen(text)
+		dst = append(dst, standInPieceID(text[:n]))
+		text = text[n:]
+	}
+	return dst
+}
+
+func matchStandInSpecial(s string) (uint32, int) {
+	if len(s) > standInSpecialLen {
+		s = s[:standInSpecialLen]
+	}
+	for _, sp := range standInSpecials {
+		if strings.HasPrefix(s, sp.text) {
+			return sp.id, len(sp.text)
+		}
+	}
+	return 0, 0
+}
+
+// standInPieceLen returns the byte length of the piece at the start of s (len(s) > 0).
+func standInPieceLen(s string) int {
+	r, size := utf8.DecodeRuneInString(s)
+	switch {
+	case r == ' ' && startsWord(s[1:]):
+		return 1 + runLen(s[1:], isStandInLetter, standInMaxPiece)
+	case isStandInLetter(r):
+		return runLen(s, isStandInLetter, standInMaxPiece)
+	case unicode.IsDigit(r):
+		return runLen(s, unicode.IsDigit, standInMaxDigits)
+	case unicode.IsSpace(r):
+		// A whitespace run ends before a space that starts a word, so
+		// "a  b" splits as "a", " ", " b" and the word keeps its space.
+		n := runLen(s, unicode.IsSpace, len(s))
+		if n > 1 && s[n-1] == ' ' && startsWord(s[n:]) {
+			n--
+		}
+		return n
+	}
+	return size
+}
+
+func startsWord(s string) bool {
+	if s == "" {
+		return false
+	}
+	r, _ := utf8.DecodeRuneInString(s)
+	return isStandInLetter(r)
+}
+
+func isStandInLetter(r rune) bool {
+	// CJK ideographs are one token each, as in real vocabularies.
+	return (unicode.IsLetter(r) || unicode.IsMark(r)) && !unicode.Is(unicode.Han, r)
+}
+
+// runLen returns the byte length of the longest prefix of s, at most max
+// runes, whose runes all satisfy ok.
+func runLen(s string, ok func(rune) bool, max int) int {
+	n, count := 0, 0
+	for n < len(s) && count < max {
+		r, size := utf8.DecodeRuneInString(s[n:])
+		if !ok(r) {
+			break
+		}
+		n += size
+		count++
+	}
+	if n == 0 {
+		_, n = utf8.DecodeRuneInString(s)
+	}
+	return n
+}
+
+func standInPieceID(piece string) uint32 {
+	return uint32(xxhash.Sum64String(piece) % standInVocab)
+}
+
+// RenderStandInChat renders messages and tools the way Qwen2.5/Qwen3's ChatML
+// template does (tools listed in a system block, assistant tool calls inside
+// <tool_call> tags, tool results as user turns), and is used with StandIn
+// until a model's own template is loaded. Each turn's rendering is a prefix of
+// the next turn's, so multi-turn conversations share KV-cache prefixes as
+// they do on a real engine.
+func RenderStandInChat(msgs []openai.Message, tools []openai.Tool, addGenerationPrompt bool) (string, error) {
+	var b strings.Builder
+	first := 0
+	if len(tools) > 0 {
+		b.WriteString("<|im_start|>system\n")
+		if len(msgs) > 0 && msgs[0].Role == "system" {
+			text, err := msgs[0].ContentText()
+			if err != nil {
+				return "", fmt.Errorf("message 0: %w", err)
+			}
+			b.WriteString(text)
+			b.WriteString("\n\n")
+			first = 1
+		}
+		b.WriteString("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n<tools>")
+		for _, t := range tools {
+			b.WriteString("\n")
+			// The schema keeps the client's key order: it is embedded raw.
+			fmt.Fprintf(&b, `{"type": "function", "function": {"name": %q, "description": %q, "parameters": %s}}`,
+				t.Function.Name, t.Function.Description, rawOrEmptyObject(t.Function.Parameters))
+		}
+		b.WriteString("\n</tools><|im_end|>\n")
+	}
+	for i := first; i < len(msgs); i++ {
+		m := &msgs[i]
+		text, err := m.ContentText()
+		if err != nil {
+			return "", fmt.Errorf("message %d: %w", i, err)
+		}
+		switch m.Role {
+		case "system", "user", "assistant", "developer":
+			b.WriteString("<|im_start|>")
+			b.WriteString(m.Role)
+			b.WriteString("\n")
+			b.WriteString(text)
+			for j, tc := range m.ToolCalls {
+				if j > 0 || text != "" {
+					b.WriteString("\n")
+				}
+				fmt.Fprintf(&b, "<tool_call>\n{\"name\": %q, \"arguments\": %s}\n</tool_call>", tc.Function.Name, rawOrEmptyObject([]byte(tc.Function.Arguments)))
+			}
+			b.WriteString("<|im_end|>\n")
+		case "tool":
+			b.WriteString("<|im_start|>user\n<tool_response>\n")
+			b.WriteString(text)
+			b.WriteString("\n</tool_response><|im_end|>\n")
+		default:
+			return "", fmt.Errorf("message %d: unknown role %q", i, m.Role)
+		}
+	}
+	if addGenerationPrompt {
+		b.WriteString("<|im_start|>assistant\n")
+	}
+	return b.String(), nil
+}
+
+func rawOrEmptyObject(raw []byte) string {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return "{}"
+	}
+	return string(raw)
+}
