@@ -1,0 +1,27 @@
+//go:build unix
+
+package kvindex
+
+import (
+	"syscall"
+	"testing"
+	"time"
+)
+
+// cpuClock reads the process's user+system CPU time. On a shared machine
+// wall-clock ns/op includes time the process spent descheduled; CPU time per
+// op does not, so benchmarks report both.
+func cpuClock() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// reportCPU reports CPU ns per op since start.
+func reportCPU(b *testing.B, start time.Duration, ops int) {
+	if ops > 0 {
+		b.ReportMetric(float64(cpuClock()-start)/float64(ops), "cpu-ns/op")
+	}
+}

@@ -1,0 +1,819 @@
+// Package kvindex owns the router's KV-block index: which replica holds which
+// prompt prefix in its KV cache, block by block and tier by tier. It is a pure
+// in-memory structure (no I/O, no goroutines, no metric registry; Stats is a
+// plain struct the application exports) answering "how many leading blocks of
+// this prompt does each replica hold" in microseconds.
+//
+// Keys are the router's own (see AppendBlockKeys); ReplicaState translates one
+// replica's engine events (engine hashes) into Store and Remove calls.
+//
+// Concurrency rules:
+//   - Index is safe for concurrent use. One sync.RWMutex guards it: Store,
+//     Remove and ClearReplica take the write lock; Match, Resident and Stats
+//     take the read lock, so lookups run in parallel with each other.
+//     Unexported Index methods run with the lock held; those ending in
+//     Locked mutate and need the write lock.
+//   - A lookup must not serialise readers, so Match does not reorder the LRU
+//     list. It only sets a per-entry reference flag with an atomic store
+//     (skipped when already set). The writer, when it must evict, gives a
+//     flagged entry at the head of the list a second chance: it clears the flag
+//     and moves the entry to the tail. This is CLOCK-style approximate LRU:
+//     stores are ordered exactly, matches promote lazily.
+//   - ReplicaState is not safe for concurrent use: one goroutine applies the
+//     events of one replica (events of one replica are ordered anyway).
+package kvindex
+
+import (
+	"math/bits"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+)
+
+// Replica is a replica's small integer id, assigned by the caller.
+type Replica uint16
+
+// Tier is a storage medium of the engine's KV cache. A block held on several
+// tiers of one replica counts at its best (lowest) tier.
+type Tier uint8
+
+const (
+	// TierGPU is device memory: a hit costs nothing.
+	TierGPU Tier = iota
+	// TierCPU is host memory (vLLM "CPU", SGLang "CPU_PINNED"): a hit costs a copy.
+	TierCPU
+	// TierStorage is anything slower: "DISK", "STORAGE", "FS", "OBJ",
+	// "EXTERNAL" and unknown media.
+	TierStorage
+	// NumTiers is the number of tiers; ByTier arrays are indexed by Tier.
+	NumTiers = 3
+)
+
+// Config configures an Index. The zero value is usable; withDefaults fills
+// every zero field.
+type Config struct {
+	// MemoryBudget bounds Stats.Bytes, the exact accounting of the index's
+	// live structures. Above it the least recently touched keys are evicted.
+	// Default 256 MiB (about 4 million keys).
+	MemoryBudget int64
+	// MaxReplicaBlocks bounds the engine-hash map of one ReplicaState. A
+	// replica whose map grows past it has lost removal events; its state is
+	// dropped (see ReplicaStats.Overflows). Default 4,194,304.
+	MaxReplicaBlocks int
+}
+
+func (c Config) withDefaults() Config {
+	if c.MemoryBudget <= 0 {
+		c.MemoryBudget = 256 << 20
+	}
+	if c.MaxReplicaBlocks <= 0 {
+		c.MaxReplicaBlocks = 1 << 22
+	}
+	return c
+}
+
+// Match is one replica's result for a lookup.
+type Match struct {
+	Replica Replica
+	// Blocks is the number of consecutive leading blocks the replica holds on
+	// any tier.
+	Blocks int
+	// ByTier splits Blocks by the best tier each block is held on; the caller
+	// weights them (a CPU hit is worth less than a GPU hit).
+	ByTier [NumTiers]int
+	// pos is where the replica sat in the previous block's residency list:
+	// consecutive blocks of a chain usually list replicas in the same order,
+	// so it is checked first.
+	pos int32
+	// tier is the replica's best tier on the last key examined.
+	tier uint8
+}
+
+// Stats is a snapshot of the index's counters.
+type Stats struct {
+	// Keys is the number of distinct blocks indexed.
+	Keys int
+	// Residencies is the number of (block, replica) pairs.
+	Residencies int
+	// Bytes is the exact accounting of live structures, compared against
+	// Config.MemoryBudget: 8 bytes per hash-table slot, 48 per key, 32 per
+	// overflow chunk (one per 7 residencies beyond a key's first 5) and 16
+	// per replica id up to the highest seen.
+	Bytes int64
+	// AllocatedBytes is what the structures hold including free slab slots
+	// and free lists (freed memory is reused, never returned).
+	AllocatedBytes int64
+	// Evictions counts keys dropped to stay within MemoryBudget.
+	Evictions uint64
+	// Lookups counts Match calls.
+	Lookups uint64
+}
+
+const (
+	// inlineRes residencies live in the entry itself: most blocks are held by
+	// a few replicas. More spill into chunks of chunkRes.
+	inlineRes = 5
+	chunkRes  = 7
+	// minSlots is the initial hash-table size.
+	minSlots = 1024
+)
+
+// residency packs a replica and its tier bitmask: replica<<8 | mask. The mask
+// is never 0 for a live residency, so 0 means empty.
+type residency uint32
+
+func (v residency) replica() Replica { return Replica(v >> 8) }
+func (v residency) mask() uint8      { return uint8(v) }
+
+// entry is one key. It is 48 bytes; with its share of the table and two
+// residencies per key that is about 32 bytes per residency.
+type entry struct {
+	key Key // 0 when the slot is free
+	// prev and next link the LRU list (head = least recently touched).
+	prev, next int32
+	// more is the first overflow chunk, -1 if none.
+	more int32
+	n    uint32 // residencies
+	// ref is set (atomically, under the read lock) by Match; see package comment.
+	ref uint32
+	res [inlineRes]residency
+}
+
+type chunk struct {
+	res  [chunkRes]residency
+	next int32
+}
+
+type replicaCount struct {
+	blocks int32
+	byTier [NumTiers]int32
+}
+
+// Sizes used by Stats.Bytes.
+const (
+	entryBytes = int64(unsafe.Sizeof(entry{}))
+	chunkBytes = int64(unsafe.Sizeof(chunk{}))
+	slotBytes  = int64(unsafe.Sizeof(slot{}))
+	countBytes = int64(unsafe.Sizeof(replicaCount{}))
+)
+
+// Index is the KV-block index. The LRU is written here rather than taken from
+// hashicorp/golang-lru: measured with 1M uint64 keys and an 8-byte value, that
+// package costs 118 heap bytes per key (a map entry plus a pointer-rich list
+// node, all scanned by the GC) before any residency is stored, against the
+// 64 B per residency target; and it reorders on every Get, which would put
+// the write lock on the lookup path. Here a key is one 48-byte pointer-free
+// slab entry plus 8-byte open-addressing slots at load 0.31-0.625, linked into
+// the LRU list by int32 indices: 65 heap bytes per key in BenchmarkIndexMemory.
+type Index struct {
+	cfg Config
+
+	mu sync.RWMutex
+	// slots is a linear-probing hash table indexed by Fibonacci hashing,
+	// kept at load <= 5/8: linear probing's miss cost climbs steeply beyond.
+	slots []slot
+	// next is the table to grow into, allocated by Store outside the lock.
+	next  []slot
+	shift uint8 // 32 - log2(len(slots))
+
+	entries slab[entry]
+	chunks  slab[chunk]
+	// head and tail of the LRU list, -1 when empty.
+	head, tail int32
+
+	counts      []replicaCount
+	keys        int
+	residencies int
+	liveChunks  int
+	evictions   uint64
+	lookups     atomic.Uint64
+}
+
+// New returns an empty index.
+func New(cfg Config) *Index {
+	ix := &Index{cfg: cfg.withDefaults(), head: -1, tail: -1}
+	ix.resetTableLocked(minSlots)
+	return ix
+}
+
+// Store records that replica r holds keys on tier t and marks them recently
+// used. Storing a block already held on another tier adds the tier. Key 0 and
+// tiers >= NumTiers are ignored. It may evict to stay within the budget.
+func (ix *Index) Store(r Replica, t Tier, keys []Key) {
+	if t >= NumTiers || len(keys) == 0 {
+		return
+	}
+	bit := uint8(1) << t
+	ix.mu.Lock()
+	if n := ix.growTargetLocked(len(keys)); n > 0 {
+		// Allocate and fault in the next table without the lock, so that
+		// lookups wait only for the rehash (page faults for tens of MB take
+		// ~100 ms on some VMs).
+		ix.mu.Unlock()
+		next := newTable(n)
+		ix.mu.Lock()
+		if ix.next == nil && len(ix.slots)*2 == n {
+			ix.next = next
+		}
+	}
+	defer ix.mu.Unlock()
+	if int(r) >= len(ix.counts) {
+		ix.counts = append(ix.counts, make([]replicaCount, int(r)+1-len(ix.counts))...)
+	}
+	cnt := &ix.counts[r]
+	for _, k := range keys {
+		if k == 0 {
+			continue
+		}
+		idx := ix.lookup(k)
+		if idx < 0 {
+			idx = ix.insertLocked(k)
+		} else {
+			ix.moveToTailLocked(idx)
+		}
+		e := ix.entries.at(idx)
+		atomic.StoreUint32(&e.ref, 0)
+		pos, mask := ix.findRes(e, r)
+		switch {
+		case pos < 0:
+			ix.appendResLocked(e, residency(r)<<8|residency(bit))
+			cnt.blocks++
+			cnt.byTier[t]++
+			ix.residencies++
+		case mask&bit == 0:
+			*ix.resPtr(e, pos) |= residency(bit)
+			cnt.byTier[t]++
+		}
+	}
+	ix.evictLocked()
+}
+
+// Remove records that replica r no longer holds keys on tier t. A key no
+// replica holds any more is dropped.
+func (ix *Index) Remove(r Replica, t Tier, keys []Key) {
+	if t >= NumTiers || len(keys) == 0 {
+		return
+	}
+	bit := uint8(1) << t
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if int(r) >= len(ix.counts) {
+		return
+	}
+	for _, k := range keys {
+		if k == 0 {
+			continue
+		}
+		idx := ix.lookup(k)
+		if idx < 0 {
+			continue
+		}
+		e := ix.entries.at(idx)
+		pos, mask := ix.findRes(e, r)
+		if pos < 0 || mask&bit == 0 {
+			continue
+		}
+		if mask == bit {
+			ix.removeResLocked(idx, e, pos)
+		} else {
+			*ix.resPtr(e, pos) &^= residency(bit)
+			ix.counts[r].byTier[t]--
+		}
+	}
+}
+
+// ClearReplica drops every residency of replica r (engine restart, replica
+// left the pool). It is one pass over every key under the write lock
+// (milliseconds per million keys), meant for rare events; ReplicaState drops a
+// replica by its own block list instead.
+func (ix *Index) ClearReplica(r Replica) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if int(r) >= len(ix.counts) || ix.counts[r].blocks == 0 {
+		return
+	}
+	for i := int32(0); i < ix.entries.used && ix.counts[r].blocks > 0; i++ {
+		e := ix.entries.at(i)
+		if e.key == 0 {
+			continue
+		}
+		if pos, _ := ix.findRes(e, r); pos >= 0 {
+			ix.removeResLocked(i, e, pos)
+		}
+	}
+	ix.counts[r] = replicaCount{}
+}
+
+// Match returns, for each replica holding keys[0], the length of its longest
+// consecutive run of keys from the start, split by tier. The walk stops at the
+// first key no remaining replica holds. Results are appended to out[:0] in no
+// particular order; it does not allocate when out has capacity for every
+// replica holding keys[0].
+func (ix *Index) Match(keys []Key, out []Match) []Match {
+	st := matchState{out: out[:0]}
+	if len(keys) == 0 {
+		return st.out
+	}
+	ix.lookups.Add(1)
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	ix.matchFirst(&st, keys[0])
+	for _, k := range keys[1:] {
+		if st.done {
+			break
+		}
+		ix.matchNext(&st, k)
+	}
+	return st.finish()
+}
+
+// matchState is one walk of Match. out[:active] are the replicas still
+// extending their run.
+type matchState struct {
+	out    []Match
+	active int
+	// run counts keys since prev whose residency lists equal prev's: every
+	// active replica extends over them at the tier it had at prev, so they
+	// are credited in one step. Chains stored by the same replicas in the
+	// same order (the common case) cost one comparison per key this way.
+	prev *entry
+	run  int
+	done bool
+}
+
+func (ix *Index) matchFirst(st *matchState, k Key) {
+	idx := ix.lookup(k)
+	if idx < 0 {
+		st.done = true
+		return
+	}
+	e := ix.entries.at(idx)
+	touch(e)
+	for p := int32(0); p < int32(e.n); p++ {
+		v := *ix.resPtr(e, p)
+		t := uint8(bits.TrailingZeros8(v.mask()))
+		m := Match{Replica: v.replica(), Blocks: 1, pos: p, tier: t}
+		m.ByTier[t]++
+		st.out = append(st.out, m)
+	}
+	st.active = len(st.out)
+	st.prev = e
+}
+
+func (ix *Index) matchNext(st *matchState, k Key) {
+	idx := ix.lookup(k)
+	if idx < 0 {
+		st.done = true
+		return
+	}
+	e := ix.entries.at(idx)
+	touch(e)
+	if ix.sameRes(e, st.prev) {
+		st.run++
+		return
+	}
+	st.credit()
+	st.prev = e
+	n := int32(e.n)
+	out, active := st.out, st.active
+	for j := 0; j < active; {
+		m := &out[j]
+		var mask uint8
+		// Fast path: the replica sits where it sat in the previous key.
+		if p := m.pos; p < inlineRes && p < n && e.res[p].replica() == m.Replica {
+			mask = e.res[p].mask()
+		} else {
+			mask = ix.maskAt(e, m)
+		}
+		if mask == 0 {
+			active--
+			out[j], out[active] = out[active], out[j]
+			continue
+		}
+		m.tier = uint8(bits.TrailingZeros8(mask))
+		m.Blocks++
+		m.ByTier[m.tier]++
+		j++
+	}
+	st.active = active
+	st.done = active == 0
+}
+
+func (st *matchState) finish() []Match {
+	st.credit()
+	return st.out
+}
+
+// credit applies the pending run to the active replicas.
+func (st *matchState) credit() {
+	if st.run == 0 {
+		return
+	}
+	for j := range st.out[:st.active] {
+		m := &st.out[j]
+		m.Blocks += st.run
+		m.ByTier[m.tier] += st.run
+	}
+	st.run = 0
+}
+
+// sameRes reports whether a and b list the same residencies in the same order.
+// It compares with XOR/OR rather than array equality, which the compiler
+// turns into a memequal call.
+func (ix *Index) sameRes(a, b *entry) bool {
+	if a.n != b.n || (a.res[0]^b.res[0])|(a.res[1]^b.res[1])|(a.res[2]^b.res[2])|
+		(a.res[3]^b.res[3])|(a.res[4]^b.res[4]) != 0 {
+		return false
+	}
+	for ca, cb := a.more, b.more; ca >= 0; {
+		x, y := ix.chunks.at(ca), ix.chunks.at(cb)
+		var d residency
+		for i := range x.res {
+			d |= x.res[i] ^ y.res[i]
+		}
+		if d != 0 {
+			return false
+		}
+		ca, cb = x.next, y.next
+	}
+	return true
+}
+
+// Resident returns how many blocks replica r holds on any tier.
+func (ix *Index) Resident(r Replica) int {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	if int(r) >= len(ix.counts) {
+		return 0
+	}
+	return int(ix.counts[r].blocks)
+}
+
+// ResidentTier returns how many blocks replica r holds on tier t.
+func (ix *Index) ResidentTier(r Replica, t Tier) int {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	if int(r) >= len(ix.counts) || t >= NumTiers {
+		return 0
+	}
+	return int(ix.counts[r].byTier[t])
+}
+
+// Stats returns a snapshot of the counters.
+func (ix *Index) Stats() Stats {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	return Stats{
+		Keys:        ix.keys,
+		Residencies: ix.residencies,
+		Bytes:       ix.accountedBytes(),
+		AllocatedBytes: int64(len(ix.slots)+len(ix.next))*slotBytes +
+			ix.entries.allocatedBytes(entryBytes) + ix.chunks.allocatedBytes(chunkBytes) +
+			int64(cap(ix.counts))*countBytes,
+		Evictions: ix.evictions,
+		Lookups:   ix.lookups.Load(),
+	}
+}
+
+func (ix *Index) accountedBytes() int64 {
+	return int64(len(ix.slots))*slotBytes + int64(ix.keys)*entryBytes +
+		int64(ix.liveChunks)*chunkBytes + int64(len(ix.counts))*countBytes
+}
+
+// touch marks e as used by a lookup. Loading first keeps hot entries' cache
+// lines shared between readers.
+func touch(e *entry) {
+	if atomic.LoadUint32(&e.ref) == 0 {
+		atomic.StoreUint32(&e.ref, 1)
+	}
+}
+
+// maskAt returns m's replica's tier mask in e (0 if absent), checking the
+// position it had in the previous entry first.
+func (ix *Index) maskAt(e *entry, m *Match) uint8 {
+	if m.pos < int32(e.n) {
+		if v := *ix.resPtr(e, m.pos); v.replica() == m.Replica {
+			return v.mask()
+		}
+	}
+	pos, mask := ix.findRes(e, m.Replica)
+	if pos >= 0 {
+		m.pos = pos
+	}
+	return mask
+}
+
+// evictLocked drops least recently touched keys until the budget holds.
+// Every entry gets at most one second chance per pass, so it terminates.
+func (ix *Index) evictLocked() {
+	for ix.head >= 0 && ix.accountedBytes() > ix.cfg.MemoryBudget {
+		idx := ix.head
+		e := ix.entries.at(idx)
+		if e.ref != 0 {
+			atomic.StoreUint32(&e.ref, 0)
+			ix.moveToTailLocked(idx)
+			continue
+		}
+		for e.n > 0 {
+			ix.removeResLocked(idx, e, int32(e.n)-1)
+		}
+		ix.evictions++
+	}
+}
+
+// --- residencies ---
+
+// resPtr returns the residency at position pos < e.n.
+func (ix *Index) resPtr(e *entry, pos int32) *residency {
+	if pos < inlineRes {
+		return &e.res[pos]
+	}
+	pos -= inlineRes
+	c := ix.chunks.at(e.more)
+	for pos >= chunkRes {
+		c = ix.chunks.at(c.next)
+		pos -= chunkRes
+	}
+	return &c.res[pos]
+}
+
+// findRes returns r's position and tier mask in e, or -1.
+func (ix *Index) findRes(e *entry, r Replica) (int32, uint8) {
+	n := int32(e.n)
+	for p := int32(0); p < min(n, inlineRes); p++ {
+		if v := e.res[p]; v.replica() == r {
+			return p, v.mask()
+		}
+	}
+	p := int32(inlineRes)
+	for ci := e.more; ci >= 0 && p < n; {
+		c := ix.chunks.at(ci)
+		for _, v := range c.res {
+			if p >= n {
+				break
+			}
+			if v.replica() == r {
+				return p, v.mask()
+			}
+			p++
+		}
+		ci = c.next
+	}
+	return -1, 0
+}
+
+func (ix *Index) appendResLocked(e *entry, v residency) {
+	pos := int32(e.n)
+	if pos >= inlineRes && (pos-inlineRes)%chunkRes == 0 {
+		ci := ix.chunks.alloc()
+		ix.chunks.at(ci).next = -1
+		ix.liveChunks++
+		if pos == inlineRes {
+			e.more = ci
+		} else {
+			last := ix.chunks.at(e.more)
+			for last.next >= 0 {
+				last = ix.chunks.at(last.next)
+			}
+			last.next = ci
+		}
+	}
+	e.n++
+	*ix.resPtr(e, pos) = v
+}
+
+// removeResLocked removes the residency at pos (moving the last one into its
+// place), updates the replica's counts and drops the entry when it is empty.
+func (ix *Index) removeResLocked(idx int32, e *entry, pos int32) {
+	v := *ix.resPtr(e, pos)
+	cnt := &ix.counts[v.replica()]
+	cnt.blocks--
+	for m := v.mask(); m != 0; m &= m - 1 {
+		cnt.byTier[bits.TrailingZeros8(m)]--
+	}
+	last := int32(e.n) - 1
+	lp := ix.resPtr(e, last)
+	*ix.resPtr(e, pos) = *lp
+	*lp = 0
+	e.n--
+	ix.residencies--
+	if last >= inlineRes && (last-inlineRes)%chunkRes == 0 {
+		// The last chunk is now empty: unlink and free it.
+		ix.liveChunks--
+		if last == inlineRes {
+			ix.chunks.release(e.more)
+			e.more = -1
+		} else {
+			prev := ix.chunks.at(e.more)
+			for ix.chunks.at(prev.next).next >= 0 {
+				prev = ix.chunks.at(prev.next)
+			}
+			ix.chunks.release(prev.next)
+			prev.next = -1
+		}
+	}
+	if e.n == 0 {
+		ix.dropEntryLocked(idx, e)
+	}
+}
+
+// --- entries, LRU list and hash table ---
+
+func (ix *Index) insertLocked(k Key) int32 {
+	if (ix.keys+1)*8 > len(ix.slots)*5 {
+		ix.growLocked()
+	}
+	idx := ix.entries.alloc()
+	e := ix.entries.at(idx)
+	e.key, e.more, e.prev, e.next = k, -1, ix.tail, -1
+	if ix.tail >= 0 {
+		ix.entries.at(ix.tail).next = idx
+	} else {
+		ix.head = idx
+	}
+	ix.tail = idx
+	ix.placeLocked(slot{tag: tagOf(k), idx: idx + 1})
+	ix.keys++
+	return idx
+}
+
+func (ix *Index) dropEntryLocked(idx int32, e *entry) {
+	ix.unlinkLocked(idx, e)
+	ix.deleteSlotLocked(e.key, idx)
+	*e = entry{}
+	ix.entries.release(idx)
+	ix.keys--
+}
+
+func (ix *Index) unlinkLocked(idx int32, e *entry) {
+	if e.prev >= 0 {
+		ix.entries.at(e.prev).next = e.next
+	} else {
+		ix.head = e.next
+	}
+	if e.next >= 0 {
+		ix.entries.at(e.next).prev = e.prev
+	} else {
+		ix.tail = e.prev
+	}
+	e.prev, e.next = -1, -1
+}
+
+func (ix *Index) moveToTailLocked(idx int32) {
+	if idx == ix.tail {
+		return
+	}
+	e := ix.entries.at(idx)
+	ix.unlinkLocked(idx, e)
+	e.prev = ix.tail
+	ix.entries.at(ix.tail).next = idx
+	ix.tail = idx
+}
+
+// slot is one hash-table cell: the top 32 bits of the key's Fibonacci hash
+// and the entry index+1 (0 = empty). Keeping the hash bits in the table lets
+// probes skip foreign entries and lets growth and deletion find home slots
+// without reading entries, which would be a cache miss per key.
+type slot struct {
+	tag uint32
+	idx int32
+}
+
+func tagOf(k Key) uint32 { return uint32((uint64(k) * 0x9E3779B97F4A7C15) >> 32) }
+
+// home is the slot a tag hashes to: its top log2(len(slots)) bits.
+func (ix *Index) home(tag uint32) int { return int(tag >> ix.shift) }
+
+// lookup returns k's entry index or -1.
+func (ix *Index) lookup(k Key) int32 {
+	mask := len(ix.slots) - 1
+	tag := tagOf(k)
+	for h := ix.home(tag); ; h = (h + 1) & mask {
+		s := ix.slots[h]
+		if s.idx == 0 {
+			return -1
+		}
+		if s.tag == tag && ix.entries.at(s.idx-1).key == k {
+			return s.idx - 1
+		}
+	}
+}
+
+func (ix *Index) placeLocked(s slot) {
+	mask := len(ix.slots) - 1
+	h := ix.home(s.tag)
+	for ix.slots[h].idx != 0 {
+		h = (h + 1) & mask
+	}
+	ix.slots[h] = s
+}
+
+// deleteSlotLocked removes entry idx with backward-shift deletion, which
+// keeps linear probing free of tombstones.
+func (ix *Index) deleteSlotLocked(k Key, idx int32) {
+	mask := len(ix.slots) - 1
+	i := ix.home(tagOf(k))
+	for ix.slots[i].idx != idx+1 {
+		i = (i + 1) & mask
+	}
+	for j := (i + 1) & mask; ix.slots[j].idx != 0; j = (j + 1) & mask {
+		h := ix.home(ix.slots[j].tag)
+		// The slot at j may fill the hole at i unless its home lies
+		// cyclically in (i, j].
+		var stays bool
+		if i <= j {
+			stays = i < h && h <= j
+		} else {
+			stays = i < h || h <= j
+		}
+		if !stays {
+			ix.slots[i] = ix.slots[j]
+			i = j
+		}
+	}
+	ix.slots[i] = slot{}
+}
+
+func (ix *Index) resetTableLocked(n int) {
+	if len(ix.next) == n {
+		ix.slots = ix.next
+	} else {
+		ix.slots = newTable(n)
+	}
+	ix.next = nil
+	ix.shift = uint8(32 - bits.TrailingZeros(uint(n)))
+}
+
+// growTargetLocked returns the next table size if storing n more keys may
+// grow the table and it is not prepared yet, else 0.
+func (ix *Index) growTargetLocked(n int) int {
+	if ix.next != nil || (ix.keys+n)*8 <= len(ix.slots)*5 {
+		return 0
+	}
+	return 2 * len(ix.slots)
+}
+
+// newTable allocates a table and writes one slot per 4 KiB page so that the
+// page faults happen here rather than under the lock.
+func newTable(n int) []slot {
+	t := make([]slot, n)
+	for i := 0; i < n; i += 4096 / int(slotBytes) {
+		t[i] = slot{}
+	}
+	return t
+}
+
+// growLocked doubles the table under the write lock, a pause (about 10 ms
+// for 2M keys once Store has prepared ix.next) that happens log2(keys) times
+// as the index fills. Old slots are read in order and, since a slot's home
+// doubles, written nearly in order, without touching entries.
+func (ix *Index) growLocked() {
+	old := ix.slots
+	ix.resetTableLocked(2 * len(old))
+	for _, s := range old {
+		if s.idx != 0 {
+			ix.placeLocked(s)
+		}
+	}
+}
+
+// --- slab ---
+
+const (
+	pageShift = 10
+	pageSize  = 1 << pageShift
+	pageMask  = pageSize - 1
+)
+
+// slab is a paged array addressed by int32: pages never move, so growth
+// copies no entries and pointers into it stay valid; freed slots are reused.
+type slab[T any] struct {
+	pages [][]T
+	used  int32 // slots ever handed out
+	free  []int32
+}
+
+func (s *slab[T]) at(i int32) *T { return &s.pages[i>>pageShift][i&pageMask] }
+
+func (s *slab[T]) alloc() int32 {
+	if n := len(s.free); n > 0 {
+		i := s.free[n-1]
+		s.free = s.free[:n-1]
+		return i
+	}
+	if int(s.used) == len(s.pages)<<pageShift {
+		s.pages = append(s.pages, make([]T, pageSize))
+	}
+	s.used++
+	return s.used - 1
+}
+
+func (s *slab[T]) release(i int32) {
+	var zero T
+	*s.at(i) = zero
+	s.free = append(s.free, i)
+}
+
+func (s *slab[T]) allocatedBytes(elem int64) int64 {
+	return int64(len(s.pages))*pageSize*elem + int64(cap(s.free))*4 + int64(cap(s.pages))*24
+}
