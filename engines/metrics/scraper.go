@@ -1,0 +1,247 @@
+package metrics
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Sample is the scraper's view of one target. Samples are immutable once
+// published: a new scrape publishes a new Sample.
+type Sample struct {
+	URL string
+	// Signals are from the last good scrape, taken at At (zero At: never
+	// scraped successfully).
+	Signals Signals
+	At      time.Time
+	// Err is the last scrape's error (nil when it succeeded) and Failures
+	// the number of consecutive failed scrapes.
+	Err      error
+	Failures int
+	// Rates are per second over the window between the last two good
+	// scrapes (0 until there are two, or after a counter reset).
+	PromptTokensPerSec, GenerationTokensPerSec float64
+	PrefixQueriesPerSec, PrefixHitsPerSec      float64
+}
+
+// ScraperConfig configures a Scraper.
+type ScraperConfig struct {
+	// Interval between scrapes of one target. Default 2s.
+	Interval time.Duration
+	// Timeout bounds one scrape. Default 1s.
+	Timeout time.Duration
+	// MaxBody bounds the exposition size read. Default 8 MiB.
+	MaxBody int64
+	// Client is shared by all scrapes. Default: a client with keep-alive
+	// and no overall timeout (Timeout applies per request).
+	Client *http.Client
+	// OnSample, when set, is called after every scrape (good or failed) with
+	// the new sample, from the scraping goroutine.
+	OnSample func(*Sample)
+}
+
+func (c ScraperConfig) withDefaults() ScraperConfig {
+	if c.Interval <= 0 {
+		c.Interval = 2 * time.Second
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = time.Second
+	}
+	if c.MaxBody <= 0 {
+		c.MaxBody = 8 << 20
+	}
+	if c.Client == nil {
+		c.Client = &http.Client{Transport: &http.Transport{
+			MaxIdleConnsPerHost: 2,
+			IdleConnTimeout:     90 * time.Second,
+			DisableCompression:  true,
+		}}
+	}
+	return c
+}
+
+// Scraper polls a set of metrics URLs. It is safe for concurrent use.
+type Scraper struct {
+	cfg ScraperConfig
+	log *zap.Logger
+
+	mu      sync.Mutex
+	targets map[string]*target
+}
+
+// target is one URL's state. buf and the scrape itself are owned by the one
+// goroutine scraping it; last is guarded by Scraper.mu.
+type target struct {
+	url  string
+	buf  bytes.Buffer
+	last *Sample
+	busy bool
+}
+
+// NewScraper returns a Scraper with no targets.
+func NewScraper(cfg ScraperConfig, log *zap.Logger) *Scraper {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Scraper{cfg: cfg.withDefaults(), log: log, targets: make(map[string]*target)}
+}
+
+// SetTargets replaces the set of URLs; known URLs keep their state.
+func (s *Scraper) SetTargets(urls []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	keep := make(map[string]*target, len(urls))
+	for _, u := range urls {
+		if u == "" {
+			continue
+		}
+		if t, ok := s.targets[u]; ok {
+			keep[u] = t
+		} else {
+			keep[u] = &target{url: u}
+		}
+	}
+	s.targets = keep
+}
+
+// Get returns the last sample of url.
+func (s *Scraper) Get(url string) (*Sample, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.targets[url]
+	if !ok || t.last == nil {
+		return nil, false
+	}
+	return t.last, true
+}
+
+// Run scrapes every target each Interval until ctx is done.
+func (s *Scraper) Run(ctx context.Context) {
+	tick := time.NewTicker(s.cfg.Interval)
+	defer tick.Stop()
+	for {
+		s.ScrapeAll(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// ScrapeAll scrapes every target concurrently and waits for all of them. A
+// target whose previous scrape is still running is skipped.
+func (s *Scraper) ScrapeAll(ctx context.Context) {
+	s.mu.Lock()
+	todo := make([]*target, 0, len(s.targets))
+	for _, t := range s.targets {
+		if !t.busy {
+			t.busy = true
+			todo = append(todo, t)
+		}
+	}
+	s.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, t := range todo {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.scrape(ctx, t)
+		}()
+	}
+	wg.Wait()
+}
+
+func (s *Scraper) scrape(ctx context.Context, t *target) {
+	now := time.Now()
+	var sig Signals
+	err := s.fetch(ctx, t, &sig)
+
+	s.mu.Lock()
+	prev := t.last
+	next := &Sample{URL: t.url}
+	if err != nil {
+		if prev != nil {
+			*next = *prev
+			next.Failures = prev.Failures + 1
+		} else {
+			next.Failures = 1
+		}
+		next.Err = err
+	} else {
+		next.Signals, next.At = sig, now
+		if prev != nil && !prev.At.IsZero() {
+			setRates(next, prev)
+		}
+	}
+	t.last, t.busy = next, false
+	s.mu.Unlock()
+
+	if err != nil && s.log.Core().Enabled(zap.DebugLevel) {
+		s.log.Debug("metrics scrape failed", zap.String("url", t.url), zap.Error(err))
+	}
+	if s.cfg.OnSample != nil {
+		s.cfg.OnSample(next)
+	}
+}
+
+// setRates derives per-second rates from two good samples. A counter that
+// went down (engine restart) yields 0 for the window.
+func setRates(next, prev *Sample) {
+	dt := next.At.Sub(prev.At).Seconds()
+	if dt <= 0 {
+		return
+	}
+	rate := func(a, b float64) float64 {
+		if a < b {
+			return 0
+		}
+		return (a - b) / dt
+	}
+	n, p := &next.Signals, &prev.Signals
+	next.PromptTokensPerSec = rate(n.PromptTokens, p.PromptTokens)
+	next.GenerationTokensPerSec = rate(n.GenerationTokens, p.GenerationTokens)
+	next.PrefixQueriesPerSec = rate(n.PrefixQueries, p.PrefixQueries)
+	next.PrefixHitsPerSec = rate(n.PrefixHits, p.PrefixHits)
+}
+
+func (s *Scraper) fetch(ctx context.Context, t *target, sig *Signals) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.url, nil)
+	if err != nil {
+		return fmt.Errorf("cannot build scrape request: %w", err)
+	}
+	req.Header.Set("Accept", "text/plain;version=0.0.4")
+	resp, err := s.cfg.Client.Do(req)
+	if err != nil {
+		return fmt.Errorf("cannot scrape %s: %w", t.url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("cannot scrape %s: status %d", t.url, resp.StatusCode)
+	}
+	t.buf.Reset()
+	n, err := t.buf.ReadFrom(io.LimitReader(resp.Body, s.cfg.MaxBody+1))
+	if err != nil {
+		return fmt.Errorf("cannot read %s: %w", t.url, err)
+	}
+	if n > s.cfg.MaxBody {
+		return fmt.Errorf("cannot read %s: exposition larger than %d bytes", t.url, s.cfg.MaxBody)
+	}
+	if err := Parse(t.buf.Bytes(), sig); err != nil {
+		if errors.Is(err, ErrNoSignals) {
+			return fmt.Errorf("cannot use %s: %w", t.url, err)
+		}
+		return fmt.Errorf("cannot parse %s: %w", t.url, err)
+	}
+	return nil
+}

@@ -1,0 +1,107 @@
+package metrics
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestScraper(t *testing.T) {
+	var prompt atomic.Int64
+	prompt.Store(1000)
+	good := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte("vllm:num_requests_running 2\nvllm:prompt_tokens_total " +
+			strconv.FormatInt(prompt.Load(), 10) + "\n"))
+	}))
+	defer good.Close()
+	release := make(chan struct{})
+	hanging := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer hanging.Close()
+	defer close(release)
+	bad := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "nope", http.StatusInternalServerError)
+	}))
+	defer bad.Close()
+
+	var samples atomic.Int64
+	s := NewScraper(ScraperConfig{Timeout: 200 * time.Millisecond, OnSample: func(*Sample) { samples.Add(1) }}, nil)
+	s.SetTargets([]string{good.URL, hanging.URL, bad.URL, ""})
+
+	ctx := context.Background()
+	start := time.Now()
+	s.ScrapeAll(ctx)
+	require.Less(t, time.Since(start), 2*time.Second, "a hanging target must be bounded by the timeout")
+	require.Equal(t, int64(3), samples.Load())
+
+	g, ok := s.Get(good.URL)
+	require.True(t, ok)
+	require.NoError(t, g.Err)
+	require.InDelta(t, 2.0, g.Signals.Running, 0)
+	require.False(t, g.At.IsZero())
+
+	h, ok := s.Get(hanging.URL)
+	require.True(t, ok)
+	require.Error(t, h.Err)
+	require.Equal(t, 1, h.Failures)
+	require.True(t, h.At.IsZero())
+
+	b, ok := s.Get(bad.URL)
+	require.True(t, ok)
+	require.ErrorContains(t, b.Err, "status 500")
+
+	// Second round: rates appear for the good target, failures accumulate.
+	time.Sleep(20 * time.Millisecond)
+	prompt.Store(3000)
+	s.ScrapeAll(ctx)
+	g2, _ := s.Get(good.URL)
+	require.Greater(t, g2.PromptTokensPerSec, 0.0)
+	dt := g2.At.Sub(g.At).Seconds()
+	require.InDelta(t, 2000/dt, g2.PromptTokensPerSec, 1e-6)
+	h2, _ := s.Get(hanging.URL)
+	require.Equal(t, 2, h2.Failures)
+
+	// A counter reset yields a zero rate rather than a negative one.
+	prompt.Store(10)
+	s.ScrapeAll(ctx)
+	g3, _ := s.Get(good.URL)
+	require.Equal(t, 0.0, g3.PromptTokensPerSec)
+
+	// Removing a target forgets it.
+	s.SetTargets([]string{good.URL})
+	_, ok = s.Get(bad.URL)
+	require.False(t, ok)
+	_, ok = s.Get(good.URL)
+	require.True(t, ok)
+}
+
+func TestScraperRunStops(t *testing.T) {
+	var hits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		_, _ = w.Write([]byte("sglang:num_queue_reqs 1\n"))
+	}))
+	defer srv.Close()
+	s := NewScraper(ScraperConfig{Interval: 10 * time.Millisecond}, nil)
+	s.SetTargets([]string{srv.URL})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	require.Eventually(t, func() bool { return hits.Load() >= 3 }, 2*time.Second, 5*time.Millisecond)
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Second):
+		t.Fatal("Run did not stop")
+	}
+}

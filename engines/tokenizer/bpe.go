@@ -1,0 +1,288 @@
+package tokenizer
+
+import (
+	"strings"
+	"sync/atomic"
+	"unicode/utf8"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// maxLinearWord is the word length (bytes) up to which BPE rescans all pairs
+// per merge; longer words (long CJK or letter runs) use a heap.
+const maxLinearWord = 24
+
+// maxCachedWord bounds the words kept in the per-tokenizer word cache.
+const maxCachedWord = 64
+
+func (t *HF) encodeWord(dst []uint32, w string) []uint32 {
+	if len(w) == 1 {
+		return append(dst, t.byteIDs[w[0]])
+	}
+	// The word cache comes first: it is smaller and faster than the vocab
+	// map, which ignore_merges would otherwise consult for every word.
+	cacheable := len(w) <= maxCachedWord
+	var h uint64
+	if cacheable {
+		h = xxhash.Sum64String(w)
+		if ids, ok := t.cache.get(h, w); ok {
+			return append(dst, ids...)
+		}
+	}
+	start := len(dst)
+	id, whole := uint32(0), false
+	if t.ignoreMerges {
+		id, whole = t.vocab[w]
+	}
+	if whole {
+		dst = append(dst, id)
+	} else {
+		for i := 0; i < len(w); i++ {
+			dst = append(dst, t.byteIDs[w[i]])
+		}
+		dst = t.merge(dst, start)
+	}
+	if cacheable {
+		t.cache.put(h, w, dst[start:])
+	}
+	return dst
+}
+
+// encodeSPM encodes a normalized segment, which SentencePiece-style BPE
+// treats as one word; when the vocab allows (spmSplit), it is cut before
+// each "▁" run, which no merge can cross, so pieces can be cached.
+func (t *HF) encodeSPM(dst []uint32, seg string) []uint32 {
+	if !t.spmSplit {
+		return t.encodeSPMWord(dst, seg)
+	}
+	const space = "▁"
+	start := 0
+	for start < len(seg) {
+		// Skip the "▁" run at start, then cut before the next one.
+		i := start
+		for strings.HasPrefix(seg[i:], space) {
+			i += len(space)
+		}
+		j := strings.Index(seg[i:], space)
+		end := len(seg)
+		if j >= 0 {
+			end = i + j
+		}
+		dst = t.cachedSPMWord(dst, seg[start:end])
+		start = end
+	}
+	return dst
+}
+
+func (t *HF) cachedSPMWord(dst []uint32, w string) []uint32 {
+	if len(w) > maxCachedWord {
+		return t.encodeSPMWord(dst, w)
+	}
+	h := xxhash.Sum64String(w)
+	if ids, ok := t.cache.get(h, w); ok {
+		return append(dst, ids...)
+	}
+	start := len(dst)
+	dst = t.encodeSPMWord(dst, w)
+	t.cache.put(h, w, dst[start:])
+	return dst
+}
+
+// encodeSPMWord is SentencePiece-style BPE: symbols are characters, a
+// character missing from the vocab falls back to its <0xXX> byte tokens
+// (or the unknown token, consecutive ones fused), then merges apply.
+func (t *HF) encodeSPMWord(dst []uint32, w string) []uint32 {
+	start := len(dst)
+	lastUnk := false
+	for i := 0; i < len(w); {
+		_, n := utf8.DecodeRuneInString(w[i:])
+		if id, ok := t.vocab[w[i:i+n]]; ok {
+			dst = append(dst, id)
+			lastUnk = false
+			i += n
+			continue
+		}
+		fallback := t.byteFallback
+		for j := i; j < i+n && fallback; j++ {
+			fallback = t.hasByteToken[w[j]]
+		}
+		switch {
+		case fallback:
+			for j := i; j < i+n; j++ {
+				dst = append(dst, t.byteToken[w[j]])
+			}
+			lastUnk = false
+		case t.hasUnk && !(t.fuseUnk && lastUnk):
+			dst = append(dst, t.unk)
+			lastUnk = true
+		}
+		i += n
+	}
+	return t.merge(dst, start)
+}
+
+// merge applies the BPE merges to the symbols dst[start:].
+func (t *HF) merge(dst []uint32, start int) []uint32 {
+	if len(dst)-start <= maxLinearWord {
+		return t.mergeLinear(dst, start)
+	}
+	return t.mergeHeap(dst, start)
+}
+
+// mergeLinear applies the lowest-ranked merge, leftmost first, until none
+// applies, in place.
+func (t *HF) mergeLinear(dst []uint32, start int) []uint32 {
+	ids := dst[start:]
+	for len(ids) > 1 {
+		best, bestRank, bestID := -1, uint32(0), uint32(0)
+		for i := 0; i+1 < len(ids); i++ {
+			v, ok := t.merges[uint64(ids[i])<<32|uint64(ids[i+1])]
+			if !ok {
+				continue
+			}
+			if r := uint32(v >> 32); best < 0 || r < bestRank {
+				best, bestRank, bestID = i, r, uint32(v)
+			}
+		}
+		if best < 0 {
+			break
+		}
+		ids[best] = bestID
+		copy(ids[best+1:], ids[best+2:])
+		ids = ids[:len(ids)-1]
+	}
+	return dst[:start+len(ids)]
+}
+
+type symbol struct {
+	id         uint32
+	prev, next int32
+	gone       bool
+}
+
+type mergeItem struct {
+	rank uint32
+	pos  int32
+	id   uint32
+}
+
+func itemLess(a, b mergeItem) bool {
+	return a.rank < b.rank || (a.rank == b.rank && a.pos < b.pos)
+}
+
+type mergeHeap []mergeItem
+
+func (h *mergeHeap) push(x mergeItem) {
+	*h = append(*h, x)
+	s := *h
+	i := len(s) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if !itemLess(s[i], s[p]) {
+			break
+		}
+		s[i], s[p] = s[p], s[i]
+		i = p
+	}
+}
+
+func (h *mergeHeap) pop() mergeItem {
+	s := *h
+	top := s[0]
+	n := len(s) - 1
+	s[0] = s[n]
+	s = s[:n]
+	i := 0
+	for {
+		l, m := 2*i+1, i
+		if l < n && itemLess(s[l], s[m]) {
+			m = l
+		}
+		if l+1 < n && itemLess(s[l+1], s[m]) {
+			m = l + 1
+		}
+		if m == i {
+			break
+		}
+		s[i], s[m] = s[m], s[i]
+		i = m
+	}
+	*h = s
+	return top
+}
+
+// mergeHeap is the same merge order as mergeLinear (lowest rank, then
+// leftmost position) in O(n log n), as the reference implements it.
+func (t *HF) mergeHeap(dst []uint32, start int) []uint32 {
+	in := dst[start:]
+	syms := make([]symbol, len(in))
+	for i, id := range in {
+		syms[i] = symbol{id: id, prev: int32(i - 1), next: int32(i + 1)}
+	}
+	syms[len(syms)-1].next = -1
+	h := make(mergeHeap, 0, len(syms))
+	pushPair := func(i int32) {
+		if i < 0 || syms[i].next < 0 {
+			return
+		}
+		if v, ok := t.merges[uint64(syms[i].id)<<32|uint64(syms[syms[i].next].id)]; ok {
+			h.push(mergeItem{rank: uint32(v >> 32), pos: i, id: uint32(v)})
+		}
+	}
+	for i := range syms {
+		pushPair(int32(i))
+	}
+	for len(h) > 0 {
+		it := h.pop()
+		s := &syms[it.pos]
+		if s.gone || s.next < 0 {
+			continue
+		}
+		v, ok := t.merges[uint64(s.id)<<32|uint64(syms[s.next].id)]
+		if !ok || uint32(v) != it.id || uint32(v>>32) != it.rank {
+			continue // stale: a neighbor merged since this pair was queued
+		}
+		nx := s.next
+		s.id = it.id
+		s.next = syms[nx].next
+		syms[nx].gone = true
+		if s.next >= 0 {
+			syms[s.next].prev = it.pos
+		}
+		pushPair(s.prev)
+		pushPair(it.pos)
+	}
+	dst = dst[:start]
+	for i := int32(0); i >= 0; i = syms[i].next {
+		dst = append(dst, syms[i].id)
+	}
+	return dst
+}
+
+// wordCache maps a pre-tokenized word to its ids. It is direct-mapped and
+// lock-free: a slot holds the last word that hashed to it, so memory is
+// bounded and a collision only costs a recomputation.
+type wordCache struct {
+	slots [cacheSlots]atomic.Pointer[cacheEntry]
+}
+
+const cacheSlots = 1 << 16
+
+type cacheEntry struct {
+	word string
+	ids  []uint32
+}
+
+func newWordCache() *wordCache { return &wordCache{} }
+
+func (c *wordCache) get(h uint64, w string) ([]uint32, bool) {
+	e := c.slots[h&(cacheSlots-1)].Load()
+	if e == nil || e.word != w {
+		return nil, false
+	}
+	return e.ids, true
+}
+
+func (c *wordCache) put(h uint64, w string, ids []uint32) {
+	c.slots[h&(cacheSlots-1)].Store(&cacheEntry{word: strings.Clone(w), ids: append([]uint32(nil), ids...)})
+}

@@ -1,0 +1,133 @@
+package tokenizer
+
+import (
+	"sync/atomic"
+
+	"github.com/cespare/xxhash/v2"
+	lru "github.com/hashicorp/golang-lru/v2"
+)
+
+// PrefixCacheConfig sizes a PrefixCache.
+type PrefixCacheConfig struct {
+	// MaxEntries bounds the cached prefixes. Default 4096.
+	MaxEntries int
+	// CutsPerText is how many of a text's last safe points are cached; a
+	// conversation's next request usually shares one of them. Default 16.
+	CutsPerText int
+}
+
+// PrefixCache is a Tokenizer that reuses the ids of the longest previously
+// seen prefix, so a multi-turn conversation only tokenizes its new turns.
+// Prefixes are cut only right after an added (special) token, where
+// tokenization provably restarts, so its output always equals the
+// underlying tokenizer's. Safe for concurrent use.
+type PrefixCache struct {
+	tok   *HF
+	cuts  int
+	cache *lru.Cache[uint64, *prefixEntry]
+
+	lookups, hits, reused atomic.Uint64
+}
+
+// PrefixCacheStats counts Encode calls, those that reused a prefix, and the
+// ids reused.
+type PrefixCacheStats struct {
+	Lookups, Hits, ReusedIDs uint64
+}
+
+// Stats returns the counters since creation.
+func (c *PrefixCache) Stats() PrefixCacheStats {
+	return PrefixCacheStats{Lookups: c.lookups.Load(), Hits: c.hits.Load(), ReusedIDs: c.reused.Load()}
+}
+
+// prefixEntry is a cached prefix: its parent's ids followed by its own.
+// Entries form chains, so a new turn stores only its new ids.
+type prefixEntry struct {
+	n      int          // byte length of the prefix
+	parent *prefixEntry // nil for a prefix encoded from the start
+	ids    []uint32     // ids after the parent's; never written after insertion
+	total  int          // ids in the whole prefix
+}
+
+func (e *prefixEntry) appendTo(dst []uint32) []uint32 {
+	if e.parent != nil {
+		dst = e.parent.appendTo(dst)
+	}
+	return append(dst, e.ids...)
+}
+
+// NewPrefixCache wraps tok with a prefix cache.
+func NewPrefixCache(tok *HF, cfg PrefixCacheConfig) *PrefixCache {
+	if cfg.MaxEntries <= 0 {
+		cfg.MaxEntries = 4096
+	}
+	if cfg.CutsPerText <= 0 {
+		cfg.CutsPerText = 16
+	}
+	c, err := lru.New[uint64, *prefixEntry](cfg.MaxEntries)
+	if err != nil {
+		panic(err) // unreachable: size is positive
+	}
+	return &PrefixCache{tok: tok, cuts: cfg.CutsPerText, cache: c}
+}
+
+// Name returns the underlying tokenizer's name.
+func (c *PrefixCache) Name() string { return c.tok.Name() }
+
+type cutPoint struct {
+	end  int
+	hash uint64
+}
+
+// Encode appends the ids of text, reusing a cached prefix when one matches.
+func (c *PrefixCache) Encode(dst []uint32, text string) []uint32 {
+	// Hash every prefix that ends at a safe point, in one pass.
+	var cuts []cutPoint
+	d := xxhash.New()
+	last := 0
+	pos := 0
+	c.tok.raw.split(text, func(seg string, id int32) {
+		pos += len(seg)
+		if id < 0 {
+			return
+		}
+		_, _ = d.WriteString(text[last:pos])
+		last = pos
+		cuts = append(cuts, cutPoint{end: pos, hash: d.Sum64()})
+	})
+	var hit *prefixEntry
+	from, skip := 0, 0
+	c.lookups.Add(1)
+	for i := len(cuts) - 1; i >= 0; i-- {
+		if e, ok := c.cache.Get(cuts[i].hash); ok && e.n == cuts[i].end {
+			c.hits.Add(1)
+			c.reused.Add(uint64(e.total))
+			dst = e.appendTo(dst)
+			hit, from, skip = e, cuts[i].end, i+1
+			break
+		}
+	}
+	start := len(dst)
+	var ends []int // len(dst) at each new cut, in order
+	dst = c.tok.encode(dst, text[from:], func(_, n int) { ends = append(ends, n) })
+	newCuts := cuts[skip:]
+	if len(ends) != len(newCuts) || len(newCuts) == 0 {
+		return dst // a mismatch cannot happen: both are the same added-token scan
+	}
+	// Keep a private copy of the new ids (the caller owns dst). Each cached
+	// cut stores the ids since the previous one and points to it; the first
+	// one chains to the prefix that was reused.
+	own := append([]uint32(nil), dst[start:]...)
+	parent, hitTotal := hit, 0
+	if hit != nil {
+		hitTotal = hit.total
+	}
+	base := 0
+	for i := max(0, len(newCuts)-c.cuts); i < len(newCuts); i++ {
+		n := ends[i] - start
+		e := &prefixEntry{n: newCuts[i].end, parent: parent, ids: own[base:n:n], total: hitTotal + n}
+		c.cache.Add(newCuts[i].hash, e)
+		parent, base = e, n
+	}
+	return dst
+}

@@ -1,0 +1,422 @@
+package tokenizer
+
+import (
+	"sync"
+	"unicode"
+	"unicode/utf8"
+)
+
+// The split regexes of the supported families use lookahead (\s+(?!\S)) and
+// backtracking that Go's regexp cannot express, so each is written out by
+// hand below. Every matcher returns the end of the match that the reference
+// (Oniguruma, leftmost-first alternation) finds at position i, or -1.
+
+// splitKind names a hand-written pre-tokenizer.
+type splitKind uint8
+
+const (
+	splitQwen     splitKind = iota + 1 // cl100k-style, single digits (Qwen2.5/Qwen3)
+	splitLlama3                        // cl100k-style, digits in groups of 1-3 (Llama 3.x)
+	splitO200k                         // o200k (GPT-OSS)
+	splitDeepSeek                      // DeepSeek V3: digits, CJK runs, then its main regex
+)
+
+// Split patterns exactly as they appear in tokenizer.json.
+const (
+	patQwen   = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+	patLlama3 = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+	patO200k  = `[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+	// DeepSeek V3 splits three times in sequence.
+	patDSDigits = `\p{N}{1,3}`
+	patDSCJK    = "[一-龥぀-ゟ゠-ヿ]+"
+	patDSMain   = "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"
+)
+
+// Rune class bits, precomputed for ASCII and computed for the rest.
+const (
+	cL     uint16 = 1 << iota // \p{L}
+	cN                        // \p{N}
+	cS                        // \s (White_Space)
+	cCRLF                     // \r or \n
+	cM                        // \p{M}
+	cP                        // \p{P}
+	cSym                      // \p{S}
+	cUpper                    // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]
+	cLower                    // [\p{Ll}\p{Lm}\p{Lo}\p{M}]
+)
+
+var asciiClass = func() (t [128]uint16) {
+	for r := rune(0); r < 128; r++ {
+		t[r] = slowClass(r)
+	}
+	return t
+}()
+
+// bmpClass caches the classes of planes 0-2 (BMP, emoji, CJK extensions);
+// built on first load (a few milliseconds) rather than at package init.
+const tableRunes = 0x30000
+
+var (
+	bmpOnce  sync.Once
+	bmpClass *[tableRunes]uint16
+)
+
+func initClasses() {
+	bmpOnce.Do(func() {
+		t := new([tableRunes]uint16)
+		for r := rune(0); r < tableRunes; r++ {
+			t[r] = slowClass(r)
+		}
+		bmpClass = t
+	})
+}
+
+func slowClass(r rune) uint16 {
+	var c uint16
+	if unicode.IsLetter(r) {
+		c |= cL
+	}
+	if unicode.IsNumber(r) {
+		c |= cN
+	}
+	if unicode.IsSpace(r) {
+		c |= cS
+	}
+	if r == '\r' || r == '\n' {
+		c |= cCRLF
+	}
+	if unicode.IsMark(r) {
+		c |= cM
+	}
+	if unicode.IsPunct(r) {
+		c |= cP
+	}
+	if unicode.IsSymbol(r) {
+		c |= cSym
+	}
+	if unicode.In(r, unicode.Lu, unicode.Lt, unicode.Lm, unicode.Lo, unicode.M) {
+		c |= cUpper
+	}
+	if unicode.In(r, unicode.Ll, unicode.Lm, unicode.Lo, unicode.M) {
+		c |= cLower
+	}
+	return c
+}
+
+// at decodes the rune at byte offset i and returns its class and width.
+// Invalid UTF-8 decodes as one byte of no class (it never reaches the
+// reference, which only takes valid strings).
+func at(s string, i int) (uint16, int) {
+	b := s[i]
+	if b < utf8.RuneSelf {
+		return asciiClass[b], 1
+	}
+	r, w := utf8.DecodeRuneInString(s[i:])
+	if r == utf8.RuneError && w == 1 {
+		return 0, 1
+	}
+	if r < tableRunes && bmpClass != nil {
+		return bmpClass[r], w
+	}
+	return slowClass(r), w
+}
+
+// contraction matches (?i:'s|'t|'re|'ve|'m|'ll|'d) at i.
+func contraction(s string, i int) int {
+	if i >= len(s) || s[i] != '\'' {
+		return -1
+	}
+	j := i + 1
+	if j >= len(s) {
+		return -1
+	}
+	switch s[j] | 0x20 {
+	case 's', 't', 'm', 'd':
+		return j + 1
+	case 'r', 'v':
+		if j+1 < len(s) && s[j+1]|0x20 == 'e' {
+			return j + 2
+		}
+	case 'l':
+		if j+1 < len(s) && s[j+1]|0x20 == 'l' {
+			return j + 2
+		}
+	}
+	// Unicode case folding: U+017F (long s) folds to 's'.
+	if j+1 < len(s) && s[j] == 0xC5 && s[j+1] == 0xBF {
+		return j + 2
+	}
+	return -1
+}
+
+// run returns the end of the longest run from i of runes having any bit of
+// want, never past limit runes when limit > 0.
+func run(s string, i int, want uint16, limit int) int {
+	n := 0
+	for i < len(s) && (limit <= 0 || n < limit) {
+		c, w := at(s, i)
+		if c&want == 0 {
+			break
+		}
+		i += w
+		n++
+	}
+	return i
+}
+
+// spaceAlts matches \s*[\r\n]+|\s+(?!\S)|\s+ at i.
+func spaceAlts(s string, i int) int {
+	lastNL := -1
+	j := i
+	lastStart := i
+	for j < len(s) {
+		c, w := at(s, j)
+		if c&cS == 0 {
+			break
+		}
+		if c&cCRLF != 0 {
+			lastNL = j + w
+		}
+		lastStart = j
+		j += w
+	}
+	if j == i {
+		return -1
+	}
+	if lastNL >= 0 {
+		return lastNL
+	}
+	if j == len(s) {
+		return j
+	}
+	if lastStart > i {
+		return lastStart // leave the last space to the following word
+	}
+	return j
+}
+
+// punctAlt matches ` ?X+[\r\n]*` (with tailSlash, ` ?X+[\r\n/]*`), where X
+// is a rune of the class accepted by isX.
+func punctAlt(s string, i int, isX func(uint16) bool, tailSlash bool) int {
+	j := i
+	if s[j] == ' ' && j+1 < len(s) {
+		if c, _ := at(s, j+1); isX(c) {
+			j++
+		}
+	}
+	k := j
+	for k < len(s) {
+		c, w := at(s, k)
+		if !isX(c) {
+			break
+		}
+		k += w
+	}
+	if k == j {
+		return -1
+	}
+	for k < len(s) && (s[k] == '\r' || s[k] == '\n' || (tailSlash && s[k] == '/')) {
+		k++
+	}
+	return k
+}
+
+func notSpaceLetterNumber(c uint16) bool { return c&(cS|cL|cN) == 0 }
+
+func punctOrSymbol(c uint16) bool { return c&(cP|cSym) != 0 }
+
+// matchCL100k is the Qwen / Llama 3 pattern; digitGroup is 1 or 3.
+func matchCL100k(s string, i int, digitGroup int) int {
+	if e := contraction(s, i); e >= 0 {
+		return e
+	}
+	c, w := at(s, i)
+	// [^\r\n\p{L}\p{N}]?\p{L}+
+	if c&cL != 0 {
+		return run(s, i, cL, 0)
+	}
+	if c&(cCRLF|cL|cN) == 0 && i+w < len(s) {
+		if c2, _ := at(s, i+w); c2&cL != 0 {
+			return run(s, i+w, cL, 0)
+		}
+	}
+	if c&cN != 0 {
+		return run(s, i, cN, digitGroup)
+	}
+	if e := punctAlt(s, i, notSpaceLetterNumber, false); e >= 0 {
+		return e
+	}
+	return spaceAlts(s, i)
+}
+
+// o200kWord matches U* L+ (upperFirst=false) or U+ L* (upperFirst=true) from
+// j, then an optional contraction.
+func o200kWord(s string, j int, upperFirst bool) int {
+	if !upperFirst {
+		// U* greedy, then L+ with backtracking: the match ends after the
+		// last L rune that a backed-off U* can leave to L+.
+		u := j
+		lastL := -1 // end of the last rune within the U run that is also L
+		for u < len(s) {
+			c, w := at(s, u)
+			if c&cUpper == 0 {
+				break
+			}
+			if c&cLower != 0 {
+				lastL = u + w
+			}
+			u += w
+		}
+		var end int
+		if u < len(s) {
+			if c, _ := at(s, u); c&cLower != 0 {
+				end = run(s, u, cLower, 0)
+			} else if lastL >= 0 {
+				end = lastL
+			} else {
+				return -1
+			}
+		} else if lastL >= 0 {
+			end = lastL
+		} else {
+			return -1
+		}
+		if e := contraction(s, end); e >= 0 {
+			return e
+		}
+		return end
+	}
+	u := run(s, j, cUpper, 0)
+	if u == j {
+		return -1
+	}
+	end := run(s, u, cLower, 0)
+	if e := contraction(s, end); e >= 0 {
+		return e
+	}
+	return end
+}
+
+func matchO200k(s string, i int) int {
+	c, w := at(s, i)
+	prefix := c&(cCRLF|cL|cN) == 0 && i+w < len(s)
+	for _, upperFirst := range [2]bool{false, true} {
+		if prefix {
+			if e := o200kWord(s, i+w, upperFirst); e >= 0 {
+				return e
+			}
+		}
+		if e := o200kWord(s, i, upperFirst); e >= 0 {
+			return e
+		}
+	}
+	if c&cN != 0 {
+		return run(s, i, cN, 3)
+	}
+	if e := punctAlt(s, i, notSpaceLetterNumber, true); e >= 0 {
+		return e
+	}
+	return spaceAlts(s, i)
+}
+
+func isASCIIPunct(b byte) bool {
+	switch {
+	case b >= '!' && b <= '/', b >= ':' && b <= '@', b >= '[' && b <= '`', b >= '{' && b <= '~':
+		return true
+	}
+	return false
+}
+
+func isASCIILetter(b byte) bool { return (b|0x20) >= 'a' && (b|0x20) <= 'z' }
+
+func matchDeepSeekMain(s string, i int) int {
+	// [ASCII punct][A-Za-z]+
+	if isASCIIPunct(s[i]) && i+1 < len(s) && isASCIILetter(s[i+1]) {
+		j := i + 1
+		for j < len(s) && isASCIILetter(s[j]) {
+			j++
+		}
+		return j
+	}
+	// [^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+
+	c, w := at(s, i)
+	if c&(cCRLF|cL|cP|cSym) == 0 && i+w < len(s) {
+		if c2, _ := at(s, i+w); c2&(cL|cM) != 0 {
+			return run(s, i+w, cL|cM, 0)
+		}
+	}
+	if c&(cL|cM) != 0 {
+		return run(s, i, cL|cM, 0)
+	}
+	if e := punctAlt(s, i, punctOrSymbol, false); e >= 0 {
+		return e
+	}
+	return spaceAlts(s, i)
+}
+
+func matchDigits3(s string, i int) int {
+	if c, _ := at(s, i); c&cN != 0 {
+		return run(s, i, cN, 3)
+	}
+	return -1
+}
+
+func isDeepSeekCJK(r rune) bool {
+	return (r >= 0x4E00 && r <= 0x9FA5) || (r >= 0x3040 && r <= 0x309F) || (r >= 0x30A0 && r <= 0x30FF)
+}
+
+func matchDeepSeekCJK(s string, i int) int {
+	j := i
+	for j < len(s) {
+		r, w := utf8.DecodeRuneInString(s[j:])
+		if !isDeepSeekCJK(r) {
+			break
+		}
+		j += w
+	}
+	if j == i {
+		return -1
+	}
+	return j
+}
+
+// splitIsolated calls emit for every match of m in s and for every gap
+// between matches, in order (the Split pre-tokenizer's Isolated behavior).
+func splitIsolated(s string, m func(string, int) int, emit func(string)) {
+	gap := 0
+	i := 0
+	for i < len(s) {
+		e := m(s, i)
+		if e <= i {
+			_, w := at(s, i)
+			i += w
+			continue
+		}
+		if gap < i {
+			emit(s[gap:i])
+		}
+		emit(s[i:e])
+		i, gap = e, e
+	}
+	if gap < len(s) {
+		emit(s[gap:])
+	}
+}
+
+// preTokenize splits s into words with the family's pre-tokenizer.
+func (k splitKind) preTokenize(s string, emit func(string)) {
+	switch k {
+	case splitQwen:
+		splitIsolated(s, func(s string, i int) int { return matchCL100k(s, i, 1) }, emit)
+	case splitLlama3:
+		splitIsolated(s, func(s string, i int) int { return matchCL100k(s, i, 3) }, emit)
+	case splitO200k:
+		splitIsolated(s, matchO200k, emit)
+	case splitDeepSeek:
+		splitIsolated(s, matchDigits3, func(p string) {
+			splitIsolated(p, matchDeepSeekCJK, func(q string) {
+				splitIsolated(q, matchDeepSeekMain, emit)
+			})
+		})
+	}
+}

@@ -1,0 +1,401 @@
+package scheduler
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Routing policies (Config.Policy).
+const (
+	PolicyPrecise     = "precise"
+	PolicyApproximate = "approximate"
+	PolicyRandom      = "random"
+	PolicyRoundRobin  = "round-robin"
+	PolicyLeastQueue  = "least-queue"
+)
+
+// Config is the whole scheduler configuration, one YAML document. Zero
+// fields take the defaults written in their comments (DefaultConfig is the
+// one place they are set); durations are YAML strings such as "2s".
+type Config struct {
+	// Policy is "precise" (default: the scoring pipeline; approximate prefix
+	// when a request has no tokens), "approximate" (never uses the index),
+	// "random", "round-robin" or "least-queue" (baselines for the bench).
+	Policy string `yaml:"policy"`
+	// PoolName labels the inference_pool_* metrics. Default "default".
+	PoolName string `yaml:"pool_name"`
+	// BlockSize is the engines' KV block size in tokens; prompts are keyed
+	// with it, so it must equal the engines'. Default 16.
+	BlockSize int `yaml:"block_size"`
+	// Fallbacks is how many endpoints follow the primary in a decision.
+	// Default 2.
+	Fallbacks int `yaml:"fallbacks"`
+	// Adapters maps a LoRA adapter name to its base model, for adapters that
+	// are not (yet) reported as loaded by any engine. Default none.
+	Adapters map[string]string `yaml:"adapters"`
+	// Seed seeds the tie-break/softmax random source; 0 seeds from the
+	// clock. Default 0.
+	Seed int64 `yaml:"seed"`
+
+	Signals   SignalsConfig   `yaml:"signals"`
+	Prefix    PrefixConfig    `yaml:"prefix"`
+	Scoring   ScoringConfig   `yaml:"scoring"`
+	Breaker   BreakerConfig   `yaml:"breaker"`
+	Admission AdmissionConfig `yaml:"admission"`
+}
+
+// SignalsConfig is engine metric scraping.
+type SignalsConfig struct {
+	// ScrapeInterval between scrapes of one engine. Default 2s.
+	ScrapeInterval time.Duration `yaml:"scrape_interval"`
+	// ScrapeTimeout bounds one scrape. Default 1s.
+	ScrapeTimeout time.Duration `yaml:"scrape_timeout"`
+	// StaleAfter is how long a replica may go without a good scrape before
+	// it is scored down. It is never dropped for staleness alone. Default 10s.
+	StaleAfter time.Duration `yaml:"stale_after"`
+	// ScrapeFailuresTrip makes scrape failures feed the breaker. Default
+	// true.
+	ScrapeFailuresTrip *bool `yaml:"scrape_failures_trip"`
+}
+
+// PrefixConfig is prefix affinity and its imbalance guard.
+type PrefixConfig struct {
+	// MinMatch is the shortest precise match worth acting on, in tokens.
+	// Default 64.
+	MinMatch int `yaml:"min_match"`
+	// MinMatchBytes is the same for approximate (text) matching. Default 256.
+	MinMatchBytes int `yaml:"min_match_bytes"`
+	// MatchRatio is the share of the prompt that must match. Default 0.3.
+	MatchRatio float64 `yaml:"match_ratio"`
+	// BalanceAbs and BalanceRel are the imbalance guard: affinity to a
+	// replica is abandoned only when its load exceeds the least loaded
+	// candidate's by at least BalanceAbs requests AND by a factor of at
+	// least BalanceRel. Defaults 8 and 1.5.
+	BalanceAbs float64 `yaml:"balance_abs"`
+	BalanceRel float64 `yaml:"balance_rel"`
+	// SpeculativeTTL is how long the chosen replica is credited with a
+	// request's blocks before the engine's events confirm them. Default 2s.
+	SpeculativeTTL time.Duration `yaml:"speculative_ttl"`
+	// ChunkBytes is the approximate matcher's chunk size. Default 256.
+	ChunkBytes int `yaml:"chunk_bytes"`
+	// TTL is how long an approximate routing record is trusted. Default 10m.
+	TTL time.Duration `yaml:"ttl"`
+	// MaxNodes bounds the approximate matcher's records. Default 100000.
+	MaxNodes int `yaml:"max_nodes"`
+	// CPUWeight and StorageWeight value a block held off-GPU relative to a
+	// GPU block. Defaults 0.8 and 0.5.
+	CPUWeight     float64 `yaml:"cpu_weight"`
+	StorageWeight float64 `yaml:"storage_weight"`
+}
+
+// ScoringConfig is what the scorers normalise against and their weights.
+type ScoringConfig struct {
+	// TargetWaiting is the engine queue depth at which the queue score is
+	// halved. Default 4.
+	TargetWaiting float64 `yaml:"target_waiting"`
+	// TargetInflight is the EPP in-flight count at which the in-flight score
+	// is halved, and a replica's healthy concurrency. Default 8.
+	TargetInflight float64 `yaml:"target_inflight"`
+	// KVCeiling is the KV usage above which a replica is filtered out
+	// (unless nothing is left) and at which the KV score reaches 0.
+	// Default 0.9.
+	KVCeiling float64 `yaml:"kv_ceiling"`
+	// SessionLoadFactor: a session sticks to its replica while that
+	// replica's load is at most this multiple of the mean. Default 1.25.
+	SessionLoadFactor float64 `yaml:"session_load_factor"`
+	// SessionTTL is how long a session's replica is remembered. Default 10m.
+	SessionTTL time.Duration `yaml:"session_ttl"`
+	// StaleFactor multiplies the score of a replica with stale metrics.
+	// Default 0.25.
+	StaleFactor float64 `yaml:"stale_factor"`
+	// Temperature > 0 samples the primary with probability proportional to
+	// exp(score/Temperature) instead of taking the best. Default 0.
+	Temperature float64 `yaml:"temperature"`
+	// Weights of the scorers. Defaults: prefix 3, queue 1, inflight 1,
+	// kv 1, session 2, lora 1.
+	Weights Weights `yaml:"weights"`
+}
+
+// Weights of the scorers; a negative weight is invalid, 0 disables one.
+type Weights struct {
+	Prefix   *float64 `yaml:"prefix"`
+	Queue    *float64 `yaml:"queue"`
+	Inflight *float64 `yaml:"inflight"`
+	KV       *float64 `yaml:"kv"`
+	Session  *float64 `yaml:"session"`
+	LoRA     *float64 `yaml:"lora"`
+}
+
+// BreakerConfig is the per-replica circuit breaker.
+type BreakerConfig struct {
+	// FailureThreshold consecutive failures open the breaker. Default 3.
+	FailureThreshold int `yaml:"failure_threshold"`
+	// Cooldown is how long an open breaker keeps the replica out before one
+	// probe request is let through. Default 15s.
+	Cooldown time.Duration `yaml:"cooldown"`
+}
+
+// AdmissionConfig is flow control.
+type AdmissionConfig struct {
+	// Enabled turns flow control on. Default true.
+	Enabled *bool `yaml:"enabled"`
+	// DefaultBand is used when Request.Band is "" or unknown. Default "gold".
+	DefaultBand string `yaml:"default_band"`
+	// Bands default to platinum 400/1.00, gold 300/0.85, silver 200/0.60,
+	// bronze 100/0.30. A band waits once pool saturation reaches its
+	// ceiling; a ceiling above 1 never waits in practice.
+	Bands []Band `yaml:"bands"`
+	// QueueTTL drops a request that waited this long (503). Default 30s.
+	QueueTTL time.Duration `yaml:"queue_ttl"`
+	// QueueCapacityPerBand rejects a request with 429 when its band already
+	// has this many waiting. Default 2000.
+	QueueCapacityPerBand int `yaml:"queue_capacity_per_band"`
+	// Interval re-evaluates saturation for dispatch (besides every Done).
+	// Default 10ms.
+	Interval time.Duration `yaml:"interval"`
+}
+
+// Band is one priority band.
+type Band struct {
+	Name              string  `yaml:"name"`
+	Priority          int     `yaml:"priority"`
+	SaturationCeiling float64 `yaml:"saturation_ceiling"`
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// DefaultConfig returns the defaults (the llmgw router's).
+func DefaultConfig() Config {
+	var c Config
+	c.setDefaults()
+	return c
+}
+
+// setDefaults fills every zero field.
+func (c *Config) setDefaults() {
+	def := func(p *float64, v float64) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	defDur := func(p *time.Duration, v time.Duration) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	defInt := func(p *int, v int) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	defW := func(p **float64, v float64) {
+		if *p == nil {
+			*p = ptr(v)
+		}
+	}
+	if c.Policy == "" {
+		c.Policy = PolicyPrecise
+	}
+	if c.PoolName == "" {
+		c.PoolName = "default"
+	}
+	defInt(&c.BlockSize, 16)
+	defInt(&c.Fallbacks, 2)
+
+	defDur(&c.Signals.ScrapeInterval, 2*time.Second)
+	defDur(&c.Signals.ScrapeTimeout, time.Second)
+	defDur(&c.Signals.StaleAfter, 10*time.Second)
+	if c.Signals.ScrapeFailuresTrip == nil {
+		c.Signals.ScrapeFailuresTrip = ptr(true)
+	}
+
+	p := &c.Prefix
+	defInt(&p.MinMatch, 64)
+	defInt(&p.MinMatchBytes, 256)
+	def(&p.MatchRatio, 0.3)
+	def(&p.BalanceAbs, 8)
+	def(&p.BalanceRel, 1.5)
+	defDur(&p.SpeculativeTTL, 2*time.Second)
+	defInt(&p.ChunkBytes, 256)
+	defDur(&p.TTL, 10*time.Minute)
+	defInt(&p.MaxNodes, 100000)
+	def(&p.CPUWeight, 0.8)
+	def(&p.StorageWeight, 0.5)
+
+	s := &c.Scoring
+	def(&s.TargetWaiting, 4)
+	def(&s.TargetInflight, 8)
+	def(&s.KVCeiling, 0.9)
+	def(&s.SessionLoadFactor, 1.25)
+	defDur(&s.SessionTTL, 10*time.Minute)
+	def(&s.StaleFactor, 0.25)
+	defW(&s.Weights.Prefix, 3)
+	defW(&s.Weights.Queue, 1)
+	defW(&s.Weights.Inflight, 1)
+	defW(&s.Weights.KV, 1)
+	defW(&s.Weights.Session, 2)
+	defW(&s.Weights.LoRA, 1)
+
+	defInt(&c.Breaker.FailureThreshold, 3)
+	defDur(&c.Breaker.Cooldown, 15*time.Second)
+
+	a := &c.Admission
+	if a.Enabled == nil {
+		a.Enabled = ptr(true)
+	}
+	if a.DefaultBand == "" {
+		a.DefaultBand = "gold"
+	}
+	if len(a.Bands) == 0 {
+		a.Bands = []Band{
+			{Name: "platinum", Priority: 400, SaturationCeiling: 1.00},
+			{Name: "gold", Priority: 300, SaturationCeiling: 0.85},
+			{Name: "silver", Priority: 200, SaturationCeiling: 0.60},
+			{Name: "bronze", Priority: 100, SaturationCeiling: 0.30},
+		}
+	}
+	defDur(&a.QueueTTL, 30*time.Second)
+	defInt(&a.QueueCapacityPerBand, 2000)
+	defDur(&a.Interval, 10*time.Millisecond)
+}
+
+// ParseConfig reads a YAML document, fills defaults and validates.
+// Unknown fields are errors, so a misspelt knob is not silently ignored.
+func ParseConfig(data []byte) (Config, error) {
+	var c Config
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return Config{}, fmt.Errorf("cannot parse scheduler config: %w", err)
+	}
+	c.setDefaults()
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// Validate reports every invalid field of a defaulted config.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	switch c.Policy {
+	case PolicyPrecise, PolicyApproximate, PolicyRandom, PolicyRoundRobin, PolicyLeastQueue:
+	default:
+		bad("policy %q: want precise, approximate, random, round-robin or least-queue", c.Policy)
+	}
+	if c.BlockSize < 1 || c.BlockSize > 4096 {
+		bad("block_size %d: want 1..4096", c.BlockSize)
+	}
+	if c.Fallbacks < 0 || c.Fallbacks > 16 {
+		bad("fallbacks %d: want 0..16", c.Fallbacks)
+	}
+	for a, m := range c.Adapters {
+		if a == "" || m == "" {
+			bad("adapters: empty adapter or model name (%q: %q)", a, m)
+		}
+	}
+	if c.Signals.ScrapeInterval < time.Millisecond {
+		bad("signals.scrape_interval %v: want >= 1ms", c.Signals.ScrapeInterval)
+	}
+	if c.Signals.ScrapeTimeout <= 0 {
+		// A timeout longer than the interval is allowed: a target whose
+		// scrape is still running is skipped, not scraped twice.
+		bad("signals.scrape_timeout %v: want > 0", c.Signals.ScrapeTimeout)
+	}
+	if c.Signals.StaleAfter < c.Signals.ScrapeInterval {
+		bad("signals.stale_after %v: want >= scrape_interval %v", c.Signals.StaleAfter, c.Signals.ScrapeInterval)
+	}
+	p := c.Prefix
+	if p.MinMatch < 0 || p.MinMatchBytes < 0 {
+		bad("prefix.min_match/min_match_bytes must not be negative")
+	}
+	if p.MatchRatio < 0 || p.MatchRatio > 1 {
+		bad("prefix.match_ratio %v: want 0..1", p.MatchRatio)
+	}
+	if p.BalanceAbs < 0 {
+		bad("prefix.balance_abs %v: want >= 0", p.BalanceAbs)
+	}
+	if p.BalanceRel < 1 {
+		bad("prefix.balance_rel %v: want >= 1", p.BalanceRel)
+	}
+	if p.SpeculativeTTL < 0 || p.TTL <= 0 {
+		bad("prefix.speculative_ttl and prefix.ttl must be positive")
+	}
+	if p.ChunkBytes < 16 {
+		bad("prefix.chunk_bytes %d: want >= 16", p.ChunkBytes)
+	}
+	if p.MaxNodes < 1 {
+		bad("prefix.max_nodes %d: want >= 1", p.MaxNodes)
+	}
+	if p.CPUWeight < 0 || p.CPUWeight > 1 || p.StorageWeight < 0 || p.StorageWeight > 1 {
+		bad("prefix.cpu_weight/storage_weight: want 0..1")
+	}
+	s := c.Scoring
+	if s.TargetWaiting <= 0 || s.TargetInflight <= 0 {
+		bad("scoring.target_waiting and target_inflight must be positive")
+	}
+	if s.KVCeiling <= 0 || s.KVCeiling > 1 {
+		bad("scoring.kv_ceiling %v: want (0, 1]", s.KVCeiling)
+	}
+	if s.SessionLoadFactor < 1 {
+		bad("scoring.session_load_factor %v: want >= 1", s.SessionLoadFactor)
+	}
+	if s.StaleFactor < 0 || s.StaleFactor > 1 {
+		bad("scoring.stale_factor %v: want 0..1", s.StaleFactor)
+	}
+	if s.Temperature < 0 {
+		bad("scoring.temperature %v: want >= 0", s.Temperature)
+	}
+	for _, w := range []struct {
+		name string
+		v    *float64
+	}{
+		{"prefix", s.Weights.Prefix}, {"queue", s.Weights.Queue}, {"inflight", s.Weights.Inflight},
+		{"kv", s.Weights.KV}, {"session", s.Weights.Session}, {"lora", s.Weights.LoRA},
+	} {
+		if w.v == nil || *w.v < 0 {
+			bad("scoring.weights.%s: want a value >= 0", w.name)
+		}
+	}
+	if c.Breaker.FailureThreshold < 1 {
+		bad("breaker.failure_threshold %d: want >= 1", c.Breaker.FailureThreshold)
+	}
+	if c.Breaker.Cooldown <= 0 {
+		bad("breaker.cooldown %v: want > 0", c.Breaker.Cooldown)
+	}
+	a := c.Admission
+	seen := map[string]bool{}
+	for _, b := range a.Bands {
+		switch {
+		case b.Name == "":
+			bad("admission.bands: a band has no name")
+		case seen[b.Name]:
+			bad("admission.bands: band %q appears twice", b.Name)
+		case b.SaturationCeiling <= 0:
+			bad("admission.bands: band %q saturation_ceiling %v: want > 0", b.Name, b.SaturationCeiling)
+		}
+		seen[b.Name] = true
+	}
+	if !seen[a.DefaultBand] {
+		bad("admission.default_band %q is not one of the bands", a.DefaultBand)
+	}
+	if a.QueueTTL <= 0 {
+		bad("admission.queue_ttl %v: want > 0", a.QueueTTL)
+	}
+	if a.QueueCapacityPerBand < 0 {
+		bad("admission.queue_capacity_per_band %d: want >= 0", a.QueueCapacityPerBand)
+	}
+	if a.Interval < time.Millisecond {
+		bad("admission.interval %v: want >= 1ms", a.Interval)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("invalid scheduler config: %w", errors.Join(errs...))
+	}
+	return nil
+}

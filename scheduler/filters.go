@@ -1,0 +1,117 @@
+package scheduler
+
+import (
+	"time"
+
+	"github.com/omnious/provider-node/engines/metrics"
+)
+
+// cand is one candidate replica during a decision.
+type cand struct {
+	r       *replica
+	sig     *metrics.Sample // nil when never scraped
+	stale   bool
+	probe   bool // breaker half-open: routing here claims the probe
+	admit   bool // the breaker lets it be a candidate
+	waiting float64
+	kv      float64
+	infl    float64
+	load    float64
+
+	prefixUnits int     // matched tokens (precise) or bytes (approximate)
+	prefixShare float64 // tier-weighted share of the prompt, 0..1
+	prefixOK    bool    // above min_match and match_ratio, not overridden
+	prefixScore float64
+	sessionHit  bool
+	score       float64
+}
+
+// filter builds the candidate list in sc.cands: the replicas serving the
+// model, restricted to the subset hint (exact ip:port), without open
+// breakers and without replicas above the KV ceiling. Each of the last two
+// stages is skipped when it would leave nothing (relaxed reports that the
+// breaker stage was): a pool that looks entirely bad still routes.
+func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.Time) (cands []cand, relaxed bool, err *Error) {
+	cands = sc.cands[:0]
+	for _, r := range reps {
+		if req.Subset != nil && !inSubset(req.Subset, r.ep.Addr) {
+			continue
+		}
+		c := cand{r: r}
+		c.sig, c.stale = s.signals(r, now)
+		if c.sig != nil {
+			c.waiting, c.kv = c.sig.Signals.Waiting, c.sig.Signals.KVUsage
+		}
+		c.infl = float64(r.inflight.Load())
+		c.load = loadOf(&c)
+		cands = append(cands, c)
+	}
+	sc.cands = cands
+	if len(cands) == 0 {
+		return nil, false, ErrNoEndpoint
+	}
+
+	// Breaker stage.
+	kept := 0
+	for i := range cands {
+		c := &cands[i]
+		c.admit, c.probe = c.r.br.admit(now, s.cfg.Breaker.Cooldown)
+		if c.admit {
+			kept++
+		}
+	}
+	if kept == 0 {
+		relaxed = true
+	} else if kept < len(cands) {
+		n := 0
+		for i := range cands {
+			if cands[i].admit {
+				cands[n] = cands[i]
+				n++
+			}
+		}
+		cands = cands[:n]
+	}
+
+	// KV ceiling stage: stale signals are not trusted to exclude.
+	over := 0
+	for i := range cands {
+		if kvOver(&cands[i], s.cfg.Scoring.KVCeiling) {
+			over++
+		}
+	}
+	if over > 0 && over < len(cands) {
+		n := 0
+		for i := range cands {
+			if !kvOver(&cands[i], s.cfg.Scoring.KVCeiling) {
+				cands[n] = cands[i]
+				n++
+			}
+		}
+		cands = cands[:n]
+	}
+	return cands, relaxed, nil
+}
+
+func kvOver(c *cand, ceiling float64) bool { return !c.stale && c.sig != nil && c.kv > ceiling }
+
+// loadOf is a replica's load in requests: what the EPP has routed and not
+// seen finish, or what the engine reports running and waiting if that is
+// more (other routers, or requests the EPP has lost track of). Engine
+// metrics lag by up to a scrape interval; the in-flight count does not.
+func loadOf(c *cand) float64 {
+	load := c.infl
+	if c.sig != nil && !c.stale {
+		load = max(load, c.sig.Signals.Running+c.sig.Signals.Waiting)
+	}
+	return load
+}
+
+func inSubset(subset []string, addr string) bool {
+	for _, a := range subset {
+		if a == addr {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,227 @@
+package scheduler
+
+import (
+	"container/list"
+	"context"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// flow is admission control: it decides when a request may be scheduled.
+// Each band has a saturation ceiling; a request whose band's ceiling is at
+// or below the pool's saturation waits in its band's FIFO queue, so the pool
+// degrades from the lowest band up. Queues are dispatched highest priority
+// first whenever saturation falls below a band's ceiling, checked on every
+// Done and every admission interval.
+//
+// Pool saturation is the mean over candidate replicas (breaker not open;
+// all replicas if every breaker is open) of
+//
+//	max(waiting/target_waiting, inflight/target_inflight, kv_usage/kv_ceiling)
+//
+// where waiting and kv_usage come from the engine's last scrape (ignored
+// when stale) and inflight is the EPP's own count, so 1.0 means the pool is
+// at its healthy limit. Requests released from a queue but not yet
+// scheduled count as in flight, so one dispatch round cannot overshoot.
+type flow struct {
+	s       *Scheduler
+	enabled bool
+	bands   []*bandQueue // highest priority first
+	byName  map[string]*bandQueue
+	def     *bandQueue
+	kickCh  chan struct{}
+
+	mu       sync.Mutex
+	reserved int
+}
+
+type bandQueue struct {
+	Band
+	prio  string    // Priority as a metric label
+	q     list.List // of *waiter
+	depth prometheus.Gauge
+	wait  prometheus.Observer
+}
+
+type waiter struct {
+	ch       chan struct{}
+	admitted bool
+}
+
+func newFlow(s *Scheduler) *flow {
+	a := s.cfg.Admission
+	f := &flow{s: s, enabled: *a.Enabled, byName: make(map[string]*bandQueue), kickCh: make(chan struct{}, 1)}
+	for _, b := range a.Bands {
+		bq := &bandQueue{Band: b, prio: strconv.Itoa(b.Priority), depth: s.m.queueDepth.WithLabelValues(b.Name), wait: s.m.queueWait.WithLabelValues(b.Name)}
+		f.bands = append(f.bands, bq)
+		f.byName[b.Name] = bq
+	}
+	slices.SortStableFunc(f.bands, func(x, y *bandQueue) int { return y.Priority - x.Priority })
+	f.def = f.byName[a.DefaultBand]
+	return f
+}
+
+// band resolves a band name; "" and unknown names get the default band.
+func (f *flow) band(name string) *bandQueue {
+	if b, ok := f.byName[name]; ok {
+		return b
+	}
+	return f.def
+}
+
+// Saturation returns the pool saturation defined on flow (0 = idle, 1 = at
+// the healthy limit).
+func (s *Scheduler) Saturation() float64 { return s.flow.saturation() }
+
+func (f *flow) saturation() float64 {
+	s := f.s
+	snap := s.snap.Load()
+	now := s.now()
+	cfg := &s.cfg.Scoring
+	var sum float64
+	n := 0
+	for pass := 0; pass < 2 && n == 0; pass++ {
+		for _, r := range snap.all {
+			if pass == 0 && r.br.state.Load() == BreakerOpen && r.br.current(now, s.cfg.Breaker.Cooldown) == BreakerOpen {
+				continue
+			}
+			v := float64(r.inflight.Load()) / cfg.TargetInflight
+			if sm, stale := s.signals(r, now); sm != nil && !stale {
+				v = max(v, sm.Signals.Waiting/cfg.TargetWaiting, sm.Signals.KVUsage/cfg.KVCeiling)
+			}
+			sum += v
+			n++
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	f.mu.Lock()
+	reserved := f.reserved
+	f.mu.Unlock()
+	return (sum + float64(reserved)/cfg.TargetInflight) / float64(n)
+}
+
+// admit returns when req may be scheduled: at once while its band is below
+// its ceiling and nobody of its band waits, else after waiting in the band's
+// queue. reserved means the caller must call unreserve after scheduling.
+func (f *flow) admit(ctx context.Context, req *Request, b *bandQueue) (waited time.Duration, reserved bool, err error) {
+	if !f.enabled {
+		return 0, false, nil
+	}
+	sat := f.saturation()
+	f.mu.Lock()
+	if b.q.Len() == 0 && sat < b.SaturationCeiling {
+		f.mu.Unlock()
+		return 0, false, nil
+	}
+	if b.q.Len() >= f.s.cfg.Admission.QueueCapacityPerBand {
+		f.mu.Unlock()
+		return 0, false, ErrQueueFull
+	}
+	w := &waiter{ch: make(chan struct{})}
+	el := b.q.PushBack(w)
+	b.depth.Set(float64(b.q.Len()))
+	f.mu.Unlock()
+	f.kick()
+
+	start := time.Now()
+	ttl := f.s.cfg.Admission.QueueTTL
+	if !req.Arrived.IsZero() {
+		// The TTL counts from arrival, so time spent before Pick counts too.
+		ttl -= time.Since(req.Arrived)
+	}
+	timer := time.NewTimer(max(ttl, 0))
+	defer timer.Stop()
+	var cause error
+	select {
+	case <-w.ch:
+		b.wait.Observe(time.Since(start).Seconds())
+		return time.Since(start), true, nil
+	case <-ctx.Done():
+		cause = ErrClientGone
+	case <-timer.C:
+		cause = ErrQueueExpired
+	}
+	f.mu.Lock()
+	if w.admitted {
+		// Released at the same moment: go ahead.
+		f.mu.Unlock()
+		b.wait.Observe(time.Since(start).Seconds())
+		return time.Since(start), true, nil
+	}
+	b.q.Remove(el)
+	b.depth.Set(float64(b.q.Len()))
+	f.mu.Unlock()
+	return time.Since(start), false, cause
+}
+
+func (f *flow) unreserve() {
+	f.mu.Lock()
+	f.reserved--
+	f.mu.Unlock()
+	f.kick()
+}
+
+// kick asks the dispatcher to re-evaluate; it never blocks.
+func (f *flow) kick() {
+	select {
+	case f.kickCh <- struct{}{}:
+	default:
+	}
+}
+
+func (f *flow) run(ctx context.Context) {
+	tick := time.NewTicker(f.s.cfg.Admission.Interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-f.kickCh:
+		}
+		f.dispatch()
+	}
+}
+
+// dispatch releases queued requests, highest band first, while saturation
+// stays below their band's ceiling.
+func (f *flow) dispatch() {
+	for {
+		sat := f.saturation()
+		f.mu.Lock()
+		var next *bandQueue
+		for _, b := range f.bands {
+			if b.q.Len() > 0 && sat < b.SaturationCeiling {
+				next = b
+				break
+			}
+		}
+		if next == nil {
+			f.mu.Unlock()
+			return
+		}
+		w := next.q.Remove(next.q.Front()).(*waiter)
+		next.depth.Set(float64(next.q.Len()))
+		w.admitted = true
+		f.reserved++
+		close(w.ch)
+		f.mu.Unlock()
+	}
+}
+
+// QueueDepth returns how many requests wait in band.
+func (s *Scheduler) QueueDepth(band string) int {
+	b, ok := s.flow.byName[band]
+	if !ok {
+		return 0
+	}
+	s.flow.mu.Lock()
+	defer s.flow.mu.Unlock()
+	return b.q.Len()
+}

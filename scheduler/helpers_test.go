@@ -1,0 +1,106 @@
+package scheduler
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omnious/provider-node/engines/metrics"
+	"github.com/omnious/provider-node/kvindex"
+)
+
+// fakeClock is a settable clock.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1_700_000_000, 0)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+type testEnv struct {
+	s     *Scheduler
+	ix    *kvindex.Index
+	clock *fakeClock
+	reg   *prometheus.Registry
+}
+
+const testModel = "llama"
+
+// newEnv builds a scheduler over n endpoints 10.0.0.<i+1>:8000 serving
+// testModel, with a fake clock and a deterministic random source.
+func newEnv(t testing.TB, n int, mut func(*Config)) *testEnv {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.Seed = 1
+	// Flow-control tests turn admission back on; elsewhere picks without
+	// Done must not end up queued.
+	cfg.Admission.Enabled = ptr(false)
+	if mut != nil {
+		mut(&cfg)
+	}
+	ix := kvindex.New(kvindex.Config{})
+	reg := prometheus.NewRegistry()
+	s, err := New(cfg, ix, reg, nil)
+	require.NoError(t, err)
+	clock := newFakeClock()
+	s.now = clock.Now
+	s.SetEndpoints(endpoints(n, testModel))
+	return &testEnv{s: s, ix: ix, clock: clock, reg: reg}
+}
+
+func endpoints(n int, model string) []Endpoint {
+	eps := make([]Endpoint, n)
+	for i := range eps {
+		eps[i] = Endpoint{Addr: addr(i), Model: model, Engine: "vllm", MetricsURL: fmt.Sprintf("http://127.0.0.1:1/metrics?ep=%d", i)}
+	}
+	return eps
+}
+
+func addr(i int) string { return fmt.Sprintf("10.0.0.%d:8000", i+1) }
+
+func (e *testEnv) rep(i int) *replica { return e.s.snap.Load().byAddr[addr(i)] }
+
+// setSignals publishes fresh engine signals for endpoint i.
+func (e *testEnv) setSignals(i int, sig metrics.Signals) {
+	r := e.rep(i)
+	r.sample.Store(&metrics.Sample{URL: r.ep.MetricsURL, Signals: sig, At: e.clock.Now()})
+}
+
+// freshAll publishes idle signals for every endpoint.
+func (e *testEnv) freshAll() {
+	for i := range e.s.snap.Load().all {
+		e.setSignals(i, metrics.Signals{Engine: metrics.EngineVLLM})
+	}
+}
+
+func tokens(n int, seed uint32) []uint32 {
+	t := make([]uint32, n)
+	for i := range t {
+		t[i] = seed*1_000_003 + uint32(i)
+	}
+	return t
+}
+
+// store puts the first blocks of toks on endpoint i in the index.
+func (e *testEnv) store(i int, toks []uint32) {
+	keys := kvindex.AppendBlockKeys(nil, kvindex.RootKey(testModel, "", ""), toks, e.s.cfg.BlockSize)
+	e.ix.Store(e.rep(i).id, kvindex.TierGPU, keys)
+}
+
+func primary(d *Decision) string { return d.Endpoints[0].Addr }

@@ -1,0 +1,147 @@
+package scheduler
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Decision reasons and modes, as used on omnious_epp_decisions_total.
+const (
+	ReasonPrefix     = "prefix"
+	ReasonOverride   = "load_balance_override"
+	ReasonCold       = "cold"
+	ReasonSession    = "session"
+	ReasonFallback   = "fallback"
+	ReasonRandom     = "random"
+	ReasonRoundRobin = "round_robin"
+	ReasonLeastQueue = "least_queue"
+
+	ModePrecise     = "precise"
+	ModeApproximate = "approximate"
+)
+
+var allReasons = []string{ReasonPrefix, ReasonOverride, ReasonCold, ReasonSession, ReasonFallback,
+	ReasonRandom, ReasonRoundRobin, ReasonLeastQueue}
+
+// schedMetrics are the scheduler's collectors. Names follow the Gateway API
+// Inference Extension where the meaning is the same, so its dashboards work;
+// the rest carry the omnious_epp_ prefix.
+type schedMetrics struct {
+	e2e        prometheus.Histogram
+	hitRatio   prometheus.Histogram
+	perPodQ    *prometheus.GaugeVec
+	avgKV      prometheus.Gauge
+	avgQueue   prometheus.Gauge
+	avgRunning prometheus.Gauge
+	readyPods  prometheus.Gauge
+
+	reqTotal     *prometheus.CounterVec
+	reqErrors    *prometheus.CounterVec
+	inputTokens  *prometheus.HistogramVec
+	outputTokens *prometheus.HistogramVec
+	cachedTokens *prometheus.HistogramVec
+	running      *prometheus.GaugeVec
+
+	decisions    *prometheus.CounterVec
+	decided      map[[2]string]prometheus.Counter
+	breakerState *prometheus.GaugeVec
+	score        *prometheus.GaugeVec
+	queueDepth   *prometheus.GaugeVec
+	queueWait    *prometheus.HistogramVec
+	tenantTokens *prometheus.CounterVec
+	stale        prometheus.Gauge
+}
+
+func newSchedMetrics(reg prometheus.Registerer, pool string) (*schedMetrics, error) {
+	pl := prometheus.Labels{"name": pool}
+	tokenBuckets := prometheus.ExponentialBuckets(16, 2, 14) // 16 .. 131072
+	m := &schedMetrics{
+		e2e: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "inference_extension_scheduler_e2e_duration_seconds",
+			Help:    "End-to-end scheduling latency of one decision (excluding flow-control queueing).",
+			Buckets: []float64{5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2},
+		}),
+		hitRatio: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "inference_extension_prefix_indexer_hit_ratio",
+			Help:    "Share of the prompt found cached on the chosen endpoint (0..1).",
+			Buckets: prometheus.LinearBuckets(0, 0.1, 11),
+		}),
+		perPodQ: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "inference_pool_per_pod_queue_size", Help: "Engine queue depth per endpoint.",
+		}, []string{"name", "model_server_pod"}),
+		avgKV: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "inference_pool_average_kv_cache_utilization", Help: "Mean KV-cache utilisation over the pool (0..1).",
+			ConstLabels: pl,
+		}),
+		avgQueue: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "inference_pool_average_queue_size", Help: "Mean engine queue depth over the pool.", ConstLabels: pl,
+		}),
+		avgRunning: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "inference_pool_average_running_requests", Help: "Mean running requests over the pool.", ConstLabels: pl,
+		}),
+		readyPods: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "inference_pool_ready_pods", Help: "Endpoints with closed breakers and fresh metrics.", ConstLabels: pl,
+		}),
+		reqTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inference_objective_request_total", Help: "Requests scheduled or rejected, per model.",
+		}, []string{"model_name", "target_model_name", "priority"}),
+		reqErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inference_objective_request_error_total", Help: "Scheduling errors per model and code.",
+		}, []string{"model_name", "target_model_name", "error_code"}),
+		inputTokens: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "inference_objective_input_tokens", Help: "Prompt tokens per request (from usage).", Buckets: tokenBuckets,
+		}, []string{"model_name", "target_model_name"}),
+		outputTokens: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "inference_objective_output_tokens", Help: "Completion tokens per request (from usage).", Buckets: tokenBuckets,
+		}, []string{"model_name", "target_model_name"}),
+		cachedTokens: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "inference_objective_prompt_cached_tokens", Help: "Cached prompt tokens per request (from usage).", Buckets: tokenBuckets,
+		}, []string{"model_name", "target_model_name"}),
+		running: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "inference_objective_running_requests", Help: "Requests routed and not yet finished, per model.",
+		}, []string{"model_name"}),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "omnious_epp_decisions_total", Help: "Scheduling decisions by reason and prefix mode.",
+		}, []string{"reason", "mode"}),
+		breakerState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "omnious_epp_breaker_state", Help: "Circuit breaker state per endpoint: 0 closed, 1 open, 2 half-open.",
+		}, []string{"endpoint"}),
+		score: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "omnious_epp_endpoint_score", Help: "Last total score of each endpoint when it was a candidate.",
+		}, []string{"endpoint"}),
+		queueDepth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "omnious_epp_flow_queue_depth", Help: "Requests waiting in flow control, per band.",
+		}, []string{"band"}),
+		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "omnious_epp_flow_queue_wait_seconds", Help: "Time admitted requests waited in flow control, per band.",
+			Buckets: []float64{0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30},
+		}, []string{"band"}),
+		tenantTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "omnious_epp_tenant_tokens_total", Help: "Tokens used per tenant; kind is prompt, cached or completion.",
+		}, []string{"tenant", "kind"}),
+		stale: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "omnious_epp_stale_endpoints", Help: "Endpoints whose engine metrics are older than stale_after.",
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.e2e, m.hitRatio, m.perPodQ, m.avgKV, m.avgQueue, m.avgRunning,
+		m.readyPods, m.reqTotal, m.reqErrors, m.inputTokens, m.outputTokens, m.cachedTokens, m.running,
+		m.decisions, m.breakerState, m.score, m.queueDepth, m.queueWait, m.tenantTokens, m.stale} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("cannot register scheduler metrics: %w", err)
+		}
+	}
+	m.decided = make(map[[2]string]prometheus.Counter)
+	for _, r := range allReasons {
+		for _, mode := range []string{ModePrecise, ModeApproximate, ""} {
+			m.decided[[2]string{r, mode}] = m.decisions.WithLabelValues(r, mode)
+		}
+	}
+	return m, nil
+}
+
+func (m *schedMetrics) decision(reason, mode string) {
+	if c, ok := m.decided[[2]string{reason, mode}]; ok {
+		c.Inc()
+	}
+}

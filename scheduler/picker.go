@@ -1,0 +1,89 @@
+package scheduler
+
+import "math"
+
+// tieEpsilon: scores closer than this are ties, broken at random so equal
+// replicas share load instead of the first one taking everything.
+const tieEpsilon = 1e-9
+
+// pickPrimary returns the index of the best-scored candidate, ties broken
+// uniformly at random; with a positive temperature it samples with
+// probability proportional to exp(score/temperature) instead.
+func (s *Scheduler) pickPrimary(cands []cand) int {
+	if t := s.cfg.Scoring.Temperature; t > 0 && len(cands) > 1 {
+		return s.softmax(cands, t)
+	}
+	return s.pickBest(cands)
+}
+
+func (s *Scheduler) pickBest(cands []cand) int {
+	best, ties := 0, 1
+	for i := 1; i < len(cands); i++ {
+		switch d := cands[i].score - cands[best].score; {
+		case d > tieEpsilon:
+			best, ties = i, 1
+		case d >= -tieEpsilon:
+			// Reservoir sampling over the tied candidates.
+			ties++
+			if s.rnd()*float64(ties) < 1 {
+				best = i
+			}
+		}
+	}
+	return best
+}
+
+func (s *Scheduler) softmax(cands []cand, t float64) int {
+	hi := math.Inf(-1)
+	for i := range cands {
+		hi = max(hi, cands[i].score)
+	}
+	var sum float64
+	for i := range cands {
+		sum += math.Exp((cands[i].score - hi) / t)
+	}
+	x := s.rnd() * sum
+	for i := range cands {
+		x -= math.Exp((cands[i].score - hi) / t)
+		if x <= 0 {
+			return i
+		}
+	}
+	return len(cands) - 1
+}
+
+// rankByLoad scores candidates by load alone (fewest waiting plus in
+// flight first), for the baseline policies and their fallbacks.
+func (s *Scheduler) rankByLoad(cands []cand) {
+	for i := range cands {
+		c := &cands[i]
+		c.score = -(c.waiting + c.infl)
+	}
+}
+
+// fallbacks sets sc.order to the primary followed by up to cfg.Fallbacks
+// other candidates, best score first.
+func (s *Scheduler) fallbacks(sc *scratch, cands []cand, primary int) {
+	sc.order = append(sc.order[:0], primary)
+	for len(sc.order) <= s.cfg.Fallbacks && len(sc.order) < len(cands) {
+		best := -1
+		for i := range cands {
+			if used(sc.order, i) {
+				continue
+			}
+			if best < 0 || cands[i].score > cands[best].score {
+				best = i
+			}
+		}
+		sc.order = append(sc.order, best)
+	}
+}
+
+func used(order []int, i int) bool {
+	for _, j := range order {
+		if j == i {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,247 @@
+package scheduler
+
+import (
+	"encoding/binary"
+	"sync"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	lru "github.com/hashicorp/golang-lru/v2"
+
+	"github.com/omnious/provider-node/kvindex"
+)
+
+// specStride: speculative credit records one block key in specStride (plus
+// the prompt's last block). Keys chain, so a recorded key at block i proves
+// the whole prefix up to i: recording every key would cost a map write per
+// block per request for a precision the scheduler does not need.
+const specStride = 16
+
+// specSlots is how many replicas one speculative key remembers.
+const specSlots = 4
+
+// prefixHit is one replica's prefix match: blocks (precise) or bytes
+// (approximate).
+type prefixHit struct {
+	r kvindex.Replica
+	n int
+}
+
+// speculative credits a replica with the blocks of a request just routed to
+// it, for ttl, so a burst of requests with one prefix does not scatter
+// before the engine's KV events arrive. Two generations of maps rotate every
+// ttl, so memory is bounded by two ttl windows of traffic without a sweep.
+type speculative struct {
+	ttl time.Duration
+
+	mu      sync.Mutex
+	cur     map[kvindex.Key]specVal
+	prev    map[kvindex.Key]specVal
+	rotated time.Time
+}
+
+type specVal struct {
+	r   [specSlots]kvindex.Replica
+	exp [specSlots]int64 // unix nanos; 0 = empty slot
+}
+
+func newSpeculative(ttl time.Duration) *speculative {
+	return &speculative{ttl: ttl, cur: make(map[kvindex.Key]specVal), prev: make(map[kvindex.Key]specVal)}
+}
+
+func specRecorded(i, n int) bool { return (i+1)%specStride == 0 || i == n-1 }
+
+// credit records that r holds keys until now+ttl.
+func (sp *speculative) credit(r kvindex.Replica, keys []kvindex.Key, now time.Time) {
+	if sp.ttl <= 0 || len(keys) == 0 {
+		return
+	}
+	exp := now.Add(sp.ttl).UnixNano()
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if now.Sub(sp.rotated) >= sp.ttl {
+		sp.prev, sp.cur = sp.cur, make(map[kvindex.Key]specVal, len(sp.cur))
+		sp.rotated = now
+	}
+	for i := specStride - 1; ; i += specStride {
+		if i >= len(keys) {
+			i = len(keys) - 1
+		}
+		k := keys[i]
+		v, ok := sp.cur[k]
+		if !ok {
+			v = sp.prev[k]
+		}
+		v.put(r, exp)
+		sp.cur[k] = v
+		if i == len(keys)-1 {
+			break
+		}
+	}
+}
+
+func (v *specVal) put(r kvindex.Replica, exp int64) {
+	slot := -1
+	for i := range v.exp {
+		if v.exp[i] != 0 && v.r[i] == r {
+			slot = i
+			break
+		}
+	}
+	if slot < 0 {
+		// Replace the slot that expires first (empty and expired slots first).
+		slot = 0
+		for i := range v.exp {
+			if v.exp[i] < v.exp[slot] {
+				slot = i
+			}
+		}
+	}
+	v.r[slot], v.exp[slot] = r, exp
+}
+
+// match appends to out, per replica, how many leading blocks of keys it is
+// speculatively credited with.
+func (sp *speculative) match(keys []kvindex.Key, now time.Time, out []prefixHit) []prefixHit {
+	if sp.ttl <= 0 || len(keys) == 0 {
+		return out
+	}
+	nowNs := now.UnixNano()
+	base := len(out)
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	for i := specStride - 1; ; i += specStride {
+		if i >= len(keys) {
+			i = len(keys) - 1
+		}
+		v, ok := sp.cur[keys[i]]
+		pv, pok := sp.prev[keys[i]]
+		if !ok && !pok {
+			break
+		}
+		live := false
+		for _, val := range [2]*specVal{&v, &pv} {
+			for j := range val.exp {
+				if val.exp[j] <= nowNs {
+					continue
+				}
+				live = true
+				out = addHit(out, base, val.r[j], i+1)
+			}
+		}
+		if !live || i == len(keys)-1 {
+			break
+		}
+	}
+	return out
+}
+
+// addHit raises replica r's count to n in out[base:], appending it if new.
+func addHit(out []prefixHit, base int, r kvindex.Replica, n int) []prefixHit {
+	for k := base; k < len(out); k++ {
+		if out[k].r == r {
+			if n > out[k].n {
+				out[k].n = n
+			}
+			return out
+		}
+	}
+	return append(out, prefixHit{r: r, n: n})
+}
+
+// approximate is the text-based prefix matcher used when a request has no
+// tokens: the prompt is hashed in fixed-size chunks, each chained to the
+// previous, and the replica each chain was last routed to is remembered in a
+// bounded LRU. A chunk recorded for a replica implies the whole prefix up to
+// it was routed there.
+type approximate struct {
+	chunk int
+	ttl   time.Duration
+	cache *lru.Cache[uint64, approxVal]
+}
+
+type approxVal struct {
+	r  kvindex.Replica
+	at int64
+}
+
+func newApproximate(chunk, maxNodes int, ttl time.Duration) (*approximate, error) {
+	c, err := lru.New[uint64, approxVal](maxNodes)
+	if err != nil {
+		return nil, err
+	}
+	return &approximate{chunk: chunk, ttl: ttl, cache: c}, nil
+}
+
+// chunkHashes appends the chained hash of every chunk of text (the last one
+// may be partial).
+func (a *approximate) chunkHashes(dst []uint64, text []byte) []uint64 {
+	var prev uint64
+	var d xxhash.Digest
+	var seed [8]byte
+	for len(text) > 0 {
+		n := min(a.chunk, len(text))
+		d.Reset()
+		binary.LittleEndian.PutUint64(seed[:], prev)
+		_, _ = d.Write(seed[:])
+		_, _ = d.Write(text[:n])
+		prev = d.Sum64()
+		dst = append(dst, prev)
+		text = text[n:]
+	}
+	return dst
+}
+
+// match appends, per replica, how many leading bytes of the prompt were
+// last routed to it. textLen is the prompt length (the last chunk may be
+// partial).
+func (a *approximate) match(hashes []uint64, textLen int, now time.Time, out []prefixHit) []prefixHit {
+	base := len(out)
+	oldest := now.Add(-a.ttl).UnixNano()
+	for i, h := range hashes {
+		v, ok := a.cache.Peek(h)
+		if !ok || v.at < oldest {
+			break
+		}
+		out = addHit(out, base, v.r, min((i+1)*a.chunk, textLen))
+	}
+	return out
+}
+
+func (a *approximate) record(hashes []uint64, r kvindex.Replica, now time.Time) {
+	v := approxVal{r: r, at: now.UnixNano()}
+	for _, h := range hashes {
+		a.cache.Add(h, v)
+	}
+}
+
+// sessions remembers the replica of each session key.
+type sessions struct {
+	ttl   time.Duration
+	cache *lru.Cache[string, approxVal]
+}
+
+func newSessions(size int, ttl time.Duration) (*sessions, error) {
+	c, err := lru.New[string, approxVal](size)
+	if err != nil {
+		return nil, err
+	}
+	return &sessions{ttl: ttl, cache: c}, nil
+}
+
+func (s *sessions) get(key string, now time.Time) (kvindex.Replica, bool) {
+	if key == "" {
+		return 0, false
+	}
+	v, ok := s.cache.Peek(key)
+	if !ok || now.UnixNano()-v.at > int64(s.ttl) {
+		return 0, false
+	}
+	return v.r, true
+}
+
+func (s *sessions) set(key string, r kvindex.Replica, now time.Time) {
+	if key != "" {
+		s.cache.Add(key, approxVal{r: r, at: now.UnixNano()})
+	}
+}

@@ -1,0 +1,186 @@
+package scheduler
+
+import (
+	"math"
+	"time"
+
+	"github.com/omnious/provider-node/kvindex"
+)
+
+// The scorers. Each maps one signal to 0..1 (1 = best); scoreAll weights
+// and sums them in this order: prefix, queue, inflight, kv, session, lora.
+// Load scorers use target/(target+x): 1 when idle, 0.5 at the target,
+// never 0, so a busy replica stays comparable with a busier one.
+
+// prefixScorer is the tier-weighted share of the prompt the replica holds,
+// counted only when the match passed min_match and match_ratio and the
+// imbalance guard did not override it.
+func prefixScorer(c *cand) float64 {
+	if !c.prefixOK {
+		return 0
+	}
+	return clamp01(c.prefixShare)
+}
+
+// queueScorer scores the engine's waiting queue against target_waiting.
+func queueScorer(waiting, target float64) float64 { return target / (target + max(waiting, 0)) }
+
+// inflightScorer scores the EPP's in-flight count against target_inflight.
+func inflightScorer(inflight, target float64) float64 { return target / (target + max(inflight, 0)) }
+
+// kvScorer is the KV headroom below kv_ceiling: 1 when empty, 0 at or above
+// the ceiling.
+func kvScorer(kv, ceiling float64) float64 { return clamp01(1 - kv/ceiling) }
+
+// sessionScorer is 1 for the session's replica while its load is at most
+// session_load_factor times the mean plus one request (the one in hand), so
+// a session leaves a replica that has become hot but not over jitter.
+func sessionScorer(isSessionReplica bool, load, meanLoad, factor float64) float64 {
+	if isSessionReplica && load <= factor*meanLoad+1 {
+		return 1
+	}
+	return 0
+}
+
+// loraScorer is 1 when the adapter is already loaded (running or waiting)
+// on the replica: no load, no eviction of another adapter.
+func loraScorer(c *cand, adapter string) float64 {
+	if adapter != "" && c.sig != nil && c.sig.Signals.HasAdapter(adapter) {
+		return 1
+	}
+	return 0
+}
+
+func clamp01(v float64) float64 {
+	switch {
+	case v < 0 || math.IsNaN(v):
+		return 0
+	case v > 1:
+		return 1
+	}
+	return v
+}
+
+// matchPrefix fills each candidate's prefix match and returns the mode and
+// the prompt size in the mode's units (tokens or bytes; 0 when unknown).
+// Precise matching keys the tokens under the (base model, adapter, salt)
+// root the KV-event ingestion uses, then adds speculative credits.
+func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *Request, base, adapter string, now time.Time) (string, int) {
+	sc.keys, sc.matches, sc.hits, sc.hashes = sc.keys[:0], sc.matches[:0], sc.hits[:0], sc.hashes[:0]
+	precise := s.cfg.Policy == PolicyPrecise && s.ix != nil && req.Tokens != nil
+	if !precise && len(req.PromptText) == 0 {
+		if req.Tokens != nil {
+			return ModePrecise, 0
+		}
+		return ModeApproximate, 0
+	}
+	if cap(sc.byID) <= snap.maxID {
+		sc.byID = make([]int32, snap.maxID+1)
+	}
+	byID := sc.byID[:snap.maxID+1]
+	for i := range cands {
+		byID[cands[i].r.id] = int32(i + 1)
+	}
+	defer func() {
+		for i := range cands {
+			byID[cands[i].r.id] = 0
+		}
+	}()
+
+	if precise {
+		bs := s.cfg.BlockSize
+		n := len(req.Tokens)
+		root := kvindex.RootKey(base, adapter, req.CacheSalt)
+		sc.keys = kvindex.AppendBlockKeys(sc.keys, root, req.Tokens, bs)
+		sc.matches = s.ix.Match(sc.keys, sc.matches)
+		pw := &s.cfg.Prefix
+		for _, m := range sc.matches {
+			if j := candOf(byID, m.Replica); j > 0 {
+				c := &cands[j-1]
+				eff := float64(m.ByTier[kvindex.TierGPU]) + pw.CPUWeight*float64(m.ByTier[kvindex.TierCPU]) +
+					pw.StorageWeight*float64(m.ByTier[kvindex.TierStorage])
+				c.prefixUnits = m.Blocks * bs
+				c.prefixShare = eff * float64(bs) / float64(n)
+			}
+		}
+		sc.hits = s.spec.match(sc.keys, now, sc.hits)
+		for _, h := range sc.hits {
+			if j := candOf(byID, h.r); j > 0 {
+				c := &cands[j-1]
+				if u := h.n * bs; u > c.prefixUnits {
+					c.prefixUnits = u
+					c.prefixShare = float64(u) / float64(n)
+				}
+			}
+		}
+		return ModePrecise, n
+	}
+	n := len(req.PromptText)
+	sc.hashes = s.approx.chunkHashes(sc.hashes, req.PromptText)
+	sc.hits = s.approx.match(sc.hashes, n, now, sc.hits)
+	for _, h := range sc.hits {
+		if j := candOf(byID, h.r); j > 0 {
+			c := &cands[j-1]
+			c.prefixUnits = h.n
+			c.prefixShare = float64(h.n) / float64(n)
+		}
+	}
+	return ModeApproximate, n
+}
+
+// scoreAll applies the thresholds, the imbalance guard and every scorer;
+// it reports whether the guard overrode an affinity.
+func (s *Scheduler) scoreAll(cands []cand, req *Request, adapter string, promptUnits int, mode string, now time.Time) bool {
+	sc := &s.cfg.Scoring
+	minMatch := s.cfg.Prefix.MinMatch
+	if mode == ModeApproximate {
+		minMatch = s.cfg.Prefix.MinMatchBytes
+	}
+	var meanLoad float64
+	for i := range cands {
+		c := &cands[i]
+		c.prefixOK = promptUnits > 0 && c.prefixUnits > 0 && c.prefixUnits >= minMatch &&
+			float64(c.prefixUnits) >= s.cfg.Prefix.MatchRatio*float64(promptUnits)
+		meanLoad += c.load
+	}
+	meanLoad /= float64(len(cands))
+	override := s.guard(cands)
+
+	sessR, hasSess := s.sess.get(req.SessionKey, now)
+	w := weights{
+		prefix: *sc.Weights.Prefix, queue: *sc.Weights.Queue, inflight: *sc.Weights.Inflight,
+		kv: *sc.Weights.KV, session: *sc.Weights.Session, lora: *sc.Weights.LoRA,
+	}
+	for i := range cands {
+		c := &cands[i]
+		c.prefixScore = prefixScorer(c)
+		sess := sessionScorer(hasSess && c.r.id == sessR, c.load, meanLoad, sc.SessionLoadFactor)
+		c.sessionHit = sess > 0 && w.session > 0
+		total := w.prefix*c.prefixScore +
+			w.queue*queueScorer(c.waiting, sc.TargetWaiting) +
+			w.inflight*inflightScorer(c.infl, sc.TargetInflight) +
+			w.kv*kvScorer(c.kv, sc.KVCeiling) +
+			w.session*sess +
+			w.lora*loraScorer(c, adapter)
+		if c.stale {
+			total *= sc.StaleFactor
+		}
+		c.score = total
+		c.r.score.Store(math.Float64bits(total))
+	}
+	return override
+}
+
+// candOf returns 1 + the candidate index of replica r, 0 when r is not a
+// candidate (filtered, or an id the snapshot does not know: the index and
+// the prefix records may name replicas that have left).
+func candOf(byID []int32, r kvindex.Replica) int32 {
+	if int(r) < len(byID) {
+		return byID[r]
+	}
+	return 0
+}
+
+type weights struct{ prefix, queue, inflight, kv, session, lora float64 }
+
+func float64frombits(b uint64) float64 { return math.Float64frombits(b) }
