@@ -4,7 +4,6 @@ import (
 	"container/list"
 	"context"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -41,7 +40,6 @@ type flow struct {
 
 type bandQueue struct {
 	Band
-	prio  string    // Priority as a metric label
 	q     list.List // of *waiter
 	depth prometheus.Gauge
 	wait  prometheus.Observer
@@ -56,7 +54,7 @@ func newFlow(s *Scheduler) *flow {
 	a := s.cfg.Admission
 	f := &flow{s: s, enabled: *a.Enabled, byName: make(map[string]*bandQueue), kickCh: make(chan struct{}, 1)}
 	for _, b := range a.Bands {
-		bq := &bandQueue{Band: b, prio: strconv.Itoa(b.Priority), depth: s.m.queueDepth.WithLabelValues(b.Name), wait: s.m.queueWait.WithLabelValues(b.Name)}
+		bq := &bandQueue{Band: b, depth: s.m.queueDepth.WithLabelValues(b.Name), wait: s.m.queueWait.WithLabelValues(b.Name)}
 		f.bands = append(f.bands, bq)
 		f.byName[b.Name] = bq
 	}

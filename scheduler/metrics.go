@@ -36,12 +36,11 @@ type schedMetrics struct {
 	avgRunning prometheus.Gauge
 	readyPods  prometheus.Gauge
 
-	reqTotal     *prometheus.CounterVec
-	reqErrors    *prometheus.CounterVec
-	inputTokens  *prometheus.HistogramVec
-	outputTokens *prometheus.HistogramVec
-	cachedTokens *prometheus.HistogramVec
-	running      *prometheus.GaugeVec
+	// Request-level inference_objective_* metrics belong to the ext_proc
+	// server, which sees every request and response; the scheduler counts
+	// its own attempts and failures.
+	attempts *prometheus.CounterVec
+	errors   *prometheus.CounterVec
 
 	decisions    *prometheus.CounterVec
 	decided      map[[2]string]prometheus.Counter
@@ -55,7 +54,6 @@ type schedMetrics struct {
 
 func newSchedMetrics(reg prometheus.Registerer, pool string) (*schedMetrics, error) {
 	pl := prometheus.Labels{"name": pool}
-	tokenBuckets := prometheus.ExponentialBuckets(16, 2, 14) // 16 .. 131072
 	m := &schedMetrics{
 		e2e: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "inference_extension_scheduler_e2e_duration_seconds",
@@ -83,24 +81,12 @@ func newSchedMetrics(reg prometheus.Registerer, pool string) (*schedMetrics, err
 		readyPods: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "inference_pool_ready_pods", Help: "Endpoints with closed breakers and fresh metrics.", ConstLabels: pl,
 		}),
-		reqTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "inference_objective_request_total", Help: "Requests scheduled or rejected, per model.",
-		}, []string{"model_name", "target_model_name", "priority"}),
-		reqErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "inference_objective_request_error_total", Help: "Scheduling errors per model and code.",
-		}, []string{"model_name", "target_model_name", "error_code"}),
-		inputTokens: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "inference_objective_input_tokens", Help: "Prompt tokens per request (from usage).", Buckets: tokenBuckets,
-		}, []string{"model_name", "target_model_name"}),
-		outputTokens: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "inference_objective_output_tokens", Help: "Completion tokens per request (from usage).", Buckets: tokenBuckets,
-		}, []string{"model_name", "target_model_name"}),
-		cachedTokens: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "inference_objective_prompt_cached_tokens", Help: "Cached prompt tokens per request (from usage).", Buckets: tokenBuckets,
-		}, []string{"model_name", "target_model_name"}),
-		running: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inference_objective_running_requests", Help: "Requests routed and not yet finished, per model.",
-		}, []string{"model_name"}),
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inference_extension_scheduler_attempts_total", Help: "Scheduling attempts by outcome (success or failure).",
+		}, []string{"status"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "omnious_epp_schedule_errors_total", Help: "Scheduling failures by reason.",
+		}, []string{"reason"}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "omnious_epp_decisions_total", Help: "Scheduling decisions by reason and prefix mode.",
 		}, []string{"reason", "mode"}),
@@ -125,7 +111,7 @@ func newSchedMetrics(reg prometheus.Registerer, pool string) (*schedMetrics, err
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.e2e, m.hitRatio, m.perPodQ, m.avgKV, m.avgQueue, m.avgRunning,
-		m.readyPods, m.reqTotal, m.reqErrors, m.inputTokens, m.outputTokens, m.cachedTokens, m.running,
+		m.readyPods, m.attempts, m.errors,
 		m.decisions, m.breakerState, m.score, m.queueDepth, m.queueWait, m.tenantTokens, m.stale} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("cannot register scheduler metrics: %w", err)

@@ -361,16 +361,15 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (*Decision, error) {
 		return nil, &Error{http.StatusBadRequest, "bad_request", "no request"}
 	}
 	band := s.flow.band(req.Band)
-	s.m.reqTotal.WithLabelValues(req.Model, req.Model, band.prio).Inc()
 	if _, _, _, err := s.serving(s.snap.Load(), req.Model); err != nil {
-		s.m.reqErrors.WithLabelValues(req.Model, req.Model, err.Reason).Inc()
+		s.failed(err.Reason)
 		return nil, err
 	}
 	queued, reserved, err := s.flow.admit(ctx, req, band)
 	if err != nil {
 		var e *Error
 		if errors.As(err, &e) {
-			s.m.reqErrors.WithLabelValues(req.Model, req.Model, e.Reason).Inc()
+			s.failed(e.Reason)
 		}
 		return nil, err
 	}
@@ -381,11 +380,17 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (*Decision, error) {
 	}
 	s.m.e2e.Observe(time.Since(start).Seconds())
 	if serr != nil {
-		s.m.reqErrors.WithLabelValues(req.Model, req.Model, serr.Reason).Inc()
+		s.failed(serr.Reason)
 		return nil, serr
 	}
+	s.m.attempts.WithLabelValues("success").Inc()
 	d.Queued = queued
 	return d, nil
+}
+
+func (s *Scheduler) failed(reason string) {
+	s.m.attempts.WithLabelValues("failure").Inc()
+	s.m.errors.WithLabelValues(reason).Inc()
 }
 
 // serving resolves a requested model to the base model, the LoRA adapter
@@ -505,19 +510,16 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 		s.approx.record(sc.hashes, r.id, now)
 	}
 	s.sess.set(req.SessionKey, r.id, now)
-	running := s.m.running.WithLabelValues(req.Model)
-	running.Inc()
-	tenant, model := req.Tenant, req.Model
+	tenant := req.Tenant
 	d.SetDone(func(info DoneInfo) {
 		r.inflight.Add(-1)
-		running.Dec()
-		s.done(r, probe, tenant, model, info)
+		s.done(r, probe, tenant, info)
 	})
 	return d, nil
 }
 
 // done feeds the breaker, usage counters and flow control.
-func (s *Scheduler) done(primary *replica, probe bool, tenant, model string, info DoneInfo) {
+func (s *Scheduler) done(primary *replica, probe bool, tenant string, info DoneInfo) {
 	now := s.now()
 	served := primary
 	if info.Served != "" {
@@ -550,9 +552,6 @@ func (s *Scheduler) done(primary *replica, probe bool, tenant, model string, inf
 		s.m.tenantTokens.WithLabelValues(tenant, "prompt").Add(float64(info.PromptTokens))
 		s.m.tenantTokens.WithLabelValues(tenant, "cached").Add(float64(info.CachedTokens))
 		s.m.tenantTokens.WithLabelValues(tenant, "completion").Add(float64(info.CompletionTokens))
-		s.m.inputTokens.WithLabelValues(model, model).Observe(float64(info.PromptTokens))
-		s.m.outputTokens.WithLabelValues(model, model).Observe(float64(info.CompletionTokens))
-		s.m.cachedTokens.WithLabelValues(model, model).Observe(float64(info.CachedTokens))
 	}
 	s.flow.kick()
 }
