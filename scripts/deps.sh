@@ -19,7 +19,7 @@ if ((${#need_apt[@]})); then
 fi
 
 # Node packages of the client-side tests, from their lock files.
-for dir in tests/openai-client; do
+for dir in tests/openai-client quoter/testdata/ethers; do
   if [ ! -d "$dir/node_modules" ]; then
     echo "deps: npm ci in $dir"
     npm ci --prefix "$dir" --no-audit --no-fund --loglevel=error

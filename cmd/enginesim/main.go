@@ -11,15 +11,11 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"strings"
 	"sync"
 	"syscall"
-	"time"
-
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/omnious/provider-node/engines/sim"
+	"github.com/omnious/provider-node/internal/cli"
 )
 
 func main() {
@@ -33,7 +29,7 @@ func run() error {
 	// The config file is read first so that flags, whose defaults are the
 	// file's values, override only what they set.
 	var c sim.Config
-	configPath := configFlag(os.Args[1:])
+	configPath := cli.ConfigFlag(os.Args[1:])
 	if configPath != "" {
 		var err error
 		if c, err = sim.LoadConfig(configPath); err != nil {
@@ -77,7 +73,7 @@ func run() error {
 	if err := c.Validate(); err != nil {
 		return fmt.Errorf("invalid configuration: %w", err)
 	}
-	log, err := newLogger(*logLevel)
+	log, err := cli.NewLogger(*logLevel)
 	if err != nil {
 		return err
 	}
@@ -106,30 +102,4 @@ func runAll(ctx context.Context, replicas []*sim.Replica) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
-}
-
-// configFlag finds -config/--config in args without parsing the rest.
-func configFlag(args []string) string {
-	for i, a := range args {
-		for _, name := range []string{"-config", "--config"} {
-			if a == name && i+1 < len(args) {
-				return args[i+1]
-			}
-			if v, ok := strings.CutPrefix(a, name+"="); ok {
-				return v
-			}
-		}
-	}
-	return ""
-}
-
-func newLogger(level string) (*zap.Logger, error) {
-	lvl, err := zapcore.ParseLevel(level)
-	if err != nil {
-		return nil, fmt.Errorf("bad -log-level: %w", err)
-	}
-	cfg := zap.NewProductionConfig()
-	cfg.Level = zap.NewAtomicLevelAt(lvl)
-	cfg.EncoderConfig.EncodeTime = zapcore.TimeEncoderOfLayout(time.RFC3339Nano)
-	return cfg.Build()
 }

@@ -1,0 +1,127 @@
+// Command epp is the EndpointPicker: an Envoy ext_proc v3 server that picks
+// the vLLM or SGLang replica for each OpenAI request from a KV-block index
+// fed by the engines' KV events, their metrics and flow control. It runs as
+// an InferencePool's endpoint picker (--pool-name) or next to Envoy on bare
+// metal (--endpoints-file). Configuration: a YAML file (--config) with flags
+// on top; see extproc/epp.Config and deploy/README.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"go.uber.org/zap"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/omnious/provider-node/discovery"
+	"github.com/omnious/provider-node/extproc/epp"
+	"github.com/omnious/provider-node/internal/cli"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "epp:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	// The config file is read first, so flags (whose defaults are the
+	// file's values) override only what they set.
+	cfg, err := epp.Load(cli.ConfigFlag(args))
+	if err != nil {
+		return err
+	}
+	fs := flag.NewFlagSet("epp", flag.ContinueOnError)
+	fs.String("config", "", "YAML config file; flags override it")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&cfg.GRPCAddr, "grpc-addr", cfg.GRPCAddr, "ext_proc gRPC address (also serves gRPC health)")
+	fs.StringVar(&cfg.HealthAddr, "health-addr", cfg.HealthAddr, "gRPC health address for probes")
+	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", cfg.MetricsAddr, "Prometheus /metrics address")
+	fs.StringVar(&cfg.AdminAddr, "admin-addr", cfg.AdminAddr, "admin address: pprof, /debug/*, /v1/capacity (keep private)")
+	fs.StringVar(&cfg.TLSCertFile, "tls-cert-file", cfg.TLSCertFile, "TLS certificate for the gRPC port")
+	fs.StringVar(&cfg.TLSKeyFile, "tls-key-file", cfg.TLSKeyFile, "TLS key for the gRPC port")
+	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "graceful drain on SIGTERM")
+	fs.StringVar(&cfg.EndpointsFile, "endpoints-file", cfg.EndpointsFile, "static endpoint file (bare metal), hot-reloaded")
+	fs.StringVar(&cfg.PoolName, "pool-name", cfg.PoolName, "InferencePool to serve (Kubernetes)")
+	fs.StringVar(&cfg.PoolNamespace, "pool-namespace", cfg.PoolNamespace, "namespace of the InferencePool")
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file outside a cluster (default: in-cluster service account)")
+	fs.BoolVar(&cfg.StandInTokenizer, "standin-tokenizer", cfg.StandInTokenizer, "tokenize as enginesim does (simulated fleets only)")
+	tokenizers := fs.String("tokenizers", "", "model=dir[,model=dir...]: tokenizer.json directories for exact prompt tokens")
+	fs.StringVar(&cfg.Scheduler.Policy, "policy", cfg.Scheduler.Policy, "precise, approximate, random, round-robin or least-queue")
+	fs.IntVar(&cfg.Scheduler.BlockSize, "block-size", cfg.Scheduler.BlockSize, "engines' KV block size in tokens")
+	fs.Int64Var(&cfg.Index.MemoryBudget, "index-memory-budget", cfg.Index.MemoryBudget, "KV index memory budget in bytes (0: 256 MiB)")
+	fs.IntVar(&cfg.ExtProc.MaxRecvMsgSize, "grpc-max-recv-msg-size", cfg.ExtProc.MaxRecvMsgSize, "largest gRPC message accepted")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *tokenizers != "" {
+		cfg.Tokenizers = map[string]string{}
+		for _, kv := range strings.Split(*tokenizers, ",") {
+			model, dir, ok := strings.Cut(kv, "=")
+			if !ok || model == "" || dir == "" {
+				return fmt.Errorf("-tokenizers: %q is not model=dir", kv)
+			}
+			cfg.Tokenizers[model] = dir
+		}
+	}
+	// A block size set by flag applies to ingestion too: they must agree.
+	cfg.Ingest.BlockSize = cfg.Scheduler.BlockSize
+	log, err := cli.NewLogger(*logLevel)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = log.Sync() }()
+
+	src, err := source(cfg, *kubeconfig, log)
+	if err != nil {
+		return err
+	}
+	e, err := epp.New(cfg, src, log)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return e.Run(ctx)
+}
+
+// source picks the discovery source the config names.
+func source(cfg epp.Config, kubeconfig string, log *zap.Logger) (discovery.Source, error) {
+	switch {
+	case cfg.EndpointsFile != "" && cfg.PoolName != "":
+		return nil, errors.New("-endpoints-file and -pool-name exclude each other")
+	case cfg.EndpointsFile != "":
+		return discovery.NewFile(discovery.FileConfig{Path: cfg.EndpointsFile}, log.Named("discovery"))
+	case cfg.PoolName != "":
+		rc, err := kubeConfig(kubeconfig)
+		if err != nil {
+			return nil, err
+		}
+		return discovery.NewPoolForConfig(discovery.PoolConfig{Name: cfg.PoolName, Namespace: cfg.PoolNamespace}, rc, log.Named("discovery"))
+	}
+	return nil, errors.New("one of -endpoints-file and -pool-name is required")
+}
+
+// kubeConfig is the in-cluster config, or the kubeconfig file when given.
+func kubeConfig(path string) (*rest.Config, error) {
+	if path != "" {
+		rc, err := clientcmd.BuildConfigFromFlags("", path)
+		if err != nil {
+			return nil, fmt.Errorf("cannot load kubeconfig %s: %w", path, err)
+		}
+		return rc, nil
+	}
+	rc, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("not in a cluster (use -kubeconfig): %w", err)
+	}
+	return rc, nil
+}

@@ -1,0 +1,317 @@
+package epp
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/omnious/provider-node/capacity"
+	"github.com/omnious/provider-node/discovery"
+	"github.com/omnious/provider-node/engines/tokenizer"
+	"github.com/omnious/provider-node/extproc"
+	"github.com/omnious/provider-node/kvindex"
+	"github.com/omnious/provider-node/kvindex/ingest"
+	"github.com/omnious/provider-node/scheduler"
+)
+
+// healthServices are the names Envoy and kubelet ask about; all report the
+// same state.
+var healthServices = []string{"", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"}
+
+// EPP is one running EndpointPicker.
+type EPP struct {
+	cfg    Config
+	log    *zap.Logger
+	src    discovery.Source
+	reg    *prometheus.Registry
+	ix     *kvindex.Index
+	sched  *scheduler.Scheduler
+	ingest *ingest.Manager
+	health *health.Server
+	grpc   *grpc.Server
+	http   []*http.Server
+
+	grpcLn, healthLn, metricsLn, adminLn net.Listener
+
+	sources []ingest.Source // touched only by update
+
+	mu        sync.Mutex
+	endpoints []scheduler.Endpoint // for the admin view
+}
+
+// New builds the EPP and binds its ports (port 0 picks a free one; see the
+// Addr methods). src supplies the endpoints; Run serves.
+func New(cfg Config, src discovery.Source, log *zap.Logger) (*EPP, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid EPP config: %w", err)
+	}
+	e := &EPP{cfg: cfg, log: log, src: src, reg: prometheus.NewRegistry()}
+	e.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	e.ix = kvindex.New(cfg.Index.kvindex())
+	var err error
+	if e.sched, err = scheduler.New(cfg.Scheduler, e.ix, e.reg, log.Named("scheduler")); err != nil {
+		return nil, fmt.Errorf("cannot create scheduler: %w", err)
+	}
+	e.ingest = ingest.New(cfg.Ingest, e.ix, log.Named("ingest"))
+	if err := e.ingest.Register(e.reg); err != nil {
+		return nil, fmt.Errorf("cannot register ingestion metrics: %w", err)
+	}
+	prompter, err := newPrompter(cfg)
+	if err != nil {
+		return nil, err
+	}
+	xp := extproc.NewServer(cfg.ExtProc, e.sched, prompter, e.reg, log.Named("extproc"))
+
+	opts := cfg.ExtProc.ServerOptions()
+	if cfg.TLSCertFile != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("cannot load TLS key pair: %w", err)
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})))
+	}
+	e.grpc = grpc.NewServer(opts...)
+	xp.Register(e.grpc)
+	e.health = health.NewServer()
+	for _, s := range healthServices {
+		e.health.SetServingStatus(s, healthpb.HealthCheckResponse_SERVING)
+	}
+	// Envoy health-checks the ext_proc cluster on the ext_proc port itself.
+	healthpb.RegisterHealthServer(e.grpc, e.health)
+
+	if err := e.listen(); err != nil {
+		e.closeListeners()
+		return nil, err
+	}
+	return e, nil
+}
+
+func newPrompter(cfg Config) (extproc.Prompter, error) {
+	if cfg.StandInTokenizer {
+		return extproc.NewStandInPrompter(), nil
+	}
+	models := make(map[string]extproc.ModelTokenizer, len(cfg.Tokenizers))
+	for model, dir := range cfg.Tokenizers {
+		tok, err := tokenizer.Load(model, dir)
+		if err != nil {
+			return nil, fmt.Errorf("cannot load tokenizer of %s: %w", model, err)
+		}
+		tmpl, err := tok.NewChatTemplate()
+		if err != nil {
+			return nil, fmt.Errorf("cannot load chat template of %s: %w", model, err)
+		}
+		models[model] = extproc.ModelTokenizer{Tokenizer: tok, Template: tmpl}
+	}
+	return extproc.NewTokenPrompter(models, nil), nil
+}
+
+func (e *EPP) listen() error {
+	var err error
+	for _, l := range []struct {
+		ln   *net.Listener
+		addr string
+	}{{&e.grpcLn, e.cfg.GRPCAddr}, {&e.healthLn, e.cfg.HealthAddr}, {&e.metricsLn, e.cfg.MetricsAddr}, {&e.adminLn, e.cfg.AdminAddr}} {
+		if *l.ln, err = net.Listen("tcp", l.addr); err != nil {
+			return fmt.Errorf("cannot listen on %s: %w", l.addr, err)
+		}
+	}
+	return nil
+}
+
+func (e *EPP) closeListeners() {
+	for _, ln := range []net.Listener{e.grpcLn, e.healthLn, e.metricsLn, e.adminLn} {
+		if ln != nil {
+			_ = ln.Close()
+		}
+	}
+}
+
+// GRPCAddr, MetricsAddr and AdminAddr are the bound addresses.
+func (e *EPP) GRPCAddr() string    { return e.grpcLn.Addr().String() }
+func (e *EPP) HealthAddr() string  { return e.healthLn.Addr().String() }
+func (e *EPP) MetricsAddr() string { return e.metricsLn.Addr().String() }
+func (e *EPP) AdminAddr() string   { return e.adminLn.Addr().String() }
+
+// Registry is the EPP's metric registry.
+func (e *EPP) Registry() *prometheus.Registry { return e.reg }
+
+// Scheduler is the running scheduler (for in-process harnesses).
+func (e *EPP) Scheduler() *scheduler.Scheduler { return e.sched }
+
+// Run serves until ctx is done, then drains: health turns NOT_SERVING, the
+// gRPC server stops accepting streams and waits up to DrainTimeout for the
+// open ones.
+func (e *EPP) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	goRun := func(name string, f func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(); err != nil {
+				errs <- fmt.Errorf("%s: %w", name, err)
+				cancel()
+			}
+		}()
+	}
+	goRun("discovery", func() error { return e.src.Run(ctx, e.update) })
+	goRun("scheduler", func() error { return e.sched.Run(ctx) })
+
+	healthSrv := grpc.NewServer()
+	healthpb.RegisterHealthServer(healthSrv, e.health)
+	goRun("grpc", func() error { return serveGRPC(e.grpc, e.grpcLn) })
+	goRun("health", func() error { return serveGRPC(healthSrv, e.healthLn) })
+	metricsMux := http.NewServeMux()
+	metricsMux.Handle("GET /metrics", promhttp.HandlerFor(e.reg, promhttp.HandlerOpts{Registry: e.reg}))
+	e.http = []*http.Server{
+		{Handler: metricsMux, ReadHeaderTimeout: 10 * time.Second},
+		{Handler: e.adminMux(), ReadHeaderTimeout: 10 * time.Second},
+	}
+	for i, ln := range []net.Listener{e.metricsLn, e.adminLn} {
+		srv := e.http[i]
+		goRun("http", func() error {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+	}
+	e.log.Info("EPP serving", zap.String("grpc", e.GRPCAddr()), zap.String("health", e.HealthAddr()),
+		zap.String("metrics", e.MetricsAddr()), zap.String("admin", e.AdminAddr()),
+		zap.String("policy", e.cfg.Scheduler.Policy), zap.Int("block_size", e.cfg.Scheduler.BlockSize))
+
+	<-ctx.Done()
+	e.health.Shutdown() // every service NOT_SERVING: Envoy and kubelet move away
+	drained := make(chan struct{})
+	go func() { e.grpc.GracefulStop(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(e.cfg.DrainTimeout):
+		e.log.Warn("drain timed out; closing open ext_proc streams", zap.Duration("drain_timeout", e.cfg.DrainTimeout))
+		e.grpc.Stop()
+	}
+	healthSrv.Stop()
+	shutCtx, shutCancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer shutCancel()
+	for _, s := range e.http {
+		_ = s.Shutdown(shutCtx)
+	}
+	wg.Wait()
+	e.ingest.Close()
+	close(errs)
+	var all []error
+	for err := range errs {
+		all = append(all, err)
+	}
+	return errors.Join(all...)
+}
+
+func serveGRPC(s *grpc.Server, ln net.Listener) error {
+	if err := s.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return err
+	}
+	return nil
+}
+
+// update applies a new endpoint set. Discovery never calls it concurrently.
+func (e *EPP) update(eps []scheduler.Endpoint) {
+	// Subscribers of endpoints that left stop before the scheduler releases
+	// their index ids, so a late event cannot repopulate a freed id.
+	present := make(map[string]bool, len(eps))
+	for _, ep := range eps {
+		present[ep.Addr] = true
+	}
+	kept := e.sources[:0:0]
+	for _, src := range e.sources {
+		if present[src.Name] {
+			kept = append(kept, src)
+		}
+	}
+	e.ingest.Set(kept)
+	e.sched.SetEndpoints(eps) // assigns the index ids of new endpoints
+	sources := make([]ingest.Source, 0, len(eps))
+	for _, ep := range eps {
+		id, ok := e.sched.ReplicaID(ep.Addr)
+		if !ok || ep.KVEvents == "" {
+			continue
+		}
+		sources = append(sources, ingest.Source{Replica: id, Name: ep.Addr, Model: ep.Model, Endpoint: ep.KVEvents, Replay: ep.KVReplay})
+	}
+	e.ingest.Set(sources)
+	e.sources = sources
+	e.mu.Lock()
+	e.endpoints = eps
+	e.mu.Unlock()
+	e.log.Info("endpoints updated", zap.Int("endpoints", len(eps)), zap.Int("kv_event_sources", len(sources)))
+}
+
+func (e *EPP) adminMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.HandleFunc("GET "+capacity.Path, func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, e.sched.Capacity())
+	})
+	mux.HandleFunc("GET /debug/endpoints", func(w http.ResponseWriter, _ *http.Request) {
+		e.mu.Lock()
+		eps := e.endpoints
+		e.mu.Unlock()
+		type view struct {
+			scheduler.Endpoint
+			Replica  *kvindex.Replica `json:"replica,omitempty"`
+			Resident int              `json:"resident_blocks"`
+		}
+		out := make([]view, 0, len(eps))
+		for _, ep := range eps {
+			v := view{Endpoint: ep}
+			if id, ok := e.sched.ReplicaID(ep.Addr); ok {
+				v.Replica = &id
+				v.Resident = e.ix.Resident(id)
+			}
+			out = append(out, v)
+		}
+		writeJSON(w, out)
+	})
+	mux.HandleFunc("GET /debug/index", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, e.ix.Stats())
+	})
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// Fixed is a discovery source with a fixed endpoint set (tests, the bench).
+type Fixed []scheduler.Endpoint
+
+// Run implements discovery.Source.
+func (f Fixed) Run(ctx context.Context, update func([]scheduler.Endpoint)) error {
+	update(append([]scheduler.Endpoint(nil), f...))
+	<-ctx.Done()
+	return nil
+}
