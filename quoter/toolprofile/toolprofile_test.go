@@ -27,6 +27,8 @@ func TestResolveReviewedFamilies(t *testing.T) {
 	}{
 		{"Qwen/Qwen3-Coder-30B-A3B-Instruct", "Qwen3-Coder", "qwen3_xml", "", "qwen3_coder"},
 		{"Qwen/Qwen3-Coder-480B-A35B-Instruct-FP8", "Qwen3-Coder", "qwen3_xml", "", "qwen3_coder"},
+		{"Qwen/Qwen3-32B", "Qwen3", "hermes", "qwen3", "qwen25"},
+		{"Qwen/Qwen3-235B-A22B-Instruct-2507", "Qwen3", "hermes", "qwen3", "qwen25"},
 		{"Qwen/Qwen2.5-7B-Instruct", "Qwen2.5 / Hermes", "hermes", "", "qwen25"},
 		{"NousResearch/Hermes-3-Llama-3.1-8B", "Qwen2.5 / Hermes", "hermes", "", "qwen25"},
 		{"NousResearch/Hermes-2-Pro-Llama-3-8B", "Qwen2.5 / Hermes", "hermes", "", "qwen25"},
