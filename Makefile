@@ -39,8 +39,10 @@ fuzz:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
+# The bench's bundled scenario: a simulated fleet, every routing policy
+# through the real ext_proc path, the comparison table and an HTML report.
 demo: build
-	@./scripts/demo.sh
+	@$(BIN)/bench -scenario demo -log-level warn
 
 clean:
 	rm -rf $(BIN) out

@@ -55,9 +55,44 @@ type EPP struct {
 	endpoints []scheduler.Endpoint // for the admin view
 }
 
+// Option changes how New assembles the EPP.
+type Option func(*options)
+
+type options struct {
+	observePick func(time.Duration)
+}
+
+// WithPickObserver calls f with the duration of every scheduling decision,
+// not counting time spent waiting in flow control, for harnesses that
+// report decision latency.
+func WithPickObserver(f func(time.Duration)) Option {
+	return func(o *options) { o.observePick = f }
+}
+
+// timedPicker reports each Pick's duration.
+type timedPicker struct {
+	extproc.Picker
+	observe func(time.Duration)
+}
+
+func (p timedPicker) Pick(ctx context.Context, r *scheduler.Request) (*scheduler.Decision, error) {
+	start := time.Now()
+	d, err := p.Picker.Pick(ctx, r)
+	took := time.Since(start)
+	if d != nil {
+		took -= d.Queued
+	}
+	p.observe(took)
+	return d, err
+}
+
 // New builds the EPP and binds its ports (port 0 picks a free one; see the
 // Addr methods). src supplies the endpoints; Run serves.
-func New(cfg Config, src discovery.Source, log *zap.Logger) (*EPP, error) {
+func New(cfg Config, src discovery.Source, log *zap.Logger, opts ...Option) (*EPP, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid EPP config: %w", err)
 	}
@@ -76,17 +111,21 @@ func New(cfg Config, src discovery.Source, log *zap.Logger) (*EPP, error) {
 	if err != nil {
 		return nil, err
 	}
-	xp := extproc.NewServer(cfg.ExtProc, e.sched, prompter, e.reg, log.Named("extproc"))
+	var picker extproc.Picker = e.sched
+	if o.observePick != nil {
+		picker = timedPicker{picker, o.observePick}
+	}
+	xp := extproc.NewServer(cfg.ExtProc, picker, prompter, e.reg, log.Named("extproc"))
 
-	opts := cfg.ExtProc.ServerOptions()
+	grpcOpts := cfg.ExtProc.ServerOptions()
 	if cfg.TLSCertFile != "" {
 		cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
 		if err != nil {
 			return nil, fmt.Errorf("cannot load TLS key pair: %w", err)
 		}
-		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})))
+		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})))
 	}
-	e.grpc = grpc.NewServer(opts...)
+	e.grpc = grpc.NewServer(grpcOpts...)
 	xp.Register(e.grpc)
 	e.health = health.NewServer()
 	for _, s := range healthServices {

@@ -1,0 +1,57 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestNotWiredWithoutDirect(t *testing.T) {
+	err := run([]string{"-html", ""})
+	require.ErrorContains(t, err, "EPP launcher not wired")
+}
+
+func TestDirectRun(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "out.json")
+	err := run([]string{"-direct", "-replicas", "2", "-time-scale", "4", "-groups", "2", "-system-len", "100",
+		"-question-len", "20", "-output-len", "4", "-qps", "20", "-stage-duration", "1s",
+		"-json", out, "-html", filepath.Join(dir, "r.html")})
+	require.NoError(t, err)
+	b, err := os.ReadFile(out)
+	require.NoError(t, err)
+	var doc struct {
+		Replicas int `json:"replicas"`
+		Results  []struct {
+			Policy string `json:"policy"`
+			Errors int    `json:"errors"`
+		} `json:"results"`
+	}
+	require.NoError(t, json.Unmarshal(b, &doc))
+	require.Equal(t, 2, doc.Replicas)
+	require.Len(t, doc.Results, 2)
+	require.Equal(t, "random", doc.Results[0].Policy)
+	require.Zero(t, doc.Results[0].Errors)
+	_, err = os.Stat(filepath.Join(dir, "r.html"))
+	require.NoError(t, err)
+}
+
+func TestBadFlags(t *testing.T) {
+	require.ErrorContains(t, run([]string{"-direct", "-qps", "x"}), "bad -qps")
+	require.ErrorContains(t, run([]string{"-direct", "-scenario", "nope"}), "unknown scenario")
+	require.ErrorContains(t, run([]string{"sweep", "-direct", "-base", "precise"}), "no params")
+}
+
+func TestCheckFails(t *testing.T) {
+	// No policy reaches twice the bound: the check must fail the command.
+	err := run([]string{"-direct", "-policies", "round-robin", "-replicas", "2", "-time-scale", "4", "-groups", "2",
+		"-system-len", "100", "-question-len", "20", "-output-len", "4", "-qps", "20", "-stage-duration", "1s",
+		"-html", "", "-check", "round-robin", "-check-bound", "2"})
+	require.ErrorContains(t, err, "acceptance checks failed for round-robin")
+	err = run([]string{"-direct", "-policies", "round-robin", "-replicas", "1", "-groups", "1", "-system-len", "10",
+		"-question-len", "5", "-output-len", "2", "-qps", "5", "-stage-duration", "1s", "-html", "", "-check", "precise"})
+	require.ErrorContains(t, err, "not in the report")
+}

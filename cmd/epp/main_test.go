@@ -1,0 +1,240 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/omnious/provider-node/engines/openai"
+	"github.com/omnious/provider-node/extproc/testgw"
+)
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func build(t *testing.T, pkg, dir, name string) string {
+	t.Helper()
+	bin := filepath.Join(dir, name)
+	out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput()
+	require.NoError(t, err, string(out))
+	return bin
+}
+
+// start runs a process until the test ends.
+func start(t *testing.T, bin string, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return cmd
+}
+
+func waitHTTP(t *testing.T, url string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(url)
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 20*time.Second, 25*time.Millisecond, url)
+}
+
+func getJSON(t *testing.T, url string, v any) {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(v))
+}
+
+// metric sums the values of the series of name in a Prometheus exposition.
+func metric(t *testing.T, url, name string) float64 {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	sum := 0.0
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
+			var v float64
+			_, err := fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
+			require.NoError(t, err, line)
+			sum += v
+		}
+	}
+	return sum
+}
+
+// TestEPPRoutesThroughGateway runs cmd/epp with a static endpoint file in
+// front of three enginesim processes (two vLLM, one SGLang), with the test
+// gateway playing Envoy: real OpenAI requests, streamed and not, are routed,
+// the index sees the replicas' KV events, and requests that share a long
+// prefix stay on the replica that holds it.
+func TestEPPRoutesThroughGateway(t *testing.T) {
+	dir := t.TempDir()
+	simBin := build(t, "../enginesim", dir, "enginesim")
+	eppBin := build(t, ".", dir, "epp")
+	const model = "Qwen/Qwen3-32B"
+
+	var file strings.Builder
+	fmt.Fprintf(&file, "defaults:\n  model: %s\nendpoints:\n", model)
+	var sims []string
+	for i, flavour := range []string{"vllm", "vllm", "sglang"} {
+		httpPort, pub, replay := freePort(t), freePort(t), freePort(t)
+		start(t, simBin, "-engine", flavour, "-listen", fmt.Sprintf("127.0.0.1:%d", httpPort),
+			"-kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", pub),
+			"-kv-events-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", replay),
+			"-time-scale", "50", "-seed", fmt.Sprint(i), "-log-level", "warn")
+		sims = append(sims, fmt.Sprintf("127.0.0.1:%d", httpPort))
+		fmt.Fprintf(&file, "  - ip: 127.0.0.1\n    port: %d\n    engine: %s\n    kv_events_port: %d\n    replay_port: %d\n",
+			httpPort, flavour, pub, replay)
+	}
+	for _, s := range sims {
+		waitHTTP(t, "http://"+s+"/health")
+	}
+	endpoints := filepath.Join(dir, "endpoints.yaml")
+	require.NoError(t, os.WriteFile(endpoints, []byte(file.String()), 0o600))
+
+	grpcAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	adminAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	epp := start(t, eppBin, "-endpoints-file", endpoints, "-standin-tokenizer", "-log-level", "warn",
+		"-grpc-addr", grpcAddr, "-health-addr", fmt.Sprintf("127.0.0.1:%d", freePort(t)),
+		"-metrics-addr", metricsAddr, "-admin-addr", adminAddr)
+	waitHTTP(t, "http://"+metricsAddr+"/metrics")
+
+	gw, err := testgw.New(testgw.Config{EPP: grpcAddr}, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	gwDone := make(chan error, 1)
+	go func() { gwDone <- gw.Run(ctx) }()
+	defer func() { cancel(); require.NoError(t, <-gwDone) }()
+	base := "http://" + gw.Addr()
+
+	// The EPP has its endpoints once it scrapes them; until then requests
+	// may still be served (stale replicas are scored down, not dropped).
+	require.Eventually(t, func() bool {
+		var eps []map[string]any
+		getJSON(t, "http://"+adminAddr+"/debug/endpoints", &eps)
+		return len(eps) == 3
+	}, 10*time.Second, 50*time.Millisecond)
+
+	system := strings.Repeat("You are the provider's careful assistant; answer with sources. ", 60)
+	chat := func(user string, stream bool) (int, string) {
+		body := map[string]any{"model": model, "max_tokens": 8, "stream": stream,
+			"messages": []any{map[string]any{"role": "system", "content": system}, map[string]any{"role": "user", "content": user}}}
+		raw, err := json.Marshal(body)
+		require.NoError(t, err)
+		resp, err := http.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(raw))
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		out, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(out)
+	}
+
+	code, body := chat("first question", false)
+	require.Equal(t, http.StatusOK, code, body)
+	var full struct {
+		Model   string       `json:"model"`
+		Usage   openai.Usage `json:"usage"`
+		Choices []struct {
+			Message struct {
+				Content string `json:"content"`
+			} `json:"message"`
+		} `json:"choices"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &full))
+	require.Equal(t, model, full.Model)
+	require.NotEmpty(t, full.Choices[0].Message.Content)
+
+	code, body = chat("a streamed question", true)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `"chat.completion.chunk"`)
+	require.True(t, strings.HasSuffix(strings.TrimSpace(body), "data: [DONE]"))
+	require.NotContains(t, body, `"usage":{`, "the EPP's injected usage chunk does not reach a client that did not ask")
+
+	// The index sees the replicas' KV events.
+	require.Eventually(t, func() bool {
+		var eps []struct {
+			Resident int `json:"resident_blocks"`
+		}
+		getJSON(t, "http://"+adminAddr+"/debug/endpoints", &eps)
+		total := 0
+		for _, e := range eps {
+			total += e.Resident
+		}
+		return total > 0
+	}, 10*time.Second, 50*time.Millisecond, "KV events reach the index")
+
+	// Requests sharing the long system prompt follow the replica that holds it.
+	before := make([]float64, len(sims))
+	for i, s := range sims {
+		before[i] = requests(t, s)
+	}
+	for i := 0; i < 6; i++ {
+		code, body := chat(fmt.Sprintf("follow-up %d", i), i%2 == 0)
+		require.Equal(t, http.StatusOK, code, body)
+	}
+	hot := 0.0
+	for i, s := range sims {
+		hot = max(hot, requests(t, s)-before[i])
+	}
+	require.GreaterOrEqual(t, hot, 5.0, "prefix affinity keeps most same-prefix requests on one replica")
+	require.Positive(t, metric(t, "http://"+metricsAddr+"/metrics", "omnious_epp_decisions_total"))
+
+	// Bad input is refused by the EPP with an OpenAI error, not passed on.
+	resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(`{"model": `))
+	require.NoError(t, err)
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode, string(raw))
+	var e openai.ErrorResponse
+	require.NoError(t, json.Unmarshal(raw, &e), string(raw))
+	require.NotEmpty(t, e.Error.Message)
+
+	// SIGTERM drains and exits cleanly.
+	require.NoError(t, epp.Process.Signal(syscall.SIGTERM))
+	done := make(chan error, 1)
+	go func() { done <- epp.Wait() }()
+	select {
+	case err := <-done:
+		require.NoError(t, err, "epp exits 0 after a drain")
+	case <-time.After(40 * time.Second):
+		t.Fatal("epp did not stop after SIGTERM")
+	}
+}
+
+// requests is a replica's finished-request count from its own metrics.
+func requests(t *testing.T, addr string) float64 {
+	return metric(t, "http://"+addr+"/metrics", "vllm:request_success_total") +
+		metric(t, "http://"+addr+"/metrics", "sglang:num_requests_total")
+}

@@ -1,0 +1,420 @@
+#!/usr/bin/env bash
+# Offline checks of everything under deploy/ (make test runs this):
+#   - helm lint + helm template for every value combination that matters,
+#     with assertions on the rendered objects, and renders that must fail;
+#   - kubeconform -strict against local schemas only (generated from the
+#     vendored InferencePool CRD, the KEDA / Prometheus Operator / Gateway API
+#     CRDs and the Kubernetes OpenAPI document in the Go module cache);
+#   - promtool check rules / test rules, and the rendered KEDA queries;
+#   - the Go test in deploy/ (PromQL parses; metric names in metrics.txt;
+#     dashboard JSON: datasource variable, unique panel ids);
+#   - systemd unit syntax (when systemd-analyze exists);
+#   - install.sh --dry-run with good and bad inputs.
+# Tools: deploy/tools.sh. Nothing here needs a cluster or the network.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+chart="$here/helm/provider-node"
+ci="$here/helm/ci"
+gobin="$(go env GOBIN)"
+[[ -n "$gobin" ]] || gobin="$(go env GOPATH)/bin"
+export PATH="$gobin:$PATH"
+modcache="$(go env GOMODCACHE)"
+
+for tool in helm kubeconform promtool; do
+	command -v "$tool" >/dev/null || { echo "check: $tool not found; run deploy/tools.sh" >&2; exit 1; }
+done
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/deploy-check.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+failures=0
+pass() { printf '  ok   %s\n' "$1"; }
+bad() { printf '  FAIL %s\n' "$1" >&2; failures=$((failures + 1)); }
+section() { printf '%s\n' "== $1"; }
+
+# ---------------------------------------------------------------- schemas
+section "schemas"
+k8s="$modcache/k8s.io/kubernetes@v1.37.2/api/openapi-spec/swagger.json"
+keda="$modcache/github.com/kedacore/keda/v2@v2.21.0/config/crd/bases/keda.sh_scaledobjects.yaml"
+promop="$modcache/github.com/prometheus-operator/prometheus-operator@v0.85.0/example/prometheus-operator-crd-full"
+gwapi="$modcache/sigs.k8s.io/gateway-api@v1.6.3/config/crd/standard/gateway.networking.k8s.io_httproutes.yaml"
+for f in "$k8s" "$keda" "$promop/monitoring.coreos.com_servicemonitors.yaml" "$gwapi"; do
+	[[ -r "$f" ]] || { echo "check: $f missing; run deploy/tools.sh" >&2; exit 1; }
+done
+schemas="$work/schemas"
+(cd "$root" && GOFLAGS=-mod=mod go run ./deploy/schemagen -out "$schemas" -swagger "$k8s" \
+	-kinds apps/v1/Deployment,v1/Service,v1/ServiceAccount,v1/ConfigMap,v1/Pod,batch/v1/CronJob,rbac.authorization.k8s.io/v1/Role,rbac.authorization.k8s.io/v1/RoleBinding,networking.k8s.io/v1/NetworkPolicy \
+	-crd "$here/crds/inference.networking.k8s.io_inferencepools.yaml" -crd "$keda" \
+	-crd "$promop/monitoring.coreos.com_servicemonitors.yaml" -crd "$promop/monitoring.coreos.com_prometheusrules.yaml" \
+	-crd "$gwapi") >"$work/schemas.txt"
+pass "$(wc -l <"$work/schemas.txt") schemas generated"
+
+kubeconform_check() { # FILE LABEL
+	if kubeconform -strict -summary -output text \
+		-schema-location "$schemas/{{ .ResourceKind }}{{ .KindSuffix }}.json" "$1" >"$work/kc.out" 2>&1; then
+		pass "kubeconform -strict $2 ($(tail -1 "$work/kc.out"))"
+	else
+		bad "kubeconform -strict $2"
+		sed 's/^/       /' "$work/kc.out" >&2
+	fi
+}
+
+# The kubeconform schemas must reject what the API server would: a typo'd
+# field and a wrong enum in the InferencePool, an unknown Deployment field.
+cat >"$work/invalid.yaml" <<'EOF'
+apiVersion: inference.networking.k8s.io/v1
+kind: InferencePool
+metadata: {name: p}
+spec:
+  selector: {matchLabels: {app: x}}
+  targetPorts: [{number: 8000}]
+  endpointPickerRef: {name: epp, port: {number: 9002}, failureMode: FailSometimes}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: d}
+spec:
+  replica: 1
+  selector: {matchLabels: {app: x}}
+  template:
+    metadata: {labels: {app: x}}
+    spec: {containers: [{name: c, image: x}]}
+EOF
+if kubeconform -strict -summary -schema-location "$schemas/{{ .ResourceKind }}{{ .KindSuffix }}.json" "$work/invalid.yaml" >"$work/kc.out" 2>&1; then
+	bad "kubeconform accepted invalid objects"
+elif grep -q 'FailSometimes\|failureMode' "$work/kc.out" && grep -q 'replica' "$work/kc.out"; then
+	pass "kubeconform rejects a bad failureMode and an unknown Deployment field"
+else
+	bad "kubeconform rejected invalid objects for other reasons"
+	sed 's/^/       /' "$work/kc.out" >&2
+fi
+
+# ---------------------------------------------------------------- chart
+section "helm lint + template"
+# go-installed helm reports Kubernetes v1.20 unless told otherwise.
+kube=1.33.0
+apis=(--api-versions keda.sh/v1alpha1 --api-versions monitoring.coreos.com/v1)
+render() { # NAME helm-args...
+	local name="$1"
+	shift
+	if helm template pn "$chart" --kube-version "$kube" --namespace omnious-ci -f "$ci/base.yaml" "$@" >"$work/$name.yaml" 2>"$work/$name.err"; then
+		return 0
+	fi
+	bad "helm template $name: $(cat "$work/$name.err")"
+	return 1
+}
+count() { grep -c "^kind: $2\$" "$work/$1.yaml" || true; }
+expect() { # NAME DESCRIPTION CONDITION...
+	local name="$1" what="$2"
+	shift 2
+	if "$@"; then pass "$name: $what"; else bad "$name: $what"; fi
+}
+has() { grep -qF -- "$2" "$work/$1.yaml"; }
+hasnt() { ! grep -qF -- "$2" "$work/$1.yaml"; }
+eq() { [[ "$1" == "$2" ]]; }
+# doc NAME KIND OBJECT prints one object of a render.
+doc() {
+	awk -v kind="$2" -v obj="$3" 'BEGIN { RS = "\n---\n" } $0 ~ ("\nkind: " kind "\n") && $0 ~ ("\n  name: " obj "\n") { print }' "$work/$1.yaml"
+}
+
+if helm lint --strict --kube-version "$kube" "$chart" -f "$ci/base.yaml" >"$work/lint.out" 2>&1; then pass "helm lint --strict (base)"; else bad "helm lint --strict"; cat "$work/lint.out" >&2; fi
+
+for engine in vllm sglang; do
+	for mode in standalone gateway; do
+		for keda in off on; do
+			for mon in off on; do
+				name="$engine-$mode-keda_$keda-mon_$mon"
+				args=()
+				[[ $engine == sglang ]] && args+=(-f "$ci/sglang.yaml")
+				[[ $mode == gateway ]] && args+=(-f "$ci/gateway.yaml")
+				[[ $keda == on ]] && args+=(-f "$ci/keda.yaml")
+				[[ $mon == on ]] && args+=(-f "$ci/monitoring.yaml")
+				# helm lint has no --api-versions: the guarded objects are linted
+				# through the forced-monitoring render below.
+				if ! helm lint --strict --kube-version "$kube" "$chart" -f "$ci/base.yaml" "${args[@]}" >"$work/lint.out" 2>&1; then
+					bad "helm lint $name"
+					sed 's/^/       /' "$work/lint.out" >&2
+				fi
+				render "$name" "${args[@]}" "${apis[@]}" || continue
+				kubeconform_check "$work/$name.yaml" "$name"
+				block=16
+				[[ $engine == sglang ]] && block=32
+				expect "$name" "InferencePool v1 with endpointPickerRef" has "$name" "apiVersion: inference.networking.k8s.io/v1"
+				expect "$name" "EPP --block-size=$block" has "$name" "--block-size=$block"
+				if [[ $engine == vllm ]]; then
+					expect "$name" "vLLM --block-size and EPP --block-size from blockSize, KV events, tool parser, defaults" \
+						eval '[[ $(grep -c -- "--block-size=$block" "$work/$name.yaml") == 2 ]] && has "$name" "\"enable_kv_cache_events\":true" && has "$name" "--tool-call-parser=hermes" && has "$name" "--enable-auto-tool-choice" && has "$name" "--max-num-batched-tokens=8192" && has "$name" "--gpu-memory-utilization=0.9" && has "$name" "--enable-prefix-caching" && has "$name" "--enable-chunked-prefill" && has "$name" "\"replay_endpoint\":\"tcp://*:5558\""'
+				else
+					expect "$name" "SGLang --page-size and EPP --block-size from blockSize, KV events, tool parser, options" \
+						eval 'has "$name" "--page-size=$block" && [[ $(grep -c -- "--block-size=$block" "$work/$name.yaml") == 1 ]] && has "$name" "--kv-events-config={\"buffer_steps\"" && has "$name" "--tool-call-parser=qwen25" && hasnt "$name" "--enable-auto-tool-choice" && has "$name" "--chunked-prefill-size=-1" && has "$name" "--disable-radix-cache" && has "$name" "--mem-fraction-static=0.9" && has "$name" "--enable-metrics"'
+				fi
+				expect "$name" "KV topic names the Pod's own address" has "$name" '"topic":"kv@$(POD_IP):8000@Qwen/Qwen3-32B"'
+				if [[ $mode == standalone ]]; then
+					expect "$name" "Envoy sidecar, proxy Service, no HTTPRoute" \
+						eval 'has "$name" "name: envoy" && has "$name" "name: pn-provider-node-proxy" && eq "$(count "$name" HTTPRoute)" 0 && has "$name" "failure_mode_allow: false"'
+				else
+					expect "$name" "HTTPRoute to the pool, no Envoy, FailOpen" \
+						eval 'eq "$(count "$name" HTTPRoute)" 1 && hasnt "$name" "name: envoy" && has "$name" "failureMode: FailOpen" && has "$name" "kind: InferencePool"'
+				fi
+				want=0
+				[[ $keda == on ]] && want=1
+				expect "$name" "$want ScaledObject" eq "$(count "$name" ScaledObject)" "$want"
+				if [[ $keda == on ]]; then
+					expect "$name" "engine replica count left to KEDA" eval '! doc "$name" Deployment pn-provider-node-engine | grep -q "^  replicas:"'
+				else
+					expect "$name" "engine replica count set" eval 'doc "$name" Deployment pn-provider-node-engine | grep -q "^  replicas: 1$"'
+				fi
+				want=0
+				[[ $mon == on ]] && want=1
+				expect "$name" "$want ServiceMonitor and PrometheusRule" eval 'eq "$(count "$name" ServiceMonitor)" "$want" && eq "$(count "$name" PrometheusRule)" "$want"'
+				expect "$name" "quoter key from the Secret, read-only, 0400; canary and test run conformance" \
+					eval 'has "$name" "secretName: pn-quoter-key" && has "$name" "defaultMode: 0400" && has "$name" "--key-file=/var/run/secrets/omnious/key" && has "$name" "- --quick" && has "$name" "helm.sh/hook: test" && eq "$(count "$name" CronJob)" 1'
+			done
+		done
+	done
+done
+
+# Guards: the optional APIs render only where the cluster serves them.
+render keda-no-api -f "$ci/keda.yaml" -f "$ci/monitoring.yaml" &&
+	expect keda-no-api "no ScaledObject/ServiceMonitor/PrometheusRule without the APIs" \
+		eval 'eq "$(count keda-no-api ScaledObject)" 0 && eq "$(count keda-no-api ServiceMonitor)" 0 && eq "$(count keda-no-api PrometheusRule)" 0'
+render mon-forced -f "$ci/monitoring.yaml" --set monitoring.force=true &&
+	expect mon-forced "monitoring.force renders the monitoring objects" eval 'eq "$(count mon-forced ServiceMonitor)" 1 && eq "$(count mon-forced PrometheusRule)" 1'
+render keystore -f "$ci/keystore.yaml" && {
+	kubeconform_check "$work/keystore.yaml" keystore
+	expect keystore "keystore + password files, EPP --config, PVCs" \
+		eval 'has keystore "--keystore-file=/var/run/secrets/omnious/keystore.json" && has keystore "--password-file=/var/run/secrets/omnious/password" && has keystore "--config=/etc/epp/config.yaml" && has keystore "claimName: pn-quoter-state" && has keystore "claimName: pn-models"'
+}
+render bs64 --set blockSize=64 &&
+	expect bs64 "one blockSize feeds engine and EPP" eval '[[ $(grep -c -- "--block-size=64" "$work/bs64.yaml") == 2 ]] && hasnt bs64 "block-size=16"'
+render bs64s -f "$ci/sglang.yaml" --set blockSize=64 &&
+	expect bs64s "one blockSize feeds SGLang page size and EPP" eval 'has bs64s "--page-size=64" && has bs64s "--block-size=64"'
+render netpol -f "$ci/netpol.yaml" && {
+	kubeconform_check "$work/netpol.yaml" netpol
+	expect netpol "3 NetworkPolicies; KV ports only from the EPP, admin only from the quoter" \
+		eval 'eq "$(count netpol NetworkPolicy)" 3 && doc netpol NetworkPolicy pn-provider-node-engine | grep -A8 "port: kv-events" | grep -q "app.kubernetes.io/component: epp" && doc netpol NetworkPolicy pn-provider-node-epp | grep -A8 "port: admin" | grep -q "app.kubernetes.io/component: quoter"'
+}
+render gw-netpol -f "$ci/gateway.yaml" -f "$ci/netpol.yaml" && kubeconform_check "$work/gw-netpol.yaml" gw-netpol
+render nokv --set server.kvEvents.enabled=false --set server.kvEvents.replayPort=0 &&
+	expect nokv "KV events off" eval 'hasnt nokv "kv-events-config" && hasnt nokv "name: kv-events"'
+
+# Key material never reaches a manifest: the chart references Secrets by
+# name and never renders one.
+if cat "$work"/*.yaml | grep -q '^kind: Secret$'; then bad "a render contains a Secret"; else pass "no Secret rendered (keys stay out of Helm)"; fi
+
+section "renders that must fail"
+must_fail() { # DESCRIPTION EXPECTED-MESSAGE helm-args...
+	local what="$1" msg="$2"
+	shift 2
+	if helm template pn "$chart" --kube-version "$kube" "$@" >/dev/null 2>"$work/fail.err"; then
+		bad "$what: rendered"
+	elif grep -qF -- "$msg" "$work/fail.err"; then
+		pass "$what"
+	else
+		bad "$what: wrong error: $(cat "$work/fail.err")"
+	fi
+}
+must_fail "no quoter.existingSecret" "quoter.existingSecret is required" -f "$ci/base.yaml" --set quoter.existingSecret=
+must_fail "no model.id" "model.id is required" -f "$ci/base.yaml" --set model.id=
+must_fail "gateway mode without gateway.name" "gateway.name is required" -f "$ci/base.yaml" -f "$ci/gateway.yaml" --set gateway.name=
+must_fail "gateway mode without servingURL" "servingURL is required in gateway mode" -f "$ci/base.yaml" -f "$ci/gateway.yaml" --set servingURL=
+must_fail "unknown engine" "engine must be vllm or sglang" -f "$ci/base.yaml" --set engine=tgi
+must_fail "blockSize out of range" "blockSize must be between 1 and 128" -f "$ci/base.yaml" --set blockSize=0
+must_fail "bad failureMode" "inferencePool.failureMode must be FailOpen or FailClose" -f "$ci/base.yaml" --set inferencePool.failureMode=Open
+must_fail "bad keyFormat" "quoter.keyFormat must be file or keystore" -f "$ci/base.yaml" --set quoter.keyFormat=pem
+if helm template pn "$chart" --kube-version "$kube" -f "$ci/base.yaml" --set quoter.enabled=false --set quoter.existingSecret= >/dev/null 2>&1; then
+	pass "quoter.enabled=false needs no key Secret"
+else
+	bad "quoter.enabled=false still needs the key Secret"
+fi
+
+# ---------------------------------------------------------------- Envoy
+section "standalone Envoy = deploy/envoy/envoy.yaml"
+if cmp -s "$here/envoy/envoy.yaml" "$chart/files/envoy.yaml"; then pass "chart carries deploy/envoy/envoy.yaml"; else bad "copy deploy/envoy/envoy.yaml to helm/provider-node/files/envoy.yaml"; fi
+# With default values the sidecar's configuration is the bare-metal file.
+awk '/^  envoy.yaml: \|$/ { on = 1; next } on && /^    / { print substr($0, 5); next } on && /^$/ { print; next } on { exit }' \
+	<(helm template pn "$chart" --kube-version "$kube" -f "$ci/base.yaml" -s templates/envoy-configmap.yaml) >"$work/envoy.rendered"
+if diff -u "$here/envoy/envoy.yaml" "$work/envoy.rendered" >"$work/envoy.diff"; then
+	pass "rendered sidecar config is identical to deploy/envoy/envoy.yaml"
+else
+	bad "rendered sidecar config differs from deploy/envoy/envoy.yaml"
+	head -20 "$work/envoy.diff" >&2
+fi
+render envoy-open --set inferencePool.failureMode=FailOpen --set standalone.envoy.port=8181 &&
+	expect envoy-open "FailOpen sets failure_mode_allow; listener port from values" eval 'has envoy-open "failure_mode_allow: true" && has envoy-open "address: 0.0.0.0, port_value: 8181 }" && has envoy-open "containerPort: 8181"'
+
+# ---------------------------------------------------------------- PromQL
+section "prometheus rules and PromQL"
+if promtool check rules "$here/prometheus/rules.yaml" >"$work/p.out" 2>&1; then pass "promtool check rules"; else bad "promtool check rules"; cat "$work/p.out" >&2; fi
+if (cd "$here/prometheus" && promtool test rules rules_test.yaml) >"$work/p.out" 2>&1; then pass "promtool test rules"; else bad "promtool test rules"; cat "$work/p.out" >&2; fi
+if cmp -s "$here/prometheus/rules.yaml" "$chart/files/prometheus-rules.yaml"; then pass "chart carries the same rules"; else bad "helm/provider-node/files/prometheus-rules.yaml differs from prometheus/rules.yaml"; fi
+# The KEDA queries as rendered, parsed by promtool as recording rules.
+{
+	echo "groups:"
+	echo "  - name: keda"
+	echo "    rules:"
+	i=0
+	grep -E '^ +query: ' "$work/vllm-standalone-keda_on-mon_off.yaml" | sed 's/^ *query: //' | while IFS= read -r q; do
+		i=$((i + 1))
+		printf '      - record: keda:query%d\n        expr: %s\n' "$i" "'${q//\'/\'\'}'"
+	done
+} >"$work/keda-rules.yaml"
+n="$(grep -c 'record:' "$work/keda-rules.yaml" || true)"
+if [[ "$n" == 3 ]] && promtool check rules "$work/keda-rules.yaml" >"$work/p.out" 2>&1; then
+	pass "promtool parses the $n rendered KEDA queries"
+else
+	bad "rendered KEDA queries ($n) do not parse"
+	cat "$work/p.out" "$work/keda-rules.yaml" >&2
+fi
+if (cd "$root" && GOFLAGS=-mod=mod go test ./deploy/) >"$work/go.out" 2>&1; then
+	pass "go test ./deploy (PromQL parses, names in metrics.txt, dashboard JSON)"
+else
+	bad "go test ./deploy"
+	cat "$work/go.out" >&2
+fi
+
+# ---------------------------------------------------------------- systemd
+section "systemd units"
+if command -v systemd-analyze >/dev/null; then
+	for u in "$here"/systemd/*.service; do
+		# Binaries are absent here; every other complaint is a unit error.
+		out="$(SYSTEMD_LOG_LEVEL=err systemd-analyze verify --man=no "$u" 2>&1 | grep -v 'is not executable: No such file' || true)"
+		if [[ -z "$out" ]]; then pass "systemd-analyze verify $(basename "$u")"; else bad "$(basename "$u"): $out"; fi
+	done
+	for u in omnious-epp omnious-quoter; do
+		expect "$u" "DynamicUser and ProtectSystem=strict" eval "grep -qx 'DynamicUser=yes' '$here/systemd/$u.service' && grep -qx 'ProtectSystem=strict' '$here/systemd/$u.service'"
+	done
+	expect omnious-quoter "key is a LoadCredential" grep -q '^LoadCredential=quoter-key:' "$here/systemd/omnious-quoter.service"
+else
+	echo "  (systemd-analyze not installed: unit syntax not checked)"
+fi
+
+# ---------------------------------------------------------------- install.sh
+section "install.sh --dry-run"
+umask 077
+printf '0x%064x\n' 48879 >"$work/provider.key"
+keyhex="$(tr -d '\n' <"$work/provider.key")"
+good_env=(PROVIDER_ID=acme-qwen "PROVIDER_KEY=$work/provider.key" MODEL_ID=Qwen/Qwen2.5-72B-Instruct
+	MODEL_CLASS=qwen2.5-72b FLOOR_IN=210000 FLOOR_OUT=680000 HF_TOKEN=hf_secret_token_value)
+# quoter on PATH resolves tool profiles; without it install.sh uses awk.
+nopath="$work/nopath"
+mkdir -p "$nopath"
+for t in bash awk tr head stat grep sed mktemp chmod rm cat printf dirname id; do
+	p="$(command -v "$t")" && ln -sf "$p" "$nopath/$t"
+done
+printf '0x%064x\n' 1 >"$work/open.key"
+chmod 644 "$work/open.key"
+dry_stdin=/dev/null
+dry() { # LABEL expected-rc pattern env... -- args...
+	local label="$1" rc_want="$2" pattern="$3"
+	shift 3
+	local envs=()
+	while (($#)) && [[ "$1" != -- ]]; do envs+=("$1"); shift; done
+	shift
+	local rc=0
+	env -i PATH="$nopath" HOME="$work" "${envs[@]}" bash "$here/install.sh" --dry-run "$@" <"$dry_stdin" >"$work/dry.out" 2>&1 || rc=$?
+	if [[ "$rc" != "$rc_want" ]]; then
+		bad "install.sh $label: exit $rc, want $rc_want"
+		sed 's/^/       /' "$work/dry.out" >&2
+	elif ! grep -qE -- "$pattern" "$work/dry.out"; then
+		bad "install.sh $label: output lacks /$pattern/"
+		sed 's/^/       /' "$work/dry.out" >&2
+	elif grep -qF -- "${keyhex#0x}" "$work/dry.out" || grep -qF hf_secret_token_value "$work/dry.out"; then
+		bad "install.sh $label: printed secret material"
+	else
+		pass "install.sh $label"
+	fi
+}
+dry "good input" 0 "^\+ helm test provider-node-mainnet --namespace omnious-mainnet" "${good_env[@]}" --
+expect "install.sh" "dry run prints CRD, Secrets via stdin, helm upgrade --install --wait" \
+	eval 'grep -q "^+ kubectl apply --server-side .*crds/inference.networking.k8s.io_inferencepools.yaml" "$work/dry.out" && grep -q "^+ kubectl create secret generic provider-node-mainnet-quoter-key .*--from-file=key=.* | kubectl apply" "$work/dry.out" && grep -q "^+ kubectl create secret generic provider-node-mainnet-hf-token" "$work/dry.out" && grep -q "^+ helm upgrade --install provider-node-mainnet .* --wait" "$work/dry.out" && grep -q "toolParser: {name: \"hermes\"" "$work/dry.out" && grep -q "existingSecret: \"provider-node-mainnet-quoter-key\"" "$work/dry.out"'
+dry "--env staging" 0 "^\+ helm upgrade --install provider-node-staging .*--namespace omnious-staging" "${good_env[@]}" -- --env staging
+dry_stdin="$work/provider.key"
+dry "key on stdin (-)" 0 "quoter-key .*--from-file=key=/" "${good_env[@]}" PROVIDER_KEY=- --
+dry_stdin=/dev/null
+dry "sglang" 0 "toolParser: \{name: \"qwen25\"" "${good_env[@]}" ENGINE=sglang --
+dry "custom parser" 0 "toolParser: \{name: \"my_parser\"" "${good_env[@]}" MODEL_ID=acme/new-model TOOL_PROFILE=custom VLLM_TOOL_CALL_PARSER=my_parser --
+dry "gateway" 0 "mode: \"gateway\"" "${good_env[@]}" MODE=gateway GATEWAY_NAME=gw SERVING_URL=https://llm.example.com --
+dry "missing inputs" 2 "PROVIDER_ID is required" --
+dry "key inline" 2 "PROVIDER_KEY holds a key, not a path" "${good_env[@]}" "PROVIDER_KEY=$keyhex" --
+dry "key file too open" 2 "make it owner-only" "${good_env[@]}" "PROVIDER_KEY=$work/open.key" --
+dry "unknown family fails closed" 2 "no reviewed tool profile matches MODEL_ID 'acme/new-model' \(fail closed\)" "${good_env[@]}" MODEL_ID=acme/new-model --
+dry "family without an SGLang parser" 2 "has no reviewed sglang parser \(fail closed\)" "${good_env[@]}" MODEL_ID=allenai/Olmo-3-7B-Instruct ENGINE=sglang --
+dry "custom without parser" 2 "TOOL_PROFILE=custom needs VLLM_TOOL_CALL_PARSER" "${good_env[@]}" TOOL_PROFILE=custom --
+dry "bad floor" 2 "FLOOR_IN '2.5' must be a positive integer" "${good_env[@]}" FLOOR_IN=2.5 --
+dry "bad engine" 2 "ENGINE 'tgi' must be vllm or sglang" "${good_env[@]}" ENGINE=tgi --
+dry "bad block size" 2 "BLOCK_SIZE 24 is not a vLLM CUDA block size" "${good_env[@]}" BLOCK_SIZE=24 --
+dry "gateway without name" 2 "MODE=gateway needs GATEWAY_NAME" "${good_env[@]}" MODE=gateway SERVING_URL=https://x.example.com --
+dry "bad env name" 2 "--env 'Prod_1' must be a DNS label" "${good_env[@]}" -- --env Prod_1
+dry "unknown flag" 2 "unknown argument --force" "${good_env[@]}" -- --force
+# A real (not dry) run against stub kubectl/helm that record their arguments
+# and stdin: the key and the HF token must reach kubectl only on stdin, and the
+# Helm values must name the Secrets without holding them.
+stubs="$work/stubs"
+mkdir -p "$stubs"
+cp -P "$nopath"/* "$stubs"/
+p="$(command -v base64)" && ln -sf "$p" "$stubs/base64"
+cat >"$stubs/kubectl" <<'EOF'
+#!/bin/bash
+{ printf 'kubectl'; printf ' %q' "$@"; echo; } >>"$STUB_ARGV"
+case "$*" in
+*"create secret generic"*)
+	echo "apiVersion: v1"; echo "kind: Secret"; echo "data:"
+	for a in "$@"; do
+		case "$a" in --from-file=*) f="${a#--from-file=}"; echo "  ${f%%=*}: $(base64 -w0 <"${f#*=}")" ;; esac
+	done ;;
+*"apply"*"-f -"*) cat >>"$STUB_STDIN" ;;
+*"get crd"*) exit 1 ;;
+esac
+exit 0
+EOF
+cat >"$stubs/helm" <<'EOF'
+#!/bin/bash
+{ printf 'helm'; printf ' %q' "$@"; echo; } >>"$STUB_ARGV"
+prev=""
+for a in "$@"; do
+	[[ "$prev" == -f ]] && cat "$a" >>"$STUB_VALUES"
+	prev="$a"
+done
+exit 0
+EOF
+chmod +x "$stubs/kubectl" "$stubs/helm"
+rc=0
+env -i PATH="$stubs" HOME="$work" STUB_ARGV="$work/argv" STUB_STDIN="$work/stdin" STUB_VALUES="$work/values" \
+	"${good_env[@]}" bash "$here/install.sh" --env stub </dev/null >"$work/real.out" 2>&1 || rc=$?
+keyb64="$(base64 -w0 <"$work/provider.key")"
+if ((rc)); then
+	bad "install.sh (stub cluster): exit $rc"
+	sed 's/^/       /' "$work/real.out" >&2
+elif grep -qF -- "${keyhex#0x}" "$work/argv" "$work/values" "$work/real.out" || grep -qF hf_secret_token_value "$work/argv" "$work/values" "$work/real.out" ||
+	grep -qF -- "$keyb64" "$work/argv" "$work/values"; then
+	bad "install.sh (stub cluster): secret material in a command line, the Helm values or the output"
+elif ! grep -qF -- "$keyb64" "$work/stdin" || ! grep -qF "$(printf hf_secret_token_value | base64 -w0)" "$work/stdin"; then
+	bad "install.sh (stub cluster): the Secrets did not reach kubectl apply on stdin"
+elif ! grep -q '^helm upgrade --install provider-node-stub .* --wait' "$work/argv" || ! grep -q '^helm test provider-node-stub' "$work/argv" ||
+	! grep -q 'existingSecret: "provider-node-stub-quoter-key"' "$work/values"; then
+	bad "install.sh (stub cluster): helm upgrade --install --wait / helm test / values"
+	sed 's/^/       /' "$work/argv" >&2
+else
+	pass "install.sh (stub cluster): keys only on kubectl's stdin, Helm gets names, upgrade --wait and test run"
+fi
+
+# With the quoter binary (built by `make build`), resolution goes through
+# `quoter tool-profile` and must agree with the awk fallback.
+if [[ -x "$root/bin/quoter" ]]; then
+	ln -sf "$root/bin/quoter" "$nopath/quoter"
+	for case in "Qwen/Qwen2.5-72B-Instruct vllm hermes" "Qwen/Qwen2.5-72B-Instruct sglang qwen25" "openai/gpt-oss-120b vllm openai" "moonshotai/Kimi-K2-Instruct sglang kimi_k2"; do
+		read -r model engine parser <<<"$case"
+		dry "quoter tool-profile $model/$engine" 0 "toolParser: \{name: \"$parser\"" "${good_env[@]}" "MODEL_ID=$model" "ENGINE=$engine" --
+	done
+	dry "quoter tool-profile unknown family" 2 "fail closed" "${good_env[@]}" MODEL_ID=acme/new-model --
+	rm -f "$nopath/quoter"
+fi
+
+echo
+if ((failures)); then
+	echo "deploy checks: $failures failed" >&2
+	exit 1
+fi
+echo "deploy checks: all passed"

@@ -1,0 +1,82 @@
+{{/* Names, labels and derived values shared by every template. */}}
+
+{{- define "pn.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "pn.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* Selector labels of one component: (dict "ctx" $ "component" "epp"). */}}
+{{- define "pn.selector" -}}
+app.kubernetes.io/name: {{ .ctx.Chart.Name }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "pn.engine" -}}
+{{- if not (has .Values.engine (list "vllm" "sglang")) -}}
+{{- fail (printf "engine must be vllm or sglang, not %q" .Values.engine) -}}
+{{- end -}}
+{{- .Values.engine -}}
+{{- end -}}
+
+{{- define "pn.modelID" -}}
+{{- required "model.id is required (the Hugging Face model id, e.g. Qwen/Qwen3-32B)" .Values.model.id -}}
+{{- end -}}
+
+{{- define "pn.servedName" -}}
+{{- default (include "pn.modelID" .) .Values.model.servedName -}}
+{{- end -}}
+
+{{/* blockSize is the one source of the engine block/page size and the EPP's. */}}
+{{- define "pn.blockSize" -}}
+{{- $b := int .Values.blockSize -}}
+{{- if or (lt $b 1) (gt $b 128) -}}
+{{- fail (printf "blockSize must be between 1 and 128, not %v" .Values.blockSize) -}}
+{{- end -}}
+{{- $b -}}
+{{- end -}}
+
+{{- define "pn.mode" -}}
+{{- if not (has .Values.mode (list "standalone" "gateway")) -}}
+{{- fail (printf "mode must be standalone or gateway, not %q" .Values.mode) -}}
+{{- end -}}
+{{- .Values.mode -}}
+{{- end -}}
+
+{{- define "pn.image" -}}
+{{- printf "%s:%s" .Values.epp.image.repository (default .Chart.AppVersion .Values.epp.image.tag) -}}
+{{- end -}}
+
+{{- define "pn.servingURL" -}}
+{{- if .Values.servingURL -}}
+{{- .Values.servingURL | trimSuffix "/" -}}
+{{- else if eq (include "pn.mode" .) "standalone" -}}
+{{- printf "http://%s-proxy.%s.svc:%v" (include "pn.fullname" .) .Release.Namespace .Values.standalone.service.port -}}
+{{- else -}}
+{{- required "servingURL is required in gateway mode (the Gateway's public URL of this model)" .Values.servingURL -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "pn.eppAdminURL" -}}
+{{- printf "http://%s-epp.%s.svc:%v" (include "pn.fullname" .) .Release.Namespace .Values.epp.ports.admin -}}
+{{- end -}}
+
+{{- define "pn.quoterSecret" -}}
+{{- required "quoter.existingSecret is required: create the key Secret with kubectl (deploy/install.sh does) and pass its name; keys are never chart values" .Values.quoter.existingSecret -}}
+{{- end -}}
+
+{{/* Whether an optional API may be rendered: (dict "ctx" $ "api" "keda.sh/v1alpha1" "force" bool). */}}
+{{- define "pn.hasAPI" -}}
+{{- if or .force (.ctx.Capabilities.APIVersions.Has .api) -}}true{{- end -}}
+{{- end -}}
