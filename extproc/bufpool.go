@@ -1,0 +1,58 @@
+package extproc
+
+import (
+	"math/bits"
+	"sync"
+)
+
+// bodyPool recycles the buffers that gather a chunked request body and hold
+// a rewritten one. Fresh large buffers cost more than their copy: the
+// runtime zeroes them and the kernel faults their pages in again after the
+// scavenger returned them. A buffer goes back only after gRPC's Send has
+// encoded every message that points into it (Send encodes before it
+// returns; the server installs no stats handler that keeps messages).
+type bodyPool struct {
+	classes [bodyPoolClasses]sync.Pool
+}
+
+const (
+	bodyPoolMinShift = 16 // 64 KiB
+	bodyPoolClasses  = 10 // up to 32 MiB
+)
+
+// get returns an empty buffer with capacity of at least n.
+func (p *bodyPool) get(n int) []byte {
+	c := bodyClass(n)
+	if c < 0 {
+		return make([]byte, 0, n)
+	}
+	if b, ok := p.classes[c].Get().(*[]byte); ok {
+		return (*b)[:0]
+	}
+	return make([]byte, 0, 1<<(c+bodyPoolMinShift))
+}
+
+// put recycles b; buffers of other sizes are left to the GC.
+func (p *bodyPool) put(b []byte) {
+	c := bodyClass(cap(b))
+	if c < 0 || cap(b) != 1<<(c+bodyPoolMinShift) {
+		return
+	}
+	b = b[:0]
+	p.classes[c].Put(&b)
+}
+
+// bodyClass is the class whose buffers hold n bytes, or -1.
+func bodyClass(n int) int {
+	if n <= 0 {
+		return 0
+	}
+	c := bits.Len(uint(n-1)) - bodyPoolMinShift
+	if c < 0 {
+		c = 0
+	}
+	if c >= bodyPoolClasses {
+		return -1
+	}
+	return c
+}

@@ -1,0 +1,151 @@
+package extproc
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/experimental"
+	"google.golang.org/grpc/mem"
+)
+
+// Config configures the ext_proc server. Every default is applied in
+// WithDefaults; zero values mean "use the default".
+type Config struct {
+	// MaxBodyBytes bounds a request body; larger ones get 413. Default
+	// 32 MiB.
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// InjectUsage asks the engine for stream usage
+	// (stream_options.include_usage) when a streaming client did not, so
+	// token accounting works for every request; the extra usage chunk is
+	// removed again before it reaches that client. Default true.
+	InjectUsage *bool `yaml:"inject_usage"`
+	// ChunkSize is the largest body chunk re-emitted to Envoy. Default
+	// 62000 bytes, under Envoy's 64 KiB per-message buffer.
+	ChunkSize int `yaml:"chunk_size"`
+	// MaxEndpoints caps how many endpoints of a decision go into
+	// x-gateway-destination-endpoint (primary then fallbacks). Envoy's
+	// ORIGINAL_DST cluster accepts exactly one ip:port, so set 1 there;
+	// gateways that walk fallback lists (override_host, the test gateway)
+	// take more. Default 0: every endpoint the scheduler returns.
+	MaxEndpoints int `yaml:"max_endpoints"`
+	// DefaultBodyMode is the request body mode assumed when Envoy does not
+	// announce it (protocol_config is sent by Envoy 1.33+):
+	// "FULL_DUPLEX_STREAMED" or "BUFFERED". Default "FULL_DUPLEX_STREAMED".
+	DefaultBodyMode string `yaml:"default_body_mode"`
+	// SessionHeader carries the session-affinity key; the body's "user"
+	// field is used when it is absent. Default "x-session-id".
+	SessionHeader string `yaml:"session_header"`
+	// BandHeader names the flow-control band (the Inference Extension's
+	// objective header). Default "x-gateway-inference-objective".
+	BandHeader string `yaml:"band_header"`
+	// TenantHeader is the fairness and usage key. Default
+	// "x-gateway-inference-fairness-id".
+	TenantHeader string `yaml:"tenant_header"`
+	// MaxRecvMsgSize and MaxSendMsgSize bound one gRPC message. A BUFFERED
+	// request arrives as one message, so the receive limit must exceed
+	// MaxBodyBytes. Default 64 MiB each.
+	MaxRecvMsgSize int `yaml:"max_recv_msg_size"`
+	MaxSendMsgSize int `yaml:"max_send_msg_size"`
+}
+
+// Body modes accepted in DefaultBodyMode.
+const (
+	ModeFullDuplex = "FULL_DUPLEX_STREAMED"
+	ModeBuffered   = "BUFFERED"
+)
+
+// WithDefaults returns c with every unset field at its default.
+func (c Config) WithDefaults() Config {
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = 32 << 20
+	}
+	if c.InjectUsage == nil {
+		t := true
+		c.InjectUsage = &t
+	}
+	if c.ChunkSize == 0 {
+		c.ChunkSize = 62000
+	}
+	if c.DefaultBodyMode == "" {
+		c.DefaultBodyMode = ModeFullDuplex
+	}
+	if c.SessionHeader == "" {
+		c.SessionHeader = "x-session-id"
+	}
+	if c.BandHeader == "" {
+		c.BandHeader = "x-gateway-inference-objective"
+	}
+	if c.TenantHeader == "" {
+		c.TenantHeader = "x-gateway-inference-fairness-id"
+	}
+	if c.MaxRecvMsgSize == 0 {
+		c.MaxRecvMsgSize = 64 << 20
+	}
+	if c.MaxSendMsgSize == 0 {
+		c.MaxSendMsgSize = 64 << 20
+	}
+	return c
+}
+
+// Validate reports a configuration that cannot work. Call it on the result
+// of WithDefaults.
+func (c Config) Validate() error {
+	var errs []error
+	if c.MaxBodyBytes < 0 {
+		errs = append(errs, errors.New("max_body_bytes must not be negative"))
+	}
+	if c.ChunkSize < 1 || c.ChunkSize > 64<<10 {
+		errs = append(errs, fmt.Errorf("chunk_size %d must be in [1, 65536]", c.ChunkSize))
+	}
+	if c.MaxEndpoints < 0 {
+		errs = append(errs, errors.New("max_endpoints must not be negative"))
+	}
+	if c.DefaultBodyMode != ModeFullDuplex && c.DefaultBodyMode != ModeBuffered {
+		errs = append(errs, fmt.Errorf("default_body_mode %q is not %s or %s", c.DefaultBodyMode, ModeFullDuplex, ModeBuffered))
+	}
+	if c.MaxRecvMsgSize < 0 || c.MaxSendMsgSize < 0 {
+		errs = append(errs, errors.New("max_recv_msg_size and max_send_msg_size must not be negative"))
+	}
+	if c.MaxBodyBytes > 0 && int64(c.MaxRecvMsgSize) < c.MaxBodyBytes && c.MaxBodyBytes < math.MaxInt32 {
+		errs = append(errs, fmt.Errorf("max_recv_msg_size %d is below max_body_bytes %d: a BUFFERED body arrives in one message", c.MaxRecvMsgSize, c.MaxBodyBytes))
+	}
+	return errors.Join(errs...)
+}
+
+// ServerOptions are the gRPC options the ext_proc listener needs: message
+// size limits large enough for multimodal requests, and a buffer pool with
+// a tier at every power of two for both the transport and the codec.
+func (c Config) ServerOptions() []grpc.ServerOption {
+	pool := NewBufferPool()
+	return []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(c.MaxRecvMsgSize),
+		grpc.MaxSendMsgSize(c.MaxSendMsgSize),
+		// Bodies stream in 64 KiB chunks: windows wider than gRPC's 64 KiB
+		// default keep a 200 KB prompt from waiting on WINDOW_UPDATEs.
+		grpc.InitialWindowSize(1 << 20),
+		grpc.InitialConnWindowSize(16 << 20),
+		grpc.ReadBufferSize(128 << 10),
+		grpc.WriteBufferSize(128 << 10),
+		experimental.BufferPool(pool),
+		grpc.ForceServerCodecV2(NewCodec(pool)),
+	}
+}
+
+// NewBufferPool returns a gRPC buffer pool for body-sized messages. gRPC's
+// default pool jumps from 32 KiB to 1 MiB buffers and zeroes the whole
+// buffer on every Get, so each 33 KiB body chunk cleared a megabyte; with a
+// tier at every power of two up to 64 MiB a buffer is at most twice the
+// message.
+func NewBufferPool() mem.BufferPool {
+	exps := make([]uint8, 0, 19)
+	for e := uint8(8); e <= 26; e++ {
+		exps = append(exps, e)
+	}
+	p, err := mem.NewBinaryTieredBufferPool(exps...)
+	if err != nil {
+		panic(err) // the exponents are constant and valid on 64-bit and 32-bit
+	}
+	return p
+}

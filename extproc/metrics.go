@@ -1,0 +1,76 @@
+package extproc
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics keeps the Inference Extension's inference_objective_* names so
+// existing dashboards work, plus the server's own omnious_extproc_* ones.
+type metrics struct {
+	requests      *prometheus.CounterVec
+	errors        *prometheus.CounterVec
+	duration      *prometheus.HistogramVec
+	requestSizes  *prometheus.HistogramVec
+	responseSizes *prometheus.HistogramVec
+	inputTokens   *prometheus.HistogramVec
+	outputTokens  *prometheus.HistogramVec
+	cachedTokens  *prometheus.HistogramVec
+	running       *prometheus.GaugeVec
+	streams       *prometheus.CounterVec
+	promptMode    *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	models := []string{"model_name", "target_model_name"}
+	sizeBuckets := prometheus.ExponentialBuckets(64, 4, 12)   // 64 B .. 268 MB
+	tokenBuckets := prometheus.ExponentialBuckets(1, 2, 20)   // 1 .. 524288
+	durBuckets := prometheus.ExponentialBuckets(0.005, 2, 18) // 5 ms .. 22 min
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inference_objective_request_total", Help: "Requests routed, by client-facing and target model.",
+		}, models),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inference_objective_request_error_total", Help: "Requests that failed: EPP rejections by reason, upstream failures by class.",
+		}, append(models, "error_code")),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "inference_objective_request_duration_seconds", Help: "From the request's arrival at the EPP to the end of its response.", Buckets: durBuckets,
+		}, models),
+		requestSizes: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "inference_objective_request_sizes", Help: "Request body sizes in bytes.", Buckets: sizeBuckets,
+		}, models),
+		responseSizes: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "inference_objective_response_sizes", Help: "Response body sizes in bytes, as the engine sent them.", Buckets: sizeBuckets,
+		}, models),
+		inputTokens: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "inference_objective_input_tokens", Help: "Prompt tokens from response usage.", Buckets: tokenBuckets,
+		}, models),
+		outputTokens: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "inference_objective_output_tokens", Help: "Completion tokens from response usage.", Buckets: tokenBuckets,
+		}, models),
+		cachedTokens: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "inference_objective_prompt_cached_tokens", Help: "Prefix-cache hits in tokens from response usage.", Buckets: tokenBuckets,
+		}, models),
+		running: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "inference_objective_running_requests", Help: "Requests routed whose response has not ended.",
+		}, []string{"model_name"}),
+		streams: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "omnious_extproc_streams_total", Help: "ext_proc streams by how they ended: completed, immediate (EPP answered), cancelled, error.",
+		}, []string{"end"}),
+		promptMode: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "omnious_extproc_prompt_mode_total", Help: "Routed requests by prompt knowledge: precise (exact tokens), approximate (raw prompt text) or none.",
+		}, []string{"mode"}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var errs []error
+	for _, c := range []prometheus.Collector{m.requests, m.errors, m.duration, m.requestSizes, m.responseSizes,
+		m.inputTokens, m.outputTokens, m.cachedTokens, m.running, m.streams, m.promptMode} {
+		if err := reg.Register(c); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return m, errors.Join(errs...)
+}

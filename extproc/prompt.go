@@ -1,0 +1,165 @@
+package extproc
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+
+	"github.com/omnious/provider-node/engines/openai"
+	"github.com/omnious/provider-node/engines/tokenizer"
+)
+
+// PromptInput is what a request contributes to its prompt, as raw JSON
+// spans of the body (they alias it: a Prompter must not keep them).
+type PromptInput struct {
+	API API
+	// Messages and Tools are the chat request's arrays; Kwargs is
+	// chat_template_kwargs. AddGenerationPrompt defaults to true.
+	Messages, Tools, Kwargs []byte
+	AddGenerationPrompt     bool
+	// Prompt is the completions prompt (a string or a token list).
+	Prompt []byte
+	// Input and Instructions are the Responses API fields.
+	Input, Instructions []byte
+}
+
+// Prompter turns a request into the prompt the engine will see. It returns
+// the exact token ids when it has model's tokenizer (and chat template),
+// else ok=false and the server falls back to approximate matching on the
+// prompt's raw text. Implementations are safe for concurrent use.
+type Prompter interface {
+	Prompt(model string, in *PromptInput) (tokens []uint32, ok bool)
+}
+
+// ModelTokenizer is the tokenizer and chat template of one model. A nil
+// Template renders chats with the stand-in ChatML template.
+type ModelTokenizer struct {
+	Tokenizer tokenizer.Tokenizer
+	Template  *tokenizer.ChatTemplate
+}
+
+// TokenPrompter renders and tokenizes prompts for the models it knows.
+type TokenPrompter struct {
+	models map[string]ModelTokenizer
+	def    *ModelTokenizer
+}
+
+// NewTokenPrompter serves the models in byModel, and every other model with
+// def when it is non-nil.
+func NewTokenPrompter(byModel map[string]ModelTokenizer, def *ModelTokenizer) *TokenPrompter {
+	return &TokenPrompter{models: byModel, def: def}
+}
+
+// NewStandInPrompter tokenizes every model as the engine simulator does:
+// stand-in ChatML rendering and the stand-in tokenizer.
+func NewStandInPrompter() *TokenPrompter {
+	return NewTokenPrompter(nil, &ModelTokenizer{Tokenizer: tokenizer.NewStandIn()})
+}
+
+// Prompt implements Prompter.
+func (p *TokenPrompter) Prompt(model string, in *PromptInput) ([]uint32, bool) {
+	mt, ok := p.models[model]
+	if !ok {
+		if p.def == nil {
+			return nil, false
+		}
+		mt = *p.def
+	}
+	switch in.API {
+	case APIChat:
+		text, err := renderChat(mt.Template, in)
+		if err != nil {
+			return nil, false
+		}
+		return mt.Tokenizer.Encode(nil, text), true
+	case APICompletions:
+		return completionTokens(mt.Tokenizer, in.Prompt)
+	}
+	return nil, false
+}
+
+func renderChat(tmpl *tokenizer.ChatTemplate, in *PromptInput) (string, error) {
+	var msgs []openai.Message
+	if err := json.Unmarshal(in.Messages, &msgs); err != nil {
+		return "", fmt.Errorf("cannot decode messages: %w", err)
+	}
+	var tools []openai.Tool
+	if len(in.Tools) > 0 && !isNull(in.Tools) {
+		if err := json.Unmarshal(in.Tools, &tools); err != nil {
+			return "", fmt.Errorf("cannot decode tools: %w", err)
+		}
+	}
+	if tmpl == nil {
+		return tokenizer.RenderStandInChat(msgs, tools, in.AddGenerationPrompt)
+	}
+	return tmpl.Render(tokenizer.ChatInput{Messages: msgs, Tools: tools,
+		AddGenerationPrompt: in.AddGenerationPrompt, Kwargs: in.Kwargs})
+}
+
+// completionTokens handles a string prompt, a token list, or a one-element
+// list of either, as vLLM does for a single prompt.
+func completionTokens(tok tokenizer.Tokenizer, raw []byte) ([]uint32, bool) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return nil, false
+	}
+	switch raw[0] {
+	case '"':
+		s, err := decodeString(raw)
+		if err != nil {
+			return nil, false
+		}
+		return tok.Encode(nil, s), true
+	case '[':
+		var ids []uint32
+		if json.Unmarshal(raw, &ids) == nil {
+			return ids, len(ids) > 0
+		}
+		var list []json.RawMessage
+		if json.Unmarshal(raw, &list) == nil && len(list) == 1 {
+			return completionTokens(tok, list[0])
+		}
+	}
+	return nil, false
+}
+
+// approximateText is the prompt text used when exact tokens are unknown:
+// the raw JSON of the part of the body that grows turn by turn, so that a
+// conversation's later requests share a prefix with earlier ones.
+func approximateText(body []byte, rb *requestBody) []byte {
+	switch {
+	case rb.messages.ok():
+		return rb.messages.of(body)
+	case rb.prompt.ok():
+		return rb.prompt.of(body)
+	case rb.input.ok():
+		return rb.input.of(body)
+	}
+	return nil
+}
+
+func promptInput(api API, body []byte, rb *requestBody) PromptInput {
+	in := PromptInput{API: api, AddGenerationPrompt: true}
+	if rb.messages.ok() {
+		in.Messages = rb.messages.of(body)
+	}
+	if rb.tools.ok() {
+		in.Tools = rb.tools.of(body)
+	}
+	if rb.kwargs.present(body) {
+		in.Kwargs = rb.kwargs.of(body)
+	}
+	if rb.addGenPrompt.ok() && string(rb.addGenPrompt.of(body)) == "false" {
+		in.AddGenerationPrompt = false
+	}
+	if rb.prompt.ok() {
+		in.Prompt = rb.prompt.of(body)
+	}
+	if rb.input.ok() {
+		in.Input = rb.input.of(body)
+	}
+	if rb.instructions.ok() {
+		in.Instructions = rb.instructions.of(body)
+	}
+	return in
+}

@@ -1,0 +1,724 @@
+// Package extproc is the Envoy ext_proc v3 server of the EndpointPicker: it
+// follows a request through Envoy's external-processing stream, parses its
+// OpenAI body once, asks the scheduler where it goes, tells Envoy through
+// x-gateway-destination-endpoint and envoy.lb metadata, and watches the
+// response (status, usage, served endpoint) to report back to the
+// scheduler. The protocol is the Gateway API Inference Extension's
+// EndpointPicker contract; errors reach clients as OpenAI-style JSON.
+package extproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/omnious/provider-node/scheduler"
+)
+
+// Picker chooses endpoints for a request; the scheduler implements it.
+type Picker interface {
+	Pick(ctx context.Context, r *scheduler.Request) (*scheduler.Decision, error)
+}
+
+// Header and metadata names of the EndpointPicker protocol.
+const (
+	HeaderDestination  = "x-gateway-destination-endpoint"
+	HeaderModelRewrite = "x-gateway-model-name-rewrite"
+	// HeaderReason carries the machine-readable cause of an EPP rejection
+	// (the scheduler.Error reason, or bad_request, body_too_large, ...).
+	HeaderReason      = "x-omnious-epp-reason"
+	MetadataLB        = "envoy.lb"
+	MetadataSubset    = "envoy.lb.subset_hint"
+	KeySubset         = "x-gateway-destination-endpoint-subset"
+	KeyServed         = "x-gateway-destination-endpoint-served"
+	headerRequestID   = "x-request-id"
+	headerContentLen  = "content-length"
+	headerContentType = "content-type"
+)
+
+// Server is the ext_proc server. It is safe for concurrent streams.
+type Server struct {
+	extprocv3.UnimplementedExternalProcessorServer
+
+	cfg         Config
+	picker      Picker
+	prompter    Prompter
+	m           *metrics
+	log         *zap.Logger
+	injectUsage bool
+	idPrefix    string
+	ids         atomic.Uint64
+	bufs        bodyPool
+}
+
+// NewServer builds a server; cfg gets its defaults applied. prompter may be
+// nil (every request is routed in approximate mode); reg may be nil (no
+// metrics exported). A metric that cannot be registered is logged.
+func NewServer(cfg Config, picker Picker, prompter Prompter, reg prometheus.Registerer, log *zap.Logger) *Server {
+	cfg = cfg.WithDefaults()
+	m, err := newMetrics(reg)
+	if err != nil {
+		log.Error("cannot register ext_proc metrics", zap.Error(err))
+	}
+	return &Server{
+		cfg: cfg, picker: picker, prompter: prompter, m: m, log: log,
+		injectUsage: *cfg.InjectUsage,
+		idPrefix:    "epp-" + strconv.FormatInt(time.Now().UnixNano()&0xffffffffff, 36) + "-",
+	}
+}
+
+// Register adds the ext_proc service to g.
+func (s *Server) Register(g *grpc.Server) { extprocv3.RegisterExternalProcessorServer(g, s) }
+
+// Process implements the ext_proc stream: one HTTP request and its response.
+func (s *Server) Process(srv grpc.BidiStreamingServer[extprocv3.ProcessingRequest, extprocv3.ProcessingResponse]) error {
+	st := &stream{s: s, ctx: srv.Context(), send: srv.Send, reqMode: s.defaultMode(), respMode: s.defaultMode()}
+	for {
+		req, err := srv.Recv()
+		if err != nil {
+			if err == io.EOF {
+				st.close(nil)
+				return nil
+			}
+			st.close(err)
+			if c := status.Code(err); c == codes.Canceled || c == codes.DeadlineExceeded {
+				return nil
+			}
+			return err
+		}
+		if err := st.handle(req); err != nil {
+			st.close(err)
+			return err
+		}
+	}
+}
+
+func (s *Server) defaultMode() filterv3.ProcessingMode_BodySendMode {
+	if s.cfg.DefaultBodyMode == ModeBuffered {
+		return filterv3.ProcessingMode_BUFFERED
+	}
+	return filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+}
+
+type phase uint8
+
+const (
+	phaseRequest  phase = iota // gathering the request
+	phaseRouted                // request forwarded, waiting for the response
+	phaseResponse              // response under way
+	phaseDone                  // answered or finished: later messages are ignored
+)
+
+// stream is the state of one ext_proc stream; only its Process goroutine
+// touches it.
+type stream struct {
+	s        *Server
+	ctx      context.Context
+	send     func(*extprocv3.ProcessingResponse) error
+	reqMode  filterv3.ProcessingMode_BodySendMode
+	respMode filterv3.ProcessingMode_BodySendMode
+	phase    phase
+	arrived  time.Time
+
+	path, id, rewriteHdr, band, tenant, session string
+	subset                                      []string
+	contentLength                               int64
+	body                                        []byte
+	owned                                       []byte // pooled buffers to return, nil if none
+	rb                                          requestBody
+	clientModel, targetModel                    string
+	injected                                    bool
+	decision                                    *scheduler.Decision
+
+	served    string
+	status    int
+	firstByte time.Duration
+	respBytes int
+	resp      respState
+	end       string // how the stream ended, for the streams counter
+}
+
+func (st *stream) handle(req *extprocv3.ProcessingRequest) error {
+	if pc := req.GetProtocolConfig(); pc != nil {
+		if pc.RequestBodyMode != filterv3.ProcessingMode_NONE {
+			st.reqMode = pc.RequestBodyMode
+		}
+		st.respMode = pc.ResponseBodyMode
+	}
+	if md := req.GetMetadataContext(); md != nil {
+		if lb := md.FilterMetadata[MetadataLB]; lb != nil {
+			if v := lb.Fields[KeyServed]; v != nil && v.GetStringValue() != "" {
+				st.served = v.GetStringValue()
+			}
+		}
+	}
+	if st.phase == phaseDone {
+		// Finished (or answered): only trailers still need a reply, and
+		// only when the request went upstream.
+		if st.decision != nil {
+			switch req.Request.(type) {
+			case *extprocv3.ProcessingRequest_RequestTrailers, *extprocv3.ProcessingRequest_ResponseTrailers:
+				return st.sendTrailers(req.Request)
+			}
+		}
+		return nil
+	}
+	switch r := req.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		return st.requestHeaders(req, r.RequestHeaders)
+	case *extprocv3.ProcessingRequest_RequestBody:
+		return st.requestBody(r.RequestBody)
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		return st.requestTrailers()
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		return st.responseHeaders(r.ResponseHeaders)
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		return st.responseBody(r.ResponseBody)
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		return st.responseTrailers()
+	}
+	return nil
+}
+
+func headerValue(h *corev3.HeaderValue) string {
+	if len(h.RawValue) > 0 {
+		return string(h.RawValue)
+	}
+	return h.Value
+}
+
+func (st *stream) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) error {
+	if st.phase != phaseRequest || !st.arrived.IsZero() {
+		return status.Error(codes.FailedPrecondition, "request headers received twice")
+	}
+	if st.reqMode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED && st.reqMode != filterv3.ProcessingMode_BUFFERED {
+		return status.Errorf(codes.FailedPrecondition, "request body mode %s is not supported: use FULL_DUPLEX_STREAMED or BUFFERED", st.reqMode)
+	}
+	st.arrived = time.Now()
+	cfg := &st.s.cfg
+	contentLength := int64(-1)
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		switch k := hv.Key; k {
+		case ":path":
+			st.path = headerValue(hv)
+		case headerRequestID:
+			st.id = headerValue(hv)
+		case HeaderModelRewrite:
+			st.rewriteHdr = headerValue(hv)
+		case headerContentLen:
+			if n, err := strconv.ParseInt(headerValue(hv), 10, 64); err == nil {
+				contentLength = n
+			}
+		default:
+			switch k {
+			case cfg.BandHeader:
+				st.band = headerValue(hv)
+			case cfg.TenantHeader:
+				st.tenant = headerValue(hv)
+			case cfg.SessionHeader:
+				st.session = headerValue(hv)
+			}
+		}
+	}
+	if st.id == "" {
+		st.id = st.s.idPrefix + strconv.FormatUint(st.s.ids.Add(1), 10)
+	}
+	st.subset = subsetHint(req.GetMetadataContext())
+	if contentLength > cfg.MaxBodyBytes {
+		return st.reject(413, "body_too_large", fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", contentLength, cfg.MaxBodyBytes))
+	}
+	if h.EndOfStream {
+		return st.route(true, false)
+	}
+	if st.reqMode == filterv3.ProcessingMode_BUFFERED {
+		// Envoy holds the body until the headers are answered; the
+		// destination goes into the body response instead.
+		return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
+			RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}}}})
+	}
+	st.contentLength = contentLength
+	return nil
+}
+
+// subsetHint reads the gateway's subset hint: nil when absent, a non-nil
+// (possibly empty) list when present.
+func subsetHint(md *corev3.Metadata) []string {
+	if md == nil {
+		return nil
+	}
+	f := md.FilterMetadata[MetadataSubset]
+	if f == nil {
+		return nil
+	}
+	v, ok := f.Fields[KeySubset]
+	if !ok {
+		return nil
+	}
+	out := []string{}
+	switch x := v.Kind.(type) {
+	case *structpb.Value_ListValue:
+		for _, e := range x.ListValue.GetValues() {
+			if s := strings.TrimSpace(e.GetStringValue()); s != "" {
+				out = append(out, s)
+			}
+		}
+	case *structpb.Value_StringValue:
+		for _, s := range strings.Split(x.StringValue, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				out = append(out, s)
+			}
+		}
+	}
+	return out
+}
+
+func (st *stream) requestBody(b *extprocv3.HttpBody) error {
+	if st.phase != phaseRequest {
+		return nil // Envoy sends nothing after end of stream; tolerate it
+	}
+	switch {
+	case st.body == nil && b.EndOfStream:
+		st.body = b.Body // the whole body in one message: keep it, no copy
+	case st.body == nil:
+		// The body's one gathering buffer, sized from Content-Length when
+		// known.
+		n := max(int(min(st.contentLength, st.s.cfg.MaxBodyBytes)), 2*len(b.Body))
+		st.body = append(st.s.bufs.get(n), b.Body...)
+	case len(st.body)+len(b.Body) > cap(st.body):
+		grown := append(st.s.bufs.get(2*(len(st.body)+len(b.Body))), st.body...)
+		st.s.bufs.put(st.body)
+		st.body = append(grown, b.Body...)
+	default:
+		st.body = append(st.body, b.Body...)
+	}
+	st.owned = st.body
+	if int64(len(st.body)) > st.s.cfg.MaxBodyBytes {
+		return st.reject(413, "body_too_large", fmt.Sprintf("request body exceeds the limit of %d bytes", st.s.cfg.MaxBodyBytes))
+	}
+	if b.EndOfStream {
+		return st.route(false, true)
+	}
+	return nil
+}
+
+func (st *stream) requestTrailers() error {
+	if st.phase == phaseRequest {
+		if err := st.route(false, false); err != nil || st.phase == phaseDone {
+			return err
+		}
+	}
+	return st.sendTrailers(&extprocv3.ProcessingRequest_RequestTrailers{})
+}
+
+// sendTrailers answers a trailers message without changing the trailers.
+func (st *stream) sendTrailers(req any) error {
+	if _, ok := req.(*extprocv3.ProcessingRequest_RequestTrailers); ok {
+		return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
+			RequestTrailers: &extprocv3.TrailersResponse{}}})
+	}
+	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
+		ResponseTrailers: &extprocv3.TrailersResponse{}}})
+}
+
+// route parses the body, picks the endpoints and sends the request-side
+// replies. headersOnly: the request has no body; eos: the body ended
+// without trailers.
+func (st *stream) route(headersOnly, eos bool) error {
+	s := st.s
+	api := apiOf(st.path)
+	body := st.body
+	hasBody := len(body) > 0
+	inference := api == APIChat || api == APICompletions || api == APIResponses
+	parsed := false
+	if hasBody {
+		err := parseRequestBody(body, &st.rb)
+		switch {
+		case err == nil:
+			parsed = true
+		case inference:
+			return st.reject(400, "bad_request", "invalid JSON body: "+err.Error())
+		}
+	}
+	if inference && (!parsed || !st.rb.model.ok()) {
+		return st.reject(400, "bad_request", "the request has no model")
+	}
+	if parsed && st.rb.model.ok() && st.rb.modelName == "" && inference {
+		return st.reject(400, "bad_request", "model must be a non-empty string")
+	}
+	st.clientModel = st.rb.modelName
+	st.targetModel = st.clientModel
+	if st.rewriteHdr != "" && st.clientModel != "" {
+		st.targetModel = st.rewriteHdr
+	}
+	var edits [2]edit
+	ne := 0
+	if st.targetModel != st.clientModel {
+		edits[ne] = edit{st.rb.model.s, st.rb.model.e, quoteJSON(st.targetModel)}
+		ne++
+	}
+	if s.injectUsage && parsed && st.rb.stream && !st.rb.usageAsked && (api == APIChat || api == APICompletions) {
+		if e, ok := usageEdit(body, &st.rb); ok {
+			edits[ne] = e
+			ne++
+			st.injected = true
+		}
+	}
+	if ne == 2 && edits[1].s < edits[0].s {
+		edits[0], edits[1] = edits[1], edits[0]
+	}
+
+	req := &scheduler.Request{
+		ID: st.id, Model: st.targetModel, CacheSalt: st.rb.cacheSalt, SessionKey: st.session,
+		Band: st.band, Tenant: st.tenant, Subset: st.subset, Arrived: st.arrived,
+	}
+	if req.SessionKey == "" {
+		req.SessionKey = st.rb.user
+	}
+	mode := "none" // no prompt: GET /v1/models and the like
+	if parsed {
+		req.PromptText = approximateText(body, &st.rb)
+		if req.PromptText != nil {
+			mode = "approximate"
+		}
+		if s.prompter != nil && inference {
+			in := promptInput(api, body, &st.rb)
+			if toks, ok := s.prompter.Prompt(st.targetModel, &in); ok {
+				req.Tokens, mode = toks, "precise"
+			}
+		}
+	}
+	d, err := s.picker.Pick(st.ctx, req)
+	req.PromptText = nil // it aliases the body; the scheduler must not keep it
+	if err != nil {
+		var se *scheduler.Error
+		if errors.As(err, &se) {
+			return st.reject(se.Status, se.Reason, se.Msg)
+		}
+		if st.ctx.Err() != nil {
+			return st.ctx.Err()
+		}
+		st.end = "error"
+		s.m.errors.WithLabelValues(st.clientModel, st.targetModel, "pick_failed").Inc()
+		s.log.Warn("cannot pick an endpoint", zap.String("id", st.id), zap.String("model", st.targetModel), zap.Error(err))
+		return status.Errorf(codes.Internal, "cannot pick an endpoint: %v", err)
+	}
+	if d == nil || len(d.Endpoints) == 0 {
+		if d != nil {
+			d.Done(scheduler.DoneInfo{Err: errors.New("decision without endpoints")})
+		}
+		return st.reject(scheduler.ErrNoEndpoint.Status, scheduler.ErrNoEndpoint.Reason, scheduler.ErrNoEndpoint.Msg)
+	}
+	st.decision = d
+	st.phase = phaseRouted
+	s.m.requests.WithLabelValues(st.clientModel, st.targetModel).Inc()
+	s.m.requestSizes.WithLabelValues(st.clientModel, st.targetModel).Observe(float64(len(body)))
+	s.m.running.WithLabelValues(st.clientModel).Inc()
+	s.m.promptMode.WithLabelValues(mode).Inc()
+
+	out := body
+	if ne > 0 {
+		out = applyEdits(s.bufs.get(editedLen(body, edits[:ne])), body, edits[:ne])
+		defer s.bufs.put(out)
+	}
+	st.body = nil
+	if st.owned != nil {
+		// Every message pointing into the body is encoded when route
+		// returns.
+		defer func() {
+			s.bufs.put(st.owned)
+			st.owned = nil
+		}()
+	}
+	dest := st.destination(d)
+	if ce := s.log.Check(zap.DebugLevel, "routed"); ce != nil {
+		ce.Write(zap.String("id", st.id), zap.String("model", st.targetModel), zap.String("destination", dest),
+			zap.String("reason", d.Reason), zap.String("mode", mode), zap.Int("prefix_blocks", d.PrefixBlocks),
+			zap.Int("prompt_blocks", d.PromptBlocks), zap.Duration("queued", d.Queued), zap.Int("bytes", len(body)))
+	}
+
+	hm := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(HeaderDestination, dest)}}
+	if ne > 0 {
+		hm.SetHeaders = append(hm.SetHeaders, setHeader(headerContentLen, strconv.Itoa(len(out))))
+	}
+	common := &extprocv3.CommonResponse{ClearRouteCache: true, HeaderMutation: hm}
+	md := lbMetadata(dest)
+	if st.reqMode == filterv3.ProcessingMode_BUFFERED && !headersOnly {
+		if ne > 0 {
+			common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: out}}
+		}
+		return st.send(&extprocv3.ProcessingResponse{DynamicMetadata: md, Response: &extprocv3.ProcessingResponse_RequestBody{
+			RequestBody: &extprocv3.BodyResponse{Response: common}}})
+	}
+	if err := st.send(&extprocv3.ProcessingResponse{DynamicMetadata: md, Response: &extprocv3.ProcessingResponse_RequestHeaders{
+		RequestHeaders: &extprocv3.HeadersResponse{Response: common}}}); err != nil {
+		return err
+	}
+	if headersOnly {
+		return nil
+	}
+	return st.sendBody(out, eos, true)
+}
+
+func (st *stream) destination(d *scheduler.Decision) string {
+	eps := d.Endpoints
+	if n := st.s.cfg.MaxEndpoints; n > 0 && len(eps) > n {
+		eps = eps[:n]
+	}
+	if len(eps) == 1 {
+		return eps[0].Addr
+	}
+	var b strings.Builder
+	for i, e := range eps {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(e.Addr)
+	}
+	return b.String()
+}
+
+func setHeader(k, v string) *corev3.HeaderValueOption {
+	return &corev3.HeaderValueOption{
+		Header:       &corev3.HeaderValue{Key: k, RawValue: []byte(v)},
+		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+	}
+}
+
+func lbMetadata(dest string) *structpb.Struct {
+	return &structpb.Struct{Fields: map[string]*structpb.Value{
+		MetadataLB: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+			HeaderDestination: structpb.NewStringValue(dest),
+		}}),
+	}}
+}
+
+// sendBody emits b as streamed_response chunks of at most ChunkSize bytes
+// (FULL_DUPLEX_STREAMED). An empty b still sends one message when it
+// carries end of stream.
+func (st *stream) sendBody(b []byte, eos, request bool) error {
+	size := st.s.cfg.ChunkSize
+	for first := true; first || len(b) > 0; first = false {
+		n := min(len(b), size)
+		last := n == len(b)
+		if n == 0 && !(eos && last) {
+			return nil
+		}
+		br := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
+			Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: &extprocv3.StreamedBodyResponse{
+				Body: b[:n], EndOfStream: eos && last}}}}}
+		pr := &extprocv3.ProcessingResponse{}
+		if request {
+			pr.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}
+		} else {
+			pr.Response = &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: br}
+		}
+		if err := st.send(pr); err != nil {
+			return err
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+func (st *stream) responseHeaders(h *extprocv3.HttpHeaders) error {
+	if st.phase == phaseRequest {
+		return status.Error(codes.FailedPrecondition, "response headers before the request was routed")
+	}
+	st.phase = phaseResponse
+	ctype := ""
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		switch hv.Key {
+		case ":status":
+			st.status, _ = strconv.Atoi(headerValue(hv))
+		case headerContentType:
+			ctype = strings.ToLower(headerValue(hv))
+		}
+	}
+	r := &st.resp
+	r.sse = strings.Contains(ctype, "text/event-stream")
+	r.buffer = !r.sse && strings.Contains(ctype, "json")
+	if st.targetModel != st.clientModel {
+		r.rewrite = quoteJSON(st.clientModel)
+	}
+	r.strip = st.injected && r.sse
+	common := &extprocv3.CommonResponse{}
+	if r.rewrite != "" || r.strip {
+		// The body changes size; Envoy re-frames it.
+		common.HeaderMutation = &extprocv3.HeaderMutation{RemoveHeaders: []string{headerContentLen}}
+	}
+	if err := st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
+		ResponseHeaders: &extprocv3.HeadersResponse{Response: common}}}); err != nil {
+		return err
+	}
+	if h.EndOfStream || st.respMode == filterv3.ProcessingMode_NONE {
+		// No body follows, or Envoy does not show it to us: the response
+		// is as complete as we will see it.
+		st.firstByte = time.Since(st.arrived)
+		st.finish(nil, "completed")
+	}
+	return nil
+}
+
+func (st *stream) responseBody(b *extprocv3.HttpBody) error {
+	if st.phase != phaseResponse {
+		return status.Error(codes.FailedPrecondition, "response body before response headers")
+	}
+	if st.firstByte == 0 && len(b.Body) > 0 {
+		st.firstByte = time.Since(st.arrived)
+	}
+	st.respBytes += len(b.Body)
+	r := &st.resp
+	var out []byte
+	switch {
+	case r.sse:
+		out = r.sseChunk(b.Body, b.EndOfStream)
+	case r.buffer && int64(len(r.pending)+len(b.Body)) > st.s.cfg.MaxBodyBytes:
+		// Too large to hold: pass it through untouched from here on.
+		out = append(r.pending, b.Body...)
+		r.pending, r.buffer = nil, false
+	case r.buffer:
+		if r.pending == nil && b.EndOfStream {
+			out = r.jsonBody(b.Body)
+		} else {
+			r.pending = append(r.pending, b.Body...)
+			if b.EndOfStream {
+				out = r.jsonBody(r.pending)
+				r.pending = nil
+			}
+		}
+	default:
+		out = b.Body
+	}
+	if err := st.emitResponse(out, b.Body, b.EndOfStream); err != nil {
+		return err
+	}
+	if b.EndOfStream {
+		st.finish(nil, "completed")
+	}
+	return nil
+}
+
+// emitResponse sends out in the response body mode Envoy uses: any number
+// of streamed chunks in FULL_DUPLEX_STREAMED, else exactly one reply per
+// received message, replacing it only when it changed.
+func (st *stream) emitResponse(out, in []byte, eos bool) error {
+	if st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		return st.sendBody(out, eos, false)
+	}
+	common := &extprocv3.CommonResponse{}
+	if len(out) != len(in) || (len(out) > 0 && &out[0] != &in[0]) {
+		common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: out}}
+	}
+	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
+		ResponseBody: &extprocv3.BodyResponse{Response: common}}})
+}
+
+func (st *stream) responseTrailers() error {
+	if st.phase == phaseResponse && st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		var out []byte
+		switch r := &st.resp; {
+		case r.sse && len(r.pending) > 0:
+			out = r.sseEvents(r.pending)
+		case r.buffer && len(r.pending) > 0:
+			out = r.jsonBody(r.pending)
+		}
+		st.resp.pending = nil
+		if len(out) > 0 {
+			if err := st.sendBody(out, false, false); err != nil {
+				return err
+			}
+		}
+	}
+	if err := st.sendTrailers(&extprocv3.ProcessingRequest_ResponseTrailers{}); err != nil {
+		return err
+	}
+	st.finish(nil, "completed")
+	return nil
+}
+
+// reject answers the client directly with an OpenAI-style error.
+func (st *stream) reject(code int, reason, msg string) error {
+	st.phase = phaseDone
+	st.end = "immediate"
+	st.s.m.errors.WithLabelValues(st.clientModel, st.targetModel, reason).Inc()
+	if ce := st.s.log.Check(zap.DebugLevel, "rejected"); ce != nil {
+		ce.Write(zap.String("id", st.id), zap.Int("status", code), zap.String("reason", reason), zap.String("msg", msg))
+	}
+	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
+		ImmediateResponse: immediateResponse(code, reason, msg)}})
+}
+
+// finish reports the end of the routed request to the scheduler, once.
+func (st *stream) finish(err error, end string) {
+	if st.phase == phaseDone {
+		return
+	}
+	st.phase = phaseDone
+	st.end = end
+	d := st.decision
+	if d == nil {
+		return
+	}
+	s := st.s
+	total := time.Since(st.arrived)
+	u := st.resp.usage
+	d.Done(scheduler.DoneInfo{Served: st.served, Status: st.status, Err: err,
+		PromptTokens: u.prompt, CachedTokens: u.cached, CompletionTokens: u.completion,
+		FirstByte: st.firstByte, Total: total})
+	cm, tm := st.clientModel, st.targetModel
+	s.m.running.WithLabelValues(cm).Dec()
+	s.m.duration.WithLabelValues(cm, tm).Observe(total.Seconds())
+	s.m.responseSizes.WithLabelValues(cm, tm).Observe(float64(st.respBytes))
+	if u.seen {
+		s.m.inputTokens.WithLabelValues(cm, tm).Observe(float64(u.prompt))
+		s.m.outputTokens.WithLabelValues(cm, tm).Observe(float64(u.completion))
+		s.m.cachedTokens.WithLabelValues(cm, tm).Observe(float64(u.cached))
+	}
+	switch {
+	case err != nil:
+		s.m.errors.WithLabelValues(cm, tm, "upstream_incomplete").Inc()
+	case st.status >= 500:
+		s.m.errors.WithLabelValues(cm, tm, "upstream_5xx").Inc()
+	case st.status >= 400:
+		s.m.errors.WithLabelValues(cm, tm, "upstream_4xx").Inc()
+	}
+}
+
+// errStreamEnded is reported to the scheduler when Envoy closed the stream
+// before the response ended (client gone, upstream reset, timeout).
+var errStreamEnded = errors.New("ext_proc stream ended before the response completed")
+
+// close ends the stream: a request still in flight is reported as failed.
+func (st *stream) close(err error) {
+	if st.phase != phaseDone {
+		end := "cancelled"
+		if err != nil && status.Code(err) != codes.Canceled {
+			end = "error"
+		}
+		if err == nil || status.Code(err) == codes.Canceled {
+			err = errStreamEnded
+		} else {
+			err = fmt.Errorf("%w: %w", errStreamEnded, err)
+		}
+		st.finish(err, end)
+	}
+	if st.end == "" {
+		st.end = "cancelled"
+	}
+	st.s.m.streams.WithLabelValues(st.end).Inc()
+}

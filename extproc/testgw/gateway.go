@@ -1,0 +1,471 @@
+// Package testgw is a test gateway that plays Envoy's part for tests, the
+// bench and the demo: an HTTP listener that runs each request through the
+// EPP's ext_proc stream as Envoy's ext_proc filter does in
+// FULL_DUPLEX_STREAMED mode, forwards it to the endpoint the EPP chose
+// (walking the fallback list on a connect failure or a 5xx, while nothing
+// has reached the client), and streams the response back through the EPP.
+// It is a harness, not a proxy for production traffic: it listens and
+// forwards on loopback addresses only.
+package testgw
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/omnious/provider-node/extproc"
+)
+
+// HeaderSubsetHint is a request header the gateway turns into Envoy's
+// subset hint metadata (a comma-separated ip:port list); test use only.
+const HeaderSubsetHint = "x-testgw-subset-hint"
+
+// Config configures the gateway; zero values take the defaults.
+type Config struct {
+	// Listen is the loopback HTTP address. Default "127.0.0.1:0".
+	Listen string `yaml:"listen"`
+	// EPP is the ext_proc server's gRPC address (loopback). Required.
+	EPP string `yaml:"epp"`
+	// ChunkSize is the body chunk size sent to the EPP. Default 64 KiB.
+	ChunkSize int `yaml:"chunk_size"`
+	// DialTimeout bounds one connect attempt to an endpoint. Default 2s.
+	DialTimeout time.Duration `yaml:"dial_timeout"`
+}
+
+func (c Config) withDefaults() Config {
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:0"
+	}
+	if c.ChunkSize == 0 {
+		c.ChunkSize = 64 << 10
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = 2 * time.Second
+	}
+	return c
+}
+
+// Gateway is a running test gateway.
+type Gateway struct {
+	cfg      Config
+	log      *zap.Logger
+	conn     *grpc.ClientConn
+	epp      extprocv3.ExternalProcessorClient
+	lis      net.Listener
+	upstream *http.Client
+}
+
+// New listens on cfg.Listen and connects to the EPP (lazily, as gRPC does).
+func New(cfg Config, log *zap.Logger) (*Gateway, error) {
+	cfg = cfg.withDefaults()
+	if err := requireLoopback(cfg.Listen); err != nil {
+		return nil, fmt.Errorf("cannot listen: %w", err)
+	}
+	if err := requireLoopback(cfg.EPP); err != nil {
+		return nil, fmt.Errorf("cannot use the EPP: %w", err)
+	}
+	pool := extproc.NewBufferPool()
+	conn, err := grpc.NewClient(cfg.EPP, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20),
+			grpc.ForceCodecV2(extproc.NewCodec(pool))))
+	if err != nil {
+		return nil, fmt.Errorf("cannot connect to the EPP: %w", err)
+	}
+	lis, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("cannot listen: %w", err)
+	}
+	dialer := &net.Dialer{Timeout: cfg.DialTimeout}
+	tr := &http.Transport{
+		Proxy:               nil,
+		DialContext:         dialer.DialContext,
+		DisableCompression:  true,
+		MaxIdleConnsPerHost: 64,
+	}
+	return &Gateway{cfg: cfg, log: log, conn: conn, epp: extprocv3.NewExternalProcessorClient(conn), lis: lis,
+		upstream: &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}, nil
+}
+
+// Addr is the gateway's HTTP address.
+func (g *Gateway) Addr() string { return g.lis.Addr().String() }
+
+// Run serves until ctx ends, then shuts down and closes the EPP connection.
+func (g *Gateway) Run(ctx context.Context) error {
+	srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(g.lis) }()
+	var err error
+	select {
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err = srv.Shutdown(sctx)
+		cancel()
+		<-errc
+	case err = <-errc:
+	}
+	g.upstream.CloseIdleConnections()
+	if cerr := g.conn.Close(); err == nil {
+		err = cerr
+	}
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return err
+}
+
+func requireLoopback(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if host == "localhost" {
+		return nil
+	}
+	ip := net.ParseIP(host)
+	if ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("%s is not a loopback address", addr)
+	}
+	return nil
+}
+
+// exchange is one request's ext_proc stream.
+type exchange struct {
+	g      *Gateway
+	stream grpc.BidiStreamingClient[extprocv3.ProcessingRequest, extprocv3.ProcessingResponse]
+	resps  chan recvResult
+}
+
+type recvResult struct {
+	r   *extprocv3.ProcessingResponse
+	err error
+}
+
+func (x *exchange) recv() (*extprocv3.ProcessingResponse, error) {
+	res, ok := <-x.resps
+	if !ok {
+		return nil, io.EOF
+	}
+	return res.r, res.err
+}
+
+// ServeHTTP runs one request through the EPP and the chosen endpoint.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	stream, err := g.epp.Process(ctx)
+	if err != nil {
+		http.Error(w, "ext_proc unavailable: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	x := &exchange{g: g, stream: stream, resps: make(chan recvResult, 16)}
+	go func() {
+		defer close(x.resps)
+		for {
+			resp, err := stream.Recv()
+			x.resps <- recvResult{resp, err}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	if err := x.run(w, r); err != nil {
+		g.log.Debug("exchange failed", zap.String("path", r.URL.Path), zap.Error(err))
+	}
+	cancel()
+	for range x.resps { // let the receiver end before returning
+	}
+}
+
+func (x *exchange) run(w http.ResponseWriter, r *http.Request) error {
+	headersOnly := r.ContentLength == 0 || (r.ContentLength < 0 && (r.Method == http.MethodGet || r.Method == http.MethodHead))
+	first := &extprocv3.ProcessingRequest{
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+			ResponseBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED},
+		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+			Headers: requestHeaderMap(r), EndOfStream: headersOnly}},
+	}
+	if hint := r.Header.Get(HeaderSubsetHint); hint != "" {
+		var list []any
+		for _, a := range strings.Split(hint, ",") {
+			list = append(list, strings.TrimSpace(a))
+		}
+		s, _ := structpb.NewStruct(map[string]any{extproc.KeySubset: list})
+		first.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{extproc.MetadataSubset: s}}
+	}
+	if err := x.stream.Send(first); err != nil {
+		return fmt.Errorf("cannot send request headers: %w", err)
+	}
+	sendErr := make(chan error, 1)
+	if headersOnly {
+		sendErr <- nil
+	} else {
+		go func() { sendErr <- x.sendBody(r.Body, true) }()
+	}
+
+	// The routing answer: headers response (or an immediate response),
+	// then the body as the EPP re-emits it.
+	resp, err := x.recv()
+	if err != nil {
+		return x.fail(w, fmt.Errorf("no routing answer: %w", err))
+	}
+	if ir := resp.GetImmediateResponse(); ir != nil {
+		writeImmediate(w, ir)
+		return nil
+	}
+	hr := resp.GetRequestHeaders()
+	if hr == nil {
+		return x.fail(w, fmt.Errorf("unexpected first response %T", resp.Response))
+	}
+	out := r.Header.Clone()
+	out.Del(HeaderSubsetHint)
+	applyMutation(out, hr.GetResponse().GetHeaderMutation())
+	var body []byte
+	for !headersOnly {
+		resp, err := x.recv()
+		if err != nil {
+			return x.fail(w, fmt.Errorf("request body from the EPP: %w", err))
+		}
+		if ir := resp.GetImmediateResponse(); ir != nil {
+			writeImmediate(w, ir)
+			return nil
+		}
+		if resp.GetRequestTrailers() != nil {
+			break
+		}
+		sr := resp.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse()
+		if sr == nil {
+			return x.fail(w, fmt.Errorf("unexpected request body response %v", resp))
+		}
+		body = append(body, sr.Body...)
+		if sr.EndOfStream {
+			break
+		}
+	}
+	if err := <-sendErr; err != nil {
+		return x.fail(w, err)
+	}
+
+	up, served, err := x.forward(r, out, body)
+	if err != nil {
+		// As Envoy does, the local reply still goes through the response
+		// phase so the EPP learns the request failed.
+		up = &http.Response{StatusCode: http.StatusServiceUnavailable, Header: http.Header{"Content-Type": {"text/plain"}},
+			Body: io.NopCloser(strings.NewReader("upstream connect error: " + err.Error()))}
+	}
+	defer up.Body.Close()
+	return x.respond(w, up, served)
+}
+
+// forward sends the request to the first endpoint that accepts it, walking
+// the fallback list on a connect failure or a 5xx.
+func (x *exchange) forward(r *http.Request, h http.Header, body []byte) (*http.Response, string, error) {
+	dest := h.Get(extproc.HeaderDestination)
+	if dest == "" {
+		return nil, "", errors.New("the EPP set no destination")
+	}
+	eps := strings.Split(dest, ",")
+	var lastErr error
+	for i, ep := range eps {
+		ep = strings.TrimSpace(ep)
+		if err := requireLoopback(ep); err != nil {
+			lastErr = err
+			continue
+		}
+		req, err := http.NewRequestWithContext(r.Context(), r.Method, "http://"+ep+r.URL.RequestURI(), bytes.NewReader(body))
+		if err != nil {
+			return nil, "", err
+		}
+		for k, vs := range h {
+			if hopByHop(k) {
+				continue
+			}
+			req.Header[k] = vs
+		}
+		req.ContentLength = int64(len(body))
+		req.Header.Del("Content-Length")
+		resp, err := x.g.upstream.Do(req)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		if resp.StatusCode >= 500 && i < len(eps)-1 {
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+			resp.Body.Close()
+			lastErr = fmt.Errorf("%s answered %d", ep, resp.StatusCode)
+			continue
+		}
+		return resp, ep, nil
+	}
+	return nil, "", lastErr
+}
+
+// respond runs the response phase: headers, then body chunks as they come
+// from the endpoint, each written to the client as the EPP returns it.
+func (x *exchange) respond(w http.ResponseWriter, up *http.Response, served string) error {
+	hm := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":status", RawValue: []byte(strconv.Itoa(up.StatusCode))}}}
+	for k, vs := range up.Header {
+		for _, v := range vs {
+			hm.Headers = append(hm.Headers, &corev3.HeaderValue{Key: strings.ToLower(k), RawValue: []byte(v)})
+		}
+	}
+	req := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
+		ResponseHeaders: &extprocv3.HttpHeaders{Headers: hm}}}
+	if served != "" {
+		s, _ := structpb.NewStruct(map[string]any{extproc.KeyServed: served})
+		req.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{extproc.MetadataLB: s}}
+	}
+	if err := x.stream.Send(req); err != nil {
+		return x.fail(w, fmt.Errorf("cannot send response headers: %w", err))
+	}
+	resp, err := x.recv()
+	if err != nil {
+		return x.fail(w, fmt.Errorf("no response headers answer: %w", err))
+	}
+	if ir := resp.GetImmediateResponse(); ir != nil {
+		writeImmediate(w, ir)
+		return nil
+	}
+	h := w.Header()
+	for k, vs := range up.Header {
+		if !hopByHop(k) {
+			h[k] = vs
+		}
+	}
+	applyMutation(h, resp.GetResponseHeaders().GetResponse().GetHeaderMutation())
+	w.WriteHeader(up.StatusCode)
+	flusher, _ := w.(http.Flusher)
+
+	sendErr := make(chan error, 1)
+	go func() { sendErr <- x.sendBody(up.Body, false) }()
+	for {
+		resp, err := x.recv()
+		if err != nil {
+			return fmt.Errorf("response body from the EPP: %w", err)
+		}
+		sr := resp.GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse()
+		if sr == nil {
+			return fmt.Errorf("unexpected response body answer %v", resp)
+		}
+		if len(sr.Body) > 0 {
+			if _, err := w.Write(sr.Body); err != nil {
+				return fmt.Errorf("client went away: %w", err)
+			}
+			if flusher != nil {
+				flusher.Flush()
+			}
+		}
+		if sr.EndOfStream {
+			break
+		}
+	}
+	if err := <-sendErr; err != nil {
+		return err
+	}
+	if err := x.stream.CloseSend(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// sendBody streams body to the EPP in ChunkSize pieces as they are read,
+// the last one (possibly empty) with end_of_stream.
+func (x *exchange) sendBody(body io.Reader, request bool) error {
+	buf := make([]byte, x.g.cfg.ChunkSize)
+	for {
+		n, err := io.ReadAtLeast(body, buf, 1)
+		eos := err != nil
+		if err != nil && !errors.Is(err, io.EOF) {
+			return fmt.Errorf("cannot read body: %w", err)
+		}
+		hb := &extprocv3.HttpBody{Body: append([]byte(nil), buf[:n]...), EndOfStream: eos}
+		msg := &extprocv3.ProcessingRequest{}
+		if request {
+			msg.Request = &extprocv3.ProcessingRequest_RequestBody{RequestBody: hb}
+		} else {
+			msg.Request = &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: hb}
+		}
+		if err := x.stream.Send(msg); err != nil {
+			return fmt.Errorf("cannot send body: %w", err)
+		}
+		if eos {
+			return nil
+		}
+	}
+}
+
+func (x *exchange) fail(w http.ResponseWriter, err error) error {
+	http.Error(w, "gateway: "+err.Error(), http.StatusBadGateway)
+	return err
+}
+
+func requestHeaderMap(r *http.Request) *corev3.HeaderMap {
+	hm := &corev3.HeaderMap{}
+	add := func(k, v string) { hm.Headers = append(hm.Headers, &corev3.HeaderValue{Key: k, RawValue: []byte(v)}) }
+	add(":method", r.Method)
+	add(":path", r.URL.RequestURI())
+	add(":authority", r.Host)
+	add(":scheme", "http")
+	if r.ContentLength >= 0 {
+		add("content-length", strconv.FormatInt(r.ContentLength, 10))
+	}
+	for k, vs := range r.Header {
+		if hopByHop(k) {
+			continue
+		}
+		for _, v := range vs {
+			add(strings.ToLower(k), v)
+		}
+	}
+	return hm
+}
+
+func applyMutation(h http.Header, m *extprocv3.HeaderMutation) {
+	for _, o := range m.GetSetHeaders() {
+		v := string(o.GetHeader().GetRawValue())
+		if v == "" {
+			v = o.GetHeader().GetValue()
+		}
+		if o.GetAppendAction() == corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD {
+			h.Add(o.GetHeader().GetKey(), v)
+		} else {
+			h.Set(o.GetHeader().GetKey(), v)
+		}
+	}
+	for _, k := range m.GetRemoveHeaders() {
+		h.Del(k)
+	}
+}
+
+func writeImmediate(w http.ResponseWriter, ir *extprocv3.ImmediateResponse) {
+	applyMutation(w.Header(), ir.GetHeaders())
+	code := int(ir.GetStatus().GetCode())
+	if code == 0 {
+		code = http.StatusOK
+	}
+	w.WriteHeader(code)
+	_, _ = w.Write(ir.GetBody())
+}
+
+func hopByHop(k string) bool {
+	switch http.CanonicalHeaderKey(k) {
+	case "Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Te", "Trailer", "Upgrade", "Content-Length", "Host":
+		return true
+	}
+	return false
+}

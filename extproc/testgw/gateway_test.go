@@ -1,0 +1,321 @@
+package testgw
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc"
+
+	"github.com/omnious/provider-node/engines/sim"
+	"github.com/omnious/provider-node/extproc"
+	"github.com/omnious/provider-node/scheduler"
+)
+
+const simModel = "Qwen/Qwen3-32B"
+
+// listPicker routes to a fixed endpoint list and records completions.
+type listPicker struct {
+	mu    sync.Mutex
+	addrs []string
+	err   error
+	reqs  []scheduler.Request
+	done  []scheduler.DoneInfo
+}
+
+func (p *listPicker) Pick(_ context.Context, r *scheduler.Request) (*scheduler.Decision, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cp := *r
+	cp.PromptText = nil
+	p.reqs = append(p.reqs, cp)
+	if p.err != nil {
+		return nil, p.err
+	}
+	d := &scheduler.Decision{}
+	for _, a := range p.addrs {
+		d.Endpoints = append(d.Endpoints, &scheduler.Endpoint{Addr: a})
+	}
+	d.SetDone(func(i scheduler.DoneInfo) {
+		p.mu.Lock()
+		p.done = append(p.done, i)
+		p.mu.Unlock()
+	})
+	return d, nil
+}
+
+func (p *listPicker) last(t *testing.T) (scheduler.Request, scheduler.DoneInfo) {
+	t.Helper()
+	var d scheduler.DoneInfo
+	require.Eventually(t, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if len(p.done) == 0 {
+			return false
+		}
+		d = p.done[len(p.done)-1]
+		return true
+	}, 5*time.Second, 5*time.Millisecond)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.reqs[len(p.reqs)-1], d
+}
+
+func startSim(t *testing.T) *sim.Replica {
+	t.Helper()
+	c := sim.Config{Listen: "127.0.0.1:0", Seed: 7}
+	c.KVEvents.Endpoint = "tcp://127.0.0.1:0"
+	c.Engine.TimeScale = 100
+	c = c.WithDefaults()
+	require.NoError(t, c.Validate())
+	r, err := sim.NewReplica(c, 0, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	return r
+}
+
+// startStack runs the EPP (with picker) and a gateway in front of it.
+func startStack(t *testing.T, p extproc.Picker) *Gateway {
+	t.Helper()
+	cfg := extproc.Config{}.WithDefaults()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := grpc.NewServer(cfg.ServerOptions()...)
+	extproc.NewServer(cfg, p, extproc.NewStandInPrompter(), prometheus.NewRegistry(), zaptest.NewLogger(t)).Register(g)
+	go func() { _ = g.Serve(lis) }()
+	gw, err := New(Config{EPP: lis.Addr().String()}, zaptest.NewLogger(t))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- gw.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+		g.Stop()
+	})
+	return gw
+}
+
+func post(t *testing.T, gw *Gateway, path, body string, hdr ...string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, "http://"+gw.Addr()+path, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var b strings.Builder
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		b.WriteString(sc.Text())
+		b.WriteByte('\n')
+	}
+	require.NoError(t, sc.Err())
+	return resp, []byte(b.String())
+}
+
+// sseEvents returns the decoded JSON events of an SSE body and whether it
+// ended with [DONE].
+func sseEvents(t *testing.T, body []byte) ([]map[string]any, bool) {
+	t.Helper()
+	var evs []map[string]any
+	done := false
+	for _, line := range strings.Split(string(body), "\n") {
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok {
+			continue
+		}
+		if data == "[DONE]" {
+			done = true
+			continue
+		}
+		var ev map[string]any
+		require.NoError(t, json.Unmarshal([]byte(data), &ev), data)
+		evs = append(evs, ev)
+	}
+	return evs, done
+}
+
+func TestEndToEndWithSimulator(t *testing.T) {
+	r := startSim(t)
+	p := &listPicker{addrs: []string{r.Addr()}}
+	gw := startStack(t, p)
+	chat := func(extra string) string {
+		return `{"model":"` + simModel + `","max_tokens":8,` + extra + `"messages":[{"role":"user","content":"hello there, how are you?"}]}`
+	}
+
+	t.Run("non-streaming chat", func(t *testing.T) {
+		resp, body := post(t, gw, "/v1/chat/completions", chat(""))
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+		var out struct {
+			Model string `json:"model"`
+			Usage struct {
+				PromptTokens     int `json:"prompt_tokens"`
+				CompletionTokens int `json:"completion_tokens"`
+			} `json:"usage"`
+		}
+		require.NoError(t, json.Unmarshal(body, &out))
+		req, d := p.last(t)
+		require.Equal(t, simModel, out.Model)
+		require.NoError(t, d.Err)
+		require.Equal(t, 200, d.Status)
+		require.Equal(t, r.Addr(), d.Served)
+		require.Equal(t, out.Usage.PromptTokens, d.PromptTokens)
+		require.Equal(t, out.Usage.CompletionTokens, d.CompletionTokens)
+		require.Positive(t, d.PromptTokens)
+		require.Len(t, req.Tokens, d.PromptTokens, "the stand-in prompter predicts the simulator's prompt exactly")
+	})
+
+	t.Run("streaming without usage: injected for accounting, hidden from the client", func(t *testing.T) {
+		resp, body := post(t, gw, "/v1/chat/completions", chat(`"stream":true,`))
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+		require.Contains(t, resp.Header.Get("Content-Type"), "text/event-stream")
+		evs, done := sseEvents(t, body)
+		require.True(t, done)
+		require.NotEmpty(t, evs)
+		for _, ev := range evs {
+			require.NotContains(t, ev, "usage", "the client did not ask for usage")
+		}
+		_, d := p.last(t)
+		require.NoError(t, d.Err)
+		require.Positive(t, d.PromptTokens)
+		require.Positive(t, d.CompletionTokens)
+		require.Positive(t, d.FirstByte)
+	})
+
+	t.Run("streaming with usage asked: forwarded", func(t *testing.T) {
+		resp, body := post(t, gw, "/v1/chat/completions", chat(`"stream":true,"stream_options":{"include_usage":true},`))
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+		evs, done := sseEvents(t, body)
+		require.True(t, done)
+		u, ok := evs[len(evs)-1]["usage"].(map[string]any)
+		require.True(t, ok, "the last event carries usage")
+		_, d := p.last(t)
+		require.Equal(t, float64(d.PromptTokens), u["prompt_tokens"])
+	})
+
+	t.Run("model rewrite is invisible to the client", func(t *testing.T) {
+		body := strings.Replace(chat(`"stream":true,`), simModel, "my-alias", 1)
+		resp, out := post(t, gw, "/v1/chat/completions", body, extproc.HeaderModelRewrite, simModel)
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(out))
+		evs, _ := sseEvents(t, out)
+		require.NotEmpty(t, evs)
+		for _, ev := range evs {
+			require.Equal(t, "my-alias", ev["model"])
+		}
+		req, _ := p.last(t)
+		require.Equal(t, simModel, req.Model)
+	})
+
+	t.Run("completions", func(t *testing.T) {
+		resp, body := post(t, gw, "/v1/completions", `{"model":"`+simModel+`","prompt":"once upon a time","max_tokens":4}`)
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+		req, d := p.last(t)
+		require.Len(t, req.Tokens, d.PromptTokens)
+	})
+
+	t.Run("GET /v1/models", func(t *testing.T) {
+		resp, err := http.Get("http://" + gw.Addr() + "/v1/models")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var out struct {
+			Data []struct {
+				ID string `json:"id"`
+			} `json:"data"`
+		}
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+		require.Equal(t, simModel, out.Data[0].ID)
+	})
+
+	t.Run("bad request answered by the EPP", func(t *testing.T) {
+		resp, body := post(t, gw, "/v1/chat/completions", `{"messages":[]}`)
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+		require.Equal(t, "bad_request", resp.Header.Get(extproc.HeaderReason))
+		var e struct {
+			Error struct {
+				Message string `json:"message"`
+				Code    int    `json:"code"`
+			} `json:"error"`
+		}
+		require.NoError(t, json.Unmarshal(body, &e))
+		require.Equal(t, 400, e.Error.Code)
+		require.Equal(t, "the request has no model", e.Error.Message)
+	})
+}
+
+func TestFallbacks(t *testing.T) {
+	r := startSim(t)
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	deadAddr := dead.Addr().String()
+	require.NoError(t, dead.Close()) // connections to it are refused
+	failing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, `{"error":{"message":"boom","code":500}}`, http.StatusInternalServerError)
+	}))
+	defer failing.Close()
+	failingAddr := strings.TrimPrefix(failing.URL, "http://")
+	body := `{"model":"` + simModel + `","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`
+
+	tests := []struct {
+		name       string
+		addrs      []string
+		wantStatus int
+		wantServed string
+	}{
+		{"connect failure falls back", []string{deadAddr, r.Addr()}, 200, r.Addr()},
+		{"5xx falls back", []string{failingAddr, r.Addr()}, 200, r.Addr()},
+		{"last endpoint's 5xx reaches the client", []string{deadAddr, failingAddr}, 500, failingAddr},
+		{"no endpoint reachable", []string{deadAddr}, 503, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &listPicker{addrs: tc.addrs}
+			gw := startStack(t, p)
+			resp, out := post(t, gw, "/v1/chat/completions", body)
+			require.Equal(t, tc.wantStatus, resp.StatusCode, string(out))
+			_, d := p.last(t)
+			require.Equal(t, tc.wantStatus, d.Status)
+			require.Equal(t, tc.wantServed, d.Served)
+		})
+	}
+}
+
+func TestSchedulerErrorsReachTheClient(t *testing.T) {
+	p := &listPicker{err: scheduler.ErrQueueFull}
+	gw := startStack(t, p)
+	resp, body := post(t, gw, "/v1/chat/completions", `{"model":"m","messages":[]}`, HeaderSubsetHint, "127.0.0.1:1")
+	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	require.Equal(t, "queue_full", resp.Header.Get(extproc.HeaderReason))
+	require.Contains(t, string(body), scheduler.ErrQueueFull.Msg)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	require.Equal(t, []string{"127.0.0.1:1"}, p.reqs[0].Subset)
+}
+
+func TestNonLoopbackRefused(t *testing.T) {
+	_, err := New(Config{Listen: "0.0.0.0:0", EPP: "127.0.0.1:9002"}, zap.NewNop())
+	require.ErrorContains(t, err, "not a loopback address")
+	_, err = New(Config{EPP: "10.1.2.3:9002"}, zap.NewNop())
+	require.ErrorContains(t, err, "not a loopback address")
+}
