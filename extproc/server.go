@@ -14,6 +14,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -64,6 +65,26 @@ type Server struct {
 	idPrefix    string
 	ids         atomic.Uint64
 	bufs        bodyPool
+	// approxModels holds the models already reported as routed without
+	// exact tokens, so that is logged once per model, not per request. The
+	// model name comes from clients, so at most maxApproxModels are kept.
+	approxModels sync.Map
+	approxCount  atomic.Int32
+}
+
+const maxApproxModels = 256
+
+// firstApprox reports whether model is seen in approximate mode for the
+// first time (false once the bounded set is full).
+func (s *Server) firstApprox(model string) bool {
+	if _, ok := s.approxModels.Load(model); ok || s.approxCount.Load() >= maxApproxModels {
+		return false
+	}
+	if _, loaded := s.approxModels.LoadOrStore(model, struct{}{}); loaded {
+		return false
+	}
+	s.approxCount.Add(1)
+	return true
 }
 
 // NewServer builds a server; cfg gets its defaults applied. prompter may be
@@ -399,6 +420,9 @@ func (st *stream) route(headersOnly, eos bool) error {
 			in := promptInput(api, body, &st.rb)
 			if toks, ok := s.prompter.Prompt(st.targetModel, &in); ok {
 				req.Tokens, mode = toks, "precise"
+			} else if s.firstApprox(st.targetModel) {
+				s.log.Warn("no tokenizer or chat template for model: routing it in approximate mode (mode=approximate in metrics)",
+					zap.String("model", st.targetModel))
 			}
 		}
 	}

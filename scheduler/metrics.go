@@ -51,6 +51,7 @@ type schedMetrics struct {
 	tenantTokens *prometheus.CounterVec
 	stale        prometheus.Gauge
 	replicaStale *prometheus.GaugeVec
+	lookup       prometheus.Histogram
 }
 
 func newSchedMetrics(reg prometheus.Registerer, pool string) (*schedMetrics, error) {
@@ -107,6 +108,10 @@ func newSchedMetrics(reg prometheus.Registerer, pool string) (*schedMetrics, err
 		tenantTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "omnious_epp_tenant_tokens_total", Help: "Tokens used per tenant; kind is prompt, cached or completion.",
 		}, []string{"tenant", "kind"}),
+		lookup: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "omnious_epp_kv_lookup_duration_seconds", Help: "Keying a prompt's tokens and matching them in the KV index.",
+			Buckets: prometheus.ExponentialBuckets(1e-6, 2, 16), // 1µs .. 33ms
+		}),
 		replicaStale: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "omnious_epp_replica_stale", Help: "1 when an endpoint's engine metrics are older than stale_after (scored down, still routable).",
 		}, []string{"endpoint"}),
@@ -116,7 +121,7 @@ func newSchedMetrics(reg prometheus.Registerer, pool string) (*schedMetrics, err
 	}
 	for _, c := range []prometheus.Collector{m.e2e, m.hitRatio, m.perPodQ, m.avgKV, m.avgQueue, m.avgRunning,
 		m.readyPods, m.attempts, m.errors,
-		m.decisions, m.breakerState, m.score, m.queueDepth, m.queueWait, m.tenantTokens, m.stale, m.replicaStale} {
+		m.decisions, m.breakerState, m.score, m.queueDepth, m.queueWait, m.tenantTokens, m.stale, m.replicaStale, m.lookup} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("cannot register scheduler metrics: %w", err)
 		}

@@ -99,6 +99,7 @@ func TestMetricsNames(t *testing.T) {
 		"omnious_epp_tenant_tokens_total",
 		"omnious_epp_endpoint_score",
 		"omnious_epp_replica_stale",
+		"omnious_epp_kv_lookup_duration_seconds",
 	} {
 		require.True(t, got[name], name)
 	}

@@ -91,8 +91,10 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 		bs := s.cfg.BlockSize
 		n := len(req.Tokens)
 		root := kvindex.RootKey(base, adapter, req.CacheSalt)
+		lookupStart := time.Now()
 		sc.keys = kvindex.AppendBlockKeys(sc.keys, root, req.Tokens, bs)
 		sc.matches = s.ix.Match(sc.keys, sc.matches)
+		s.m.lookup.Observe(time.Since(lookupStart).Seconds())
 		pw := &s.cfg.Prefix
 		for _, m := range sc.matches {
 			if j := candOf(byID, m.Replica); j > 0 {

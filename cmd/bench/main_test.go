@@ -9,9 +9,39 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestNotWiredWithoutDirect(t *testing.T) {
-	err := run([]string{"-html", ""})
-	require.ErrorContains(t, err, "EPP launcher not wired")
+// TestEPPRun runs two policies through the real EPP and test gateway on a
+// small shared-prefix workload: precise routing keeps each group on the
+// replica holding its prefix, round-robin scatters it.
+func TestEPPRun(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "out.json")
+	err := run([]string{"-policies", "round-robin,precise", "-replicas", "3", "-time-scale", "4", "-groups", "6",
+		"-system-len", "600", "-question-len", "40", "-output-len", "8", "-qps", "6", "-stage-duration", "3s",
+		"-json", out, "-html", "", "-log-level", "error"})
+	require.NoError(t, err)
+	b, err := os.ReadFile(out)
+	require.NoError(t, err)
+	var doc struct {
+		Bound   float64 `json:"bound_hit_rate"`
+		Results []struct {
+			Policy   string  `json:"policy"`
+			Requests int     `json:"requests"`
+			Errors   int     `json:"errors"`
+			HitRate  float64 `json:"hit_rate"`
+			Decision float64 `json:"decision_p99_us"`
+		} `json:"results"`
+	}
+	require.NoError(t, json.Unmarshal(b, &doc))
+	require.Len(t, doc.Results, 2)
+	rr, precise := doc.Results[0], doc.Results[1]
+	require.Equal(t, "precise", precise.Policy)
+	for _, r := range doc.Results {
+		require.Positive(t, r.Requests)
+		require.Zero(t, r.Errors, r.Policy)
+		require.Positive(t, r.Decision, "decision latency is measured through the EPP")
+	}
+	require.Greater(t, precise.HitRate, rr.HitRate, "precise prefix routing beats round-robin on cache hits")
+	require.Greater(t, precise.HitRate, 0.8*doc.Bound)
 }
 
 func TestDirectRun(t *testing.T) {

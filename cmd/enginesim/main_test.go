@@ -20,12 +20,23 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func freePort(t *testing.T) int {
+// freePortPair returns a port p such that p and p+1 are both free (a
+// second data-parallel rank listens on port+1).
+func freePortPair(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	for range 100 {
+		a, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		p := a.Addr().(*net.TCPAddr).Port
+		b, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+1))
+		a.Close()
+		if err == nil {
+			b.Close()
+			return p
+		}
+	}
+	t.Fatal("no two consecutive free ports on 127.0.0.1")
+	return 0
 }
 
 // buildBinary builds cmd/enginesim once per test run.
@@ -79,15 +90,7 @@ func TestPythonSubscriberDecodesEnginesim(t *testing.T) {
 	bin := buildBinary(t)
 	for _, flavour := range []string{"vllm", "sglang"} {
 		t.Run(flavour, func(t *testing.T) {
-			httpPort, pubPort, replayPort := freePort(t), freePort(t), freePort(t)
-			// Rank 1 uses port+1: make sure those are free too by probing.
-			for _, p := range []int{httpPort + 1, pubPort + 1, replayPort + 1} {
-				l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-				if err != nil {
-					t.Fatalf("port %d for rank 1 is taken, rerun: %v", p, err)
-				}
-				l.Close()
-			}
+			httpPort, pubPort, replayPort := freePortPair(t), freePortPair(t), freePortPair(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			sim := exec.CommandContext(ctx, bin, "-engine", flavour, "-data-parallel-size", "2",

@@ -323,7 +323,8 @@ func (s *Subscriber) handle(ctx context.Context, frames [][]byte, canReplay bool
 	topic, seq, payload, err := ParseMessage(frames)
 	if err != nil {
 		s.stats.DroppedFrames.Add(1)
-		s.log.Debug("dropping kv event message", zap.Error(err))
+		// Counted always; the production logger samples repeated lines.
+		s.log.Warn("dropping malformed kv event message", zap.Error(err))
 		return
 	}
 	rep := s.replicaFor(topic)
