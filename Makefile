@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 export GOFLAGS ?= -mod=mod
 BIN := bin
-FUZZTIME ?= 10s
+FUZZTIME ?= 5s
 
 .PHONY: all build demo test deps testdata vet unit node-test deploy-check fuzz bench clean
 

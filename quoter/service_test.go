@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,38 +19,10 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/omnious/provider-node/capacity"
-	"github.com/omnious/provider-node/engines/sim"
+	"github.com/omnious/provider-node/engines/sim/simtest"
 )
 
 const simModel = "Qwen/Qwen3-32B"
-
-func startSim(t *testing.T, flavour string) string {
-	t.Helper()
-	c := sim.Config{Listen: "127.0.0.1:0", Model: simModel}
-	c.KVEvents.Endpoint = "tcp://127.0.0.1:0"
-	c.Engine.TimeScale = 100
-	c.Engine.Flavour = flavour
-	c = c.WithDefaults()
-	require.NoError(t, c.Validate())
-	r, err := sim.NewReplica(c, 0, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
-	return "http://" + r.Addr()
-}
-
-func simFaults(t *testing.T, base, body string) {
-	t.Helper()
-	resp, err := http.Post(base+"/admin/faults", "application/json", strings.NewReader(body))
-	require.NoError(t, err)
-	resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-}
 
 // fakeEPP serves a capacity snapshot whose shape the test controls.
 type fakeEPP struct {
@@ -160,7 +131,7 @@ type testEnv struct {
 }
 
 func newEnv(t *testing.T) *testEnv {
-	e := &testEnv{sim: startSim(t, "vllm"), state: filepath.Join(t.TempDir(), "state.json"), mkt: &market{}}
+	e := &testEnv{sim: simtest.URL(t, "vllm"), state: filepath.Join(t.TempDir(), "state.json"), mkt: &market{}}
 	e.servingURL = e.sim
 	e.eppCtl, e.epp = startEPP(t)
 	msrv := httptest.NewServer(e.mkt)
@@ -195,7 +166,7 @@ func TestBreakerAgainstSimulator(t *testing.T) {
 	env := newEnv(t)
 	key := newKey(t)
 	rec := &recorder{}
-	simFaults(t, env.sim, `{"reject_auto_tool_choice":true}`)
+	simtest.SetFaults(t, env.sim, `{"reject_auto_tool_choice":true}`)
 	svc, err := New(env.config(), key, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)),
 		Options{OnSigned: rec.signed, OnBreaker: rec.breaker})
 	require.NoError(t, err)
@@ -216,7 +187,7 @@ func TestBreakerAgainstSimulator(t *testing.T) {
 	code, body := getStatus(t, api.URL+"/metrics")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, "omnious_quoter_conformance_passed 0")
-	simFaults(t, env.sim, `{}`)
+	simtest.SetFaults(t, env.sim, `{}`)
 
 	require.Eventually(t, func() bool { q, _, _ := rec.snapshot(); return len(q) >= 3 }, 10*time.Second, 20*time.Millisecond)
 	require.Eventually(t, func() bool { return env.mkt.count() >= 2 }, 5*time.Second, 20*time.Millisecond)
@@ -240,7 +211,7 @@ func TestBreakerAgainstSimulator(t *testing.T) {
 	require.Equal(t, "210000", served.Message.InputPricePerMTok)
 
 	// Faults: canaries fail, the breaker opens, signing stops.
-	simFaults(t, env.sim, `{"error_rate":1,"error_status":503}`)
+	simtest.SetFaults(t, env.sim, `{"error_rate":1,"error_status":503}`)
 	require.Eventually(t, func() bool { _, o, _ := rec.snapshot(); return len(o) >= 1 }, 10*time.Second, 10*time.Millisecond)
 	require.Equal(t, BreakerOpen, svc.Breaker().State())
 	require.Contains(t, svc.Breaker().Reason(), "canary failed 2 times in a row")
@@ -265,7 +236,7 @@ func TestBreakerAgainstSimulator(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 
 	// Recovery: clear faults; half-open probes pass; signing resumes.
-	simFaults(t, env.sim, `{}`)
+	simtest.SetFaults(t, env.sim, `{}`)
 	lastSeq := seqOf(t, last)
 	require.Eventually(t, func() bool { q, _, _ := rec.snapshot(); return len(q) > signedBeforeOpen }, 10*time.Second, 20*time.Millisecond)
 	quotes, _, _ = rec.snapshot()
@@ -435,11 +406,11 @@ func TestSignOnceRefusesUnhealthyOrNonConformant(t *testing.T) {
 	require.ErrorContains(t, err, "not signing")
 	env.eppCtl.status.Store(http.StatusOK)
 
-	simFaults(t, env.sim, `{"reject_auto_tool_choice":true}`)
+	simtest.SetFaults(t, env.sim, `{"reject_auto_tool_choice":true}`)
 	_, err = svc.SignOnce(context.Background())
 	require.ErrorContains(t, err, "conformance gate failed")
 
-	simFaults(t, env.sim, `{}`)
+	simtest.SetFaults(t, env.sim, `{}`)
 	sq, err := svc.SignOnce(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, "1", sq.Message.Seq, "refused attempts consume no sequence numbers")

@@ -19,35 +19,15 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/omnious/provider-node/capacity"
-	"github.com/omnious/provider-node/engines/sim"
+	"github.com/omnious/provider-node/engines/sim/simtest"
 	"github.com/omnious/provider-node/quoter"
 )
 
 const model = "Qwen/Qwen3-32B"
 
 func bigInt(n int64) *big.Int { return big.NewInt(n) }
-
-func startSim(t *testing.T) string {
-	t.Helper()
-	c := sim.Config{Listen: "127.0.0.1:0", Model: model}
-	c.KVEvents.Endpoint = "tcp://127.0.0.1:0"
-	c.Engine.TimeScale = 100
-	c = c.WithDefaults()
-	r, err := sim.NewReplica(c, 0, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
-	return "http://" + r.Addr()
-}
 
 func startEPP(t *testing.T) string {
 	t.Helper()
@@ -107,7 +87,7 @@ func writeSecret(t *testing.T, dir, name, content string, mode os.FileMode) stri
 // TestKeyMaterialNeverPrinted runs sign, run and failing key loads with
 // debug logging and asserts that no output carries the key or password.
 func TestKeyMaterialNeverPrinted(t *testing.T) {
-	simURL, eppURL := startSim(t), startEPP(t)
+	simURL, eppURL := simtest.URL(t, ""), startEPP(t)
 	market := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusAccepted) }))
 	defer market.Close()
 	dir := t.TempDir()
@@ -242,7 +222,7 @@ func TestVerifyCommand(t *testing.T) {
 }
 
 func TestConformanceCommand(t *testing.T) {
-	simURL := startSim(t)
+	simURL := simtest.URL(t, "")
 	code, out, errOut := invoke(context.Background(), "conformance", "--url", simURL, "--model", model)
 	require.Equal(t, exitOK, code, out+errOut)
 	require.Contains(t, out, "result: PASS (6 checks)")

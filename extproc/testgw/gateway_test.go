@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/omnious/provider-node/engines/sim"
+	"github.com/omnious/provider-node/engines/sim/simtest"
 	"github.com/omnious/provider-node/extproc"
 	"github.com/omnious/provider-node/scheduler"
 )
@@ -70,25 +71,6 @@ func (p *listPicker) last(t *testing.T) (scheduler.Request, scheduler.DoneInfo) 
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.reqs[len(p.reqs)-1], d
-}
-
-func startSim(t *testing.T) *sim.Replica {
-	t.Helper()
-	c := sim.Config{Listen: "127.0.0.1:0", Seed: 7}
-	c.KVEvents.Endpoint = "tcp://127.0.0.1:0"
-	c.Engine.TimeScale = 100
-	c = c.WithDefaults()
-	require.NoError(t, c.Validate())
-	r, err := sim.NewReplica(c, 0, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
-	return r
 }
 
 // startStack runs the EPP (with picker) and a gateway in front of it.
@@ -158,7 +140,7 @@ func sseEvents(t *testing.T, body []byte) ([]map[string]any, bool) {
 }
 
 func TestEndToEndWithSimulator(t *testing.T) {
-	r := startSim(t)
+	r := simtest.Start(t, func(c *sim.Config) { c.Seed = 7 })
 	p := &listPicker{addrs: []string{r.Addr()}}
 	gw := startStack(t, p)
 	chat := func(extra string) string {
@@ -265,7 +247,7 @@ func TestEndToEndWithSimulator(t *testing.T) {
 }
 
 func TestFallbacks(t *testing.T) {
-	r := startSim(t)
+	r := simtest.Start(t, func(c *sim.Config) { c.Seed = 7 })
 	dead, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	deadAddr := dead.Addr().String()

@@ -6,52 +6,21 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
-	"github.com/omnious/provider-node/engines/sim"
+	"github.com/omnious/provider-node/engines/sim/simtest"
 	"github.com/omnious/provider-node/quoter/conformance"
 )
 
 const model = "Qwen/Qwen3-32B"
 
-func startSim(t *testing.T, flavour string) string {
-	t.Helper()
-	c := sim.Config{Listen: "127.0.0.1:0", Model: model}
-	c.KVEvents.Endpoint = "tcp://127.0.0.1:0"
-	c.Engine.TimeScale = 100
-	c.Engine.Flavour = flavour
-	c = c.WithDefaults()
-	require.NoError(t, c.Validate())
-	r, err := sim.NewReplica(c, 0, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
-	return "http://" + r.Addr()
-}
-
-func setFaults(t *testing.T, base, body string) {
-	t.Helper()
-	resp, err := http.Post(base+"/admin/faults", "application/json", strings.NewReader(body))
-	require.NoError(t, err)
-	resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-}
-
 func TestConformanceAgainstSimulator(t *testing.T) {
 	for _, flavour := range []string{"vllm", "sglang"} {
 		t.Run(flavour, func(t *testing.T) {
-			base := startSim(t, flavour)
+			base := simtest.URL(t, flavour)
 			cfg := conformance.Config{URL: base, Model: model, CheckTimeout: 20 * time.Second}
 
 			rep := conformance.Run(context.Background(), cfg, conformance.Full)
@@ -65,7 +34,7 @@ func TestConformanceAgainstSimulator(t *testing.T) {
 			require.True(t, conformance.Run(context.Background(), cfg, conformance.Quick).Passed())
 
 			cfg.URL = base
-			setFaults(t, base, `{"reject_auto_tool_choice":true}`)
+			simtest.SetFaults(t, base, `{"reject_auto_tool_choice":true}`)
 			rep = conformance.Run(context.Background(), cfg, conformance.Full)
 			require.False(t, rep.Passed())
 			require.Equal(t, []string{conformance.CheckToolAuto}, rep.Failed())
@@ -73,19 +42,19 @@ func TestConformanceAgainstSimulator(t *testing.T) {
 			require.Contains(t, rep.String(), "FAIL tool-auto-stream")
 			require.Contains(t, rep.String(), "result: FAIL (tool-auto-stream)")
 
-			setFaults(t, base, `{"error_rate":1,"error_status":503}`)
+			simtest.SetFaults(t, base, `{"error_rate":1,"error_status":503}`)
 			rep = conformance.Run(context.Background(), cfg, conformance.Quick)
 			require.Equal(t, []string{conformance.CheckChat, conformance.CheckToolAuto}, rep.Failed(),
 				"model listing is not fault-injected; generation is")
 
-			setFaults(t, base, `{}`)
+			simtest.SetFaults(t, base, `{}`)
 			require.True(t, conformance.Run(context.Background(), cfg, conformance.Full).Passed())
 		})
 	}
 }
 
 func TestConformanceWrongModel(t *testing.T) {
-	base := startSim(t, "vllm")
+	base := simtest.URL(t, "vllm")
 	rep := conformance.Run(context.Background(), conformance.Config{URL: base, Model: "other/model"}, conformance.Quick)
 	require.False(t, rep.Passed())
 	require.Contains(t, rep.Failed(), conformance.CheckModels)
