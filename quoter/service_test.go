@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/omnious/provider-node/capacity"
+	"github.com/omnious/provider-node/deploy/metricscheck"
 	"github.com/omnious/provider-node/engines/sim/simtest"
 )
 
@@ -209,6 +210,10 @@ func TestBreakerAgainstSimulator(t *testing.T) {
 	require.Equal(t, "75", served.Message.HeadroomTokensPerSec)
 	require.Equal(t, EndpointHash(env.servingURL).Hex(), served.Message.EndpointHash)
 	require.Equal(t, "210000", served.Message.InputPricePerMTok)
+	// The live exposition carries what the dashboards and alerts use.
+	code, body = getStatus(t, api.URL+"/metrics")
+	require.Equal(t, http.StatusOK, code)
+	metricscheck.Check(t, []byte(body), "quoter")
 
 	// Faults: canaries fail, the breaker opens, signing stops.
 	simtest.SetFaults(t, env.sim, `{"error_rate":1,"error_status":503}`)

@@ -51,6 +51,10 @@ func newEnv(t testing.TB, n int, mut func(*Config)) *testEnv {
 	// Flow-control tests turn admission back on; elsewhere picks without
 	// Done must not end up queued.
 	cfg.Admission.Enabled = ptr(false)
+	// The routing tables were written against the llmgw guard (8 requests
+	// and 1.5x); pinning it keeps them about the guard's logic, not about
+	// whichever default the bench tuned.
+	cfg.Prefix.BalanceAbs, cfg.Prefix.BalanceRel = 8, 1.5
 	if mut != nil {
 		mut(&cfg)
 	}

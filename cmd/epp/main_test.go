@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/omnious/provider-node/deploy/metricscheck"
 	"github.com/omnious/provider-node/engines/openai"
 	"github.com/omnious/provider-node/extproc/testgw"
 )
@@ -210,9 +211,16 @@ func TestEPPRoutesThroughGateway(t *testing.T) {
 	}
 	require.GreaterOrEqual(t, hot, 5.0, "prefix affinity keeps most same-prefix requests on one replica")
 	require.Positive(t, metric(t, "http://"+metricsAddr+"/metrics", "omnious_epp_decisions_total"))
+	// The live exposition carries what the dashboards, alerts and KEDA use.
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	require.NoError(t, err)
+	exposition, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	metricscheck.Check(t, exposition, "epp")
 
 	// Bad input is refused by the EPP with an OpenAI error, not passed on.
-	resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(`{"model": `))
+	resp, err = http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(`{"model": `))
 	require.NoError(t, err)
 	raw, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
