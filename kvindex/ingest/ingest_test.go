@@ -163,7 +163,11 @@ func TestIndexAgreesWithSimulators(t *testing.T) {
 	sims := []*replica{
 		startSim(t, func(c *sim.Config) { c.Engine.Flavour = "vllm" }),
 		startSim(t, func(c *sim.Config) { c.Engine.Flavour = "sglang" }),
-		startSim(t, func(c *sim.Config) { c.Engine.Flavour = "vllm"; c.KVEvents.Format = "array"; c.KVEvents.Hashes = "bytes" }),
+		startSim(t, func(c *sim.Config) {
+			c.Engine.Flavour = "vllm"
+			c.KVEvents.Format = "array"
+			c.KVEvents.Hashes = "bytes"
+		}),
 	}
 	ix := kvindex.New(kvindex.Config{})
 	m := New(Config{}, ix, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
