@@ -120,6 +120,15 @@ func publisherConfig(cfg Config, rank int) (kvevents.PublisherConfig, error) {
 // Addr is the HTTP address the replica listens on.
 func (r *Replica) Addr() string { return r.addr }
 
+// KVEndpoints returns the bound KV-event PUB and replay ROUTER endpoints
+// ("" when off), with the real ports when the config asked for port 0.
+func (r *Replica) KVEndpoints() (pub, replay string) {
+	if r.pub == nil {
+		return "", ""
+	}
+	return r.pub.Endpoint(), r.pub.ReplayEndpoint()
+}
+
 // Run serves until ctx is done, then shuts down within a few seconds.
 func (r *Replica) Run(ctx context.Context) error {
 	engCtx, cancel := context.WithCancel(context.Background())

@@ -513,17 +513,10 @@ func (c *collector) snapshot() ([]kvevents.Event, []uint64, []string) {
 
 func subscribe(t *testing.T, r *Replica) *collector {
 	t.Helper()
-	_, body := get(t, r, "/admin/stats")
-	var st struct {
-		KVEvents struct {
-			Endpoint       string `json:"endpoint"`
-			ReplayEndpoint string `json:"replay_endpoint"`
-		} `json:"kv_events"`
-	}
-	require.NoError(t, json.Unmarshal(body, &st))
-	require.NotEmpty(t, st.KVEvents.Endpoint)
+	pub, replay := r.KVEndpoints()
+	require.NotEmpty(t, pub)
 	c := &collector{}
-	sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{Endpoint: st.KVEvents.Endpoint, ReplayEndpoint: st.KVEvents.ReplayEndpoint}, c, zap.NewNop())
+	sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{Endpoint: pub, ReplayEndpoint: replay}, c, zap.NewNop())
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -2,7 +2,6 @@ package ingest
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/omnious/provider-node/engines/sim"
 	"github.com/omnious/provider-node/engines/sim/engine"
+	"github.com/omnious/provider-node/engines/sim/simtest"
 	"github.com/omnious/provider-node/kvindex"
 )
 
@@ -30,32 +30,19 @@ type replica struct {
 	replay string
 }
 
-// startSim runs one simulated engine rank on loopback until the test ends.
+// startSim runs one simulated engine rank on loopback until the test ends,
+// with replay and a small cache (evictions happen).
 func startSim(t *testing.T, mutate func(*sim.Config)) *replica {
 	t.Helper()
-	c := sim.Config{Listen: "127.0.0.1:0", Seed: 11}
-	c.KVEvents.Endpoint = "tcp://127.0.0.1:0"
-	c.KVEvents.ReplayEndpoint = "tcp://127.0.0.1:0"
-	c.Engine.TimeScale = 200
-	c.Engine.NumGPUBlocks = 64 // small: evictions happen
-	mutate(&c)
-	c = c.WithDefaults()
-	require.NoError(t, c.Validate())
-	r, err := sim.NewReplica(c, 0, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	r := simtest.Start(t, func(c *sim.Config) {
+		c.Seed = 11
+		c.KVEvents.ReplayEndpoint = "tcp://127.0.0.1:0"
+		c.Engine.TimeScale = 200
+		c.Engine.NumGPUBlocks = 64
+		mutate(c)
+	})
 	rep := &replica{r: r, base: "http://" + r.Addr()}
-	var st struct {
-		KVEvents struct {
-			Endpoint       string `json:"endpoint"`
-			ReplayEndpoint string `json:"replay_endpoint"`
-		} `json:"kv_events"`
-	}
-	getJSON(t, rep.base+"/admin/stats", &st)
-	rep.pub, rep.replay = st.KVEvents.Endpoint, st.KVEvents.ReplayEndpoint
+	rep.pub, rep.replay = r.KVEndpoints()
 	return rep
 }
 
