@@ -211,16 +211,9 @@ func TestEPPRoutesThroughGateway(t *testing.T) {
 	}
 	require.GreaterOrEqual(t, hot, 5.0, "prefix affinity keeps most same-prefix requests on one replica")
 	require.Positive(t, metric(t, "http://"+metricsAddr+"/metrics", "omnious_epp_decisions_total"))
-	// The live exposition carries what the dashboards, alerts and KEDA use.
-	resp, err := http.Get("http://" + metricsAddr + "/metrics")
-	require.NoError(t, err)
-	exposition, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	require.NoError(t, err)
-	metricscheck.Check(t, exposition, "epp")
 
 	// Bad input is refused by the EPP with an OpenAI error, not passed on.
-	resp, err = http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(`{"model": `))
+	resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(`{"model": `))
 	require.NoError(t, err)
 	raw, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
@@ -228,6 +221,15 @@ func TestEPPRoutesThroughGateway(t *testing.T) {
 	var e openai.ErrorResponse
 	require.NoError(t, json.Unmarshal(raw, &e), string(raw))
 	require.NotEmpty(t, e.Error.Message)
+
+	// After traffic and an error, the live exposition carries every name the
+	// dashboards, alerts and KEDA use.
+	resp, err = http.Get("http://" + metricsAddr + "/metrics")
+	require.NoError(t, err)
+	exposition, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	metricscheck.Check(t, exposition, "epp")
 
 	// SIGTERM drains and exits cleanly.
 	require.NoError(t, epp.Process.Signal(syscall.SIGTERM))
