@@ -5,7 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +28,7 @@ import (
 const model = "Qwen/Qwen3-32B"
 
 type replica struct {
-	r      *sim.Replica
+	addr   string // HTTP ip:port
 	base   string
 	pub    string
 	replay string
@@ -41,8 +45,38 @@ func startSim(t *testing.T, mutate func(*sim.Config)) *replica {
 		c.Engine.NumGPUBlocks = 64
 		mutate(c)
 	})
-	rep := &replica{r: r, base: "http://" + r.Addr()}
+	rep := &replica{addr: r.Addr(), base: "http://" + r.Addr()}
 	rep.pub, rep.replay = r.KVEndpoints()
+	return rep
+}
+
+// startProcess runs the enginesim binary as one replica (with replay and a
+// small cache) until the test ends; args add flags.
+func startProcess(t *testing.T, bin string, args ...string) *replica {
+	t.Helper()
+	port := func() int {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		defer l.Close()
+		return l.Addr().(*net.TCPAddr).Port
+	}
+	rep := &replica{addr: fmt.Sprintf("127.0.0.1:%d", port()),
+		pub: fmt.Sprintf("tcp://127.0.0.1:%d", port()), replay: fmt.Sprintf("tcp://127.0.0.1:%d", port())}
+	rep.base = "http://" + rep.addr
+	cmd := exec.Command(bin, append([]string{"-listen", rep.addr, "-kv-events-endpoint", rep.pub,
+		"-kv-events-replay-endpoint", rep.replay, "-num-gpu-blocks", "64", "-time-scale", "200", "-seed", "11",
+		"-log-level", "warn"}, args...)...)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(rep.base + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 15*time.Second, 20*time.Millisecond)
 	return rep
 }
 
@@ -142,19 +176,18 @@ func workload(rng *rand.Rand, n int) [][]uint32 {
 	return prompts
 }
 
-// TestIndexAgreesWithSimulators drives three simulated engines of different
-// flavours and wire encodings, with evictions, a forced gap filled by replay
+// TestIndexAgreesWithSimulators drives three enginesim processes of
+// different flavours and wire encodings, with evictions, a forced gap filled by replay
 // and a restart, and checks that the index answers every prompt's prefix
 // question exactly as the engines' own caches do.
 func TestIndexAgreesWithSimulators(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "enginesim")
+	out, err := exec.Command("go", "build", "-o", bin, "../../cmd/enginesim").CombinedOutput()
+	require.NoError(t, err, string(out))
 	sims := []*replica{
-		startSim(t, func(c *sim.Config) { c.Engine.Flavour = "vllm" }),
-		startSim(t, func(c *sim.Config) { c.Engine.Flavour = "sglang" }),
-		startSim(t, func(c *sim.Config) {
-			c.Engine.Flavour = "vllm"
-			c.KVEvents.Format = "array"
-			c.KVEvents.Hashes = "bytes"
-		}),
+		startProcess(t, bin, "-engine", "vllm"),
+		startProcess(t, bin, "-engine", "sglang"),
+		startProcess(t, bin, "-engine", "vllm", "-kv-events-format", "array", "-kv-events-hashes", "bytes"),
 	}
 	ix := kvindex.New(kvindex.Config{})
 	m := New(Config{}, ix, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
@@ -163,7 +196,7 @@ func TestIndexAgreesWithSimulators(t *testing.T) {
 	require.NoError(t, m.Register(reg))
 	sources := make([]Source, len(sims))
 	for i, s := range sims {
-		sources[i] = Source{Replica: kvindex.Replica(i), Name: s.r.Addr(), Model: model, Endpoint: s.pub, Replay: s.replay}
+		sources[i] = Source{Replica: kvindex.Replica(i), Name: s.addr, Model: model, Endpoint: s.pub, Replay: s.replay}
 	}
 	m.Set(sources)
 
@@ -224,10 +257,10 @@ func TestIndexAgreesWithSimulators(t *testing.T) {
 
 	evicted := 0.0
 	for i := range sims {
-		evicted += metricValue(t, reg, "omnious_epp_kv_blocks_total", "removed", sims[i].r.Addr())
+		evicted += metricValue(t, reg, "omnious_epp_kv_blocks_total", "removed", sims[i].addr)
 	}
 	require.Positive(t, evicted, "the small caches evicted, and the index followed")
-	require.Positive(t, metricValue(t, reg, "omnious_epp_kv_sequence_total", "replay", sims[0].r.Addr()))
+	require.Positive(t, metricValue(t, reg, "omnious_epp_kv_sequence_total", "replay", sims[0].addr))
 
 	// A replica that leaves the pool is purged.
 	m.Set(sources[1:])
