@@ -1,6 +1,7 @@
 package kvindex
 
 import (
+	"github.com/omnious/provider-node/internal/cputime"
 	"math/rand/v2"
 	"runtime"
 	"testing"
@@ -35,13 +36,13 @@ func BenchmarkLookup32k(b *testing.B) {
 	keys := make([]Key, 0, 2048)
 	out := make([]Match, 0, 8)
 	b.ReportAllocs()
-	start, ops := cpuClock(), 0
+	start, ops := cputime.Clock(), 0
 	for b.Loop() {
 		keys = AppendBlockKeys(keys[:0], root, toks, 16)
 		out = ix.Match(keys, out)
 		ops++
 	}
-	reportCPU(b, start, ops)
+	cputime.Report(b, start, ops)
 	if len(out) != 8 {
 		b.Fatalf("got %d matches, want 8", len(out))
 	}
@@ -54,12 +55,12 @@ func BenchmarkHash32k(b *testing.B) {
 	keys := make([]Key, 0, 2048)
 	b.SetBytes(int64(4 * len(toks)))
 	b.ReportAllocs()
-	start, ops := cpuClock(), 0
+	start, ops := cputime.Clock(), 0
 	for b.Loop() {
 		keys = AppendBlockKeys(keys[:0], root, toks, 16)
 		ops++
 	}
-	reportCPU(b, start, ops)
+	cputime.Report(b, start, ops)
 	sinkKeys = keys
 }
 
@@ -68,12 +69,12 @@ func BenchmarkMatch32k(b *testing.B) {
 	keys := AppendBlockKeys(nil, root, toks, 16)
 	out := make([]Match, 0, 8)
 	b.ReportAllocs()
-	start, ops := cpuClock(), 0
+	start, ops := cputime.Clock(), 0
 	for b.Loop() {
 		out = ix.Match(keys, out)
 		ops++
 	}
-	reportCPU(b, start, ops)
+	cputime.Report(b, start, ops)
 	sinkMatches = out
 }
 
@@ -183,15 +184,15 @@ func BenchmarkApplyBlockStored(b *testing.B) {
 	b.ReportAllocs()
 	i := 0
 	var cpu time.Duration
-	start := cpuClock()
+	start := cputime.Clock()
 	for b.Loop() {
 		if i == nBatches {
-			cpu += cpuClock() - start
+			cpu += cputime.Clock() - start
 			b.StopTimer()
 			rs.Reset()
 			i = 0
 			b.StartTimer()
-			start = cpuClock()
+			start = cputime.Clock()
 		}
 		if err := kvevents.DecodeBatch(payloads[i], &batch); err != nil {
 			b.Fatal(err)
@@ -200,7 +201,7 @@ func BenchmarkApplyBlockStored(b *testing.B) {
 		blocks += blocksIn[i]
 		i++
 	}
-	cpu += cpuClock() - start
+	cpu += cputime.Clock() - start
 	b.ReportMetric(float64(blocks)/b.Elapsed().Seconds(), "blocks/s")
 	if cpu > 0 {
 		b.ReportMetric(float64(blocks)/cpu.Seconds(), "blocks/cpu-s")

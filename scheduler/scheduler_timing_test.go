@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"fmt"
+	"github.com/omnious/provider-node/internal/cputime"
 	"testing"
 	"time"
 
@@ -35,7 +36,7 @@ func BenchmarkSchedule64(b *testing.B) {
 			}
 			req := &Request{Model: testModel, Tokens: prompt, Arrived: time.Now()}
 			b.ReportAllocs()
-			start, ops := cpuClock(), 0
+			start, ops := cputime.Clock(), 0
 			for b.Loop() {
 				d, err := e.s.Pick(ctx, req)
 				if err != nil {
@@ -45,7 +46,7 @@ func BenchmarkSchedule64(b *testing.B) {
 				d.Done(DoneInfo{Status: 200})
 				ops++
 			}
-			reportCPU(b, start, ops)
+			cputime.Report(b, start, ops)
 		})
 	}
 }
@@ -60,25 +61,25 @@ func BenchmarkKeying(b *testing.B) {
 	ix.Store(1, kvindex.TierGPU, keys)
 	out := make([]kvindex.Match, 0, 8)
 	b.ReportAllocs()
-	start, ops := cpuClock(), 0
+	start, ops := cputime.Clock(), 0
 	for b.Loop() {
 		keys = kvindex.AppendBlockKeys(keys[:0], root, prompt, 16)
 		out = ix.Match(keys, out)
 		ops++
 	}
-	reportCPU(b, start, ops)
+	cputime.Report(b, start, ops)
 }
 
 func BenchmarkKeyingOnly(b *testing.B) {
 	prompt := tokens(8192, 42)
 	root := kvindex.RootKey(testModel, "", "")
 	keys := kvindex.AppendBlockKeys(nil, root, prompt, 16)
-	start, ops := cpuClock(), 0
+	start, ops := cputime.Clock(), 0
 	for b.Loop() {
 		keys = kvindex.AppendBlockKeys(keys[:0], root, prompt, 16)
 		ops++
 	}
-	reportCPU(b, start, ops)
+	cputime.Report(b, start, ops)
 }
 
 // BenchmarkScheduleNoPrefix is the replica-dependent part alone (admission,
@@ -93,7 +94,7 @@ func BenchmarkScheduleNoPrefix(b *testing.B) {
 			}
 			req := &Request{Model: testModel}
 			b.ReportAllocs()
-			start, ops := cpuClock(), 0
+			start, ops := cputime.Clock(), 0
 			for b.Loop() {
 				d, err := e.s.Pick(ctx, req)
 				if err != nil {
@@ -103,8 +104,8 @@ func BenchmarkScheduleNoPrefix(b *testing.B) {
 				d.Done(DoneInfo{Status: 200})
 				ops++
 			}
-			reportCPU(b, start, ops)
-			b.ReportMetric(float64(cpuClock()-start)/float64(max(ops, 1))/float64(n), "cpu-ns/replica")
+			cputime.Report(b, start, ops)
+			b.ReportMetric(float64(cputime.Clock()-start)/float64(max(ops, 1))/float64(n), "cpu-ns/replica")
 		})
 	}
 }

@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"fmt"
+	"github.com/omnious/provider-node/internal/cputime"
 	"math/rand/v2"
 	"path/filepath"
 	"strings"
@@ -109,7 +110,7 @@ func BenchmarkTokenize(b *testing.B) {
 				dst := tok.Encode(nil, text)
 				b.SetBytes(int64(len(text)))
 				b.ReportAllocs()
-				cpu0, ok := processCPU()
+				cpu0, ok := cputime.Now()
 				n := 0
 				for b.Loop() {
 					if cold {
@@ -118,7 +119,7 @@ func BenchmarkTokenize(b *testing.B) {
 					dst = tok.Encode(dst[:0], text)
 					n++
 				}
-				if cpu1, ok1 := processCPU(); ok && ok1 && cpu1 > cpu0 {
+				if cpu1, ok1 := cputime.Now(); ok && ok1 && cpu1 > cpu0 {
 					b.ReportMetric(float64(n*len(text))/(cpu1-cpu0).Seconds()/1e6, "cpu-MB/s")
 				}
 				b.ReportMetric(float64(len(dst)), "tokens/op")
@@ -175,7 +176,7 @@ func BenchmarkChatTurnCachedPrefix(b *testing.B) {
 	newTokens := 0
 	i := 0
 	b.ReportAllocs()
-	cpu0, ok := processCPU()
+	cpu0, ok := cputime.Now()
 	for b.Loop() {
 		// The iteration number keeps every request new, as in production.
 		text := conv + "<|im_start|>user\n" + fmt.Sprint(i) + " " + turns[i%len(turns)] + "<|im_end|>\n<|im_start|>assistant\n"
@@ -183,7 +184,7 @@ func BenchmarkChatTurnCachedPrefix(b *testing.B) {
 		newTokens += len(dst) - base
 		i++
 	}
-	if cpu1, ok1 := processCPU(); ok && ok1 {
+	if cpu1, ok1 := cputime.Now(); ok && ok1 {
 		b.ReportMetric(float64((cpu1-cpu0).Microseconds())/float64(i), "cpu-µs/op")
 	}
 	b.ReportMetric(float64(base), "prefix-tokens")
