@@ -11,13 +11,14 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/omnious/provider-node/engines/sim/simtest"
 )
 
 // freePortPair returns a port p such that p and p+1 are both free (a
@@ -37,15 +38,6 @@ func freePortPair(t *testing.T) int {
 	}
 	t.Fatal("no two consecutive free ports on 127.0.0.1")
 	return 0
-}
-
-// buildBinary builds cmd/enginesim once per test run.
-func buildBinary(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "enginesim")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, string(out))
-	return bin
 }
 
 func postJSON(t *testing.T, url string, body any) (int, []byte) {
@@ -87,7 +79,7 @@ func (l *lines) snapshot() []string {
 // msgpack, not our Go decoder) on rank 1: it decodes the events, fills a
 // forced gap by replay, and sees the restart's AllBlocksCleared.
 func TestPythonSubscriberDecodesEnginesim(t *testing.T) {
-	bin := buildBinary(t)
+	bin := simtest.Binary(t)
 	for _, flavour := range []string{"vllm", "sglang"} {
 		t.Run(flavour, func(t *testing.T) {
 			httpPort, pubPort, replayPort := freePortPair(t), freePortPair(t), freePortPair(t)
@@ -102,14 +94,7 @@ func TestPythonSubscriberDecodesEnginesim(t *testing.T) {
 			require.NoError(t, sim.Start())
 			defer func() { _ = sim.Process.Kill(); _ = sim.Wait() }()
 			base := fmt.Sprintf("http://127.0.0.1:%d", httpPort+1)
-			require.Eventually(t, func() bool {
-				resp, err := http.Get(base + "/health")
-				if err != nil {
-					return false
-				}
-				resp.Body.Close()
-				return resp.StatusCode == http.StatusOK
-			}, 10*time.Second, 20*time.Millisecond)
+			simtest.WaitOK(t, base+"/health")
 
 			py := exec.CommandContext(ctx, "/usr/bin/python3", "../../engines/kvevents/testdata/pysub.py",
 				"--endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", pubPort+1),

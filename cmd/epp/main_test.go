@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -23,24 +22,9 @@ import (
 
 	"github.com/omnious/provider-node/deploy/metricscheck"
 	"github.com/omnious/provider-node/engines/openai"
+	"github.com/omnious/provider-node/engines/sim/simtest"
 	"github.com/omnious/provider-node/extproc/testgw"
 )
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-func build(t *testing.T, pkg, dir, name string) string {
-	t.Helper()
-	bin := filepath.Join(dir, name)
-	out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput()
-	require.NoError(t, err, string(out))
-	return bin
-}
 
 // start runs a process until the test ends.
 func start(t *testing.T, bin string, args ...string) *exec.Cmd {
@@ -50,18 +34,6 @@ func start(t *testing.T, bin string, args ...string) *exec.Cmd {
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	return cmd
-}
-
-func waitHTTP(t *testing.T, url string) {
-	t.Helper()
-	require.Eventually(t, func() bool {
-		resp, err := http.Get(url)
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	}, 20*time.Second, 25*time.Millisecond, url)
 }
 
 func getJSON(t *testing.T, url string, v any) {
@@ -101,15 +73,17 @@ func metric(t *testing.T, url, name string) float64 {
 // prefix stay on the replica that holds it.
 func TestEPPRoutesThroughGateway(t *testing.T) {
 	dir := t.TempDir()
-	simBin := build(t, "../enginesim", dir, "enginesim")
-	eppBin := build(t, ".", dir, "epp")
+	simBin := simtest.Binary(t)
+	eppBin := filepath.Join(dir, "epp")
+	out, err := exec.Command("go", "build", "-o", eppBin, ".").CombinedOutput()
+	require.NoError(t, err, string(out))
 	const model = "Qwen/Qwen3-32B"
 
 	var file strings.Builder
 	fmt.Fprintf(&file, "defaults:\n  model: %s\nendpoints:\n", model)
 	var sims []string
 	for i, flavour := range []string{"vllm", "vllm", "sglang"} {
-		httpPort, pub, replay := freePort(t), freePort(t), freePort(t)
+		httpPort, pub, replay := simtest.FreePort(t), simtest.FreePort(t), simtest.FreePort(t)
 		start(t, simBin, "-engine", flavour, "-listen", fmt.Sprintf("127.0.0.1:%d", httpPort),
 			"-kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", pub),
 			"-kv-events-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", replay),
@@ -119,18 +93,18 @@ func TestEPPRoutesThroughGateway(t *testing.T) {
 			httpPort, flavour, pub, replay)
 	}
 	for _, s := range sims {
-		waitHTTP(t, "http://"+s+"/health")
+		simtest.WaitOK(t, "http://"+s+"/health")
 	}
 	endpoints := filepath.Join(dir, "endpoints.yaml")
 	require.NoError(t, os.WriteFile(endpoints, []byte(file.String()), 0o600))
 
-	grpcAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	adminAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	grpcAddr := fmt.Sprintf("127.0.0.1:%d", simtest.FreePort(t))
+	metricsAddr := fmt.Sprintf("127.0.0.1:%d", simtest.FreePort(t))
+	adminAddr := fmt.Sprintf("127.0.0.1:%d", simtest.FreePort(t))
 	epp := start(t, eppBin, "-endpoints-file", endpoints, "-standin-tokenizer", "-log-level", "warn",
-		"-grpc-addr", grpcAddr, "-health-addr", fmt.Sprintf("127.0.0.1:%d", freePort(t)),
+		"-grpc-addr", grpcAddr, "-health-addr", fmt.Sprintf("127.0.0.1:%d", simtest.FreePort(t)),
 		"-metrics-addr", metricsAddr, "-admin-addr", adminAddr)
-	waitHTTP(t, "http://"+metricsAddr+"/metrics")
+	simtest.WaitOK(t, "http://"+metricsAddr+"/metrics")
 
 	gw, err := testgw.New(testgw.Config{EPP: grpcAddr}, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
 	require.NoError(t, err)

@@ -5,11 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -54,12 +52,7 @@ func startSim(t *testing.T, mutate func(*sim.Config)) *replica {
 // small cache) until the test ends; args add flags.
 func startProcess(t *testing.T, bin string, args ...string) *replica {
 	t.Helper()
-	port := func() int {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		defer l.Close()
-		return l.Addr().(*net.TCPAddr).Port
-	}
+	port := func() int { return simtest.FreePort(t) }
 	rep := &replica{addr: fmt.Sprintf("127.0.0.1:%d", port()),
 		pub: fmt.Sprintf("tcp://127.0.0.1:%d", port()), replay: fmt.Sprintf("tcp://127.0.0.1:%d", port())}
 	rep.base = "http://" + rep.addr
@@ -69,14 +62,7 @@ func startProcess(t *testing.T, bin string, args ...string) *replica {
 	cmd.Stderr = os.Stderr
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	require.Eventually(t, func() bool {
-		resp, err := http.Get(rep.base + "/health")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	}, 15*time.Second, 20*time.Millisecond)
+	simtest.WaitOK(t, rep.base+"/health")
 	return rep
 }
 
@@ -181,9 +167,7 @@ func workload(rng *rand.Rand, n int) [][]uint32 {
 // and a restart, and checks that the index answers every prompt's prefix
 // question exactly as the engines' own caches do.
 func TestIndexAgreesWithSimulators(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "enginesim")
-	out, err := exec.Command("go", "build", "-o", bin, "../../cmd/enginesim").CombinedOutput()
-	require.NoError(t, err, string(out))
+	bin := simtest.Binary(t)
 	sims := []*replica{
 		startProcess(t, bin, "-engine", "vllm"),
 		startProcess(t, bin, "-engine", "sglang"),

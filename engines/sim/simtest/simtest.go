@@ -5,9 +5,14 @@ package simtest
 
 import (
 	"context"
+	"net"
 	"net/http"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
@@ -54,4 +59,39 @@ func SetFaults(t testing.TB, base, body string) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// WaitOK waits up to 20 s for GET url to answer 200.
+func WaitOK(t testing.TB, url string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(url)
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 20*time.Second, 20*time.Millisecond, url)
+}
+
+// Binary builds the enginesim command into a temporary directory and
+// returns its path, for tests that run replicas as processes.
+func Binary(t testing.TB) string {
+	t.Helper()
+	_, file, _, ok := runtime.Caller(0)
+	require.True(t, ok)
+	src := filepath.Join(filepath.Dir(file), "..", "..", "..", "cmd", "enginesim")
+	bin := filepath.Join(t.TempDir(), "enginesim")
+	out, err := exec.Command("go", "build", "-o", bin, src).CombinedOutput()
+	require.NoError(t, err, string(out))
+	return bin
 }
