@@ -96,7 +96,7 @@ type Stats struct {
 	// Residencies is the number of (block, replica) pairs.
 	Residencies int
 	// Bytes is the exact accounting of live structures, compared against
-	// Config.MemoryBudget: 8 bytes per hash-table slot, 48 per key, 32 per
+	// Config.MemoryBudget: 8 bytes per hash-table slot, 48 per key, 40 per
 	// overflow chunk (one per 7 residencies beyond a key's first 5) and 16
 	// per replica id up to the highest seen.
 	Bytes int64
@@ -142,6 +142,22 @@ type entry struct {
 type chunk struct {
 	res  [chunkRes]residency
 	next int32
+	// sig, kept in a key's first chunk only, is the XOR of resSig over all
+	// the key's residencies. Blocks of a long shared prefix are held by the
+	// same, often many, replicas; equal signatures let Match step over
+	// them in O(1) instead of comparing every residency.
+	sig uint64
+}
+
+// resSig spreads a residency over 64 bits (SplitMix64's finaliser, a
+// bijection), so that the XOR of a set's signatures differs between sets
+// except with probability about 2^-64; a false match would only credit a
+// prefix run to the wrong replicas, never corrupt the index.
+func resSig(v residency) uint64 {
+	z := uint64(v) * 0x9e3779b97f4a7c15
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	return z ^ z>>31
 }
 
 type replicaCount struct {
@@ -241,7 +257,7 @@ func (ix *Index) Store(r Replica, t Tier, keys []Key) {
 			cnt.byTier[t]++
 			ix.residencies++
 		case mask&bit == 0:
-			*ix.resPtr(e, pos) |= residency(bit)
+			ix.setResLocked(e, pos, residency(r)<<8|residency(mask|bit))
 			cnt.byTier[t]++
 		}
 	}
@@ -276,7 +292,7 @@ func (ix *Index) Remove(r Replica, t Tier, keys []Key) {
 		if mask == bit {
 			ix.removeResLocked(idx, e, pos)
 		} else {
-			*ix.resPtr(e, pos) &^= residency(bit)
+			ix.setResLocked(e, pos, residency(r)<<8|residency(mask&^bit))
 			ix.counts[r].byTier[t]--
 		}
 	}
@@ -417,26 +433,19 @@ func (st *matchState) credit() {
 	st.run = 0
 }
 
-// sameRes reports whether a and b list the same residencies in the same order.
-// It compares with XOR/OR rather than array equality, which the compiler
-// turns into a memequal call.
+// sameRes reports whether a and b hold the same residencies: for up to
+// inlineRes, listed in the same order (compared with XOR/OR rather than
+// array equality, which the compiler turns into a memequal call); beyond,
+// as the same set, by signature.
 func (ix *Index) sameRes(a, b *entry) bool {
-	if a.n != b.n || (a.res[0]^b.res[0])|(a.res[1]^b.res[1])|(a.res[2]^b.res[2])|
-		(a.res[3]^b.res[3])|(a.res[4]^b.res[4]) != 0 {
+	if a.n != b.n {
 		return false
 	}
-	for ca, cb := a.more, b.more; ca >= 0; {
-		x, y := ix.chunks.at(ca), ix.chunks.at(cb)
-		var d residency
-		for i := range x.res {
-			d |= x.res[i] ^ y.res[i]
-		}
-		if d != 0 {
-			return false
-		}
-		ca, cb = x.next, y.next
+	if a.more >= 0 {
+		return ix.chunks.at(a.more).sig == ix.chunks.at(b.more).sig
 	}
-	return true
+	return (a.res[0]^b.res[0])|(a.res[1]^b.res[1])|(a.res[2]^b.res[2])|
+		(a.res[3]^b.res[3])|(a.res[4]^b.res[4]) == 0
 }
 
 // Resident returns how many blocks replica r holds on any tier.
@@ -580,6 +589,26 @@ func (ix *Index) appendResLocked(e *entry, v residency) {
 	}
 	e.n++
 	*ix.resPtr(e, pos) = v
+	switch {
+	case pos == inlineRes: // first chunk: sign the whole set
+		sig := resSig(v)
+		for _, w := range e.res {
+			sig ^= resSig(w)
+		}
+		ix.chunks.at(e.more).sig = sig
+	case pos > inlineRes:
+		ix.chunks.at(e.more).sig ^= resSig(v)
+	}
+}
+
+// setResLocked replaces the residency at pos (a tier mask change), keeping
+// the signature.
+func (ix *Index) setResLocked(e *entry, pos int32, v residency) {
+	p := ix.resPtr(e, pos)
+	if e.more >= 0 {
+		ix.chunks.at(e.more).sig ^= resSig(*p) ^ resSig(v)
+	}
+	*p = v
 }
 
 // removeResLocked removes the residency at pos (moving the last one into its
@@ -590,6 +619,9 @@ func (ix *Index) removeResLocked(idx int32, e *entry, pos int32) {
 	cnt.blocks--
 	for m := v.mask(); m != 0; m &= m - 1 {
 		cnt.byTier[bits.TrailingZeros8(m)]--
+	}
+	if e.more >= 0 {
+		ix.chunks.at(e.more).sig ^= resSig(v)
 	}
 	last := int32(e.n) - 1
 	lp := ix.resPtr(e, last)

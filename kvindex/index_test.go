@@ -370,8 +370,10 @@ func checkInvariants(t *testing.T, ix *Index) {
 			return n
 		}())
 		seen := map[Replica]bool{}
+		var sig uint64
 		for p := int32(0); p < int32(e.n); p++ {
 			v := *ix.resPtr(e, p)
+			sig ^= resSig(v)
 			require.NotZero(t, v.mask())
 			require.False(t, seen[v.replica()], "duplicate replica")
 			seen[v.replica()] = true
@@ -382,6 +384,9 @@ func checkInvariants(t *testing.T, ix *Index) {
 				}
 			}
 			res++
+		}
+		if e.more >= 0 {
+			require.Equal(t, sig, ix.chunks.at(e.more).sig, "residency signature of key %x", e.key)
 		}
 	}
 	n := 0
@@ -408,6 +413,6 @@ func checkInvariants(t *testing.T, ix *Index) {
 	for r := range counts {
 		require.Equal(t, counts[r], ix.counts[r], "replica %d counts", r)
 	}
-	want := int64(len(ix.slots))*8 + int64(live)*48 + int64(chunks)*32 + int64(len(ix.counts))*16
+	want := int64(len(ix.slots))*8 + int64(live)*48 + int64(chunks)*40 + int64(len(ix.counts))*16
 	require.Equal(t, want, ix.accountedBytes(), "byte accounting")
 }

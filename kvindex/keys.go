@@ -2,7 +2,8 @@ package kvindex
 
 import (
 	"encoding/binary"
-	"math/bits"
+	"hash/maphash"
+	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -31,98 +32,53 @@ func RootKey(model, lora, cacheSalt string) Key {
 }
 
 // AppendBlockKeys appends to dst the keys of every full block of tokens,
-// chained from parent: key_i = xxhash64(key_{i-1} as 8 little-endian bytes ||
-// block i's tokens as little-endian uint32). A trailing partial block is not
-// keyed because engines only cache full blocks. Keys depend on blockSize, so
-// prompts must be keyed with the block size of the replicas they are matched
-// against. It does not allocate beyond growing dst.
+// chained from parent: key_i = chainMix(key_{i-1}, contentSum(block i)). A
+// trailing partial block is not keyed because engines only cache full blocks.
+// Keys depend on blockSize, so prompts must be keyed with the block size of
+// the replicas they are matched against. It does not allocate beyond growing
+// dst.
+//
+// Keys are process-local: contentSum is seeded once per process, so keys are
+// never stored or sent anywhere (the index is rebuilt from engine events
+// after a restart), and a client cannot craft prompts whose blocks collide
+// without knowing the seed.
 func AppendBlockKeys(dst []Key, parent Key, tokens []uint32, blockSize int) []Key {
 	if blockSize <= 0 {
 		return dst
 	}
 	for len(tokens) >= blockSize {
-		parent = nonZero(chainSum(uint64(parent), tokens[:blockSize:blockSize]))
+		parent = nonZero(chainMix(uint64(parent), contentSum(tokens[:blockSize:blockSize])))
 		dst = append(dst, parent)
 		tokens = tokens[blockSize:]
 	}
 	return dst
 }
 
-// XXH64 constants (seed 0).
-const (
-	prime1 uint64 = 11400714785074694791
-	prime2 uint64 = 14029467366897019727
-	prime3 uint64 = 1609587929392839161
-	prime4 uint64 = 9650029242287828579
-	prime5 uint64 = 2870177450012600261
-	// v1Init and v4Init are prime1+prime2 and -prime1 modulo 2^64.
-	v1Init uint64 = 6983438078262162902
-	v4Init uint64 = 7046029288634856825
-)
+// contentSeed seeds the block content hash for the life of the process.
+var contentSeed = maphash.MakeSeed()
 
-// chainSum is xxhash.Sum64 of parent's 8 little-endian bytes followed by
-// blk's tokens as little-endian uint32, computed on the fly: the 8-byte words
-// XXH64 consumes are parent, then token pairs. It saves copying every token
-// into a byte buffer (and needs no unsafe view of the slice), and being plain
-// Go it lets the CPU overlap the parent-independent work of the next block
-// with the current one. Tests pin it to the library's Sum64.
-func chainSum(parent uint64, blk []uint32) uint64 {
-	n := uint64(8 + 4*len(blk))
-	var h uint64
-	if len(blk) >= 6 { // at least one 32-byte stripe
-		v1 := xxRound(v1Init, parent)
-		v2 := xxRound(prime2, pair(blk[0], blk[1]))
-		v3 := xxRound(0, pair(blk[2], blk[3]))
-		v4 := xxRound(v4Init, pair(blk[4], blk[5]))
-		blk = blk[6:]
-		for ; len(blk) >= 8; blk = blk[8:] {
-			v1 = xxRound(v1, pair(blk[0], blk[1]))
-			v2 = xxRound(v2, pair(blk[2], blk[3]))
-			v3 = xxRound(v3, pair(blk[4], blk[5]))
-			v4 = xxRound(v4, pair(blk[6], blk[7]))
-		}
-		h = bits.RotateLeft64(v1, 1) + bits.RotateLeft64(v2, 7) +
-			bits.RotateLeft64(v3, 12) + bits.RotateLeft64(v4, 18)
-		h = xxMerge(h, v1)
-		h = xxMerge(h, v2)
-		h = xxMerge(h, v3)
-		h = xxMerge(h, v4)
-		h += n
-	} else {
-		h = prime5 + n
-		h = xxTail(h, parent)
-	}
-	for ; len(blk) >= 2; blk = blk[2:] {
-		h = xxTail(h, pair(blk[0], blk[1]))
-	}
-	if len(blk) == 1 {
-		h ^= uint64(blk[0]) * prime1
-		h = bits.RotateLeft64(h, 23)*prime2 + prime3
-	}
-	h ^= h >> 33
-	h *= prime2
-	h ^= h >> 29
-	h *= prime3
-	h ^= h >> 32
-	return h
+// contentSum hashes one block's token ids, viewed in place as bytes in the
+// machine's byte order. hash/maphash uses the CPU's AES instructions where
+// it can, about three times faster than XXH64 on 64-byte blocks, and,
+// unlike a chain hash, the sums of consecutive blocks are independent, so
+// the CPU computes several at once; only chainMix is serial.
+func contentSum(blk []uint32) uint64 {
+	return maphash.Bytes(contentSeed, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(blk))), 4*len(blk)))
 }
 
-func pair(lo, hi uint32) uint64 { return uint64(lo) | uint64(hi)<<32 }
-
-func xxRound(acc, input uint64) uint64 {
-	acc += input * prime2
-	acc = bits.RotateLeft64(acc, 31)
-	return acc * prime1
-}
-
-func xxMerge(acc, val uint64) uint64 {
-	acc ^= xxRound(0, val)
-	return acc*prime1 + prime4
-}
-
-func xxTail(h, word uint64) uint64 {
-	h ^= xxRound(0, word)
-	return bits.RotateLeft64(h, 27)*prime1 + prime4
+// chainMix folds a block's content sum into its parent's key: the parent is
+// multiplied by an odd constant (so swapping parent and content does not
+// collide), then MurmurHash3's 64-bit finaliser avalanches the result. For a
+// fixed content sum it is a bijection of the parent, so two different
+// prefixes never share a key unless their 64-bit inputs collide.
+func chainMix(parent, content uint64) uint64 {
+	x := parent*0x9e3779b97f4a7c15 ^ content
+	x ^= x >> 33
+	x *= 0xff51afd7ed558ccd
+	x ^= x >> 33
+	x *= 0xc4ceb9fe1a85ec53
+	x ^= x >> 33
+	return x
 }
 
 // nonZero keeps 0 free as the "no key" marker; a 2^-64 collision with key 1
