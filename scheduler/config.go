@@ -102,7 +102,8 @@ type ScoringConfig struct {
 	// halved. Default 4.
 	TargetWaiting float64 `yaml:"target_waiting"`
 	// TargetInflight is the EPP in-flight count at which the in-flight score
-	// is halved, and a replica's healthy concurrency. Default 8.
+	// is halved. Default 8. (Admission has its own, see
+	// AdmissionConfig.TargetInflight.)
 	TargetInflight float64 `yaml:"target_inflight"`
 	// KVCeiling is the KV usage above which a replica is filtered out
 	// (unless nothing is left) and at which the KV score reaches 0.
@@ -153,6 +154,14 @@ type AdmissionConfig struct {
 	// bronze 100/0.30. A band waits once pool saturation reaches its
 	// ceiling; a ceiling above 1 never waits in practice.
 	Bands []Band `yaml:"bands"`
+	// TargetInflight is the EPP in-flight count at which one replica counts
+	// as saturated. Default 256, vLLM's default max_num_seqs: a batching
+	// engine runs that many at once, so the in-flight term only matters
+	// while the engine's own signals (waiting, KV usage) lag behind a
+	// burst. llmgw's 8 (scoring.target_inflight) suits llama.cpp's few
+	// slots; on vLLM it held each replica to about 7 requests and starved
+	// the GPU (bench llmd-73: 2.3 req/s from 8 replicas).
+	TargetInflight float64 `yaml:"target_inflight"`
 	// QueueTTL drops a request that waited this long (503). Default 30s.
 	QueueTTL time.Duration `yaml:"queue_ttl"`
 	// QueueCapacityPerBand rejects a request with 429 when its band already
@@ -262,6 +271,7 @@ func (c *Config) setDefaults() {
 			{Name: "bronze", Priority: 100, SaturationCeiling: 0.30},
 		}
 	}
+	def(&a.TargetInflight, 256)
 	defDur(&a.QueueTTL, 30*time.Second)
 	defInt(&a.QueueCapacityPerBand, 2000)
 	defDur(&a.Interval, 10*time.Millisecond)
@@ -387,6 +397,9 @@ func (c *Config) Validate() error {
 	}
 	if !seen[a.DefaultBand] {
 		bad("admission.default_band %q is not one of the bands", a.DefaultBand)
+	}
+	if a.TargetInflight <= 0 {
+		bad("admission.target_inflight %v: want > 0", a.TargetInflight)
 	}
 	if a.QueueTTL <= 0 {
 		bad("admission.queue_ttl %v: want > 0", a.QueueTTL)

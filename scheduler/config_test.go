@@ -27,6 +27,7 @@ func TestDefaultConfig(t *testing.T) {
 	require.Len(t, c.Admission.Bands, 4)
 	require.Equal(t, Band{"bronze", 100, 0.30}, c.Admission.Bands[3])
 	require.Equal(t, 30*time.Second, c.Admission.QueueTTL)
+	require.Equal(t, 256.0, c.Admission.TargetInflight)
 	require.Equal(t, 2000, c.Admission.QueueCapacityPerBand)
 	require.Equal(t, 10*time.Millisecond, c.Admission.Interval)
 	require.True(t, *c.Admission.Enabled)
@@ -79,6 +80,7 @@ func TestConfigErrors(t *testing.T) {
 		{"balance rel", "prefix: {balance_rel: 0.5}", "prefix.balance_rel"},
 		{"kv ceiling", "scoring: {kv_ceiling: 1.2}", "scoring.kv_ceiling"},
 		{"default band missing", "admission: {default_band: vip}", `default_band "vip"`},
+		{"negative admission target", "admission: {target_inflight: -1}", "admission.target_inflight -1"},
 		{"duplicate band", "admission: {default_band: a, bands: [{name: a, saturation_ceiling: 1}, {name: a, saturation_ceiling: 1}]}", "appears twice"},
 		{"stale before interval", "signals: {scrape_interval: 5s, stale_after: 1s}", "signals.stale_after"},
 		{"fallbacks", "fallbacks: -1", "fallbacks -1"},

@@ -20,7 +20,7 @@ import (
 // Pool saturation is the mean over candidate replicas (breaker not open;
 // all replicas if every breaker is open) of
 //
-//	max(waiting/target_waiting, inflight/target_inflight, kv_usage/kv_ceiling)
+//	max(waiting/target_waiting, inflight/admission.target_inflight, kv_usage/kv_ceiling)
 //
 // where waiting and kv_usage come from the engine's last scrape (ignored
 // when stale) and inflight is the EPP's own count, so 1.0 means the pool is
@@ -80,6 +80,7 @@ func (f *flow) saturation() float64 {
 	snap := s.snap.Load()
 	now := s.now()
 	cfg := &s.cfg.Scoring
+	target := s.cfg.Admission.TargetInflight
 	var sum float64
 	n := 0
 	for pass := 0; pass < 2 && n == 0; pass++ {
@@ -87,7 +88,7 @@ func (f *flow) saturation() float64 {
 			if pass == 0 && r.br.state.Load() == BreakerOpen && r.br.current(now, s.cfg.Breaker.Cooldown) == BreakerOpen {
 				continue
 			}
-			v := float64(r.inflight.Load()) / cfg.TargetInflight
+			v := float64(r.inflight.Load()) / target
 			if sm, stale := s.signals(r, now); sm != nil && !stale {
 				v = max(v, sm.Signals.Waiting/cfg.TargetWaiting, sm.Signals.KVUsage/cfg.KVCeiling)
 			}
@@ -101,7 +102,7 @@ func (f *flow) saturation() float64 {
 	f.mu.Lock()
 	reserved := f.reserved
 	f.mu.Unlock()
-	return (sum + float64(reserved)/cfg.TargetInflight) / float64(n)
+	return (sum + float64(reserved)/target) / float64(n)
 }
 
 // admit returns when req may be scheduled: at once while its band is below

@@ -21,7 +21,7 @@ type pickResult struct {
 func flowEnv(t *testing.T, mut func(*Config)) (*testEnv, context.CancelFunc) {
 	e := newEnv(t, 2, func(c *Config) {
 		c.Admission.Enabled = ptr(true)
-		c.Scoring.TargetInflight = 10
+		c.Admission.TargetInflight = 10
 		c.Signals.StaleAfter = time.Hour
 		if mut != nil {
 			mut(c)
@@ -41,7 +41,7 @@ func flowEnv(t *testing.T, mut func(*Config)) (*testEnv, context.CancelFunc) {
 }
 
 func TestSaturation(t *testing.T) {
-	e := newEnv(t, 2, func(c *Config) { c.Scoring.TargetInflight = 10 })
+	e := newEnv(t, 2, func(c *Config) { c.Admission.TargetInflight = 10 })
 	tests := []struct {
 		name string
 		set  func()
