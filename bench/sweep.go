@@ -138,7 +138,10 @@ func pointLabel(p []override) string {
 func pointConfig(base string, p []override) ([]byte, error) {
 	doc := map[string]any{}
 	if isPolicyName(base) {
+		// The same scrape period the named policies get (schedulerConfig),
+		// so that a point with no overrides reproduces its base policy.
 		doc["policy"] = base
+		doc["signals"] = map[string]any{"scrape_interval": benchScrapeInterval.String(), "scrape_timeout": benchScrapeInterval.String()}
 	} else {
 		b, err := os.ReadFile(base)
 		if err != nil {

@@ -27,7 +27,8 @@ func TestGridPointsAndConfig(t *testing.T) {
 	var doc map[string]any
 	require.NoError(t, yaml.Unmarshal(b, &doc))
 	require.Equal(t, map[string]any{"policy": "precise", "prefix": map[string]any{"ttl": "2s"},
-		"scoring": map[string]any{"weights": map[string]any{"prefix": 3}}}, doc)
+		"scoring": map[string]any{"weights": map[string]any{"prefix": 3}},
+		"signals": map[string]any{"scrape_interval": "250ms", "scrape_timeout": "250ms"}}, doc)
 
 	// A base file keeps its keys; overrides go on top.
 	base := filepath.Join(t.TempDir(), "base.yaml")
