@@ -73,14 +73,22 @@ func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.
 		cands = cands[:n]
 	}
 
-	// KV ceiling stage: stale signals are not trusted to exclude.
-	over := 0
+	// KV ceiling stage: stale signals are not trusted to exclude. It only
+	// applies while some replica under the ceiling can also start the
+	// request soon (engine queue below target_waiting): a replica whose
+	// requests wait for prefill holds little KV, and under load it would
+	// otherwise become the only candidate and take every request (bench
+	// llmd-73: max/mean load 3.0).
+	over, ready := 0, false
 	for i := range cands {
-		if kvOver(&cands[i], s.cfg.Scoring.KVCeiling) {
+		c := &cands[i]
+		if kvOver(c, s.cfg.Scoring.KVCeiling) {
 			over++
+		} else if c.waiting < s.cfg.Scoring.TargetWaiting {
+			ready = true
 		}
 	}
-	if over > 0 && over < len(cands) {
+	if over > 0 && over < len(cands) && ready {
 		n := 0
 		for i := range cands {
 			if !kvOver(&cands[i], s.cfg.Scoring.KVCeiling) {

@@ -244,6 +244,18 @@ func TestFilters(t *testing.T) {
 		{"kv above ceiling removes the replica", func(e *testEnv) {
 			e.setSignals(1, metrics.Signals{KVUsage: 0.95})
 		}, []int{0, 2}, ""},
+		{"kv above ceiling stays a candidate when the rest are queueing", func(e *testEnv) {
+			// Only an unfiltered replica 0 wins: its empty queue outweighs
+			// the others' KV headroom.
+			e.setSignals(0, metrics.Signals{KVUsage: 0.95})
+			e.setSignals(1, metrics.Signals{KVUsage: 0.3, Waiting: 20})
+			e.setSignals(2, metrics.Signals{KVUsage: 0.3, Waiting: 20})
+		}, []int{0}, ""},
+		{"kv above ceiling is removed while others can start", func(e *testEnv) {
+			e.setSignals(0, metrics.Signals{KVUsage: 0.95})
+			e.setSignals(1, metrics.Signals{KVUsage: 0.3, Waiting: 3})
+			e.setSignals(2, metrics.Signals{KVUsage: 0.3, Waiting: 3})
+		}, []int{1, 2}, ""},
 		{"kv above ceiling everywhere keeps all", func(e *testEnv) {
 			for i := range 3 {
 				e.setSignals(i, metrics.Signals{KVUsage: 0.95})

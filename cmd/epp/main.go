@@ -16,9 +16,11 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/go-logr/zapr"
 	"go.uber.org/zap"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 
 	"github.com/omnious/provider-node/discovery"
 	"github.com/omnious/provider-node/extproc/epp"
@@ -105,6 +107,9 @@ func source(cfg epp.Config, kubeconfig string, log *zap.Logger) (discovery.Sourc
 		if err != nil {
 			return nil, err
 		}
+		// client-go logs through klog (reflector and watch errors); send
+		// them to the same structured log instead of klog's stderr format.
+		klog.SetLogger(zapr.NewLogger(log.Named("client-go")))
 		return discovery.NewPoolForConfig(discovery.PoolConfig{Name: cfg.PoolName, Namespace: cfg.PoolNamespace}, rc, log.Named("discovery"))
 	}
 	return nil, errors.New("one of -endpoints-file and -pool-name is required")
