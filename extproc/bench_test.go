@@ -54,12 +54,12 @@ func chatRequestUsage(size int, askUsage bool) []byte {
 	return body
 }
 
-func startTCPServer(b *testing.B) extprocv3.ExternalProcessorClient {
+func startTCPServer(b *testing.B, register func(*grpc.Server, Config)) extprocv3.ExternalProcessorClient {
 	cfg := Config{}.WithDefaults()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(b, err)
 	g := grpc.NewServer(cfg.ServerOptions()...)
-	NewServer(cfg, onePicker{[]*scheduler.Endpoint{{Addr: "127.0.0.1:8000"}}}, nil, nil, zap.NewNop()).Register(g)
+	register(g, cfg)
 	go func() { _ = g.Serve(lis) }()
 	// The client plays Envoy; it gets the same pool so that its own
 	// costs do not hide the server's.
@@ -81,10 +81,21 @@ func startTCPServer(b *testing.B) extprocv3.ExternalProcessorClient {
 // the re-emitted body. bodies/op is allocated bytes over body size: every
 // copy of the body on both sides of the connection, gRPC's included.
 func BenchmarkExtProcRoundTrip(b *testing.B) {
+	roundTrips(b, func(g *grpc.Server, cfg Config) {
+		NewServer(cfg, onePicker{[]*scheduler.Endpoint{{Addr: "127.0.0.1:8000"}}}, nil, nil, zap.NewNop()).Register(g)
+	})
+}
+
+// BenchmarkExtProcFloor is the same exchange against floorServer.
+func BenchmarkExtProcFloor(b *testing.B) {
+	roundTrips(b, func(g *grpc.Server, _ Config) { extprocv3.RegisterExternalProcessorServer(g, floorServer{}) })
+}
+
+func roundTrips(b *testing.B, register func(*grpc.Server, Config)) {
 	for _, size := range []int{1 << 10, 32 << 10, 200 << 10} {
 		body := chatRequest(size)
 		b.Run(fmt.Sprintf("%dKB", size>>10), func(b *testing.B) {
-			c := startTCPServer(b)
+			c := startTCPServer(b, register)
 			headers := reqHeaders(false, ":method", "POST", ":path", "/v1/chat/completions",
 				"content-type", "application/json", "content-length", strconv.Itoa(len(body)))
 			var chunks []*extprocv3.ProcessingRequest
@@ -225,6 +236,39 @@ func BenchmarkHandle(b *testing.B) {
 					b.Fatalf("sent %d bytes for %d requests of %d", sent, b.N, len(body))
 				}
 			})
+		}
+	}
+}
+
+// floorServer answers the same exchange as Server with no work at all: a
+// fixed header response and each body chunk echoed. Its round trip is what
+// gRPC and protobuf cost on this machine before the EPP does anything, the
+// floor under BenchmarkExtProcRoundTrip.
+type floorServer struct {
+	extprocv3.UnimplementedExternalProcessorServer
+}
+
+func (floorServer) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
+	for {
+		req, err := st.Recv()
+		if err != nil {
+			return nil
+		}
+		rb := req.GetRequestBody()
+		if rb == nil {
+			continue
+		}
+		if rb.GetEndOfStream() {
+			if err := st.Send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
+				RequestHeaders: &extprocv3.HeadersResponse{}}}); err != nil {
+				return err
+			}
+		}
+		if err := st.Send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
+			RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
+				Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: &extprocv3.StreamedBodyResponse{
+					Body: rb.GetBody(), EndOfStream: rb.GetEndOfStream()}}}}}}}); err != nil {
+			return err
 		}
 	}
 }
