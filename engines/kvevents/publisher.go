@@ -64,18 +64,24 @@ type Publisher struct {
 	cfg   PublisherConfig
 	log   *zap.Logger
 	topic []byte
+	// pubEP and replayEP are the endpoints as bound (real ports), fixed at
+	// creation so that a publisher back from Vanish binds the same ones.
+	pubEP, replayEP string
 
-	pub    zmq4.Socket
-	router zmq4.Socket
-	cancel context.CancelFunc
-	done   chan struct{}
-
-	mu     sync.Mutex
-	closed bool
-	seq    uint64
-	drop   int
-	ring   []bufferedBatch // circular, oldest at head once full
-	head   int
+	mu sync.Mutex
+	// The sockets, their context and the replay goroutine's done channel
+	// are replaced when the publisher comes back from Vanish.
+	pub      zmq4.Socket
+	router   zmq4.Socket
+	cancel   context.CancelFunc
+	done     chan struct{}
+	closed   bool
+	vanished bool        // sockets closed by Vanish: batches are buffered only
+	back     *time.Timer // ends a Vanish
+	seq      uint64
+	drop     int
+	ring     []bufferedBatch // circular, oldest at head once full
+	head     int
 }
 
 // NewPublisher opens the PUB socket (and the ROUTER when replay is
@@ -99,61 +105,71 @@ func NewPublisher(cfg PublisherConfig, log *zap.Logger) (*Publisher, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	ctx, cancel := context.WithCancel(context.Background())
 	p := &Publisher{
-		cfg:    cfg,
-		log:    log,
-		topic:  []byte(cfg.Topic),
-		cancel: cancel,
-		done:   make(chan struct{}),
-		ring:   make([]bufferedBatch, 0, min(cfg.BufferSteps, 1024)),
+		cfg:   cfg,
+		log:   log,
+		topic: []byte(cfg.Topic),
+		ring:  make([]bufferedBatch, 0, min(cfg.BufferSteps, 1024)),
 	}
+	if err := p.openLocked(cfg.Endpoint, cfg.ReplayEndpoint); err != nil {
+		return nil, err
+	}
+	p.pubEP = boundEndpoint(p.pub, cfg.Endpoint)
+	if p.router != nil {
+		p.replayEP = boundEndpoint(p.router, cfg.ReplayEndpoint)
+	}
+	return p, nil
+}
+
+// openLocked opens the PUB socket (and the ROUTER when replay is on) on
+// the given endpoints and starts serving replay requests. On error
+// nothing stays open. Called at creation and, with p.mu held, when the
+// publisher comes back from Vanish.
+func (p *Publisher) openLocked(endpoint, replayEndpoint string) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	p.cancel, p.done, p.pub, p.router = cancel, make(chan struct{}), nil, nil
 	var opts []zmq4.Option
-	if cfg.Dial {
+	if p.cfg.Dial {
 		// Like libzmq's connect, follow the subscriber across its restarts.
 		opts = append(opts, zmq4.WithAutomaticReconnect(true))
 	}
 	p.pub = zmq4.NewPub(ctx, opts...)
-	if err := p.pub.SetOption(zmq4.OptionHWM, cfg.HWM); err != nil {
-		p.closeSockets()
-		return nil, fmt.Errorf("cannot create publisher: set hwm: %w", err)
+	if err := p.pub.SetOption(zmq4.OptionHWM, p.cfg.HWM); err != nil {
+		_ = p.closeSockets()
+		close(p.done)
+		return fmt.Errorf("cannot create publisher: set hwm: %w", err)
 	}
 	var err error
-	if cfg.Dial {
-		err = p.pub.Dial(cfg.Endpoint)
+	if p.cfg.Dial {
+		err = p.pub.Dial(endpoint)
 	} else {
-		err = p.pub.Listen(cfg.Endpoint)
+		err = p.pub.Listen(endpoint)
 	}
 	if err != nil {
-		p.closeSockets()
-		return nil, fmt.Errorf("cannot create publisher on %s: %w", cfg.Endpoint, err)
-	}
-	if cfg.ReplayEndpoint == "" {
+		_ = p.closeSockets()
 		close(p.done)
-		return p, nil
+		return fmt.Errorf("cannot create publisher on %s: %w", endpoint, err)
+	}
+	if replayEndpoint == "" {
+		close(p.done)
+		return nil
 	}
 	p.router = zmq4.NewRouter(ctx)
-	if err := p.router.Listen(cfg.ReplayEndpoint); err != nil {
-		p.closeSockets()
-		return nil, fmt.Errorf("cannot create publisher replay socket on %s: %w", cfg.ReplayEndpoint, err)
+	if err := p.router.Listen(replayEndpoint); err != nil {
+		_ = p.closeSockets()
+		close(p.done)
+		return fmt.Errorf("cannot create publisher replay socket on %s: %w", replayEndpoint, err)
 	}
-	go p.serveReplay(ctx)
-	return p, nil
+	go p.serveReplay(ctx, p.router, p.done)
+	return nil
 }
 
 // Endpoint returns the bound PUB endpoint with the real port, or the
 // configured endpoint when dialing.
-func (p *Publisher) Endpoint() string {
-	return boundEndpoint(p.pub, p.cfg.Endpoint)
-}
+func (p *Publisher) Endpoint() string { return p.pubEP }
 
 // ReplayEndpoint returns the bound ROUTER endpoint, or "" without replay.
-func (p *Publisher) ReplayEndpoint() string {
-	if p.router == nil {
-		return ""
-	}
-	return boundEndpoint(p.router, p.cfg.ReplayEndpoint)
-}
+func (p *Publisher) ReplayEndpoint() string { return p.replayEP }
 
 func boundEndpoint(s zmq4.Socket, configured string) string {
 	if a := s.Addr(); a != nil {
@@ -181,6 +197,9 @@ func (p *Publisher) Publish(events []Event) (uint64, error) {
 	p.buffer(seq, payload)
 	if p.drop > 0 {
 		p.drop--
+		return seq, nil
+	}
+	if p.vanished {
 		return seq, nil
 	}
 	if err := p.pub.SendMulti(zmq4.NewMsgFrom(MessageFrames(p.topic, seq, payload)...)); err != nil {
@@ -216,6 +235,55 @@ func (p *Publisher) Reset() {
 	p.mu.Unlock()
 }
 
+// Vanish closes the sockets for d, then binds them again on the same
+// endpoints: a publisher that went away and came back with its engine
+// still running (the network between them failed, the host paused).
+// Batches published meanwhile take sequence numbers and enter the replay
+// buffer unsent, so a subscriber sees a gap it can fill by replay once the
+// publisher is back. Not available in dial mode.
+func (p *Publisher) Vanish(d time.Duration) error {
+	if p.cfg.Dial {
+		return errors.New("cannot vanish a dialing publisher")
+	}
+	p.mu.Lock()
+	if p.closed || p.vanished {
+		p.mu.Unlock()
+		return errors.New("publisher closed or already gone")
+	}
+	// Publish sends nothing from here on; the sockets are closed outside
+	// the lock because the replay goroutine takes it to read the ring.
+	p.vanished = true
+	pub, router, cancel, done := p.pub, p.router, p.cancel, p.done
+	p.mu.Unlock()
+	err := closeSockets(cancel, pub, router)
+	<-done
+	p.mu.Lock()
+	if !p.closed {
+		p.back = time.AfterFunc(d, p.comeBack)
+	}
+	p.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("cannot vanish: %w", err)
+	}
+	return nil
+}
+
+// comeBack ends a Vanish. A failed re-bind (the port was taken meanwhile)
+// leaves the publisher gone, as a process that cannot bind would be.
+func (p *Publisher) comeBack() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || !p.vanished {
+		return
+	}
+	if err := p.openLocked(p.pubEP, p.replayEP); err != nil {
+		p.log.Error("publisher cannot come back", zap.Error(err))
+		return
+	}
+	p.vanished, p.back = false, nil
+	p.log.Info("publisher back", zap.String("endpoint", p.pubEP))
+}
+
 // Close stops replay service and closes the sockets.
 func (p *Publisher) Close() error {
 	p.mu.Lock()
@@ -224,17 +292,27 @@ func (p *Publisher) Close() error {
 		return nil
 	}
 	p.closed = true
+	if p.back != nil {
+		p.back.Stop()
+	}
+	if p.vanished {
+		p.mu.Unlock()
+		return nil // Vanish closed the sockets; comeBack sees closed
+	}
+	pub, router, cancel, done := p.pub, p.router, p.cancel, p.done
 	p.mu.Unlock()
-	p.cancel()
-	err := p.closeSockets()
-	<-p.done
+	// Outside the lock: the replay goroutine takes it to read the ring.
+	err := closeSockets(cancel, pub, router)
+	<-done
 	return err
 }
 
-func (p *Publisher) closeSockets() error {
-	p.cancel()
+func (p *Publisher) closeSockets() error { return closeSockets(p.cancel, p.pub, p.router) }
+
+func closeSockets(cancel context.CancelFunc, sockets ...zmq4.Socket) error {
+	cancel()
 	var errs []error
-	for _, s := range []zmq4.Socket{p.pub, p.router} {
+	for _, s := range sockets {
 		// zmq4 reports connections it already tore down; that is not a failure.
 		if s != nil {
 			if err := s.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
@@ -262,10 +340,10 @@ func (p *Publisher) snapshot(start uint64) []bufferedBatch {
 	return out
 }
 
-func (p *Publisher) serveReplay(ctx context.Context) {
-	defer close(p.done)
+func (p *Publisher) serveReplay(ctx context.Context, router zmq4.Socket, done chan struct{}) {
+	defer close(done)
 	for {
-		msg, err := p.router.Recv()
+		msg, err := router.Recv()
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -281,7 +359,7 @@ func (p *Publisher) serveReplay(ctx context.Context) {
 		}
 		batches := p.snapshot(start)
 		p.log.Debug("serving replay", zap.Uint64("start", start), zap.Int("batches", len(batches)))
-		if err := p.reply(id, batches); err != nil {
+		if err := p.reply(router, id, batches); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -290,13 +368,13 @@ func (p *Publisher) serveReplay(ctx context.Context) {
 	}
 }
 
-func (p *Publisher) reply(id []byte, batches []bufferedBatch) error {
+func (p *Publisher) reply(router zmq4.Socket, id []byte, batches []bufferedBatch) error {
 	for _, bb := range batches {
 		frames := append([][]byte{id}, ReplayReplyFrames(p.cfg.ReplayLayout, p.topic, bb.seq, bb.payload)...)
-		if err := p.router.SendMulti(zmq4.NewMsgFrom(frames...)); err != nil {
+		if err := router.SendMulti(zmq4.NewMsgFrom(frames...)); err != nil {
 			return err
 		}
 	}
 	frames := append([][]byte{id}, ReplayEndFrames(p.cfg.ReplayLayout)...)
-	return p.router.SendMulti(zmq4.NewMsgFrom(frames...))
+	return router.SendMulti(zmq4.NewMsgFrom(frames...))
 }

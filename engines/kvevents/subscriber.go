@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/go-zeromq/zmq4"
 	"go.uber.org/zap"
 )
@@ -132,6 +133,12 @@ func (t *SeqTracker) Last() (seq uint64, ok bool) { return t.last, t.started }
 type replica struct {
 	topic string
 	seq   SeqTracker
+	// lastSum is the xxhash of the last applied batch's payload, and
+	// verify is set when the connection was lost: the publisher found
+	// after a reconnect may be a restarted engine whose new sequence
+	// already ran past ours, which sequence numbers alone cannot tell.
+	lastSum uint64
+	verify  bool
 }
 
 // Subscriber receives KV events from one engine (dial mode) or many (bind
@@ -231,6 +238,9 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		received, err := s.runDialed(ctx)
 		if ctx.Err() != nil {
 			break
+		}
+		if s.single != nil {
+			s.single.verify = true // runDialed has returned: no race
 		}
 		if received {
 			backoff = s.cfg.MinBackoff
@@ -332,7 +342,16 @@ func (s *Subscriber) handle(ctx context.Context, frames [][]byte, canReplay bool
 		s.stats.DroppedReplicas.Add(1)
 		return
 	}
-	switch rep.seq.Live(seq) {
+	verdict := rep.seq.Live(seq)
+	if rep.verify && canReplay {
+		rep.verify = false
+		if verdict != SeqFirst && verdict != SeqRestart && !s.sameStream(ctx, rep) {
+			s.reset(rep, fmt.Sprintf("reconnected at seq %d to a publisher without our last batch: engine restarted", seq))
+			s.apply(rep, seq, payload)
+			return
+		}
+	}
+	switch verdict {
 	case SeqFirst, SeqNext:
 		s.apply(rep, seq, payload)
 	case SeqDuplicate:
@@ -368,10 +387,52 @@ func (s *Subscriber) reset(rep *replica, reason string) {
 	s.h.HandleReset(rep.topic, reason)
 }
 
+// sameStream asks the replay endpoint for the last batch applied and says
+// whether it is the one we applied: only then does the publisher found
+// after a reconnect continue the stream we followed. Without replay, or
+// when the batch is gone from the publisher's buffer, continuity cannot be
+// shown, and the caller resets rather than guess.
+func (s *Subscriber) sameStream(ctx context.Context, rep *replica) bool {
+	last, ok := rep.seq.Last()
+	if !ok {
+		return true
+	}
+	if s.cfg.ReplayEndpoint == "" {
+		return false
+	}
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
+	defer cancel()
+	dealer := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.cfg.ReplayTimeout))
+	defer dealer.Close()
+	if err := dealer.Dial(s.cfg.ReplayEndpoint); err != nil {
+		s.log.Info("cannot check the stream after a reconnect", zap.Error(err))
+		return false
+	}
+	if err := dealer.SendMulti(zmq4.NewMsgFrom(ReplayRequestFrames(last)...)); err != nil {
+		s.log.Info("cannot check the stream after a reconnect", zap.Error(err))
+		return false
+	}
+	for {
+		msg, err := dealer.Recv()
+		if err != nil {
+			s.log.Info("cannot check the stream after a reconnect", zap.Error(err))
+			return false
+		}
+		rr, err := ParseReplayReply(msg.Frames)
+		if err != nil || rr.End || rr.Seq > last {
+			return false
+		}
+		if rr.Seq == last {
+			return xxhash.Sum64(rr.Payload) == rep.lastSum
+		}
+	}
+}
+
 // apply decodes and delivers one batch. An undecodable batch loses its
 // events, so the replica is reset and rebuilt from the next batch.
 func (s *Subscriber) apply(rep *replica, seq uint64, payload []byte) {
 	rep.seq.Applied(seq)
+	rep.lastSum = xxhash.Sum64(payload)
 	if err := DecodeBatch(payload, &s.batch); err != nil {
 		s.stats.DroppedDecode.Add(1)
 		s.reset(rep, fmt.Sprintf("batch %d: %v", seq, err))

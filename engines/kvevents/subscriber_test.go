@@ -371,3 +371,84 @@ func TestConfigErrors(t *testing.T) {
 	_, err = p.Publish(storedEvent(1))
 	require.ErrorContains(t, err, "closed")
 }
+
+// TestPublisherVanishes checks that a publisher that goes away and comes
+// back on the same ports leaves a gap the subscriber fills by replay: the
+// engine kept running, so nothing is reset and nothing is lost.
+func TestPublisherVanishes(t *testing.T) {
+	p := startPublisher(t, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	rec := &recorder{}
+	s := startSubscriber(t, SubscriberConfig{Endpoint: p.Endpoint(), ReplayEndpoint: p.ReplayEndpoint(),
+		MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}, rec)
+	base := connect(t, p, rec, "")
+	endpoint := p.Endpoint()
+
+	require.NoError(t, p.Vanish(300*time.Millisecond))
+	require.Error(t, p.Vanish(time.Second), "already gone")
+	want := map[uint64]uint64{}
+	for i := 1; i <= 3; i++ { // published while gone: buffered, not sent
+		h := hashFor(2, i)
+		seq, err := p.Publish(storedEvent(h))
+		require.NoError(t, err)
+		want[seq] = h
+	}
+	require.Equal(t, endpoint, p.Endpoint(), "the endpoint does not change")
+	// Once back (and the subscriber has reconnected), a live batch reveals
+	// the gap; publish until one arrives.
+	var last uint64
+	require.Eventually(t, func() bool {
+		h := hashFor(3, int(last))
+		seq, err := p.Publish(storedEvent(h))
+		require.NoError(t, err)
+		want[seq], last = h, seq
+		time.Sleep(20 * time.Millisecond)
+		bs, _ := rec.snapshot()
+		return len(bs) > 0 && bs[len(bs)-1].seq > base+3
+	}, 10*time.Second, 5*time.Millisecond, "no batch after the publisher came back")
+	rec.waitSeq(t, "", last)
+	bs, resets := rec.snapshot()
+	require.Empty(t, resets, "a vanished publisher is not an engine restart")
+	requireContiguous(t, bs, "", base+1, last, want)
+	require.GreaterOrEqual(t, s.Stats().Replays.Load(), uint64(1))
+	require.GreaterOrEqual(t, s.Stats().Reconnects.Load(), uint64(1))
+}
+
+// TestRestartPastOurSequenceResets covers an engine that restarted while
+// the subscriber was disconnected and published more batches than the
+// subscriber had seen before it reconnected: its sequence looks like a
+// continuation (or a gap replay could "fill" from the new engine's
+// buffer), so only the replayed last batch tells the streams apart.
+func TestRestartPastOurSequenceResets(t *testing.T) {
+	ports := make([]string, 2)
+	for i := range ports {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		ports[i] = "tcp://" + l.Addr().String()
+		require.NoError(t, l.Close())
+	}
+	cfg := PublisherConfig{Endpoint: ports[0], ReplayEndpoint: ports[1]}
+	p1, err := NewPublisher(cfg, zaptest.NewLogger(t))
+	require.NoError(t, err)
+	rec := &recorder{}
+	startSubscriber(t, SubscriberConfig{Endpoint: ports[0], ReplayEndpoint: ports[1],
+		MinBackoff: 500 * time.Millisecond, MaxBackoff: 500 * time.Millisecond}, rec)
+	base := connect(t, p1, rec, "")
+	require.NoError(t, p1.Close())
+
+	// The restarted engine runs ahead of base while nobody listens.
+	p2 := startPublisher(t, cfg)
+	for i := uint64(0); i <= base+5; i++ {
+		_, err := p2.Publish(storedEvent(hashFor(7, int(i))))
+		require.NoError(t, err)
+	}
+	marker := hashFor(8, 0)
+	require.Eventually(t, func() bool {
+		_, err := p2.Publish(storedEvent(marker))
+		require.NoError(t, err)
+		bs, _ := rec.snapshot()
+		return len(bs) > 0 && bs[len(bs)-1].hashes[0] == marker
+	}, 10*time.Second, 20*time.Millisecond, "no batch from the restarted publisher")
+	_, resets := rec.snapshot()
+	require.Len(t, resets, 1, "the restarted engine's stream is not spliced onto the old one")
+	require.Contains(t, resets[0], "engine restarted")
+}
