@@ -88,6 +88,10 @@ type Faults struct {
 	// RejectAutoToolChoice answers tool_choice "auto" with vLLM's 400, as a
 	// server started without --enable-auto-tool-choice does.
 	RejectAutoToolChoice bool `yaml:"reject_auto_tool_choice" json:"reject_auto_tool_choice"`
+	// MetricsHang makes GET /metrics hang until the scraper gives up (or
+	// the fault is cleared) while requests are still served: a wedged
+	// metrics exporter, which only the scraper's timeout notices.
+	MetricsHang bool `yaml:"metrics_hang" json:"metrics_hang"`
 }
 
 // LoadConfig reads a YAML file into a Config (unknown keys are an error, so

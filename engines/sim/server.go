@@ -231,7 +231,7 @@ func (r *Replica) routes() http.Handler {
 	mux.HandleFunc("POST /v1/chat/completions", r.handleChat)
 	mux.HandleFunc("POST /v1/completions", r.handleCompletion)
 	mux.HandleFunc("POST /tokenize", r.handleTokenize)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(r.eng.Registry(), promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", r.hangWhenFaulty(promhttp.HandlerFor(r.eng.Registry(), promhttp.HandlerOpts{})))
 	mux.HandleFunc("GET /admin/blocks", r.handleBlocks)
 	mux.HandleFunc("GET /admin/stats", r.handleStats)
 	mux.HandleFunc("GET /admin/faults", r.handleGetFaults)
@@ -239,6 +239,7 @@ func (r *Replica) routes() http.Handler {
 	mux.HandleFunc("POST /admin/restart", r.handleRestart)
 	mux.HandleFunc("POST /admin/drop-events", r.handleDropEvents)
 	mux.HandleFunc("POST /admin/refuse", r.handleRefuse)
+	mux.HandleFunc("POST /admin/kv-events-outage", r.handleKVOutage)
 	mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
 		writeError(w, http.StatusNotFound, "Not Found")
 	})
@@ -290,6 +291,30 @@ func (r *Replica) checkModel(w http.ResponseWriter, model string) bool {
 		return false
 	}
 	return true
+}
+
+// hangWhenFaulty holds a request while the metrics_hang fault is set,
+// until the client gives up; clearing the fault releases it. Polling keeps
+// the fault a plain value like the others.
+func (r *Replica) hangWhenFaulty(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			r.faultsMu.Lock()
+			hang := r.faults.MetricsHang
+			r.faultsMu.Unlock()
+			if !hang {
+				break
+			}
+			select {
+			case <-req.Context().Done():
+				return
+			case <-tick.C:
+			}
+		}
+		h.ServeHTTP(w, req)
+	})
 }
 
 // injectFaults applies latency and error-rate faults; false means the
@@ -382,12 +407,13 @@ func (r *Replica) handleSetFaults(w http.ResponseWriter, req *http.Request) {
 		StallAfterTokens     int     `json:"stall_after_tokens"`
 		StallFor             string  `json:"stall_for"`
 		RejectAutoToolChoice bool    `json:"reject_auto_tool_choice"`
+		MetricsHang          bool    `json:"metrics_hang"`
 	}
 	if !r.readBody(w, req, &in) {
 		return
 	}
 	f := Faults{ErrorRate: in.ErrorRate, ErrorStatus: in.ErrorStatus, StallAfterTokens: in.StallAfterTokens,
-		RejectAutoToolChoice: in.RejectAutoToolChoice}
+		RejectAutoToolChoice: in.RejectAutoToolChoice, MetricsHang: in.MetricsHang}
 	var err error
 	if f.Latency, err = parseDuration(in.Latency); err != nil {
 		writeError(w, http.StatusBadRequest, "latency: "+err.Error())
@@ -410,7 +436,7 @@ func (r *Replica) handleSetFaults(w http.ResponseWriter, req *http.Request) {
 	r.faults = f
 	r.faultsMu.Unlock()
 	r.log.Info("faults set", zap.Float64("error_rate", f.ErrorRate), zap.Duration("latency", f.Latency),
-		zap.Int("stall_after_tokens", f.StallAfterTokens), zap.Bool("reject_auto_tool_choice", f.RejectAutoToolChoice))
+		zap.Int("stall_after_tokens", f.StallAfterTokens), zap.Bool("reject_auto_tool_choice", f.RejectAutoToolChoice), zap.Bool("metrics_hang", f.MetricsHang))
 	writeJSON(w, http.StatusOK, f)
 }
 
@@ -454,6 +480,34 @@ func (r *Replica) handleDropEvents(w http.ResponseWriter, req *http.Request) {
 	}
 	r.pub.DropNext(in.Batches)
 	writeJSON(w, http.StatusOK, map[string]any{"dropping": in.Batches})
+}
+
+// handleKVOutage makes the KV-event publisher vanish for a while (its PUB
+// and replay ports closed) while the engine keeps serving and numbering
+// its batches: subscribers lose the connection and, once it is back, find
+// a gap that replay fills.
+func (r *Replica) handleKVOutage(w http.ResponseWriter, req *http.Request) {
+	var in struct {
+		For string `json:"for"`
+	}
+	if !r.readBody(w, req, &in) {
+		return
+	}
+	d, err := parseDuration(in.For)
+	if err != nil || d <= 0 {
+		writeError(w, http.StatusBadRequest, "for must be a positive duration")
+		return
+	}
+	if r.pub == nil {
+		writeError(w, http.StatusBadRequest, "KV events are disabled")
+		return
+	}
+	if err := r.pub.Vanish(d); err != nil {
+		writeError(w, http.StatusConflict, err.Error())
+		return
+	}
+	r.log.Info("KV-event publisher gone", zap.Duration("for", d))
+	writeJSON(w, http.StatusOK, map[string]any{"kv_events_gone_for": d.String()})
 }
 
 func (r *Replica) handleRefuse(w http.ResponseWriter, req *http.Request) {

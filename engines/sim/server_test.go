@@ -731,3 +731,72 @@ func TestLoadConfig(t *testing.T) {
 	_, err = LoadConfig(t.TempDir() + "/missing.yaml")
 	require.Error(t, err)
 }
+
+// TestMetricsHang checks the metrics_hang fault: scrapes hang until the
+// client gives up while requests are served, and clearing it releases
+// them.
+func TestMetricsHang(t *testing.T) {
+	r := startReplica(t, nil)
+	code, _ := post(t, r, "/admin/faults", map[string]any{"metrics_hang": true})
+	require.Equal(t, http.StatusOK, code)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+r.Addr()+"/metrics", nil)
+	_, err := http.DefaultClient.Do(req)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "the scrape hangs")
+	code, _ = post(t, r, "/v1/completions", map[string]any{"model": testModel, "prompt": "still serving", "max_tokens": 2})
+	require.Equal(t, http.StatusOK, code, "requests are served while metrics hang")
+
+	// A scrape already hanging is released when the fault is cleared.
+	got := make(chan int, 1)
+	go func() {
+		resp, err := http.Get("http://" + r.Addr() + "/metrics")
+		if err != nil {
+			got <- 0
+			return
+		}
+		resp.Body.Close()
+		got <- resp.StatusCode
+	}()
+	time.Sleep(100 * time.Millisecond)
+	code, _ = post(t, r, "/admin/faults", map[string]any{})
+	require.Equal(t, http.StatusOK, code)
+	select {
+	case c := <-got:
+		require.Equal(t, http.StatusOK, c)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the hanging scrape was not released")
+	}
+}
+
+// TestKVEventsOutageIsFilledByReplay checks POST /admin/kv-events-outage:
+// the publisher's ports close and reopen, and what was published while it
+// was gone reaches the subscriber by replay, without a reset.
+func TestKVEventsOutageIsFilledByReplay(t *testing.T) {
+	r := startReplica(t, nil)
+	col := subscribe(t, r)
+	code, body := post(t, r, "/admin/kv-events-outage", map[string]any{"for": "300ms"})
+	require.Equal(t, http.StatusOK, code, string(body))
+	code, _ = post(t, r, "/admin/kv-events-outage", map[string]any{"for": "300ms"})
+	require.Equal(t, http.StatusConflict, code, "already gone")
+	for i := 0; i < 3; i++ { // stored while the publisher is gone
+		post(t, r, "/v1/completions", map[string]any{"model": testModel, "prompt": strings.Repeat(fmt.Sprintf("outage %d ", i), 40), "max_tokens": 2})
+	}
+	i := 0
+	require.Eventually(t, func() bool {
+		i++ // later requests reveal the gap once the subscriber is back
+		post(t, r, "/v1/completions", map[string]any{"model": testModel, "prompt": strings.Repeat(fmt.Sprintf("back %d ", i), 40), "max_tokens": 2})
+		_, body := get(t, r, "/admin/blocks")
+		var view residentView
+		require.NoError(t, json.Unmarshal(body, &view))
+		evs, _, _ := col.snapshot()
+		return len(replayEvents(evs)) == len(view.Blocks)
+	}, 10*time.Second, 100*time.Millisecond)
+	_, seqs, resets := col.snapshot()
+	require.Empty(t, resets, "the outage was filled by replay, not reset")
+	for i := 1; i < len(seqs); i++ {
+		require.Equal(t, seqs[i-1]+1, seqs[i], "every sequence number delivered in order")
+	}
+	code, _ = post(t, r, "/admin/kv-events-outage", map[string]any{"for": "0s"})
+	require.Equal(t, http.StatusBadRequest, code)
+}
