@@ -184,13 +184,23 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}()
-	if err := x.run(w, r); err != nil {
+	err = x.run(w, r)
+	if err != nil {
 		g.log.Debug("exchange failed", zap.String("path", r.URL.Path), zap.Error(err))
 	}
 	cancel()
 	for range x.resps { // let the receiver end before returning
 	}
+	if errors.Is(err, errUpstreamBroke) {
+		// Abort the client's connection without ending the chunked body:
+		// the client sees a truncated response, not a clean end.
+		panic(http.ErrAbortHandler)
+	}
 }
+
+// errUpstreamBroke marks a response the upstream broke off after the
+// gateway had started sending it to the client.
+var errUpstreamBroke = errors.New("upstream broke off the response")
 
 func (x *exchange) run(w http.ResponseWriter, r *http.Request) error {
 	headersOnly := r.ContentLength == 0 || (r.ContentLength < 0 && (r.Method == http.MethodGet || r.Method == http.MethodHead))
@@ -353,10 +363,28 @@ func (x *exchange) respond(w http.ResponseWriter, up *http.Response, served stri
 
 	sendErr := make(chan error, 1)
 	go func() { sendErr <- x.sendBody(up.Body, false) }()
+	upstreamDone := sendErr // nil once the upstream body has been sent whole
 	for {
-		resp, err := x.recv()
-		if err != nil {
-			return fmt.Errorf("response body from the EPP: %w", err)
+		var resp *extprocv3.ProcessingResponse
+		select {
+		case err := <-upstreamDone:
+			if err != nil {
+				// The upstream broke mid-response (reset, engine crash).
+				// Bytes have reached the client, so there is no retry: as
+				// Envoy does, reset the client's stream and end the
+				// ext_proc stream, so the EPP reports the failure.
+				return fmt.Errorf("%w: %w", errUpstreamBroke, err)
+			}
+			upstreamDone, sendErr = nil, nil
+			continue
+		case res, ok := <-x.resps:
+			if !ok {
+				res.err = io.EOF
+			}
+			if res.err != nil {
+				return fmt.Errorf("response body from the EPP: %w", res.err)
+			}
+			resp = res.r
 		}
 		sr := resp.GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse()
 		if sr == nil {
@@ -374,8 +402,10 @@ func (x *exchange) respond(w http.ResponseWriter, up *http.Response, served stri
 			break
 		}
 	}
-	if err := <-sendErr; err != nil {
-		return err
+	if sendErr != nil {
+		if err := <-sendErr; err != nil {
+			return err
+		}
 	}
 	if err := x.stream.CloseSend(); err != nil {
 		return err
