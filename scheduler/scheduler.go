@@ -409,6 +409,12 @@ func (s *Scheduler) serving(snap *snapshot, model string) (base, adapter string,
 	if reps := snap.models[model]; len(reps) > 0 {
 		return model, "", reps, nil
 	}
+	if model == "" && len(snap.all) > 0 {
+		// A request that names no model (GET /v1/models, /health) can be
+		// answered by any endpoint; 404 would fail the quoter's conformance
+		// gate through the production path.
+		return "", "", snap.all, nil
+	}
 	if b, ok := s.cfg.Adapters[model]; ok {
 		if reps := snap.models[b]; len(reps) > 0 {
 			return b, model, reps, nil
