@@ -5,7 +5,7 @@ export GOFLAGS ?= -mod=mod
 BIN := bin
 FUZZTIME ?= 5s
 
-.PHONY: all build demo test deps testdata vet unit node-test deploy-check fuzz bench clean
+.PHONY: all build demo test deps testdata vet unit node-test deploy-check fuzz bench chaos clean
 
 all: build
 
@@ -49,6 +49,14 @@ bench:
 # through the real ext_proc path, the comparison table and an HTML report.
 demo: build
 	@$(BIN)/bench -scenario demo -log-level warn
+
+# The chaos suite: scripted faults (engine killed mid-stream, restarted,
+# dropped KV events, vanished publisher, hanging metrics, all replicas
+# stale, EPP restarted under load, flapping quoter health) against
+# enginesim processes, the EPP and the test gateway on 127.0.0.1. Prints
+# expected vs observed with recovery times; exits non-zero if any fails.
+chaos: build
+	@$(BIN)/bench chaos -enginesim $(BIN)/enginesim -log-level error
 
 clean:
 	rm -rf $(BIN) out
