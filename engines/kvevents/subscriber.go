@@ -347,7 +347,7 @@ func (s *Subscriber) handle(ctx context.Context, frames [][]byte, canReplay bool
 		rep.verify = false
 		if verdict != SeqFirst && verdict != SeqRestart && !s.sameStream(ctx, rep) {
 			s.reset(rep, fmt.Sprintf("reconnected at seq %d to a publisher without our last batch: engine restarted", seq))
-			s.apply(rep, seq, payload)
+			s.restartFrom(ctx, rep, seq, payload)
 			return
 		}
 	}
@@ -359,7 +359,7 @@ func (s *Subscriber) handle(ctx context.Context, frames [][]byte, canReplay bool
 	case SeqRestart:
 		last, _ := rep.seq.Last()
 		s.reset(rep, fmt.Sprintf("sequence went back from %d to %d: engine restarted", last, seq))
-		s.apply(rep, seq, payload)
+		s.restartFrom(ctx, rep, seq, payload)
 	case SeqGap:
 		s.stats.Gaps.Add(1)
 		last, _ := rep.seq.Last()
@@ -385,6 +385,30 @@ func (s *Subscriber) reset(rep *replica, reason string) {
 	s.stats.Resets.Add(1)
 	s.log.Info("kv event stream reset", zap.String("topic", rep.topic), zap.String("reason", reason))
 	s.h.HandleReset(rep.topic, reason)
+}
+
+// restartFrom follows a restarted engine from live batch seq. Batches the
+// new run published before seq (missed while reconnecting) are fetched by
+// replay from its first one, so the replica is rebuilt whole; when replay
+// cannot give them, the replica stays reset and is rebuilt from seq on.
+func (s *Subscriber) restartFrom(ctx context.Context, rep *replica, seq uint64, payload []byte) {
+	if seq > 0 && s.cfg.ReplayEndpoint != "" {
+		rep.seq = SeqTracker{lastLive: seq} // a new run: nothing of it applied yet
+		err := s.replay(ctx, rep, 0, seq)
+		if err == nil {
+			if applied, _ := rep.seq.Last(); applied < seq {
+				s.apply(rep, seq, payload)
+			}
+			return
+		}
+		s.stats.ReplayFailures.Add(1)
+		if _, started := rep.seq.Last(); started {
+			// Part of the new run was applied: drop it rather than keep a
+			// run with a hole.
+			s.reset(rep, fmt.Sprintf("restarted engine's earlier batches: replay failed: %v", err))
+		}
+	}
+	s.apply(rep, seq, payload)
 }
 
 // sameStream asks the replay endpoint for the last batch applied and says
@@ -475,17 +499,20 @@ func (s *Subscriber) replay(ctx context.Context, rep *replica, start, until uint
 		if rr.End {
 			break
 		}
-		last, _ := rep.seq.Last()
-		if rr.Seq <= last {
+		last, started := rep.seq.Last()
+		want := last + 1
+		if !started { // a new run, replayed from start
+			want = start
+		} else if rr.Seq <= last {
 			continue
 		}
-		if rr.Seq != last+1 {
-			return fmt.Errorf("replay starts at %d, need %d (buffer too short)", rr.Seq, last+1)
+		if rr.Seq != want {
+			return fmt.Errorf("replay starts at %d, need %d (buffer too short)", rr.Seq, want)
 		}
 		s.stats.ReplayedBatches.Add(1)
 		s.apply(rep, rr.Seq, rr.Payload)
 	}
-	if last, _ := rep.seq.Last(); last+1 < until {
+	if last, started := rep.seq.Last(); !started || last+1 < until {
 		return fmt.Errorf("replay ended at %d before %d", last, until-1)
 	}
 	return nil
