@@ -66,14 +66,14 @@ type chaosEnv struct {
 // simProc is one enginesim process. Its ports are fixed at creation, so a
 // killed replica comes back at the same address.
 type simProc struct {
-	idx                 int
-	cfgPath             string
-	addr, base          string
-	kvEvents, kvReplay  string
-	cmd                 *exec.Cmd
-	wait                chan error
-	bin                 string
-	stopped, everKilled bool
+	idx                int
+	cfgPath            string
+	addr, base         string
+	kvEvents, kvReplay string
+	cmd                *exec.Cmd
+	wait               chan error
+	bin                string
+	stopped            bool
 }
 
 // chaosSetup tunes one scenario's environment.
@@ -219,7 +219,6 @@ func (p *simProc) kill() error {
 	if p.stopped {
 		return nil
 	}
-	p.everKilled = true
 	if err := p.cmd.Process.Kill(); err != nil {
 		return fmt.Errorf("cannot kill enginesim %d: %w", p.idx, err)
 	}
