@@ -10,6 +10,7 @@
 //	bench -urls http://127.0.0.1:8000,http://127.0.0.1:8001 -policies precise,random
 //	bench sweep -grid grid.yaml [flags]                   sweep EPP config keys, report the Pareto front
 //	bench sweep -base precise -set scoring.weights.prefix=1,3,5 -set prefix.balance_rel=1.25,2
+//	bench load [-prompt-bytes 32k] [-rates 500,1000,2000] [-soak 10m]   EPP decisions/s and added latency; memory soak
 //
 // Latencies of simulated fleets are in model time (wall time x time scale).
 // -direct replaces the EPP by a plain round-robin/random reverse proxy.
@@ -64,6 +65,9 @@ func splitList(s string) []string {
 }
 
 func run(args []string) error {
+	if len(args) > 0 && args[0] == "load" {
+		return runLoad(args[1:])
+	}
 	sweep := len(args) > 0 && args[0] == "sweep"
 	if sweep {
 		args = args[1:]

@@ -19,8 +19,8 @@ import (
 	"github.com/omnious/provider-node/extproc"
 )
 
-// startStackConfig is startStack with an ext_proc config.
-func startStackConfig(t *testing.T, cfg extproc.Config, p extproc.Picker) *Gateway {
+// startStackConfig is startStack with an ext_proc and a gateway config.
+func startStackConfig(t *testing.T, cfg extproc.Config, gcfg Config, p extproc.Picker) *Gateway {
 	t.Helper()
 	cfg = cfg.WithDefaults()
 	require.NoError(t, cfg.Validate())
@@ -29,7 +29,8 @@ func startStackConfig(t *testing.T, cfg extproc.Config, p extproc.Picker) *Gatew
 	g := grpc.NewServer(cfg.ServerOptions()...)
 	extproc.NewServer(cfg, p, extproc.NewStandInPrompter(), prometheus.NewRegistry(), zaptest.NewLogger(t)).Register(g)
 	go func() { _ = g.Serve(lis) }()
-	gw, err := New(Config{EPP: lis.Addr().String()}, zaptest.NewLogger(t))
+	gcfg.EPP = lis.Addr().String()
+	gw, err := New(gcfg, zaptest.NewLogger(t))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -55,7 +56,8 @@ func TestBodyLimitThroughGateway(t *testing.T) {
 	}))
 	defer upstream.Close()
 	p := &listPicker{addrs: []string{upstream.Listener.Addr().String()}}
-	gw := startStackConfig(t, extproc.Config{MaxBodyBytes: limit}, p)
+	timings := make(chan Timing, 1)
+	gw := startStackConfig(t, extproc.Config{MaxBodyBytes: limit}, Config{OnExchange: func(tm Timing) { timings <- tm }}, p)
 	body := func(n int) string {
 		return `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("w ", n/2) + `"}]}`
 	}
@@ -87,9 +89,14 @@ func TestBodyLimitThroughGateway(t *testing.T) {
 			got, err := io.ReadAll(resp.Body)
 			require.NoError(t, err)
 			require.Equal(t, tc.wantStatus, resp.StatusCode, string(got))
+			tm := <-timings // the added latency the gateway saw
+			require.Equal(t, tc.wantStatus, tm.Status)
+			require.Positive(t, tm.Request)
 			if tc.wantStatus == http.StatusOK {
+				require.Positive(t, tm.Response, "the response went through the EPP")
 				return
 			}
+			require.Zero(t, tm.Response, "an immediate response has no response phase")
 			require.Equal(t, "application/json", resp.Header.Get("Content-Type"))
 			require.Equal(t, "body_too_large", resp.Header.Get(extproc.HeaderReason))
 			var e openai.ErrorResponse
