@@ -83,6 +83,14 @@ func TestSoakJudge(t *testing.T) {
 		}
 		return out
 	}
+	// spiky adds extra to the heap and RSS of every other sample in [from, to].
+	spiky := func(ss []MemSample, from, to int, extra float64) []MemSample {
+		for i := from; i <= to; i += 2 {
+			ss[i].Heap += extra
+			ss[i].RSS += extra
+		}
+		return ss
+	}
 	okLoad := LoadStep{OK: 1000}
 	cases := []struct {
 		name     string
@@ -94,8 +102,10 @@ func TestSoakJudge(t *testing.T) {
 	}{
 		{"flat memory passes", series(10, 40*mib, 0, 80*mib, 0), okLoad, false, true, ""},
 		{"warm-up growth is ignored", append(series(1, 10*mib, 0, 20*mib, 0), series(9, 40*mib, 0, 80*mib, 0)[1:]...), okLoad, false, true, ""},
-		{"growing heap fails", series(10, 40*mib, 8*mib, 80*mib, 0), okLoad, false, false, "heap grew"},
-		{"growing RSS fails", series(10, 40*mib, 0, 80*mib, 8*mib), okLoad, false, false, "RSS grew"},
+		{"growing heap fails", series(10, 40*mib, 8*mib, 80*mib, 0), okLoad, false, false, "heap floor grew"},
+		{"growing RSS fails", series(10, 40*mib, 0, 80*mib, 8*mib), okLoad, false, false, "RSS floor grew"},
+		{"transient spikes at the end pass", spiky(series(20, 40*mib, 0, 80*mib, 0), 15, 19, 80*mib), okLoad, false, true, ""},
+		{"a rising floor under spikes fails", spiky(series(20, 40*mib, 4*mib, 80*mib, 0), 3, 9, 80*mib), okLoad, false, false, "heap floor grew"},
 		{"errors fail", series(10, 40*mib, 0, 80*mib, 0), LoadStep{OK: 900, Errors: 100}, false, false, "100 errors"},
 		{"too few samples", series(2, 40*mib, 0, 80*mib, 0), okLoad, true, false, ""},
 	}
