@@ -19,6 +19,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/omnious/provider-node/engines/tokenizer"
 	"github.com/omnious/provider-node/extproc"
 	"github.com/omnious/provider-node/extproc/testgw"
 	"github.com/omnious/provider-node/internal/cputime"
@@ -36,6 +37,15 @@ type LoadOptions struct {
 	Policy string
 	// Model is the served model name. Default "Qwen/Qwen3-32B".
 	Model string
+	// Tokenizer is how the EPP gets prompt tokens: "standin" (the engine
+	// simulator's tokenizer, the default), a directory holding the model's
+	// tokenizer.json and tokenizer_config.json (a real BPE tokenizer and
+	// chat template, as in production), or "none" (no tokenizer: every
+	// request is routed in approximate mode).
+	Tokenizer string
+	// AllRates runs every rate of the ladder instead of stopping at the
+	// first one over budget, to map the whole curve.
+	AllRates bool
 	// Replicas is how many stub backends. Default 4.
 	Replicas int
 	// PromptBytes is the size of each request body. Default 32 KiB (an
@@ -102,6 +112,7 @@ func (o LoadOptions) WithDefaults() LoadOptions {
 	def(&o.EPPBin, "bin/epp")
 	def(&o.Policy, "precise")
 	def(&o.Model, "Qwen/Qwen3-32B")
+	def(&o.Tokenizer, "standin")
 	defInt := func(p *int, v int) {
 		if *p == 0 {
 			*p = v
@@ -196,11 +207,16 @@ type LoadStep struct {
 	Why        string  `json:"why,omitempty"`
 }
 
-// MemSample is one soak sample of the EPP's memory.
+// MemSample is one soak sample of the EPP's memory, with what the machine
+// did since the previous sample (to tell a stall of the EPP from a machine
+// taken by other work).
 type MemSample struct {
-	At   float64 `json:"at_s"`
-	Heap float64 `json:"heap_inuse_bytes"`
-	RSS  float64 `json:"rss_bytes"`
+	At        float64 `json:"at_s"`
+	Heap      float64 `json:"heap_inuse_bytes"`
+	RSS       float64 `json:"rss_bytes"`
+	InFlight  int64   `json:"in_flight"`
+	EPPCores  float64 `json:"epp_cores"`
+	HostCores float64 `json:"host_busy_cores"`
 }
 
 // MemTrend summarises one memory series after the warm-up.
@@ -235,6 +251,7 @@ type SoakResult struct {
 // LoadReport is the outcome of `bench load`.
 type LoadReport struct {
 	Policy       string     `json:"policy"`
+	Tokenizer    string     `json:"tokenizer"`
 	Replicas     int        `json:"replicas"`
 	PromptBytes  int        `json:"prompt_bytes"`
 	PromptTokens int        `json:"prompt_tokens"`
@@ -242,7 +259,7 @@ type LoadReport struct {
 	IndexBlocks  int        `json:"index_blocks"`
 	BudgetP99    float64    `json:"budget_p99_ms"`
 	Steps        []LoadStep `json:"steps,omitempty"`
-	// Sustained is the last step within budget (nil: none).
+	// Sustained is the fastest step within budget (nil: none).
 	Sustained *LoadStep   `json:"sustained,omitempty"`
 	Soak      *SoakResult `json:"soak,omitempty"`
 	// EPPDecisions is the EPP's own count of routed requests over the run,
@@ -282,7 +299,7 @@ func RunLoad(ctx context.Context, o LoadOptions) (rep *LoadReport, err error) {
 		}
 		stubs = append(stubs, s)
 	}
-	epp, err := startEPPProcess(ctx, o.EPPBin, dir, o.Policy, o.Model, stubs)
+	epp, err := startEPPProcess(ctx, o.EPPBin, dir, o.Policy, o.Model, o.Tokenizer, stubs)
 	if err != nil {
 		return nil, err
 	}
@@ -304,9 +321,9 @@ func RunLoad(ctx context.Context, o LoadOptions) (rep *LoadReport, err error) {
 	l.http = &http.Client{Transport: newTransport(), Timeout: o.Timeout}
 	defer l.http.CloseIdleConnections()
 
-	rep = &LoadReport{Policy: o.Policy, Replicas: o.Replicas, PromptBytes: w.bytes, PromptTokens: w.tokens,
+	rep = &LoadReport{Policy: o.Policy, Tokenizer: o.Tokenizer, Replicas: o.Replicas, PromptBytes: w.bytes, PromptTokens: w.tokens,
 		CPUs: runtime.NumCPU(), BudgetP99: ms(o.BudgetP99)}
-	if !o.NoKVEvents {
+	if !o.NoKVEvents && len(w.system) > 0 {
 		if rep.IndexBlocks, err = l.warmIndex(ctx, stubs); err != nil {
 			return rep, err
 		}
@@ -328,10 +345,15 @@ func RunLoad(ctx context.Context, o LoadOptions) (rep *LoadReport, err error) {
 			l.progress("rate %6.0f/s: %7.1f decisions/s, EPP %.2f cores, %6.0f decisions/EPP-CPU-s, added p50 %.3f ms p99 %.3f ms, errors %d, dropped %d %s\n",
 				rate, st.Decisions, st.EPPCores, st.PerEPPCore, st.AddedP50, st.AddedP99, st.Errors, st.Dropped, st.Why)
 			if !st.Pass {
+				if o.AllRates {
+					continue
+				}
 				break
 			}
-			s := st
-			rep.Sustained = &s
+			if rep.Sustained == nil || st.Decisions > rep.Sustained.Decisions {
+				s := st
+				rep.Sustained = &s
+			}
 		}
 	}
 	rep.ClientOK = int(l.okTotal.Load())
@@ -357,7 +379,22 @@ const counterDigits = 16
 
 func newLoadWorkload(o LoadOptions) (*loadWorkload, error) {
 	w := &loadWorkload{}
-	prompter := extproc.NewStandInPrompter()
+	var prompter extproc.Prompter
+	switch o.Tokenizer {
+	case "standin":
+		prompter = extproc.NewStandInPrompter()
+	case "none":
+	default:
+		tok, err := tokenizer.Load(o.Model, o.Tokenizer)
+		if err != nil {
+			return nil, fmt.Errorf("cannot load the tokenizer: %w", err)
+		}
+		tmpl, err := tok.NewChatTemplate()
+		if err != nil {
+			return nil, fmt.Errorf("cannot load the chat template: %w", err)
+		}
+		prompter = extproc.NewTokenPrompter(map[string]extproc.ModelTokenizer{o.Model: {Tokenizer: tok, Template: tmpl}}, nil)
+	}
 	for g := range o.Groups {
 		// JSON and role overhead is small; fill the rest with text.
 		textBytes := o.PromptBytes - 160
@@ -378,19 +415,22 @@ func newLoadWorkload(o LoadOptions) (*loadWorkload, error) {
 		w.templates = append(w.templates, b.Bytes())
 		w.counterAt = append(w.counterAt, at)
 
+		w.bytes = max(w.bytes, b.Len())
+		if prompter == nil {
+			continue // no tokens: nothing to put in the index
+		}
 		msgs := b.Bytes()[bytes.Index(b.Bytes(), []byte(`[{"role"`)) : b.Len()-1]
 		full, ok := prompter.Prompt(o.Model, &extproc.PromptInput{API: extproc.APIChat, Messages: msgs, AddGenerationPrompt: true})
 		sysOnly, ok2 := prompter.Prompt(o.Model, &extproc.PromptInput{API: extproc.APIChat,
 			Messages: []byte(`[{"role":"system","content":` + string(sys) + `}]`), AddGenerationPrompt: false})
 		if !ok || !ok2 {
-			return nil, errors.New("the stand-in prompter cannot render the load workload")
+			return nil, errors.New("the tokenizer cannot render the load workload")
 		}
 		n := 0
 		for n < len(sysOnly) && n < len(full) && sysOnly[n] == full[n] {
 			n++
 		}
 		w.system = append(w.system, full[:n])
-		w.bytes = max(w.bytes, b.Len())
 		w.tokens = max(w.tokens, len(full))
 	}
 	return w, nil
@@ -658,6 +698,7 @@ func (l *loader) soak(ctx context.Context) (*SoakResult, error) {
 		defer close(sampled)
 		tick := time.NewTicker(o.SoakSample)
 		defer tick.Stop()
+		prev, _ := l.clocks()
 		for {
 			heap, rss, err := l.epp.memory(sctx)
 			if err != nil {
@@ -666,9 +707,20 @@ func (l *loader) soak(ctx context.Context) (*SoakResult, error) {
 				}
 				return
 			}
-			res.Samples = append(res.Samples, MemSample{At: time.Since(start).Seconds(), Heap: heap, RSS: rss})
+			ms := MemSample{At: time.Since(start).Seconds(), Heap: heap, RSS: rss, InFlight: l.inflight.Load()}
+			if c, err := l.clocks(); err == nil {
+				if wall := c.at.Sub(prev.at).Seconds(); wall > 0 {
+					ms.EPPCores, ms.HostCores = (c.epp-prev.epp).Seconds()/wall, (c.host-prev.host).Seconds()/wall
+				}
+				prev = c
+			}
+			res.Samples = append(res.Samples, ms)
 			if len(res.Samples)%max(1, int(time.Minute/o.SoakSample)) == 0 {
-				l.progress("soak %5.0fs: heap in use %.1f MiB, RSS %.1f MiB\n", res.Samples[len(res.Samples)-1].At, heap/(1<<20), rss/(1<<20))
+				l.progress("soak %5.0fs: heap in use %.1f MiB, RSS %.1f MiB\n", ms.At, heap/(1<<20), rss/(1<<20))
+			}
+			if ms.InFlight > int64(o.MaxInFlight)/4 {
+				l.progress("soak %5.0fs: %d requests in flight, EPP %.2f cores, host %.2f busy cores, heap in use %.1f MiB\n",
+					ms.At, ms.InFlight, ms.EPPCores, ms.HostCores, heap/(1<<20))
 			}
 			select {
 			case <-sctx.Done():
@@ -801,8 +853,8 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // WriteTable prints the report.
 func (r *LoadReport) WriteTable(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "EPP %s policy, %d stub replicas, %d-byte chat prompts (%d tokens), %d CPUs, index %d blocks\n",
-		r.Policy, r.Replicas, r.PromptBytes, r.PromptTokens, r.CPUs, r.IndexBlocks)
+	fmt.Fprintf(&b, "EPP %s policy, %s tokenizer, %d stub replicas, %d-byte chat prompts (%d tokens), %d CPUs, index %d blocks\n",
+		r.Policy, r.Tokenizer, r.Replicas, r.PromptBytes, r.PromptTokens, r.CPUs, r.IndexBlocks)
 	if len(r.Steps) > 0 {
 		b.WriteString("| offered/s | decisions/s | EPP cores | decisions/EPP-CPU-s | bench cores | host busy cores | added p50 ms | added p99 ms | e2e p99 ms | errors | dropped | within budget |\n")
 		b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")

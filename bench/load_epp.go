@@ -40,10 +40,10 @@ type eppProcess struct {
 }
 
 // startEPPProcess writes the endpoint and config files into dir and runs
-// bin against them: a static endpoint file naming the stubs, the stand-in
-// tokenizer (so requests carry exact prompt tokens and the policy works on
-// the index), and policy.
-func startEPPProcess(ctx context.Context, bin, dir, policy, model string, stubs []*stub) (*eppProcess, error) {
+// bin against them: a static endpoint file naming the stubs, the tokenizer
+// (LoadOptions.Tokenizer: with one, requests carry exact prompt tokens and
+// the policy works on the index), and policy.
+func startEPPProcess(ctx context.Context, bin, dir, policy, model, tok string, stubs []*stub) (*eppProcess, error) {
 	type ep struct {
 		IP     string `yaml:"ip"`
 		Port   int    `yaml:"port"`
@@ -64,11 +64,23 @@ func startEPPProcess(ctx context.Context, bin, dir, policy, model string, stubs 
 	}
 	addr := func(i int) string { return "127.0.0.1:" + strconv.Itoa(ports[i]) }
 	cfgFile := filepath.Join(dir, "epp.yaml")
-	if err := writeYAML(cfgFile, map[string]any{
+	cfg := map[string]any{
 		"grpc_addr": addr(0), "health_addr": addr(1), "metrics_addr": addr(2), "admin_addr": addr(3),
-		"endpoints_file": epFile, "standin_tokenizer": true, "drain_timeout": "2s",
+		"endpoints_file": epFile, "drain_timeout": "2s",
 		"scheduler": map[string]any{"policy": policy},
-	}); err != nil {
+	}
+	switch tok {
+	case "standin":
+		cfg["standin_tokenizer"] = true
+	case "none":
+	default:
+		abs, err := filepath.Abs(tok)
+		if err != nil {
+			return nil, fmt.Errorf("bad tokenizer directory: %w", err)
+		}
+		cfg["tokenizers"] = map[string]string{model: abs}
+	}
+	if err := writeYAML(cfgFile, cfg); err != nil {
 		return nil, err
 	}
 	stderr, err := os.Create(filepath.Join(dir, "epp.log"))

@@ -223,7 +223,7 @@ func TestRunLoad(t *testing.T) {
 		}},
 		{"soak", func(o *LoadOptions) {
 			o.Soak, o.SoakRate, o.SoakSample, o.SoakWarmup = 2*time.Second, 30, 200*time.Millisecond, 500*time.Millisecond
-			o.NoKVEvents = true
+			o.NoKVEvents, o.Tokenizer = true, "none"
 		}, func(t *testing.T, r *LoadReport) {
 			require.Empty(t, r.Steps)
 			require.NotNil(t, r.Soak)

@@ -23,6 +23,8 @@ func runLoad(args []string) error {
 	fs.StringVar(&o.EPPBin, "epp", "bin/epp", "EPP binary, run as its own process")
 	fs.StringVar(&o.Policy, "policy", "precise", "scheduler policy")
 	fs.StringVar(&o.Model, "model", "Qwen/Qwen3-32B", "served model name")
+	fs.StringVar(&o.Tokenizer, "tokenizer", "standin", "EPP prompt tokens: standin, none (approximate routing) or a directory with the model's tokenizer.json")
+	fs.BoolVar(&o.AllRates, "all-rates", false, "run every rate instead of stopping at the first over budget")
 	fs.IntVar(&o.Replicas, "replicas", 4, "stub backends")
 	promptBytes := fs.String("prompt-bytes", "32k", "request body size (k = 1024): 32k is an 8k-token chat, 200k a long prompt")
 	fs.IntVar(&o.Groups, "groups", 16, "system prompts the requests share")
