@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/experimental"
@@ -48,7 +49,25 @@ type Config struct {
 	// MaxBodyBytes. Default 64 MiB each.
 	MaxRecvMsgSize int `yaml:"max_recv_msg_size"`
 	MaxSendMsgSize int `yaml:"max_send_msg_size"`
+	// RequestIdleTimeout bounds the wait for Envoy's next message while a
+	// request is gathered (from the stream's start until its body ended):
+	// a client that sends headers and then nothing gets 408 and the stream
+	// is closed, so a slow client cannot hold a stream and its buffers.
+	// Default 30s; negative disables it.
+	RequestIdleTimeout time.Duration `yaml:"request_idle_timeout"`
+	// ResponseIdleTimeout bounds the wait for Envoy's next message once the
+	// request went upstream. Response headers of a non-streaming request
+	// come only when generation ends, so it must exceed the longest
+	// generation; the stream then ends with DeadlineExceeded and the
+	// scheduler hears the request failed. Default 1h; negative disables it.
+	ResponseIdleTimeout time.Duration `yaml:"response_idle_timeout"`
 }
+
+// Default idle timeouts of an ext_proc stream (see Config).
+const (
+	DefaultRequestIdleTimeout  = 30 * time.Second
+	DefaultResponseIdleTimeout = time.Hour
+)
 
 // Body modes accepted in DefaultBodyMode.
 const (
@@ -85,6 +104,12 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxSendMsgSize == 0 {
 		c.MaxSendMsgSize = 64 << 20
+	}
+	if c.RequestIdleTimeout == 0 {
+		c.RequestIdleTimeout = DefaultRequestIdleTimeout
+	}
+	if c.ResponseIdleTimeout == 0 {
+		c.ResponseIdleTimeout = DefaultResponseIdleTimeout
 	}
 	return c
 }

@@ -38,6 +38,8 @@ func errorType(code int) string {
 		return "BadRequestError"
 	case http.StatusNotFound:
 		return "NotFoundError"
+	case http.StatusRequestTimeout:
+		return "RequestTimeout"
 	case http.StatusRequestEntityTooLarge:
 		return "RequestEntityTooLarge"
 	case http.StatusTooManyRequests:

@@ -56,7 +56,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "inference_objective_running_requests", Help: "Requests routed whose response has not ended.",
 		}, []string{"model_name"}),
 		streams: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "omnious_extproc_streams_total", Help: "ext_proc streams by how they ended: completed, immediate (EPP answered), cancelled, error.",
+			Name: "omnious_extproc_streams_total", Help: "ext_proc streams by how they ended: completed, immediate (EPP answered), cancelled, error, timeout (idle peer).",
 		}, []string{"end"}),
 		promptMode: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "omnious_extproc_prompt_mode_total", Help: "Routed requests by prompt knowledge: precise (exact tokens), approximate (raw prompt text) or none.",

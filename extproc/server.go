@@ -107,26 +107,106 @@ func NewServer(cfg Config, picker Picker, prompter Prompter, reg prometheus.Regi
 func (s *Server) Register(g *grpc.Server) { extprocv3.RegisterExternalProcessorServer(g, s) }
 
 // Process implements the ext_proc stream: one HTTP request and its response.
+// Messages are received on a separate goroutine so that a stream whose peer
+// goes quiet ends after the idle timeout of its phase (Config).
 func (s *Server) Process(srv grpc.BidiStreamingServer[extprocv3.ProcessingRequest, extprocv3.ProcessingResponse]) error {
 	st := &stream{s: s, ctx: srv.Context(), send: srv.Send, reqMode: s.defaultMode(), respMode: s.defaultMode()}
-	for {
-		req, err := srv.Recv()
-		if err != nil {
-			if err == io.EOF {
-				st.close(nil)
-				return nil
+	if s.cfg.RequestIdleTimeout < 0 && s.cfg.ResponseIdleTimeout < 0 {
+		for {
+			req, err := srv.Recv()
+			if done, err := st.step(req, err); done {
+				return err
 			}
-			st.close(err)
-			if c := status.Code(err); c == codes.Canceled || c == codes.DeadlineExceeded {
-				return nil
-			}
-			return err
-		}
-		if err := st.handle(req); err != nil {
-			st.close(err)
-			return err
 		}
 	}
+	msgs := make(chan received, 1)
+	quit := make(chan struct{})
+	defer close(quit)
+	go func() {
+		for {
+			req, err := srv.Recv()
+			select {
+			case msgs <- received{req, err}:
+			case <-quit:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		var expired <-chan time.Time
+		if d := st.idleTimeout(); d > 0 {
+			timer.Reset(d) // Go 1.23+: no stale tick survives a Reset
+			expired = timer.C
+		}
+		select {
+		case m := <-msgs:
+			if done, err := st.step(m.req, m.err); done {
+				return err
+			}
+		case <-expired:
+			return st.idle()
+		}
+	}
+}
+
+type received struct {
+	req *extprocv3.ProcessingRequest
+	err error
+}
+
+// step handles one received message or receive error; done says the
+// stream is over and Process returns err.
+func (st *stream) step(req *extprocv3.ProcessingRequest, err error) (done bool, _ error) {
+	if err != nil {
+		if err == io.EOF {
+			st.close(nil)
+			return true, nil
+		}
+		st.close(err)
+		if c := status.Code(err); c == codes.Canceled || c == codes.DeadlineExceeded {
+			return true, nil
+		}
+		return true, err
+	}
+	if err := st.handle(req); err != nil {
+		st.close(err)
+		return true, err
+	}
+	return false, nil
+}
+
+// idleTimeout is how long the stream may wait for Envoy's next message in
+// its current phase (<= 0: forever).
+func (st *stream) idleTimeout() time.Duration {
+	if st.phase == phaseRequest {
+		return st.s.cfg.RequestIdleTimeout
+	}
+	return st.s.cfg.ResponseIdleTimeout
+}
+
+// idle ends a stream whose peer sent nothing for the phase's idle timeout:
+// a request still being gathered is answered 408; a routed one can no
+// longer be answered, so the stream ends with DeadlineExceeded and the
+// scheduler hears the request failed.
+func (st *stream) idle() error {
+	d := st.idleTimeout()
+	if ce := st.s.log.Check(zap.InfoLevel, "ext_proc stream idle: closing it"); ce != nil {
+		ce.Write(zap.String("id", st.id), zap.Bool("request_phase", st.phase == phaseRequest), zap.Duration("idle_timeout", d))
+	}
+	if st.phase == phaseRequest {
+		err := st.reject(408, "request_timeout", fmt.Sprintf("no request data from the client for %s", d))
+		st.end = "timeout"
+		st.close(nil)
+		return err
+	}
+	err := status.Errorf(codes.DeadlineExceeded, "no message from the proxy for %s after the request was routed", d)
+	st.close(err)
+	return err
 }
 
 func (s *Server) defaultMode() filterv3.ProcessingMode_BodySendMode {
@@ -731,7 +811,11 @@ var errStreamEnded = errors.New("ext_proc stream ended before the response compl
 func (st *stream) close(err error) {
 	if st.phase != phaseDone {
 		end := "cancelled"
-		if err != nil && status.Code(err) != codes.Canceled {
+		switch c := status.Code(err); {
+		case err == nil || c == codes.Canceled:
+		case c == codes.DeadlineExceeded:
+			end = "timeout"
+		default:
 			end = "error"
 		}
 		if err == nil || status.Code(err) == codes.Canceled {

@@ -11,6 +11,7 @@
 //	bench sweep -grid grid.yaml [flags]                   sweep EPP config keys, report the Pareto front
 //	bench sweep -base precise -set scoring.weights.prefix=1,3,5 -set prefix.balance_rel=1.25,2
 //	bench chaos [-scenarios engine-kill,...]             scripted faults, expected vs observed (make chaos)
+//	bench load [-prompt-bytes 32k] [-rates 500,1000,2000] [-soak 10m]   EPP decisions/s and added latency; memory soak
 //
 // Latencies of simulated fleets are in model time (wall time x time scale).
 // -direct replaces the EPP by a plain round-robin/random reverse proxy.
@@ -67,6 +68,9 @@ func splitList(s string) []string {
 func run(args []string) error {
 	if len(args) > 0 && args[0] == "chaos" {
 		return runChaos(args[1:])
+	}
+	if len(args) > 0 && args[0] == "load" {
+		return runLoad(args[1:])
 	}
 	sweep := len(args) > 0 && args[0] == "sweep"
 	if sweep {

@@ -61,6 +61,10 @@ func run(args []string) error {
 	fs.IntVar(&cfg.Scheduler.BlockSize, "block-size", cfg.Scheduler.BlockSize, "engines' KV block size in tokens")
 	fs.Int64Var(&cfg.Index.MemoryBudget, "index-memory-budget", cfg.Index.MemoryBudget, "KV index memory budget in bytes (0: 256 MiB)")
 	fs.IntVar(&cfg.ExtProc.MaxRecvMsgSize, "grpc-max-recv-msg-size", cfg.ExtProc.MaxRecvMsgSize, "largest gRPC message accepted")
+	fs.DurationVar(&cfg.ExtProc.RequestIdleTimeout, "request-idle-timeout", cfg.ExtProc.RequestIdleTimeout,
+		"close an ext_proc stream (408) when the proxy sends nothing for this long while the request is gathered (negative: never)")
+	fs.DurationVar(&cfg.ExtProc.ResponseIdleTimeout, "response-idle-timeout", cfg.ExtProc.ResponseIdleTimeout,
+		"close an ext_proc stream when the proxy sends nothing for this long after routing (negative: never)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -45,6 +45,26 @@ type Config struct {
 	ChunkSize int `yaml:"chunk_size"`
 	// DialTimeout bounds one connect attempt to an endpoint. Default 2s.
 	DialTimeout time.Duration `yaml:"dial_timeout"`
+	// OnExchange, when set, is called at the end of every request with the
+	// time it spent waiting on the EPP (the load bench's added latency).
+	OnExchange func(Timing) `yaml:"-"`
+}
+
+// Timing is what one request spent waiting on the EPP, as the gateway saw
+// it: the latency the EPP adds to the request.
+type Timing struct {
+	// Request runs from sending the request headers to receiving the last
+	// re-emitted body chunk (or the immediate response): the time the
+	// request is held before it can go upstream. It includes streaming the
+	// body to the EPP and back, as with Envoy in FULL_DUPLEX_STREAMED.
+	Request time.Duration
+	// Response is the response phase's wait: from sending the response
+	// headers to their answer, plus from sending the upstream body's last
+	// chunk to receiving the EPP's last chunk. Zero when the request never
+	// went upstream.
+	Response time.Duration
+	// Status is the HTTP status the client got.
+	Status int
 }
 
 func (c Config) withDefaults() Config {
@@ -149,6 +169,11 @@ type exchange struct {
 	g      *Gateway
 	stream grpc.BidiStreamingClient[extprocv3.ProcessingRequest, extprocv3.ProcessingResponse]
 	resps  chan recvResult
+	start  time.Time
+	timing Timing
+	// respEOS is when the upstream body's last chunk was handed to the
+	// EPP; written by the response sendBody goroutine before it returns.
+	respEOS time.Time
 }
 
 type recvResult struct {
@@ -166,6 +191,7 @@ func (x *exchange) recv() (*extprocv3.ProcessingResponse, error) {
 
 // ServeHTTP runs one request through the EPP and the chosen endpoint.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	stream, err := g.epp.Process(ctx)
@@ -173,7 +199,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "ext_proc unavailable: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
-	x := &exchange{g: g, stream: stream, resps: make(chan recvResult, 16)}
+	x := &exchange{g: g, stream: stream, resps: make(chan recvResult, 16), start: start}
 	go func() {
 		defer close(x.resps)
 		for {
@@ -190,6 +216,9 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	cancel()
 	for range x.resps { // let the receiver end before returning
+	}
+	if g.cfg.OnExchange != nil {
+		g.cfg.OnExchange(x.timing)
 	}
 	if errors.Is(err, errUpstreamBroke) {
 		// Abort the client's connection without ending the chunked body:
@@ -235,7 +264,8 @@ func (x *exchange) run(w http.ResponseWriter, r *http.Request) error {
 		return x.fail(w, fmt.Errorf("no routing answer: %w", err))
 	}
 	if ir := resp.GetImmediateResponse(); ir != nil {
-		writeImmediate(w, ir)
+		x.timing.Request = time.Since(x.start)
+		x.writeImmediate(w, ir)
 		return nil
 	}
 	hr := resp.GetRequestHeaders()
@@ -252,7 +282,8 @@ func (x *exchange) run(w http.ResponseWriter, r *http.Request) error {
 			return x.fail(w, fmt.Errorf("request body from the EPP: %w", err))
 		}
 		if ir := resp.GetImmediateResponse(); ir != nil {
-			writeImmediate(w, ir)
+			x.timing.Request = time.Since(x.start)
+			x.writeImmediate(w, ir)
 			return nil
 		}
 		if resp.GetRequestTrailers() != nil {
@@ -267,6 +298,7 @@ func (x *exchange) run(w http.ResponseWriter, r *http.Request) error {
 			break
 		}
 	}
+	x.timing.Request = time.Since(x.start)
 	if err := <-sendErr; err != nil {
 		return x.fail(w, err)
 	}
@@ -340,6 +372,7 @@ func (x *exchange) respond(w http.ResponseWriter, up *http.Response, served stri
 		s, _ := structpb.NewStruct(map[string]any{extproc.KeyServed: served})
 		req.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{extproc.MetadataLB: s}}
 	}
+	sent := time.Now()
 	if err := x.stream.Send(req); err != nil {
 		return x.fail(w, fmt.Errorf("cannot send response headers: %w", err))
 	}
@@ -347,8 +380,9 @@ func (x *exchange) respond(w http.ResponseWriter, up *http.Response, served stri
 	if err != nil {
 		return x.fail(w, fmt.Errorf("no response headers answer: %w", err))
 	}
+	x.timing.Response = time.Since(sent)
 	if ir := resp.GetImmediateResponse(); ir != nil {
-		writeImmediate(w, ir)
+		x.writeImmediate(w, ir)
 		return nil
 	}
 	h := w.Header()
@@ -358,6 +392,7 @@ func (x *exchange) respond(w http.ResponseWriter, up *http.Response, served stri
 		}
 	}
 	applyMutation(h, resp.GetResponseHeaders().GetResponse().GetHeaderMutation())
+	x.timing.Status = up.StatusCode
 	w.WriteHeader(up.StatusCode)
 	flusher, _ := w.(http.Flusher)
 
@@ -402,10 +437,14 @@ func (x *exchange) respond(w http.ResponseWriter, up *http.Response, served stri
 			break
 		}
 	}
+	last := time.Now()
 	if sendErr != nil {
 		if err := <-sendErr; err != nil {
 			return err
 		}
+	}
+	if !x.respEOS.IsZero() && last.After(x.respEOS) {
+		x.timing.Response += last.Sub(x.respEOS)
 	}
 	if err := x.stream.CloseSend(); err != nil {
 		return err
@@ -429,6 +468,9 @@ func (x *exchange) sendBody(body io.Reader, request bool) error {
 			msg.Request = &extprocv3.ProcessingRequest_RequestBody{RequestBody: hb}
 		} else {
 			msg.Request = &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: hb}
+			if eos {
+				x.respEOS = time.Now()
+			}
 		}
 		if err := x.stream.Send(msg); err != nil {
 			return fmt.Errorf("cannot send body: %w", err)
@@ -440,8 +482,15 @@ func (x *exchange) sendBody(body io.Reader, request bool) error {
 }
 
 func (x *exchange) fail(w http.ResponseWriter, err error) error {
-	http.Error(w, "gateway: "+err.Error(), http.StatusBadGateway)
+	if x.timing.Status == 0 { // nothing written yet
+		x.timing.Status = http.StatusBadGateway
+		http.Error(w, "gateway: "+err.Error(), http.StatusBadGateway)
+	}
 	return err
+}
+
+func (x *exchange) writeImmediate(w http.ResponseWriter, ir *extprocv3.ImmediateResponse) {
+	x.timing.Status = writeImmediate(w, ir)
 }
 
 func requestHeaderMap(r *http.Request) *corev3.HeaderMap {
@@ -482,7 +531,7 @@ func applyMutation(h http.Header, m *extprocv3.HeaderMutation) {
 	}
 }
 
-func writeImmediate(w http.ResponseWriter, ir *extprocv3.ImmediateResponse) {
+func writeImmediate(w http.ResponseWriter, ir *extprocv3.ImmediateResponse) int {
 	applyMutation(w.Header(), ir.GetHeaders())
 	code := int(ir.GetStatus().GetCode())
 	if code == 0 {
@@ -490,6 +539,7 @@ func writeImmediate(w http.ResponseWriter, ir *extprocv3.ImmediateResponse) {
 	}
 	w.WriteHeader(code)
 	_, _ = w.Write(ir.GetBody())
+	return code
 }
 
 func hopByHop(k string) bool {

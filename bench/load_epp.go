@@ -1,0 +1,342 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/omnious/provider-node/capacity"
+)
+
+// clockTicks is Linux's USER_HZ, the unit of /proc/<pid>/stat CPU times
+// (100 on every mainstream architecture).
+const clockTicks = 100
+
+// eppProcess is bin/epp running as a child process on loopback ports, so
+// that its CPU time and memory are its own.
+type eppProcess struct {
+	cmd        *exec.Cmd
+	grpcAddr   string
+	metricsURL string
+	adminURL   string
+	stderr     *os.File
+	exited     chan struct{}
+	waitErr    error
+}
+
+// startEPPProcess writes the endpoint and config files into dir and runs
+// bin against them: a static endpoint file naming the stubs, the tokenizer
+// (LoadOptions.Tokenizer: with one, requests carry exact prompt tokens and
+// the policy works on the index), and policy.
+func startEPPProcess(ctx context.Context, bin, dir, policy, model, tok string, stubs []*stub) (*eppProcess, error) {
+	type ep struct {
+		IP     string `yaml:"ip"`
+		Port   int    `yaml:"port"`
+		KVPort int    `yaml:"kv_events_port,omitempty"`
+	}
+	var eps []ep
+	for _, s := range stubs {
+		a := s.ln.Addr().(*net.TCPAddr)
+		eps = append(eps, ep{IP: "127.0.0.1", Port: a.Port, KVPort: s.KVPort()})
+	}
+	epFile := filepath.Join(dir, "endpoints.yaml")
+	if err := writeYAML(epFile, map[string]any{"defaults": map[string]any{"model": model, "engine": "vllm"}, "endpoints": eps}); err != nil {
+		return nil, err
+	}
+	ports, err := freePorts(4)
+	if err != nil {
+		return nil, err
+	}
+	addr := func(i int) string { return "127.0.0.1:" + strconv.Itoa(ports[i]) }
+	cfgFile := filepath.Join(dir, "epp.yaml")
+	cfg := map[string]any{
+		"grpc_addr": addr(0), "health_addr": addr(1), "metrics_addr": addr(2), "admin_addr": addr(3),
+		"endpoints_file": epFile, "drain_timeout": "2s",
+		"scheduler": map[string]any{"policy": policy},
+	}
+	switch tok {
+	case "standin":
+		cfg["standin_tokenizer"] = true
+	case "none":
+	default:
+		abs, err := filepath.Abs(tok)
+		if err != nil {
+			return nil, fmt.Errorf("bad tokenizer directory: %w", err)
+		}
+		cfg["tokenizers"] = map[string]string{model: abs}
+	}
+	if err := writeYAML(cfgFile, cfg); err != nil {
+		return nil, err
+	}
+	stderr, err := os.Create(filepath.Join(dir, "epp.log"))
+	if err != nil {
+		return nil, fmt.Errorf("cannot create the EPP log: %w", err)
+	}
+	cmd := exec.Command(bin, "-config", cfgFile, "-log-level", "warn")
+	cmd.Stdout, cmd.Stderr = stderr, stderr
+	if err := cmd.Start(); err != nil {
+		_ = stderr.Close()
+		return nil, fmt.Errorf("cannot start the EPP %s: %w", bin, err)
+	}
+	p := &eppProcess{cmd: cmd, grpcAddr: addr(0), metricsURL: "http://" + addr(2) + "/metrics",
+		adminURL: "http://" + addr(3), stderr: stderr, exited: make(chan struct{})}
+	go func() { p.waitErr = cmd.Wait(); close(p.exited) }()
+	if err := p.waitReady(ctx, len(stubs)); err != nil {
+		_ = p.Close()
+		return nil, fmt.Errorf("%w (EPP log: %s)", err, p.logTail())
+	}
+	return p, nil
+}
+
+func writeYAML(path string, v any) error {
+	data, err := yaml.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("cannot encode %s: %w", path, err)
+	}
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		return fmt.Errorf("cannot write %s: %w", path, err)
+	}
+	return nil
+}
+
+// waitReady waits until the EPP reports every replica healthy (scraped).
+func (p *eppProcess) waitReady(ctx context.Context, replicas int) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var snap capacity.Snapshot
+		if err := getJSON(ctx, p.adminURL+capacity.Path, &snap); err == nil {
+			healthy := 0
+			for _, m := range snap.Models {
+				healthy += m.Healthy
+			}
+			if healthy >= replicas {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-p.exited:
+			return fmt.Errorf("the EPP exited: %v", p.waitErr)
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return errors.New("the EPP did not see every replica healthy within 30s")
+		}
+	}
+}
+
+// residentBlocks is the index's resident block count per endpoint address.
+func (p *eppProcess) residentBlocks(ctx context.Context) (map[string]int, error) {
+	var view []struct {
+		Addr     string `json:"addr"`
+		Resident int    `json:"resident_blocks"`
+	}
+	if err := getJSON(ctx, p.adminURL+"/debug/endpoints", &view); err != nil {
+		return nil, err
+	}
+	out := make(map[string]int, len(view))
+	for _, v := range view {
+		out[v.Addr] = v.Resident
+	}
+	return out, nil
+}
+
+func getJSON(ctx context.Context, url string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		return fmt.Errorf("GET %s: %w", url, err)
+	}
+	return nil
+}
+
+// cpu is the EPP process's user+system CPU time, from /proc/<pid>/stat.
+func (p *eppProcess) cpu() (time.Duration, error) { return procCPU(p.cmd.Process.Pid) }
+
+func procCPU(pid int) (time.Duration, error) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, fmt.Errorf("cannot read the EPP's CPU time: %w", err)
+	}
+	// Fields after the parenthesised command name: state is field 3,
+	// utime 14 and stime 15.
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 {
+		return 0, errors.New("cannot parse /proc/<pid>/stat")
+	}
+	f := strings.Fields(string(data[i+1:]))
+	if len(f) < 13 {
+		return 0, errors.New("cannot parse /proc/<pid>/stat: too few fields")
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, fmt.Errorf("cannot parse /proc/<pid>/stat: %w", err)
+	}
+	return time.Duration(ut+st) * time.Second / clockTicks, nil
+}
+
+// hostBusy is the machine's busy (non-idle, non-iowait) CPU time summed
+// over its CPUs, from /proc/stat.
+func hostBusy() (time.Duration, error) {
+	f, err := os.Open("/proc/stat")
+	if err != nil {
+		return 0, fmt.Errorf("cannot read host CPU time: %w", err)
+	}
+	defer f.Close()
+	line, err := bufio.NewReader(f).ReadString('\n')
+	if err != nil {
+		return 0, fmt.Errorf("cannot read host CPU time: %w", err)
+	}
+	fields := strings.Fields(line)
+	if len(fields) < 5 || fields[0] != "cpu" {
+		return 0, errors.New("cannot parse /proc/stat")
+	}
+	var busy int64
+	for i, s := range fields[1:] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		if i >= 7 { // guest time is already counted in user
+			break
+		}
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("cannot parse /proc/stat: %w", err)
+		}
+		busy += v
+	}
+	return time.Duration(busy) * time.Second / clockTicks, nil
+}
+
+// memory reads the EPP's Go heap in use and resident set from its /metrics.
+func (p *eppProcess) memory(ctx context.Context) (heap, rss float64, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.metricsURL, nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, 0, fmt.Errorf("cannot scrape the EPP: %w", err)
+	}
+	defer resp.Body.Close()
+	vals, err := scrapeValues(resp.Body, "go_memstats_heap_inuse_bytes", "process_resident_memory_bytes")
+	if err != nil {
+		return 0, 0, err
+	}
+	return vals[0], vals[1], nil
+}
+
+// counter sums the series of a metric in the EPP's /metrics.
+func (p *eppProcess) counter(ctx context.Context, name string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.metricsURL, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("cannot scrape the EPP: %w", err)
+	}
+	defer resp.Body.Close()
+	vals, err := scrapeValues(resp.Body, name)
+	if err != nil {
+		return 0, err
+	}
+	return vals[0], nil
+}
+
+// scrapeValues sums each named metric's series in a text exposition; a name
+// without any series is an error.
+func scrapeValues(r io.Reader, names ...string) ([]float64, error) {
+	out := make([]float64, len(names))
+	seen := make([]bool, len(names))
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		for i, n := range names {
+			if !strings.HasPrefix(line, n) || len(line) == len(n) || (line[len(n)] != ' ' && line[len(n)] != '{') {
+				continue
+			}
+			v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+			if err != nil {
+				return nil, fmt.Errorf("cannot parse %q: %w", line, err)
+			}
+			out[i] += v
+			seen[i] = true
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("cannot read metrics: %w", err)
+	}
+	for i, ok := range seen {
+		if !ok {
+			return nil, fmt.Errorf("metric %s not found", names[i])
+		}
+	}
+	return out, nil
+}
+
+func (p *eppProcess) logTail() string {
+	data, err := os.ReadFile(p.stderr.Name())
+	if err != nil {
+		return err.Error()
+	}
+	if len(data) > 2000 {
+		data = data[len(data)-2000:]
+	}
+	return strings.TrimSpace(string(data))
+}
+
+// Close stops the EPP: SIGTERM, then SIGKILL after 5 s.
+func (p *eppProcess) Close() error {
+	select {
+	case <-p.exited:
+	default:
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.exited:
+		case <-time.After(5 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}
+	}
+	_ = p.stderr.Close()
+	var ee *exec.ExitError
+	if p.waitErr != nil && !errors.As(p.waitErr, &ee) {
+		return fmt.Errorf("EPP: %w", p.waitErr)
+	}
+	if ee != nil && !ee.Exited() {
+		return nil // ended by our signal
+	}
+	if p.waitErr != nil {
+		return fmt.Errorf("EPP exited badly: %w (log: %s)", p.waitErr, p.logTail())
+	}
+	return nil
+}

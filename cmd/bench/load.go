@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"syscall"
+
+	"github.com/omnious/provider-node/bench"
+	"github.com/omnious/provider-node/internal/cli"
+)
+
+// runLoad is `bench load`: the EPP's decision throughput and added latency
+// on a rate ladder, or a memory soak at one rate (-soak).
+func runLoad(args []string) error {
+	fs := flag.NewFlagSet("bench load", flag.ContinueOnError)
+	var o bench.LoadOptions
+	fs.StringVar(&o.EPPBin, "epp", "bin/epp", "EPP binary, run as its own process")
+	fs.StringVar(&o.Policy, "policy", "precise", "scheduler policy")
+	fs.StringVar(&o.Model, "model", "Qwen/Qwen3-32B", "served model name")
+	fs.StringVar(&o.Tokenizer, "tokenizer", "standin", "EPP prompt tokens: standin, none (approximate routing) or a directory with the model's tokenizer.json")
+	fs.BoolVar(&o.AllRates, "all-rates", false, "run every rate instead of stopping at the first over budget")
+	fs.IntVar(&o.Replicas, "replicas", 4, "stub backends")
+	promptBytes := fs.String("prompt-bytes", "32k", "request body size (k = 1024): 32k is an 8k-token chat, 200k a long prompt")
+	fs.IntVar(&o.Groups, "groups", 16, "system prompts the requests share")
+	fs.Float64Var(&o.SharedFraction, "shared-fraction", 0.75, "share of the prompt that is the group's system prompt")
+	noKV := fs.Bool("no-kv-events", false, "do not publish the system prompts as KV blocks before the run")
+	rates := fs.String("rates", "", "offered requests/s ladder, comma-separated (default 250,500,1000,1500,2000,2500,3000,4000,5000)")
+	fs.DurationVar(&o.Step, "step", 0, "measured time per rate (default 10s)")
+	fs.DurationVar(&o.StepWarmup, "step-warmup", 0, "unmeasured time at each rate before measuring (default 2s)")
+	fs.IntVar(&o.MaxInFlight, "max-in-flight", 512, "requests in flight at most; more are dropped and fail the step")
+	fs.DurationVar(&o.BudgetP99, "budget-p99", 0, "largest p99 added latency within budget (default 2ms)")
+	fs.Float64Var(&o.BudgetErrors, "budget-errors", 0, "largest error share within budget (default 0.001)")
+	check := fs.Float64("check-rate", 0, "exit 1 unless at least this many decisions/s are sustained within budget")
+	fs.DurationVar(&o.Soak, "soak", 0, "instead of the ladder, hold -soak-rate this long and watch the EPP's memory")
+	fs.Float64Var(&o.SoakRate, "soak-rate", 250, "soak: offered requests/s")
+	fs.DurationVar(&o.SoakSample, "soak-sample", 0, "soak: memory sampling interval (default 5s)")
+	fs.DurationVar(&o.SoakWarmup, "soak-warmup", 0, "soak: samples before this are not fitted (default 1m)")
+	maxGrowth := fs.Float64("soak-max-growth-mib", 32, "soak: largest fitted heap or RSS growth after the warm-up, MiB")
+	jsonOut := fs.String("json", "", "write the report as JSON to this file")
+	logLevel := fs.String("log-level", "error", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("bench load: unexpected arguments %v", fs.Args())
+	}
+	n, err := parseBytes(*promptBytes)
+	if err != nil {
+		return fmt.Errorf("bad -prompt-bytes: %w", err)
+	}
+	o.PromptBytes = n
+	o.NoKVEvents = *noKV
+	o.SoakMaxGrowth = int64(*maxGrowth * (1 << 20))
+	for _, s := range splitList(*rates) {
+		v, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return fmt.Errorf("bad -rates %q: %w", *rates, err)
+		}
+		o.Rates = append(o.Rates, v)
+	}
+	log, err := cli.NewLogger(*logLevel)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = log.Sync() }()
+	o.Log = log
+	o.Progress = os.Stderr
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	rep, err := bench.RunLoad(ctx, o)
+	if rep != nil {
+		if terr := rep.WriteTable(os.Stdout); terr != nil {
+			return errors.Join(err, terr)
+		}
+		if *jsonOut != "" {
+			if merr := os.MkdirAll(filepath.Dir(*jsonOut), 0o755); merr != nil {
+				return errors.Join(err, fmt.Errorf("cannot create report directory: %w", merr))
+			}
+			if jerr := rep.WriteJSON(*jsonOut); jerr != nil {
+				return errors.Join(err, jerr)
+			}
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if rep.Soak != nil && !rep.Soak.Pass {
+		return fmt.Errorf("soak failed: %s", rep.Soak.Why)
+	}
+	if *check > 0 && (rep.Sustained == nil || rep.Sustained.Decisions < *check) {
+		return fmt.Errorf("sustained rate below -check-rate %.0f/s", *check)
+	}
+	return nil
+}
+
+// parseBytes reads a byte count with an optional k or m suffix (binary).
+func parseBytes(s string) (int, error) {
+	mult := 1
+	switch {
+	case len(s) > 1 && (s[len(s)-1] == 'k' || s[len(s)-1] == 'K'):
+		mult, s = 1<<10, s[:len(s)-1]
+	case len(s) > 1 && (s[len(s)-1] == 'm' || s[len(s)-1] == 'M'):
+		mult, s = 1<<20, s[:len(s)-1]
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%q is not a positive byte count", s)
+	}
+	return n * mult, nil
+}
