@@ -24,19 +24,8 @@ func NewCodec(pool mem.BufferPool) Codec { return Codec{pool: pool} }
 // use it.
 func (Codec) Name() string { return "proto" }
 
-// vtMarshaler is implemented by go-control-plane's generated vtprotobuf
-// code: sizing and encoding without reflection, several times faster on
-// messages carrying Struct metadata.
-type vtMarshaler interface {
-	SizeVT() int
-	MarshalToSizedBufferVTStrict(dAtA []byte) (int, error)
-}
-
 // Marshal implements encoding.CodecV2.
 func (c Codec) Marshal(v any) (mem.BufferSlice, error) {
-	if vt, ok := v.(vtMarshaler); ok {
-		return c.marshalVT(vt)
-	}
 	m, ok := v.(proto.Message)
 	if !ok {
 		return nil, fmt.Errorf("cannot marshal %T: not a proto message", v)
@@ -56,24 +45,6 @@ func (c Codec) Marshal(v any) (mem.BufferSlice, error) {
 		return nil, err
 	}
 	*buf = b
-	return mem.BufferSlice{mem.NewBuffer(buf, c.pool)}, nil
-}
-
-func (c Codec) marshalVT(m vtMarshaler) (mem.BufferSlice, error) {
-	size := m.SizeVT()
-	if mem.IsBelowBufferPoolingThreshold(size) {
-		b := make([]byte, size)
-		if _, err := m.MarshalToSizedBufferVTStrict(b); err != nil {
-			return nil, err
-		}
-		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
-	}
-	buf := c.pool.Get(size)
-	if _, err := m.MarshalToSizedBufferVTStrict((*buf)[:size]); err != nil {
-		c.pool.Put(buf)
-		return nil, err
-	}
-	*buf = (*buf)[:size]
 	return mem.BufferSlice{mem.NewBuffer(buf, c.pool)}, nil
 }
 

@@ -155,7 +155,10 @@ func newPrompter(cfg Config) (extproc.Prompter, error) {
 		if err != nil {
 			return nil, fmt.Errorf("cannot load chat template of %s: %w", model, err)
 		}
-		models[model] = extproc.ModelTokenizer{Tokenizer: tok, Template: tmpl}
+		// Requests share system prompts and earlier turns: the prefix cache
+		// tokenizes only what follows the longest prefix seen before, and
+		// gives exactly the tokenizer's own ids.
+		models[model] = extproc.ModelTokenizer{Tokenizer: tokenizer.NewPrefixCache(tok, tokenizer.PrefixCacheConfig{}), Template: tmpl}
 	}
 	return extproc.NewTokenPrompter(models, nil), nil
 }
