@@ -75,10 +75,11 @@ type PrefixConfig struct {
 	// BalanceAbs and BalanceRel are the imbalance guard: affinity to a
 	// replica is abandoned only when its load exceeds the least loaded
 	// candidate's by at least BalanceAbs requests AND by a factor of at
-	// least BalanceRel. Defaults 4 and 1.25: llmgw's 8 and 1.5 let precise
-	// routing reach max/mean load 1.17-1.24 on the Mooncake trace at 8
-	// replicas; 4 and 1.25 measured 1.11 (requests) and 1.14 (prompt
-	// tokens) at 98% of the hit-rate bound (bench -trace, see README).
+	// least BalanceRel. Defaults 4 and 1.25 (llmgw's are 8 and 1.5): on the
+	// Mooncake trace at 8 replicas they measured max/mean load 1.12
+	// (requests) and 1.18 (prompt tokens) at 98% of the hit-rate bound, and
+	// on bench llmd-73 kept precise ahead of every baseline (bench sweep
+	// over {4,8} x {1.25,1.5}; README).
 	BalanceAbs float64 `yaml:"balance_abs"`
 	BalanceRel float64 `yaml:"balance_rel"`
 	// SpeculativeTTL is how long the chosen replica is credited with a
