@@ -434,11 +434,7 @@ func (env *chaosEnv) post(ctx context.Context, url, body string) error {
 }
 
 func (env *chaosEnv) getJSON(ctx context.Context, url string, v any) error {
-	f := &Fleet{http: env.http}
-	if err := f.getJSON(ctx, url, v); err != nil {
-		return fmt.Errorf("GET %s: %w", url, err)
-	}
-	return nil
+	return getJSON(ctx, env.http, url, v)
 }
 
 // indexBlocks is what the EPP's admin view says the index holds for addr.

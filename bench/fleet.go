@@ -136,27 +136,31 @@ func (f *Fleet) describe(ctx context.Context, base, model, flavour string) (Flee
 			ReplayEndpoint string `json:"replay_endpoint"`
 		} `json:"kv_events"`
 	}
-	if err := f.getJSON(ctx, base+"/admin/stats", &stats); err != nil {
+	if err := getJSON(ctx, f.http, base+"/admin/stats", &stats); err != nil {
 		return ep, fmt.Errorf("cannot read replica %s stats: %w", base, err)
 	}
 	ep.KVEvents, ep.KVReplay = stats.KVEvents.Endpoint, stats.KVEvents.ReplayEndpoint
 	return ep, nil
 }
 
-func (f *Fleet) getJSON(ctx context.Context, u string, v any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+// getJSON GETs url with client and decodes its JSON body into v.
+func getJSON(ctx context.Context, client *http.Client, url string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
 	}
-	resp, err := f.http.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("status %d", resp.StatusCode)
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
-	return json.NewDecoder(resp.Body).Decode(v)
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		return fmt.Errorf("GET %s: %w", url, err)
+	}
+	return nil
 }
 
 // freePorts reserves n loopback ports by binding and releasing them; a
@@ -292,7 +296,7 @@ func (f *Fleet) attach(ctx context.Context, o FleetOptions) error {
 					ID string `json:"id"`
 				} `json:"data"`
 			}
-			if err := f.getJSON(ctx, base+"/v1/models", &models); err != nil || len(models.Data) == 0 {
+			if err := getJSON(ctx, f.http, base+"/v1/models", &models); err != nil || len(models.Data) == 0 {
 				return fmt.Errorf("cannot list models of %s (pass the model): %v", base, err)
 			}
 			model = models.Data[0].ID

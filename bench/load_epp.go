@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -119,7 +118,7 @@ func (p *eppProcess) waitReady(ctx context.Context, replicas int) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var snap capacity.Snapshot
-		if err := getJSON(ctx, p.adminURL+capacity.Path, &snap); err == nil {
+		if err := getJSON(ctx, http.DefaultClient, p.adminURL+capacity.Path, &snap); err == nil {
 			healthy := 0
 			for _, m := range snap.Models {
 				healthy += m.Healthy
@@ -147,7 +146,7 @@ func (p *eppProcess) residentBlocks(ctx context.Context) (map[string]int, error)
 		Addr     string `json:"addr"`
 		Resident int    `json:"resident_blocks"`
 	}
-	if err := getJSON(ctx, p.adminURL+"/debug/endpoints", &view); err != nil {
+	if err := getJSON(ctx, http.DefaultClient, p.adminURL+"/debug/endpoints", &view); err != nil {
 		return nil, err
 	}
 	out := make(map[string]int, len(view))
@@ -155,25 +154,6 @@ func (p *eppProcess) residentBlocks(ctx context.Context) (map[string]int, error)
 		out[v.Addr] = v.Resident
 	}
 	return out, nil
-}
-
-func getJSON(ctx context.Context, url string, v any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
-	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
-		return fmt.Errorf("GET %s: %w", url, err)
-	}
-	return nil
 }
 
 // cpu is the EPP process's user+system CPU time, from /proc/<pid>/stat.

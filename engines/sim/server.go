@@ -487,15 +487,8 @@ func (r *Replica) handleDropEvents(w http.ResponseWriter, req *http.Request) {
 // its batches: subscribers lose the connection and, once it is back, find
 // a gap that replay fills.
 func (r *Replica) handleKVOutage(w http.ResponseWriter, req *http.Request) {
-	var in struct {
-		For string `json:"for"`
-	}
-	if !r.readBody(w, req, &in) {
-		return
-	}
-	d, err := parseDuration(in.For)
-	if err != nil || d <= 0 {
-		writeError(w, http.StatusBadRequest, "for must be a positive duration")
+	d, ok := r.readFor(w, req)
+	if !ok {
 		return
 	}
 	if r.pub == nil {
@@ -510,16 +503,26 @@ func (r *Replica) handleKVOutage(w http.ResponseWriter, req *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"kv_events_gone_for": d.String()})
 }
 
-func (r *Replica) handleRefuse(w http.ResponseWriter, req *http.Request) {
+// readFor reads an admin body {"for": "<duration>"}; a missing, malformed
+// or non-positive duration is answered 400.
+func (r *Replica) readFor(w http.ResponseWriter, req *http.Request) (time.Duration, bool) {
 	var in struct {
 		For string `json:"for"`
 	}
 	if !r.readBody(w, req, &in) {
-		return
+		return 0, false
 	}
 	d, err := parseDuration(in.For)
 	if err != nil || d <= 0 {
 		writeError(w, http.StatusBadRequest, "for must be a positive duration")
+		return 0, false
+	}
+	return d, true
+}
+
+func (r *Replica) handleRefuse(w http.ResponseWriter, req *http.Request) {
+	d, ok := r.readFor(w, req)
+	if !ok {
 		return
 	}
 	keep, _ := req.Context().Value(connKey{}).(net.Conn)

@@ -12,11 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
-	"google.golang.org/grpc"
 
 	"github.com/omnious/provider-node/engines/sim"
 	"github.com/omnious/provider-node/engines/sim/simtest"
@@ -76,23 +73,7 @@ func (p *listPicker) last(t *testing.T) (scheduler.Request, scheduler.DoneInfo) 
 // startStack runs the EPP (with picker) and a gateway in front of it.
 func startStack(t *testing.T, p extproc.Picker) *Gateway {
 	t.Helper()
-	cfg := extproc.Config{}.WithDefaults()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	g := grpc.NewServer(cfg.ServerOptions()...)
-	extproc.NewServer(cfg, p, extproc.NewStandInPrompter(), prometheus.NewRegistry(), zaptest.NewLogger(t)).Register(g)
-	go func() { _ = g.Serve(lis) }()
-	gw, err := New(Config{EPP: lis.Addr().String()}, zaptest.NewLogger(t))
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- gw.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-		g.Stop()
-	})
-	return gw
+	return startStackConfig(t, extproc.Config{}, Config{}, p)
 }
 
 func post(t *testing.T, gw *Gateway, path, body string, hdr ...string) (*http.Response, []byte) {
