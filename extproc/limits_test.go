@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -65,7 +66,7 @@ func TestIdleTimeouts(t *testing.T) {
 				require.NoError(t, st.Send(reqBody(chatBody, true)))
 				got, err := st.Recv()
 				require.NoError(t, err)
-				require.True(t, proto.Equal(expRouted(ep1, ""), got), prototext.Format(got))
+				require.True(t, proto.Equal(expRouted(ep1, strconv.Itoa(len(chatBody))), got), prototext.Format(got))
 				return
 			}
 			got, err := st.Recv()
@@ -116,7 +117,7 @@ func TestGRPCMessageLimits(t *testing.T) {
 			want: expImmediate(413, "body_too_large", "request body exceeds the limit of 49152 bytes")},
 		{name: "under both limits is routed",
 			msgs: []*extprocv3.ProcessingRequest{chatHeaders(), reqBody(bigBody(40<<10), true)},
-			want: expRouted(ep1, "")},
+			want: expRouted(ep1, strconv.Itoa(len(bigBody(40<<10))))},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -142,7 +143,7 @@ func TestGRPCMessageLimits(t *testing.T) {
 	// The server still serves a normal request after every refusal.
 	require.NoError(t, runSteps(t, c, []step{
 		{chatHeaders(), nil},
-		{reqBody(chatBody, true), []*extprocv3.ProcessingResponse{expRouted(ep1, ""), expReqBody(chatBody, true)}},
+		{reqBody(chatBody, true), []*extprocv3.ProcessingResponse{expRouted(ep1, strconv.Itoa(len(chatBody))), expReqBody(chatBody, true)}},
 		{okHeaders("application/json"), []*extprocv3.ProcessingResponse{expRespHeaders(false)}},
 		{respBody(jsonResp, true), []*extprocv3.ProcessingResponse{expRespBody(jsonResp, true)}},
 	}))

@@ -556,7 +556,11 @@ func (st *stream) route(headersOnly, eos bool) error {
 	}
 
 	hm := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(HeaderDestination, dest)}}
-	if ne > 0 {
+	if ne > 0 || (!headersOnly && st.reqMode != filterv3.ProcessingMode_BUFFERED) {
+		// In the streamed body modes always, as the contract and the
+		// reference EPP have it: Envoy removes the client's Content-Length
+		// there (the processor may resize the body), so the upstream would
+		// otherwise get a chunked request. BUFFERED keeps the client's.
 		hm.SetHeaders = append(hm.SetHeaders, setHeader(headerContentLen, strconv.Itoa(len(out))))
 	}
 	common := &extprocv3.CommonResponse{ClearRouteCache: true, HeaderMutation: hm}

@@ -65,7 +65,7 @@ func TestProtocol(t *testing.T) {
 		steps: []step{
 			{chatHeaders("content-length", strconv.Itoa(len(chatBody))), nil},
 			{reqBody(chatBody[:10], false), nil},
-			{reqBody(chatBody[10:], true), []*extprocv3.ProcessingResponse{expRouted(ep1+","+ep2, ""), expReqBody(chatBody, true)}},
+			{reqBody(chatBody[10:], true), []*extprocv3.ProcessingResponse{expRouted(ep1+","+ep2, strconv.Itoa(len(chatBody))), expReqBody(chatBody, true)}},
 			{okHeaders("application/json"), []*extprocv3.ProcessingResponse{expRespHeaders(false)}},
 			{respBody(jsonResp[:20], false), nil},
 			{respBody(jsonResp[20:], true), []*extprocv3.ProcessingResponse{expRespBody(jsonResp, true)}},
@@ -84,7 +84,7 @@ func TestProtocol(t *testing.T) {
 		steps: []step{
 			{reqHeaders(false, ":method", "POST", ":path", "/v1/completions"), nil},
 			{reqBody(big[:65536], false), nil},
-			{reqBody(big[65536:], true), []*extprocv3.ProcessingResponse{expRouted(ep1, ""),
+			{reqBody(big[65536:], true), []*extprocv3.ProcessingResponse{expRouted(ep1, strconv.Itoa(len(big))),
 				expReqBody(big[:62000], false), expReqBody(big[62000:124000], false), expReqBody(big[124000:], true)}},
 			{okHeaders("application/json"), []*extprocv3.ProcessingResponse{expRespHeaders(false)}},
 			{respBody(big, true), []*extprocv3.ProcessingResponse{expRespBody(big[:62000], false), expRespBody(big[62000:124000], false), expRespBody(big[124000:], true)}},
@@ -130,7 +130,7 @@ func TestProtocol(t *testing.T) {
 		addrs: []string{ep1},
 		steps: []step{
 			{chatHeaders(), nil},
-			{reqBody(asked, true), []*extprocv3.ProcessingResponse{expRouted(ep1, ""), expReqBody(asked, true)}},
+			{reqBody(asked, true), []*extprocv3.ProcessingResponse{expRouted(ep1, strconv.Itoa(len(asked))), expReqBody(asked, true)}},
 			{okHeaders("text/event-stream"), []*extprocv3.ProcessingResponse{expRespHeaders(false)}},
 			{respBody(ev1+evUsage+evDone, true), []*extprocv3.ProcessingResponse{expRespBody(ev1+evUsage+evDone, true)}},
 		},
@@ -141,7 +141,7 @@ func TestProtocol(t *testing.T) {
 		addrs: []string{ep1},
 		steps: []step{
 			{chatHeaders(), nil},
-			{reqBody(streamBody, true), []*extprocv3.ProcessingResponse{expRouted(ep1, ""), expReqBody(streamBody, true)}},
+			{reqBody(streamBody, true), []*extprocv3.ProcessingResponse{expRouted(ep1, strconv.Itoa(len(streamBody))), expReqBody(streamBody, true)}},
 			{okHeaders("text/event-stream"), []*extprocv3.ProcessingResponse{expRespHeaders(false)}},
 			{respBody(ev1+evDone, true), []*extprocv3.ProcessingResponse{expRespBody(ev1+evDone, true)}},
 		},
@@ -152,7 +152,7 @@ func TestProtocol(t *testing.T) {
 		addrs: []string{ep2, ep1},
 		steps: []step{
 			{withSubset(chatHeaders(), ep2), nil},
-			{reqBody(chatBody, true), []*extprocv3.ProcessingResponse{expRouted(ep2, ""), expReqBody(chatBody, true)}},
+			{reqBody(chatBody, true), []*extprocv3.ProcessingResponse{expRouted(ep2, strconv.Itoa(len(chatBody))), expReqBody(chatBody, true)}},
 		},
 		done: []wantDone{{err: true}},
 		check: func(t *testing.T, reqs []scheduler.Request) {
@@ -163,7 +163,7 @@ func TestProtocol(t *testing.T) {
 		addrs: []string{ep1},
 		steps: []step{
 			{withSubset(chatHeaders()), nil},
-			{reqBody(chatBody, true), []*extprocv3.ProcessingResponse{expRouted(ep1, ""), expReqBody(chatBody, true)}},
+			{reqBody(chatBody, true), []*extprocv3.ProcessingResponse{expRouted(ep1, strconv.Itoa(len(chatBody))), expReqBody(chatBody, true)}},
 		},
 		done: []wantDone{{err: true}},
 		check: func(t *testing.T, reqs []scheduler.Request) {
@@ -189,7 +189,7 @@ func TestProtocol(t *testing.T) {
 		steps: []step{
 			{chatHeaders("x-gateway-inference-objective", "gold", "x-gateway-inference-fairness-id", "t1", "x-session-id", "s1"), nil},
 			{reqBody(`{"model":"m1","user":"u","cache_salt":"salt",`+msgs+`}`, true), []*extprocv3.ProcessingResponse{
-				expRouted(ep1, ""), expReqBody(`{"model":"m1","user":"u","cache_salt":"salt",`+msgs+`}`, true)}},
+				expRouted(ep1, strconv.Itoa(len(`{"model":"m1","user":"u","cache_salt":"salt",`+msgs+`}`))), expReqBody(`{"model":"m1","user":"u","cache_salt":"salt",`+msgs+`}`, true)}},
 			{okHeaders("application/json"), []*extprocv3.ProcessingResponse{expRespHeaders(false)}},
 			{respBody(`{}`, false), nil},
 			{respTrailers(), []*extprocv3.ProcessingResponse{expRespBody(`{}`, false), expRespTrailers()}},
@@ -206,7 +206,7 @@ func TestProtocol(t *testing.T) {
 		steps: []step{
 			{chatHeaders(), nil},
 			{reqBody(chatBody, false), nil},
-			{reqTrailers(), []*extprocv3.ProcessingResponse{expRouted(ep1, ""), expReqBody(chatBody, false), expReqTrailers()}},
+			{reqTrailers(), []*extprocv3.ProcessingResponse{expRouted(ep1, strconv.Itoa(len(chatBody))), expReqBody(chatBody, false), expReqTrailers()}},
 			{okHeaders("application/json"), []*extprocv3.ProcessingResponse{expRespHeaders(false)}},
 			{respBody(jsonResp, true), []*extprocv3.ProcessingResponse{expRespBody(jsonResp, true)}},
 		},
@@ -216,7 +216,7 @@ func TestProtocol(t *testing.T) {
 		addrs: []string{ep1},
 		steps: []step{
 			{chatHeaders(), nil},
-			{reqBody(chatBody, true), []*extprocv3.ProcessingResponse{expRouted(ep1, ""), expReqBody(chatBody, true)}},
+			{reqBody(chatBody, true), []*extprocv3.ProcessingResponse{expRouted(ep1, strconv.Itoa(len(chatBody))), expReqBody(chatBody, true)}},
 			{withServed(respHeaders(true, ":status", "503"), ep1), []*extprocv3.ProcessingResponse{expRespHeaders(false)}},
 		},
 		done: []wantDone{{status: 503, served: ep1}},
@@ -257,7 +257,7 @@ func TestProtocol(t *testing.T) {
 		addrs: []string{ep1},
 		steps: []step{
 			{withProtocol(chatHeaders(), filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, filterv3.ProcessingMode_NONE), nil},
-			{reqBody(chatBody, true), []*extprocv3.ProcessingResponse{expRouted(ep1, ""), expReqBody(chatBody, true)}},
+			{reqBody(chatBody, true), []*extprocv3.ProcessingResponse{expRouted(ep1, strconv.Itoa(len(chatBody))), expReqBody(chatBody, true)}},
 			{okHeaders("application/json"), []*extprocv3.ProcessingResponse{expRespHeaders(false)}},
 			{respTrailers(), []*extprocv3.ProcessingResponse{expRespTrailers()}},
 		},
@@ -268,7 +268,7 @@ func TestProtocol(t *testing.T) {
 		addrs: []string{ep1},
 		steps: []step{
 			{reqHeaders(false, ":method", "POST", ":path", "/v1/embeddings"), nil},
-			{reqBody(`{"model":"e"}`, true), []*extprocv3.ProcessingResponse{expRouted(ep1, ""), expReqBody(`{"model":"e"}`, true)}},
+			{reqBody(`{"model":"e"}`, true), []*extprocv3.ProcessingResponse{expRouted(ep1, strconv.Itoa(len(`{"model":"e"}`))), expReqBody(`{"model":"e"}`, true)}},
 			{okHeaders("application/json"), []*extprocv3.ProcessingResponse{expRespHeaders(false)}},
 			{respBody(jsonResp[:60], false), nil},
 			{respBody(jsonResp[60:120], false), []*extprocv3.ProcessingResponse{expRespBody(jsonResp[:120], false)}},
@@ -491,12 +491,11 @@ func TestBufferReuse(t *testing.T) {
 			hdr = hdr[:4] // no Content-Length: the gathering buffer grows
 		}
 		want := body
-		var cl string
 		if i%2 == 1 {
 			hdr = append(hdr, HeaderModelRewrite, "m2")
 			want = strings.Replace(body, `"m1"`, `"m2"`, 1)
-			cl = strconv.Itoa(len(want))
 		}
+		cl := strconv.Itoa(len(want))
 		var out []*extprocv3.ProcessingResponse
 		out = append(out, expRouted(ep1, cl))
 		for off := 0; off < len(want); off += 62000 {
