@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -161,6 +162,52 @@ func getJSON(ctx context.Context, client *http.Client, url string, v any) error 
 		return fmt.Errorf("GET %s: %w", url, err)
 	}
 	return nil
+}
+
+// sumSeries sums, for each of names, the values of its series in a
+// Prometheus text exposition (labels ignored, a trailing timestamp too);
+// seen[i] reports whether names[i] had any. A series whose value does not
+// parse is skipped and reported in err, after the whole page is read.
+func sumSeries(r io.Reader, names ...string) (sums []float64, seen []bool, err error) {
+	sums, seen = make([]float64, len(names)), make([]bool, len(names))
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
+		end := bytes.IndexAny(line, "{ ")
+		if len(line) == 0 || line[0] == '#' || end < 0 {
+			continue
+		}
+		i := slices.Index(names, string(line[:end]))
+		if i < 0 {
+			continue
+		}
+		rest := line[end:]
+		if rest[0] == '{' {
+			close := bytes.LastIndexByte(rest, '}')
+			if close < 0 {
+				continue
+			}
+			rest = rest[close+1:]
+		}
+		fields := bytes.Fields(rest)
+		if len(fields) == 0 {
+			continue
+		}
+		v, perr := strconv.ParseFloat(string(fields[0]), 64)
+		if perr != nil {
+			if err == nil {
+				err = fmt.Errorf("cannot parse %q: %w", line, perr)
+			}
+			continue
+		}
+		sums[i] += v
+		seen[i] = true
+	}
+	if serr := sc.Err(); serr != nil {
+		return sums, seen, fmt.Errorf("cannot read metrics: %w", serr)
+	}
+	return sums, seen, err
 }
 
 // freePorts reserves n loopback ports by binding and releasing them; a
@@ -392,45 +439,20 @@ func (f *Fleet) counters(ctx context.Context) []counters {
 	return out
 }
 
+// counterNames are the engine counters parseCounters reads.
+var counterNames = []string{"vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:request_success_total",
+	"vllm:prompt_tokens_total", "sglang:cached_tokens_total", "sglang:prompt_tokens_total", "sglang:num_requests_total"}
+
 // parseCounters sums the counters the bench needs over their label sets,
-// for vLLM and SGLang names, from the Prometheus text format.
+// for vLLM and SGLang names, from the Prometheus text format. Lines it
+// cannot read are skipped.
 func parseCounters(body []byte) counters {
-	sums := map[string]float64{}
-	sc := bufio.NewScanner(bytes.NewReader(body))
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Bytes()
-		if len(line) == 0 || line[0] == '#' {
-			continue
+	vals, seen, _ := sumSeries(bytes.NewReader(body), counterNames...)
+	sums := make(map[string]float64, len(counterNames))
+	for i, n := range counterNames {
+		if seen[i] {
+			sums[n] = vals[i]
 		}
-		end := bytes.IndexAny(line, "{ ")
-		if end < 0 {
-			continue
-		}
-		name := string(line[:end])
-		switch name {
-		case "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:request_success_total",
-			"vllm:prompt_tokens_total", "sglang:cached_tokens_total", "sglang:prompt_tokens_total", "sglang:num_requests_total":
-		default:
-			continue
-		}
-		rest := line[end:]
-		if rest[0] == '{' {
-			close := bytes.LastIndexByte(rest, '}')
-			if close < 0 {
-				continue
-			}
-			rest = rest[close+1:]
-		}
-		fields := strings.Fields(string(rest))
-		if len(fields) == 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(fields[0], 64)
-		if err != nil {
-			continue
-		}
-		sums[name] += v
 	}
 	if _, ok := sums["vllm:prefix_cache_queries_total"]; ok {
 		return counters{OK: true, Queries: sums["vllm:prefix_cache_queries_total"], Hits: sums["vllm:prefix_cache_hits_total"],

@@ -217,16 +217,7 @@ func hostBusy() (time.Duration, error) {
 
 // memory reads the EPP's Go heap in use and resident set from its /metrics.
 func (p *eppProcess) memory(ctx context.Context) (heap, rss float64, err error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.metricsURL, nil)
-	if err != nil {
-		return 0, 0, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, 0, fmt.Errorf("cannot scrape the EPP: %w", err)
-	}
-	defer resp.Body.Close()
-	vals, err := scrapeValues(resp.Body, "go_memstats_heap_inuse_bytes", "process_resident_memory_bytes")
+	vals, err := p.scrape(ctx, "go_memstats_heap_inuse_bytes", "process_resident_memory_bytes")
 	if err != nil {
 		return 0, 0, err
 	}
@@ -235,52 +226,40 @@ func (p *eppProcess) memory(ctx context.Context) (heap, rss float64, err error) 
 
 // counter sums the series of a metric in the EPP's /metrics.
 func (p *eppProcess) counter(ctx context.Context, name string) (float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.metricsURL, nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, fmt.Errorf("cannot scrape the EPP: %w", err)
-	}
-	defer resp.Body.Close()
-	vals, err := scrapeValues(resp.Body, name)
+	vals, err := p.scrape(ctx, name)
 	if err != nil {
 		return 0, err
 	}
 	return vals[0], nil
 }
 
-// scrapeValues sums each named metric's series in a text exposition; a name
-// without any series is an error.
-func scrapeValues(r io.Reader, names ...string) ([]float64, error) {
-	out := make([]float64, len(names))
-	seen := make([]bool, len(names))
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		for i, n := range names {
-			if !strings.HasPrefix(line, n) || len(line) == len(n) || (line[len(n)] != ' ' && line[len(n)] != '{') {
-				continue
-			}
-			v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-			if err != nil {
-				return nil, fmt.Errorf("cannot parse %q: %w", line, err)
-			}
-			out[i] += v
-			seen[i] = true
-		}
+// scrape reads the EPP's /metrics and sums each named metric's series.
+func (p *eppProcess) scrape(ctx context.Context, names ...string) ([]float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.metricsURL, nil)
+	if err != nil {
+		return nil, err
 	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("cannot read metrics: %w", err)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("cannot scrape the EPP: %w", err)
+	}
+	defer resp.Body.Close()
+	return scrapeValues(resp.Body, names...)
+}
+
+// scrapeValues sums each named metric's series in a text exposition; a name
+// without any series, or a series that does not parse, is an error.
+func scrapeValues(r io.Reader, names ...string) ([]float64, error) {
+	vals, seen, err := sumSeries(r, names...)
+	if err != nil {
+		return nil, err
 	}
 	for i, ok := range seen {
 		if !ok {
 			return nil, fmt.Errorf("metric %s not found", names[i])
 		}
 	}
-	return out, nil
+	return vals, nil
 }
 
 func (p *eppProcess) logTail() string {
