@@ -814,20 +814,14 @@ var errStreamEnded = errors.New("ext_proc stream ended before the response compl
 // close ends the stream: a request still in flight is reported as failed.
 func (st *stream) close(err error) {
 	if st.phase != phaseDone {
-		end := "cancelled"
 		switch c := status.Code(err); {
 		case err == nil || c == codes.Canceled:
+			st.finish(errStreamEnded, "cancelled")
 		case c == codes.DeadlineExceeded:
-			end = "timeout"
+			st.finish(fmt.Errorf("%w: %w", errStreamEnded, err), "timeout")
 		default:
-			end = "error"
+			st.finish(fmt.Errorf("%w: %w", errStreamEnded, err), "error")
 		}
-		if err == nil || status.Code(err) == codes.Canceled {
-			err = errStreamEnded
-		} else {
-			err = fmt.Errorf("%w: %w", errStreamEnded, err)
-		}
-		st.finish(err, end)
 	}
 	if st.end == "" {
 		st.end = "cancelled"
