@@ -2,10 +2,10 @@ package extproc
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"unicode/utf8"
+
+	"github.com/omnious/provider-node/internal/jsonstr"
 )
 
 // A minimal JSON scanner over the body bytes: it walks the top-level object
@@ -267,25 +267,9 @@ func keyIs(raw []byte, name string) bool {
 	if bytes.IndexByte(raw, '\\') < 0 {
 		return string(raw) == name
 	}
-	var s string
 	q := make([]byte, 0, len(raw)+2)
-	q = append(append(append(q, '"'), raw...), '"')
-	return json.Unmarshal(q, &s) == nil && s == name
-}
-
-// decodeString returns the value of the JSON string raw (with quotes).
-func decodeString(raw []byte) (string, error) {
-	if len(raw) < 2 || raw[0] != '"' {
-		return "", errors.New("not a string")
-	}
-	if bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
-		return string(raw[1 : len(raw)-1]), nil
-	}
-	var s string
-	if err := json.Unmarshal(raw, &s); err != nil {
-		return "", err
-	}
-	return s, nil
+	s, err := jsonstr.Decode(append(append(append(q, '"'), raw...), '"'))
+	return err == nil && s == name
 }
 
 // parseInt reads a non-negative JSON integer (a float is truncated); any

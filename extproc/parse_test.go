@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/omnious/provider-node/engines/openai"
 )
 
 func TestParseRequestBody(t *testing.T) {
@@ -138,5 +140,54 @@ func TestConfigValidate(t *testing.T) {
 	err := bad.Validate()
 	for _, s := range []string{"chunk_size", "default_body_mode", "max_endpoints", "max_recv_msg_size"} {
 		require.ErrorContains(t, err, s)
+	}
+}
+
+// TestDecodeMessages compares the scanner-based decoder with encoding/json
+// on the shapes clients send; they differ only where encoding/json is
+// looser than the engines (keys matched case-insensitively).
+func TestDecodeMessages(t *testing.T) {
+	same := []struct{ name, raw string }{
+		{"empty", `[]`},
+		{"string contents", `[{"role":"system","content":"You are \"helpful\".\n"},{"role":"user","content":"caf\u00e9 你好"}]`},
+		{"parts and null", `[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]},{"role":"assistant","content":null}]`},
+		{"tool call and result", `[{"role":"assistant","content":"","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"x\":1}"}}]},{"role":"tool","tool_call_id":"c1","name":"f","content":"42"}]`},
+		{"unknown keys and whitespace", " [ {\"role\" : \"user\", \"x\": [1, {\"y\": null}], \"content\" : \"hi\" } ] "},
+		{"repeated key keeps the last", `[{"role":"user","content":"a","content":"b"}]`},
+		{"null name", `[{"role":"user","name":null,"content":"a"}]`},
+	}
+	for _, tc := range same {
+		t.Run(tc.name, func(t *testing.T) {
+			var want []openai.Message
+			require.NoError(t, json.Unmarshal([]byte(tc.raw), &want))
+			got, err := decodeMessages([]byte(tc.raw))
+			require.NoError(t, err)
+			require.Len(t, got, len(want))
+			for i := range want {
+				require.Equal(t, want[i].Role, got[i].Role)
+				require.Equal(t, want[i].Name, got[i].Name)
+				require.Equal(t, want[i].ToolCallID, got[i].ToolCallID)
+				require.Equal(t, want[i].ToolCalls, got[i].ToolCalls)
+				wt, werr := want[i].ContentText()
+				gt, gerr := got[i].ContentText()
+				require.Equal(t, werr == nil, gerr == nil)
+				require.Equal(t, wt, gt)
+			}
+		})
+	}
+	bad := []struct{ name, raw string }{
+		{"not an array", `{"role":"user"}`},
+		{"element not an object", `["hi"]`},
+		{"role not a string", `[{"role":1,"content":"a"}]`},
+		{"bad tool_calls", `[{"role":"assistant","tool_calls":{"id":1}}]`},
+		{"unterminated", `[{"role":"user","content":"a"}`},
+		{"trailing garbage", `[{"role":"user"}] x`},
+		{"missing comma", `[{"role":"user"} {"role":"user"}]`},
+	}
+	for _, tc := range bad {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := decodeMessages([]byte(tc.raw))
+			require.Error(t, err)
+		})
 	}
 }

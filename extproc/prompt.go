@@ -3,10 +3,12 @@ package extproc
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/omnious/provider-node/engines/openai"
 	"github.com/omnious/provider-node/engines/tokenizer"
+	"github.com/omnious/provider-node/internal/jsonstr"
 )
 
 // PromptInput is what a request contributes to its prompt, as raw JSON
@@ -51,9 +53,11 @@ func NewTokenPrompter(byModel map[string]ModelTokenizer, def *ModelTokenizer) *T
 }
 
 // NewStandInPrompter tokenizes every model as the engine simulator does:
-// stand-in ChatML rendering and the stand-in tokenizer.
+// stand-in ChatML rendering and the stand-in tokenizer, behind a prefix
+// cache so that a shared system prompt or an earlier turn is tokenized once.
 func NewStandInPrompter() *TokenPrompter {
-	return NewTokenPrompter(nil, &ModelTokenizer{Tokenizer: tokenizer.NewStandIn()})
+	tok := tokenizer.NewPrefixCache(tokenizer.NewStandIn(), tokenizer.PrefixCacheConfig{})
+	return NewTokenPrompter(nil, &ModelTokenizer{Tokenizer: tok})
 }
 
 // Prompt implements Prompter.
@@ -79,8 +83,8 @@ func (p *TokenPrompter) Prompt(model string, in *PromptInput) ([]uint32, bool) {
 }
 
 func renderChat(tmpl *tokenizer.ChatTemplate, in *PromptInput) (string, error) {
-	var msgs []openai.Message
-	if err := json.Unmarshal(in.Messages, &msgs); err != nil {
+	msgs, err := decodeMessages(in.Messages)
+	if err != nil {
 		return "", fmt.Errorf("cannot decode messages: %w", err)
 	}
 	var tools []openai.Tool
@@ -96,6 +100,80 @@ func renderChat(tmpl *tokenizer.ChatTemplate, in *PromptInput) (string, error) {
 		AddGenerationPrompt: in.AddGenerationPrompt, Kwargs: in.Kwargs})
 }
 
+// decodeMessages decodes a chat request's messages array with the body
+// scanner: content stays a span of the body (ContentText decodes it once,
+// later), and only tool_calls, rare and small, go through encoding/json.
+// Keys match exactly, as in the engines' Python parsers; unknown keys are
+// skipped; a repeated key keeps its last value.
+func decodeMessages(raw []byte) ([]openai.Message, error) {
+	i := skipWS(raw, 0)
+	if i >= len(raw) || raw[i] != '[' {
+		return nil, errors.New("messages must be an array")
+	}
+	msgs := make([]openai.Message, 0, 8)
+	i = skipWS(raw, i+1)
+	if i < len(raw) && raw[i] == ']' {
+		return msgs, nil
+	}
+	for {
+		it, err := newObjIter(raw, i, 1)
+		if err != nil {
+			return nil, fmt.Errorf("message %d: %w", len(msgs), err)
+		}
+		var m openai.Message
+		for {
+			key, vs, ve, ok, err := it.next()
+			if err != nil {
+				return nil, fmt.Errorf("message %d: %w", len(msgs), err)
+			}
+			if !ok {
+				break
+			}
+			v := raw[vs:ve]
+			switch {
+			case keyIs(key, "role"):
+				m.Role, err = jsonstr.Decode(v)
+			case keyIs(key, "content"):
+				m.Content = v
+			case keyIs(key, "name"):
+				m.Name, err = optionalString(v)
+			case keyIs(key, "tool_call_id"):
+				m.ToolCallID, err = optionalString(v)
+			case keyIs(key, "tool_calls"):
+				m.ToolCalls = nil
+				err = json.Unmarshal(v, &m.ToolCalls)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("message %d: %s: %w", len(msgs), key, err)
+			}
+		}
+		msgs = append(msgs, m)
+		i = skipWS(raw, it.i)
+		if i >= len(raw) {
+			return nil, errUnexpectedEnd
+		}
+		switch raw[i] {
+		case ',':
+			i++
+		case ']':
+			if j := skipWS(raw, i+1); j != len(raw) {
+				return nil, fmt.Errorf("invalid character %q after messages", raw[j])
+			}
+			return msgs, nil
+		default:
+			return nil, fmt.Errorf("invalid character %q in messages at offset %d", raw[i], i)
+		}
+	}
+}
+
+// optionalString decodes a string member that may be null.
+func optionalString(v []byte) (string, error) {
+	if isNull(v) {
+		return "", nil
+	}
+	return jsonstr.Decode(v)
+}
+
 // completionTokens handles a string prompt, a token list, or a one-element
 // list of either, as vLLM does for a single prompt.
 func completionTokens(tok tokenizer.Tokenizer, raw []byte) ([]uint32, bool) {
@@ -105,7 +183,7 @@ func completionTokens(tok tokenizer.Tokenizer, raw []byte) ([]uint32, bool) {
 	}
 	switch raw[0] {
 	case '"':
-		s, err := decodeString(raw)
+		s, err := jsonstr.Decode(raw)
 		if err != nil {
 			return nil, false
 		}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/omnious/provider-node/internal/jsonstr"
 )
 
 // API is the OpenAI endpoint a request addresses.
@@ -113,9 +115,9 @@ func parseRequestBody(body []byte, rb *requestBody) error {
 		case keyIs(key, "stream_options"):
 			rb.streamOptions = v
 		case keyIs(key, "user"):
-			rb.user, _ = decodeString(body[vs:ve])
+			rb.user, _ = jsonstr.Decode(body[vs:ve])
 		case keyIs(key, "cache_salt"):
-			rb.cacheSalt, _ = decodeString(body[vs:ve])
+			rb.cacheSalt, _ = jsonstr.Decode(body[vs:ve])
 		case keyIs(key, "messages"):
 			rb.messages = v
 		case keyIs(key, "tools"):
@@ -136,7 +138,7 @@ func parseRequestBody(body []byte, rb *requestBody) error {
 		return fmt.Errorf("invalid character %q after the JSON object at offset %d", body[j], j)
 	}
 	if rb.model.ok() {
-		name, err := decodeString(rb.model.of(body))
+		name, err := jsonstr.Decode(rb.model.of(body))
 		if err != nil {
 			return errors.New("model must be a string")
 		}

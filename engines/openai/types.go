@@ -7,6 +7,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+
+	"github.com/omnious/provider-node/internal/jsonstr"
 )
 
 // ChatRequest is the body of POST /v1/chat/completions. Fields the engines
@@ -70,8 +72,8 @@ func (m *Message) ContentText() (string, error) {
 		return "", nil
 	}
 	if c[0] == '"' {
-		var s string
-		if err := json.Unmarshal(c, &s); err != nil {
+		s, err := jsonstr.Decode(c)
+		if err != nil {
 			return "", fmt.Errorf("cannot decode message content: %w", err)
 		}
 		return s, nil

@@ -549,6 +549,8 @@ func (t *HF) Encode(dst []uint32, text string) []uint32 {
 // normalization, the byte offset where it ends and len(dst) there. Encoding
 // never looks across such a token, so the ids of text[:end] are exactly
 // dst[:n]: a safe point to cache a prefix.
+func (t *HF) splitAdded(s string, emit func(seg string, id int32)) { t.raw.split(s, emit) }
+
 func (t *HF) encode(dst []uint32, text string, cut func(end, n int)) []uint32 {
 	pos := 0
 	t.raw.split(text, func(seg string, id int32) {

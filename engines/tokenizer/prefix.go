@@ -22,7 +22,7 @@ type PrefixCacheConfig struct {
 // tokenization provably restarts, so its output always equals the
 // underlying tokenizer's. Safe for concurrent use.
 type PrefixCache struct {
-	tok   *HF
+	tok   Restarting
 	cuts  int
 	cache *lru.Cache[uint64, *prefixEntry]
 
@@ -56,8 +56,23 @@ func (e *prefixEntry) appendTo(dst []uint32) []uint32 {
 	return append(dst, e.ids...)
 }
 
+// Restarting is a Tokenizer whose tokenization restarts after every added
+// (special) token: the ids of a text are those of its pieces between added
+// tokens, encoded alone, with the added tokens' ids between them. HF
+// tokenizers and the stand-in are; the methods are unexported because the
+// property has to be proven for each, not asserted by a caller.
+type Restarting interface {
+	Tokenizer
+	// splitAdded calls emit for each piece of s in order, with the added
+	// token's id, or -1 for text between added tokens.
+	splitAdded(s string, emit func(seg string, id int32))
+	// encode is Encode calling cut(end, n) after each added token: its
+	// end offset in text and len(dst) at that point.
+	encode(dst []uint32, text string, cut func(end, n int)) []uint32
+}
+
 // NewPrefixCache wraps tok with a prefix cache.
-func NewPrefixCache(tok *HF, cfg PrefixCacheConfig) *PrefixCache {
+func NewPrefixCache(tok Restarting, cfg PrefixCacheConfig) *PrefixCache {
 	if cfg.MaxEntries <= 0 {
 		cfg.MaxEntries = 4096
 	}
@@ -86,7 +101,7 @@ func (c *PrefixCache) Encode(dst []uint32, text string) []uint32 {
 	d := xxhash.New()
 	last := 0
 	pos := 0
-	c.tok.raw.split(text, func(seg string, id int32) {
+	c.tok.splitAdded(text, func(seg string, id int32) {
 		pos += len(seg)
 		if id < 0 {
 			return

@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"encoding/json"
 	"fmt"
 	"github.com/omnious/provider-node/internal/cputime"
 	"math/rand/v2"
@@ -238,4 +239,41 @@ func TestConcurrentEncode(t *testing.T) {
 	for range 4 {
 		require.NoError(t, <-errs)
 	}
+}
+
+// TestPrefixCacheStandIn replays growing conversations and random texts
+// with added tokens through a cache over the stand-in: every result must
+// equal the stand-in's own, and later turns must reuse earlier ones.
+func TestPrefixCacheStandIn(t *testing.T) {
+	tok := NewStandIn()
+	pc := NewPrefixCache(tok, PrefixCacheConfig{MaxEntries: 64, CutsPerText: 4})
+	rng := rand.New(rand.NewPCG(3, 4))
+	randText := func(n int) string {
+		var b strings.Builder
+		for range n {
+			b.WriteString(standInAlphabet[rng.IntN(len(standInAlphabet))])
+		}
+		return b.String()
+	}
+	content := func(s string) []byte {
+		b, err := json.Marshal(s)
+		require.NoError(t, err)
+		return b
+	}
+	for conv := range 20 {
+		msgs := []openai.Message{{Role: "system", Content: content("You are assistant " + randText(5))}}
+		for turn := range 6 {
+			msgs = append(msgs, openai.Message{Role: "user", Content: content(randText(30))})
+			text, err := RenderStandInChat(msgs, nil, true)
+			require.NoError(t, err)
+			require.Equal(t, tok.Encode(nil, text), pc.Encode(nil, text), "conversation %d turn %d", conv, turn)
+			msgs = append(msgs, openai.Message{Role: "assistant", Content: content(randText(10))})
+		}
+	}
+	for range 500 {
+		text := randText(rng.IntN(60))
+		require.Equal(t, tok.Encode([]uint32{}, text), pc.Encode([]uint32{}, text), "%q", text)
+	}
+	st := pc.Stats()
+	require.Greater(t, st.Hits, uint64(100), "turns after the first reuse the conversation so far")
 }

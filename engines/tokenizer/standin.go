@@ -54,12 +54,21 @@ func NewStandIn() StandIn { return StandIn{} }
 func (StandIn) Name() string { return "standin" }
 
 // Encode implements Tokenizer.
-func (StandIn) Encode(dst []uint32, text string) []uint32 {
+func (t StandIn) Encode(dst []uint32, text string) []uint32 { return t.encode(dst, text, nil) }
+
+// encode implements Restarting. Every '<' starts a piece (it is neither a
+// letter, a digit nor a space), so an added token is matched wherever it
+// occurs and the pieces after it do not depend on the text before it.
+func (StandIn) encode(dst []uint32, text string, cut func(end, n int)) []uint32 {
+	total := len(text)
 	for len(text) > 0 {
 		if text[0] == '<' {
 			if id, n := matchStandInSpecial(text); n > 0 {
 				dst = append(dst, id)
 				text = text[n:]
+				if cut != nil {
+					cut(total-len(text), len(dst))
+				}
 				continue
 			}
 		}
@@ -68,6 +77,32 @@ func (StandIn) Encode(dst []uint32, text string) []uint32 {
 		text = text[n:]
 	}
 	return dst
+}
+
+// splitAdded implements Restarting.
+func (StandIn) splitAdded(s string, emit func(seg string, id int32)) {
+	from := 0
+	for i := 0; i < len(s); {
+		k := strings.IndexByte(s[i:], '<')
+		if k < 0 {
+			break
+		}
+		i += k
+		id, n := matchStandInSpecial(s[i:])
+		if n == 0 {
+			i++
+			continue
+		}
+		if i > from {
+			emit(s[from:i], -1)
+		}
+		emit(s[i:i+n], int32(id))
+		i += n
+		from = i
+	}
+	if from < len(s) {
+		emit(s[from:], -1)
+	}
 }
 
 func matchStandInSpecial(s string) (uint32, int) {
@@ -84,18 +119,22 @@ func matchStandInSpecial(s string) (uint32, int) {
 
 // standInPieceLen returns the byte length of the piece at the start of s (len(s) > 0).
 func standInPieceLen(s string) int {
-	r, size := utf8.DecodeRuneInString(s)
-	switch {
-	case r == ' ' && startsWord(s[1:]):
-		return 1 + runLen(s[1:], isStandInLetter, standInMaxPiece)
-	case isStandInLetter(r):
-		return runLen(s, isStandInLetter, standInMaxPiece)
-	case unicode.IsDigit(r):
-		return runLen(s, unicode.IsDigit, standInMaxDigits)
-	case unicode.IsSpace(r):
+	r, size := rune(s[0]), 1
+	if r >= utf8.RuneSelf {
+		r, size = utf8.DecodeRuneInString(s)
+	}
+	switch classOf(r) {
+	case classLetter:
+		return runLen(s, classLetter, standInMaxPiece)
+	case classDigit:
+		return runLen(s, classDigit, standInMaxDigits)
+	case classSpace:
+		if r == ' ' && startsWord(s[1:]) {
+			return 1 + runLen(s[1:], classLetter, standInMaxPiece)
+		}
 		// A whitespace run ends before a space that starts a word, so
 		// "a  b" splits as "a", " ", " b" and the word keeps its space.
-		n := runLen(s, unicode.IsSpace, len(s))
+		n := runLen(s, classSpace, len(s))
 		if n > 1 && s[n-1] == ' ' && startsWord(s[n:]) {
 			n--
 		}
@@ -104,26 +143,71 @@ func standInPieceLen(s string) int {
 	return size
 }
 
+// runeClass is what a rune contributes to a stand-in piece.
+type runeClass uint8
+
+const (
+	classOther runeClass = iota
+	classLetter
+	classDigit
+	classSpace
+)
+
+// standInASCII is classOf for ASCII, where nearly all prompt text lives: a
+// table lookup instead of three Unicode range searches per byte.
+var standInASCII = func() (t [utf8.RuneSelf]runeClass) {
+	for r := range rune(utf8.RuneSelf) {
+		t[r] = classOfRune(r)
+	}
+	return t
+}()
+
+func classOf(r rune) runeClass {
+	if r < utf8.RuneSelf {
+		return standInASCII[r]
+	}
+	return classOfRune(r)
+}
+
+func classOfRune(r rune) runeClass {
+	switch {
+	// CJK ideographs are one token each, as in real vocabularies.
+	case (unicode.IsLetter(r) || unicode.IsMark(r)) && !unicode.Is(unicode.Han, r):
+		return classLetter
+	case unicode.IsDigit(r):
+		return classDigit
+	case unicode.IsSpace(r):
+		return classSpace
+	}
+	return classOther
+}
+
 func startsWord(s string) bool {
 	if s == "" {
 		return false
 	}
+	if s[0] < utf8.RuneSelf {
+		return standInASCII[s[0]] == classLetter
+	}
 	r, _ := utf8.DecodeRuneInString(s)
-	return isStandInLetter(r)
-}
-
-func isStandInLetter(r rune) bool {
-	// CJK ideographs are one token each, as in real vocabularies.
-	return (unicode.IsLetter(r) || unicode.IsMark(r)) && !unicode.Is(unicode.Han, r)
+	return classOfRune(r) == classLetter
 }
 
 // runLen returns the byte length of the longest prefix of s, at most max
-// runes, whose runes all satisfy ok.
-func runLen(s string, ok func(rune) bool, max int) int {
+// runes, whose runes are all of class c (at least one rune).
+func runLen(s string, c runeClass, max int) int {
 	n, count := 0, 0
 	for n < len(s) && count < max {
+		if b := s[n]; b < utf8.RuneSelf {
+			if standInASCII[b] != c {
+				break
+			}
+			n++
+			count++
+			continue
+		}
 		r, size := utf8.DecodeRuneInString(s[n:])
-		if !ok(r) {
+		if classOfRune(r) != c {
 			break
 		}
 		n += size

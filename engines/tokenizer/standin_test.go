@@ -2,8 +2,11 @@ package tokenizer
 
 import (
 	"encoding/json"
+	"math/rand/v2"
 	"strings"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 
@@ -90,4 +93,97 @@ func TestRenderStandInChatTurnsArePrefixes(t *testing.T) {
 	require.ErrorContains(t, err, "unknown role")
 	_, err = RenderStandInChat([]openai.Message{{Role: "user", Content: json.RawMessage(`{"bad":1}`)}}, nil, true)
 	require.Error(t, err)
+}
+
+// BenchmarkStandInEncode is the stand-in's cost on about 32 KiB of English
+// text with newlines, digits and punctuation (the EPP and the simulator
+// tokenize every prompt with it when no real tokenizer is loaded).
+func BenchmarkStandInEncode(b *testing.B) {
+	text := strings.Repeat("The router sends request 1234 to a replica whose cache holds its prefix.\nIt's fast; isn't it? ", 340)
+	tok := NewStandIn()
+	var dst []uint32
+	b.SetBytes(int64(len(text)))
+	b.ReportAllocs()
+	for b.Loop() {
+		dst = tok.Encode(dst[:0], text)
+	}
+	b.ReportMetric(float64(len(dst)), "tokens/op")
+}
+
+// refStandInEncode is the stand-in as first written, rune by rune with
+// Unicode predicates: the table-driven Encode must give the same ids.
+func refStandInEncode(text string) []uint32 {
+	isLetter := func(r rune) bool {
+		return (unicode.IsLetter(r) || unicode.IsMark(r)) && !unicode.Is(unicode.Han, r)
+	}
+	run := func(s string, ok func(rune) bool, max int) int {
+		n, count := 0, 0
+		for n < len(s) && count < max {
+			r, size := utf8.DecodeRuneInString(s[n:])
+			if !ok(r) {
+				break
+			}
+			n += size
+			count++
+		}
+		if n == 0 {
+			_, n = utf8.DecodeRuneInString(s)
+		}
+		return n
+	}
+	startsWord := func(s string) bool {
+		r, _ := utf8.DecodeRuneInString(s)
+		return s != "" && isLetter(r)
+	}
+	var dst []uint32
+	for len(text) > 0 {
+		if id, n := matchStandInSpecial(text); text[0] == '<' && n > 0 {
+			dst = append(dst, id)
+			text = text[n:]
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(text)
+		n := size
+		switch {
+		case r == ' ' && startsWord(text[1:]):
+			n = 1 + run(text[1:], isLetter, standInMaxPiece)
+		case isLetter(r):
+			n = run(text, isLetter, standInMaxPiece)
+		case unicode.IsDigit(r):
+			n = run(text, unicode.IsDigit, standInMaxDigits)
+		case unicode.IsSpace(r):
+			n = run(text, unicode.IsSpace, len(text))
+			if n > 1 && text[n-1] == ' ' && startsWord(text[n:]) {
+				n--
+			}
+		}
+		dst = append(dst, standInPieceID(text[:n]))
+		text = text[n:]
+	}
+	return dst
+}
+
+var standInAlphabet = []string{"a", "Z", "é", "e\u0301", "ß", "Ж", "你", "か", "٣", "7", "0", " ", "  ", "\n", "\t", "\u00a0", "\u0085", "\u3000",
+	".", "'", "<", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<|endoftext|>", "\xff", "\xe4\xbd", "😀", "_", "-"}
+
+func TestStandInMatchesReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	tok := NewStandIn()
+	for range 3000 {
+		var b strings.Builder
+		for n := rng.IntN(40); n > 0; n-- {
+			b.WriteString(standInAlphabet[rng.IntN(len(standInAlphabet))])
+		}
+		text := b.String()
+		require.Equal(t, refStandInEncode(text), tok.Encode(nil, text), "%q", text)
+	}
+}
+
+func FuzzStandInMatchesReference(f *testing.F) {
+	for _, s := range standInAlphabet {
+		f.Add(s + " word 123 " + s)
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		require.Equal(t, refStandInEncode(text), NewStandIn().Encode(nil, text))
+	})
 }

@@ -1,0 +1,64 @@
+package extproc
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// BenchmarkPromptChat8k is the prompt path of a precise decision on its
+// own: decode the messages, render the chat and tokenize it, for 32 KiB
+// chats (about 8k tokens) that share one of 16 system prompts (three
+// quarters of the body, as in bench load) and end with a unique question.
+// Stand-in tokenizer behind the prefix cache, as the EPP runs it without a
+// model's own tokenizer.
+func BenchmarkPromptChat8k(b *testing.B) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	words := strings.Fields("the router sends each request to a replica whose cache already holds its prefix and " +
+		"the engine skips prefill for blocks it holds while queue depth and KV pressure decide the rest")
+	text := func(n int) string {
+		var sb strings.Builder
+		for sb.Len() < n {
+			sb.WriteString(words[rng.IntN(len(words))])
+			if rng.IntN(12) == 0 {
+				sb.WriteString(".\n")
+			} else {
+				sb.WriteByte(' ')
+			}
+		}
+		return sb.String()
+	}
+	systems := make([]string, 16)
+	for i := range systems {
+		systems[i] = fmt.Sprintf("System prompt %d. ", i) + text(24<<10)
+	}
+	bodies := make([][]byte, 256)
+	for i := range bodies {
+		body, err := json.Marshal(map[string]any{"model": "m", "stream": true, "messages": []map[string]string{
+			{"role": "system", "content": systems[i%len(systems)]}, {"role": "user", "content": text(8 << 10)}}})
+		require.NoError(b, err)
+		bodies[i] = body
+	}
+	p := NewStandInPrompter()
+	var rb requestBody
+	tokens := 0
+	b.SetBytes(int64(len(bodies[0])))
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		body := bodies[i%len(bodies)]
+		i++
+		require.NoError(b, parseRequestBody(body, &rb))
+		in := promptInput(APIChat, body, &rb)
+		toks, ok := p.Prompt("m", &in)
+		if !ok {
+			b.Fatal("no tokens")
+		}
+		tokens = len(toks)
+	}
+	b.ReportMetric(float64(tokens), "tokens/op")
+}

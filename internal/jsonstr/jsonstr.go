@@ -1,0 +1,141 @@
+// Package jsonstr decodes JSON string literals with the result
+// encoding/json gives, at memory speed for the common case: plain text is
+// checked eight bytes at a time and converted once, escapes are decoded
+// inline, and only what encoding/json repairs or rejects (invalid UTF-8,
+// lone surrogates, control characters) is handed to it. Prompts are long
+// strings, and routing decodes every one of them.
+package jsonstr
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"unicode/utf16"
+	"unicode/utf8"
+	"unsafe"
+)
+
+var errNotString = errors.New("not a JSON string")
+
+const (
+	lows  = 0x0101010101010101
+	highs = 0x8080808080808080
+)
+
+// plain reports whether none of the eight bytes in x needs a look: no
+// control character, quote, backslash or non-ASCII byte. (v-lows)&^v&highs
+// is non-zero exactly when some byte of v is zero (a false hit is only
+// ever above a true one), and (x-lows*0x20)&^x&highs when some byte is
+// below 0x20.
+func plain(x uint64) bool {
+	q := x ^ (lows * '"')
+	b := x ^ (lows * '\\')
+	return ((x-lows*0x20)&^x|(q-lows)&^q|(b-lows)&^b|x)&highs == 0
+}
+
+var unescaped = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}
+
+// Decode returns the value of the JSON string literal raw (with its quotes;
+// surrounding whitespace is allowed). Any other JSON value is an error.
+func Decode(raw []byte) (string, error) {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return slow(raw)
+	}
+	in := raw[1 : len(raw)-1]
+	var buf []byte // nil until the first escape
+	start, i := 0, 0
+	for i < len(in) {
+		for i+8 <= len(in) && plain(binary.LittleEndian.Uint64(in[i:])) {
+			i += 8
+		}
+		if i >= len(in) {
+			break
+		}
+		switch c := in[i]; {
+		case c >= 0x20 && c < utf8.RuneSelf && c != '"' && c != '\\':
+			i++
+		case c >= utf8.RuneSelf:
+			r, size := utf8.DecodeRune(in[i:])
+			if r == utf8.RuneError && size == 1 {
+				return slow(raw) // encoding/json replaces it with U+FFFD
+			}
+			i += size
+		case c == '\\' && i+1 < len(in):
+			if buf == nil {
+				buf = make([]byte, 0, len(in))
+			}
+			buf = append(buf, in[start:i]...)
+			if e := unescaped[in[i+1]]; e != 0 {
+				buf = append(buf, e)
+				i += 2
+			} else if r, n := unicodeEscape(in[i:]); n > 0 {
+				buf = utf8.AppendRune(buf, r)
+				i += n
+			} else {
+				return slow(raw)
+			}
+			start = i
+		default:
+			return slow(raw) // a control character, a bare quote, a dangling backslash
+		}
+	}
+	if buf == nil {
+		return string(in), nil
+	}
+	buf = append(buf, in[start:]...)
+	return unsafe.String(unsafe.SliceData(buf), len(buf)), nil
+}
+
+// unicodeEscape decodes \uXXXX, or a surrogate pair \uXXXX\uXXXX, at the
+// start of b; n is 0 for anything else (a lone surrogate included).
+func unicodeEscape(b []byte) (r rune, n int) {
+	r1 := hex4(b)
+	switch {
+	case r1 < 0:
+		return 0, 0
+	case !utf16.IsSurrogate(r1):
+		return r1, 6
+	}
+	r2 := hex4(b[6:])
+	if r2 < 0 {
+		return 0, 0
+	}
+	if r = utf16.DecodeRune(r1, r2); r == utf8.RuneError {
+		return 0, 0
+	}
+	return r, 12
+}
+
+// hex4 reads \uXXXX at the start of b, or returns -1.
+func hex4(b []byte) rune {
+	if len(b) < 6 || b[0] != '\\' || b[1] != 'u' {
+		return -1
+	}
+	var r rune
+	for _, c := range b[2:6] {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c -= 'a' - 10
+		case c >= 'A' && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return -1
+		}
+		r = r<<4 | rune(c)
+	}
+	return r
+}
+
+func slow(raw []byte) (string, error) {
+	if t := bytes.TrimLeft(raw, " \t\r\n"); len(t) == 0 || t[0] != '"' {
+		return "", errNotString // null too, which json.Unmarshal would take as ""
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return "", err
+	}
+	return s, nil
+}
