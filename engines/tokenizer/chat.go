@@ -10,6 +10,7 @@ import (
 	"github.com/ardanlabs/jinja"
 
 	"github.com/omnious/provider-node/engines/openai"
+	"github.com/omnious/provider-node/internal/jsonstr"
 )
 
 // ChatTemplate renders a model's Jinja chat template the way vLLM's OpenAI
@@ -141,8 +142,8 @@ func messageContent(raw json.RawMessage) (string, error) {
 		return "", nil
 	}
 	if c[0] == '"' {
-		var s string
-		if err := json.Unmarshal(c, &s); err != nil {
+		s, err := jsonstr.Decode(c)
+		if err != nil {
 			return "", fmt.Errorf("cannot decode content: %w", err)
 		}
 		return s, nil
