@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 
@@ -64,11 +65,17 @@ func (f *fakePicker) snapshot() ([]scheduler.Request, []scheduler.DoneInfo) {
 // a client for it.
 func startServer(t testing.TB, cfg Config, p Picker, pr Prompter, reg prometheus.Registerer) extprocv3.ExternalProcessorClient {
 	t.Helper()
+	return serve(t, cfg, NewServer(cfg, p, pr, reg, zap.NewNop()))
+}
+
+// serve runs s as startServer does.
+func serve(t testing.TB, cfg Config, s *Server) extprocv3.ExternalProcessorClient {
+	t.Helper()
 	cfg = cfg.WithDefaults()
 	require.NoError(t, cfg.Validate())
 	lis := bufconn.Listen(1 << 20)
 	g := grpc.NewServer(cfg.ServerOptions()...)
-	NewServer(cfg, p, pr, reg, zap.NewNop()).Register(g)
+	s.Register(g)
 	go func() { _ = g.Serve(lis) }()
 	conn, err := grpc.NewClient("passthrough:///bufconn",
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
@@ -92,7 +99,17 @@ func hdrs(kv ...string) *corev3.HeaderMap {
 	return m
 }
 
+// reqHeaders builds request headers with an x-request-id, as Envoy's
+// connection manager always sets one, unless kv has its own.
 func reqHeaders(eos bool, kv ...string) *extprocv3.ProcessingRequest {
+	if !slices.Contains(kv, headerRequestID) {
+		kv = append(kv, headerRequestID, "req-1")
+	}
+	return rawReqHeaders(eos, kv...)
+}
+
+// rawReqHeaders builds request headers with exactly kv.
+func rawReqHeaders(eos bool, kv ...string) *extprocv3.ProcessingRequest {
 	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
 		RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs(kv...), EndOfStream: eos}}}
 }
@@ -145,8 +162,10 @@ func respTrailers() *extprocv3.ProcessingRequest {
 
 // --- expected responses ---
 
-func expRouted(dest string, contentLength string) *extprocv3.ProcessingResponse {
-	hm := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(HeaderDestination, dest)}}
+// expRouted is the routing reply; strip lists the control headers it
+// removes, in the order the request had them.
+func expRouted(dest string, contentLength string, strip ...string) *extprocv3.ProcessingResponse {
+	hm := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(HeaderDestination, dest)}, RemoveHeaders: strip}
 	if contentLength != "" {
 		hm.SetHeaders = append(hm.SetHeaders, setHeader(headerContentLen, contentLength))
 	}

@@ -22,6 +22,7 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -70,6 +71,7 @@ type Server struct {
 	// model name comes from clients, so at most maxApproxModels are kept.
 	approxModels sync.Map
 	approxCount  atomic.Int32
+	tracer       trace.Tracer // nil: no tracing
 }
 
 const maxApproxModels = 256
@@ -236,15 +238,19 @@ type stream struct {
 	phase    phase
 	arrived  time.Time
 
-	path, id, rewriteHdr, band, tenant, session string
-	subset                                      []string
-	contentLength                               int64
-	body                                        []byte
-	owned                                       []byte // pooled buffers to return, nil if none
-	rb                                          requestBody
-	clientModel, targetModel                    string
-	injected                                    bool
-	decision                                    *scheduler.Decision
+	path, method, id, rewriteHdr, band, tenant, session string
+	genID                                               bool     // id made here: sent upstream as x-request-id
+	strip                                               []string // control headers the upstream must not see
+	trace                                               traceHeaders
+	span                                                trace.Span // nil unless tracing
+	subset                                              []string
+	contentLength                                       int64
+	body                                                []byte
+	owned                                               []byte // pooled buffers to return, nil if none
+	rb                                                  requestBody
+	clientModel, targetModel                            string
+	injected                                            bool
+	decision                                            *scheduler.Decision
 
 	served    string
 	status    int
@@ -252,6 +258,9 @@ type stream struct {
 	respBytes int
 	resp      respState
 	end       string // how the stream ended, for the streams counter
+
+	rejected     int // status of the EPP's own error response, 0 if none
+	rejectReason string
 }
 
 func (st *stream) handle(req *extprocv3.ProcessingRequest) error {
@@ -317,20 +326,33 @@ func (st *stream) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.
 		switch k := hv.Key; k {
 		case ":path":
 			st.path = headerValue(hv)
+		case ":method":
+			st.method = headerValue(hv)
 		case headerRequestID:
 			st.id = headerValue(hv)
 		case HeaderModelRewrite:
 			st.rewriteHdr = headerValue(hv)
+			st.strip = append(st.strip, k)
 		case headerContentLen:
 			if n, err := strconv.ParseInt(headerValue(hv), 10, 64); err == nil {
 				contentLength = n
 			}
+		case headerTraceparent:
+			st.trace.parent = headerValue(hv)
+		case headerTracestate:
+			st.trace.state = headerValue(hv)
+		case KeyServed, KeySubset:
+			// Only the gateway may say these, in metadata; a client's
+			// header of that name must not reach the engine as if it had.
+			st.strip = append(st.strip, k)
 		default:
 			switch k {
 			case cfg.BandHeader:
 				st.band = headerValue(hv)
+				st.strip = append(st.strip, k)
 			case cfg.TenantHeader:
 				st.tenant = headerValue(hv)
+				st.strip = append(st.strip, k)
 			case cfg.SessionHeader:
 				st.session = headerValue(hv)
 			}
@@ -338,6 +360,10 @@ func (st *stream) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.
 	}
 	if st.id == "" {
 		st.id = st.s.idPrefix + strconv.FormatUint(st.s.ids.Add(1), 10)
+		st.genID = true
+	}
+	if st.s.tracer != nil {
+		st.startSpan()
 	}
 	st.subset = subsetHint(req.GetMetadataContext())
 	if contentLength > cfg.MaxBodyBytes {
@@ -555,7 +581,14 @@ func (st *stream) route(headersOnly, eos bool) error {
 			zap.Int("prompt_blocks", d.PromptBlocks), zap.Duration("queued", d.Queued), zap.Int("bytes", len(body)))
 	}
 
-	hm := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(HeaderDestination, dest)}}
+	hm := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(HeaderDestination, dest)}, RemoveHeaders: st.strip}
+	if st.genID {
+		hm.SetHeaders = append(hm.SetHeaders, setHeader(headerRequestID, st.id))
+	}
+	if st.span != nil {
+		st.spanRouted(d, dest, mode)
+		hm.SetHeaders = append(hm.SetHeaders, st.traceReply()...)
+	}
 	if ne > 0 || (!headersOnly && st.reqMode != filterv3.ProcessingMode_BUFFERED) {
 		// In the streamed body modes always, as the contract and the
 		// reference EPP have it: Envoy removes the client's Content-Length
@@ -763,6 +796,7 @@ func (st *stream) responseTrailers() error {
 func (st *stream) reject(code int, reason, msg string) error {
 	st.phase = phaseDone
 	st.end = "immediate"
+	st.rejected, st.rejectReason = code, reason
 	st.s.m.errors.WithLabelValues(st.clientModel, st.targetModel, reason).Inc()
 	if ce := st.s.log.Check(zap.DebugLevel, "rejected"); ce != nil {
 		ce.Write(zap.String("id", st.id), zap.Int("status", code), zap.String("reason", reason), zap.String("msg", msg))
@@ -827,4 +861,5 @@ func (st *stream) close(err error) {
 		st.end = "cancelled"
 	}
 	st.s.m.streams.WithLabelValues(st.end).Inc()
+	st.endSpan(err)
 }

@@ -95,7 +95,7 @@ func TestProtocol(t *testing.T) {
 		addrs: []string{ep1},
 		steps: []step{
 			{chatHeaders("x-gateway-model-name-rewrite", "m1-lora"), nil},
-			{reqBody(chatBody, true), []*extprocv3.ProcessingResponse{expRouted(ep1, strconv.Itoa(len(rewritten(chatBody)))), expReqBody(rewritten(chatBody), true)}},
+			{reqBody(chatBody, true), []*extprocv3.ProcessingResponse{expRouted(ep1, strconv.Itoa(len(rewritten(chatBody))), HeaderModelRewrite), expReqBody(rewritten(chatBody), true)}},
 			{okHeaders("application/json"), []*extprocv3.ProcessingResponse{expRespHeaders(true)}},
 			{respBody(rewritten(jsonResp), true), []*extprocv3.ProcessingResponse{expRespBody(jsonResp, true)}},
 		},
@@ -120,7 +120,7 @@ func TestProtocol(t *testing.T) {
 		addrs: []string{ep1},
 		steps: []step{
 			{chatHeaders("x-gateway-model-name-rewrite", "m1-lora"), nil},
-			{reqBody(streamBody, true), []*extprocv3.ProcessingResponse{expRouted(ep1, strconv.Itoa(len(rewritten(injected)))), expReqBody(rewritten(injected), true)}},
+			{reqBody(streamBody, true), []*extprocv3.ProcessingResponse{expRouted(ep1, strconv.Itoa(len(rewritten(injected))), HeaderModelRewrite), expReqBody(rewritten(injected), true)}},
 			{okHeaders("text/event-stream"), []*extprocv3.ProcessingResponse{expRespHeaders(true)}},
 			{respBody(lora+lora+rewritten(evUsage)+evDone, true), []*extprocv3.ProcessingResponse{expRespBody(ev1+ev1+evDone, true)}},
 		},
@@ -184,12 +184,26 @@ func TestProtocol(t *testing.T) {
 			require.Equal(t, "", reqs[0].Model)
 		},
 	}, {
+		name:  "client copies of gateway-only headers are removed; trace context passes untouched without tracing",
+		addrs: []string{ep1},
+		steps: []step{
+			{reqHeaders(true, ":method", "GET", ":path", "/v1/models", KeyServed, "10.9.9.9:1", "traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", KeySubset, "10.9.9.9:1"),
+				[]*extprocv3.ProcessingResponse{expRouted(ep1, "", KeyServed, KeySubset)}},
+			{okHeaders("application/json"), []*extprocv3.ProcessingResponse{expRespHeaders(false)}},
+			{respBody(`{}`, true), []*extprocv3.ProcessingResponse{expRespBody(`{}`, true)}},
+		},
+		done: []wantDone{{status: 200, served: ep1}},
+		check: func(t *testing.T, reqs []scheduler.Request) {
+			require.Nil(t, reqs[0].Subset, "a header is not the gateway's subset hint")
+		},
+	}, {
 		name:  "headers, band, tenant and session reach the scheduler",
 		addrs: []string{ep1},
 		steps: []step{
 			{chatHeaders("x-gateway-inference-objective", "gold", "x-gateway-inference-fairness-id", "t1", "x-session-id", "s1"), nil},
 			{reqBody(`{"model":"m1","user":"u","cache_salt":"salt",`+msgs+`}`, true), []*extprocv3.ProcessingResponse{
-				expRouted(ep1, strconv.Itoa(len(`{"model":"m1","user":"u","cache_salt":"salt",`+msgs+`}`))), expReqBody(`{"model":"m1","user":"u","cache_salt":"salt",`+msgs+`}`, true)}},
+				expRouted(ep1, strconv.Itoa(len(`{"model":"m1","user":"u","cache_salt":"salt",`+msgs+`}`)),
+					"x-gateway-inference-objective", "x-gateway-inference-fairness-id"), expReqBody(`{"model":"m1","user":"u","cache_salt":"salt",`+msgs+`}`, true)}},
 			{okHeaders("application/json"), []*extprocv3.ProcessingResponse{expRespHeaders(false)}},
 			{respBody(`{}`, false), nil},
 			{respTrailers(), []*extprocv3.ProcessingResponse{expRespBody(`{}`, false), expRespTrailers()}},
@@ -229,7 +243,7 @@ func TestProtocol(t *testing.T) {
 				DynamicMetadata: lbMetadata(ep1),
 				Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{
 					ClearRouteCache: true,
-					HeaderMutation:  &extprocv3.HeaderMutation{SetHeaders: expRouted(ep1, strconv.Itoa(len(rewritten(chatBody)))).GetRequestHeaders().Response.HeaderMutation.SetHeaders},
+					HeaderMutation:  expRouted(ep1, strconv.Itoa(len(rewritten(chatBody))), HeaderModelRewrite).GetRequestHeaders().Response.HeaderMutation,
 					BodyMutation:    &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: []byte(rewritten(chatBody))}},
 				}}},
 			}}},
@@ -425,7 +439,7 @@ func TestMetrics(t *testing.T) {
 	c := startServer(t, Config{}, p, nil, reg)
 	require.NoError(t, runSteps(t, c, []step{
 		{chatHeaders("x-gateway-model-name-rewrite", "m2"), nil},
-		{reqBody(chatBody, true), []*extprocv3.ProcessingResponse{expRouted(ep1, strconv.Itoa(len(strings.Replace(chatBody, "m1", "m2", 1)))),
+		{reqBody(chatBody, true), []*extprocv3.ProcessingResponse{expRouted(ep1, strconv.Itoa(len(strings.Replace(chatBody, "m1", "m2", 1))), HeaderModelRewrite),
 			expReqBody(strings.Replace(chatBody, "m1", "m2", 1), true)}},
 		{okHeaders("application/json"), []*extprocv3.ProcessingResponse{expRespHeaders(true)}},
 		{respBody(jsonResp, true), []*extprocv3.ProcessingResponse{expRespBody(jsonResp, true)}},
@@ -497,7 +511,11 @@ func TestBufferReuse(t *testing.T) {
 		}
 		cl := strconv.Itoa(len(want))
 		var out []*extprocv3.ProcessingResponse
-		out = append(out, expRouted(ep1, cl))
+		if i%2 == 1 {
+			out = append(out, expRouted(ep1, cl, HeaderModelRewrite))
+		} else {
+			out = append(out, expRouted(ep1, cl))
+		}
 		for off := 0; off < len(want); off += 62000 {
 			end := min(off+62000, len(want))
 			out = append(out, expReqBody(want[off:end], end == len(want)))

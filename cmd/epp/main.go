@@ -65,6 +65,11 @@ func run(args []string) error {
 		"close an ext_proc stream (408) when the proxy sends nothing for this long while the request is gathered (negative: never)")
 	fs.DurationVar(&cfg.ExtProc.ResponseIdleTimeout, "response-idle-timeout", cfg.ExtProc.ResponseIdleTimeout,
 		"close an ext_proc stream when the proxy sends nothing for this long after routing (negative: never)")
+	fs.StringVar(&cfg.Tracing.OTLPEndpoint, "otlp-endpoint", cfg.Tracing.OTLPEndpoint,
+		"OTLP/gRPC collector host:port: a span per request, carried to the engine in traceparent (empty: no tracing)")
+	fs.BoolVar(&cfg.Tracing.Insecure, "otlp-insecure", cfg.Tracing.Insecure, "send spans to the collector without TLS")
+	fs.Float64Var(cfg.Tracing.SampleRatio, "trace-sample-ratio", *cfg.Tracing.SampleRatio,
+		"share of traces started by the EPP that are recorded (a client's sampled trace is always followed)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

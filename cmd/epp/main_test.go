@@ -4,21 +4,28 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	collectortracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc"
 
 	"github.com/omnious/provider-node/deploy/metricscheck"
 	"github.com/omnious/provider-node/engines/openai"
@@ -101,9 +108,13 @@ func TestEPPRoutesThroughGateway(t *testing.T) {
 	grpcAddr := fmt.Sprintf("127.0.0.1:%d", simtest.FreePort(t))
 	metricsAddr := fmt.Sprintf("127.0.0.1:%d", simtest.FreePort(t))
 	adminAddr := fmt.Sprintf("127.0.0.1:%d", simtest.FreePort(t))
+	col := startCollector(t)
+	// Spans leave in batches; a short delay keeps the test quick.
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
 	epp := start(t, eppBin, "-endpoints-file", endpoints, "-standin-tokenizer", "-log-level", "warn",
 		"-grpc-addr", grpcAddr, "-health-addr", fmt.Sprintf("127.0.0.1:%d", simtest.FreePort(t)),
-		"-metrics-addr", metricsAddr, "-admin-addr", adminAddr)
+		"-metrics-addr", metricsAddr, "-admin-addr", adminAddr,
+		"-otlp-endpoint", col.addr, "-otlp-insecure", "-trace-sample-ratio", "0")
 	simtest.WaitOK(t, "http://"+metricsAddr+"/metrics")
 
 	gw, err := testgw.New(testgw.Config{EPP: grpcAddr}, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
@@ -186,8 +197,35 @@ func TestEPPRoutesThroughGateway(t *testing.T) {
 	require.GreaterOrEqual(t, hot, 5.0, "prefix affinity keeps most same-prefix requests on one replica")
 	require.Positive(t, metric(t, "http://"+metricsAddr+"/metrics", "omnious_epp_decisions_total"))
 
+	// A traced request: its span reaches the collector as a child of the
+	// client's, sampled because the client's is (the EPP's own ratio is 0).
+	const traceID, parentID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	req, err := http.NewRequest(http.MethodPost, base+"/v1/chat/completions",
+		strings.NewReader(`{"model":"`+model+`","max_tokens":4,"messages":[{"role":"user","content":"traced"}]}`))
+	require.NoError(t, err)
+	req.Header.Set("traceparent", "00-"+traceID+"-"+parentID+"-01")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	var span *tracepb.Span
+	require.Eventually(t, func() bool { span = col.find(traceID); return span != nil }, 10*time.Second, 50*time.Millisecond)
+	require.Equal(t, "epp.request", span.Name)
+	require.Equal(t, parentID, hex.EncodeToString(span.ParentSpanId))
+	attrs := map[string]*commonpb.AnyValue{}
+	for _, kv := range span.Attributes {
+		attrs[kv.Key] = kv.Value
+	}
+	primary, _, _ := strings.Cut(attrs["omnious.epp.destination"].GetStringValue(), ",")
+	require.Contains(t, sims, primary)
+	require.Equal(t, primary, attrs["omnious.epp.served"].GetStringValue())
+	require.Equal(t, int64(200), attrs["http.response.status_code"].GetIntValue())
+	require.Equal(t, model, attrs["gen_ai.request.model"].GetStringValue())
+	require.Len(t, col.spans(), 1, "untraced requests are not sampled at ratio 0")
+
 	// Bad input is refused by the EPP with an OpenAI error, not passed on.
-	resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(`{"model": `))
+	resp, err = http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(`{"model": `))
 	require.NoError(t, err)
 	raw, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
@@ -221,4 +259,50 @@ func TestEPPRoutesThroughGateway(t *testing.T) {
 func requests(t *testing.T, addr string) float64 {
 	return metric(t, "http://"+addr+"/metrics", "vllm:request_success_total") +
 		metric(t, "http://"+addr+"/metrics", "sglang:num_requests_total")
+}
+
+// collector is an OTLP/gRPC trace collector on loopback that keeps every
+// span it receives.
+type collector struct {
+	collectortracepb.UnimplementedTraceServiceServer
+	addr string
+	mu   sync.Mutex
+	got  []*tracepb.Span
+}
+
+func startCollector(t *testing.T) *collector {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	c := &collector{addr: lis.Addr().String()}
+	g := grpc.NewServer()
+	collectortracepb.RegisterTraceServiceServer(g, c)
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	return c
+}
+
+func (c *collector) Export(_ context.Context, req *collectortracepb.ExportTraceServiceRequest) (*collectortracepb.ExportTraceServiceResponse, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, rs := range req.ResourceSpans {
+		for _, ss := range rs.ScopeSpans {
+			c.got = append(c.got, ss.Spans...)
+		}
+	}
+	return &collectortracepb.ExportTraceServiceResponse{}, nil
+}
+
+func (c *collector) spans() []*tracepb.Span {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*tracepb.Span(nil), c.got...)
+}
+
+func (c *collector) find(traceID string) *tracepb.Span {
+	for _, sp := range c.spans() {
+		if hex.EncodeToString(sp.TraceId) == traceID {
+			return sp
+		}
+	}
+	return nil
 }

@@ -54,6 +54,8 @@ type Config struct {
 	// For simulated fleets only. Default false.
 	StandInTokenizer bool `yaml:"standin_tokenizer"`
 
+	Tracing TracingConfig `yaml:"tracing"`
+
 	Index     IndexConfig      `yaml:"index"`
 	Ingest    ingest.Config    `yaml:"ingest"`
 	ExtProc   extproc.Config   `yaml:"extproc"`
@@ -126,6 +128,7 @@ func (c Config) WithDefaults() Config {
 		c.Ingest.BlockSize = c.Scheduler.BlockSize
 	}
 	c.ExtProc = c.ExtProc.WithDefaults()
+	c.Tracing = c.Tracing.withDefaults()
 	return c
 }
 
@@ -147,6 +150,9 @@ func (c Config) Validate() error {
 	}
 	if c.StandInTokenizer && len(c.Tokenizers) > 0 {
 		errs = append(errs, errors.New("standin_tokenizer and tokenizers exclude each other"))
+	}
+	if err := c.Tracing.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if err := c.ExtProc.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("extproc: %w", err))

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -46,6 +47,7 @@ type EPP struct {
 	health *health.Server
 	grpc   *grpc.Server
 	http   []*http.Server
+	tracer *sdktrace.TracerProvider // nil: no tracing
 
 	grpcLn, healthLn, metricsLn, adminLn net.Listener
 
@@ -116,6 +118,12 @@ func New(cfg Config, src discovery.Source, log *zap.Logger, opts ...Option) (*EP
 		picker = timedPicker{picker, o.observePick}
 	}
 	xp := extproc.NewServer(cfg.ExtProc, picker, prompter, e.reg, log.Named("extproc"))
+	if e.tracer, err = newTracerProvider(cfg.Tracing); err != nil {
+		return nil, err
+	}
+	if e.tracer != nil {
+		xp.SetTracerProvider(e.tracer)
+	}
 
 	grpcOpts := cfg.ExtProc.ServerOptions()
 	if cfg.TLSCertFile != "" {
@@ -136,6 +144,7 @@ func New(cfg Config, src discovery.Source, log *zap.Logger, opts ...Option) (*EP
 
 	if err := e.listen(); err != nil {
 		e.closeListeners()
+		_ = shutdownTracing(context.Background(), e.tracer)
 		return nil, err
 	}
 	return e, nil
@@ -258,6 +267,9 @@ func (e *EPP) Run(ctx context.Context) error {
 	}
 	wg.Wait()
 	e.ingest.Close()
+	if err := shutdownTracing(shutCtx, e.tracer); err != nil {
+		errs <- err
+	}
 	close(errs)
 	var all []error
 	for err := range errs {
