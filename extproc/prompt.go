@@ -21,8 +21,11 @@ type PromptInput struct {
 	AddGenerationPrompt     bool
 	// Prompt is the completions prompt (a string or a token list).
 	Prompt []byte
-	// Input and Instructions are the Responses API fields.
+	// Input and Instructions are the Responses API fields; Stateful says
+	// the request continues a stored response (previous_response_id),
+	// whose messages only the engine has.
 	Input, Instructions []byte
+	Stateful            bool
 }
 
 // Prompter turns a request into the prompt the engine will see. It returns
@@ -34,10 +37,14 @@ type Prompter interface {
 }
 
 // ModelTokenizer is the tokenizer and chat template of one model. A nil
-// Template renders chats with the stand-in ChatML template.
+// Template renders chats with the stand-in ChatML template. Harmony marks
+// a model (gpt-oss) whose Responses API prompts vLLM builds in the harmony
+// format rather than with the chat template: those are routed
+// approximately.
 type ModelTokenizer struct {
 	Tokenizer tokenizer.Tokenizer
 	Template  *tokenizer.ChatTemplate
+	Harmony   bool
 }
 
 // TokenPrompter renders and tokenizes prompts for the models it knows.
@@ -69,24 +76,38 @@ func (p *TokenPrompter) Prompt(model string, in *PromptInput) ([]uint32, bool) {
 		}
 		mt = *p.def
 	}
+	var text string
 	switch in.API {
 	case APIChat:
-		text, err := renderChat(mt.Template, in)
+		msgs, err := decodeMessages(in.Messages)
 		if err != nil {
 			return nil, false
 		}
-		return mt.Tokenizer.Encode(nil, text), true
+		if text, err = renderChat(mt.Template, msgs, in); err != nil {
+			return nil, false
+		}
+	case APIResponses:
+		if mt.Harmony {
+			return nil, false
+		}
+		msgs, err := responsesMessages(in)
+		if err != nil {
+			return nil, false
+		}
+		// No chat_template_kwargs: vLLM's Responses request has none.
+		if text, err = renderChat(mt.Template, msgs, &PromptInput{AddGenerationPrompt: true}); err != nil {
+			return nil, false
+		}
 	case APICompletions:
 		return completionTokens(mt.Tokenizer, in.Prompt)
+	default:
+		return nil, false
 	}
-	return nil, false
+	return mt.Tokenizer.Encode(nil, text), true
 }
 
-func renderChat(tmpl *tokenizer.ChatTemplate, in *PromptInput) (string, error) {
-	msgs, err := decodeMessages(in.Messages)
-	if err != nil {
-		return "", fmt.Errorf("cannot decode messages: %w", err)
-	}
+// renderChat renders msgs with in's tools, kwargs and generation prompt.
+func renderChat(tmpl *tokenizer.ChatTemplate, msgs []openai.Message, in *PromptInput) (string, error) {
 	var tools []openai.Tool
 	if len(in.Tools) > 0 && !isNull(in.Tools) {
 		if err := json.Unmarshal(in.Tools, &tools); err != nil {
@@ -100,36 +121,168 @@ func renderChat(tmpl *tokenizer.ChatTemplate, in *PromptInput) (string, error) {
 		AddGenerationPrompt: in.AddGenerationPrompt, Kwargs: in.Kwargs})
 }
 
+// Why a Responses API request has no exact prompt here.
+var (
+	errStateful       = errors.New("previous_response_id: the engine prepends a stored conversation")
+	errResponsesTools = errors.New("tools: the engine's rendering of Responses tools is version-specific")
+)
+
+// responsesMessages builds the chat messages vLLM builds from a Responses
+// API request before it applies the chat template (non-harmony models):
+// instructions as a system message, a string input as a user message, and
+// input items as messages: message items as they are, function_call as an
+// assistant tool call, function_call_output as a tool message. Requests
+// that continue a stored response, carry tools, or hold other item types
+// (reasoning, built-in tool calls) are left to approximate routing.
+func responsesMessages(in *PromptInput) ([]openai.Message, error) {
+	if in.Stateful {
+		return nil, errStateful
+	}
+	if t := bytes.TrimSpace(in.Tools); len(t) > 0 && !isNull(t) && string(t) != "[]" {
+		return nil, errResponsesTools
+	}
+	var msgs []openai.Message
+	if len(in.Instructions) > 0 && !isNull(in.Instructions) {
+		s, err := jsonstr.Decode(in.Instructions)
+		if err != nil {
+			return nil, fmt.Errorf("instructions: %w", err)
+		}
+		if s != "" {
+			msgs = append(msgs, openai.Message{Role: "system", Content: in.Instructions})
+		}
+	}
+	input := bytes.TrimSpace(in.Input)
+	switch {
+	case len(input) == 0 || isNull(input):
+		return nil, errors.New("the request has no input")
+	case input[0] == '"':
+		return append(msgs, openai.Message{Role: "user", Content: input}), nil
+	}
+	err := eachElement(input, func(n int, item []byte) error {
+		m, err := responsesItem(item)
+		if err != nil {
+			return fmt.Errorf("input item %d: %w", n, err)
+		}
+		msgs = append(msgs, m)
+		return nil
+	})
+	return msgs, err
+}
+
+// responsesItem converts one input item.
+func responsesItem(item []byte) (openai.Message, error) {
+	it, err := newObjIter(item, 0, 1)
+	if err != nil {
+		return openai.Message{}, err
+	}
+	var typ, role, callID, name, args string
+	var content, output []byte
+	for {
+		key, vs, ve, ok, err := it.next()
+		if err != nil {
+			return openai.Message{}, err
+		}
+		if !ok {
+			break
+		}
+		v := item[vs:ve]
+		switch {
+		case keyIs(key, "type"):
+			typ, err = jsonstr.Decode(v)
+		case keyIs(key, "role"):
+			role, err = jsonstr.Decode(v)
+		case keyIs(key, "content"):
+			content = v
+		case keyIs(key, "call_id"):
+			callID, err = jsonstr.Decode(v)
+		case keyIs(key, "name"):
+			name, err = jsonstr.Decode(v)
+		case keyIs(key, "arguments"):
+			args, err = jsonstr.Decode(v)
+		case keyIs(key, "output"):
+			output = v
+		}
+		if err != nil {
+			return openai.Message{}, fmt.Errorf("%s: %w", key, err)
+		}
+	}
+	switch typ {
+	case "", "message":
+		if role == "" {
+			return openai.Message{}, errors.New("a message item needs a role")
+		}
+		return openai.Message{Role: role, Content: content}, nil
+	case "function_call":
+		return openai.Message{Role: "assistant", ToolCalls: []openai.ToolCall{{ID: callID, Type: "function",
+			Function: openai.ToolCallFunction{Name: name, Arguments: args}}}}, nil
+	case "function_call_output":
+		return openai.Message{Role: "tool", Content: output, ToolCallID: callID}, nil
+	}
+	return openai.Message{}, fmt.Errorf("item type %q is not rendered here", typ)
+}
+
+// eachElement calls fn with each element of the JSON array raw.
+func eachElement(raw []byte, fn func(n int, elem []byte) error) error {
+	i := skipWS(raw, 0)
+	if i >= len(raw) || raw[i] != '[' {
+		return errors.New("expected an array")
+	}
+	i = skipWS(raw, i+1)
+	if i < len(raw) && raw[i] == ']' {
+		return checkEnd(raw, i+1)
+	}
+	for n := 0; ; n++ {
+		j, err := skipValue(raw, i, 1)
+		if err != nil {
+			return fmt.Errorf("element %d: %w", n, err)
+		}
+		if err := fn(n, raw[i:j]); err != nil {
+			return err
+		}
+		i = skipWS(raw, j)
+		if i >= len(raw) {
+			return errUnexpectedEnd
+		}
+		switch raw[i] {
+		case ',':
+			i = skipWS(raw, i+1)
+		case ']':
+			return checkEnd(raw, i+1)
+		default:
+			return fmt.Errorf("invalid character %q in array at offset %d", raw[i], i)
+		}
+	}
+}
+
+func checkEnd(raw []byte, i int) error {
+	if j := skipWS(raw, i); j != len(raw) {
+		return fmt.Errorf("invalid character %q after the array", raw[j])
+	}
+	return nil
+}
+
 // decodeMessages decodes a chat request's messages array with the body
 // scanner: content stays a span of the body (ContentText decodes it once,
 // later), and only tool_calls, rare and small, go through encoding/json.
 // Keys match exactly, as in the engines' Python parsers; unknown keys are
 // skipped; a repeated key keeps its last value.
 func decodeMessages(raw []byte) ([]openai.Message, error) {
-	i := skipWS(raw, 0)
-	if i >= len(raw) || raw[i] != '[' {
-		return nil, errors.New("messages must be an array")
-	}
 	msgs := make([]openai.Message, 0, 8)
-	i = skipWS(raw, i+1)
-	if i < len(raw) && raw[i] == ']' {
-		return msgs, nil
-	}
-	for {
-		it, err := newObjIter(raw, i, 1)
+	err := eachElement(raw, func(n int, elem []byte) error {
+		it, err := newObjIter(elem, 0, 1)
 		if err != nil {
-			return nil, fmt.Errorf("message %d: %w", len(msgs), err)
+			return fmt.Errorf("message %d: %w", n, err)
 		}
 		var m openai.Message
 		for {
 			key, vs, ve, ok, err := it.next()
 			if err != nil {
-				return nil, fmt.Errorf("message %d: %w", len(msgs), err)
+				return fmt.Errorf("message %d: %w", n, err)
 			}
 			if !ok {
 				break
 			}
-			v := raw[vs:ve]
+			v := elem[vs:ve]
 			switch {
 			case keyIs(key, "role"):
 				m.Role, err = jsonstr.Decode(v)
@@ -144,26 +297,16 @@ func decodeMessages(raw []byte) ([]openai.Message, error) {
 				err = json.Unmarshal(v, &m.ToolCalls)
 			}
 			if err != nil {
-				return nil, fmt.Errorf("message %d: %s: %w", len(msgs), key, err)
+				return fmt.Errorf("message %d: %s: %w", n, key, err)
 			}
 		}
 		msgs = append(msgs, m)
-		i = skipWS(raw, it.i)
-		if i >= len(raw) {
-			return nil, errUnexpectedEnd
-		}
-		switch raw[i] {
-		case ',':
-			i++
-		case ']':
-			if j := skipWS(raw, i+1); j != len(raw) {
-				return nil, fmt.Errorf("invalid character %q after messages", raw[j])
-			}
-			return msgs, nil
-		default:
-			return nil, fmt.Errorf("invalid character %q in messages at offset %d", raw[i], i)
-		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
+	return msgs, nil
 }
 
 // optionalString decodes a string member that may be null.
@@ -239,5 +382,6 @@ func promptInput(api API, body []byte, rb *requestBody) PromptInput {
 	if rb.instructions.ok() {
 		in.Instructions = rb.instructions.of(body)
 	}
+	in.Stateful = rb.previousResp.present(body)
 	return in
 }

