@@ -40,7 +40,7 @@ func DirectLauncher(seed int64) Launcher {
 		default:
 			return nil, fmt.Errorf("direct launcher has only round-robin and random, not %q (the EPP launcher is not wired)", policy)
 		}
-		return newDirectTarget(pick)
+		return newDirectTarget(pick, newTransport())
 	}
 }
 
@@ -53,12 +53,14 @@ type directTarget struct {
 	decisions []time.Duration
 }
 
-func newDirectTarget(pick func() string) (*directTarget, error) {
+// newDirectTarget serves a proxy to the replicas pick chooses, through
+// transport.
+func newDirectTarget(pick func() string, transport *http.Transport) (*directTarget, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("direct: cannot listen: %w", err)
 	}
-	t := &directTarget{ln: ln, transport: newTransport(), done: make(chan struct{})}
+	t := &directTarget{ln: ln, transport: transport, done: make(chan struct{})}
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			start := time.Now()
@@ -75,12 +77,34 @@ func newDirectTarget(pick func() string) (*directTarget, error) {
 		// would only repeat them on stderr.
 		ErrorLog: log.New(io.Discard, "", 0),
 	}
-	t.srv = &http.Server{Handler: proxy, ReadHeaderTimeout: 10 * time.Second}
+	t.srv = &http.Server{Handler: fullDuplex(proxy), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		defer close(t.done)
 		_ = t.srv.Serve(ln)
 	}()
 	return t, nil
+}
+
+// fullDuplex lets h read the request body after it has started the
+// response. The proxy's transport copies a body of known length upstream,
+// then reads it once more to check that it ended; on a busy machine that
+// read can come after the replica's answer has reached the client. By
+// default the HTTP/1 server drains and closes the request body when the
+// response starts, so that read fails ("invalid Read on closed Body"), the
+// transport tears down the upstream connection and the proxy cuts the
+// client's stream mid-answer (unexpected EOF).
+//
+// The body is closed before the handler returns, so that a body left
+// unread (a replica that could not be reached) is drained while it runs:
+// drained by the server after it, the server's read of the next request
+// would race the background read the drain starts (golang/go#68560).
+func fullDuplex(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The server's HTTP/1 writer supports it (HTTP/2 always is).
+		_ = http.NewResponseController(w).EnableFullDuplex()
+		defer r.Body.Close()
+		h.ServeHTTP(w, r)
+	})
 }
 
 func (t *directTarget) URL() string { return "http://" + t.ln.Addr().String() }
