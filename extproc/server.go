@@ -109,8 +109,8 @@ func NewServer(cfg Config, picker Picker, prompter Prompter, reg prometheus.Regi
 func (s *Server) Register(g *grpc.Server) { extprocv3.RegisterExternalProcessorServer(g, s) }
 
 // Process implements the ext_proc stream: one HTTP request and its response.
-// Messages are received on a separate goroutine so that a stream whose peer
-// goes quiet ends after the idle timeout of its phase (Config).
+// A stream whose peer goes quiet ends after the idle timeout of its phase
+// (Config).
 func (s *Server) Process(srv grpc.BidiStreamingServer[extprocv3.ProcessingRequest, extprocv3.ProcessingResponse]) error {
 	st := &stream{s: s, ctx: srv.Context(), send: srv.Send, reqMode: s.defaultMode(), respMode: s.defaultMode()}
 	if s.cfg.RequestIdleTimeout < 0 && s.cfg.ResponseIdleTimeout < 0 {
@@ -121,18 +121,35 @@ func (s *Server) Process(srv grpc.BidiStreamingServer[extprocv3.ProcessingReques
 			}
 		}
 	}
-	msgs := make(chan received, 1)
-	quit := make(chan struct{})
-	defer close(quit)
+	// Messages are received and handled on one goroutine, without a hand-off
+	// per message; this one only wakes when a timer fires, to end a stream
+	// that has been idle too long. Recv cannot be interrupted, but
+	// returning ends the RPC, and then Recv fails.
+	w := &watch{done: make(chan error, 1), kick: make(chan struct{}, 1)}
+	w.last.Store(time.Now().UnixNano())
 	go func() {
 		for {
 			req, err := srv.Recv()
-			select {
-			case msgs <- received{req, err}:
-			case <-quit:
+			w.last.Store(time.Now().UnixNano())
+			w.mu.Lock()
+			if w.ended {
+				w.mu.Unlock()
 				return
 			}
-			if err != nil {
+			before := st.idleTimeout()
+			done, err := st.step(req, err)
+			w.ended = done
+			if after := st.idleTimeout(); !done && after > 0 && (before <= 0 || after < before) {
+				// The new phase's timeout is shorter than the one the
+				// timer was armed for (the defaults only grow).
+				select {
+				case w.kick <- struct{}{}:
+				default:
+				}
+			}
+			w.mu.Unlock()
+			if done {
+				w.done <- err
 				return
 			}
 		}
@@ -140,25 +157,37 @@ func (s *Server) Process(srv grpc.BidiStreamingServer[extprocv3.ProcessingReques
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		var expired <-chan time.Time
-		if d := st.idleTimeout(); d > 0 {
-			timer.Reset(d) // Go 1.23+: no stale tick survives a Reset
-			expired = timer.C
-		}
-		select {
-		case m := <-msgs:
-			if done, err := st.step(m.req, m.err); done {
+		w.mu.Lock()
+		d := st.idleTimeout()
+		wait := time.Hour
+		if d > 0 {
+			quiet := time.Duration(time.Now().UnixNano() - w.last.Load())
+			if quiet >= d {
+				w.ended = true
+				err := st.idle()
+				w.mu.Unlock()
 				return err
 			}
-		case <-expired:
-			return st.idle()
+			wait = d - quiet
+		}
+		w.mu.Unlock()
+		timer.Reset(wait) // Go 1.23+: no stale tick survives a Reset
+		select {
+		case err := <-w.done:
+			return err
+		case <-timer.C:
+		case <-w.kick:
 		}
 	}
 }
 
-type received struct {
-	req *extprocv3.ProcessingRequest
-	err error
+// watch is what a stream's receive loop and its idle timer share.
+type watch struct {
+	mu    sync.Mutex // held while a message is handled or the stream is ended for idleness
+	ended bool       // under mu: the stream is over, nothing more is handled
+	last  atomic.Int64
+	done  chan error    // the receive loop's final error
+	kick  chan struct{} // the idle timeout got shorter: re-arm the timer
 }
 
 // step handles one received message or receive error; done says the
