@@ -2,6 +2,9 @@ package extproc
 
 import (
 	"context"
+	"os"
+	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"testing"
@@ -147,4 +150,63 @@ func TestGRPCMessageLimits(t *testing.T) {
 		{okHeaders("application/json"), []*extprocv3.ProcessingResponse{expRespHeaders(false)}},
 		{respBody(jsonResp, true), []*extprocv3.ProcessingResponse{expRespBody(jsonResp, true)}},
 	}))
+}
+
+// TestStreamsLeaveNoGoroutines ends streams every way a stream ends
+// (completed, client gone mid-request, idle in either phase, immediate
+// error) and requires the server's goroutines to be gone afterwards: each
+// stream has a receive loop and a timer of its own.
+func TestStreamsLeaveNoGoroutines(t *testing.T) {
+	p := &fakePicker{addrs: []string{ep1}}
+	c := startServer(t, Config{RequestIdleTimeout: 50 * time.Millisecond, ResponseIdleTimeout: 80 * time.Millisecond}, p, nil, nil)
+	// One stream first, so the connection's own goroutines are counted
+	// in the baseline.
+	require.NoError(t, runSteps(t, c, []step{{reqHeaders(true, ":method", "GET", ":path", "/v1/models"), []*extprocv3.ProcessingResponse{expRouted(ep1, "")}}}))
+	time.Sleep(50 * time.Millisecond)
+	base := runtime.NumGoroutine()
+	for range 10 {
+		// Completed.
+		require.NoError(t, runSteps(t, c, []step{
+			{chatHeaders(), nil},
+			{reqBody(chatBody, true), []*extprocv3.ProcessingResponse{expRouted(ep1, strconv.Itoa(len(chatBody))), expReqBody(chatBody, true)}},
+			{okHeaders("application/json"), []*extprocv3.ProcessingResponse{expRespHeaders(false)}},
+			{respBody(jsonResp, true), []*extprocv3.ProcessingResponse{expRespBody(jsonResp, true)}},
+		}))
+		// Bad request, answered at once.
+		require.NoError(t, runSteps(t, c, []step{
+			{chatHeaders(), nil},
+			{reqBody(`{"model":`, true), []*extprocv3.ProcessingResponse{expImmediate(400, "bad_request", "invalid JSON body: unexpected end of JSON input")}},
+		}))
+		// Client gone after half a body, and streams left idle in the
+		// request and in the response phase.
+		for _, n := range []int{1, 2, 3} {
+			ctx, cancel := context.WithCancel(context.Background())
+			st, err := c.Process(ctx)
+			require.NoError(t, err)
+			require.NoError(t, st.Send(chatHeaders()))
+			if n >= 2 {
+				require.NoError(t, st.Send(reqBody(chatBody, n == 3)))
+			}
+			if n == 1 {
+				cancel()
+				continue
+			}
+			for {
+				if _, err := st.Recv(); err != nil {
+					break // 408 then EOF, or DeadlineExceeded after routing
+				}
+			}
+			cancel()
+		}
+	}
+	// Polled here: require.Eventually runs the check on a goroutine of
+	// its own, which would be counted.
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > base && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > base {
+		_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 1)
+		t.Fatalf("%d goroutines left, %d before the streams", n, base)
+	}
 }
