@@ -14,6 +14,13 @@ type PrefixCacheConfig struct {
 	// CutsPerText is how many of a text's last safe points are cached; a
 	// conversation's next request usually shares one of them. Default 16.
 	CutsPerText int
+	// MaxBytes bounds the ids the cached prefixes hold (4 bytes an id):
+	// the least recently used are dropped beyond it, and a text whose new
+	// ids alone would take more than a sixteenth of it is not cached.
+	// Entries hold only the ids after their parent's, so a parent dropped
+	// from the cache lives on while a cached later turn needs it. Default
+	// 64 MiB.
+	MaxBytes int64
 }
 
 // PrefixCache is a Tokenizer that reuses the ids of the longest previously
@@ -22,9 +29,11 @@ type PrefixCacheConfig struct {
 // tokenization provably restarts, so its output always equals the
 // underlying tokenizer's. Safe for concurrent use.
 type PrefixCache struct {
-	tok   Restarting
-	cuts  int
-	cache *lru.Cache[uint64, *prefixEntry]
+	tok      Restarting
+	cuts     int
+	maxBytes int64
+	cache    *lru.Cache[uint64, *prefixEntry]
+	bytes    atomic.Int64 // ids bytes of the cached entries
 
 	lookups, hits, reused atomic.Uint64
 }
@@ -48,6 +57,8 @@ type prefixEntry struct {
 	ids    []uint32     // ids after the parent's; never written after insertion
 	total  int          // ids in the whole prefix
 }
+
+func (e *prefixEntry) size() int64 { return 4*int64(len(e.ids)) + 64 }
 
 func (e *prefixEntry) appendTo(dst []uint32) []uint32 {
 	if e.parent != nil {
@@ -79,11 +90,16 @@ func NewPrefixCache(tok Restarting, cfg PrefixCacheConfig) *PrefixCache {
 	if cfg.CutsPerText <= 0 {
 		cfg.CutsPerText = 16
 	}
-	c, err := lru.New[uint64, *prefixEntry](cfg.MaxEntries)
+	if cfg.MaxBytes <= 0 {
+		cfg.MaxBytes = 64 << 20
+	}
+	pc := &PrefixCache{tok: tok, cuts: cfg.CutsPerText, maxBytes: cfg.MaxBytes}
+	c, err := lru.NewWithEvict(cfg.MaxEntries, func(_ uint64, e *prefixEntry) { pc.bytes.Add(-e.size()) })
 	if err != nil {
 		panic(err) // unreachable: size is positive
 	}
-	return &PrefixCache{tok: tok, cuts: cfg.CutsPerText, cache: c}
+	pc.cache = c
+	return pc
 }
 
 // Name returns the underlying tokenizer's name.
@@ -129,6 +145,9 @@ func (c *PrefixCache) Encode(dst []uint32, text string) []uint32 {
 	if len(ends) != len(newCuts) || len(newCuts) == 0 {
 		return dst // a mismatch cannot happen: both are the same added-token scan
 	}
+	if 4*int64(ends[len(ends)-1]-start) > c.maxBytes/16 {
+		return dst // one huge text would flush everything else
+	}
 	// Keep a private copy of the new ids (the caller owns dst). Each cached
 	// cut stores the ids since the previous one and points to it; the first
 	// one chains to the prefix that was reused.
@@ -141,8 +160,21 @@ func (c *PrefixCache) Encode(dst []uint32, text string) []uint32 {
 	for i := max(0, len(newCuts)-c.cuts); i < len(newCuts); i++ {
 		n := ends[i] - start
 		e := &prefixEntry{n: newCuts[i].end, parent: parent, ids: own[base:n:n], total: hitTotal + n}
-		c.cache.Add(newCuts[i].hash, e)
+		// Counted before it is added, so that the eviction callback can
+		// never take the count below zero.
+		c.bytes.Add(e.size())
+		if old, found, _ := c.cache.PeekOrAdd(newCuts[i].hash, e); found {
+			// Cached meanwhile (another request), or a hash collision,
+			// which the byte length check on lookup tells apart.
+			c.bytes.Add(-e.size())
+			if old.n == e.n {
+				e = old
+			}
+		}
 		parent, base = e, n
+	}
+	for c.bytes.Load() > c.maxBytes && c.cache.Len() > 0 {
+		c.cache.RemoveOldest()
 	}
 	return dst
 }

@@ -277,3 +277,32 @@ func TestPrefixCacheStandIn(t *testing.T) {
 	st := pc.Stats()
 	require.Greater(t, st.Hits, uint64(100), "turns after the first reuse the conversation so far")
 }
+
+// TestPrefixCacheBoundsBytes: unique long prompts cannot grow the cache
+// past MaxBytes, a text too large for it is not cached, and results stay
+// exact throughout.
+func TestPrefixCacheBoundsBytes(t *testing.T) {
+	tok := NewStandIn()
+	const maxBytes = 64 << 10
+	pc := NewPrefixCache(tok, PrefixCacheConfig{MaxBytes: maxBytes})
+	rng := rand.New(rand.NewPCG(5, 6))
+	words := strings.Fields("alpha beta gamma delta epsilon zeta eta theta iota kappa")
+	for i := range 300 {
+		var b strings.Builder
+		fmt.Fprintf(&b, "<|im_start|>user\n%d", i)
+		for range 300 {
+			b.WriteString(" " + words[rng.IntN(len(words))])
+		}
+		b.WriteString("<|im_end|>\n<|im_start|>assistant\n")
+		text := b.String()
+		require.Equal(t, tok.Encode(nil, text), pc.Encode(nil, text))
+		require.LessOrEqual(t, pc.bytes.Load(), int64(maxBytes))
+	}
+	require.Positive(t, pc.bytes.Load())
+	require.Positive(t, pc.cache.Len())
+
+	before := pc.bytes.Load()
+	huge := "<|im_start|>user\n" + strings.Repeat("word ", maxBytes/16) + "<|im_end|>"
+	require.Equal(t, tok.Encode(nil, huge), pc.Encode(nil, huge))
+	require.Equal(t, before, pc.bytes.Load(), "a text over a sixteenth of the budget is not cached")
+}
