@@ -39,7 +39,8 @@ type Model struct {
 	Running  int `json:"running"`
 	InFlight int `json:"in_flight"`
 	// MaxConcurrency is the configured running-request target summed over
-	// healthy replicas (target_inflight each).
+	// healthy replicas (the scheduler's admission.target_inflight each, 256
+	// by default as vLLM's max_num_seqs).
 	MaxConcurrency int `json:"max_concurrency"`
 	// OutputTokensPerSec and PromptTokensPerSec are measured over the last
 	// scrape window from the engines' counters.

@@ -42,7 +42,9 @@ func (s *Scheduler) Capacity() capacity.Snapshot {
 			continue
 		}
 		m.Healthy++
-		m.MaxConcurrency += int(s.cfg.Scoring.TargetInflight)
+		// The saturation target, not the in-flight score's knee: a batching
+		// engine runs admission.target_inflight requests at once.
+		m.MaxConcurrency += int(s.cfg.Admission.TargetInflight)
 		if sm == nil {
 			continue
 		}

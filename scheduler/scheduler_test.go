@@ -673,7 +673,7 @@ func TestCapacity(t *testing.T) {
 	require.Equal(t, int64(500+750), l.FreeKVBlocks)
 	require.Equal(t, int64(16*(500+750)), l.FreeKVTokens)
 	require.Equal(t, int64(2*16000), l.TotalKVTokens)
-	require.Equal(t, 16, l.MaxConcurrency)
+	require.Equal(t, 2*256, l.MaxConcurrency, "admission.target_inflight per healthy replica")
 	qw := snap.Models[1]
 	require.Equal(t, "qwen", qw.Model)
 	require.Equal(t, 0, qw.Healthy)
