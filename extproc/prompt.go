@@ -127,13 +127,9 @@ var (
 	errResponsesTools = errors.New("tools: the engine's rendering of Responses tools is version-specific")
 )
 
-// responsesMessages builds the chat messages vLLM builds from a Responses
-// API request before it applies the chat template (non-harmony models):
-// instructions as a system message, a string input as a user message, and
-// input items as messages: message items as they are, function_call as an
-// assistant tool call, function_call_output as a tool message. Requests
-// that continue a stored response, carry tools, or hold other item types
-// (reasoning, built-in tool calls) are left to approximate routing.
+// responsesMessages is openai.ResponsesMessages for requests whose prompt
+// the EPP can know: not one that continues a stored response, nor one with
+// tools (vLLM's rendering of Responses tools differs between versions).
 func responsesMessages(in *PromptInput) ([]openai.Message, error) {
 	if in.Stateful {
 		return nil, errStateful
@@ -141,84 +137,15 @@ func responsesMessages(in *PromptInput) ([]openai.Message, error) {
 	if t := bytes.TrimSpace(in.Tools); len(t) > 0 && !isNull(t) && string(t) != "[]" {
 		return nil, errResponsesTools
 	}
-	var msgs []openai.Message
+	var instructions *string
 	if len(in.Instructions) > 0 && !isNull(in.Instructions) {
 		s, err := jsonstr.Decode(in.Instructions)
 		if err != nil {
 			return nil, fmt.Errorf("instructions: %w", err)
 		}
-		if s != "" {
-			msgs = append(msgs, openai.Message{Role: "system", Content: in.Instructions})
-		}
+		instructions = &s
 	}
-	input := bytes.TrimSpace(in.Input)
-	switch {
-	case len(input) == 0 || isNull(input):
-		return nil, errors.New("the request has no input")
-	case input[0] == '"':
-		return append(msgs, openai.Message{Role: "user", Content: input}), nil
-	}
-	err := eachElement(input, func(n int, item []byte) error {
-		m, err := responsesItem(item)
-		if err != nil {
-			return fmt.Errorf("input item %d: %w", n, err)
-		}
-		msgs = append(msgs, m)
-		return nil
-	})
-	return msgs, err
-}
-
-// responsesItem converts one input item.
-func responsesItem(item []byte) (openai.Message, error) {
-	it, err := newObjIter(item, 0, 1)
-	if err != nil {
-		return openai.Message{}, err
-	}
-	var typ, role, callID, name, args string
-	var content, output []byte
-	for {
-		key, vs, ve, ok, err := it.next()
-		if err != nil {
-			return openai.Message{}, err
-		}
-		if !ok {
-			break
-		}
-		v := item[vs:ve]
-		switch {
-		case keyIs(key, "type"):
-			typ, err = jsonstr.Decode(v)
-		case keyIs(key, "role"):
-			role, err = jsonstr.Decode(v)
-		case keyIs(key, "content"):
-			content = v
-		case keyIs(key, "call_id"):
-			callID, err = jsonstr.Decode(v)
-		case keyIs(key, "name"):
-			name, err = jsonstr.Decode(v)
-		case keyIs(key, "arguments"):
-			args, err = jsonstr.Decode(v)
-		case keyIs(key, "output"):
-			output = v
-		}
-		if err != nil {
-			return openai.Message{}, fmt.Errorf("%s: %w", key, err)
-		}
-	}
-	switch typ {
-	case "", "message":
-		if role == "" {
-			return openai.Message{}, errors.New("a message item needs a role")
-		}
-		return openai.Message{Role: role, Content: content}, nil
-	case "function_call":
-		return openai.Message{Role: "assistant", ToolCalls: []openai.ToolCall{{ID: callID, Type: "function",
-			Function: openai.ToolCallFunction{Name: name, Arguments: args}}}}, nil
-	case "function_call_output":
-		return openai.Message{Role: "tool", Content: output, ToolCallID: callID}, nil
-	}
-	return openai.Message{}, fmt.Errorf("item type %q is not rendered here", typ)
+	return openai.ResponsesMessages(instructions, in.Input)
 }
 
 // eachElement calls fn with each element of the JSON array raw.

@@ -197,6 +197,38 @@ func TestEPPRoutesThroughGateway(t *testing.T) {
 	require.GreaterOrEqual(t, hot, 5.0, "prefix affinity keeps most same-prefix requests on one replica")
 	require.Positive(t, metric(t, "http://"+metricsAddr+"/metrics", "omnious_epp_decisions_total"))
 
+	// Responses API requests are routed on exact tokens too, streamed and
+	// not, and the ones sharing long instructions stay together.
+	precise := `omnious_extproc_prompt_mode_total{mode="precise"}`
+	precise0 := metric(t, "http://"+metricsAddr+"/metrics", precise)
+	for i := range sims {
+		before[i] = requests(t, sims[i])
+	}
+	for i := 0; i < 4; i++ {
+		raw, err := json.Marshal(map[string]any{"model": model, "instructions": system, "input": fmt.Sprintf("responses question %d", i),
+			"max_output_tokens": 6, "stream": i%2 == 1})
+		require.NoError(t, err)
+		resp, err := http.Post(base+"/v1/responses", "application/json", bytes.NewReader(raw))
+		require.NoError(t, err)
+		out, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(out))
+		// max_output_tokens cuts the answer: the response is incomplete.
+		if i%2 == 1 {
+			require.Contains(t, string(out), "event: response.incomplete")
+		} else {
+			require.Contains(t, string(out), `"object":"response"`)
+		}
+		require.Contains(t, string(out), `"input_tokens":`)
+	}
+	require.Equal(t, precise0+4, metric(t, "http://"+metricsAddr+"/metrics", precise))
+	hot = 0
+	for i, s := range sims {
+		hot = max(hot, requests(t, s)-before[i])
+	}
+	require.GreaterOrEqual(t, hot, 3.0, "shared instructions keep Responses requests on one replica")
+
 	// A traced request: its span reaches the collector as a child of the
 	// client's, sampled because the client's is (the EPP's own ratio is 0).
 	const traceID, parentID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"

@@ -23,17 +23,18 @@ const defaultOutputRange = 240
 // generation is one admitted request: its prompt, what it will say, and how
 // the response is shaped.
 type generation struct {
-	id       string
-	chat     bool
-	prompt   []uint32
-	out      *output
-	finish   string // finish_reason when the output ends naturally
-	stream   bool
-	usage    bool // stream_options.include_usage
-	contUse  bool // stream_options.continuous_usage_stats
-	lora     string
-	salt     string
-	toolMode openai.ToolChoiceKind
+	id        string
+	chat      bool
+	responses bool // POST /v1/responses: a chat answered in the Responses API's shapes
+	prompt    []uint32
+	out       *output
+	finish    string // finish_reason when the output ends naturally
+	stream    bool
+	usage     bool // stream_options.include_usage
+	contUse   bool // stream_options.continuous_usage_stats
+	lora      string
+	salt      string
+	toolMode  openai.ToolChoiceKind
 }
 
 func (r *Replica) handleChat(w http.ResponseWriter, req *http.Request) {
@@ -253,6 +254,10 @@ func (r *Replica) generate(w http.ResponseWriter, req *http.Request, g *generati
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	if g.stream && g.responses {
+		r.streamResponses(w, req, g, updates, faults)
+		return
+	}
 	if g.stream {
 		r.stream(w, req, g, updates, faults)
 		return
@@ -265,6 +270,10 @@ func (r *Replica) generate(w http.ResponseWriter, req *http.Request, g *generati
 		if req.Context().Err() == nil {
 			writeError(w, http.StatusInternalServerError, last.Err.Error())
 		}
+		return
+	}
+	if g.responses {
+		writeJSON(w, http.StatusOK, r.responseObject(g, time.Now().Unix(), "completed", &last))
 		return
 	}
 	writeJSON(w, http.StatusOK, r.fullResponse(g, last))

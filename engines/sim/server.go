@@ -230,6 +230,7 @@ func (r *Replica) routes() http.Handler {
 	mux.HandleFunc("GET /v1/models", r.handleModels)
 	mux.HandleFunc("POST /v1/chat/completions", r.handleChat)
 	mux.HandleFunc("POST /v1/completions", r.handleCompletion)
+	mux.HandleFunc("POST /v1/responses", r.handleResponses)
 	mux.HandleFunc("POST /tokenize", r.handleTokenize)
 	mux.Handle("GET /metrics", r.hangWhenFaulty(promhttp.HandlerFor(r.eng.Registry(), promhttp.HandlerOpts{})))
 	mux.HandleFunc("GET /admin/blocks", r.handleBlocks)
