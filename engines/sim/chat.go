@@ -320,21 +320,8 @@ func (r *Replica) fullResponse(g *generation, u engine.Update) map[string]any {
 // stream writes the response as server-sent events, one chunk per engine
 // step, in vLLM's chunk shapes.
 func (r *Replica) stream(w http.ResponseWriter, req *http.Request, g *generation, updates <-chan engine.Update, faults Faults) {
-	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
-	flusher, _ := w.(http.Flusher)
-	bw := bufio.NewWriter(w)
+	bw, flush := startSSE(w)
 	s := &sseWriter{r: r, g: g, w: bw, created: time.Now().Unix()}
-	flush := func() bool {
-		if err := bw.Flush(); err != nil {
-			return false
-		}
-		if flusher != nil {
-			flusher.Flush()
-		}
-		return true
-	}
 	if g.chat {
 		empty := ""
 		s.choice(openai.ChunkChoice{Delta: &openai.Delta{Role: "assistant", Content: &empty}}, nil, nil)
@@ -350,14 +337,8 @@ func (r *Replica) stream(w http.ResponseWriter, req *http.Request, g *generation
 			s.emit(u)
 			sent++
 		}
-		if !flush() {
+		if !flush() || !r.stallIfDue(req, faults, sent) {
 			return
-		}
-		if faults.StallAfterTokens > 0 && sent == faults.StallAfterTokens {
-			r.stall(req, faults.StallFor)
-			if req.Context().Err() != nil {
-				return
-			}
 		}
 	}
 	if last.Err != nil {
@@ -373,6 +354,34 @@ func (r *Replica) stream(w http.ResponseWriter, req *http.Request, g *generation
 	}
 	_, _ = bw.WriteString("data: [DONE]\n\n")
 	flush()
+}
+
+// startSSE starts a server-sent events response; flush sends what was
+// written and reports whether the client is still there.
+func startSSE(w http.ResponseWriter) (*bufio.Writer, func() bool) {
+	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	flusher, _ := w.(http.Flusher)
+	bw := bufio.NewWriter(w)
+	return bw, func() bool {
+		if err := bw.Flush(); err != nil {
+			return false
+		}
+		if flusher != nil {
+			flusher.Flush()
+		}
+		return true
+	}
+}
+
+// stallIfDue applies the stall_after_tokens fault once sent chunks went
+// out; false when the client went away meanwhile.
+func (r *Replica) stallIfDue(req *http.Request, faults Faults, sent int) bool {
+	if faults.StallAfterTokens > 0 && sent == faults.StallAfterTokens {
+		r.stall(req, faults.StallFor)
+	}
+	return req.Context().Err() == nil
 }
 
 func (r *Replica) stall(req *http.Request, d time.Duration) {

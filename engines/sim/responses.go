@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"bufio"
 	"encoding/json"
 	"net/http"
 	"time"
@@ -108,11 +107,7 @@ func outputText(text string) map[string]any {
 // engine step, then the text, part and item done, and completed (with
 // usage). There is no [DONE].
 func (r *Replica) streamResponses(w http.ResponseWriter, req *http.Request, g *generation, updates <-chan engine.Update, faults Faults) {
-	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
-	flusher, _ := w.(http.Flusher)
-	bw := bufio.NewWriter(w)
+	bw, flush := startSSE(w)
 	seq := 0
 	event := func(typ string, fields map[string]any) {
 		fields["type"], fields["sequence_number"] = typ, seq
@@ -125,15 +120,6 @@ func (r *Replica) streamResponses(w http.ResponseWriter, req *http.Request, g *g
 		_, _ = bw.WriteString("event: " + typ + "\ndata: ")
 		_, _ = bw.Write(b)
 		_, _ = bw.WriteString("\n\n")
-	}
-	flush := func() bool {
-		if err := bw.Flush(); err != nil {
-			return false
-		}
-		if flusher != nil {
-			flusher.Flush()
-		}
-		return true
 	}
 	created := time.Now().Unix()
 	itemID := "msg_" + g.id[len("resp_"):]
@@ -164,14 +150,8 @@ func (r *Replica) streamResponses(w http.ResponseWriter, req *http.Request, g *g
 			event("response.output_text.delta", part(map[string]any{"delta": text, "logprobs": []any{}}))
 			sent++
 		}
-		if !flush() {
+		if !flush() || !r.stallIfDue(req, faults, sent) {
 			return
-		}
-		if faults.StallAfterTokens > 0 && sent == faults.StallAfterTokens {
-			r.stall(req, faults.StallFor)
-			if req.Context().Err() != nil {
-				return
-			}
 		}
 	}
 	if last.Err != nil {
