@@ -101,31 +101,7 @@ func skipValue(b []byte, i, depth int) (int, error) {
 			}
 		}
 	case c == '[':
-		if depth+1 > maxJSONDepth {
-			return 0, errTooDeep
-		}
-		i = skipWS(b, i+1)
-		if i < len(b) && b[i] == ']' {
-			return i + 1, nil
-		}
-		for {
-			j, err := skipValue(b, i, depth+1)
-			if err != nil {
-				return 0, err
-			}
-			j = skipWS(b, j)
-			if j >= len(b) {
-				return 0, errUnexpectedEnd
-			}
-			switch b[j] {
-			case ',':
-				i = skipWS(b, j+1)
-			case ']':
-				return j + 1, nil
-			default:
-				return 0, fmt.Errorf("invalid character %q in array at offset %d", b[j], j)
-			}
-		}
+		return walkArray(b, i, depth, nil)
 	case c == 't':
 		return skipLiteral(b, i, "true")
 	case c == 'f':
@@ -136,6 +112,41 @@ func skipValue(b []byte, i, depth int) (int, error) {
 		return skipNumber(b, i)
 	default:
 		return 0, fmt.Errorf("invalid character %q at offset %d", c, i)
+	}
+}
+
+// walkArray returns the index after the array starting at b[i] == '[';
+// fn, when not nil, is given each element's index and span [vs, ve).
+func walkArray(b []byte, i, depth int, fn func(n, vs, ve int) error) (int, error) {
+	if depth+1 > maxJSONDepth {
+		return 0, errTooDeep
+	}
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == ']' {
+		return i + 1, nil
+	}
+	for n := 0; ; n++ {
+		j, err := skipValue(b, i, depth+1)
+		if err != nil {
+			return 0, err
+		}
+		if fn != nil {
+			if err := fn(n, i, j); err != nil {
+				return 0, err
+			}
+		}
+		j = skipWS(b, j)
+		if j >= len(b) {
+			return 0, errUnexpectedEnd
+		}
+		switch b[j] {
+		case ',':
+			i = skipWS(b, j+1)
+		case ']':
+			return j + 1, nil
+		default:
+			return 0, fmt.Errorf("invalid character %q in array at offset %d", b[j], j)
+		}
 	}
 }
 

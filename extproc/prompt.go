@@ -137,55 +137,7 @@ func responsesMessages(in *PromptInput) ([]openai.Message, error) {
 	if t := bytes.TrimSpace(in.Tools); len(t) > 0 && !isNull(t) && string(t) != "[]" {
 		return nil, errResponsesTools
 	}
-	var instructions *string
-	if len(in.Instructions) > 0 && !isNull(in.Instructions) {
-		s, err := jsonstr.Decode(in.Instructions)
-		if err != nil {
-			return nil, fmt.Errorf("instructions: %w", err)
-		}
-		instructions = &s
-	}
-	return openai.ResponsesMessages(instructions, in.Input)
-}
-
-// eachElement calls fn with each element of the JSON array raw.
-func eachElement(raw []byte, fn func(n int, elem []byte) error) error {
-	i := skipWS(raw, 0)
-	if i >= len(raw) || raw[i] != '[' {
-		return errors.New("expected an array")
-	}
-	i = skipWS(raw, i+1)
-	if i < len(raw) && raw[i] == ']' {
-		return checkEnd(raw, i+1)
-	}
-	for n := 0; ; n++ {
-		j, err := skipValue(raw, i, 1)
-		if err != nil {
-			return fmt.Errorf("element %d: %w", n, err)
-		}
-		if err := fn(n, raw[i:j]); err != nil {
-			return err
-		}
-		i = skipWS(raw, j)
-		if i >= len(raw) {
-			return errUnexpectedEnd
-		}
-		switch raw[i] {
-		case ',':
-			i = skipWS(raw, i+1)
-		case ']':
-			return checkEnd(raw, i+1)
-		default:
-			return fmt.Errorf("invalid character %q in array at offset %d", raw[i], i)
-		}
-	}
-}
-
-func checkEnd(raw []byte, i int) error {
-	if j := skipWS(raw, i); j != len(raw) {
-		return fmt.Errorf("invalid character %q after the array", raw[j])
-	}
-	return nil
+	return openai.ResponsesMessages(in.Instructions, in.Input)
 }
 
 // decodeMessages decodes a chat request's messages array with the body
@@ -194,8 +146,13 @@ func checkEnd(raw []byte, i int) error {
 // Keys match exactly, as in the engines' Python parsers; unknown keys are
 // skipped; a repeated key keeps its last value.
 func decodeMessages(raw []byte) ([]openai.Message, error) {
+	i := skipWS(raw, 0)
+	if i >= len(raw) || raw[i] != '[' {
+		return nil, errors.New("messages must be an array")
+	}
 	msgs := make([]openai.Message, 0, 8)
-	err := eachElement(raw, func(n int, elem []byte) error {
+	end, err := walkArray(raw, i, 0, func(n, vs, ve int) error {
+		elem := raw[vs:ve]
 		it, err := newObjIter(elem, 0, 1)
 		if err != nil {
 			return fmt.Errorf("message %d: %w", n, err)
@@ -232,6 +189,9 @@ func decodeMessages(raw []byte) ([]openai.Message, error) {
 	})
 	if err != nil {
 		return nil, err
+	}
+	if j := skipWS(raw, end); j != len(raw) {
+		return nil, fmt.Errorf("invalid character %q after messages", raw[j])
 	}
 	return msgs, nil
 }

@@ -42,6 +42,7 @@ func TestResponsesPrompt(t *testing.T) {
 		{"message item without role", `{"model":"m","input":[{"type":"message","content":"hi"}]}`},
 		{"no input", `{"model":"m","instructions":"x"}`},
 		{"input not a string or list", `{"model":"m","input":{"role":"user"}}`},
+		{"instructions not a string", `{"model":"m","instructions":["x"],"input":"hi"}`},
 	}
 	tokens := func(t *testing.T, p Prompter, api API, body string) ([]uint32, bool) {
 		var rb requestBody

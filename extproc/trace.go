@@ -1,7 +1,6 @@
 package extproc
 
 import (
-	"context"
 	"strconv"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -76,7 +75,7 @@ func (st *stream) startSpan() {
 // traceReply returns the headers that carry the span to the upstream.
 func (st *stream) traceReply() []*corev3.HeaderValueOption {
 	var h traceHeaders
-	traceContext.Inject(trace.ContextWithSpan(context.Background(), st.span), &h)
+	traceContext.Inject(st.ctx, &h) // the span's context, set by startSpan
 	if h.parent == "" {
 		return nil
 	}

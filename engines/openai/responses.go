@@ -13,7 +13,7 @@ type ResponsesRequest struct {
 	Model string `json:"model"`
 	// Input is a string or a list of items.
 	Input              json.RawMessage `json:"input"`
-	Instructions       *string         `json:"instructions,omitempty"`
+	Instructions       json.RawMessage `json:"instructions,omitempty"` // a string or null
 	PreviousResponseID *string         `json:"previous_response_id,omitempty"`
 	// Tools are Responses tools: {"type":"function","name",...}, flat.
 	Tools           []ResponsesTool `json:"tools,omitempty"`
@@ -48,17 +48,21 @@ type responsesItem struct {
 // instructions as a system message, a string input as a user message, and
 // input items as messages: message items as they are, function_call as an
 // assistant tool call, function_call_output as a tool message. Other item
-// types (reasoning, built-in tool calls) are an error. instructions may be
-// nil.
-func ResponsesMessages(instructions *string, input json.RawMessage) ([]Message, error) {
+// types (reasoning, built-in tool calls) are an error. instructions and
+// input are raw JSON as in the request (instructions absent, null or a
+// string); contents stay raw, to be decoded once when rendered.
+func ResponsesMessages(instructions, input json.RawMessage) ([]Message, error) {
 	var msgs []Message
-	if instructions != nil && *instructions != "" {
-		c, _ := json.Marshal(*instructions) // a string always encodes
-		msgs = append(msgs, Message{Role: "system", Content: c})
+	switch ins := bytes.TrimSpace(instructions); {
+	case len(ins) == 0 || bytes.Equal(ins, Null) || bytes.Equal(ins, []byte(`""`)):
+	case ins[0] != '"':
+		return nil, errors.New("instructions must be a string")
+	default:
+		msgs = append(msgs, Message{Role: "system", Content: ins})
 	}
 	input = bytes.TrimSpace(input)
 	switch {
-	case len(input) == 0 || bytes.Equal(input, []byte("null")):
+	case len(input) == 0 || bytes.Equal(input, Null):
 		return nil, errors.New("the request has no input")
 	case input[0] == '"':
 		return append(msgs, Message{Role: "user", Content: input}), nil

@@ -114,6 +114,7 @@ func TestResponses(t *testing.T) {
 	}{
 		{"stored conversation", map[string]any{"model": testModel, "previous_response_id": "resp_1", "input": "and then?"}},
 		{"no input", map[string]any{"model": testModel}},
+		{"instructions not a string", map[string]any{"model": testModel, "instructions": 5, "input": "hi"}},
 		{"reasoning item", map[string]any{"model": testModel, "input": []any{map[string]any{"type": "reasoning", "summary": []any{}}}}},
 		{"built-in tool", map[string]any{"model": testModel, "input": "hi", "tools": []any{map[string]any{"type": "web_search"}}}},
 	} {

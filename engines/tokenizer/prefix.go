@@ -145,13 +145,15 @@ func (c *PrefixCache) Encode(dst []uint32, text string) []uint32 {
 	if len(ends) != len(newCuts) || len(newCuts) == 0 {
 		return dst // a mismatch cannot happen: both are the same added-token scan
 	}
-	if 4*int64(ends[len(ends)-1]-start) > c.maxBytes/16 {
+	lastCut := ends[len(ends)-1]
+	if 4*int64(lastCut-start) > c.maxBytes/16 {
 		return dst // one huge text would flush everything else
 	}
-	// Keep a private copy of the new ids (the caller owns dst). Each cached
-	// cut stores the ids since the previous one and points to it; the first
-	// one chains to the prefix that was reused.
-	own := append([]uint32(nil), dst[start:]...)
+	// Keep a private copy of the new ids up to the last cut (the caller owns
+	// dst; what follows the last cut is never cached). Each cached cut
+	// stores the ids since the previous one and points to it; the first one
+	// chains to the prefix that was reused.
+	own := append([]uint32(nil), dst[start:lastCut]...)
 	parent, hitTotal := hit, 0
 	if hit != nil {
 		hitTotal = hit.total
