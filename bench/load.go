@@ -33,6 +33,13 @@ import (
 type LoadOptions struct {
 	// EPPBin is the EPP binary. Default "bin/epp".
 	EPPBin string
+	// Floor runs `FloorBin floor`, a no-op ext_proc server that answers
+	// message for message as the EPP does (testgw.Floor), in the EPP's
+	// place: the same ladder then measures what gRPC, the harness and the
+	// machine cost alone, the floor under the EPP's figures. FloorBin
+	// defaults to "bin/bench". No soak, no KV events.
+	Floor    bool
+	FloorBin string
 	// Policy is the scheduler policy. Default "precise".
 	Policy string
 	// Model is the served model name. Default "Qwen/Qwen3-32B".
@@ -73,6 +80,13 @@ type LoadOptions struct {
 	MaxInFlight int
 	// Timeout bounds one request. Default 10s.
 	Timeout time.Duration
+	// HTTP sends every request over loopback HTTP to the test gateway, and
+	// from it to the stubs. By default the load generator calls the
+	// gateway in process and the stubs answer it in process, so the
+	// machine's CPU goes to the ext_proc exchange being measured (a real
+	// gRPC stream to the EPP process either way), as it would with Envoy
+	// and clients on other cores.
+	HTTP bool
 	// BudgetP99 is the largest p99 added latency a step may have, and
 	// BudgetErrors the largest error share. Defaults 2ms and 0.001. A step
 	// also fails when it delivers under 95% of its offered rate.
@@ -110,6 +124,7 @@ func (o LoadOptions) WithDefaults() LoadOptions {
 		}
 	}
 	def(&o.EPPBin, "bin/epp")
+	def(&o.FloorBin, "bin/bench")
 	def(&o.Policy, "precise")
 	def(&o.Model, "Qwen/Qwen3-32B")
 	def(&o.Tokenizer, "standin")
@@ -170,6 +185,9 @@ func (o LoadOptions) Validate() error {
 		if !(r > 0) {
 			errs = append(errs, fmt.Errorf("rate %v: want > 0", r))
 		}
+	}
+	if o.Floor && o.Soak > 0 {
+		errs = append(errs, errors.New("floor: no soak (the no-op server has no memory to watch)"))
 	}
 	if o.Soak > 0 && (!(o.SoakRate > 0) || o.SoakSample <= 0 || o.SoakWarmup < 0 || o.SoakWarmup >= o.Soak) {
 		errs = append(errs, errors.New("soak: want a positive rate and sample interval, and a warm-up shorter than the soak"))
@@ -253,6 +271,8 @@ type SoakResult struct {
 
 // LoadReport is the outcome of `bench load`.
 type LoadReport struct {
+	// Floor: a no-op ext_proc server stood in for the EPP.
+	Floor        bool       `json:"floor,omitempty"`
 	Policy       string     `json:"policy"`
 	Tokenizer    string     `json:"tokenizer"`
 	Replicas     int        `json:"replicas"`
@@ -302,14 +322,23 @@ func RunLoad(ctx context.Context, o LoadOptions) (rep *LoadReport, err error) {
 		}
 		stubs = append(stubs, s)
 	}
-	epp, err := startEPPProcess(ctx, o.EPPBin, dir, o.Policy, o.Model, o.Tokenizer, stubs)
+	var epp *eppProcess
+	if o.Floor {
+		epp, err = startFloorProcess(ctx, o.FloorBin, dir, stubs)
+	} else {
+		epp, err = startEPPProcess(ctx, o.EPPBin, dir, o.Policy, o.Model, o.Tokenizer, stubs)
+	}
 	if err != nil {
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, epp.Close()) }()
 
 	l := &loader{o: o, w: w, epp: epp}
-	gw, err := testgw.New(testgw.Config{EPP: epp.grpcAddr, OnExchange: l.onExchange}, o.Log.Named("gateway"))
+	gwCfg := testgw.Config{EPP: epp.grpcAddr, OnExchange: l.onExchange}
+	if !o.HTTP {
+		gwCfg.Upstream = newStubUpstream(stubs)
+	}
+	gw, err := testgw.New(gwCfg, o.Log.Named("gateway"))
 	if err != nil {
 		return nil, fmt.Errorf("cannot start the test gateway: %w", err)
 	}
@@ -321,12 +350,16 @@ func RunLoad(ctx context.Context, o LoadOptions) (rep *LoadReport, err error) {
 		err = errors.Join(err, <-gwDone)
 	}()
 	l.url = "http://" + gw.Addr() + "/v1/chat/completions"
-	l.http = &http.Client{Transport: newTransport(), Timeout: o.Timeout}
-	defer l.http.CloseIdleConnections()
+	if o.HTTP {
+		l.http = &http.Client{Transport: newTransport(), Timeout: o.Timeout}
+		defer l.http.CloseIdleConnections()
+	} else {
+		l.gw = gw
+	}
 
-	rep = &LoadReport{Policy: o.Policy, Tokenizer: o.Tokenizer, Replicas: o.Replicas, PromptBytes: w.bytes, PromptTokens: w.tokens,
+	rep = &LoadReport{Floor: o.Floor, Policy: o.Policy, Tokenizer: o.Tokenizer, Replicas: o.Replicas, PromptBytes: w.bytes, PromptTokens: w.tokens,
 		CPUs: runtime.NumCPU(), BudgetP99: ms(o.BudgetP99)}
-	if !o.NoKVEvents && len(w.system) > 0 {
+	if !o.Floor && !o.NoKVEvents && len(w.system) > 0 {
 		if rep.IndexBlocks, err = l.warmIndex(ctx, stubs); err != nil {
 			return rep, err
 		}
@@ -360,6 +393,9 @@ func RunLoad(ctx context.Context, o LoadOptions) (rep *LoadReport, err error) {
 		}
 	}
 	rep.ClientOK = int(l.okTotal.Load())
+	if o.Floor {
+		return rep, nil
+	}
 	if rep.EPPDecisions, err = epp.counter(ctx, "inference_objective_request_total"); err != nil {
 		return rep, err
 	}
@@ -472,6 +508,7 @@ func (w *loadWorkload) body() []byte {
 type window struct {
 	mu          sync.Mutex
 	added, reqs []time.Duration
+	ph          [8][]time.Duration
 	e2e         []time.Duration
 	ok, errs    int
 }
@@ -481,7 +518,8 @@ type loader struct {
 	w        *loadWorkload
 	epp      *eppProcess
 	url      string
-	http     *http.Client
+	http     *http.Client // with HTTP
+	gw       http.Handler // without
 	cur      atomic.Pointer[window]
 	inflight atomic.Int64
 	okTotal  atomic.Int64
@@ -570,17 +608,7 @@ func (l *loader) drive(ctx context.Context, rate float64, dur time.Duration, dro
 
 func (l *loader) one(ctx context.Context) {
 	start := time.Now()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, l.url, bytes.NewReader(l.w.body()))
-	ok := false
-	if err == nil {
-		req.Header["Content-Type"] = []string{"application/json"}
-		var resp *http.Response
-		if resp, err = l.http.Do(req); err == nil {
-			_, err = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			ok = err == nil && resp.StatusCode == http.StatusOK
-		}
-	}
+	ok := l.send(ctx)
 	took := time.Since(start)
 	if ok {
 		l.okTotal.Add(1)
@@ -597,6 +625,31 @@ func (l *loader) one(ctx context.Context) {
 		w.errs++
 	}
 	w.mu.Unlock()
+}
+
+// send sends one request and reads its whole answer; ok is a 200 read
+// whole.
+func (l *loader) send(ctx context.Context) (ok bool) {
+	if l.http == nil { // the HTTP client's own timeout bounds the rest
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, l.o.Timeout)
+		defer cancel()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, l.url, bytes.NewReader(l.w.body()))
+	if err != nil {
+		return false
+	}
+	req.Header["Content-Type"] = []string{"application/json"}
+	if l.http == nil {
+		return serveInProcess(l.gw, req) == http.StatusOK
+	}
+	resp, err := l.http.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	_, err = io.Copy(io.Discard, resp.Body)
+	return err == nil && resp.StatusCode == http.StatusOK
 }
 
 // counters is a snapshot of the CPU clocks a step reads.
@@ -857,8 +910,13 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // WriteTable prints the report.
 func (r *LoadReport) WriteTable(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "EPP %s policy, %s tokenizer, %d stub replicas, %d-byte chat prompts (%d tokens), %d CPUs, index %d blocks\n",
-		r.Policy, r.Tokenizer, r.Replicas, r.PromptBytes, r.PromptTokens, r.CPUs, r.IndexBlocks)
+	if r.Floor {
+		fmt.Fprintf(&b, "FLOOR: a no-op ext_proc server in the EPP's place (EPP columns are its), %d stub replicas, %d-byte chat prompts, %d CPUs\n",
+			r.Replicas, r.PromptBytes, r.CPUs)
+	} else {
+		fmt.Fprintf(&b, "EPP %s policy, %s tokenizer, %d stub replicas, %d-byte chat prompts (%d tokens), %d CPUs, index %d blocks\n",
+			r.Policy, r.Tokenizer, r.Replicas, r.PromptBytes, r.PromptTokens, r.CPUs, r.IndexBlocks)
+	}
 	if len(r.Steps) > 0 {
 		b.WriteString("| offered/s | decisions/s | EPP cores | decisions/EPP-CPU-s | bench cores | host busy cores | added p50 ms | added p99 ms | e2e p99 ms | errors | dropped | within budget |\n")
 		b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
@@ -899,7 +957,9 @@ func (r *LoadReport) WriteTable(w io.Writer) error {
 		}
 		fmt.Fprintf(&b, "soak: memory %s; overall %s\n", memory, verdict)
 	}
-	fmt.Fprintf(&b, "EPP decisions %.0f, client successes %d\n", r.EPPDecisions, r.ClientOK)
+	if !r.Floor {
+		fmt.Fprintf(&b, "EPP decisions %.0f, client successes %d\n", r.EPPDecisions, r.ClientOK)
+	}
 	_, err := io.WriteString(w, b.String())
 	return err
 }

@@ -26,8 +26,8 @@ import (
 // (100 on every mainstream architecture).
 const clockTicks = 100
 
-// eppProcess is bin/epp running as a child process on loopback ports, so
-// that its CPU time and memory are its own.
+// eppProcess is bin/epp (or `bench floor` in its place) running as a child
+// process on loopback ports, so that its CPU time and memory are its own.
 type eppProcess struct {
 	cmd        *exec.Cmd
 	grpcAddr   string
@@ -82,24 +82,97 @@ func startEPPProcess(ctx context.Context, bin, dir, policy, model, tok string, s
 	if err := writeYAML(cfgFile, cfg); err != nil {
 		return nil, err
 	}
+	p, err := startChild("the EPP", bin, dir, []string{"-config", cfgFile, "-log-level", "warn"})
+	if err != nil {
+		return nil, err
+	}
+	p.grpcAddr, p.metricsURL, p.adminURL = addr(0), "http://"+addr(2)+"/metrics", "http://"+addr(3)
+	if err := p.ready(func() error { return p.waitReady(ctx, len(stubs)) }); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// startFloorProcess runs `bin floor` (a no-op ext_proc server routing to the
+// stubs in turn) in the EPP's place.
+func startFloorProcess(ctx context.Context, bin, dir string, stubs []*stub) (*eppProcess, error) {
+	ports, err := freePorts(1)
+	if err != nil {
+		return nil, err
+	}
+	dests := make([]string, len(stubs))
+	for i, s := range stubs {
+		dests[i] = s.Addr()
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(ports[0])
+	p, err := startChild("the floor server", bin, dir, []string{"floor", "-grpc-addr", addr, "-dest", strings.Join(dests, ",")})
+	if err != nil {
+		return nil, err
+	}
+	p.grpcAddr = addr
+	if err := p.ready(func() error { return p.waitListening(ctx) }); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// startChild starts bin with args, its output in dir's epp.log; what names
+// it in errors.
+func startChild(what, bin, dir string, args []string) (*eppProcess, error) {
 	stderr, err := os.Create(filepath.Join(dir, "epp.log"))
 	if err != nil {
 		return nil, fmt.Errorf("cannot create the EPP log: %w", err)
 	}
-	cmd := exec.Command(bin, "-config", cfgFile, "-log-level", "warn")
+	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = stderr, stderr
 	if err := cmd.Start(); err != nil {
 		_ = stderr.Close()
-		return nil, fmt.Errorf("cannot start the EPP %s: %w", bin, err)
+		return nil, fmt.Errorf("cannot start %s %s: %w", what, bin, err)
 	}
-	p := &eppProcess{cmd: cmd, grpcAddr: addr(0), metricsURL: "http://" + addr(2) + "/metrics",
-		adminURL: "http://" + addr(3), stderr: stderr, exited: make(chan struct{})}
+	p := &eppProcess{cmd: cmd, stderr: stderr, exited: make(chan struct{})}
 	go func() { p.waitErr = cmd.Wait(); close(p.exited) }()
-	if err := p.waitReady(ctx, len(stubs)); err != nil {
-		_ = p.Close()
-		return nil, fmt.Errorf("%w (EPP log: %s)", err, p.logTail())
-	}
 	return p, nil
+}
+
+// ready runs wait and, when it fails, stops the process and returns the
+// error with the log's tail.
+func (p *eppProcess) ready(wait func() error) error {
+	if err := wait(); err != nil {
+		_ = p.Close()
+		return fmt.Errorf("%w (log: %s)", err, p.logTail())
+	}
+	return nil
+}
+
+// waitListening waits until the process accepts connections on grpcAddr.
+func (p *eppProcess) waitListening(ctx context.Context) error {
+	return p.poll(ctx, "nothing listens on "+p.grpcAddr, func() bool {
+		c, err := net.DialTimeout("tcp", p.grpcAddr, time.Second)
+		if err != nil {
+			return false
+		}
+		_ = c.Close()
+		return true
+	})
+}
+
+// poll calls done every 50 ms until it reports true; it fails when the
+// process exits, ctx ends or 30 s pass, the last with what it waited for.
+func (p *eppProcess) poll(ctx context.Context, what string, done func() bool) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for !done() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-p.exited:
+			return fmt.Errorf("the process exited: %v", p.waitErr)
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s after 30s", what)
+		}
+	}
+	return nil
 }
 
 func writeYAML(path string, v any) error {
@@ -115,29 +188,17 @@ func writeYAML(path string, v any) error {
 
 // waitReady waits until the EPP reports every replica healthy (scraped).
 func (p *eppProcess) waitReady(ctx context.Context, replicas int) error {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	return p.poll(ctx, "the EPP does not see every replica healthy", func() bool {
 		var snap capacity.Snapshot
-		if err := getJSON(ctx, http.DefaultClient, p.adminURL+capacity.Path, &snap); err == nil {
-			healthy := 0
-			for _, m := range snap.Models {
-				healthy += m.Healthy
-			}
-			if healthy >= replicas {
-				return nil
-			}
+		if err := getJSON(ctx, http.DefaultClient, p.adminURL+capacity.Path, &snap); err != nil {
+			return false
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-p.exited:
-			return fmt.Errorf("the EPP exited: %v", p.waitErr)
-		case <-time.After(50 * time.Millisecond):
+		healthy := 0
+		for _, m := range snap.Models {
+			healthy += m.Healthy
 		}
-		if time.Now().After(deadline) {
-			return errors.New("the EPP did not see every replica healthy within 30s")
-		}
-	}
+		return healthy >= replicas
+	})
 }
 
 // residentBlocks is the index's resident block count per endpoint address.

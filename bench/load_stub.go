@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -23,6 +24,7 @@ import (
 // request so that the CPU goes to the EPP, not to a simulated engine.
 type stub struct {
 	srv      *http.Server
+	mux      *http.ServeMux
 	ln       net.Listener
 	pub      *kvevents.Publisher
 	model    string
@@ -54,6 +56,7 @@ func startStub(model string, promptTokens int, kvEvents bool, log *zap.Logger) (
 	mux.HandleFunc("POST /", s.serveCompletion)
 	mux.HandleFunc("GET /metrics", s.serveMetrics)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	s.mux = mux
 	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { s.done <- s.srv.Serve(ln) }()
 	return s, nil
@@ -130,4 +133,78 @@ func (s *stub) Close() error {
 		err = errors.Join(err, s.pub.Close())
 	}
 	return err
+}
+
+// stubUpstream is the test gateway's upstream when the load bench runs in
+// process: it hands each request to the stub at its address, with no
+// socket in between.
+type stubUpstream map[string]*stub
+
+func newStubUpstream(stubs []*stub) stubUpstream {
+	u := make(stubUpstream, len(stubs))
+	for _, s := range stubs {
+		u[s.Addr()] = s
+	}
+	return u
+}
+
+// RoundTrip implements http.RoundTripper.
+func (u stubUpstream) RoundTrip(r *http.Request) (*http.Response, error) {
+	s, ok := u[r.URL.Host]
+	if !ok {
+		return nil, fmt.Errorf("no stub at %s", r.URL.Host)
+	}
+	rec := &recorder{h: http.Header{}}
+	s.mux.ServeHTTP(rec, r)
+	if r.Body != nil {
+		r.Body.Close()
+	}
+	return &http.Response{StatusCode: rec.status(), Header: rec.h, Body: io.NopCloser(bytes.NewReader(rec.body.Bytes())),
+		ContentLength: int64(rec.body.Len()), Request: r, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1}, nil
+}
+
+// recorder is an in-memory http.ResponseWriter.
+type recorder struct {
+	h    http.Header
+	code int
+	body bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header { return r.h }
+
+func (r *recorder) WriteHeader(code int) {
+	if r.code == 0 {
+		r.code = code
+	}
+}
+
+func (r *recorder) Write(p []byte) (int, error) {
+	r.WriteHeader(http.StatusOK)
+	return r.body.Write(p)
+}
+
+func (r *recorder) Flush() {}
+
+func (r *recorder) status() int {
+	if r.code == 0 {
+		return http.StatusOK
+	}
+	return r.code
+}
+
+// serveInProcess runs h on req and returns the status it answered; a
+// handler that aborts the response (http.ErrAbortHandler, as the gateway
+// does when the upstream breaks off) counts as status 0.
+func serveInProcess(h http.Handler, req *http.Request) (code int) {
+	defer func() {
+		if v := recover(); v != nil {
+			if v != http.ErrAbortHandler {
+				panic(v)
+			}
+			code = 0
+		}
+	}()
+	rec := &recorder{h: http.Header{}}
+	h.ServeHTTP(rec, req)
+	return rec.status()
 }

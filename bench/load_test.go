@@ -153,35 +153,39 @@ func TestScrapeValues(t *testing.T) {
 }
 
 var (
-	eppBinOnce sync.Once
-	eppBinDir  string
-	eppBinErr  error
+	binOnce sync.Once
+	binDir  string
+	binErr  error
 )
 
-// TestMain removes the EPP binary buildEPP made.
+// TestMain removes the binaries buildBins made.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if eppBinDir != "" {
-		_ = os.RemoveAll(eppBinDir)
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
 	}
 	os.Exit(code)
 }
 
-// buildEPP builds cmd/epp once per test binary.
-func buildEPP(t *testing.T) string {
+// buildBins builds cmd/epp and cmd/bench once per test binary and returns
+// their directory.
+func buildBins(t *testing.T) string {
 	t.Helper()
-	eppBinOnce.Do(func() {
+	binOnce.Do(func() {
 		_, file, _, _ := runtime.Caller(0)
-		if eppBinDir, eppBinErr = os.MkdirTemp("", "bench-load-test-"); eppBinErr != nil {
+		if binDir, binErr = os.MkdirTemp("", "bench-load-test-"); binErr != nil {
 			return
 		}
-		out, err := exec.Command("go", "build", "-o", filepath.Join(eppBinDir, "epp"), filepath.Join(filepath.Dir(file), "..", "cmd", "epp")).CombinedOutput()
-		if err != nil {
-			eppBinErr = fmt.Errorf("cannot build cmd/epp: %w: %s", err, out)
+		for _, cmd := range []string{"epp", "bench"} {
+			out, err := exec.Command("go", "build", "-o", filepath.Join(binDir, cmd), filepath.Join(filepath.Dir(file), "..", "cmd", cmd)).CombinedOutput()
+			if err != nil {
+				binErr = fmt.Errorf("cannot build cmd/%s: %w: %s", cmd, err, out)
+				return
+			}
 		}
 	})
-	require.NoError(t, eppBinErr)
-	return filepath.Join(eppBinDir, "epp")
+	require.NoError(t, binErr)
+	return binDir
 }
 
 // TestRunLoad runs `bench load` briefly: the real EPP process, the test
@@ -190,9 +194,9 @@ func TestRunLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the EPP as a process")
 	}
-	bin := buildEPP(t)
+	bins := buildBins(t)
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
-	base := LoadOptions{EPPBin: bin, Dir: t.TempDir(), Replicas: 2, Groups: 4, PromptBytes: 8 << 10,
+	base := LoadOptions{EPPBin: filepath.Join(bins, "epp"), FloorBin: filepath.Join(bins, "bench"), Dir: t.TempDir(), Replicas: 2, Groups: 4, PromptBytes: 8 << 10,
 		Rates: []float64{20, 40}, Step: time.Second, StepWarmup: 300 * time.Millisecond, Log: log}
 	cases := []struct {
 		name  string
@@ -221,6 +225,30 @@ func TestRunLoad(t *testing.T) {
 			}
 			require.Equal(t, fastest, r.Sustained)
 			require.GreaterOrEqual(t, r.EPPDecisions, float64(r.ClientOK), "the EPP routed every success")
+		}},
+		{"over loopback HTTP", func(o *LoadOptions) { o.BudgetP99, o.HTTP, o.Rates = time.Minute, true, o.Rates[:1] }, func(t *testing.T, r *LoadReport) {
+			require.Len(t, r.Steps, 1)
+			s := r.Steps[0]
+			require.Zero(t, s.Errors)
+			require.Positive(t, s.OK)
+			require.GreaterOrEqual(t, s.E2EP50, s.AddedP50)
+			require.GreaterOrEqual(t, r.EPPDecisions, float64(r.ClientOK))
+		}},
+		{"floor", func(o *LoadOptions) { o.BudgetP99, o.Floor = time.Minute, true }, func(t *testing.T, r *LoadReport) {
+			require.True(t, r.Floor)
+			require.Len(t, r.Steps, 2)
+			for _, s := range r.Steps {
+				require.Zero(t, s.Errors)
+				require.Positive(t, s.OK)
+				require.Positive(t, s.EPPCores, "the floor server's CPU time is read")
+				require.Positive(t, s.AddedP50)
+			}
+			require.Zero(t, r.IndexBlocks, "no KV events without an index")
+			require.Zero(t, r.EPPDecisions)
+			var b strings.Builder
+			require.NoError(t, r.WriteTable(&b))
+			require.Contains(t, b.String(), "no-op ext_proc server")
+			require.NotContains(t, b.String(), "EPP decisions")
 		}},
 		{"a broken budget ends the ladder", func(o *LoadOptions) { o.BudgetP99 = time.Nanosecond }, func(t *testing.T, r *LoadReport) {
 			require.Len(t, r.Steps, 1)

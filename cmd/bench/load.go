@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"syscall"
 
@@ -21,6 +22,8 @@ func runLoad(args []string) error {
 	fs := flag.NewFlagSet("bench load", flag.ContinueOnError)
 	var o bench.LoadOptions
 	fs.StringVar(&o.EPPBin, "epp", "bin/epp", "EPP binary, run as its own process")
+	fs.BoolVar(&o.Floor, "floor", false, "run the ladder against a no-op ext_proc server (bench floor) in the EPP's place: the floor under the EPP's figures")
+	fs.StringVar(&o.FloorBin, "floor-bin", "bin/bench", "with -floor: the bench binary that serves `bench floor`")
 	fs.StringVar(&o.Policy, "policy", "precise", "scheduler policy")
 	fs.StringVar(&o.Model, "model", "Qwen/Qwen3-32B", "served model name")
 	fs.StringVar(&o.Tokenizer, "tokenizer", "standin", "EPP prompt tokens: standin, none (approximate routing) or a directory with the model's tokenizer.json")
@@ -33,6 +36,7 @@ func runLoad(args []string) error {
 	rates := fs.String("rates", "", "offered requests/s ladder, comma-separated (default 250,500,1000,1500,2000,2500,3000,4000,5000)")
 	fs.DurationVar(&o.Step, "step", 0, "measured time per rate (default 10s)")
 	fs.DurationVar(&o.StepWarmup, "step-warmup", 0, "unmeasured time at each rate before measuring (default 2s)")
+	fs.BoolVar(&o.HTTP, "http", false, "send requests over loopback HTTP to the test gateway and from it to the stubs (default: both in process; the ext_proc stream to the EPP is real gRPC either way)")
 	fs.IntVar(&o.MaxInFlight, "max-in-flight", 512, "requests in flight at most; more are dropped and fail the step")
 	fs.DurationVar(&o.BudgetP99, "budget-p99", 0, "largest p99 added latency within budget (default 2ms)")
 	fs.Float64Var(&o.BudgetErrors, "budget-errors", 0, "largest error share within budget (default 0.001)")
@@ -44,6 +48,7 @@ func runLoad(args []string) error {
 	maxGrowth := fs.Float64("soak-max-growth-mib", 32, "soak: largest fitted heap or RSS growth after the warm-up, MiB")
 	jsonOut := fs.String("json", "", "write the report as JSON to this file")
 	logLevel := fs.String("log-level", "error", "debug, info, warn or error")
+	cpuProfile := fs.String("cpuprofile", "", "write this process's CPU profile (load generator, test gateway, stubs) to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -74,6 +79,17 @@ func runLoad(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return fmt.Errorf("cannot create the CPU profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("cannot start the CPU profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	rep, err := bench.RunLoad(ctx, o)
 	if rep != nil {
 		if terr := rep.WriteTable(os.Stdout); terr != nil {

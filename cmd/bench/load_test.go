@@ -46,6 +46,10 @@ func TestLoadDispatchRejectsBadFlags(t *testing.T) {
 		{"bad rate", []string{"load", "-rates", "10,x"}, "bad -rates"},
 		{"stray argument", []string{"load", "extra"}, "unexpected arguments"},
 		{"missing EPP binary", []string{"load", "-epp", "/nonexistent/epp", "-rates", "10"}, "cannot start the EPP"},
+		{"missing floor binary", []string{"load", "-floor", "-floor-bin", "/nonexistent/bench", "-rates", "10"}, "cannot start the floor server"},
+		{"floor soak", []string{"load", "-floor", "-soak", "1m"}, "floor: no soak"},
+		{"floor without destinations", []string{"floor", "-grpc-addr", "127.0.0.1:0"}, "want -dest"},
+		{"floor off loopback", []string{"floor", "-grpc-addr", "0.0.0.0:0", "-dest", "127.0.0.1:1"}, "not a loopback address"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

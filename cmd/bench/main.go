@@ -12,6 +12,7 @@
 //	bench sweep -base precise -set scoring.weights.prefix=1,3,5 -set prefix.balance_rel=1.25,2
 //	bench chaos [-scenarios engine-kill,...]             scripted faults, expected vs observed (make chaos)
 //	bench load [-prompt-bytes 32k] [-rates 500,1000,2000] [-soak 10m]   EPP decisions/s and added latency; memory soak
+//	bench load -floor                                    the same ladder against a no-op ext_proc server (bench floor)
 //
 // Latencies of simulated fleets are in model time (wall time x time scale).
 // -direct replaces the EPP by a plain round-robin/random reverse proxy.
@@ -71,6 +72,9 @@ func run(args []string) error {
 	}
 	if len(args) > 0 && args[0] == "load" {
 		return runLoad(args[1:])
+	}
+	if len(args) > 0 && args[0] == "floor" {
+		return runFloor(args[1:])
 	}
 	sweep := len(args) > 0 && args[0] == "sweep"
 	if sweep {

@@ -48,6 +48,11 @@ type Config struct {
 	// OnExchange, when set, is called at the end of every request with the
 	// time it spent waiting on the EPP (the load bench's added latency).
 	OnExchange func(Timing) `yaml:"-"`
+	// Upstream, when set, carries the requests to the endpoints instead of
+	// a loopback HTTP transport: the load bench answers them in process,
+	// so that its CPU goes to the ext_proc exchange it measures. Every
+	// endpoint must still be a loopback address.
+	Upstream http.RoundTripper `yaml:"-"`
 }
 
 // Timing is what one request spent waiting on the EPP, as the gateway saw
@@ -100,9 +105,15 @@ func New(cfg Config, log *zap.Logger) (*Gateway, error) {
 		return nil, fmt.Errorf("cannot use the EPP: %w", err)
 	}
 	pool := extproc.NewBufferPool()
+	// The EPP's window and buffer sizes (extproc.Config.ServerOptions) on
+	// this side too: with gRPC's 64 KiB default window the client runs BDP
+	// estimation, which PINGs the EPP on the data it receives, so nearly
+	// every re-emitted body cost both sides an extra frame each way.
 	conn, err := grpc.NewClient(cfg.EPP, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20),
-			grpc.ForceCodecV2(extproc.NewCodec(pool))))
+			grpc.ForceCodecV2(extproc.NewCodec(pool))),
+		grpc.WithInitialWindowSize(1<<20), grpc.WithInitialConnWindowSize(16<<20),
+		grpc.WithReadBufferSize(128<<10), grpc.WithWriteBufferSize(128<<10))
 	if err != nil {
 		return nil, fmt.Errorf("cannot connect to the EPP: %w", err)
 	}
@@ -111,12 +122,15 @@ func New(cfg Config, log *zap.Logger) (*Gateway, error) {
 		_ = conn.Close()
 		return nil, fmt.Errorf("cannot listen: %w", err)
 	}
-	dialer := &net.Dialer{Timeout: cfg.DialTimeout}
-	tr := &http.Transport{
-		Proxy:               nil,
-		DialContext:         dialer.DialContext,
-		DisableCompression:  true,
-		MaxIdleConnsPerHost: 64,
+	var tr http.RoundTripper = cfg.Upstream
+	if tr == nil {
+		dialer := &net.Dialer{Timeout: cfg.DialTimeout}
+		tr = &http.Transport{
+			Proxy:               nil,
+			DialContext:         dialer.DialContext,
+			DisableCompression:  true,
+			MaxIdleConnsPerHost: 64,
+		}
 	}
 	return &Gateway{cfg: cfg, log: log, conn: conn, epp: extprocv3.NewExternalProcessorClient(conn), lis: lis,
 		upstream: &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}, nil
@@ -164,11 +178,14 @@ func requireLoopback(addr string) error {
 	return nil
 }
 
-// exchange is one request's ext_proc stream.
+// exchange is one request's ext_proc stream. Its messages are received on
+// the request's goroutine, as Envoy handles a stream on one worker thread:
+// a goroutine in between would add a hand-off to every answer the gateway
+// waits on.
 type exchange struct {
 	g      *Gateway
 	stream grpc.BidiStreamingClient[extprocv3.ProcessingRequest, extprocv3.ProcessingResponse]
-	resps  chan recvResult
+	cancel context.CancelFunc // ends the stream, and any Recv waiting on it
 	start  time.Time
 	timing Timing
 	// respEOS is when the upstream body's last chunk was handed to the
@@ -176,18 +193,7 @@ type exchange struct {
 	respEOS time.Time
 }
 
-type recvResult struct {
-	r   *extprocv3.ProcessingResponse
-	err error
-}
-
-func (x *exchange) recv() (*extprocv3.ProcessingResponse, error) {
-	res, ok := <-x.resps
-	if !ok {
-		return nil, io.EOF
-	}
-	return res.r, res.err
-}
+func (x *exchange) recv() (*extprocv3.ProcessingResponse, error) { return x.stream.Recv() }
 
 // ServeHTTP runs one request through the EPP and the chosen endpoint.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -199,24 +205,12 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "ext_proc unavailable: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
-	x := &exchange{g: g, stream: stream, resps: make(chan recvResult, 16), start: start}
-	go func() {
-		defer close(x.resps)
-		for {
-			resp, err := stream.Recv()
-			x.resps <- recvResult{resp, err}
-			if err != nil {
-				return
-			}
-		}
-	}()
+	x := &exchange{g: g, stream: stream, cancel: cancel, start: start}
 	err = x.run(w, r)
 	if err != nil {
 		g.log.Debug("exchange failed", zap.String("path", r.URL.Path), zap.Error(err))
 	}
 	cancel()
-	for range x.resps { // let the receiver end before returning
-	}
 	if g.cfg.OnExchange != nil {
 		g.cfg.OnExchange(x.timing)
 	}
@@ -395,31 +389,35 @@ func (x *exchange) respond(w http.ResponseWriter, up *http.Response, served stri
 	x.timing.Status = up.StatusCode
 	w.WriteHeader(up.StatusCode)
 	flusher, _ := w.(http.Flusher)
+	if flusher != nil {
+		flusher.Flush() // as Envoy, send the headers on before the body
+	}
 
 	sendErr := make(chan error, 1)
-	go func() { sendErr <- x.sendBody(up.Body, false) }()
-	upstreamDone := sendErr // nil once the upstream body has been sent whole
+	go func() {
+		err := x.sendBody(up.Body, false)
+		sendErr <- err
+		if err != nil {
+			x.cancel() // wake the Recv below, which then finds err
+		}
+	}()
 	for {
-		var resp *extprocv3.ProcessingResponse
-		select {
-		case err := <-upstreamDone:
-			if err != nil {
+		resp, err := x.recv()
+		if err != nil {
+			x.cancel()
+			var serr error
+			select {
+			case serr = <-sendErr:
+			default: // the EPP failed, not the upstream
+			}
+			if serr != nil {
 				// The upstream broke mid-response (reset, engine crash).
 				// Bytes have reached the client, so there is no retry: as
 				// Envoy does, reset the client's stream and end the
 				// ext_proc stream, so the EPP reports the failure.
-				return fmt.Errorf("%w: %w", errUpstreamBroke, err)
+				return fmt.Errorf("%w: %w", errUpstreamBroke, serr)
 			}
-			upstreamDone, sendErr = nil, nil
-			continue
-		case res, ok := <-x.resps:
-			if !ok {
-				res.err = io.EOF
-			}
-			if res.err != nil {
-				return fmt.Errorf("response body from the EPP: %w", res.err)
-			}
-			resp = res.r
+			return fmt.Errorf("response body from the EPP: %w", err)
 		}
 		sr := resp.GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse()
 		if sr == nil {
@@ -438,10 +436,8 @@ func (x *exchange) respond(w http.ResponseWriter, up *http.Response, served stri
 		}
 	}
 	last := time.Now()
-	if sendErr != nil {
-		if err := <-sendErr; err != nil {
-			return err
-		}
+	if err := <-sendErr; err != nil {
+		return err
 	}
 	if !x.respEOS.IsZero() && last.After(x.respEOS) {
 		x.timing.Response += last.Sub(x.respEOS)

@@ -4,16 +4,21 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc"
 
 	"github.com/omnious/provider-node/engines/sim"
 	"github.com/omnious/provider-node/engines/sim/simtest"
@@ -282,3 +287,89 @@ func TestNonLoopbackRefused(t *testing.T) {
 	_, err = New(Config{EPP: "10.1.2.3:9002"}, zap.NewNop())
 	require.ErrorContains(t, err, "not a loopback address")
 }
+
+// TestUpstreamBreaksMidResponse: an endpoint that dies after sending part of
+// its response leaves the client with a truncated body, not a clean end,
+// and the EPP hears the request failed (no retry once bytes were sent).
+func TestUpstreamBreaksMidResponse(t *testing.T) {
+	dying := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = w.Write([]byte("data: {\"choices\":[]}\n\n"))
+		w.(http.Flusher).Flush()
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			_ = conn.Close() // mid-body, as an engine that crashed
+		}
+	}))
+	defer dying.Close()
+	p := &listPicker{addrs: []string{strings.TrimPrefix(dying.URL, "http://")}}
+	gw := startStack(t, p)
+	req, err := http.NewRequest(http.MethodPost, "http://"+gw.Addr()+"/v1/chat/completions",
+		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	_, err = io.ReadAll(resp.Body)
+	require.Error(t, err, "the client must see the break, not a clean end")
+	_, d := p.last(t)
+	require.Error(t, d.Err)
+}
+
+// TestFloor: the no-op ext_proc server routes to its destinations in turn
+// and passes both bodies through unchanged, here with the upstream answered
+// in process (Config.Upstream), as the load bench runs it.
+func TestFloor(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := grpc.NewServer(extproc.Config{}.WithDefaults().ServerOptions()...)
+	extprocv3.RegisterExternalProcessorServer(g, &Floor{Dests: []string{"127.0.0.1:1", "127.0.0.1:2"}})
+	go func() { _ = g.Serve(lis) }()
+	defer g.Stop()
+
+	var mu sync.Mutex
+	var seen []string
+	up := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			return nil, err
+		}
+		mu.Lock()
+		seen = append(seen, r.URL.Host+" "+string(body)+" "+r.Header.Get("Content-Length"))
+		mu.Unlock()
+		return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"application/json"}},
+			Body: io.NopCloser(strings.NewReader(`{"echo":` + string(body) + `}`))}, nil
+	})
+	timings := make(chan Timing, 2)
+	gw, err := New(Config{EPP: lis.Addr().String(), Upstream: up, OnExchange: func(tm Timing) { timings <- tm }}, zaptest.NewLogger(t))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- gw.Run(ctx) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+
+	var hosts []string
+	for i := range 2 {
+		body := `{"n":` + strconv.Itoa(i) + `}`
+		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
+		rec := httptest.NewRecorder()
+		gw.ServeHTTP(rec, req)
+		require.Equal(t, http.StatusOK, rec.Code)
+		require.Equal(t, `{"echo":`+body+`}`, rec.Body.String())
+		tm := <-timings
+		require.Equal(t, http.StatusOK, tm.Status)
+		require.Positive(t, tm.Request)
+		require.Positive(t, tm.Response)
+		mu.Lock()
+		host, rest, _ := strings.Cut(seen[i], " ")
+		mu.Unlock()
+		require.Equal(t, body+" ", rest, "the body and no Content-Length header reach the upstream as sent")
+		hosts = append(hosts, host)
+	}
+	require.ElementsMatch(t, []string{"127.0.0.1:1", "127.0.0.1:2"}, hosts, "destinations in turn")
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
