@@ -216,6 +216,11 @@ type LoadStep struct {
 	// request (testgw.Timing.Request + Response).
 	AddedP50 float64 `json:"added_p50_ms"`
 	AddedP99 float64 `json:"added_p99_ms"`
+	// RouteP50 and RouteP99 (ms) are the EPP's own share of the added
+	// latency, from its omnious_extproc_route_duration_seconds histogram
+	// (interpolated within buckets); zero for the floor server.
+	RouteP50 float64 `json:"epp_route_p50_ms,omitempty"`
+	RouteP99 float64 `json:"epp_route_p99_ms,omitempty"`
 	// RequestP99 is the request-path part alone; E2E is the client's
 	// whole request through gateway, EPP and stub.
 	RequestP99 float64 `json:"request_path_p99_ms"`
@@ -378,8 +383,8 @@ func RunLoad(ctx context.Context, o LoadOptions) (rep *LoadReport, err error) {
 				return rep, serr
 			}
 			rep.Steps = append(rep.Steps, st)
-			l.progress("rate %6.0f/s: %7.1f decisions/s, EPP %.2f cores, %6.0f decisions/EPP-CPU-s, added p50 %.3f ms p99 %.3f ms, errors %d, dropped %d %s\n",
-				rate, st.Decisions, st.EPPCores, st.PerEPPCore, st.AddedP50, st.AddedP99, st.Errors, st.Dropped, st.Why)
+			l.progress("rate %6.0f/s: %7.1f decisions/s, EPP %.2f cores, %6.0f decisions/EPP-CPU-s, added p50 %.3f ms p99 %.3f ms (EPP's own %.3f / %.3f), errors %d, dropped %d %s\n",
+				rate, st.Decisions, st.EPPCores, st.PerEPPCore, st.AddedP50, st.AddedP99, st.RouteP50, st.RouteP99, st.Errors, st.Dropped, st.Why)
 			if !st.Pass {
 				if o.AllRates {
 					continue
@@ -656,14 +661,18 @@ func (l *loader) send(ctx context.Context) (ok bool) {
 type loadClocks struct {
 	at              time.Time
 	epp, self, host time.Duration
+	route           []bucket // the EPP's route-duration histogram; nil for the floor
 }
 
-func (l *loader) clocks() (loadClocks, error) {
+func (l *loader) clocks(ctx context.Context) (loadClocks, error) {
 	c := loadClocks{at: time.Now(), self: cputime.Clock()}
-	var err1, err2 error
+	var err1, err2, err3 error
 	c.epp, err1 = l.epp.cpu()
 	c.host, err2 = hostBusy()
-	return c, errors.Join(err1, err2)
+	if !l.o.Floor {
+		c.route, err3 = l.epp.routeHistogram(ctx)
+	}
+	return c, errors.Join(err1, err2, err3)
 }
 
 // step offers rate for warmup (not measured) then measure, and summarises
@@ -682,7 +691,7 @@ func (l *loader) step(ctx context.Context, rate float64, warmup, measure time.Du
 		return LoadStep{}, err
 	}
 	w := &window{}
-	c0, err := l.clocks()
+	c0, err := l.clocks(ctx)
 	if err != nil {
 		<-done
 		wg.Wait()
@@ -692,7 +701,7 @@ func (l *loader) step(ctx context.Context, rate float64, warmup, measure time.Du
 	l.cur.Store(w)
 	<-done
 	l.cur.Store(nil)
-	c1, err := l.clocks()
+	c1, err := l.clocks(ctx)
 	d1 := dropped.Load()
 	wg.Wait()
 	if err != nil {
@@ -720,6 +729,9 @@ func (l *loader) summarise(rate float64, w *window, c0, c1 loadClocks, dropped i
 	added := msSorted(w.added, 1)
 	st.AddedP50, st.AddedP99 = percentile(added, 50), percentile(added, 99)
 	st.RequestP99 = percentile(msSorted(w.reqs, 1), 99)
+	if p50 := histogramQuantile(0.5, c0.route, c1.route); !math.IsNaN(p50) {
+		st.RouteP50, st.RouteP99 = 1000*p50, 1000*histogramQuantile(0.99, c0.route, c1.route)
+	}
 	e2e := msSorted(w.e2e, 1)
 	st.E2EP50, st.E2EP99 = percentile(e2e, 50), percentile(e2e, 99)
 	var why []string
@@ -754,7 +766,7 @@ func (l *loader) soak(ctx context.Context) (*SoakResult, error) {
 		defer close(sampled)
 		tick := time.NewTicker(o.SoakSample)
 		defer tick.Stop()
-		prev, _ := l.clocks()
+		prev, _ := l.clocks(sctx)
 		for {
 			heap, rss, err := l.epp.memory(sctx)
 			if err != nil {
@@ -764,7 +776,7 @@ func (l *loader) soak(ctx context.Context) (*SoakResult, error) {
 				return
 			}
 			ms := MemSample{At: time.Since(start).Seconds(), Heap: heap, RSS: rss, InFlight: l.inflight.Load()}
-			if c, err := l.clocks(); err == nil {
+			if c, err := l.clocks(sctx); err == nil {
 				if wall := c.at.Sub(prev.at).Seconds(); wall > 0 {
 					ms.EPPCores, ms.HostCores = (c.epp-prev.epp).Seconds()/wall, (c.host-prev.host).Seconds()/wall
 				}
@@ -918,15 +930,19 @@ func (r *LoadReport) WriteTable(w io.Writer) error {
 			r.Policy, r.Tokenizer, r.Replicas, r.PromptBytes, r.PromptTokens, r.CPUs, r.IndexBlocks)
 	}
 	if len(r.Steps) > 0 {
-		b.WriteString("| offered/s | decisions/s | EPP cores | decisions/EPP-CPU-s | bench cores | host busy cores | added p50 ms | added p99 ms | e2e p99 ms | errors | dropped | within budget |\n")
-		b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		b.WriteString("| offered/s | decisions/s | EPP cores | decisions/EPP-CPU-s | bench cores | host busy cores | added p50 ms | added p99 ms | EPP's own p50 / p99 ms | e2e p99 ms | errors | dropped | within budget |\n")
+		b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, s := range r.Steps {
 			verdict := "yes"
 			if !s.Pass {
 				verdict = "no: " + s.Why
 			}
-			fmt.Fprintf(&b, "| %.0f | %.0f | %.2f | %.0f | %.2f | %.2f | %.3f | %.3f | %.2f | %d | %d | %s |\n",
-				s.Rate, s.Decisions, s.EPPCores, s.PerEPPCore, s.BenchCores, s.HostCores, s.AddedP50, s.AddedP99, s.E2EP99, s.Errors, s.Dropped, verdict)
+			own := "-"
+			if s.RouteP50 > 0 {
+				own = fmt.Sprintf("%.3f / %.3f", s.RouteP50, s.RouteP99)
+			}
+			fmt.Fprintf(&b, "| %.0f | %.0f | %.2f | %.0f | %.2f | %.2f | %.3f | %.3f | %s | %.2f | %d | %d | %s |\n",
+				s.Rate, s.Decisions, s.EPPCores, s.PerEPPCore, s.BenchCores, s.HostCores, s.AddedP50, s.AddedP99, own, s.E2EP99, s.Errors, s.Dropped, verdict)
 		}
 		if s := r.Sustained; s != nil {
 			fmt.Fprintf(&b, "sustained: %.0f decisions/s (%.0f per machine core, %.0f per EPP CPU-second) with p99 added %.3f ms (budget %.3f ms)\n",

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -296,6 +297,25 @@ func (p *eppProcess) counter(ctx context.Context, name string) (float64, error) 
 
 // scrape reads the EPP's /metrics and sums each named metric's series.
 func (p *eppProcess) scrape(ctx context.Context, names ...string) ([]float64, error) {
+	body, err := p.metrics(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer body.Close()
+	return scrapeValues(body, names...)
+}
+
+// routeHistogram reads the EPP's omnious_extproc_route_duration_seconds.
+func (p *eppProcess) routeHistogram(ctx context.Context) ([]bucket, error) {
+	body, err := p.metrics(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer body.Close()
+	return histogramBuckets(body, "omnious_extproc_route_duration_seconds")
+}
+
+func (p *eppProcess) metrics(ctx context.Context) (io.ReadCloser, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.metricsURL, nil)
 	if err != nil {
 		return nil, err
@@ -304,8 +324,74 @@ func (p *eppProcess) scrape(ctx context.Context, names ...string) ([]float64, er
 	if err != nil {
 		return nil, fmt.Errorf("cannot scrape the EPP: %w", err)
 	}
-	defer resp.Body.Close()
-	return scrapeValues(resp.Body, names...)
+	return resp.Body, nil
+}
+
+// bucket is one cumulative histogram bucket: n samples at most le.
+type bucket struct{ le, n float64 }
+
+// histogramBuckets reads the buckets of the unlabelled histogram name from
+// a text exposition, in their order (+Inf last).
+func histogramBuckets(r io.Reader, name string) ([]bucket, error) {
+	prefix := []byte(name + `_bucket{le="`)
+	var out []bucket
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		rest, ok := bytes.CutPrefix(sc.Bytes(), prefix)
+		if !ok {
+			continue
+		}
+		le, val, ok := bytes.Cut(rest, []byte(`"}`))
+		if !ok {
+			return nil, fmt.Errorf("cannot parse %q", sc.Text())
+		}
+		b := bucket{}
+		var err1, err2 error
+		b.le, err1 = strconv.ParseFloat(string(le), 64)
+		b.n, err2 = strconv.ParseFloat(string(bytes.TrimSpace(val)), 64)
+		if err := errors.Join(err1, err2); err != nil {
+			return nil, fmt.Errorf("cannot parse %q: %w", sc.Text(), err)
+		}
+		out = append(out, b)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("cannot read metrics: %w", err)
+	}
+	if len(out) == 0 || !math.IsInf(out[len(out)-1].le, 1) {
+		return nil, fmt.Errorf("histogram %s not found", name)
+	}
+	return out, nil
+}
+
+// histogramQuantile is Prometheus's histogram_quantile over the samples
+// added between two readings of the same histogram: linear within the
+// bucket that holds the rank; a rank in the +Inf bucket gives the largest
+// finite bound. NaN when nothing was added.
+func histogramQuantile(q float64, before, after []bucket) float64 {
+	if len(before) != len(after) || len(after) == 0 {
+		return math.NaN()
+	}
+	n := func(i int) float64 { return after[i].n - before[i].n }
+	total := n(len(after) - 1)
+	if !(total > 0) {
+		return math.NaN()
+	}
+	rank := q * total
+	lo, below := 0.0, 0.0
+	for i, b := range after {
+		if c := n(i); c >= rank {
+			if math.IsInf(b.le, 1) {
+				return lo
+			}
+			if c == below {
+				return b.le
+			}
+			return lo + (b.le-lo)*(rank-below)/(c-below)
+		}
+		lo, below = b.le, n(i)
+	}
+	return lo
 }
 
 // scrapeValues sums each named metric's series in a text exposition; a name

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -152,6 +153,46 @@ func TestScrapeValues(t *testing.T) {
 	}
 }
 
+func TestRouteHistogram(t *testing.T) {
+	const name = "omnious_extproc_route_duration_seconds"
+	page := func(a, b, c, inf int) string {
+		return fmt.Sprintf("# TYPE %[1]s histogram\n%[1]s_bucket{le=\"0.0001\"} %[2]d\n%[1]s_bucket{le=\"0.0002\"} %[3]d\n"+
+			"%[1]s_bucket{le=\"0.0004\"} %[4]d\n%[1]s_bucket{le=\"+Inf\"} %[5]d\n%[1]s_sum 1\n%[1]s_count %[5]d\nother_bucket{le=\"1\"} 9\n",
+			name, a, b, c, inf)
+	}
+	read := func(s string) []bucket {
+		b, err := histogramBuckets(strings.NewReader(s), name)
+		require.NoError(t, err)
+		return b
+	}
+	before := read(page(10, 20, 20, 20))
+	require.Len(t, before, 4)
+	require.True(t, math.IsInf(before[3].le, 1))
+
+	cases := []struct {
+		name  string
+		after []bucket
+		q     float64
+		want  float64
+	}{
+		// 100 new samples: 50 in (0, 100µs], 30 in (100, 200µs], 20 in (200, 400µs].
+		{"median at the first bound", read(page(60, 100, 120, 120)), 0.5, 0.0001},
+		{"p75 interpolated in the second", read(page(60, 100, 120, 120)), 0.75, 0.0001 + 0.0001*25/30},
+		{"p99 in the third", read(page(60, 100, 120, 120)), 0.99, 0.0002 + 0.0002*19/20},
+		{"rank past the last bound gives the bound", read(page(10, 20, 20, 30)), 0.5, 0.0004},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			require.InDelta(t, tc.want, histogramQuantile(tc.q, before, tc.after), 1e-12)
+		})
+	}
+	require.True(t, math.IsNaN(histogramQuantile(0.5, before, before)), "nothing added")
+	_, err := histogramBuckets(strings.NewReader("x 1\n"), name)
+	require.ErrorContains(t, err, "not found")
+	_, err = histogramBuckets(strings.NewReader(name+"_bucket{le=\"abc\"} 1\n"), name)
+	require.ErrorContains(t, err, "cannot parse")
+}
+
 var (
 	binOnce sync.Once
 	binDir  string
@@ -216,6 +257,8 @@ func TestRunLoad(t *testing.T) {
 				require.Positive(t, s.AddedP50)
 				require.GreaterOrEqual(t, s.AddedP99, s.AddedP50)
 				require.GreaterOrEqual(t, s.E2EP50, s.AddedP50, "the added latency is part of the whole")
+				require.Positive(t, s.RouteP50, "the EPP's own share is read from its histogram")
+				require.GreaterOrEqual(t, s.RouteP99, s.RouteP50)
 				// Pass depends on the machine (a stall can delay the
 				// step's answers past its window); Sustained must be the
 				// fastest step that passed.
@@ -242,6 +285,7 @@ func TestRunLoad(t *testing.T) {
 				require.Positive(t, s.OK)
 				require.Positive(t, s.EPPCores, "the floor server's CPU time is read")
 				require.Positive(t, s.AddedP50)
+				require.Zero(t, s.RouteP50, "the floor has no route histogram")
 			}
 			require.Zero(t, r.IndexBlocks, "no KV events without an index")
 			require.Zero(t, r.EPPDecisions)

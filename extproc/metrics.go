@@ -20,6 +20,7 @@ type metrics struct {
 	running       *prometheus.GaugeVec
 	streams       *prometheus.CounterVec
 	promptMode    *prometheus.CounterVec
+	route         prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -61,13 +62,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		promptMode: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "omnious_extproc_prompt_mode_total", Help: "Routed requests by prompt knowledge: precise (exact tokens), approximate (raw prompt text) or none.",
 		}, []string{"mode"}),
+		route: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "omnious_extproc_route_duration_seconds",
+			Help: "The EPP's own share of the routing latency: from the message that completed the request (body end, trailers, or bodyless headers) to the routing reply handed to gRPC, flow-control queueing included.",
+			// 25 µs .. 0.8 s: a decision takes tens to hundreds of µs;
+			// the upper buckets catch flow-control queueing.
+			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 16),
+		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	var errs []error
 	for _, c := range []prometheus.Collector{m.requests, m.errors, m.duration, m.requestSizes, m.responseSizes,
-		m.inputTokens, m.outputTokens, m.cachedTokens, m.running, m.streams, m.promptMode} {
+		m.inputTokens, m.outputTokens, m.cachedTokens, m.running, m.streams, m.promptMode, m.route} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}

@@ -1,9 +1,11 @@
 package extproc
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -33,6 +35,12 @@ func BenchmarkPromptChat8k(b *testing.B) {
 	})
 }
 
+// BenchmarkPromptChat200KB is the same for 200 KiB chats (about 52k
+// stand-in tokens), the long-prompt size of the load bench.
+func BenchmarkPromptChat200KB(b *testing.B) {
+	benchPrompt(b, NewStandInPrompter(), 200<<10)
+}
+
 func benchPrompt(b *testing.B, p Prompter, size int) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	words := strings.Fields("the router sends each request to a replica whose cache already holds its prefix and " +
@@ -53,21 +61,28 @@ func benchPrompt(b *testing.B, p Prompter, size int) {
 	for i := range systems {
 		systems[i] = fmt.Sprintf("System prompt %d. ", i) + text(size*3/4)
 	}
-	bodies := make([][]byte, 256)
+	// One body per system prompt, its question led by a counter that each
+	// iteration rewrites: every prompt is new past its system prompt, as in
+	// bench load (a body seen before would be a whole-prompt cache hit).
+	bodies := make([][]byte, len(systems))
+	at := make([]int, len(systems))
+	const digits = 16
 	for i := range bodies {
 		body, err := json.Marshal(map[string]any{"model": "m", "stream": true, "messages": []map[string]string{
-			{"role": "system", "content": systems[i%len(systems)]}, {"role": "user", "content": text(size / 4)}}})
+			{"role": "system", "content": systems[i]}, {"role": "user", "content": strings.Repeat("0", digits) + " " + text(size/4)}}})
 		require.NoError(b, err)
-		bodies[i] = body
+		bodies[i], at[i] = body, bytes.LastIndex(body, []byte(`"content":"`))+len(`"content":"`)
 	}
 	var rb requestBody
 	tokens := 0
 	b.SetBytes(int64(len(bodies[0])))
 	b.ReportAllocs()
-	i := 0
+	var n uint64
 	for b.Loop() {
-		body := bodies[i%len(bodies)]
-		i++
+		n++
+		body := bodies[n%uint64(len(bodies))]
+		d := strconv.AppendUint(nil, n, 10)
+		copy(body[at[n%uint64(len(bodies))]+digits-len(d):], d)
 		require.NoError(b, parseRequestBody(body, &rb))
 		in := promptInput(APIChat, body, &rb)
 		toks, ok := p.Prompt("m", &in)

@@ -496,6 +496,8 @@ func (st *stream) sendTrailers(req any) error {
 // without trailers.
 func (st *stream) route(headersOnly, eos bool) error {
 	s := st.s
+	start := time.Now()
+	defer func() { s.m.route.Observe(time.Since(start).Seconds()) }()
 	api := apiOf(st.path)
 	body := st.body
 	hasBody := len(body) > 0

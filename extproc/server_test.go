@@ -470,7 +470,23 @@ func TestMetrics(t *testing.T) {
 	require.Equal(t, float64(len(jsonResp)), byName["inference_objective_response_sizes"])
 	require.Equal(t, 2.0, byName["omnious_extproc_streams_total"])
 	require.Equal(t, 1.0, byName["omnious_extproc_prompt_mode_total"])
+	require.Positive(t, byName["omnious_extproc_route_duration_seconds"])
+	require.Equal(t, uint64(2), histogramCount(t, reg, "omnious_extproc_route_duration_seconds"), "the routed request and the rejected one")
 	require.Equal(t, 1.0, metricValue(t, reg, "inference_objective_request_total", "target_model_name", "m2"))
+}
+
+// histogramCount is the sample count of the histogram name.
+func histogramCount(t *testing.T, reg *prometheus.Registry, name string) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.Metric[0].GetHistogram().GetSampleCount()
+		}
+	}
+	t.Fatalf("no histogram %s", name)
+	return 0
 }
 
 // metricValue sums the counters and gauges of name whose label has value.

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"unsafe"
 
 	"github.com/omnious/provider-node/internal/jsonstr"
 )
@@ -67,32 +68,42 @@ type Message struct {
 // ContentText returns the message's text: the string content, or the text
 // parts of a content list joined in order. Non-text parts are skipped.
 func (m *Message) ContentText() (string, error) {
+	b, err := m.AppendContentText(nil)
+	if err != nil {
+		return "", err
+	}
+	return unsafe.String(unsafe.SliceData(b), len(b)), nil // b is new and never written again
+}
+
+// AppendContentText appends ContentText to dst; on error dst is returned
+// unchanged. A renderer builds a prompt with it without a copy of each
+// message's text.
+func (m *Message) AppendContentText(dst []byte) ([]byte, error) {
 	c := bytes.TrimSpace(m.Content)
 	if len(c) == 0 || bytes.Equal(c, []byte("null")) {
-		return "", nil
+		return dst, nil
 	}
 	if c[0] == '"' {
-		s, err := jsonstr.Decode(c)
+		out, err := jsonstr.AppendDecode(dst, c)
 		if err != nil {
-			return "", fmt.Errorf("cannot decode message content: %w", err)
+			return dst, fmt.Errorf("cannot decode message content: %w", err)
 		}
-		return s, nil
+		return out, nil
 	}
 	var parts []struct {
 		Type string `json:"type"`
 		Text string `json:"text"`
 	}
 	if err := json.Unmarshal(c, &parts); err != nil {
-		return "", fmt.Errorf("message content must be a string or a list of parts: %w", err)
+		return dst, fmt.Errorf("message content must be a string or a list of parts: %w", err)
 	}
-	var b []byte
 	for _, p := range parts {
 		switch p.Type {
 		case "text", "input_text", "output_text": // the last two as in Responses API items
-			b = append(b, p.Text...)
+			dst = append(dst, p.Text...)
 		}
 	}
-	return string(b), nil
+	return dst, nil
 }
 
 // Tool is one entry of tools. Parameters stay raw so that the key order of

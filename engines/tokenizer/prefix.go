@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"slices"
 	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
@@ -112,6 +113,9 @@ type cutPoint struct {
 
 // Encode appends the ids of text, reusing a cached prefix when one matches.
 func (c *PrefixCache) Encode(dst []uint32, text string) []uint32 {
+	// Room for the ids at about 3 bytes a token (English runs near 4):
+	// growing a 50k-id prompt by doubling allocated twice its size again.
+	dst = slices.Grow(dst, len(text)/3+16)
 	// Hash every prefix that ends at a safe point, in one pass.
 	var cuts []cutPoint
 	d := xxhash.New()

@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"bytes"
 	"fmt"
+	"unsafe"
 
 	"github.com/omnious/provider-node/engines/openai"
 	"strings"
@@ -230,59 +231,69 @@ func standInPieceID(piece string) uint32 {
 // the next turn's, so multi-turn conversations share KV-cache prefixes as
 // they do on a real engine.
 func RenderStandInChat(msgs []openai.Message, tools []openai.Tool, addGenerationPrompt bool) (string, error) {
-	var b strings.Builder
+	// A raw JSON string is at least as long as the text it decodes to, so
+	// this is room for the whole prompt, allocated once; each message's
+	// text is decoded straight into it.
+	size := 64
+	for i := range msgs {
+		size += len(msgs[i].Content) + 32
+	}
+	for _, t := range tools {
+		size += len(t.Function.Name) + len(t.Function.Description) + len(t.Function.Parameters) + 64
+	}
+	b := make([]byte, 0, size)
+	var err error
 	first := 0
 	if len(tools) > 0 {
-		b.WriteString("<|im_start|>system\n")
+		b = append(b, "<|im_start|>system\n"...)
 		if len(msgs) > 0 && msgs[0].Role == "system" {
-			text, err := msgs[0].ContentText()
-			if err != nil {
+			if b, err = msgs[0].AppendContentText(b); err != nil {
 				return "", fmt.Errorf("message 0: %w", err)
 			}
-			b.WriteString(text)
-			b.WriteString("\n\n")
+			b = append(b, "\n\n"...)
 			first = 1
 		}
-		b.WriteString("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n<tools>")
+		b = append(b, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n<tools>"...)
 		for _, t := range tools {
-			b.WriteString("\n")
 			// The schema keeps the client's key order: it is embedded raw.
-			fmt.Fprintf(&b, `{"type": "function", "function": {"name": %q, "description": %q, "parameters": %s}}`,
+			b = fmt.Appendf(b, "\n{\"type\": \"function\", \"function\": {\"name\": %q, \"description\": %q, \"parameters\": %s}}",
 				t.Function.Name, t.Function.Description, rawOrEmptyObject(t.Function.Parameters))
 		}
-		b.WriteString("\n</tools><|im_end|>\n")
+		b = append(b, "\n</tools><|im_end|>\n"...)
 	}
 	for i := first; i < len(msgs); i++ {
 		m := &msgs[i]
-		text, err := m.ContentText()
-		if err != nil {
-			return "", fmt.Errorf("message %d: %w", i, err)
-		}
 		switch m.Role {
 		case "system", "user", "assistant", "developer":
-			b.WriteString("<|im_start|>")
-			b.WriteString(m.Role)
-			b.WriteString("\n")
-			b.WriteString(text)
-			for j, tc := range m.ToolCalls {
-				if j > 0 || text != "" {
-					b.WriteString("\n")
-				}
-				fmt.Fprintf(&b, "<tool_call>\n{\"name\": %q, \"arguments\": %s}\n</tool_call>", tc.Function.Name, rawOrEmptyObject([]byte(tc.Function.Arguments)))
+			b = append(b, "<|im_start|>"...)
+			b = append(b, m.Role...)
+			b = append(b, '\n')
+			at := len(b)
+			if b, err = m.AppendContentText(b); err != nil {
+				return "", fmt.Errorf("message %d: %w", i, err)
 			}
-			b.WriteString("<|im_end|>\n")
+			hasText := len(b) > at
+			for j, tc := range m.ToolCalls {
+				if j > 0 || hasText {
+					b = append(b, '\n')
+				}
+				b = fmt.Appendf(b, "<tool_call>\n{\"name\": %q, \"arguments\": %s}\n</tool_call>", tc.Function.Name, rawOrEmptyObject([]byte(tc.Function.Arguments)))
+			}
+			b = append(b, "<|im_end|>\n"...)
 		case "tool":
-			b.WriteString("<|im_start|>user\n<tool_response>\n")
-			b.WriteString(text)
-			b.WriteString("\n</tool_response><|im_end|>\n")
+			b = append(b, "<|im_start|>user\n<tool_response>\n"...)
+			if b, err = m.AppendContentText(b); err != nil {
+				return "", fmt.Errorf("message %d: %w", i, err)
+			}
+			b = append(b, "\n</tool_response><|im_end|>\n"...)
 		default:
 			return "", fmt.Errorf("message %d: unknown role %q", i, m.Role)
 		}
 	}
 	if addGenerationPrompt {
-		b.WriteString("<|im_start|>assistant\n")
+		b = append(b, "<|im_start|>assistant\n"...)
 	}
-	return b.String(), nil
+	return unsafe.String(unsafe.SliceData(b), len(b)), nil // b is never written again
 }
 
 func rawOrEmptyObject(raw []byte) string {

@@ -187,3 +187,34 @@ func FuzzStandInMatchesReference(f *testing.F) {
 		require.Equal(t, refStandInEncode(text), NewStandIn().Encode(nil, text))
 	})
 }
+
+// TestRenderStandInChatGolden pins the whole rendering of a conversation
+// with every role, content parts, escapes, tools and tool calls (with and
+// without text, with empty arguments): the ChatML Qwen's template gives.
+func TestRenderStandInChatGolden(t *testing.T) {
+	got, err := RenderStandInChat(goldenChat(), goldenTools(), true)
+	require.NoError(t, err)
+	require.Equal(t, "<|im_start|>system\nYou are \"terse\".\nBe brief.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather \\\"now\\\"\", \"parameters\": {\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}\n</tools><|im_end|>\n<|im_start|>developer\nUse metric units.<|im_end|>\n<|im_start|>user\nWeather in Paris and Oslo? é😀<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n18C\n</tool_response><|im_end|>\n<|im_start|>assistant\nChecking Oslo.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call><|im_end|>\n<|im_start|>assistant\n", got)
+	noGen, err := RenderStandInChat(goldenChat(), goldenTools(), false)
+	require.NoError(t, err)
+	require.Equal(t, strings.TrimSuffix(got, "<|im_start|>assistant\n"), noGen)
+}
+
+func goldenChat() []openai.Message {
+	return []openai.Message{
+		{Role: "system", Content: json.RawMessage(`"You are \"terse\".\nBe brief."`)},
+		{Role: "developer", Content: json.RawMessage(`[{"type":"text","text":"Use "},{"type":"image_url"},{"type":"input_text","text":"metric units."}]`)},
+		{Role: "user", Content: json.RawMessage(`"Weather in Paris and Oslo? \u00e9\ud83d\ude00"`)},
+		{Role: "assistant", Content: json.RawMessage(`null`), ToolCalls: []openai.ToolCall{
+			{Function: openai.ToolCallFunction{Name: "get_weather", Arguments: `{"city": "Paris"}`}},
+			{Function: openai.ToolCallFunction{Name: "get_weather", Arguments: ``}}}},
+		{Role: "tool", Content: json.RawMessage(`"18C"`), ToolCallID: "a"},
+		{Role: "assistant", Content: json.RawMessage(`"Checking Oslo."`), ToolCalls: []openai.ToolCall{
+			{Function: openai.ToolCallFunction{Name: "get_weather", Arguments: `{"city": "Oslo"}`}}}},
+	}
+}
+
+func goldenTools() []openai.Tool {
+	return []openai.Tool{{Type: "function", Function: openai.ToolFunction{Name: "get_weather", Description: `Weather "now"`,
+		Parameters: json.RawMessage(`{"type":"object","properties":{"city":{"type":"string"}}}`)}}}
+}

@@ -11,6 +11,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"slices"
 	"unicode/utf16"
 	"unicode/utf8"
 	"unsafe"
@@ -39,11 +40,23 @@ var unescaped = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 
 // Decode returns the value of the JSON string literal raw (with its quotes;
 // surrounding whitespace is allowed). Any other JSON value is an error.
 func Decode(raw []byte) (string, error) {
+	b, err := AppendDecode(nil, raw)
+	if err != nil {
+		return "", err
+	}
+	// b is new and never written again.
+	return unsafe.String(unsafe.SliceData(b), len(b)), nil
+}
+
+// AppendDecode appends the value of the JSON string literal raw to dst, as
+// Decode; on error dst is returned unchanged. Renderers use it to build a
+// prompt without a copy of each message's text.
+func AppendDecode(dst, raw []byte) ([]byte, error) {
 	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
-		return slow(raw)
+		return slow(dst, raw)
 	}
 	in := raw[1 : len(raw)-1]
-	var buf []byte // nil until the first escape
+	out := slices.Grow(dst, len(in)) // the value is never longer than the literal
 	start, i := 0, 0
 	for i < len(in) {
 		for i+8 <= len(in) && plain(binary.LittleEndian.Uint64(in[i:])) {
@@ -58,33 +71,26 @@ func Decode(raw []byte) (string, error) {
 		case c >= utf8.RuneSelf:
 			r, size := utf8.DecodeRune(in[i:])
 			if r == utf8.RuneError && size == 1 {
-				return slow(raw) // encoding/json replaces it with U+FFFD
+				return slow(dst, raw) // encoding/json replaces it with U+FFFD
 			}
 			i += size
 		case c == '\\' && i+1 < len(in):
-			if buf == nil {
-				buf = make([]byte, 0, len(in))
-			}
-			buf = append(buf, in[start:i]...)
+			out = append(out, in[start:i]...)
 			if e := unescaped[in[i+1]]; e != 0 {
-				buf = append(buf, e)
+				out = append(out, e)
 				i += 2
 			} else if r, n := unicodeEscape(in[i:]); n > 0 {
-				buf = utf8.AppendRune(buf, r)
+				out = utf8.AppendRune(out, r)
 				i += n
 			} else {
-				return slow(raw)
+				return slow(dst, raw)
 			}
 			start = i
 		default:
-			return slow(raw) // a control character, a bare quote, a dangling backslash
+			return slow(dst, raw) // a control character, a bare quote, a dangling backslash
 		}
 	}
-	if buf == nil {
-		return string(in), nil
-	}
-	buf = append(buf, in[start:]...)
-	return unsafe.String(unsafe.SliceData(buf), len(buf)), nil
+	return append(out, in[start:]...), nil
 }
 
 // unicodeEscape decodes \uXXXX, or a surrogate pair \uXXXX\uXXXX, at the
@@ -129,13 +135,13 @@ func hex4(b []byte) rune {
 	return r
 }
 
-func slow(raw []byte) (string, error) {
+func slow(dst, raw []byte) ([]byte, error) {
 	if t := bytes.TrimLeft(raw, " \t\r\n"); len(t) == 0 || t[0] != '"' {
-		return "", errNotString // null too, which json.Unmarshal would take as ""
+		return dst, errNotString // null too, which json.Unmarshal would take as ""
 	}
 	var s string
 	if err := json.Unmarshal(raw, &s); err != nil {
-		return "", err
+		return dst, err
 	}
-	return s, nil
+	return append(dst, s...), nil
 }

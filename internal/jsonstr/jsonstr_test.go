@@ -70,12 +70,17 @@ func FuzzDecode(f *testing.F) {
 		var want string
 		wantErr := json.Unmarshal(raw, &want)
 		got, err := Decode(raw)
+		appended, aerr := AppendDecode([]byte("pre:"), raw)
 		if v := bytes.TrimLeft(raw, " \t\r\n"); wantErr != nil || len(v) == 0 || v[0] != '"' {
 			require.Error(t, err)
+			require.Error(t, aerr)
+			require.Equal(t, "pre:", string(appended), "an error leaves dst as it was")
 			return
 		}
 		require.NoError(t, err)
 		require.Equal(t, want, got)
+		require.NoError(t, aerr)
+		require.Equal(t, "pre:"+want, string(appended))
 	})
 }
 
