@@ -513,7 +513,6 @@ func (w *loadWorkload) body() []byte {
 type window struct {
 	mu          sync.Mutex
 	added, reqs []time.Duration
-	ph          [8][]time.Duration
 	e2e         []time.Duration
 	ok, errs    int
 }
@@ -635,7 +634,7 @@ func (l *loader) one(ctx context.Context) {
 // send sends one request and reads its whole answer; ok is a 200 read
 // whole.
 func (l *loader) send(ctx context.Context) (ok bool) {
-	if l.http == nil { // the HTTP client's own timeout bounds the rest
+	if l.http == nil { // no HTTP client's Timeout in process: bound it here
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, l.o.Timeout)
 		defer cancel()

@@ -115,7 +115,10 @@ type cutPoint struct {
 func (c *PrefixCache) Encode(dst []uint32, text string) []uint32 {
 	// Room for the ids at about 3 bytes a token (English runs near 4):
 	// growing a 50k-id prompt by doubling allocated twice its size again.
-	dst = slices.Grow(dst, len(text)/3+16)
+	// No text, no ids: dst stays as it was (nil stays nil).
+	if len(text) > 0 {
+		dst = slices.Grow(dst, len(text)/3+16)
+	}
 	// Hash every prefix that ends at a safe point, in one pass.
 	var cuts []cutPoint
 	d := xxhash.New()

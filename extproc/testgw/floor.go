@@ -39,6 +39,11 @@ func (f *Floor) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
 		}
 		var resp *extprocv3.ProcessingResponse
 		switch r := req.Request.(type) {
+		case *extprocv3.ProcessingRequest_RequestHeaders:
+			if !r.RequestHeaders.EndOfStream {
+				continue // answered with the routing reply at the body's end
+			}
+			resp = f.route(0)
 		case *extprocv3.ProcessingRequest_RequestBody:
 			body = append(body, r.RequestBody.Body...)
 			if !r.RequestBody.EndOfStream {
@@ -54,7 +59,7 @@ func (f *Floor) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
 		case *extprocv3.ProcessingRequest_ResponseBody:
 			resp = streamed(false, r.ResponseBody.Body, r.ResponseBody.EndOfStream)
 		default:
-			continue // headers: answered with the routing reply at the body's end
+			continue // trailers: the gateway sends none
 		}
 		if err := st.Send(resp); err != nil {
 			return err

@@ -5,7 +5,9 @@
 // (walking the fallback list on a connect failure or a 5xx, while nothing
 // has reached the client), and streams the response back through the EPP.
 // It is a harness, not a proxy for production traffic: it listens and
-// forwards on loopback addresses only.
+// forwards on loopback addresses only. Floor is its counterpart on the
+// EPP's side, a no-op ext_proc server that measures what the exchange costs
+// without the EPP.
 package testgw
 
 import (

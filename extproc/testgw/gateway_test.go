@@ -368,6 +368,11 @@ func TestFloor(t *testing.T) {
 		hosts = append(hosts, host)
 	}
 	require.ElementsMatch(t, []string{"127.0.0.1:1", "127.0.0.1:2"}, hosts, "destinations in turn")
+
+	rec := httptest.NewRecorder()
+	gw.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/v1/models", nil))
+	require.Equal(t, http.StatusOK, rec.Code, "a request without a body is routed at its headers")
+	require.Equal(t, http.StatusOK, (<-timings).Status)
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)
