@@ -3,14 +3,14 @@ package tokenizer
 import (
 	"bytes"
 	"fmt"
-	"unsafe"
-
-	"github.com/omnious/provider-node/engines/openai"
 	"strings"
 	"unicode"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/omnious/provider-node/engines/openai"
 )
 
 // Special token ids of the stand-in vocabulary. They follow Qwen2.5/Qwen3 so
