@@ -660,18 +660,25 @@ func (l *loader) send(ctx context.Context) (ok bool) {
 type loadClocks struct {
 	at              time.Time
 	epp, self, host time.Duration
-	route           []bucket // the EPP's route-duration histogram; nil for the floor
+	route           []bucket // the EPP's route-duration histogram (stepClocks only)
 }
 
-func (l *loader) clocks(ctx context.Context) (loadClocks, error) {
+func (l *loader) clocks() (loadClocks, error) {
 	c := loadClocks{at: time.Now(), self: cputime.Clock()}
-	var err1, err2, err3 error
+	var err1, err2 error
 	c.epp, err1 = l.epp.cpu()
 	c.host, err2 = hostBusy()
-	if !l.o.Floor {
-		c.route, err3 = l.epp.routeHistogram(ctx)
+	return c, errors.Join(err1, err2)
+}
+
+// stepClocks is clocks plus the EPP's route histogram, which a step's
+// quantiles of the EPP's own latency need (the floor server has none).
+func (l *loader) stepClocks(ctx context.Context) (loadClocks, error) {
+	c, err := l.clocks()
+	if err == nil && !l.o.Floor {
+		c.route, err = l.epp.routeHistogram(ctx)
 	}
-	return c, errors.Join(err1, err2, err3)
+	return c, err
 }
 
 // step offers rate for warmup (not measured) then measure, and summarises
@@ -690,7 +697,7 @@ func (l *loader) step(ctx context.Context, rate float64, warmup, measure time.Du
 		return LoadStep{}, err
 	}
 	w := &window{}
-	c0, err := l.clocks(ctx)
+	c0, err := l.stepClocks(ctx)
 	if err != nil {
 		<-done
 		wg.Wait()
@@ -700,7 +707,7 @@ func (l *loader) step(ctx context.Context, rate float64, warmup, measure time.Du
 	l.cur.Store(w)
 	<-done
 	l.cur.Store(nil)
-	c1, err := l.clocks(ctx)
+	c1, err := l.stepClocks(ctx)
 	d1 := dropped.Load()
 	wg.Wait()
 	if err != nil {
@@ -765,7 +772,7 @@ func (l *loader) soak(ctx context.Context) (*SoakResult, error) {
 		defer close(sampled)
 		tick := time.NewTicker(o.SoakSample)
 		defer tick.Stop()
-		prev, _ := l.clocks(sctx)
+		prev, _ := l.clocks()
 		for {
 			heap, rss, err := l.epp.memory(sctx)
 			if err != nil {
@@ -775,7 +782,7 @@ func (l *loader) soak(ctx context.Context) (*SoakResult, error) {
 				return
 			}
 			ms := MemSample{At: time.Since(start).Seconds(), Heap: heap, RSS: rss, InFlight: l.inflight.Load()}
-			if c, err := l.clocks(sctx); err == nil {
+			if c, err := l.clocks(); err == nil {
 				if wall := c.at.Sub(prev.at).Seconds(); wall > 0 {
 					ms.EPPCores, ms.HostCores = (c.epp-prev.epp).Seconds()/wall, (c.host-prev.host).Seconds()/wall
 				}

@@ -195,8 +195,6 @@ type exchange struct {
 	respEOS time.Time
 }
 
-func (x *exchange) recv() (*extprocv3.ProcessingResponse, error) { return x.stream.Recv() }
-
 // ServeHTTP runs one request through the EPP and the chosen endpoint.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
@@ -255,7 +253,7 @@ func (x *exchange) run(w http.ResponseWriter, r *http.Request) error {
 
 	// The routing answer: headers response (or an immediate response),
 	// then the body as the EPP re-emits it.
-	resp, err := x.recv()
+	resp, err := x.stream.Recv()
 	if err != nil {
 		return x.fail(w, fmt.Errorf("no routing answer: %w", err))
 	}
@@ -273,7 +271,7 @@ func (x *exchange) run(w http.ResponseWriter, r *http.Request) error {
 	applyMutation(out, hr.GetResponse().GetHeaderMutation())
 	var body []byte
 	for !headersOnly {
-		resp, err := x.recv()
+		resp, err := x.stream.Recv()
 		if err != nil {
 			return x.fail(w, fmt.Errorf("request body from the EPP: %w", err))
 		}
@@ -372,7 +370,7 @@ func (x *exchange) respond(w http.ResponseWriter, up *http.Response, served stri
 	if err := x.stream.Send(req); err != nil {
 		return x.fail(w, fmt.Errorf("cannot send response headers: %w", err))
 	}
-	resp, err := x.recv()
+	resp, err := x.stream.Recv()
 	if err != nil {
 		return x.fail(w, fmt.Errorf("no response headers answer: %w", err))
 	}
@@ -404,7 +402,7 @@ func (x *exchange) respond(w http.ResponseWriter, up *http.Response, served stri
 		}
 	}()
 	for {
-		resp, err := x.recv()
+		resp, err := x.stream.Recv()
 		if err != nil {
 			x.cancel()
 			var serr error
