@@ -21,9 +21,11 @@ import (
 	"go.uber.org/zap"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/omnious/provider-node/discovery"
+	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/engines/sim"
-	"github.com/omnious/provider-node/extproc/epp"
 	"github.com/omnious/provider-node/extproc/testgw"
+	"github.com/omnious/provider-node/internal/epp"
 	"github.com/omnious/provider-node/scheduler"
 )
 
@@ -51,7 +53,7 @@ type chaosEnv struct {
 
 	sims   []*simProc
 	eppCfg epp.Config
-	eps    epp.Fixed
+	eps    discovery.Fixed
 
 	mu        sync.Mutex // guards e (swapped by restartEPP)
 	e         *epp.EPP
@@ -143,7 +145,7 @@ func newChaosEnv(ctx context.Context, bin string, s chaosSetup, log *zap.Logger)
 		noReplay[i] = true
 	}
 	for i, p := range env.sims {
-		ep := scheduler.Endpoint{Addr: p.addr, Model: chaosModel, Engine: "vllm", MetricsURL: p.base + "/metrics", KVEvents: p.kvEvents}
+		ep := endpoint.Endpoint{Addr: p.addr, Model: chaosModel, Engine: "vllm", MetricsURL: p.base + "/metrics", KVEvents: p.kvEvents}
 		if !noReplay[i] {
 			ep.KVReplay = p.kvReplay
 		}

@@ -10,8 +10,10 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/omnious/provider-node/extproc/epp"
+	"github.com/omnious/provider-node/discovery"
+	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/extproc/testgw"
+	"github.com/omnious/provider-node/internal/epp"
 	"github.com/omnious/provider-node/scheduler"
 )
 
@@ -33,10 +35,10 @@ func EPPLauncher(log *zap.Logger) Launcher {
 		}
 		cfg := epp.Config{GRPCAddr: "127.0.0.1:0", HealthAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0",
 			Scheduler: sc, DrainTimeout: 5 * time.Second}
-		eps := make(epp.Fixed, len(fleet))
+		eps := make(discovery.Fixed, len(fleet))
 		simulated := true
 		for i, f := range fleet {
-			eps[i] = scheduler.Endpoint{Addr: f.Addr, Model: f.Model, Engine: f.Engine, MetricsURL: f.MetricsURL,
+			eps[i] = endpoint.Endpoint{Addr: f.Addr, Model: f.Model, Engine: f.Engine, MetricsURL: f.MetricsURL,
 				KVEvents: f.KVEvents, KVReplay: f.KVReplay}
 			simulated = simulated && f.KVEvents != ""
 		}

@@ -19,7 +19,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/omnious/provider-node/scheduler"
+	"github.com/omnious/provider-node/endpoint"
 )
 
 // Source produces the current endpoint set.
@@ -30,7 +30,7 @@ import (
 // keep it. Run returns nil when ctx is done, or an error if the source
 // cannot start at all.
 type Source interface {
-	Run(ctx context.Context, update func([]scheduler.Endpoint)) error
+	Run(ctx context.Context, update func([]endpoint.Endpoint)) error
 }
 
 // Engine names accepted in Endpoint.Engine.
@@ -42,17 +42,27 @@ const (
 func validEngine(e string) bool { return e == EngineVLLM || e == EngineSGLang }
 
 // sortEndpoints orders by Addr so every source is deterministic.
-func sortEndpoints(eps []scheduler.Endpoint) {
-	slices.SortFunc(eps, func(a, b scheduler.Endpoint) int { return strings.Compare(a.Addr, b.Addr) })
+func sortEndpoints(eps []endpoint.Endpoint) {
+	slices.SortFunc(eps, func(a, b endpoint.Endpoint) int { return strings.Compare(a.Addr, b.Addr) })
 }
 
 // equalEndpoints reports whether two sorted sets are the same; it decides
 // whether an update is worth sending. A nil and an empty Labels map are
 // equal.
-func equalEndpoints(a, b []scheduler.Endpoint) bool {
-	return slices.EqualFunc(a, b, func(x, y scheduler.Endpoint) bool {
+func equalEndpoints(a, b []endpoint.Endpoint) bool {
+	return slices.EqualFunc(a, b, func(x, y endpoint.Endpoint) bool {
 		return x.Addr == y.Addr && x.Model == y.Model && x.Engine == y.Engine &&
 			x.MetricsURL == y.MetricsURL && x.KVEvents == y.KVEvents &&
 			x.KVReplay == y.KVReplay && maps.Equal(x.Labels, y.Labels)
 	})
+}
+
+// Fixed is a discovery source with a fixed endpoint set (tests, the bench).
+type Fixed []endpoint.Endpoint
+
+// Run implements Source.
+func (f Fixed) Run(ctx context.Context, update func([]endpoint.Endpoint)) error {
+	update(append([]endpoint.Endpoint(nil), f...))
+	<-ctx.Done()
+	return nil
 }

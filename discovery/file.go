@@ -14,10 +14,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/omnious/provider-node/endpoint"
 	"go.uber.org/zap"
 	"go.yaml.in/yaml/v3"
-
-	"github.com/omnious/provider-node/scheduler"
 )
 
 // MaxFileSize bounds the endpoint file: anything larger is certainly not a
@@ -52,7 +51,7 @@ type fileEntry struct {
 // ParseFile parses and validates an endpoint file (format in README.md) and
 // returns its endpoints sorted by Addr. Errors name the offending entry by
 // index, address and line.
-func ParseFile(data []byte) (eps []scheduler.Endpoint, err error) {
+func ParseFile(data []byte) (eps []endpoint.Endpoint, err error) {
 	// The YAML decoder is third-party code fed with operator input; a panic
 	// inside it must not take the EPP down on a bad edit.
 	defer func() {
@@ -85,7 +84,7 @@ func ParseFile(data []byte) (eps []scheduler.Endpoint, err error) {
 		return nil, fmt.Errorf("defaults: %w", err)
 	}
 	entries := *doc.Endpoints
-	eps = make([]scheduler.Endpoint, 0, len(entries))
+	eps = make([]endpoint.Endpoint, 0, len(entries))
 	addrs := make(map[string]int, len(entries))
 	zmq := make(map[string]int, len(entries))
 	for i := range entries {
@@ -160,31 +159,31 @@ func checkFields(f *fileFields) error {
 	return nil
 }
 
-func buildEntry(e *fileEntry, d *fileFields) (scheduler.Endpoint, error) {
+func buildEntry(e *fileEntry, d *fileFields) (endpoint.Endpoint, error) {
 	ip, err := netip.ParseAddr(e.IP)
 	switch {
 	case e.IP == "":
-		return scheduler.Endpoint{}, errors.New("missing ip")
+		return endpoint.Endpoint{}, errors.New("missing ip")
 	case err != nil:
-		return scheduler.Endpoint{}, fmt.Errorf("bad ip %q: want an IPv4 or IPv6 address, not a host name", e.IP)
+		return endpoint.Endpoint{}, fmt.Errorf("bad ip %q: want an IPv4 or IPv6 address, not a host name", e.IP)
 	case ip.Zone() != "" || ip.IsUnspecified() || ip.IsMulticast():
-		return scheduler.Endpoint{}, fmt.Errorf("bad ip %q: not a unicast address", e.IP)
+		return endpoint.Endpoint{}, fmt.Errorf("bad ip %q: not a unicast address", e.IP)
 	}
 	if e.Port < 1 || e.Port > 65535 {
-		return scheduler.Endpoint{}, fmt.Errorf("ip %s: port %d out of range 1-65535", e.IP, e.Port)
+		return endpoint.Endpoint{}, fmt.Errorf("ip %s: port %d out of range 1-65535", e.IP, e.Port)
 	}
 	host := ip.Unmap().String()
 	addr := net.JoinHostPort(host, strconv.Itoa(e.Port))
 	if err := checkFields(&e.fileFields); err != nil {
-		return scheduler.Endpoint{}, fmt.Errorf("%s: %w", addr, err)
+		return endpoint.Endpoint{}, fmt.Errorf("%s: %w", addr, err)
 	}
-	ep := scheduler.Endpoint{
+	ep := endpoint.Endpoint{
 		Addr:   addr,
 		Model:  pick(e.Model, d.Model),
 		Engine: pick(e.Engine, d.Engine, EngineVLLM),
 	}
 	if ep.Model == "" {
-		return scheduler.Endpoint{}, fmt.Errorf("%s: missing model (set it on the entry or in defaults)", addr)
+		return endpoint.Endpoint{}, fmt.Errorf("%s: missing model (set it on the entry or in defaults)", addr)
 	}
 	if p := pickPort(e.KVEventsPort, d.KVEventsPort, 0); p != 0 {
 		ep.KVEvents = "tcp://" + net.JoinHostPort(host, strconv.Itoa(p))
@@ -234,7 +233,7 @@ func pickPort(entry, def *int, fallback int) int {
 
 // LoadFile reads and parses an endpoint file; cmd/epp uses it to fail fast
 // on a bad file and to check one without starting.
-func LoadFile(path string) ([]scheduler.Endpoint, error) {
+func LoadFile(path string) ([]endpoint.Endpoint, error) {
 	data, err := readLimited(path)
 	if err != nil {
 		return nil, err
@@ -296,7 +295,7 @@ func NewFile(cfg FileConfig, log *zap.Logger) (*File, error) {
 // calls update again whenever the parsed set changes. An initial load
 // failure is returned; later failures (a bad edit, a missing file) are
 // logged once per distinct content or error and keep the last good set.
-func (f *File) Run(ctx context.Context, update func([]scheduler.Endpoint)) error {
+func (f *File) Run(ctx context.Context, update func([]endpoint.Endpoint)) error {
 	data, err := readLimited(f.cfg.Path)
 	if err != nil {
 		return err

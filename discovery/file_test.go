@@ -9,18 +9,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/omnious/provider-node/endpoint"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
-
-	"github.com/omnious/provider-node/scheduler"
 )
 
 func TestParseFile(t *testing.T) {
 	tests := []struct {
 		name    string
 		in      string
-		want    []scheduler.Endpoint
+		want    []endpoint.Endpoint
 		wantErr string
 	}{
 		{
@@ -31,7 +30,7 @@ endpoints:
   - {ip: 127.0.0.2, port: 8000}
   - {ip: 127.0.0.1, port: 8000}
 `,
-			want: []scheduler.Endpoint{
+			want: []endpoint.Endpoint{
 				{Addr: "127.0.0.1:8000", Model: "m1", Engine: "vllm", MetricsURL: "http://127.0.0.1:8000/metrics", KVEvents: "tcp://127.0.0.1:5557"},
 				{Addr: "127.0.0.2:8000", Model: "m1", Engine: "vllm", MetricsURL: "http://127.0.0.2:8000/metrics", KVEvents: "tcp://127.0.0.2:5557"},
 			},
@@ -58,7 +57,7 @@ endpoints:
     metrics_path: /metrics
     labels: {zone: b}
 `,
-			want: []scheduler.Endpoint{{
+			want: []endpoint.Endpoint{{
 				Addr: "127.0.0.1:30000", Model: "m2", Engine: "sglang",
 				MetricsURL: "http://127.0.0.1:30001/metrics", KVReplay: "tcp://127.0.0.1:6000",
 				Labels: map[string]string{"zone": "b", "tier": "gold"},
@@ -71,7 +70,7 @@ endpoints:
   - {ip: 127.0.0.1, port: 8000, model: m, kv_events_port: 5557, metrics_port: 0}
   - {ip: 127.0.0.1, port: 8001, model: m, kv_events_port: 5558, metrics_port: 0}
 `,
-			want: []scheduler.Endpoint{
+			want: []endpoint.Endpoint{
 				{Addr: "127.0.0.1:8000", Model: "m", Engine: "vllm", KVEvents: "tcp://127.0.0.1:5557"},
 				{Addr: "127.0.0.1:8001", Model: "m", Engine: "vllm", KVEvents: "tcp://127.0.0.1:5558"},
 			},
@@ -84,12 +83,12 @@ endpoints:
   - {ip: "::1", port: 8000, kv_events_port: 5557}
   - {ip: "::ffff:127.0.0.1", port: 8000}
 `,
-			want: []scheduler.Endpoint{
+			want: []endpoint.Endpoint{
 				{Addr: "127.0.0.1:8000", Model: "m", Engine: "vllm", MetricsURL: "http://127.0.0.1:8000/metrics"},
 				{Addr: "[::1]:8000", Model: "m", Engine: "vllm", MetricsURL: "http://[::1]:8000/metrics", KVEvents: "tcp://[::1]:5557"},
 			},
 		},
-		{name: "explicit empty list", in: "endpoints: []\n", want: []scheduler.Endpoint{}},
+		{name: "explicit empty list", in: "endpoints: []\n", want: []endpoint.Endpoint{}},
 		{name: "empty file", in: "", wantErr: "endpoint file is empty"},
 		{name: "no endpoints key", in: "defaults: {model: m}\n", wantErr: `no "endpoints" list`},
 		{name: "unknown field", in: "endpoints:\n  - {ip: 127.0.0.1, port: 8000, model: m, prot: 1}\n", wantErr: "field prot not found"},
@@ -162,27 +161,27 @@ func TestLoadFileMissing(t *testing.T) {
 // updates collects what a Source hands to its callback.
 type updates struct {
 	mu  sync.Mutex
-	got [][]scheduler.Endpoint
+	got [][]endpoint.Endpoint
 	ch  chan struct{}
 }
 
 func newUpdates() *updates { return &updates{ch: make(chan struct{}, 1000)} }
 
-func (u *updates) update(eps []scheduler.Endpoint) {
+func (u *updates) update(eps []endpoint.Endpoint) {
 	u.mu.Lock()
 	u.got = append(u.got, eps)
 	u.mu.Unlock()
 	u.ch <- struct{}{}
 }
 
-func (u *updates) all() [][]scheduler.Endpoint {
+func (u *updates) all() [][]endpoint.Endpoint {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	return append([][]scheduler.Endpoint(nil), u.got...)
+	return append([][]endpoint.Endpoint(nil), u.got...)
 }
 
 // waitFor waits until the latest update satisfies ok, and returns it.
-func (u *updates) waitFor(t *testing.T, what string, ok func([]scheduler.Endpoint) bool) []scheduler.Endpoint {
+func (u *updates) waitFor(t *testing.T, what string, ok func([]endpoint.Endpoint) bool) []endpoint.Endpoint {
 	t.Helper()
 	deadline := time.After(10 * time.Second)
 	for {
@@ -193,7 +192,7 @@ func (u *updates) waitFor(t *testing.T, what string, ok func([]scheduler.Endpoin
 		case <-u.ch:
 		case <-deadline:
 			all := u.all()
-			var last []scheduler.Endpoint
+			var last []endpoint.Endpoint
 			if len(all) > 0 {
 				last = all[len(all)-1]
 			}
@@ -202,7 +201,7 @@ func (u *updates) waitFor(t *testing.T, what string, ok func([]scheduler.Endpoin
 	}
 }
 
-func addrs(eps []scheduler.Endpoint) []string {
+func addrs(eps []endpoint.Endpoint) []string {
 	out := make([]string, len(eps))
 	for i, ep := range eps {
 		out[i] = ep.Addr
@@ -212,7 +211,7 @@ func addrs(eps []scheduler.Endpoint) []string {
 
 // requireDistinct checks that no two consecutive updates carry the same set:
 // sources only call update on a change.
-func requireDistinct(t *testing.T, all [][]scheduler.Endpoint) {
+func requireDistinct(t *testing.T, all [][]endpoint.Endpoint) {
 	t.Helper()
 	for i := 1; i < len(all); i++ {
 		require.False(t, equalEndpoints(all[i-1], all[i]), "update %d repeats update %d: %v", i, i-1, addrs(all[i]))
@@ -243,13 +242,13 @@ func TestFileReload(t *testing.T) {
 		require.NoError(t, <-done)
 	}()
 
-	u.waitFor(t, "initial set", func(eps []scheduler.Endpoint) bool {
+	u.waitFor(t, "initial set", func(eps []endpoint.Endpoint) bool {
 		return len(eps) == 1 && eps[0].Addr == "127.0.0.1:8000"
 	})
 
 	// A rewrite adds an endpoint.
 	writeAtomic(t, path, "defaults: {model: m}\nendpoints:\n  - {ip: 127.0.0.1, port: 8000}\n  - {ip: 127.0.0.1, port: 8001}\n")
-	u.waitFor(t, "two endpoints", func(eps []scheduler.Endpoint) bool {
+	u.waitFor(t, "two endpoints", func(eps []endpoint.Endpoint) bool {
 		return len(eps) == 2 && eps[1].Addr == "127.0.0.1:8001"
 	})
 
@@ -274,7 +273,7 @@ func TestFileReload(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	require.Len(t, u.all(), 2)
 	writeAtomic(t, path, "endpoints:\n  - {ip: 127.0.0.1, port: 8001, model: m2, engine: sglang}\n")
-	got := u.waitFor(t, "sglang endpoint", func(eps []scheduler.Endpoint) bool {
+	got := u.waitFor(t, "sglang endpoint", func(eps []endpoint.Endpoint) bool {
 		return len(eps) == 1 && eps[0].Engine == "sglang"
 	})
 	require.Equal(t, "m2", got[0].Model)
@@ -287,7 +286,7 @@ func TestFileRunBadInitial(t *testing.T) {
 	src, err := NewFile(FileConfig{Path: path}, nil)
 	require.NoError(t, err)
 	called := false
-	err = src.Run(context.Background(), func([]scheduler.Endpoint) { called = true })
+	err = src.Run(context.Background(), func([]endpoint.Endpoint) { called = true })
 	require.ErrorContains(t, err, "missing model")
 	require.False(t, called)
 

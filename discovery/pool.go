@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/omnious/provider-node/endpoint"
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -25,8 +26,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-
-	"github.com/omnious/provider-node/scheduler"
 )
 
 // poolGVR is the InferencePool resource. The dynamic client reads it as
@@ -146,7 +145,7 @@ func NewPoolForConfig(cfg PoolConfig, rc *rest.Config, log *zap.Logger) (*Pool, 
 // Informer callbacks only mark the state dirty; one loop rebuilds the whole
 // set from the caches, so update is never called concurrently and bursts of
 // events coalesce.
-func (p *Pool) Run(ctx context.Context, update func([]scheduler.Endpoint)) error {
+func (p *Pool) Run(ctx context.Context, update func([]endpoint.Endpoint)) error {
 	r := &poolRun{p: p, update: update, dirty: make(chan struct{}, 1), warned: map[string]string{}}
 	poolInf := dynamicinformer.NewFilteredDynamicInformer(p.dyn, poolGVR, p.cfg.Namespace, p.cfg.Resync, cache.Indexers{},
 		func(o *metav1.ListOptions) {
@@ -185,7 +184,7 @@ func (p *Pool) Run(ctx context.Context, update func([]scheduler.Endpoint)) error
 // everything else is touched by the loop goroutine alone.
 type poolRun struct {
 	p          *Pool
-	update     func([]scheduler.Endpoint)
+	update     func([]endpoint.Endpoint)
 	dirty      chan struct{}
 	poolStore  cache.Store
 	poolSynced func() bool
@@ -194,7 +193,7 @@ type poolRun struct {
 	specErr string    // last logged spec error
 	pods    *podWatch
 	emitted bool
-	last    []scheduler.Endpoint
+	last    []endpoint.Endpoint
 	warned  map[string]string // pod name -> last logged problem
 }
 
@@ -245,7 +244,7 @@ func (r *poolRun) reconcile() {
 		}
 		r.spec, r.specErr = nil, ""
 		r.stopPods()
-		r.emit([]scheduler.Endpoint{})
+		r.emit([]endpoint.Endpoint{})
 		return
 	}
 	spec, err := parsePoolSpec(u)
@@ -257,7 +256,7 @@ func (r *poolRun) reconcile() {
 			r.p.log.Error("inferencepool spec invalid, keeping the last valid one", zap.Error(err))
 		}
 		if r.spec == nil {
-			r.emit([]scheduler.Endpoint{})
+			r.emit([]endpoint.Endpoint{})
 			return
 		}
 	} else {
@@ -309,7 +308,7 @@ func (r *poolRun) stopPods() {
 	r.pods = nil
 }
 
-func (r *poolRun) emit(eps []scheduler.Endpoint) {
+func (r *poolRun) emit(eps []endpoint.Endpoint) {
 	if r.emitted && equalEndpoints(eps, r.last) {
 		return
 	}
@@ -321,7 +320,7 @@ func (r *poolRun) emit(eps []scheduler.Endpoint) {
 // build turns the cached Pods into the endpoint set. Pods are visited by
 // name so that a conflict (two hostNetwork Pods on one node) resolves the
 // same way every time.
-func (r *poolRun) build() []scheduler.Endpoint {
+func (r *poolRun) build() []endpoint.Endpoint {
 	var pods []*corev1.Pod
 	for _, o := range r.pods.store.List() {
 		// The fake clientset's watch ignores the label selector, and a
@@ -331,7 +330,7 @@ func (r *poolRun) build() []scheduler.Endpoint {
 		}
 	}
 	slices.SortFunc(pods, func(a, b *corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
-	eps := make([]scheduler.Endpoint, 0, len(pods)*len(r.spec.ports))
+	eps := make([]endpoint.Endpoint, 0, len(pods)*len(r.spec.ports))
 	seen := make(map[string]string, cap(eps))
 	warned := make(map[string]string, len(r.warned))
 	warn := func(pod, problem string) {
@@ -443,7 +442,7 @@ func podReady(pod *corev1.Pod) bool {
 // nothing). A bad engine or a missing model drop the Pod; a bad port
 // annotation only drops that feature (KV events, replay, own metrics port),
 // since routing without it is still better than not routing.
-func podEndpoints(pod *corev1.Pod, ports []int, cfg *PoolConfig) ([]scheduler.Endpoint, string) {
+func podEndpoints(pod *corev1.Pod, ports []int, cfg *PoolConfig) ([]endpoint.Endpoint, string) {
 	if !podReady(pod) {
 		return nil, ""
 	}
@@ -473,9 +472,9 @@ func podEndpoints(pod *corev1.Pod, ports []int, cfg *PoolConfig) ([]scheduler.En
 	}
 	kv, replay, metrics := base(cfg.KVEventsAnnotation), base(cfg.KVReplayAnnotation), base(cfg.MetricsPortAnnotation)
 	ip := pod.Status.PodIP
-	eps := make([]scheduler.Endpoint, 0, len(ports))
+	eps := make([]endpoint.Endpoint, 0, len(ports))
 	for i, port := range ports {
-		ep := scheduler.Endpoint{
+		ep := endpoint.Endpoint{
 			Addr:   net.JoinHostPort(ip, strconv.Itoa(port)),
 			Model:  model,
 			Engine: engine,

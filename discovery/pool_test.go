@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/omnious/provider-node/endpoint"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -16,8 +17,6 @@ import (
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
-
-	"github.com/omnious/provider-node/scheduler"
 )
 
 const testNS = "serving"
@@ -103,14 +102,14 @@ func TestPodEndpoints(t *testing.T) {
 		pod         *corev1.Pod
 		ports       []int
 		cfg         *PoolConfig
-		want        []scheduler.Endpoint
+		want        []endpoint.Endpoint
 		wantProblem string
 	}{
 		{
 			name:  "ready vllm pod, one port",
 			pod:   testPod("a", ready(true), withIP("127.0.0.1"), withLabels("app", "x", "omnious.io/model", "m")),
 			ports: []int{8000},
-			want: []scheduler.Endpoint{{
+			want: []endpoint.Endpoint{{
 				Addr: "127.0.0.1:8000", Model: "m", Engine: "vllm", MetricsURL: "http://127.0.0.1:8000/metrics",
 				Labels: map[string]string{"app": "x", "omnious.io/model": "m"},
 			}},
@@ -123,7 +122,7 @@ func TestPodEndpoints(t *testing.T) {
 			name:  "data-parallel ranks: ports and annotations step together",
 			pod:   testPod("a", ready(true), withIP("127.0.0.1"), withLabels("omnious.io/engine", "sglang"), withAnnotations("omnious.io/model", "org/model", "omnious.io/kv-events-port", "5557", "omnious.io/kv-replay-port", "6000", "omnious.io/metrics-port", "9000")),
 			ports: []int{8000, 8001, 8002},
-			want: []scheduler.Endpoint{
+			want: []endpoint.Endpoint{
 				{Addr: "127.0.0.1:8000", Model: "org/model", Engine: "sglang", MetricsURL: "http://127.0.0.1:9000/metrics", KVEvents: "tcp://127.0.0.1:5557", KVReplay: "tcp://127.0.0.1:6000", Labels: map[string]string{"omnious.io/engine": "sglang"}},
 				{Addr: "127.0.0.1:8001", Model: "org/model", Engine: "sglang", MetricsURL: "http://127.0.0.1:9001/metrics", KVEvents: "tcp://127.0.0.1:5558", KVReplay: "tcp://127.0.0.1:6001", Labels: map[string]string{"omnious.io/engine": "sglang"}},
 				{Addr: "127.0.0.1:8002", Model: "org/model", Engine: "sglang", MetricsURL: "http://127.0.0.1:9002/metrics", KVEvents: "tcp://127.0.0.1:5559", KVReplay: "tcp://127.0.0.1:6002", Labels: map[string]string{"omnious.io/engine": "sglang"}},
@@ -134,7 +133,7 @@ func TestPodEndpoints(t *testing.T) {
 			pod:   testPod("a", ready(true), withIP("::1"), withLabels("omnious.io/model", "from-label"), withAnnotations("omnious.io/model", "from/annotation")),
 			ports: []int{8000},
 			cfg:   &withDefaultModel,
-			want: []scheduler.Endpoint{{
+			want: []endpoint.Endpoint{{
 				Addr: "[::1]:8000", Model: "from/annotation", Engine: "vllm", MetricsURL: "http://[::1]:8000/metrics",
 				Labels: map[string]string{"omnious.io/model": "from-label"},
 			}},
@@ -144,7 +143,7 @@ func TestPodEndpoints(t *testing.T) {
 			pod:   testPod("a", ready(true), withIP("127.0.0.1")),
 			ports: []int{8000},
 			cfg:   &withDefaultModel,
-			want:  []scheduler.Endpoint{{Addr: "127.0.0.1:8000", Model: "fallback", Engine: "vllm", MetricsURL: "http://127.0.0.1:8000/metrics"}},
+			want:  []endpoint.Endpoint{{Addr: "127.0.0.1:8000", Model: "fallback", Engine: "vllm", MetricsURL: "http://127.0.0.1:8000/metrics"}},
 		},
 		{
 			name:        "no model anywhere",
@@ -164,7 +163,7 @@ func TestPodEndpoints(t *testing.T) {
 			pod:   testPod("a", ready(true), withIP("127.0.0.1"), withAnnotations("omnious.io/kv-events-port", "zmq", "omnious.io/kv-replay-port", "65535")),
 			ports: []int{8000, 8001},
 			cfg:   &withDefaultModel,
-			want: []scheduler.Endpoint{
+			want: []endpoint.Endpoint{
 				{Addr: "127.0.0.1:8000", Model: "fallback", Engine: "vllm", MetricsURL: "http://127.0.0.1:8000/metrics"},
 				{Addr: "127.0.0.1:8001", Model: "fallback", Engine: "vllm", MetricsURL: "http://127.0.0.1:8001/metrics"},
 			},
@@ -275,12 +274,12 @@ func startPool(t *testing.T, cfg PoolConfig, pool *unstructured.Unstructured, po
 	return e
 }
 
-func (e *poolEnv) waitAddrs(what string, want ...string) []scheduler.Endpoint {
+func (e *poolEnv) waitAddrs(what string, want ...string) []endpoint.Endpoint {
 	e.t.Helper()
 	if want == nil {
 		want = []string{}
 	}
-	return e.u.waitFor(e.t, what, func(eps []scheduler.Endpoint) bool { return slices.Equal(addrs(eps), want) })
+	return e.u.waitFor(e.t, what, func(eps []endpoint.Endpoint) bool { return slices.Equal(addrs(eps), want) })
 }
 
 func (e *poolEnv) putPod(p *corev1.Pod) {

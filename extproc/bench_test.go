@@ -20,11 +20,12 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/experimental"
 
+	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/scheduler"
 )
 
 // onePicker always picks the same endpoint.
-type onePicker struct{ eps []*scheduler.Endpoint }
+type onePicker struct{ eps []*endpoint.Endpoint }
 
 func (p onePicker) Pick(context.Context, *scheduler.Request) (*scheduler.Decision, error) {
 	return &scheduler.Decision{Endpoints: p.eps}, nil
@@ -82,7 +83,7 @@ func startTCPServer(b *testing.B, register func(*grpc.Server, Config)) extprocv3
 // copy of the body on both sides of the connection, gRPC's included.
 func BenchmarkExtProcRoundTrip(b *testing.B) {
 	roundTrips(b, func(g *grpc.Server, cfg Config) {
-		NewServer(cfg, onePicker{[]*scheduler.Endpoint{{Addr: "127.0.0.1:8000"}}}, nil, nil, zap.NewNop()).Register(g)
+		NewServer(cfg, onePicker{[]*endpoint.Endpoint{{Addr: "127.0.0.1:8000"}}}, nil, nil, zap.NewNop()).Register(g)
 	})
 }
 
@@ -199,7 +200,7 @@ func BenchmarkHandle(b *testing.B) {
 				name += "/rewrite"
 			}
 			b.Run(name, func(b *testing.B) {
-				s := NewServer(Config{}, onePicker{[]*scheduler.Endpoint{{Addr: "127.0.0.1:8000"}}}, nil, nil, zap.NewNop())
+				s := NewServer(Config{}, onePicker{[]*endpoint.Endpoint{{Addr: "127.0.0.1:8000"}}}, nil, nil, zap.NewNop())
 				kv := []string{":method", "POST", ":path", "/v1/chat/completions", "content-length", strconv.Itoa(len(body))}
 				if rewrite {
 					kv = append(kv, HeaderModelRewrite, "other-model")

@@ -8,6 +8,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"go.uber.org/zap"
 
+	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/scheduler"
 )
 
@@ -63,7 +64,7 @@ func FuzzExtProcSequence(f *testing.F) {
 	f.Fuzz(func(t *testing.T, ops []byte, data []byte) {
 		done := 0
 		p := pickerFunc(func(*scheduler.Request) (*scheduler.Decision, error) {
-			d := &scheduler.Decision{Endpoints: []*scheduler.Endpoint{{Addr: ep1}}}
+			d := &scheduler.Decision{Endpoints: []*endpoint.Endpoint{{Addr: ep1}}}
 			d.SetDone(func(scheduler.DoneInfo) { done++ })
 			return d, nil
 		})

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/scheduler"
 )
 
@@ -45,7 +46,7 @@ func (f *fakePicker) Pick(_ context.Context, r *scheduler.Request) (*scheduler.D
 	}
 	d := &scheduler.Decision{Mode: "approximate", Reason: "random"}
 	for _, a := range f.addrs {
-		d.Endpoints = append(d.Endpoints, &scheduler.Endpoint{Addr: a, Model: r.Model})
+		d.Endpoints = append(d.Endpoints, &endpoint.Endpoint{Addr: a, Model: r.Model})
 	}
 	d.SetDone(func(i scheduler.DoneInfo) {
 		f.mu.Lock()

@@ -14,27 +14,9 @@ import (
 	"errors"
 	"net/http"
 	"time"
-)
 
-// Endpoint is one serving target: one engine rank's HTTP address. Several
-// endpoints may share an IP (data-parallel ranks, several target ports).
-type Endpoint struct {
-	// Addr is "ip:port", the value placed in x-gateway-destination-endpoint.
-	Addr string
-	// Model is the base model the endpoint serves (as /v1/models reports).
-	Model string
-	// Engine is "vllm" or "sglang": it selects metric names and KV-event
-	// encodings.
-	Engine string
-	// MetricsURL is scraped for engine metrics ("" = no scraping).
-	MetricsURL string
-	// KVEvents is the engine's ZMQ PUB endpoint ("" = no KV events), and
-	// KVReplay its ROUTER replay endpoint ("" = no replay).
-	KVEvents string
-	KVReplay string
-	// Labels are free-form (pod labels, static-file labels).
-	Labels map[string]string
-}
+	"github.com/omnious/provider-node/endpoint"
+)
 
 // Request is what the scheduler needs to know about one request. The
 // ext_proc server fills it from the headers and the single parse of the body.
@@ -74,7 +56,7 @@ type Request struct {
 type Decision struct {
 	// Endpoints is the primary followed by up to the configured number of
 	// fallbacks, best first. Never empty when Pick returns no error.
-	Endpoints []*Endpoint
+	Endpoints []*endpoint.Endpoint
 	// Reason says why the primary was chosen, for metrics and logs:
 	// "prefix", "load_balance_override", "cold", "session", "fallback",
 	// "random", "round_robin", "least_queue".

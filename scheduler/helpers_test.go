@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/engines/metrics"
 	"github.com/omnious/provider-node/kvindex"
 )
@@ -68,10 +69,10 @@ func newEnv(t testing.TB, n int, mut func(*Config)) *testEnv {
 	return &testEnv{s: s, ix: ix, clock: clock, reg: reg}
 }
 
-func endpoints(n int, model string) []Endpoint {
-	eps := make([]Endpoint, n)
+func endpoints(n int, model string) []endpoint.Endpoint {
+	eps := make([]endpoint.Endpoint, n)
 	for i := range eps {
-		eps[i] = Endpoint{Addr: addr(i), Model: model, Engine: "vllm", MetricsURL: fmt.Sprintf("http://127.0.0.1:1/metrics?ep=%d", i)}
+		eps[i] = endpoint.Endpoint{Addr: addr(i), Model: model, Engine: "vllm", MetricsURL: fmt.Sprintf("http://127.0.0.1:1/metrics?ep=%d", i)}
 	}
 	return eps
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/kvindex"
 )
 
@@ -40,7 +41,7 @@ func TestRunScrapesAndTrips(t *testing.T) {
 	cfg.Signals.StaleAfter = time.Second
 	s, err := New(cfg, kvindex.New(kvindex.Config{}), prometheus.NewRegistry(), zaptest.NewLogger(t))
 	require.NoError(t, err)
-	s.SetEndpoints([]Endpoint{
+	s.SetEndpoints([]endpoint.Endpoint{
 		{Addr: "127.0.0.1:1", Model: testModel, Engine: "vllm", MetricsURL: a.URL + "/metrics"},
 		{Addr: "127.0.0.1:2", Model: testModel, Engine: "vllm", MetricsURL: b.URL + "/metrics"},
 	})

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/engines/metrics"
 	"github.com/omnious/provider-node/kvindex"
 )
@@ -61,7 +62,7 @@ type TokenUsage struct {
 // replica is one endpoint's live state. ep never changes after creation
 // (decisions hand out &ep); everything else is atomic or locked.
 type replica struct {
-	ep       Endpoint
+	ep       endpoint.Endpoint
 	id       kvindex.Replica
 	inflight atomic.Int64
 	sample   atomic.Pointer[metrics.Sample]
@@ -144,7 +145,7 @@ func (s *Scheduler) Config() Config { return s.cfg }
 // in-flight counts) across calls while their Addr is present; an endpoint
 // that leaves has its index entries cleared before its id is freed, and
 // freed ids are reused only after every fresh id has been handed out.
-func (s *Scheduler) SetEndpoints(eps []Endpoint) {
+func (s *Scheduler) SetEndpoints(eps []endpoint.Endpoint) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	old := s.snap.Load()
@@ -215,7 +216,7 @@ func (s *Scheduler) SetEndpoints(eps []Endpoint) {
 	}
 }
 
-func sameEndpoint(a, b *Endpoint) bool {
+func sameEndpoint(a, b *endpoint.Endpoint) bool {
 	return a.Addr == b.Addr && a.Model == b.Model && a.Engine == b.Engine && a.MetricsURL == b.MetricsURL &&
 		a.KVEvents == b.KVEvents && a.KVReplay == b.KVReplay
 }
@@ -501,7 +502,7 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 
 	p := &cands[primary]
 	d.Reason = reason
-	d.Endpoints = make([]*Endpoint, 0, len(sc.order))
+	d.Endpoints = make([]*endpoint.Endpoint, 0, len(sc.order))
 	for _, i := range sc.order {
 		d.Endpoints = append(d.Endpoints, &cands[i].r.ep)
 	}

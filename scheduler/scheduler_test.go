@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/engines/metrics"
 	"github.com/omnious/provider-node/kvindex"
 )
@@ -215,7 +216,7 @@ func TestLoRAAffinity(t *testing.T) {
 
 func TestSubsetExactAddr(t *testing.T) {
 	e := newEnv(t, 0, nil)
-	e.s.SetEndpoints([]Endpoint{
+	e.s.SetEndpoints([]endpoint.Endpoint{
 		{Addr: "10.0.0.1:8000", Model: testModel},
 		{Addr: "10.0.0.1:8001", Model: testModel},
 		{Addr: "10.0.0.2:8000", Model: testModel},
@@ -529,7 +530,7 @@ func TestStaleScoredDownNotDropped(t *testing.T) {
 	}
 	// Everything stale (and never-scraped): still routes.
 	e.clock.Add(e.s.cfg.Signals.StaleAfter + time.Second)
-	e.s.SetEndpoints(append(endpoints(3, testModel), Endpoint{Addr: "10.0.0.9:8000", Model: testModel, MetricsURL: "http://127.0.0.1:1/metrics?ep=9"}))
+	e.s.SetEndpoints(append(endpoints(3, testModel), endpoint.Endpoint{Addr: "10.0.0.9:8000", Model: testModel, MetricsURL: "http://127.0.0.1:1/metrics?ep=9"}))
 	seen := map[string]bool{}
 	for range 40 {
 		d, err := e.s.Pick(ctx, &Request{Model: testModel})
@@ -619,7 +620,7 @@ func TestReplicaIDs(t *testing.T) {
 
 	// Endpoint 1 leaves: its index entries are cleared and its id is not
 	// reused by a newcomer.
-	e.s.SetEndpoints([]Endpoint{endpoints(3, testModel)[0], endpoints(3, testModel)[2], {Addr: "10.0.0.7:8000", Model: testModel}})
+	e.s.SetEndpoints([]endpoint.Endpoint{endpoints(3, testModel)[0], endpoints(3, testModel)[2], {Addr: "10.0.0.7:8000", Model: testModel}})
 	_, ok := e.s.ReplicaID(addr(1))
 	require.False(t, ok)
 	require.Zero(t, e.ix.Resident(ids[addr(1)]))
@@ -647,7 +648,7 @@ func TestTenantUsage(t *testing.T) {
 
 func TestCapacity(t *testing.T) {
 	e := newEnv(t, 0, nil)
-	e.s.SetEndpoints(append(endpoints(3, testModel), Endpoint{Addr: "10.0.1.1:30000", Model: "qwen", Engine: "sglang", MetricsURL: "http://127.0.0.1:1/metrics?ep=q"}))
+	e.s.SetEndpoints(append(endpoints(3, testModel), endpoint.Endpoint{Addr: "10.0.1.1:30000", Model: "qwen", Engine: "sglang", MetricsURL: "http://127.0.0.1:1/metrics?ep=q"}))
 	e.setSignals(0, metrics.Signals{Running: 2, Waiting: 1, KVUsage: 0.5, BlockSize: 16, NumGPUBlocks: 1000})
 	e.setSignals(1, metrics.Signals{Running: 4, Waiting: 3, KVUsage: 0.25, BlockSize: 16, NumGPUBlocks: 1000})
 	// Endpoint 2 is never scraped: stale. The qwen endpoint has an open breaker.

@@ -2,9 +2,10 @@ package scheduler
 
 import (
 	"fmt"
-	"github.com/omnious/provider-node/internal/cputime"
 	"testing"
 	"time"
+
+	"github.com/omnious/provider-node/internal/cputime"
 
 	"github.com/omnious/provider-node/engines/metrics"
 	"github.com/omnious/provider-node/kvindex"

@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 
+	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/engines/sim"
 	"github.com/omnious/provider-node/engines/sim/simtest"
 	"github.com/omnious/provider-node/extproc"
@@ -48,7 +49,7 @@ func (p *listPicker) Pick(_ context.Context, r *scheduler.Request) (*scheduler.D
 	}
 	d := &scheduler.Decision{}
 	for _, a := range p.addrs {
-		d.Endpoints = append(d.Endpoints, &scheduler.Endpoint{Addr: a})
+		d.Endpoints = append(d.Endpoints, &endpoint.Endpoint{Addr: a})
 	}
 	d.SetDone(func(i scheduler.DoneInfo) {
 		p.mu.Lock()

@@ -24,6 +24,7 @@ import (
 
 	"github.com/omnious/provider-node/capacity"
 	"github.com/omnious/provider-node/discovery"
+	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/engines/tokenizer"
 	"github.com/omnious/provider-node/extproc"
 	"github.com/omnious/provider-node/kvindex"
@@ -54,7 +55,7 @@ type EPP struct {
 	sources []ingest.Source // touched only by update
 
 	mu        sync.Mutex
-	endpoints []scheduler.Endpoint // for the admin view
+	endpoints []endpoint.Endpoint // for the admin view
 }
 
 // Option changes how New assembles the EPP.
@@ -287,7 +288,7 @@ func serveGRPC(s *grpc.Server, ln net.Listener) error {
 }
 
 // update applies a new endpoint set. Discovery never calls it concurrently.
-func (e *EPP) update(eps []scheduler.Endpoint) {
+func (e *EPP) update(eps []endpoint.Endpoint) {
 	// Subscribers of endpoints that left stop before the scheduler releases
 	// their index ids, so a late event cannot repopulate a freed id.
 	present := make(map[string]bool, len(eps))
@@ -333,7 +334,7 @@ func (e *EPP) adminMux() *http.ServeMux {
 		eps := e.endpoints
 		e.mu.Unlock()
 		type view struct {
-			scheduler.Endpoint
+			endpoint.Endpoint
 			Replica  *kvindex.Replica `json:"replica,omitempty"`
 			Resident int              `json:"resident_blocks"`
 		}
@@ -359,14 +360,4 @@ func writeJSON(w http.ResponseWriter, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
-}
-
-// Fixed is a discovery source with a fixed endpoint set (tests, the bench).
-type Fixed []scheduler.Endpoint
-
-// Run implements discovery.Source.
-func (f Fixed) Run(ctx context.Context, update func([]scheduler.Endpoint)) error {
-	update(append([]scheduler.Endpoint(nil), f...))
-	<-ctx.Done()
-	return nil
 }
