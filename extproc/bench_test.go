@@ -27,7 +27,11 @@ import (
 // onePicker always picks the same endpoint.
 type onePicker struct{ eps []*endpoint.Endpoint }
 
-func (p onePicker) Pick(context.Context, *scheduler.Request) (*scheduler.Decision, error) {
+func (onePicker) Admit(context.Context, *scheduler.Request) (*scheduler.Ticket, error) {
+	return nil, nil
+}
+
+func (p onePicker) Pick(*scheduler.Request, *scheduler.Ticket) (*scheduler.Decision, error) {
 	return &scheduler.Decision{Endpoints: p.eps}, nil
 }
 

@@ -111,6 +111,10 @@ func controlByteInString(b []byte) bool {
 
 type pickerFunc func(*scheduler.Request) (*scheduler.Decision, error)
 
-func (f pickerFunc) Pick(_ context.Context, r *scheduler.Request) (*scheduler.Decision, error) {
+func (pickerFunc) Admit(context.Context, *scheduler.Request) (*scheduler.Ticket, error) {
+	return nil, nil
+}
+
+func (f pickerFunc) Pick(r *scheduler.Request, _ *scheduler.Ticket) (*scheduler.Decision, error) {
 	return f(r)
 }

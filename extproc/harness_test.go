@@ -35,7 +35,11 @@ type fakePicker struct {
 	done  []scheduler.DoneInfo
 }
 
-func (f *fakePicker) Pick(_ context.Context, r *scheduler.Request) (*scheduler.Decision, error) {
+func (*fakePicker) Admit(context.Context, *scheduler.Request) (*scheduler.Ticket, error) {
+	return nil, nil
+}
+
+func (f *fakePicker) Pick(r *scheduler.Request, _ *scheduler.Ticket) (*scheduler.Decision, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	cp := *r

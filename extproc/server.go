@@ -32,9 +32,12 @@ import (
 	"github.com/omnious/provider-node/scheduler"
 )
 
-// Picker chooses endpoints for a request; the scheduler implements it.
+// Picker admits requests and chooses their endpoints; the scheduler
+// implements it. Admit may wait (flow control, bounded by ctx); Pick never
+// does, and releases the ticket Admit returned.
 type Picker interface {
-	Pick(ctx context.Context, r *scheduler.Request) (*scheduler.Decision, error)
+	Admit(ctx context.Context, r *scheduler.Request) (*scheduler.Ticket, error)
+	Pick(r *scheduler.Request, t *scheduler.Ticket) (*scheduler.Decision, error)
 }
 
 // Header and metadata names of the EndpointPicker protocol.
@@ -563,7 +566,11 @@ func (st *stream) route(headersOnly, eos bool) error {
 			}
 		}
 	}
-	d, err := s.picker.Pick(st.ctx, req)
+	t, err := s.picker.Admit(st.ctx, req)
+	var d *scheduler.Decision
+	if err == nil {
+		d, err = s.picker.Pick(req, t)
+	}
 	req.PromptText = nil // it aliases the body; the scheduler must not keep it
 	if err != nil {
 		var se *scheduler.Error

@@ -6,12 +6,12 @@
 // breakers, and admits requests by priority band (flow control).
 //
 // This file is the contract with the ext_proc server: the types it builds
-// and consumes. The picker itself never blocks on I/O; Pick may wait only in
-// the flow-control queue, bounded by the band's TTL and the caller's context.
+// and consumes. Admission and placement are two calls: Admit may wait in the
+// flow-control queue, bounded by the band's TTL and the caller's context;
+// Pick never waits.
 package scheduler
 
 import (
-	"errors"
 	"net/http"
 	"time"
 
@@ -106,7 +106,7 @@ type Error struct {
 	Status int
 	// Reason is a short machine-readable cause, used as the reason header
 	// and metric label: "model_not_served", "no_endpoint", "queue_full",
-	// "queue_expired", "shed", "client_gone".
+	// "queue_expired", "client_gone".
 	Reason string
 	Msg    string
 }
@@ -119,18 +119,14 @@ var (
 	ErrNoEndpoint     = &Error{http.StatusServiceUnavailable, "no_endpoint", "no endpoint can serve the request"}
 	ErrQueueFull      = &Error{http.StatusTooManyRequests, "queue_full", "the request's priority band queue is full"}
 	ErrQueueExpired   = &Error{http.StatusServiceUnavailable, "queue_expired", "the request waited longer than its band's queue TTL"}
-	ErrShed           = &Error{http.StatusTooManyRequests, "shed", "the pool is saturated for the request's band"}
 	ErrClientGone     = &Error{http.StatusServiceUnavailable, "client_gone", "the client went away while queued"}
 )
 
-// StatusOf returns the HTTP status for err: the Error's status, or 500.
-func StatusOf(err error) int {
-	var e *Error
-	if errors.As(err, &e) {
-		return e.Status
-	}
-	return http.StatusInternalServerError
-}
+// errNoRequest answers a nil request.
+var errNoRequest = &Error{http.StatusBadRequest, "bad_request", "no request"}
 
-// SetDone sets the function Done calls; schedulers (and test fakes) use it.
+// SetDone sets the function Done calls. The Scheduler sets it on its own
+// decisions; other implementations of the ext_proc server's Picker (a
+// different placement policy, a test double) set theirs, as grpc-go's
+// balancers fill PickResult.Done.
 func (d *Decision) SetDone(f func(DoneInfo)) { d.done = f }

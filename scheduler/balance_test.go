@@ -38,7 +38,7 @@ func TestLoadStaysBalanced(t *testing.T) {
 					before[addr(k)] = n
 					minLoad = min(minLoad, n)
 				}
-				d, err := e.s.Pick(ctx, &Request{Model: testModel, Tokens: tokens(1024, seed)})
+				d, err := e.s.admitPick(ctx, &Request{Model: testModel, Tokens: tokens(1024, seed)})
 				require.NoError(t, err)
 				reasons[d.Reason]++
 				if d.Reason == ReasonPrefix {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
 
@@ -34,7 +35,7 @@ func TestConcurrentPickAndUpdate(t *testing.T) {
 				if g%2 == 1 {
 					req.Tokens, req.PromptText = nil, []byte("hello world, this is a prompt of some length")
 				}
-				d, err := e.s.Pick(context.Background(), req)
+				d, err := e.s.admitPick(context.Background(), req)
 				if err != nil {
 					t.Error(err)
 					return
@@ -59,5 +60,5 @@ func TestConcurrentPickAndUpdate(t *testing.T) {
 	for _, r := range e.s.snap.Load().all {
 		require.Zero(t, r.inflight.Load(), r.ep.Addr)
 	}
-	require.Equal(t, int64(4*300*5), e.s.Usage("").Prompt)
+	require.Equal(t, int64(4*300*5), int64(testutil.ToFloat64(e.s.m.tenantTokens.WithLabelValues(defaultTenant, "prompt"))))
 }

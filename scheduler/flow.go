@@ -71,10 +71,6 @@ func (f *flow) band(name string) *bandQueue {
 	return f.def
 }
 
-// Saturation returns the pool saturation defined on flow (0 = idle, 1 = at
-// the healthy limit).
-func (s *Scheduler) Saturation() float64 { return s.flow.saturation() }
-
 func (f *flow) saturation() float64 {
 	s := f.s
 	snap := s.snap.Load()
@@ -105,22 +101,47 @@ func (f *flow) saturation() float64 {
 	return (sum + float64(reserved)/target) / float64(n)
 }
 
-// admit returns when req may be scheduled: at once while its band is below
-// its ceiling and nobody of its band waits, else after waiting in the band's
-// queue. reserved means the caller must call unreserve after scheduling.
-func (f *flow) admit(ctx context.Context, req *Request, b *bandQueue) (waited time.Duration, reserved bool, err error) {
+// Ticket is a request's admission through flow control, handed from Admit
+// to Pick. A request released from a queue holds a reservation: it counts as
+// in flight until Pick has counted it for real, so one dispatch round cannot
+// overshoot a band's ceiling. A nil ticket holds nothing.
+type Ticket struct {
+	f      *flow
+	waited time.Duration
+}
+
+func (t *Ticket) queued() time.Duration {
+	if t == nil {
+		return 0
+	}
+	return t.waited
+}
+
+// release gives back the reservation, once.
+func (t *Ticket) release() {
+	if t == nil || t.f == nil {
+		return
+	}
+	t.f.unreserve()
+	t.f = nil
+}
+
+// admit returns when req may be scheduled: at once (a nil ticket) while its
+// band is below its ceiling and nobody of its band waits, else after waiting
+// in the band's queue (a ticket holding a reservation).
+func (f *flow) admit(ctx context.Context, req *Request, b *bandQueue) (*Ticket, *Error) {
 	if !f.enabled {
-		return 0, false, nil
+		return nil, nil
 	}
 	sat := f.saturation()
 	f.mu.Lock()
 	if b.q.Len() == 0 && sat < b.SaturationCeiling {
 		f.mu.Unlock()
-		return 0, false, nil
+		return nil, nil
 	}
 	if b.q.Len() >= f.s.cfg.Admission.QueueCapacityPerBand {
 		f.mu.Unlock()
-		return 0, false, ErrQueueFull
+		return nil, ErrQueueFull
 	}
 	w := &waiter{ch: make(chan struct{})}
 	el := b.q.PushBack(w)
@@ -131,16 +152,20 @@ func (f *flow) admit(ctx context.Context, req *Request, b *bandQueue) (waited ti
 	start := time.Now()
 	ttl := f.s.cfg.Admission.QueueTTL
 	if !req.Arrived.IsZero() {
-		// The TTL counts from arrival, so time spent before Pick counts too.
+		// The TTL counts from arrival, so time spent before Admit counts too.
 		ttl -= time.Since(req.Arrived)
 	}
 	timer := time.NewTimer(max(ttl, 0))
 	defer timer.Stop()
-	var cause error
+	admitted := func() (*Ticket, *Error) {
+		waited := time.Since(start)
+		b.wait.Observe(waited.Seconds())
+		return &Ticket{f: f, waited: waited}, nil
+	}
+	var cause *Error
 	select {
 	case <-w.ch:
-		b.wait.Observe(time.Since(start).Seconds())
-		return time.Since(start), true, nil
+		return admitted()
 	case <-ctx.Done():
 		cause = ErrClientGone
 	case <-timer.C:
@@ -150,13 +175,12 @@ func (f *flow) admit(ctx context.Context, req *Request, b *bandQueue) (waited ti
 	if w.admitted {
 		// Released at the same moment: go ahead.
 		f.mu.Unlock()
-		b.wait.Observe(time.Since(start).Seconds())
-		return time.Since(start), true, nil
+		return admitted()
 	}
 	b.q.Remove(el)
 	b.depth.Set(float64(b.q.Len()))
 	f.mu.Unlock()
-	return time.Since(start), false, cause
+	return nil, cause
 }
 
 func (f *flow) unreserve() {
@@ -214,13 +238,13 @@ func (f *flow) dispatch() {
 	}
 }
 
-// QueueDepth returns how many requests wait in band.
-func (s *Scheduler) QueueDepth(band string) int {
-	b, ok := s.flow.byName[band]
+// depth returns how many requests wait in the band named name.
+func (f *flow) depth(name string) int {
+	b, ok := f.byName[name]
 	if !ok {
 		return 0
 	}
-	s.flow.mu.Lock()
-	defer s.flow.mu.Unlock()
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	return b.q.Len()
 }

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -27,7 +28,8 @@ func flowEnv(t *testing.T, mut func(*Config)) (*testEnv, context.CancelFunc) {
 			mut(c)
 		}
 	})
-	// No metrics URLs: Run must not scrape anything here.
+	// No metrics URLs: replicas are never stale, so the signals the tests
+	// set decide alone.
 	eps := endpoints(2, testModel)
 	for i := range eps {
 		eps[i].MetricsURL = ""
@@ -59,7 +61,7 @@ func TestSaturation(t *testing.T) {
 	}
 	for _, tt := range tests {
 		tt.set()
-		require.InDelta(t, tt.want, e.s.Saturation(), 1e-9, tt.name)
+		require.InDelta(t, tt.want, e.s.flow.saturation(), 1e-9, tt.name)
 	}
 }
 
@@ -68,7 +70,7 @@ func TestFlowBronzeQueuesFirstPlatinumNeverWaits(t *testing.T) {
 	defer stop()
 	var held []*Decision
 	pick := func(band string) pickResult {
-		d, err := e.s.Pick(ctx, &Request{Model: testModel, Band: band})
+		d, err := e.s.admitPick(ctx, &Request{Model: testModel, Band: band})
 		return pickResult{band, d, err}
 	}
 	// Saturation 0.35 (7 in flight over 2x10): above bronze's 0.30 only.
@@ -77,11 +79,11 @@ func TestFlowBronzeQueuesFirstPlatinumNeverWaits(t *testing.T) {
 		require.NoError(t, r.err)
 		held = append(held, r.d)
 	}
-	require.InDelta(t, 0.35, e.s.Saturation(), 1e-9)
+	require.InDelta(t, 0.35, e.s.flow.saturation(), 1e-9)
 
 	bronze := make(chan pickResult, 1)
 	go func() { bronze <- pick("bronze") }()
-	require.Eventually(t, func() bool { return e.s.QueueDepth("bronze") == 1 }, 2*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return e.s.flow.depth("bronze") == 1 }, 2*time.Second, time.Millisecond)
 
 	// Silver, gold and platinum all pass immediately below their ceilings.
 	for _, band := range []string{"silver", "gold", "platinum"} {
@@ -98,11 +100,11 @@ func TestFlowBronzeQueuesFirstPlatinumNeverWaits(t *testing.T) {
 		require.Zero(t, r.d.Queued)
 		held = append(held, r.d)
 	}
-	require.InDelta(t, 0.9, e.s.Saturation(), 1e-9)
+	require.InDelta(t, 0.9, e.s.flow.saturation(), 1e-9)
 	gold := make(chan pickResult, 1)
 	go func() { gold <- pick("gold") }()
-	require.Eventually(t, func() bool { return e.s.QueueDepth("gold") == 1 }, 2*time.Second, time.Millisecond)
-	require.Equal(t, 1, e.s.QueueDepth("bronze"))
+	require.Eventually(t, func() bool { return e.s.flow.depth("gold") == 1 }, 2*time.Second, time.Millisecond)
+	require.Equal(t, 1, e.s.flow.depth("bronze"))
 
 	// Finishing requests lowers saturation: gold (higher priority) is
 	// released before bronze.
@@ -117,7 +119,7 @@ func TestFlowBronzeQueuesFirstPlatinumNeverWaits(t *testing.T) {
 	require.NoError(t, g.err)
 	require.Positive(t, g.d.Queued)
 	held = append(held, g.d)
-	require.Equal(t, 1, e.s.QueueDepth("bronze"), "bronze still waits at saturation 0.85")
+	require.Equal(t, 1, e.s.flow.depth("bronze"), "bronze still waits at saturation 0.85")
 	select {
 	case r := <-bronze:
 		t.Fatalf("bronze released early: %+v", r)
@@ -153,7 +155,7 @@ func TestFlowQueueLimits(t *testing.T) {
 			// Saturate for bronze: 0.35.
 			var held []*Decision
 			for range 7 {
-				d, err := e.s.Pick(ctx, &Request{Model: testModel, Band: "platinum"})
+				d, err := e.s.admitPick(ctx, &Request{Model: testModel, Band: "platinum"})
 				require.NoError(t, err)
 				held = append(held, d)
 			}
@@ -166,13 +168,13 @@ func TestFlowQueueLimits(t *testing.T) {
 				first := make(chan error, 1)
 				qctx, cancel := context.WithCancel(context.Background())
 				go func() {
-					_, err := e.s.Pick(qctx, &Request{Model: testModel, Band: "bronze"})
+					_, err := e.s.admitPick(qctx, &Request{Model: testModel, Band: "bronze"})
 					first <- err
 				}()
-				require.Eventually(t, func() bool { return e.s.QueueDepth("bronze") == 1 }, 2*time.Second, time.Millisecond)
-				_, err := e.s.Pick(ctx, &Request{Model: testModel, Band: "bronze"})
+				require.Eventually(t, func() bool { return e.s.flow.depth("bronze") == 1 }, 2*time.Second, time.Millisecond)
+				_, err := e.s.admitPick(ctx, &Request{Model: testModel, Band: "bronze"})
 				require.ErrorIs(t, err, ErrQueueFull)
-				require.Equal(t, 429, StatusOf(err))
+				require.Equal(t, 429, statusOf(err))
 				cancel()
 				require.ErrorIs(t, <-first, ErrClientGone)
 				return
@@ -187,10 +189,10 @@ func TestFlowQueueLimits(t *testing.T) {
 			if tt.arrived > 0 {
 				req.Arrived = time.Now().Add(-tt.arrived)
 			}
-			_, err := e.s.Pick(c, req)
+			_, err := e.s.admitPick(c, req)
 			require.ErrorIs(t, err, tt.want)
-			require.Equal(t, 503, StatusOf(err))
-			require.Zero(t, e.s.QueueDepth("bronze"), "an expired waiter leaves the queue")
+			require.Equal(t, 503, statusOf(err))
+			require.Zero(t, e.s.flow.depth("bronze"), "an expired waiter leaves the queue")
 		})
 	}
 }
@@ -200,4 +202,55 @@ func TestFlowUnknownBandUsesDefault(t *testing.T) {
 	require.Equal(t, "gold", e.s.flow.band("").Name)
 	require.Equal(t, "gold", e.s.flow.band("diamond").Name)
 	require.Equal(t, "bronze", e.s.flow.band("bronze").Name)
+}
+
+// TestPickNeverWaits: with every band's queue full, the pool past every
+// ceiling and the caller's context already cancelled, Admit refuses and
+// Pick still places the request. Nothing dispatches queues here (Run is
+// not running), so a Pick that waited on flow control would stay blocked
+// and synctest.Wait would return with it unfinished.
+func TestPickNeverWaits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, 2, func(c *Config) {
+			c.Admission.Enabled = ptr(true)
+			c.Admission.QueueCapacityPerBand = 1
+		})
+		for i := range 2 {
+			e.setSignals(i, metrics.Signals{Engine: metrics.EngineVLLM, Waiting: 100, KVUsage: 1})
+		}
+		require.Greater(t, e.s.flow.saturation(), 1.0)
+		// One waiter fills the platinum band.
+		waitCtx, stopWaiting := context.WithCancel(context.Background())
+		waited := make(chan error, 1)
+		go func() {
+			_, err := e.s.Admit(waitCtx, &Request{Model: testModel, Band: "platinum"})
+			waited <- err
+		}()
+		synctest.Wait()
+		require.Equal(t, 1, e.s.flow.depth("platinum"))
+
+		cancelled, cancel := context.WithCancel(context.Background())
+		cancel()
+		req := &Request{Model: testModel, Band: "platinum", Tokens: tokens(256, 1)}
+		_, err := e.s.Admit(cancelled, req)
+		require.ErrorIs(t, err, ErrQueueFull)
+
+		var d *Decision
+		picked := make(chan struct{})
+		go func() {
+			defer close(picked)
+			d, err = e.s.Pick(req, nil)
+		}()
+		synctest.Wait()
+		select {
+		case <-picked:
+		default:
+			t.Fatal("Pick waited")
+		}
+		require.NoError(t, err)
+		require.NotEmpty(t, d.Endpoints)
+		d.Done(DoneInfo{Status: 200})
+		stopWaiting()
+		require.ErrorIs(t, <-waited, ErrClientGone)
+	})
 }

@@ -1,7 +1,10 @@
 package scheduler
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -69,12 +72,23 @@ func newEnv(t testing.TB, n int, mut func(*Config)) *testEnv {
 	return &testEnv{s: s, ix: ix, clock: clock, reg: reg}
 }
 
-func endpoints(n int, model string) []endpoint.Endpoint {
-	eps := make([]endpoint.Endpoint, n)
+// endpoints returns n targets 10.0.0.<i+1>:8000 with replica id i.
+func endpoints(n int, model string) []Target {
+	eps := make([]Target, n)
 	for i := range eps {
-		eps[i] = endpoint.Endpoint{Addr: addr(i), Model: model, Engine: "vllm", MetricsURL: fmt.Sprintf("http://127.0.0.1:1/metrics?ep=%d", i)}
+		eps[i] = Target{Replica: kvindex.Replica(i), Endpoint: endpoint.Endpoint{
+			Addr: addr(i), Model: model, Engine: "vllm", MetricsURL: fmt.Sprintf("http://127.0.0.1:1/metrics?ep=%d", i)}}
 	}
 	return eps
+}
+
+// targets gives each endpoint its position as replica id.
+func targets(eps ...endpoint.Endpoint) []Target {
+	out := make([]Target, len(eps))
+	for i, ep := range eps {
+		out[i] = Target{Endpoint: ep, Replica: kvindex.Replica(i)}
+	}
+	return out
 }
 
 func addr(i int) string { return fmt.Sprintf("10.0.0.%d:8000", i+1) }
@@ -109,3 +123,21 @@ func (e *testEnv) store(i int, toks []uint32) {
 }
 
 func primary(d *Decision) string { return d.Endpoints[0].Addr }
+
+// admitPick admits and picks as the ext_proc server does.
+func (s *Scheduler) admitPick(ctx context.Context, req *Request) (*Decision, error) {
+	t, err := s.Admit(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return s.Pick(req, t)
+}
+
+// statusOf returns the HTTP status for err: the Error's status, or 500.
+func statusOf(err error) int {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Status
+	}
+	return http.StatusInternalServerError
+}

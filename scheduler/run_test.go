@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/omnious/provider-node/endpoint"
+	"github.com/omnious/provider-node/engines/metrics"
 	"github.com/omnious/provider-node/kvindex"
 )
 
@@ -41,16 +42,24 @@ func TestRunScrapesAndTrips(t *testing.T) {
 	cfg.Signals.StaleAfter = time.Second
 	s, err := New(cfg, kvindex.New(kvindex.Config{}), prometheus.NewRegistry(), zaptest.NewLogger(t))
 	require.NoError(t, err)
-	s.SetEndpoints([]endpoint.Endpoint{
-		{Addr: "127.0.0.1:1", Model: testModel, Engine: "vllm", MetricsURL: a.URL + "/metrics"},
-		{Addr: "127.0.0.1:2", Model: testModel, Engine: "vllm", MetricsURL: b.URL + "/metrics"},
-	})
+	s.SetEndpoints(targets(
+		endpoint.Endpoint{Addr: "127.0.0.1:1", Model: testModel, Engine: "vllm", MetricsURL: a.URL + "/metrics"},
+		endpoint.Endpoint{Addr: "127.0.0.1:2", Model: testModel, Engine: "vllm", MetricsURL: b.URL + "/metrics"},
+	))
+	// The scraper runs beside the scheduler, as the EPP wires them.
+	scraper := metrics.NewScraper(metrics.ScraperConfig{
+		Interval: cfg.Signals.ScrapeInterval, Timeout: cfg.Signals.ScrapeTimeout, OnSample: s.Observe,
+	}, zaptest.NewLogger(t))
+	scraper.SetTargets([]string{a.URL + "/metrics", b.URL + "/metrics"})
 	runCtx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(runCtx) }()
+	scraped := make(chan struct{})
+	go func() { scraper.Run(runCtx); close(scraped) }()
 	defer func() {
 		cancel()
 		require.NoError(t, <-done)
+		<-scraped
 	}()
 
 	require.Eventually(t, func() bool {
@@ -64,7 +73,7 @@ func TestRunScrapesAndTrips(t *testing.T) {
 		return s.snap.Load().byAddr["127.0.0.1:1"].br.current(s.now(), cfg.Breaker.Cooldown) == BreakerOpen
 	}, 5*time.Second, 10*time.Millisecond)
 	for range 10 {
-		d, err := s.Pick(context.Background(), &Request{Model: testModel})
+		d, err := s.admitPick(context.Background(), &Request{Model: testModel})
 		require.NoError(t, err)
 		require.Equal(t, "127.0.0.1:2", primary(d))
 		d.Done(DoneInfo{Status: 200})
@@ -74,10 +83,10 @@ func TestRunScrapesAndTrips(t *testing.T) {
 func TestMetricsNames(t *testing.T) {
 	e := newEnv(t, 2, nil)
 	e.freshAll()
-	d, err := e.s.Pick(ctx, &Request{Model: testModel, Tokens: tokens(256, 1), Tenant: "acme"})
+	d, err := e.s.admitPick(ctx, &Request{Model: testModel, Tokens: tokens(256, 1), Tenant: "acme"})
 	require.NoError(t, err)
 	d.Done(DoneInfo{Status: 200, PromptTokens: 10, CompletionTokens: 2})
-	_, _ = e.s.Pick(ctx, &Request{Model: "missing"})
+	_, _ = e.s.admitPick(ctx, &Request{Model: "missing"})
 	e.s.refreshGauges()
 
 	mfs, err := e.reg.Gather()

@@ -2,10 +2,8 @@ package scheduler
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -19,10 +17,12 @@ import (
 	"github.com/omnious/provider-node/kvindex"
 )
 
-// Scheduler picks endpoints. Pick reads an immutable snapshot of the pool
-// behind an atomic pointer and per-replica atomics, so decisions never wait
-// for SetEndpoints or for scrapes; only the speculative-credit map and the
-// approximate/session LRUs take short locks.
+// Scheduler admits and places requests. Pick reads an immutable snapshot of
+// the pool behind an atomic pointer and per-replica atomics, so decisions
+// never wait for SetEndpoints or for scrapes; the locks it takes (the random
+// source, the speculative-credit map, the approximate and session LRUs) are
+// held for a few map operations and never across I/O or a wait. Waiting
+// belongs to Admit.
 type Scheduler struct {
 	cfg Config
 	ix  *kvindex.Index
@@ -35,28 +35,25 @@ type Scheduler struct {
 
 	snap atomic.Pointer[snapshot]
 
-	// mu serialises SetEndpoints and guards the id allocator.
-	mu     sync.Mutex
-	ids    map[string]kvindex.Replica
-	nextID int
-	freed  []kvindex.Replica
+	// mu serialises SetEndpoints.
+	mu sync.Mutex
 
-	scraper *metrics.Scraper
-	spec    *speculative
-	approx  *approximate
-	sess    *sessions
-	flow    *flow
-	rr      atomic.Uint64
-
-	usageMu sync.Mutex
-	usage   map[string]TokenUsage
+	spec   *speculative
+	approx *approximate
+	sess   *sessions
+	flow   *flow
+	rr     atomic.Uint64
 
 	scratch sync.Pool
 }
 
-// TokenUsage is a tenant's cumulative token use, from DoneInfo.
-type TokenUsage struct {
-	Prompt, Cached, Completion int64
+// Target is one endpoint of the pool with its index replica id. The ids are
+// assigned by whoever also feeds the index (the EPP's assembly, through
+// kvindex.IDs), so the scheduler's matches and the engines' events meet
+// under the same id.
+type Target struct {
+	endpoint.Endpoint
+	Replica kvindex.Replica
 }
 
 // replica is one endpoint's live state. ep never changes after creation
@@ -121,31 +118,21 @@ func New(cfg Config, ix *kvindex.Index, reg prometheus.Registerer, log *zap.Logg
 			defer rndMu.Unlock()
 			return src.Float64()
 		},
-		ids:    make(map[string]kvindex.Replica),
 		spec:   newSpeculative(cfg.Prefix.SpeculativeTTL),
 		approx: approx,
 		sess:   sess,
-		usage:  make(map[string]TokenUsage),
 	}
 	s.scratch.New = func() any { return new(scratch) }
 	s.snap.Store(&snapshot{byAddr: map[string]*replica{}, byURL: map[string][]*replica{}, models: map[string][]*replica{}})
-	s.scraper = metrics.NewScraper(metrics.ScraperConfig{
-		Interval: cfg.Signals.ScrapeInterval,
-		Timeout:  cfg.Signals.ScrapeTimeout,
-		OnSample: s.onSample,
-	}, log)
 	s.flow = newFlow(s)
 	return s, nil
 }
 
-// Config returns the defaulted configuration in use.
-func (s *Scheduler) Config() Config { return s.cfg }
-
-// SetEndpoints replaces the pool. Endpoints keep their replica id (and
-// in-flight counts) across calls while their Addr is present; an endpoint
-// that leaves has its index entries cleared before its id is freed, and
-// freed ids are reused only after every fresh id has been handed out.
-func (s *Scheduler) SetEndpoints(eps []endpoint.Endpoint) {
+// SetEndpoints replaces the pool. An endpoint keeps its in-flight count and
+// signals across calls while its Addr, replica id and wiring stay the same.
+// The caller owns the ids: it clears a departed endpoint's index entries
+// before its id is handed out again.
+func (s *Scheduler) SetEndpoints(eps []Target) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	old := s.snap.Load()
@@ -163,13 +150,8 @@ func (s *Scheduler) SetEndpoints(eps []endpoint.Endpoint) {
 			next.all = slices.DeleteFunc(next.all, func(r *replica) bool { return r == prev })
 		}
 		r := old.byAddr[ep.Addr]
-		if r == nil || !sameEndpoint(&r.ep, &ep) {
-			id, err := s.allocIDLocked(ep.Addr)
-			if err != nil {
-				s.log.Error("cannot add endpoint", zap.String("addr", ep.Addr), zap.Error(err))
-				continue
-			}
-			nr := &replica{ep: ep, id: id}
+		if r == nil || r.id != ep.Replica || !sameEndpoint(&r.ep, &ep.Endpoint) {
+			nr := &replica{ep: ep.Endpoint, id: ep.Replica}
 			nr.ep.Labels = cloneLabels(ep.Labels)
 			if r != nil {
 				// In-flight counts stay with the old replica, whose
@@ -185,30 +167,19 @@ func (s *Scheduler) SetEndpoints(eps []endpoint.Endpoint) {
 		next.all = append(next.all, r)
 		next.byAddr[ep.Addr] = r
 	}
-	urls := make([]string, 0, len(next.all))
 	for _, r := range next.all {
 		next.models[r.ep.Model] = append(next.models[r.ep.Model], r)
 		if u := r.ep.MetricsURL; u != "" {
-			if len(next.byURL[u]) == 0 {
-				urls = append(urls, u)
-			}
 			next.byURL[u] = append(next.byURL[u], r)
 		}
 		next.maxID = max(next.maxID, int(r.id))
 	}
 	s.snap.Store(next)
-	s.scraper.SetTargets(urls)
 
-	for addr, id := range s.ids {
+	for addr := range old.byAddr {
 		if _, ok := next.byAddr[addr]; ok {
 			continue
 		}
-		// Clear before freeing: a reused id must not inherit blocks.
-		if s.ix != nil {
-			s.ix.ClearReplica(id)
-		}
-		delete(s.ids, addr)
-		s.freed = append(s.freed, id)
 		s.m.perPodQ.DeleteLabelValues(s.cfg.PoolName, addr)
 		s.m.breakerState.DeleteLabelValues(addr)
 		s.m.score.DeleteLabelValues(addr)
@@ -232,36 +203,11 @@ func cloneLabels(m map[string]string) map[string]string {
 	return c
 }
 
-// allocIDLocked returns addr's id, assigning one if needed.
-func (s *Scheduler) allocIDLocked(addr string) (kvindex.Replica, error) {
-	if id, ok := s.ids[addr]; ok {
-		return id, nil
-	}
-	var id kvindex.Replica
-	switch {
-	case s.nextID <= 0xFFFF:
-		id = kvindex.Replica(s.nextID)
-		s.nextID++
-	case len(s.freed) > 0:
-		id, s.freed = s.freed[0], s.freed[1:]
-	default:
-		return 0, errors.New("no free replica id")
-	}
-	s.ids[addr] = id
-	return id, nil
-}
-
-// ReplicaID returns the kvindex replica id of the endpoint at addr, for the
-// KV-event ingestion to store under the same id the scheduler matches.
-func (s *Scheduler) ReplicaID(addr string) (kvindex.Replica, bool) {
-	if r, ok := s.snap.Load().byAddr[addr]; ok {
-		return r.id, true
-	}
-	return 0, false
-}
-
-// onSample receives every scrape result.
-func (s *Scheduler) onSample(sm *metrics.Sample) {
+// Observe takes one scrape result of an engine's metrics (the scraper's
+// OnSample): every endpoint behind that metrics URL gets the sample, and a
+// failed scrape counts against their breakers when signals.scrape_failures_trip
+// is on.
+func (s *Scheduler) Observe(sm *metrics.Sample) {
 	now := s.now()
 	trip := *s.cfg.Signals.ScrapeFailuresTrip
 	for _, r := range s.snap.Load().byURL[sm.URL] {
@@ -272,12 +218,11 @@ func (s *Scheduler) onSample(sm *metrics.Sample) {
 	}
 }
 
-// Run scrapes engine metrics, dispatches flow-control queues and refreshes
-// pool gauges until ctx is done.
+// Run dispatches flow-control queues and refreshes pool gauges until ctx is
+// done. The engines' metrics reach the scheduler through Observe.
 func (s *Scheduler) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); s.scraper.Run(ctx) }()
+	wg.Add(1)
 	go func() { defer wg.Done(); s.flow.run(ctx) }()
 	tick := time.NewTicker(s.cfg.Signals.ScrapeInterval)
 	defer tick.Stop()
@@ -292,7 +237,6 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	}
 }
 
-// refreshGauges exports per-endpoint and pool gauges.
 func b2f(b bool) float64 {
 	if b {
 		return 1
@@ -300,6 +244,7 @@ func b2f(b bool) float64 {
 	return 0
 }
 
+// refreshGauges exports per-endpoint and pool gauges.
 func (s *Scheduler) refreshGauges() {
 	snap := s.snap.Load()
 	now := s.now()
@@ -346,56 +291,55 @@ func (s *Scheduler) signals(r *replica, now time.Time) (*metrics.Sample, bool) {
 	return sm, now.Sub(sm.At) > s.cfg.Signals.StaleAfter
 }
 
-// Usage returns the cumulative token use of tenant ("" = "default-flow").
-func (s *Scheduler) Usage(tenant string) TokenUsage {
-	if tenant == "" {
-		tenant = defaultTenant
-	}
-	s.usageMu.Lock()
-	defer s.usageMu.Unlock()
-	return s.usage[tenant]
-}
-
 const defaultTenant = "default-flow"
 
-// Pick admits the request through flow control (it may wait there, bounded
-// by its band's TTL and ctx) and then decides where it goes. The caller
-// must call Done on the returned decision exactly once. Queued requests are
-// released by Run's dispatcher, so Run must be running when admission is
-// enabled. Errors are *Error values (ErrModelNotServed, ErrNoEndpoint,
-// ErrQueueFull, ErrQueueExpired, ErrClientGone).
-//
-// Decision.Mode is "precise" or "approximate" for the scoring policies and
-// "" for random, round-robin and least-queue.
-func (s *Scheduler) Pick(ctx context.Context, req *Request) (*Decision, error) {
+// Admit lets req through flow control: at once while its band is below
+// its saturation ceiling and nobody of its band waits, else after waiting in
+// the band's queue, bounded by the band's TTL (from req.Arrived) and ctx.
+// The ticket goes to Pick, which releases it. Queued requests are released
+// by Run's dispatcher, so Run must be running when admission is enabled.
+// Errors are *Error values (ErrModelNotServed, ErrQueueFull,
+// ErrQueueExpired, ErrClientGone).
+func (s *Scheduler) Admit(ctx context.Context, req *Request) (*Ticket, error) {
 	if req == nil {
-		return nil, &Error{http.StatusBadRequest, "bad_request", "no request"}
+		return nil, errNoRequest
 	}
-	band := s.flow.band(req.Band)
 	if _, _, _, err := s.serving(s.snap.Load(), req.Model); err != nil {
+		// Not worth a place in the queue: no wait can make it servable.
 		s.failed(err.Reason)
 		return nil, err
 	}
-	queued, reserved, err := s.flow.admit(ctx, req, band)
+	t, err := s.flow.admit(ctx, req, s.flow.band(req.Band))
 	if err != nil {
-		var e *Error
-		if errors.As(err, &e) {
-			s.failed(e.Reason)
-		}
+		s.failed(err.Reason)
 		return nil, err
 	}
-	start := time.Now()
-	d, serr := s.schedule(req)
-	if reserved {
-		s.flow.unreserve()
+	return t, nil
+}
+
+// Pick decides where an admitted request goes. It never waits: it reads the
+// current snapshot, scores, and returns. It releases t (nil: the request
+// holds no admission reservation), after counting the request in flight so
+// that the dispatcher cannot overshoot in between. The caller must call
+// Done on the returned decision exactly once. Errors are *Error values
+// (ErrModelNotServed, ErrNoEndpoint).
+//
+// Decision.Mode is "precise" or "approximate" for the scoring policies and
+// "" for random, round-robin and least-queue.
+func (s *Scheduler) Pick(req *Request, t *Ticket) (*Decision, error) {
+	defer t.release()
+	if req == nil {
+		return nil, errNoRequest
 	}
+	start := time.Now()
+	d, err := s.schedule(req)
 	s.m.e2e.Observe(time.Since(start).Seconds())
-	if serr != nil {
-		s.failed(serr.Reason)
-		return nil, serr
+	if err != nil {
+		s.failed(err.Reason)
+		return nil, err
 	}
 	s.m.attempts.WithLabelValues("success").Inc()
-	d.Queued = queued
+	d.Queued = t.queued()
 	return d, nil
 }
 
@@ -535,7 +479,7 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 	return d, nil
 }
 
-// done feeds the breaker, usage counters and flow control.
+// done feeds the breaker, the tenant token counters and flow control.
 func (s *Scheduler) done(primary *replica, probe bool, tenant string, info DoneInfo) {
 	now := s.now()
 	served := primary
@@ -559,13 +503,6 @@ func (s *Scheduler) done(primary *replica, probe bool, tenant string, info DoneI
 		if tenant == "" {
 			tenant = defaultTenant
 		}
-		s.usageMu.Lock()
-		u := s.usage[tenant]
-		u.Prompt += int64(info.PromptTokens)
-		u.Cached += int64(info.CachedTokens)
-		u.Completion += int64(info.CompletionTokens)
-		s.usage[tenant] = u
-		s.usageMu.Unlock()
 		s.m.tenantTokens.WithLabelValues(tenant, "prompt").Add(float64(info.PromptTokens))
 		s.m.tenantTokens.WithLabelValues(tenant, "cached").Add(float64(info.CachedTokens))
 		s.m.tenantTokens.WithLabelValues(tenant, "completion").Add(float64(info.CompletionTokens))

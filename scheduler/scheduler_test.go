@@ -6,11 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/engines/metrics"
-	"github.com/omnious/provider-node/kvindex"
 )
 
 var ctx = context.Background()
@@ -180,24 +180,24 @@ func TestBreakerTransitions(t *testing.T) {
 
 func TestModelNotServed(t *testing.T) {
 	e := newEnv(t, 2, func(c *Config) { c.Adapters = map[string]string{"sql-lora": testModel, "orphan": "other"} })
-	_, err := e.s.Pick(ctx, &Request{Model: "nope", Tokens: tokens(64, 1)})
+	_, err := e.s.admitPick(ctx, &Request{Model: "nope", Tokens: tokens(64, 1)})
 	require.ErrorIs(t, err, ErrModelNotServed)
-	require.Equal(t, 404, StatusOf(err))
-	_, err = e.s.Pick(ctx, &Request{Model: "orphan"})
+	require.Equal(t, 404, statusOf(err))
+	_, err = e.s.admitPick(ctx, &Request{Model: "orphan"})
 	require.ErrorIs(t, err, ErrModelNotServed)
 
-	d, err := e.s.Pick(ctx, &Request{})
+	d, err := e.s.admitPick(ctx, &Request{})
 	require.NoError(t, err, "a request naming no model (GET /v1/models) goes to any endpoint")
 	d.Done(DoneInfo{Status: 200})
 
-	d, err = e.s.Pick(ctx, &Request{Model: "sql-lora", Tokens: tokens(64, 1)})
+	d, err = e.s.admitPick(ctx, &Request{Model: "sql-lora", Tokens: tokens(64, 1)})
 	require.NoError(t, err, "a configured adapter is served by its base model's replicas")
 	d.Done(DoneInfo{Status: 200})
 
 	// An adapter no config names is served where an engine reports it loaded.
 	e.setSignals(1, metrics.Signals{RunningLoRA: "chat-lora"})
 	for range 5 {
-		d, err = e.s.Pick(ctx, &Request{Model: "chat-lora", Tokens: tokens(64, 1)})
+		d, err = e.s.admitPick(ctx, &Request{Model: "chat-lora", Tokens: tokens(64, 1)})
 		require.NoError(t, err)
 		require.Equal(t, addr(1), primary(d))
 		d.Done(DoneInfo{Status: 200})
@@ -208,7 +208,7 @@ func TestLoRAAffinity(t *testing.T) {
 	e := newEnv(t, 3, func(c *Config) { c.Adapters = map[string]string{"sql-lora": testModel} })
 	e.freshAll()
 	e.setSignals(2, metrics.Signals{RunningLoRA: "x,sql-lora"})
-	d, err := e.s.Pick(ctx, &Request{Model: "sql-lora"})
+	d, err := e.s.admitPick(ctx, &Request{Model: "sql-lora"})
 	require.NoError(t, err)
 	require.Equal(t, addr(2), primary(d))
 	d.Done(DoneInfo{Status: 200})
@@ -216,21 +216,21 @@ func TestLoRAAffinity(t *testing.T) {
 
 func TestSubsetExactAddr(t *testing.T) {
 	e := newEnv(t, 0, nil)
-	e.s.SetEndpoints([]endpoint.Endpoint{
-		{Addr: "10.0.0.1:8000", Model: testModel},
-		{Addr: "10.0.0.1:8001", Model: testModel},
-		{Addr: "10.0.0.2:8000", Model: testModel},
-	})
+	e.s.SetEndpoints(targets(
+		endpoint.Endpoint{Addr: "10.0.0.1:8000", Model: testModel},
+		endpoint.Endpoint{Addr: "10.0.0.1:8001", Model: testModel},
+		endpoint.Endpoint{Addr: "10.0.0.2:8000", Model: testModel},
+	))
 	for range 20 {
-		d, err := e.s.Pick(ctx, &Request{Model: testModel, Subset: []string{"10.0.0.1:8001"}})
+		d, err := e.s.admitPick(ctx, &Request{Model: testModel, Subset: []string{"10.0.0.1:8001"}})
 		require.NoError(t, err)
 		require.Len(t, d.Endpoints, 1, "the subset leaves one candidate, so no fallback")
 		require.Equal(t, "10.0.0.1:8001", primary(d))
 		d.Done(DoneInfo{Status: 200})
 	}
-	_, err := e.s.Pick(ctx, &Request{Model: testModel, Subset: []string{"10.0.0.9:8000"}})
+	_, err := e.s.admitPick(ctx, &Request{Model: testModel, Subset: []string{"10.0.0.9:8000"}})
 	require.ErrorIs(t, err, ErrNoEndpoint)
-	_, err = e.s.Pick(ctx, &Request{Model: testModel, Subset: []string{}})
+	_, err = e.s.admitPick(ctx, &Request{Model: testModel, Subset: []string{}})
 	require.ErrorIs(t, err, ErrNoEndpoint, "an empty non-nil subset matches nothing")
 }
 
@@ -281,7 +281,7 @@ func TestFilters(t *testing.T) {
 			tt.setup(e)
 			seen := map[string]bool{}
 			for range 60 {
-				d, err := e.s.Pick(ctx, &Request{Model: testModel})
+				d, err := e.s.admitPick(ctx, &Request{Model: testModel})
 				require.NoError(t, err)
 				seen[primary(d)] = true
 				if tt.wantReason != "" {
@@ -304,13 +304,13 @@ func TestBreakerFedByDone(t *testing.T) {
 	// Requests served by endpoint 0 fail (the served endpoint is blamed,
 	// even when the primary was another one).
 	for range 3 {
-		d, err := e.s.Pick(ctx, &Request{Model: testModel})
+		d, err := e.s.admitPick(ctx, &Request{Model: testModel})
 		require.NoError(t, err)
 		d.Done(DoneInfo{Served: addr(0), Status: 503})
 	}
 	require.Equal(t, BreakerOpen, e.rep(0).br.current(e.clock.Now(), e.s.cfg.Breaker.Cooldown))
 	for range 10 {
-		d, err := e.s.Pick(ctx, &Request{Model: testModel})
+		d, err := e.s.admitPick(ctx, &Request{Model: testModel})
 		require.NoError(t, err)
 		require.Equal(t, addr(1), primary(d))
 		d.Done(DoneInfo{Status: 200})
@@ -318,10 +318,10 @@ func TestBreakerFedByDone(t *testing.T) {
 	// After the cooldown one probe goes to endpoint 0 when it scores best.
 	e.clock.Add(e.s.cfg.Breaker.Cooldown)
 	e.rep(1).inflight.Add(50)
-	d, err := e.s.Pick(ctx, &Request{Model: testModel})
+	d, err := e.s.admitPick(ctx, &Request{Model: testModel})
 	require.NoError(t, err)
 	require.Equal(t, addr(0), primary(d))
-	d2, err := e.s.Pick(ctx, &Request{Model: testModel})
+	d2, err := e.s.admitPick(ctx, &Request{Model: testModel})
 	require.NoError(t, err)
 	require.Equal(t, addr(1), primary(d2), "only one probe while half-open")
 	d.Done(DoneInfo{Status: 200, Err: nil})
@@ -331,7 +331,7 @@ func TestBreakerFedByDone(t *testing.T) {
 
 	// A transport error counts as a failure.
 	for range 3 {
-		d, err := e.s.Pick(ctx, &Request{Model: testModel, Subset: []string{addr(1)}})
+		d, err := e.s.admitPick(ctx, &Request{Model: testModel, Subset: []string{addr(1)}})
 		require.NoError(t, err)
 		d.Done(DoneInfo{Err: errors.New("connection reset")})
 	}
@@ -342,7 +342,7 @@ func TestInflightAccounting(t *testing.T) {
 	e := newEnv(t, 1, nil)
 	var ds []*Decision
 	for i := range 5 {
-		d, err := e.s.Pick(ctx, &Request{Model: testModel})
+		d, err := e.s.admitPick(ctx, &Request{Model: testModel})
 		require.NoError(t, err)
 		require.Equal(t, int64(i+1), e.rep(0).inflight.Load())
 		ds = append(ds, d)
@@ -367,7 +367,7 @@ func TestFallbacks(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			e := newEnv(t, tt.n, func(c *Config) { c.Fallbacks = tt.fb })
-			d, err := e.s.Pick(ctx, &Request{Model: testModel})
+			d, err := e.s.admitPick(ctx, &Request{Model: testModel})
 			require.NoError(t, err)
 			require.Len(t, d.Endpoints, tt.wantCount)
 			seen := map[string]bool{}
@@ -410,7 +410,7 @@ func TestPreciseRouting(t *testing.T) {
 			e := newEnv(t, 4, func(c *Config) { c.Prefix.SpeculativeTTL = time.Nanosecond })
 			e.freshAll()
 			tt.setup(e)
-			d, err := e.s.Pick(ctx, &Request{Model: testModel, Tokens: prompt})
+			d, err := e.s.admitPick(ctx, &Request{Model: testModel, Tokens: prompt})
 			require.NoError(t, err)
 			require.Equal(t, ModePrecise, d.Mode)
 			require.Equal(t, tt.wantReason, d.Reason)
@@ -430,7 +430,7 @@ func TestCacheSaltIsolates(t *testing.T) {
 	e := newEnv(t, 4, func(c *Config) { c.Prefix.SpeculativeTTL = time.Nanosecond })
 	prompt := tokens(512, 3)
 	e.store(1, prompt)
-	d, err := e.s.Pick(ctx, &Request{Model: testModel, Tokens: prompt, CacheSalt: "tenant-a"})
+	d, err := e.s.admitPick(ctx, &Request{Model: testModel, Tokens: prompt, CacheSalt: "tenant-a"})
 	require.NoError(t, err)
 	require.Equal(t, ReasonCold, d.Reason)
 	require.Zero(t, d.PrefixBlocks)
@@ -440,14 +440,14 @@ func TestSpeculativeCredit(t *testing.T) {
 	e := newEnv(t, 8, nil)
 	e.freshAll()
 	prompt := tokens(2048, 11)
-	first, err := e.s.Pick(ctx, &Request{Model: testModel, Tokens: prompt})
+	first, err := e.s.admitPick(ctx, &Request{Model: testModel, Tokens: prompt})
 	require.NoError(t, err)
 	require.Equal(t, ReasonCold, first.Reason)
 	// A burst of the same prefix follows the first request before any KV
 	// event arrives, with a different suffix too.
 	for i := range 5 {
 		p := append(append([]uint32(nil), prompt...), tokens(100, uint32(100+i))...)
-		d, err := e.s.Pick(ctx, &Request{Model: testModel, Tokens: p})
+		d, err := e.s.admitPick(ctx, &Request{Model: testModel, Tokens: p})
 		require.NoError(t, err)
 		require.Equal(t, primary(first), primary(d))
 		require.Equal(t, ReasonPrefix, d.Reason)
@@ -456,7 +456,7 @@ func TestSpeculativeCredit(t *testing.T) {
 	// After the TTL the credit is gone.
 	e.clock.Add(3 * e.s.cfg.Prefix.SpeculativeTTL)
 	e.freshAll()
-	d, err := e.s.Pick(ctx, &Request{Model: testModel, Tokens: prompt})
+	d, err := e.s.admitPick(ctx, &Request{Model: testModel, Tokens: prompt})
 	require.NoError(t, err)
 	require.Equal(t, ReasonCold, d.Reason)
 }
@@ -474,13 +474,13 @@ func TestApproximateRouting(t *testing.T) {
 			if policy == PolicyApproximate {
 				req.Tokens = tokens(2000, 1) // ignored by the approximate policy
 			}
-			first, err := e.s.Pick(ctx, req)
+			first, err := e.s.admitPick(ctx, req)
 			require.NoError(t, err)
 			require.Equal(t, ModeApproximate, first.Mode)
 			require.Equal(t, ReasonCold, first.Reason)
 			for range 4 {
 				longer := append(append([]byte(nil), text...), "and a new question"...)
-				d, err := e.s.Pick(ctx, &Request{Model: testModel, PromptText: longer})
+				d, err := e.s.admitPick(ctx, &Request{Model: testModel, PromptText: longer})
 				require.NoError(t, err)
 				require.Equal(t, primary(first), primary(d))
 				require.Equal(t, ReasonPrefix, d.Reason)
@@ -488,7 +488,7 @@ func TestApproximateRouting(t *testing.T) {
 			// Records expire after the TTL.
 			e.clock.Add(e.s.cfg.Prefix.TTL + time.Second)
 			e.freshAll()
-			d, err := e.s.Pick(ctx, &Request{Model: testModel, PromptText: text})
+			d, err := e.s.admitPick(ctx, &Request{Model: testModel, PromptText: text})
 			require.NoError(t, err)
 			require.Equal(t, ReasonCold, d.Reason)
 		})
@@ -498,11 +498,11 @@ func TestApproximateRouting(t *testing.T) {
 func TestSessionAffinity(t *testing.T) {
 	e := newEnv(t, 4, nil)
 	e.freshAll()
-	first, err := e.s.Pick(ctx, &Request{Model: testModel, SessionKey: "u1"})
+	first, err := e.s.admitPick(ctx, &Request{Model: testModel, SessionKey: "u1"})
 	require.NoError(t, err)
 	first.Done(DoneInfo{Status: 200})
 	for range 5 {
-		d, err := e.s.Pick(ctx, &Request{Model: testModel, SessionKey: "u1"})
+		d, err := e.s.admitPick(ctx, &Request{Model: testModel, SessionKey: "u1"})
 		require.NoError(t, err)
 		require.Equal(t, primary(first), primary(d))
 		require.Equal(t, ReasonSession, d.Reason)
@@ -510,7 +510,7 @@ func TestSessionAffinity(t *testing.T) {
 	}
 	// The session's replica turned hot: the session moves.
 	e.s.snap.Load().byAddr[primary(first)].inflight.Add(30)
-	d, err := e.s.Pick(ctx, &Request{Model: testModel, SessionKey: "u1"})
+	d, err := e.s.admitPick(ctx, &Request{Model: testModel, SessionKey: "u1"})
 	require.NoError(t, err)
 	require.NotEqual(t, primary(first), primary(d))
 	require.Equal(t, ReasonCold, d.Reason)
@@ -522,7 +522,7 @@ func TestStaleScoredDownNotDropped(t *testing.T) {
 	e.clock.Add(e.s.cfg.Signals.StaleAfter + time.Second)
 	e.setSignals(1, metrics.Signals{}) // only endpoint 1 is fresh
 	for range 10 {
-		d, err := e.s.Pick(ctx, &Request{Model: testModel})
+		d, err := e.s.admitPick(ctx, &Request{Model: testModel})
 		require.NoError(t, err)
 		require.Equal(t, addr(1), primary(d), "stale replicas are scored down")
 		require.Len(t, d.Endpoints, 3, "stale replicas remain fallbacks")
@@ -530,10 +530,10 @@ func TestStaleScoredDownNotDropped(t *testing.T) {
 	}
 	// Everything stale (and never-scraped): still routes.
 	e.clock.Add(e.s.cfg.Signals.StaleAfter + time.Second)
-	e.s.SetEndpoints(append(endpoints(3, testModel), endpoint.Endpoint{Addr: "10.0.0.9:8000", Model: testModel, MetricsURL: "http://127.0.0.1:1/metrics?ep=9"}))
+	e.s.SetEndpoints(append(endpoints(3, testModel), Target{Replica: 3, Endpoint: endpoint.Endpoint{Addr: "10.0.0.9:8000", Model: testModel, MetricsURL: "http://127.0.0.1:1/metrics?ep=9"}}))
 	seen := map[string]bool{}
 	for range 40 {
-		d, err := e.s.Pick(ctx, &Request{Model: testModel})
+		d, err := e.s.admitPick(ctx, &Request{Model: testModel})
 		require.NoError(t, err)
 		seen[primary(d)] = true
 		d.Done(DoneInfo{Status: 200})
@@ -546,7 +546,7 @@ func TestBaselinePolicies(t *testing.T) {
 		e := newEnv(t, 3, func(c *Config) { c.Policy = PolicyRoundRobin })
 		var got []string
 		for range 6 {
-			d, err := e.s.Pick(ctx, &Request{Model: testModel})
+			d, err := e.s.admitPick(ctx, &Request{Model: testModel})
 			require.NoError(t, err)
 			require.Equal(t, ReasonRoundRobin, d.Reason)
 			got = append(got, primary(d))
@@ -558,7 +558,7 @@ func TestBaselinePolicies(t *testing.T) {
 		e.setSignals(0, metrics.Signals{Waiting: 5})
 		e.setSignals(1, metrics.Signals{Waiting: 1})
 		e.setSignals(2, metrics.Signals{Waiting: 3})
-		d, err := e.s.Pick(ctx, &Request{Model: testModel})
+		d, err := e.s.admitPick(ctx, &Request{Model: testModel})
 		require.NoError(t, err)
 		require.Equal(t, addr(1), primary(d))
 		require.Equal(t, []string{addr(1), addr(2), addr(0)}, []string{d.Endpoints[0].Addr, d.Endpoints[1].Addr, d.Endpoints[2].Addr})
@@ -567,7 +567,7 @@ func TestBaselinePolicies(t *testing.T) {
 		e := newEnv(t, 4, func(c *Config) { c.Policy = PolicyRandom })
 		seen := map[string]int{}
 		for range 400 {
-			d, err := e.s.Pick(ctx, &Request{Model: testModel})
+			d, err := e.s.admitPick(ctx, &Request{Model: testModel})
 			require.NoError(t, err)
 			require.Equal(t, ReasonRandom, d.Reason)
 			seen[primary(d)]++
@@ -606,49 +606,28 @@ func TestTieBreakAndSoftmax(t *testing.T) {
 	require.Equal(t, map[int]int{1: 1, 2: 1}, seen, "a cold softmax only picks the best")
 }
 
-func TestReplicaIDs(t *testing.T) {
-	e := newEnv(t, 3, nil)
-	ids := map[string]kvindex.Replica{}
-	for i := range 3 {
-		id, ok := e.s.ReplicaID(addr(i))
-		require.True(t, ok)
-		ids[addr(i)] = id
-	}
-	require.Len(t, map[kvindex.Replica]bool{ids[addr(0)]: true, ids[addr(1)]: true, ids[addr(2)]: true}, 3)
-	e.store(1, tokens(256, 5))
-	require.Equal(t, 16, e.ix.Resident(ids[addr(1)]))
-
-	// Endpoint 1 leaves: its index entries are cleared and its id is not
-	// reused by a newcomer.
-	e.s.SetEndpoints([]endpoint.Endpoint{endpoints(3, testModel)[0], endpoints(3, testModel)[2], {Addr: "10.0.0.7:8000", Model: testModel}})
-	_, ok := e.s.ReplicaID(addr(1))
-	require.False(t, ok)
-	require.Zero(t, e.ix.Resident(ids[addr(1)]))
-	id0, _ := e.s.ReplicaID(addr(0))
-	id2, _ := e.s.ReplicaID(addr(2))
-	idNew, ok := e.s.ReplicaID("10.0.0.7:8000")
-	require.True(t, ok)
-	require.Equal(t, ids[addr(0)], id0)
-	require.Equal(t, ids[addr(2)], id2)
-	require.NotEqual(t, ids[addr(1)], idNew)
-	require.NotContains(t, []kvindex.Replica{id0, id2}, idNew)
-}
-
 func TestTenantUsage(t *testing.T) {
 	e := newEnv(t, 2, nil)
 	for _, tenant := range []string{"acme", "acme", ""} {
-		d, err := e.s.Pick(ctx, &Request{Model: testModel, Tenant: tenant})
+		d, err := e.s.admitPick(ctx, &Request{Model: testModel, Tenant: tenant})
 		require.NoError(t, err)
 		d.Done(DoneInfo{Status: 200, PromptTokens: 100, CachedTokens: 40, CompletionTokens: 7})
 	}
-	require.Equal(t, TokenUsage{Prompt: 200, Cached: 80, Completion: 14}, e.s.Usage("acme"))
-	require.Equal(t, TokenUsage{Prompt: 100, Cached: 40, Completion: 7}, e.s.Usage(""))
-	require.Equal(t, TokenUsage{}, e.s.Usage("nobody"))
+	for _, tt := range []struct {
+		tenant, kind string
+		want         float64
+	}{
+		{"acme", "prompt", 200}, {"acme", "cached", 80}, {"acme", "completion", 14},
+		{"default-flow", "prompt", 100}, {"default-flow", "cached", 40}, {"default-flow", "completion", 7},
+	} {
+		require.Equal(t, tt.want, testutil.ToFloat64(e.s.m.tenantTokens.WithLabelValues(tt.tenant, tt.kind)), tt)
+	}
+	require.Equal(t, 6, testutil.CollectAndCount(e.s.m.tenantTokens), "no series for tenants without traffic")
 }
 
 func TestCapacity(t *testing.T) {
 	e := newEnv(t, 0, nil)
-	e.s.SetEndpoints(append(endpoints(3, testModel), endpoint.Endpoint{Addr: "10.0.1.1:30000", Model: "qwen", Engine: "sglang", MetricsURL: "http://127.0.0.1:1/metrics?ep=q"}))
+	e.s.SetEndpoints(append(endpoints(3, testModel), Target{Replica: 3, Endpoint: endpoint.Endpoint{Addr: "10.0.1.1:30000", Model: "qwen", Engine: "sglang", MetricsURL: "http://127.0.0.1:1/metrics?ep=q"}}))
 	e.setSignals(0, metrics.Signals{Running: 2, Waiting: 1, KVUsage: 0.5, BlockSize: 16, NumGPUBlocks: 1000})
 	e.setSignals(1, metrics.Signals{Running: 4, Waiting: 3, KVUsage: 0.25, BlockSize: 16, NumGPUBlocks: 1000})
 	// Endpoint 2 is never scraped: stale. The qwen endpoint has an open breaker.
@@ -657,7 +636,7 @@ func TestCapacity(t *testing.T) {
 	for range 3 {
 		q.br.request(false, e.clock.Now(), 3)
 	}
-	d, err := e.s.Pick(ctx, &Request{Model: testModel, Subset: []string{addr(0)}})
+	d, err := e.s.admitPick(ctx, &Request{Model: testModel, Subset: []string{addr(0)}})
 	require.NoError(t, err)
 	defer d.Done(DoneInfo{})
 

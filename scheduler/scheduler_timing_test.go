@@ -39,7 +39,7 @@ func BenchmarkSchedule64(b *testing.B) {
 			b.ReportAllocs()
 			start, ops := cputime.Clock(), 0
 			for b.Loop() {
-				d, err := e.s.Pick(ctx, req)
+				d, err := e.s.admitPick(ctx, req)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -97,7 +97,7 @@ func BenchmarkScheduleNoPrefix(b *testing.B) {
 			b.ReportAllocs()
 			start, ops := cputime.Clock(), 0
 			for b.Loop() {
-				d, err := e.s.Pick(ctx, req)
+				d, err := e.s.admitPick(ctx, req)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -38,7 +38,11 @@ type listPicker struct {
 	done  []scheduler.DoneInfo
 }
 
-func (p *listPicker) Pick(_ context.Context, r *scheduler.Request) (*scheduler.Decision, error) {
+func (*listPicker) Admit(context.Context, *scheduler.Request) (*scheduler.Ticket, error) {
+	return nil, nil
+}
+
+func (p *listPicker) Pick(r *scheduler.Request, _ *scheduler.Ticket) (*scheduler.Decision, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	cp := *r

@@ -25,6 +25,7 @@ import (
 	"github.com/omnious/provider-node/capacity"
 	"github.com/omnious/provider-node/discovery"
 	"github.com/omnious/provider-node/endpoint"
+	"github.com/omnious/provider-node/engines/metrics"
 	"github.com/omnious/provider-node/engines/tokenizer"
 	"github.com/omnious/provider-node/extproc"
 	"github.com/omnious/provider-node/kvindex"
@@ -38,21 +39,21 @@ var healthServices = []string{"", "liveness", "readiness", "envoy.service.ext_pr
 
 // EPP is one running EndpointPicker.
 type EPP struct {
-	cfg    Config
-	log    *zap.Logger
-	src    discovery.Source
-	reg    *prometheus.Registry
-	ix     *kvindex.Index
-	sched  *scheduler.Scheduler
-	ingest *ingest.Manager
-	health *health.Server
-	grpc   *grpc.Server
-	http   []*http.Server
-	tracer *sdktrace.TracerProvider // nil: no tracing
+	cfg     Config
+	log     *zap.Logger
+	src     discovery.Source
+	reg     *prometheus.Registry
+	ix      *kvindex.Index
+	ids     *kvindex.IDs // the one owner of replica ids
+	sched   *scheduler.Scheduler
+	ingest  *ingest.Manager
+	scraper *metrics.Scraper
+	health  *health.Server
+	grpc    *grpc.Server
+	http    []*http.Server
+	tracer  *sdktrace.TracerProvider // nil: no tracing
 
 	grpcLn, healthLn, metricsLn, adminLn net.Listener
-
-	sources []ingest.Source // touched only by update
 
 	mu        sync.Mutex
 	endpoints []endpoint.Endpoint // for the admin view
@@ -78,14 +79,10 @@ type timedPicker struct {
 	observe func(time.Duration)
 }
 
-func (p timedPicker) Pick(ctx context.Context, r *scheduler.Request) (*scheduler.Decision, error) {
+func (p timedPicker) Pick(r *scheduler.Request, t *scheduler.Ticket) (*scheduler.Decision, error) {
 	start := time.Now()
-	d, err := p.Picker.Pick(ctx, r)
-	took := time.Since(start)
-	if d != nil {
-		took -= d.Queued
-	}
-	p.observe(took)
+	d, err := p.Picker.Pick(r, t)
+	p.observe(time.Since(start))
 	return d, err
 }
 
@@ -102,10 +99,16 @@ func New(cfg Config, src discovery.Source, log *zap.Logger, opts ...Option) (*EP
 	e := &EPP{cfg: cfg, log: log, src: src, reg: prometheus.NewRegistry()}
 	e.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	e.ix = kvindex.New(cfg.Index.kvindex())
+	e.ids = kvindex.NewIDs()
 	var err error
 	if e.sched, err = scheduler.New(cfg.Scheduler, e.ix, e.reg, log.Named("scheduler")); err != nil {
 		return nil, fmt.Errorf("cannot create scheduler: %w", err)
 	}
+	e.scraper = metrics.NewScraper(metrics.ScraperConfig{
+		Interval: cfg.Scheduler.Signals.ScrapeInterval,
+		Timeout:  cfg.Scheduler.Signals.ScrapeTimeout,
+		OnSample: e.sched.Observe,
+	}, log.Named("scraper"))
 	e.ingest = ingest.New(cfg.Ingest, e.ix, log.Named("ingest"))
 	if err := e.ingest.Register(e.reg); err != nil {
 		return nil, fmt.Errorf("cannot register ingestion metrics: %w", err)
@@ -195,7 +198,7 @@ func (e *EPP) closeListeners() {
 	}
 }
 
-// GRPCAddr, MetricsAddr and AdminAddr are the bound addresses.
+// GRPCAddr, HealthAddr, MetricsAddr and AdminAddr are the bound addresses.
 func (e *EPP) GRPCAddr() string    { return e.grpcLn.Addr().String() }
 func (e *EPP) HealthAddr() string  { return e.healthLn.Addr().String() }
 func (e *EPP) MetricsAddr() string { return e.metricsLn.Addr().String() }
@@ -227,6 +230,7 @@ func (e *EPP) Run(ctx context.Context) error {
 	}
 	goRun("discovery", func() error { return e.src.Run(ctx, e.update) })
 	goRun("scheduler", func() error { return e.sched.Run(ctx) })
+	goRun("scraper", func() error { e.scraper.Run(ctx); return nil })
 
 	healthSrv := grpc.NewServer()
 	healthpb.RegisterHealthServer(healthSrv, e.health)
@@ -287,36 +291,41 @@ func serveGRPC(s *grpc.Server, ln net.Listener) error {
 	return nil
 }
 
-// update applies a new endpoint set. Discovery never calls it concurrently.
+// update applies a new endpoint set. Discovery never calls it
+// concurrently. Ids are assigned first, so ingestion and the scheduler get
+// the same ones in one pass; a departed endpoint's id is released (and its
+// index entries cleared) only after its subscriber has stopped and the
+// scheduler has dropped it, so a late event cannot repopulate a freed id.
 func (e *EPP) update(eps []endpoint.Endpoint) {
-	// Subscribers of endpoints that left stop before the scheduler releases
-	// their index ids, so a late event cannot repopulate a freed id.
+	targets := make([]scheduler.Target, 0, len(eps))
+	sources := make([]ingest.Source, 0, len(eps))
+	urls := make([]string, 0, len(eps))
+	seenURL := make(map[string]bool, len(eps))
 	present := make(map[string]bool, len(eps))
 	for _, ep := range eps {
-		present[ep.Addr] = true
-	}
-	kept := e.sources[:0:0]
-	for _, src := range e.sources {
-		if present[src.Name] {
-			kept = append(kept, src)
-		}
-	}
-	e.ingest.Set(kept)
-	e.sched.SetEndpoints(eps) // assigns the index ids of new endpoints
-	sources := make([]ingest.Source, 0, len(eps))
-	for _, ep := range eps {
-		id, ok := e.sched.ReplicaID(ep.Addr)
-		if !ok || ep.KVEvents == "" {
+		id, err := e.ids.Assign(ep.Addr)
+		if err != nil {
+			e.log.Error("cannot add endpoint", zap.String("addr", ep.Addr), zap.Error(err))
 			continue
 		}
-		sources = append(sources, ingest.Source{Replica: id, Name: ep.Addr, Model: ep.Model, Endpoint: ep.KVEvents, Replay: ep.KVReplay})
+		present[ep.Addr] = true
+		targets = append(targets, scheduler.Target{Endpoint: ep, Replica: id})
+		if ep.KVEvents != "" {
+			sources = append(sources, ingest.Source{Replica: id, Name: ep.Addr, Model: ep.Model, Endpoint: ep.KVEvents, Replay: ep.KVReplay})
+		}
+		if u := ep.MetricsURL; u != "" && !seenURL[u] {
+			seenURL[u] = true
+			urls = append(urls, u)
+		}
 	}
 	e.ingest.Set(sources)
-	e.sources = sources
+	e.sched.SetEndpoints(targets)
+	e.scraper.SetTargets(urls)
+	e.ids.Retain(func(addr string) bool { return present[addr] }, e.ix)
 	e.mu.Lock()
 	e.endpoints = eps
 	e.mu.Unlock()
-	e.log.Info("endpoints updated", zap.Int("endpoints", len(eps)), zap.Int("kv_event_sources", len(sources)))
+	e.log.Info("endpoints updated", zap.Int("endpoints", len(targets)), zap.Int("kv_event_sources", len(sources)))
 }
 
 func (e *EPP) adminMux() *http.ServeMux {
@@ -341,7 +350,7 @@ func (e *EPP) adminMux() *http.ServeMux {
 		out := make([]view, 0, len(eps))
 		for _, ep := range eps {
 			v := view{Endpoint: ep}
-			if id, ok := e.sched.ReplicaID(ep.Addr); ok {
+			if id, ok := e.ids.Lookup(ep.Addr); ok {
 				v.Replica = &id
 				v.Resident = e.ix.Resident(id)
 			}

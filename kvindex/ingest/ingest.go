@@ -21,7 +21,8 @@ import (
 
 // Source is one engine rank's event stream.
 type Source struct {
-	// Replica is the index id of the rank (assigned by the scheduler).
+	// Replica is the index id of the rank, from the same kvindex.IDs that
+	// gives the scheduler its ids.
 	Replica kvindex.Replica
 	// Name labels the source in logs and metrics (its "ip:port").
 	Name string
