@@ -226,7 +226,7 @@ func (st *stream) idleTimeout() time.Duration {
 // idle ends a stream whose peer sent nothing for the phase's idle timeout:
 // a request still being gathered is answered 408; a routed one can no
 // longer be answered, so the stream ends with DeadlineExceeded and the
-// scheduler hears the request failed.
+// scheduler hears it ended early (a quiet proxy is not a failed replica).
 func (st *stream) idle() error {
 	d := st.idleTimeout()
 	if ce := st.s.log.Check(zap.InfoLevel, "ext_proc stream idle: closing it"); ce != nil {
@@ -880,10 +880,14 @@ func (st *stream) finish(err error, end string) {
 }
 
 // errStreamEnded is reported to the scheduler when Envoy closed the stream
-// before the response ended (client gone, upstream reset, timeout).
+// before the response ended: the client went away, response processing is
+// off, Envoy reset the stream or timed it out. Which one the EPP cannot
+// tell, so the scheduler takes it as no evidence about the replica unless a
+// 5xx status came first.
 var errStreamEnded = errors.New("ext_proc stream ended before the response completed")
 
-// close ends the stream: a request still in flight is reported as failed.
+// close ends the stream: a request still in flight is finished with
+// errStreamEnded and whatever status it had seen.
 func (st *stream) close(err error) {
 	if st.phase != phaseDone {
 		switch c := status.Code(err); {

@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/omnious/provider-node/endpoint"
+	"github.com/omnious/provider-node/kvindex"
 	"github.com/omnious/provider-node/scheduler"
 )
 
@@ -543,4 +545,82 @@ func TestBufferReuse(t *testing.T) {
 			{reqBody(body[70000:], true), out},
 		}))
 	}
+}
+
+// TestClientCancelsNeverCountAgainstReplicas: Envoy-like streams that end
+// early (after the routing reply with no response phase, after response
+// headers, mid-body) never open a breaker of the real scheduler, and
+// routing does not fall back; a 5xx still counts.
+func TestClientCancelsNeverCountAgainstReplicas(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	sched, err := scheduler.New(must(scheduler.ParseConfig(nil)), nil, reg, nil)
+	require.NoError(t, err)
+	var targets []scheduler.Target
+	for i, a := range []string{ep1, "10.0.0.2:8000", "10.0.0.3:8000"} {
+		targets = append(targets, scheduler.Target{Endpoint: endpoint.Endpoint{Addr: a, Model: "m1"}, Replica: kvindex.Replica(i)})
+	}
+	sched.SetEndpoints(targets)
+	c := startServer(t, Config{}, sched, nil, reg)
+
+	// end is how the stream ends after the routing reply; status is the
+	// upstream status the gateway reports first (0: none).
+	run := func(status int, end func(st extprocv3.ExternalProcessor_ProcessClient, cancel context.CancelFunc)) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		st, err := c.Process(ctx)
+		require.NoError(t, err)
+		require.NoError(t, st.Send(chatHeaders()))
+		require.NoError(t, st.Send(reqBody(streamBody, true)))
+		for range 2 {
+			_, err := st.Recv()
+			require.NoError(t, err)
+		}
+		if status > 0 {
+			require.NoError(t, st.Send(withServed(respHeaders(false, ":status", strconv.Itoa(status), "content-type", "text/event-stream"), ep1)))
+			_, err = st.Recv()
+			require.NoError(t, err)
+		}
+		end(st, cancel)
+	}
+	closeSend := func(st extprocv3.ExternalProcessor_ProcessClient, _ context.CancelFunc) {
+		require.NoError(t, st.CloseSend())
+		_, _ = st.Recv()
+	}
+	reset := func(_ extprocv3.ExternalProcessor_ProcessClient, cancel context.CancelFunc) { cancel() }
+	midBody := func(st extprocv3.ExternalProcessor_ProcessClient, cancel context.CancelFunc) {
+		require.NoError(t, st.Send(respBody(ev1, false)))
+		_, err := st.Recv()
+		require.NoError(t, err)
+		cancel()
+	}
+	outcome := func(o string) float64 {
+		return metricValue(t, reg, "omnious_epp_request_outcomes_total", "outcome", o)
+	}
+	ends := []struct {
+		status int
+		end    func(extprocv3.ExternalProcessor_ProcessClient, context.CancelFunc)
+	}{{0, closeSend}, {0, reset}, {200, reset}, {200, midBody}}
+	for i := range 40 {
+		e := ends[i%len(ends)]
+		run(e.status, e.end)
+	}
+	require.Eventually(t, func() bool { return outcome("unknown") == 40 }, 5*time.Second, 5*time.Millisecond)
+	require.Zero(t, outcome("failure"))
+	require.Zero(t, metricValue(t, reg, "omnious_epp_decisions_total", "reason", "fallback"))
+	require.Equal(t, 3, sched.Capacity().Models[0].Healthy, "no breaker opened")
+
+	// Evidence still counts: three 5xx served by one replica open its
+	// breaker.
+	for range 3 {
+		run(503, reset)
+	}
+	require.Eventually(t, func() bool { return outcome("failure") == 3 }, 5*time.Second, 5*time.Millisecond)
+	require.Equal(t, 2, sched.Capacity().Models[0].Healthy)
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

@@ -80,9 +80,14 @@ type DoneInfo struct {
 	// gateway's x-gateway-destination-endpoint-served), "" if unknown; it
 	// may be a fallback.
 	Served string
-	// Status is the upstream HTTP status (0 when no response arrived).
+	// Status is the upstream HTTP status as the gateway reported it in the
+	// response phase (0 when none arrived). Envoy answers a connect failure
+	// or an upstream reset before headers with its own 503 there.
 	Status int
-	// Err is set when the upstream failed (connect error, reset, timeout).
+	// Err is set when the exchange ended before the response did: the
+	// ext_proc stream was cancelled, reset or timed out. The EPP cannot see
+	// why (the client went away, response processing is off, Envoy reset
+	// the stream), so Err alone is no evidence against the replica.
 	Err error
 	// PromptTokens, CachedTokens and CompletionTokens come from the
 	// response's usage (0 when absent).
@@ -90,6 +95,39 @@ type DoneInfo struct {
 	// FirstByte and Total are the time to the first response byte and the
 	// whole exchange, measured by the ext_proc server (0 when unknown).
 	FirstByte, Total time.Duration
+}
+
+// Outcome is what a finished request says about the replica that served it.
+type Outcome int
+
+// Outcomes, as labelled on omnious_epp_request_outcomes_total.
+const (
+	// OutcomeUnknown: nothing either way (no response status, or the
+	// stream ended before a non-5xx response did). Breakers ignore it; a
+	// dead engine is caught by its failed scrapes instead.
+	OutcomeUnknown Outcome = iota
+	// OutcomeSuccess: a status below 500 and a complete exchange.
+	OutcomeSuccess
+	// OutcomeFailure: a 5xx status, the engine's or Envoy's own for a
+	// connect failure or reset, whether or not the body completed.
+	OutcomeFailure
+)
+
+var outcomeNames = [...]string{OutcomeUnknown: "unknown", OutcomeSuccess: "success", OutcomeFailure: "failure"}
+
+func (o Outcome) String() string { return outcomeNames[o] }
+
+// Outcome classifies the end of a request: only a 5xx counts against the
+// replica, only a complete non-5xx exchange for it.
+func (i DoneInfo) Outcome() Outcome {
+	switch {
+	case i.Status >= 500:
+		return OutcomeFailure
+	case i.Status > 0 && i.Err == nil:
+		return OutcomeSuccess
+	default:
+		return OutcomeUnknown
+	}
 }
 
 // Done must be called exactly once when the routed request has ended. It

@@ -52,6 +52,7 @@ type schedMetrics struct {
 	stale        prometheus.Gauge
 	replicaStale *prometheus.GaugeVec
 	lookup       prometheus.Histogram
+	outcomes     [len(outcomeNames)]prometheus.Counter
 }
 
 func newSchedMetrics(reg prometheus.Registerer, pool string) (*schedMetrics, error) {
@@ -119,12 +120,19 @@ func newSchedMetrics(reg prometheus.Registerer, pool string) (*schedMetrics, err
 			Name: "omnious_epp_stale_endpoints", Help: "Endpoints whose engine metrics are older than stale_after.",
 		}),
 	}
+	outcomes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "omnious_epp_request_outcomes_total",
+		Help: "Routed requests by what their end says about the replica: success, failure (5xx) or unknown (no status, or the stream ended early); only failures count against a breaker.",
+	}, []string{"outcome"})
 	for _, c := range []prometheus.Collector{m.e2e, m.hitRatio, m.perPodQ, m.avgKV, m.avgQueue, m.avgRunning,
 		m.readyPods, m.attempts, m.errors,
-		m.decisions, m.breakerState, m.score, m.queueDepth, m.queueWait, m.tenantTokens, m.stale, m.replicaStale, m.lookup} {
+		m.decisions, m.breakerState, m.score, m.queueDepth, m.queueWait, m.tenantTokens, m.stale, m.replicaStale, m.lookup, outcomes} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("cannot register scheduler metrics: %w", err)
 		}
+	}
+	for o, name := range outcomeNames {
+		m.outcomes[o] = outcomes.WithLabelValues(name)
 	}
 	m.decided = make(map[[2]string]prometheus.Counter)
 	for _, r := range allReasons {

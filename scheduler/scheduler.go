@@ -488,15 +488,16 @@ func (s *Scheduler) done(primary *replica, probe bool, tenant string, info DoneI
 			served = r
 		}
 	}
-	switch {
-	case info.Err != nil || info.Status >= 500:
+	out := info.Outcome()
+	s.m.outcomes[out].Inc()
+	switch out {
+	case OutcomeFailure:
 		served.br.request(false, now, s.cfg.Breaker.FailureThreshold)
-	case info.Status > 0:
+	case OutcomeSuccess:
 		served.br.request(true, now, s.cfg.Breaker.FailureThreshold)
 	}
-	if probe && served != primary {
-		primary.br.releaseProbe()
-	} else if probe && info.Status == 0 && info.Err == nil {
+	if probe && (served != primary || out == OutcomeUnknown) {
+		// The probe proved nothing about the primary: let another one go.
 		primary.br.releaseProbe()
 	}
 	if info.PromptTokens > 0 || info.CompletionTokens > 0 {

@@ -329,13 +329,68 @@ func TestBreakerFedByDone(t *testing.T) {
 	require.Equal(t, BreakerClosed, e.rep(0).br.current(e.clock.Now(), e.s.cfg.Breaker.Cooldown))
 	e.rep(1).inflight.Add(-50)
 
-	// A transport error counts as a failure.
+	// A stream that ends without a 5xx is no evidence against the replica
+	// however often it happens: the client may have gone away.
+	for range 10 {
+		d, err := e.s.admitPick(ctx, &Request{Model: testModel, Subset: []string{addr(1)}})
+		require.NoError(t, err)
+		d.Done(DoneInfo{Err: errors.New("ext_proc stream cancelled")})
+	}
+	require.Equal(t, BreakerClosed, e.rep(1).br.current(e.clock.Now(), e.s.cfg.Breaker.Cooldown))
+	// An upstream 5xx is, even when the stream then ends early.
 	for range 3 {
 		d, err := e.s.admitPick(ctx, &Request{Model: testModel, Subset: []string{addr(1)}})
 		require.NoError(t, err)
-		d.Done(DoneInfo{Err: errors.New("connection reset")})
+		d.Done(DoneInfo{Status: 503, Err: errors.New("ext_proc stream cancelled")})
 	}
 	require.Equal(t, BreakerOpen, e.rep(1).br.current(e.clock.Now(), e.s.cfg.Breaker.Cooldown))
+}
+
+func TestOutcome(t *testing.T) {
+	cut := errors.New("ext_proc stream cancelled")
+	for _, tt := range []struct {
+		name string
+		info DoneInfo
+		want Outcome
+	}{
+		{"no response phase, stream ended", DoneInfo{Err: cut}, OutcomeUnknown},
+		{"nothing reported", DoneInfo{}, OutcomeUnknown},
+		{"2xx complete", DoneInfo{Status: 200}, OutcomeSuccess},
+		{"4xx complete", DoneInfo{Status: 404}, OutcomeSuccess},
+		{"2xx cut mid-body", DoneInfo{Status: 200, Err: cut}, OutcomeUnknown},
+		{"4xx cut", DoneInfo{Status: 429, Err: cut}, OutcomeUnknown},
+		{"5xx complete", DoneInfo{Status: 500}, OutcomeFailure},
+		{"Envoy's 503 for a connect failure", DoneInfo{Status: 503}, OutcomeFailure},
+		{"5xx cut", DoneInfo{Status: 502, Err: cut}, OutcomeFailure},
+	} {
+		require.Equal(t, tt.want, tt.info.Outcome(), tt.name)
+	}
+}
+
+// TestUnknownProbeReleased: a half-open probe whose stream ends with no
+// status proves nothing, so the next request may probe again.
+func TestUnknownProbeReleased(t *testing.T) {
+	e := newEnv(t, 2, nil)
+	e.freshAll()
+	for range 3 {
+		d, err := e.s.admitPick(ctx, &Request{Model: testModel, Subset: []string{addr(0)}})
+		require.NoError(t, err)
+		d.Done(DoneInfo{Status: 500})
+	}
+	e.clock.Add(e.s.cfg.Breaker.Cooldown)
+	e.rep(1).inflight.Add(50)
+	defer e.rep(1).inflight.Add(-50)
+	d, err := e.s.admitPick(ctx, &Request{Model: testModel})
+	require.NoError(t, err)
+	require.Equal(t, addr(0), primary(d), "the probe")
+	d.Done(DoneInfo{Err: errors.New("ext_proc stream cancelled")})
+	require.Equal(t, BreakerHalfOpen, e.rep(0).br.current(e.clock.Now(), e.s.cfg.Breaker.Cooldown))
+	d, err = e.s.admitPick(ctx, &Request{Model: testModel})
+	require.NoError(t, err)
+	require.Equal(t, addr(0), primary(d), "another probe may go")
+	d.Done(DoneInfo{Status: 200})
+	require.Equal(t, BreakerClosed, e.rep(0).br.current(e.clock.Now(), e.s.cfg.Breaker.Cooldown))
+	require.Equal(t, 1.0, testutil.ToFloat64(e.s.m.outcomes[OutcomeUnknown]))
 }
 
 func TestInflightAccounting(t *testing.T) {
