@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/omnious/provider-node/internal/label"
 	"github.com/omnious/provider-node/scheduler"
 )
 
@@ -72,24 +73,27 @@ type Server struct {
 	// approxModels holds the models already reported as routed without
 	// exact tokens, so that is logged once per model, not per request. The
 	// model name comes from clients, so at most maxApproxModels are kept.
-	approxModels sync.Map
-	approxCount  atomic.Int32
+	approxModels *label.Set   // models already warned about
+	models       *label.Set   // target models on metric labels
+	aliases      *label.Set   // the client's model names a rewrite replaced
 	tracer       trace.Tracer // nil: no tracing
 }
 
-const maxApproxModels = 256
+// Bounds of the client-controlled names the server keeps: model names
+// reach metric labels and a warning set. Past them, later names share one
+// label value and get no warning of their own.
+const (
+	maxApproxModels = 256
+	maxModelLabels  = 256
+	maxAliasLabels  = 64
+	unknownLabel    = "unknown"
+)
 
 // firstApprox reports whether model is seen in approximate mode for the
 // first time (false once the bounded set is full).
 func (s *Server) firstApprox(model string) bool {
-	if _, ok := s.approxModels.Load(model); ok || s.approxCount.Load() >= maxApproxModels {
-		return false
-	}
-	if _, loaded := s.approxModels.LoadOrStore(model, struct{}{}); loaded {
-		return false
-	}
-	s.approxCount.Add(1)
-	return true
+	_, added := s.approxModels.Add(model)
+	return added
 }
 
 // NewServer builds a server; cfg gets its defaults applied. prompter may be
@@ -103,8 +107,11 @@ func NewServer(cfg Config, picker Picker, prompter Prompter, reg prometheus.Regi
 	}
 	return &Server{
 		cfg: cfg, picker: picker, prompter: prompter, m: m, log: log,
-		injectUsage: *cfg.InjectUsage,
-		idPrefix:    "epp-" + strconv.FormatInt(time.Now().UnixNano()&0xffffffffff, 36) + "-",
+		injectUsage:  *cfg.InjectUsage,
+		idPrefix:     "epp-" + strconv.FormatInt(time.Now().UnixNano()&0xffffffffff, 36) + "-",
+		approxModels: label.NewSet(maxApproxModels, ""),
+		models:       label.NewSet(maxModelLabels, unknownLabel),
+		aliases:      label.NewSet(maxAliasLabels, unknownLabel),
 	}
 }
 
@@ -281,6 +288,7 @@ type stream struct {
 	owned                                               []byte // pooled buffers to return, nil if none
 	rb                                                  requestBody
 	clientModel, targetModel                            string
+	clientLabel, targetLabel                            string // the models as metric labels, once routed
 	injected                                            bool
 	decision                                            *scheduler.Decision
 
@@ -581,7 +589,8 @@ func (st *stream) route(headersOnly, eos bool) error {
 			return st.ctx.Err()
 		}
 		st.end = "error"
-		s.m.errors.WithLabelValues(st.clientModel, st.targetModel, "pick_failed").Inc()
+		cl, tl := st.modelLabels()
+		s.m.errors.WithLabelValues(cl, tl, "pick_failed").Inc()
 		s.log.Warn("cannot pick an endpoint", zap.String("id", st.id), zap.String("model", st.targetModel), zap.Error(err))
 		return status.Errorf(codes.Internal, "cannot pick an endpoint: %v", err)
 	}
@@ -593,9 +602,17 @@ func (st *stream) route(headersOnly, eos bool) error {
 	}
 	st.decision = d
 	st.phase = phaseRouted
-	s.m.requests.WithLabelValues(st.clientModel, st.targetModel).Inc()
-	s.m.requestSizes.WithLabelValues(st.clientModel, st.targetModel).Observe(float64(len(body)))
-	s.m.running.WithLabelValues(st.clientModel).Inc()
+	// The target model is served (it was just routed): it earns a label of
+	// its own while there is room. A client's name for it does so only in
+	// the smaller alias set.
+	st.targetLabel = s.models.Label(st.targetModel)
+	st.clientLabel = st.targetLabel
+	if st.clientModel != st.targetModel {
+		st.clientLabel = s.aliases.Label(st.clientModel)
+	}
+	s.m.requests.WithLabelValues(st.clientLabel, st.targetLabel).Inc()
+	s.m.requestSizes.WithLabelValues(st.clientLabel, st.targetLabel).Observe(float64(len(body)))
+	s.m.running.WithLabelValues(st.clientLabel).Inc()
 	s.m.promptMode.WithLabelValues(mode).Inc()
 
 	out := body
@@ -830,12 +847,29 @@ func (st *stream) responseTrailers() error {
 	return nil
 }
 
+// modelLabels are the metric labels of the request's models: as chosen at
+// routing, or before it names already known (a request for a model nobody
+// serves is "unknown", so a client cannot mint label values).
+func (st *stream) modelLabels() (client, target string) {
+	if st.decision != nil {
+		return st.clientLabel, st.targetLabel
+	}
+	s := st.s
+	target = s.models.Known(st.targetModel)
+	client = target
+	if st.clientModel != st.targetModel {
+		client = s.aliases.Known(st.clientModel)
+	}
+	return client, target
+}
+
 // reject answers the client directly with an OpenAI-style error.
 func (st *stream) reject(code int, reason, msg string) error {
 	st.phase = phaseDone
 	st.end = "immediate"
 	st.rejected, st.rejectReason = code, reason
-	st.s.m.errors.WithLabelValues(st.clientModel, st.targetModel, reason).Inc()
+	cl, tl := st.modelLabels()
+	st.s.m.errors.WithLabelValues(cl, tl, reason).Inc()
 	if ce := st.s.log.Check(zap.DebugLevel, "rejected"); ce != nil {
 		ce.Write(zap.String("id", st.id), zap.Int("status", code), zap.String("reason", reason), zap.String("msg", msg))
 	}
@@ -860,7 +894,7 @@ func (st *stream) finish(err error, end string) {
 	d.Done(scheduler.DoneInfo{Served: st.served, Status: st.status, Err: err,
 		PromptTokens: u.prompt, CachedTokens: u.cached, CompletionTokens: u.completion,
 		FirstByte: st.firstByte, Total: total})
-	cm, tm := st.clientModel, st.targetModel
+	cm, tm := st.clientLabel, st.targetLabel
 	s.m.running.WithLabelValues(cm).Dec()
 	s.m.duration.WithLabelValues(cm, tm).Observe(total.Seconds())
 	s.m.responseSizes.WithLabelValues(cm, tm).Observe(float64(st.respBytes))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/engines/metrics"
+	"github.com/omnious/provider-node/internal/label"
 	"github.com/omnious/provider-node/kvindex"
 )
 
@@ -38,11 +39,12 @@ type Scheduler struct {
 	// mu serialises SetEndpoints.
 	mu sync.Mutex
 
-	spec   *speculative
-	approx *approximate
-	sess   *sessions
-	flow   *flow
-	rr     atomic.Uint64
+	spec    *speculative
+	approx  *approximate
+	sess    *sessions
+	flow    *flow
+	rr      atomic.Uint64
+	tenants *label.Set // tenants with series of their own
 
 	scratch sync.Pool
 }
@@ -118,9 +120,10 @@ func New(cfg Config, ix *kvindex.Index, reg prometheus.Registerer, log *zap.Logg
 			defer rndMu.Unlock()
 			return src.Float64()
 		},
-		spec:   newSpeculative(cfg.Prefix.SpeculativeTTL),
-		approx: approx,
-		sess:   sess,
+		spec:    newSpeculative(cfg.Prefix.SpeculativeTTL),
+		approx:  approx,
+		sess:    sess,
+		tenants: label.NewSet(maxTenantSeries, otherTenant),
 	}
 	s.scratch.New = func() any { return new(scratch) }
 	s.snap.Store(&snapshot{byAddr: map[string]*replica{}, byURL: map[string][]*replica{}, models: map[string][]*replica{}})
@@ -291,7 +294,14 @@ func (s *Scheduler) signals(r *replica, now time.Time) (*metrics.Sample, bool) {
 	return sm, now.Sub(sm.At) > s.cfg.Signals.StaleAfter
 }
 
-const defaultTenant = "default-flow"
+// Tenant ids come from a client header: the first maxTenantSeries
+// distinct ones get series of their own on omnious_epp_tenant_tokens_total,
+// later ones share otherTenant's.
+const (
+	defaultTenant   = "default-flow"
+	otherTenant     = "other"
+	maxTenantSeries = 100
+)
 
 // Admit lets req through flow control: at once while its band is below
 // its saturation ceiling and nobody of its band waits, else after waiting in
@@ -504,6 +514,7 @@ func (s *Scheduler) done(primary *replica, probe bool, tenant string, info DoneI
 		if tenant == "" {
 			tenant = defaultTenant
 		}
+		tenant = s.tenants.Label(tenant)
 		s.m.tenantTokens.WithLabelValues(tenant, "prompt").Add(float64(info.PromptTokens))
 		s.m.tenantTokens.WithLabelValues(tenant, "cached").Add(float64(info.CachedTokens))
 		s.m.tenantTokens.WithLabelValues(tenant, "completion").Add(float64(info.CompletionTokens))
