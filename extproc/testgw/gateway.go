@@ -18,6 +18,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -27,7 +28,6 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/omnious/provider-node/extproc"
@@ -41,8 +41,21 @@ const HeaderSubsetHint = "x-testgw-subset-hint"
 type Config struct {
 	// Listen is the loopback HTTP address. Default "127.0.0.1:0".
 	Listen string `yaml:"listen"`
-	// EPP is the ext_proc server's gRPC address (loopback). Required.
+	// EPP is the ext_proc server's gRPC address (loopback). EPP or EPPs is
+	// required.
 	EPP string `yaml:"epp"`
+	// EPPs are several ext_proc servers serving one pool, as the hosts of
+	// one Envoy cluster (EPP, when set, is one more): each new stream goes
+	// to the next healthy host in turn. A host is health-checked over gRPC
+	// health on its ext_proc port, as the shipped Envoy config does, and
+	// skipped for new streams after HealthUnhealthy failed checks or a
+	// stream it could not open; with every host down, all are tried.
+	EPPs []string `yaml:"epps"`
+	// HealthInterval between health checks of each EPP host; 0 is the
+	// default 2s (the shipped Envoy config's), negative turns checks off.
+	HealthInterval time.Duration `yaml:"health_interval"`
+	// HealthUnhealthy failed checks in a row mark a host down. Default 2.
+	HealthUnhealthy int `yaml:"health_unhealthy"`
 	// ChunkSize is the body chunk size sent to the EPP. Default 64 KiB.
 	ChunkSize int `yaml:"chunk_size"`
 	// DialTimeout bounds one connect attempt to an endpoint. Default 2s.
@@ -84,6 +97,15 @@ func (c Config) withDefaults() Config {
 	if c.DialTimeout == 0 {
 		c.DialTimeout = 2 * time.Second
 	}
+	if c.HealthInterval == 0 {
+		c.HealthInterval = 2 * time.Second
+	}
+	if c.HealthUnhealthy == 0 {
+		c.HealthUnhealthy = 2
+	}
+	if c.EPP != "" && !slices.Contains(c.EPPs, c.EPP) {
+		c.EPPs = append([]string{c.EPP}, c.EPPs...)
+	}
 	return c
 }
 
@@ -91,8 +113,7 @@ func (c Config) withDefaults() Config {
 type Gateway struct {
 	cfg      Config
 	log      *zap.Logger
-	conn     *grpc.ClientConn
-	epp      extprocv3.ExternalProcessorClient
+	epps     *cluster
 	lis      net.Listener
 	upstream *http.Client
 }
@@ -103,25 +124,16 @@ func New(cfg Config, log *zap.Logger) (*Gateway, error) {
 	if err := requireLoopback(cfg.Listen); err != nil {
 		return nil, fmt.Errorf("cannot listen: %w", err)
 	}
-	if err := requireLoopback(cfg.EPP); err != nil {
-		return nil, fmt.Errorf("cannot use the EPP: %w", err)
+	if len(cfg.EPPs) == 0 {
+		return nil, errors.New("cannot use the EPP: no address")
 	}
-	pool := extproc.NewBufferPool()
-	// The EPP's window and buffer sizes (extproc.Config.ServerOptions) on
-	// this side too: with gRPC's 64 KiB default window the client runs BDP
-	// estimation, which PINGs the EPP on the data it receives, so nearly
-	// every re-emitted body cost both sides an extra frame each way.
-	conn, err := grpc.NewClient(cfg.EPP, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20),
-			grpc.ForceCodecV2(extproc.NewCodec(pool))),
-		grpc.WithInitialWindowSize(1<<20), grpc.WithInitialConnWindowSize(16<<20),
-		grpc.WithReadBufferSize(128<<10), grpc.WithWriteBufferSize(128<<10))
+	epps, err := newCluster(cfg.EPPs, log)
 	if err != nil {
-		return nil, fmt.Errorf("cannot connect to the EPP: %w", err)
+		return nil, err
 	}
 	lis, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
-		_ = conn.Close()
+		epps.close()
 		return nil, fmt.Errorf("cannot listen: %w", err)
 	}
 	var tr http.RoundTripper = cfg.Upstream
@@ -134,18 +146,23 @@ func New(cfg Config, log *zap.Logger) (*Gateway, error) {
 			MaxIdleConnsPerHost: 64,
 		}
 	}
-	return &Gateway{cfg: cfg, log: log, conn: conn, epp: extprocv3.NewExternalProcessorClient(conn), lis: lis,
+	return &Gateway{cfg: cfg, log: log, epps: epps, lis: lis,
 		upstream: &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}, nil
 }
 
 // Addr is the gateway's HTTP address.
 func (g *Gateway) Addr() string { return g.lis.Addr().String() }
 
-// Run serves until ctx ends, then shuts down and closes the EPP connection.
+// Run serves until ctx ends, then shuts down and closes the EPP connections.
 func (g *Gateway) Run(ctx context.Context) error {
 	srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(g.lis) }()
+	hctx, stopHealth := context.WithCancel(ctx)
+	defer stopHealth()
+	if g.cfg.HealthInterval > 0 {
+		go g.epps.check(hctx, g.cfg.HealthInterval, g.cfg.HealthUnhealthy)
+	}
 	var err error
 	select {
 	case <-ctx.Done():
@@ -156,7 +173,8 @@ func (g *Gateway) Run(ctx context.Context) error {
 	case err = <-errc:
 	}
 	g.upstream.CloseIdleConnections()
-	if cerr := g.conn.Close(); err == nil {
+	stopHealth()
+	if cerr := g.epps.close(); err == nil {
 		err = cerr
 	}
 	if errors.Is(err, http.ErrServerClosed) {
@@ -200,7 +218,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	stream, err := g.epp.Process(ctx)
+	stream, err := g.epps.open(ctx)
 	if err != nil {
 		http.Error(w, "ext_proc unavailable: "+err.Error(), http.StatusInternalServerError)
 		return

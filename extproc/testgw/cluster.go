@@ -1,0 +1,147 @@
+package testgw
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/omnious/provider-node/extproc"
+)
+
+// healthService is the name the shipped Envoy config health-checks.
+const healthService = "envoy.service.ext_proc.v3.ExternalProcessor"
+
+// cluster is the ext_proc cluster of several EPP hosts, as Envoy runs it:
+// new streams go round-robin over the hosts that pass their health checks;
+// a host whose stream cannot be opened is marked down at once and the
+// stream tries the next host (nothing was sent yet, so nothing is
+// repeated). A stream that failed after its first message is never retried:
+// the EPP may have acted on it.
+type cluster struct {
+	log   *zap.Logger
+	hosts []*host
+	next  atomic.Uint64
+}
+
+type host struct {
+	addr   string
+	conn   *grpc.ClientConn
+	client extprocv3.ExternalProcessorClient
+	health healthpb.HealthClient
+	down   atomic.Bool
+	fails  int // consecutive failed checks; touched by check only
+}
+
+func newCluster(addrs []string, log *zap.Logger) (*cluster, error) {
+	c := &cluster{log: log}
+	pool := extproc.NewBufferPool()
+	for _, addr := range addrs {
+		if err := requireLoopback(addr); err != nil {
+			c.close()
+			return nil, fmt.Errorf("cannot use the EPP: %w", err)
+		}
+		// The EPP's window and buffer sizes (extproc.Config.ServerOptions)
+		// on this side too: with gRPC's 64 KiB default window the client
+		// runs BDP estimation, which PINGs the EPP on the data it
+		// receives, so nearly every re-emitted body cost both sides an
+		// extra frame each way.
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20),
+				grpc.ForceCodecV2(extproc.NewCodec(pool))),
+			grpc.WithInitialWindowSize(1<<20), grpc.WithInitialConnWindowSize(16<<20),
+			grpc.WithReadBufferSize(128<<10), grpc.WithWriteBufferSize(128<<10))
+		if err != nil {
+			c.close()
+			return nil, fmt.Errorf("cannot connect to the EPP at %s: %w", addr, err)
+		}
+		c.hosts = append(c.hosts, &host{addr: addr, conn: conn, client: extprocv3.NewExternalProcessorClient(conn),
+			health: healthpb.NewHealthClient(conn)})
+	}
+	return c, nil
+}
+
+// open starts a stream on the next healthy host, trying each host once.
+// With every host down it tries them all, as Envoy's panic threshold does
+// rather than fail every request.
+func (c *cluster) open(ctx context.Context) (grpc.BidiStreamingClient[extprocv3.ProcessingRequest, extprocv3.ProcessingResponse], error) {
+	n := len(c.hosts)
+	start := int(c.next.Add(1)-1) % n
+	var errs []error
+	for pass := range 2 {
+		for i := range n {
+			h := c.hosts[(start+i)%n]
+			if pass == 0 && h.down.Load() {
+				continue
+			}
+			st, err := h.client.Process(ctx)
+			if err == nil {
+				return st, nil
+			}
+			if ctx.Err() != nil {
+				return nil, err
+			}
+			h.down.Store(true)
+			errs = append(errs, fmt.Errorf("%s: %w", h.addr, err))
+		}
+	}
+	return nil, errors.Join(errs...)
+}
+
+// check health-checks every host each interval until ctx ends.
+func (c *cluster) check(ctx context.Context, interval time.Duration, unhealthy int) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		var wg sync.WaitGroup
+		for _, h := range c.hosts {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				h.check(ctx, interval, unhealthy, c.log)
+			}()
+		}
+		wg.Wait()
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (h *host) check(ctx context.Context, timeout time.Duration, unhealthy int, log *zap.Logger) {
+	cctx, cancel := context.WithTimeout(ctx, timeout/2)
+	defer cancel()
+	resp, err := h.health.Check(cctx, &healthpb.HealthCheckRequest{Service: healthService})
+	if ctx.Err() != nil {
+		return
+	}
+	if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+		h.fails = 0
+		if h.down.Swap(false) {
+			log.Debug("EPP host healthy", zap.String("epp", h.addr))
+		}
+		return
+	}
+	h.fails++
+	if h.fails >= unhealthy && !h.down.Swap(true) {
+		log.Debug("EPP host unhealthy", zap.String("epp", h.addr), zap.Error(err), zap.Stringer("status", resp.GetStatus()))
+	}
+}
+
+func (c *cluster) close() error {
+	var errs []error
+	for _, h := range c.hosts {
+		errs = append(errs, h.conn.Close())
+	}
+	return errors.Join(errs...)
+}
