@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/omnious/provider-node/bench"
+	"github.com/omnious/provider-node/bench/chaos"
 	"github.com/omnious/provider-node/internal/cli"
 )
 
@@ -24,7 +24,7 @@ var errChaosFailed = errors.New("chaos: at least one scenario failed")
 func runChaos(args []string) error {
 	fs := flag.NewFlagSet("bench chaos", flag.ContinueOnError)
 	enginesim := fs.String("enginesim", "bin/enginesim", "enginesim binary")
-	scenarios := fs.String("scenarios", "", "comma-separated scenarios (default all: "+strings.Join(bench.ChaosScenarios(), ",")+")")
+	scenarios := fs.String("scenarios", "", "comma-separated scenarios (default all: "+strings.Join(chaos.Scenarios(), ",")+")")
 	logLevel := fs.String("log-level", "error", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -40,11 +40,11 @@ func runChaos(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	start := time.Now()
-	results, err := bench.RunChaos(ctx, bench.ChaosOptions{EnginesimBin: *enginesim, Scenarios: splitList(*scenarios),
+	results, err := chaos.Run(ctx, chaos.Options{EnginesimBin: *enginesim, Scenarios: splitList(*scenarios),
 		Log: log, Progress: os.Stderr})
 	if len(results) > 0 {
 		fmt.Println()
-		if werr := bench.WriteChaosTable(os.Stdout, results); werr != nil {
+		if werr := chaos.WriteTable(os.Stdout, results); werr != nil {
 			return werr
 		}
 		fmt.Printf("\n%d scenarios in %s\n", len(results), time.Since(start).Round(time.Second))
@@ -52,7 +52,7 @@ func runChaos(args []string) error {
 	if err != nil {
 		return err
 	}
-	if !bench.ChaosPassed(results) {
+	if !chaos.Passed(results) {
 		return errChaosFailed
 	}
 	return nil

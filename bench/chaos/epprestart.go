@@ -1,4 +1,4 @@
-package bench
+package chaos
 
 import (
 	"context"
@@ -13,12 +13,12 @@ import (
 // get a 500 from the gateway. The new EPP starts with an empty index: it
 // learns only blocks the engines store from then on, so precision returns
 // as the workload's prefixes are stored again.
-func runEPPRestart(ctx context.Context, env *chaosEnv, o *chaosOutcome) error {
+func runEPPRestart(ctx context.Context, env *world, o *outcome) error {
 	// Six prompt families sharing 300-word prefixes: with a warm index
 	// most decisions are prefix decisions.
 	families := make([]string, 6)
 	for i := range families {
-		families[i] = chaosPrompt(fmt.Sprintf("family-%d", i), 300)
+		families[i] = promptOf(fmt.Sprintf("family-%d", i), 300)
 	}
 	prompt := func(w, i int) string { return families[(w+i)%len(families)] + fmt.Sprintf(" ask %d %d", w, i) }
 	pr := env.startProber(ctx, "epp-load", 50*time.Millisecond, 3, prompt)
@@ -34,13 +34,13 @@ func runEPPRestart(ctx context.Context, env *chaosEnv, o *chaosOutcome) error {
 	before := (p1 - p0) / (a1 - a0)
 
 	tDown := time.Now()
-	if err := env.stopEPP(); err != nil {
+	if err := env.epp.Stop(); err != nil {
 		return err
 	}
 	drained := time.Since(tDown)
 	time.Sleep(time.Second) // down
 	tUp := time.Now()
-	if err := env.startEPP(); err != nil {
+	if err := env.epp.Start(); err != nil {
 		return err
 	}
 	served, err := waitFor(ctx, 10*time.Second, func() (bool, error) {
@@ -57,7 +57,7 @@ func runEPPRestart(ctx context.Context, env *chaosEnv, o *chaosOutcome) error {
 	}
 	indexed, err := waitFor(ctx, 10*time.Second, func() (bool, error) {
 		for _, p := range env.sims {
-			if n, err := env.indexBlocks(ctx, p.addr); err != nil || n > 0 {
+			if n, err := env.indexBlocks(ctx, p.Addr()); err != nil || n > 0 {
 				return err == nil, err
 			}
 		}
@@ -83,7 +83,7 @@ func runEPPRestart(ctx context.Context, env *chaosEnv, o *chaosOutcome) error {
 	// Coverage: the share of the engines' blocks the new index knows.
 	var ix, tr int
 	for _, p := range env.sims {
-		n, err := env.indexBlocks(ctx, p.addr)
+		n, err := env.indexBlocks(ctx, p.Addr())
 		if err != nil {
 			return err
 		}

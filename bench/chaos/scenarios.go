@@ -1,4 +1,4 @@
-package bench
+package chaos
 
 import (
 	"context"
@@ -6,28 +6,29 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/omnious/provider-node/bench/internal/launch"
 	"github.com/omnious/provider-node/scheduler"
 )
 
-// chaosScenarios is the suite, in the order it runs. Each expected outcome
-// is what run checks; the bounds derive from the chaos fleet's timings
-// (chaos_env.go), not from a previous run's numbers.
-func chaosScenarios() []chaosScenario {
-	threshold := scheduler.DefaultConfig().Breaker.FailureThreshold
+// scenarios is the suite, in the order it runs. Each expected outcome is
+// what run checks; the bounds derive from the chaos fleet's timings
+// (env.go), not from a previous run's numbers.
+func scenarios() []scenario {
+	threshold := launch.BreakerThreshold()
 	// A dead replica's scrapes fail at once (connection refused), so the
 	// breaker opens after threshold scrapes; the gauge the harness reads
 	// is refreshed once per interval.
-	openBound := time.Duration(threshold+1)*chaosScrapeInterval + chaosScrapeTimeout
+	openBound := time.Duration(threshold+1)*scrapeInterval + scrapeTimeout
 	// A hanging scrape takes the timeout to fail.
-	hangOpenBound := time.Duration(threshold)*(chaosScrapeInterval+chaosScrapeTimeout) + chaosScrapeInterval
-	return []chaosScenario{
+	hangOpenBound := time.Duration(threshold)*(scrapeInterval+scrapeTimeout) + scrapeInterval
+	return []scenario{
 		{
 			name: "engine-kill",
 			expected: fmt.Sprintf("SIGKILL mid-stream: client gets a truncated stream (no [DONE]) within 2 s, no retry; "+
 				"breaker opens and new requests avoid the replica within %v; restarted on the same port, it serves again",
 				openBound),
-			setup: chaosSetup{replicas: 3},
-			run: func(ctx context.Context, env *chaosEnv, o *chaosOutcome) error {
+			setup: setup{replicas: 3},
+			run: func(ctx context.Context, env *world, o *outcome) error {
 				return runEngineKill(ctx, env, o, openBound)
 			},
 		},
@@ -35,8 +36,8 @@ func chaosScenarios() []chaosScenario {
 			name: "engine-crash-idle",
 			expected: fmt.Sprintf("SIGKILL of a replica serving nothing (no load signal keeps requests away): requests "+
 				"routed to it fail until its breaker opens, then none do; all of that within %v", openBound),
-			setup: chaosSetup{replicas: 3},
-			run: func(ctx context.Context, env *chaosEnv, o *chaosOutcome) error {
+			setup: setup{replicas: 3},
+			run: func(ctx context.Context, env *world, o *outcome) error {
 				return runCrashIdle(ctx, env, o, openBound)
 			},
 		},
@@ -44,43 +45,43 @@ func chaosScenarios() []chaosScenario {
 			name: "engine-restart",
 			expected: "POST /admin/restart: the replica's index entries are cleared, the next request for its " +
 				"cached prefix is not routed by prefix (nothing stale), the index is rebuilt from new events",
-			setup: chaosSetup{replicas: 2},
+			setup: setup{replicas: 2},
 			run:   runEngineRestart,
 		},
 		{
 			name: "event-gap",
 			expected: "drop-events with replay: the gap is replayed and the index equals /admin/blocks, no reset; " +
 				"without replay: the replica is reset (its older entries dropped, nothing guessed) and rebuilt",
-			setup: chaosSetup{replicas: 2, noReplay: []int{1}},
+			setup: setup{replicas: 2, noReplay: []int{1}},
 			run:   runEventGap,
 		},
 		{
 			name: "kv-publisher-outage",
 			expected: "the KV-event publisher vanishes for 1.5 s while the engine serves: the subscriber " +
 				"reconnects, replays the gap, no reset; index equals /admin/blocks within max_backoff (5 s) of its return",
-			setup: chaosSetup{replicas: 2},
+			setup: setup{replicas: 2},
 			run:   runPublisherOutage,
 		},
 		{
 			name: "metrics-hang",
 			expected: fmt.Sprintf("GET /metrics hangs on one replica: every request is still served; the replica turns "+
 				"stale and its breaker opens within %v; it is back (fresh, closed) within cooldown + 2 s of the fix", hangOpenBound),
-			setup: chaosSetup{replicas: 3},
-			run: func(ctx context.Context, env *chaosEnv, o *chaosOutcome) error {
+			setup: setup{replicas: 3},
+			run: func(ctx context.Context, env *world, o *outcome) error {
 				return runMetricsHang(ctx, env, o, hangOpenBound)
 			},
 		},
 		{
 			name:     "all-stale",
 			expected: "every replica's metrics hang at once (all stale, all breakers open): every request is still served",
-			setup:    chaosSetup{replicas: 3},
+			setup:    setup{replicas: 3},
 			run:      runAllStale,
 		},
 		{
 			name: "epp-restart",
 			expected: "EPP stopped and restarted under load: requests fail closed (gateway 500) only while it is down, " +
 				"serve within 5 s of its return; the index refills and prefix routing returns to its earlier share",
-			setup: chaosSetup{replicas: 3},
+			setup: setup{replicas: 3},
 			run:   runEPPRestart,
 		},
 		{
@@ -89,20 +90,20 @@ func chaosScenarios() []chaosScenario {
 				"no healthy replica; the hold-down (1 s, doubling) keeps the breaker from closing in every healthy window",
 			// The EPP's own breaker follows the replica closely here, so
 			// that the quoter's hold-down is what damps the flapping.
-			setup: chaosSetup{replicas: 1, mutate: func(c *scheduler.Config) { c.Breaker.Cooldown = 300 * time.Millisecond }},
+			setup: setup{replicas: 1, cooldown: 300 * time.Millisecond},
 			run:   runQuoterFlap,
 		},
 	}
 }
 
-func runEngineKill(ctx context.Context, env *chaosEnv, o *chaosOutcome, openBound time.Duration) error {
+func runEngineKill(ctx context.Context, env *world, o *outcome, openBound time.Duration) error {
 	victim := env.sims[0]
 	sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
 	defer scancel()
 	first := make(chan struct{})
 	res := make(chan streamResult, 1)
 	// 3000 tokens at time scale 10 stream for about 3 s of wall time.
-	go func() { res <- env.stream(sctx, chaosPrompt("kill-stream", 100), 3000, victim.addr, first) }()
+	go func() { res <- env.stream(sctx, promptOf("kill-stream", 100), 3000, victim.Addr(), first) }()
 	select {
 	case <-first:
 	case r := <-res:
@@ -114,10 +115,10 @@ func runEngineKill(ctx context.Context, env *chaosEnv, o *chaosOutcome, openBoun
 	pr := env.startProber(ctx, "kill-probe", 40*time.Millisecond, 2, nil)
 	defer pr.stop()
 	tKill := time.Now()
-	if err := victim.kill(); err != nil {
+	if err := victim.Kill(); err != nil {
 		return err
 	}
-	openAfter, openErr := waitFor(ctx, 5*time.Second, func() (bool, error) { return env.breaker(victim.addr) == scheduler.BreakerOpen, nil })
+	openAfter, openErr := waitFor(ctx, 5*time.Second, func() (bool, error) { return env.breaker(victim.Addr()) == scheduler.BreakerOpen, nil })
 	var r streamResult
 	select {
 	case r = <-res:
@@ -156,12 +157,12 @@ func runEngineKill(ctx context.Context, env *chaosEnv, o *chaosOutcome, openBoun
 	// The replica comes back on the same ports; a probe through the
 	// half-open breaker closes it.
 	tRestart := time.Now()
-	if err := victim.start(ctx, env); err != nil {
+	if err := victim.Start(ctx); err != nil {
 		return err
 	}
 	o.see("process restarted in %d ms", time.Since(tRestart).Milliseconds())
-	back, err := waitFor(ctx, chaosCooldown+10*time.Second, func() (bool, error) {
-		return env.breaker(victim.addr) == scheduler.BreakerClosed, nil
+	back, err := waitFor(ctx, cooldown+10*time.Second, func() (bool, error) {
+		return env.breaker(victim.Addr()) == scheduler.BreakerClosed, nil
 	})
 	if err != nil {
 		o.check(false, "breaker did not close after the restart: %v", err)
@@ -173,7 +174,7 @@ func runEngineKill(ctx context.Context, env *chaosEnv, o *chaosOutcome, openBoun
 	// Its index entries from before the crash are gone: the new process's
 	// sequence restarted, so the subscriber reset the replica.
 	if _, err := waitFor(ctx, 10*time.Second, func() (bool, error) {
-		if _, err := env.complete(ctx, chaosPrompt(fmt.Sprintf("kill-after-%d", time.Now().UnixNano()), 40), 1, victim.addr); err != nil {
+		if _, err := env.complete(ctx, promptOf(fmt.Sprintf("kill-after-%d", time.Now().UnixNano()), 40), 1, victim.Addr()); err != nil {
 			return false, err
 		}
 		ok, _, _, err := env.agrees(ctx, victim)
@@ -193,16 +194,16 @@ func runEngineKill(ctx context.Context, env *chaosEnv, o *chaosOutcome, openBoun
 // runCrashIdle kills a replica that holds no request, so nothing in its
 // last metrics sample argues against it: only failed requests and failed
 // scrapes can keep traffic away.
-func runCrashIdle(ctx context.Context, env *chaosEnv, o *chaosOutcome, openBound time.Duration) error {
+func runCrashIdle(ctx context.Context, env *world, o *outcome, openBound time.Duration) error {
 	victim := env.sims[1]
 	pr := env.startProber(ctx, "idle-probe", 30*time.Millisecond, 2, nil)
 	defer pr.stop()
 	time.Sleep(500 * time.Millisecond)
 	tKill := time.Now()
-	if err := victim.kill(); err != nil {
+	if err := victim.Kill(); err != nil {
 		return err
 	}
-	opened, err := waitFor(ctx, 5*time.Second, func() (bool, error) { return env.breaker(victim.addr) == scheduler.BreakerOpen, nil })
+	opened, err := waitFor(ctx, 5*time.Second, func() (bool, error) { return env.breaker(victim.Addr()) == scheduler.BreakerOpen, nil })
 	o.check(err == nil && opened <= openBound, "breaker open after %v (bound %v): %v", opened, openBound, err)
 	time.Sleep(time.Until(tKill.Add(openBound + time.Second)))
 	ps := pr.stop()
@@ -250,26 +251,26 @@ func errOrEOF(err error) string {
 }
 
 // prefixDecisions is the EPP's count of decisions routed by prefix.
-func (env *chaosEnv) prefixDecisions() float64 {
+func (env *world) prefixDecisions() float64 {
 	v, _ := env.metric("omnious_epp_decisions_total", map[string]string{"reason": scheduler.ReasonPrefix})
 	return v
 }
 
-func (env *chaosEnv) allDecisions() float64 {
+func (env *world) allDecisions() float64 {
 	v, _ := env.metric("omnious_epp_decisions_total", nil)
 	return v
 }
 
-func runEngineRestart(ctx context.Context, env *chaosEnv, o *chaosOutcome) error {
-	shared := chaosPrompt("restart-shared", 300)
+func runEngineRestart(ctx context.Context, env *world, o *outcome) error {
+	shared := promptOf("restart-shared", 300)
 	for i := 0; i < 3; i++ {
 		if st, err := env.complete(ctx, shared+fmt.Sprintf(" question %d", i), 4, ""); err != nil || st != http.StatusOK {
 			return fmt.Errorf("warm-up request: status %d: %v", st, err)
 		}
 	}
-	var victim *simProc
+	var victim *launch.Sim
 	for _, p := range env.sims {
-		n, err := env.indexBlocks(ctx, p.addr)
+		n, err := env.indexBlocks(ctx, p.Addr())
 		if err != nil {
 			return err
 		}
@@ -287,14 +288,14 @@ func runEngineRestart(ctx context.Context, env *chaosEnv, o *chaosOutcome) error
 	if ok, ix, tr, err := env.agrees(ctx, victim); err != nil || !ok {
 		return fmt.Errorf("index (%d) and engine (%d) differ before the restart: %v", ix, tr, err)
 	}
-	held, _ := env.indexBlocks(ctx, victim.addr)
+	held, _ := env.indexBlocks(ctx, victim.Addr())
 	prefix0 := env.prefixDecisions()
 	tRestart := time.Now()
-	if err := env.post(ctx, victim.base+"/admin/restart", `{}`); err != nil {
+	if err := env.post(ctx, victim.URL()+"/admin/restart", `{}`); err != nil {
 		return err
 	}
 	cleared, err := waitFor(ctx, 5*time.Second, func() (bool, error) {
-		n, err := env.indexBlocks(ctx, victim.addr)
+		n, err := env.indexBlocks(ctx, victim.Addr())
 		return n == 0, err
 	})
 	if err != nil {
@@ -330,50 +331,50 @@ func runEngineRestart(ctx context.Context, env *chaosEnv, o *chaosOutcome) error
 	return nil
 }
 
-func runEventGap(ctx context.Context, env *chaosEnv, o *chaosOutcome) error {
+func runEventGap(ctx context.Context, env *world, o *outcome) error {
 	// With replay.
 	p := env.sims[0]
-	resets, replays := env.seqEvents(p.addr, "reset"), env.seqEvents(p.addr, "replay")
-	if err := env.post(ctx, p.base+"/admin/drop-events", `{"batches":3}`); err != nil {
+	resets, replays := env.seqEvents(p.Addr(), "reset"), env.seqEvents(p.Addr(), "replay")
+	if err := env.post(ctx, p.URL()+"/admin/drop-events", `{"batches":3}`); err != nil {
 		return err
 	}
 	tGap := time.Now()
 	for i := 0; i < 6; i++ {
-		if st, err := env.complete(ctx, chaosPrompt(fmt.Sprintf("gap-a-%d", i), 60), 2, p.addr); err != nil || st != http.StatusOK {
+		if st, err := env.complete(ctx, promptOf(fmt.Sprintf("gap-a-%d", i), 60), 2, p.Addr()); err != nil || st != http.StatusOK {
 			return fmt.Errorf("request to replica 0: status %d: %v", st, err)
 		}
 	}
 	_, err := waitFor(ctx, 10*time.Second, func() (bool, error) {
 		ok, _, _, err := env.agrees(ctx, p)
-		return ok && env.seqEvents(p.addr, "replay") > replays, err
+		return ok && env.seqEvents(p.Addr(), "replay") > replays, err
 	})
 	_, ix, tr, _ := env.agrees(ctx, p)
-	o.see("replay: %.0f replays, %.0f resets, index %d = engine %d blocks", env.seqEvents(p.addr, "replay")-replays,
-		env.seqEvents(p.addr, "reset")-resets, ix, tr)
+	o.see("replay: %.0f replays, %.0f resets, index %d = engine %d blocks", env.seqEvents(p.Addr(), "replay")-replays,
+		env.seqEvents(p.Addr(), "reset")-resets, ix, tr)
 	o.check(err == nil, "the gap was not replayed into agreement: %v", err)
-	o.check(env.seqEvents(p.addr, "reset") == resets, "a gap replay could fill reset the replica")
+	o.check(env.seqEvents(p.Addr(), "reset") == resets, "a gap replay could fill reset the replica")
 	o.recovery, o.recoveryOf = time.Since(tGap), "gap → index = engine (replay)"
 
 	// Without replay: reset, never guess.
 	q := env.sims[1]
 	for i := 0; i < 3; i++ {
-		if st, err := env.complete(ctx, chaosPrompt(fmt.Sprintf("gap-b-%d", i), 60), 2, q.addr); err != nil || st != http.StatusOK {
+		if st, err := env.complete(ctx, promptOf(fmt.Sprintf("gap-b-%d", i), 60), 2, q.Addr()); err != nil || st != http.StatusOK {
 			return fmt.Errorf("request to replica 1: status %d: %v", st, err)
 		}
 	}
 	if _, err := waitFor(ctx, 5*time.Second, func() (bool, error) { ok, _, _, err := env.agrees(ctx, q); return ok, err }); err != nil {
 		return fmt.Errorf("replica 1 not in agreement before its gap: %w", err)
 	}
-	resetsQ := env.seqEvents(q.addr, "reset")
-	if err := env.post(ctx, q.base+"/admin/drop-events", `{"batches":1}`); err != nil {
+	resetsQ := env.seqEvents(q.Addr(), "reset")
+	if err := env.post(ctx, q.URL()+"/admin/drop-events", `{"batches":1}`); err != nil {
 		return err
 	}
 	for i, tag := range []string{"gap-b-lost", "gap-b-reveal"} {
-		if st, err := env.complete(ctx, chaosPrompt(tag, 60), 2, q.addr); err != nil || st != http.StatusOK {
+		if st, err := env.complete(ctx, promptOf(tag, 60), 2, q.Addr()); err != nil || st != http.StatusOK {
 			return fmt.Errorf("request %d to replica 1: status %d: %v", i, st, err)
 		}
 	}
-	if _, err := waitFor(ctx, 5*time.Second, func() (bool, error) { return env.seqEvents(q.addr, "reset") > resetsQ, nil }); err != nil {
+	if _, err := waitFor(ctx, 5*time.Second, func() (bool, error) { return env.seqEvents(q.Addr(), "reset") > resetsQ, nil }); err != nil {
 		o.check(false, "no reset after a gap without replay: %v", err)
 		return nil
 	}
@@ -384,12 +385,12 @@ func runEventGap(ctx context.Context, env *chaosEnv, o *chaosOutcome) error {
 	o.see("no replay: reset, index %d of engine's %d blocks (older entries dropped)", ix, tr)
 	o.check(ix < tr, "after the reset the index still holds %d of %d blocks: entries from before the gap were kept", ix, tr)
 	for i := 0; i < 2; i++ {
-		if st, err := env.complete(ctx, chaosPrompt(fmt.Sprintf("gap-b-after-%d", i), 60), 2, q.addr); err != nil || st != http.StatusOK {
+		if st, err := env.complete(ctx, promptOf(fmt.Sprintf("gap-b-after-%d", i), 60), 2, q.Addr()); err != nil || st != http.StatusOK {
 			return fmt.Errorf("request to replica 1 after its reset: status %d: %v", st, err)
 		}
 	}
 	_, err = waitFor(ctx, 5*time.Second, func() (bool, error) {
-		n, err := env.indexBlocks(ctx, q.addr)
+		n, err := env.indexBlocks(ctx, q.Addr())
 		return n > ix, err
 	})
 	o.check(err == nil, "the index of replica 1 was not rebuilt from new events: %v", err)
@@ -398,16 +399,16 @@ func runEventGap(ctx context.Context, env *chaosEnv, o *chaosOutcome) error {
 	return nil
 }
 
-func runPublisherOutage(ctx context.Context, env *chaosEnv, o *chaosOutcome) error {
+func runPublisherOutage(ctx context.Context, env *world, o *outcome) error {
 	p := env.sims[0]
-	resets, replays, reconnects := env.seqEvents(p.addr, "reset"), env.seqEvents(p.addr, "replay"), env.seqEvents(p.addr, "reconnect")
+	resets, replays, reconnects := env.seqEvents(p.Addr(), "reset"), env.seqEvents(p.Addr(), "replay"), env.seqEvents(p.Addr(), "reconnect")
 	const outage = 1500 * time.Millisecond
-	if err := env.post(ctx, p.base+"/admin/kv-events-outage", fmt.Sprintf(`{"for":%q}`, outage.String())); err != nil {
+	if err := env.post(ctx, p.URL()+"/admin/kv-events-outage", fmt.Sprintf(`{"for":%q}`, outage.String())); err != nil {
 		return err
 	}
 	tGone := time.Now()
 	for i := 0; i < 3; i++ { // stored while the publisher is gone
-		if st, err := env.complete(ctx, chaosPrompt(fmt.Sprintf("outage-%d", i), 60), 2, p.addr); err != nil || st != http.StatusOK {
+		if st, err := env.complete(ctx, promptOf(fmt.Sprintf("outage-%d", i), 60), 2, p.Addr()); err != nil || st != http.StatusOK {
 			return fmt.Errorf("request during the outage: status %d: %v", st, err)
 		}
 	}
@@ -415,46 +416,46 @@ func runPublisherOutage(ctx context.Context, env *chaosEnv, o *chaosOutcome) err
 	i := 0
 	back, err := waitFor(ctx, 15*time.Second, func() (bool, error) {
 		i++ // new events reveal the gap once the subscriber is back
-		if st, err := env.complete(ctx, chaosPrompt(fmt.Sprintf("outage-back-%d", i), 60), 2, p.addr); err != nil || st != http.StatusOK {
+		if st, err := env.complete(ctx, promptOf(fmt.Sprintf("outage-back-%d", i), 60), 2, p.Addr()); err != nil || st != http.StatusOK {
 			return false, fmt.Errorf("status %d: %v", st, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 		ok, _, _, err := env.agrees(ctx, p)
-		return ok && env.seqEvents(p.addr, "replay") > replays, err
+		return ok && env.seqEvents(p.Addr(), "replay") > replays, err
 	})
 	_, ix, tr, _ := env.agrees(ctx, p)
 	o.see("%.0f reconnects, %.0f replays, %.0f resets; index %d = engine %d blocks %d ms after the publisher returned",
-		env.seqEvents(p.addr, "reconnect")-reconnects, env.seqEvents(p.addr, "replay")-replays,
-		env.seqEvents(p.addr, "reset")-resets, ix, tr, back.Milliseconds())
+		env.seqEvents(p.Addr(), "reconnect")-reconnects, env.seqEvents(p.Addr(), "replay")-replays,
+		env.seqEvents(p.Addr(), "reset")-resets, ix, tr, back.Milliseconds())
 	o.check(err == nil, "index did not agree after the publisher returned: %v", err)
-	o.check(env.seqEvents(p.addr, "reconnect") > reconnects, "the subscriber never lost its connection")
-	o.check(env.seqEvents(p.addr, "reset") == resets, "the replica was reset although replay could fill the gap")
+	o.check(env.seqEvents(p.Addr(), "reconnect") > reconnects, "the subscriber never lost its connection")
+	o.check(env.seqEvents(p.Addr(), "reset") == resets, "the replica was reset although replay could fill the gap")
 	o.check(back <= 6*time.Second, "agreement took %v (bound: max_backoff 5s + 1s)", back)
 	o.recovery, o.recoveryOf = back, "publisher back → index = engine"
 	return nil
 }
 
-func runMetricsHang(ctx context.Context, env *chaosEnv, o *chaosOutcome, openBound time.Duration) error {
+func runMetricsHang(ctx context.Context, env *world, o *outcome, openBound time.Duration) error {
 	p := env.sims[0]
 	pr := env.startProber(ctx, "hang-probe", 50*time.Millisecond, 2, nil)
 	defer pr.stop()
 	time.Sleep(300 * time.Millisecond)
-	if err := env.post(ctx, p.base+"/admin/faults", `{"metrics_hang":true}`); err != nil {
+	if err := env.post(ctx, p.URL()+"/admin/faults", `{"metrics_hang":true}`); err != nil {
 		return err
 	}
-	opened, err := waitFor(ctx, 5*time.Second, func() (bool, error) { return env.breaker(p.addr) == scheduler.BreakerOpen, nil })
+	opened, err := waitFor(ctx, 5*time.Second, func() (bool, error) { return env.breaker(p.Addr()) == scheduler.BreakerOpen, nil })
 	o.check(err == nil && opened <= openBound, "breaker open after %v (bound %v): %v", opened, openBound, err)
-	staleAfter, err := waitFor(ctx, 5*time.Second, func() (bool, error) { return env.stale(p.addr), nil })
+	staleAfter, err := waitFor(ctx, 5*time.Second, func() (bool, error) { return env.stale(p.Addr()), nil })
 	o.check(err == nil, "the replica never turned stale: %v", err)
 	o.see("breaker open after %d ms, stale after %d ms", opened.Milliseconds(), staleAfter.Milliseconds())
 	time.Sleep(time.Second)
-	if err := env.post(ctx, p.base+"/admin/faults", `{}`); err != nil {
+	if err := env.post(ctx, p.URL()+"/admin/faults", `{}`); err != nil {
 		return err
 	}
-	back, err := waitFor(ctx, chaosCooldown+8*time.Second, func() (bool, error) {
-		return !env.stale(p.addr) && env.breaker(p.addr) == scheduler.BreakerClosed, nil
+	back, err := waitFor(ctx, cooldown+8*time.Second, func() (bool, error) {
+		return !env.stale(p.Addr()) && env.breaker(p.Addr()) == scheduler.BreakerClosed, nil
 	})
-	o.check(err == nil && back <= chaosCooldown+2*time.Second, "fresh and closed %v after the fix (bound cooldown + 2s): %v", back, err)
+	o.check(err == nil && back <= cooldown+2*time.Second, "fresh and closed %v after the fix (bound cooldown + 2s): %v", back, err)
 	ps := pr.stop()
 	failed, total := failures(ps, time.Time{})
 	o.see("%d of %d requests failed; fresh and closed %d ms after the fix", failed, total, back.Milliseconds())
@@ -463,18 +464,18 @@ func runMetricsHang(ctx context.Context, env *chaosEnv, o *chaosOutcome, openBou
 	return nil
 }
 
-func runAllStale(ctx context.Context, env *chaosEnv, o *chaosOutcome) error {
+func runAllStale(ctx context.Context, env *world, o *outcome) error {
 	pr := env.startProber(ctx, "stale-probe", 50*time.Millisecond, 2, nil)
 	defer pr.stop()
 	time.Sleep(300 * time.Millisecond)
 	for _, p := range env.sims {
-		if err := env.post(ctx, p.base+"/admin/faults", `{"metrics_hang":true}`); err != nil {
+		if err := env.post(ctx, p.URL()+"/admin/faults", `{"metrics_hang":true}`); err != nil {
 			return err
 		}
 	}
 	allBad := func() (bool, error) {
 		for _, p := range env.sims {
-			if !env.stale(p.addr) || env.breaker(p.addr) == scheduler.BreakerClosed {
+			if !env.stale(p.Addr()) || env.breaker(p.Addr()) == scheduler.BreakerClosed {
 				return false, nil
 			}
 		}
@@ -490,7 +491,7 @@ func runAllStale(ctx context.Context, env *chaosEnv, o *chaosOutcome) error {
 	// next failed scrape reopens it); staleness is what must persist.
 	allStale := func() bool {
 		for _, p := range env.sims {
-			if !env.stale(p.addr) {
+			if !env.stale(p.Addr()) {
 				return false
 			}
 		}
@@ -505,13 +506,13 @@ func runAllStale(ctx context.Context, env *chaosEnv, o *chaosOutcome) error {
 	o.see("all stale and open after %d ms; %d of %d requests in the next 2 s failed", took.Milliseconds(), failedDuring, totalDuring)
 	o.check(totalDuring > 0 && failedDuring == 0, "%d of %d requests failed while every replica was stale", failedDuring, totalDuring)
 	for _, p := range env.sims {
-		if err := env.post(ctx, p.base+"/admin/faults", `{}`); err != nil {
+		if err := env.post(ctx, p.URL()+"/admin/faults", `{}`); err != nil {
 			return err
 		}
 	}
-	back, err := waitFor(ctx, chaosCooldown+10*time.Second, func() (bool, error) {
+	back, err := waitFor(ctx, cooldown+10*time.Second, func() (bool, error) {
 		for _, p := range env.sims {
-			if env.stale(p.addr) || env.breaker(p.addr) != scheduler.BreakerClosed {
+			if env.stale(p.Addr()) || env.breaker(p.Addr()) != scheduler.BreakerClosed {
 				return false, nil
 			}
 		}

@@ -1,4 +1,4 @@
-package bench
+package chaos
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/ethereum/go-ethereum/crypto"
 
+	"github.com/omnious/provider-node/bench/internal/loopback"
 	"github.com/omnious/provider-node/quoter"
 )
 
@@ -94,7 +95,7 @@ const (
 // an enginesim process whose health flaps (connections refused for 0.7 s,
 // then served for 0.7 s). A light request stream keeps the EPP's breaker
 // honest: its half-open probes are real requests.
-func runQuoterFlap(ctx context.Context, env *chaosEnv, o *chaosOutcome) error {
+func runQuoterFlap(ctx context.Context, env *world, o *outcome) error {
 	log := &quoterLog{}
 	market := httptest.NewServer(log)
 	defer market.Close()
@@ -102,15 +103,15 @@ func runQuoterFlap(ctx context.Context, env *chaosEnv, o *chaosOutcome) error {
 	if err != nil {
 		return fmt.Errorf("cannot generate a key: %w", err)
 	}
-	cfg := quoter.Config{ProviderID: "chaos", Model: chaosModel, ModelClass: "qwen3-32b", ServingURL: env.gwURL,
-		CapacityURL: "http://" + env.eppCfg.AdminAddr, MarketURL: market.URL, StateFile: filepath.Join(env.dir, "quoter-state.json"),
+	cfg := quoter.Config{ProviderID: "chaos", Model: model, ModelClass: "qwen3-32b", ServingURL: env.gw.URL(),
+		CapacityURL: env.epp.AdminURL(), MarketURL: market.URL, StateFile: filepath.Join(env.dir, "quoter-state.json"),
 		FloorIn: big.NewInt(210000), FloorOut: big.NewInt(680000), ChainID: big.NewInt(8453),
 		Refresh: flapRefresh, TTL: flapTTL, CanaryInterval: 500 * time.Millisecond, MaxSnapshotAge: 2 * time.Second,
 		PublishBackoff: 20 * time.Millisecond, PublishMaxBackoff: 100 * time.Millisecond,
 		Breaker: quoter.BreakerConfig{ConsecutiveFailures: 2, CloseAfter: 2, HoldDown: flapHoldDown, MaxHoldDown: flapMaxHold,
 			ResetAfter: time.Minute}}
 	svc, err := quoter.New(cfg, key, env.log.Named("quoter"), quoter.Options{OnSigned: log.onSigned, OnBreaker: log.onBreaker,
-		HTTP: &http.Client{Transport: newTransport(), Timeout: 10 * time.Second}})
+		HTTP: loopback.Client(10 * time.Second)})
 	if err != nil {
 		return fmt.Errorf("cannot start the quoter: %w", err)
 	}
@@ -123,14 +124,18 @@ func runQuoterFlap(ctx context.Context, env *chaosEnv, o *chaosOutcome) error {
 	go func() { // the monitor: EPP health and the quote served, every 25ms
 		defer wg.Done()
 		for qctx.Err() == nil {
-			healthy := false
-			for _, m := range env.epp().Scheduler().Capacity().Models {
-				healthy = healthy || (m.Model == chaosModel && m.Healthy > 0)
+			// A snapshot that cannot be read (the monitor is being
+			// cancelled) is no sample: it would read as a health loss.
+			if snap, err := env.epp.Capacity(qctx); err == nil {
+				healthy := false
+				for _, m := range snap.Models {
+					healthy = healthy || (m.Model == model && m.Healthy > 0)
+				}
+				_, serving := svc.Current()
+				log.mu.Lock()
+				log.health = append(log.health, healthSample{at: time.Now(), healthy: healthy, serving: serving})
+				log.mu.Unlock()
 			}
-			_, serving := svc.Current()
-			log.mu.Lock()
-			log.health = append(log.health, healthSample{at: time.Now(), healthy: healthy, serving: serving})
-			log.mu.Unlock()
 			select {
 			case <-qctx.Done():
 			case <-time.After(25 * time.Millisecond):
@@ -148,7 +153,7 @@ func runQuoterFlap(ctx context.Context, env *chaosEnv, o *chaosOutcome) error {
 	tFlap := time.Now()
 	for i := 0; i < flapCycles; i++ {
 		down := time.Now()
-		if err := env.post(ctx, p.base+"/admin/refuse", fmt.Sprintf(`{"for":%q}`, flapDown.String())); err != nil {
+		if err := env.post(ctx, p.URL()+"/admin/refuse", fmt.Sprintf(`{"for":%q}`, flapDown.String())); err != nil {
 			return err
 		}
 		time.Sleep(time.Until(down.Add(flapDown + flapUp)))

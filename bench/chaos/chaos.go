@@ -1,18 +1,30 @@
-package bench
+// Package chaos owns the fault-injection suite (bench chaos): scripted
+// faults (an engine killed mid-stream or idle, restarted, dropped KV
+// events, a vanished KV-event publisher, hanging metrics, every replica
+// stale, the EPP restarted under load, flapping health under the quoter)
+// against a fresh world per scenario: enginesim processes, the real EPP in
+// this process and the test gateway, all on 127.0.0.1 (bench/internal/
+// launch). Each scenario checks its expected outcome and measures a
+// recovery time; the suite reports expected against observed as a table.
+//
+// It imports the EPP's assembly through launch, the quoter (quoter-flap
+// runs quoter.Service in process) and the scheduler's state names.
+package chaos
 
 import (
 	"context"
 	"fmt"
 	"io"
-	"os/exec"
 	"strings"
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/omnious/provider-node/bench/internal/launch"
 )
 
-// ChaosOptions configures the chaos suite (bench chaos).
-type ChaosOptions struct {
+// Options configures the suite.
+type Options struct {
 	// EnginesimBin is the enginesim binary (a path, or a name on PATH).
 	EnginesimBin string
 	// Scenarios are the names to run; empty runs every one, in order.
@@ -23,8 +35,8 @@ type ChaosOptions struct {
 	Progress io.Writer
 }
 
-// ChaosResult is one scenario's verdict.
-type ChaosResult struct {
+// Result is one scenario's verdict.
+type Result struct {
 	Scenario string
 	// Expected is the outcome the scenario checks; Observed what it saw.
 	Expected, Observed string
@@ -37,81 +49,81 @@ type ChaosResult struct {
 	Took time.Duration
 }
 
-// chaosOutcome is what a scenario's run reports; failed lists the
-// expectations that did not hold (empty: pass).
-type chaosOutcome struct {
+// outcome is what a scenario's run reports; failed lists the expectations
+// that did not hold (empty: pass).
+type outcome struct {
 	observed   []string
 	failed     []string
 	recovery   time.Duration
 	recoveryOf string
 }
 
-func (o *chaosOutcome) see(format string, args ...any) {
+func (o *outcome) see(format string, args ...any) {
 	o.observed = append(o.observed, fmt.Sprintf(format, args...))
 }
 
 // check records an expectation: when ok is false it fails the scenario
 // with the message.
-func (o *chaosOutcome) check(ok bool, format string, args ...any) {
+func (o *outcome) check(ok bool, format string, args ...any) {
 	if !ok {
 		o.failed = append(o.failed, fmt.Sprintf(format, args...))
 	}
 }
 
-type chaosScenario struct {
+type scenario struct {
 	name     string
 	expected string
-	setup    chaosSetup
-	run      func(ctx context.Context, env *chaosEnv, o *chaosOutcome) error
+	setup    setup
+	run      func(ctx context.Context, env *world, o *outcome) error
 }
 
-// ChaosScenarios are the scenario names, in the order the suite runs them.
-func ChaosScenarios() []string {
+// Scenarios are the scenario names, in the order the suite runs them.
+func Scenarios() []string {
 	var out []string
-	for _, s := range chaosScenarios() {
+	for _, s := range scenarios() {
 		out = append(out, s.name)
 	}
 	return out
 }
 
-// RunChaos runs the selected scenarios, each against a fresh fleet of
-// enginesim processes with its own EPP and gateway, and returns one result
-// per scenario. An error means the suite could not run (unknown scenario,
-// no enginesim); a scenario that failed is a result with Pass false.
-func RunChaos(ctx context.Context, o ChaosOptions) ([]ChaosResult, error) {
+// Run runs the selected scenarios, each against a fresh fleet of enginesim
+// processes with its own EPP and gateway, and returns one result per
+// scenario. An error means the suite could not run (unknown scenario, no
+// enginesim); a scenario that failed is a result with Pass false.
+func Run(ctx context.Context, o Options) ([]Result, error) {
 	if o.Log == nil {
 		o.Log = zap.NewNop()
 	}
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
-	bin, err := exec.LookPath(o.EnginesimBin)
+	bin, err := launch.FindEnginesim(o.EnginesimBin)
 	if err != nil {
-		return nil, fmt.Errorf("cannot find enginesim binary %q (run make build, or pass its path): %w", o.EnginesimBin, err)
+		return nil, err
 	}
-	all := chaosScenarios()
+	all := scenarios()
 	run := all
 	if len(o.Scenarios) > 0 {
 		run = nil
-		byName := map[string]chaosScenario{}
+		byName := map[string]scenario{}
 		for _, s := range all {
 			byName[s.name] = s
 		}
 		for _, n := range o.Scenarios {
 			s, ok := byName[n]
 			if !ok {
-				return nil, fmt.Errorf("unknown chaos scenario %q (have %s)", n, strings.Join(ChaosScenarios(), ", "))
+				return nil, fmt.Errorf("unknown chaos scenario %q (have %s)", n, strings.Join(Scenarios(), ", "))
 			}
 			run = append(run, s)
 		}
 	}
-	var results []ChaosResult
+	var results []Result
 	for _, s := range run {
 		if ctx.Err() != nil {
 			return results, ctx.Err()
 		}
 		fmt.Fprintf(o.Progress, "chaos: %s ...\n", s.name)
-		r := runChaosScenario(ctx, bin, s, o.Log.With(zap.String("scenario", s.name)))
+		r := runScenario(ctx, bin, s, o.Log.With(zap.String("scenario", s.name)))
 		verdict := "PASS"
 		if !r.Pass {
 			verdict = "FAIL"
@@ -122,11 +134,11 @@ func RunChaos(ctx context.Context, o ChaosOptions) ([]ChaosResult, error) {
 	return results, nil
 }
 
-func runChaosScenario(ctx context.Context, bin string, s chaosScenario, log *zap.Logger) ChaosResult {
+func runScenario(ctx context.Context, bin string, s scenario, log *zap.Logger) Result {
 	start := time.Now()
-	r := ChaosResult{Scenario: s.name, Expected: s.expected}
-	var o chaosOutcome
-	env, err := newChaosEnv(ctx, bin, s.setup, log)
+	r := Result{Scenario: s.name, Expected: s.expected}
+	var o outcome
+	env, err := newWorld(ctx, bin, s.setup, log)
 	if err == nil {
 		err = s.run(ctx, env, &o)
 		if cerr := env.Close(); cerr != nil {
@@ -149,8 +161,8 @@ func runChaosScenario(ctx context.Context, bin string, s chaosScenario, log *zap
 	return r
 }
 
-// ChaosPassed reports whether every result passed.
-func ChaosPassed(results []ChaosResult) bool {
+// Passed reports whether every result passed.
+func Passed(results []Result) bool {
 	for _, r := range results {
 		if !r.Pass {
 			return false
@@ -159,9 +171,9 @@ func ChaosPassed(results []ChaosResult) bool {
 	return len(results) > 0
 }
 
-// WriteChaosTable writes the results as a Markdown table: scenario,
-// expected, observed, pass/fail, recovery time.
-func WriteChaosTable(w io.Writer, results []ChaosResult) error {
+// WriteTable writes the results as a Markdown table: scenario, expected,
+// observed, pass/fail, recovery time.
+func WriteTable(w io.Writer, results []Result) error {
 	var b strings.Builder
 	b.WriteString("| scenario | expected | observed | result | recovery |\n|---|---|---|---|---|\n")
 	for _, r := range results {
