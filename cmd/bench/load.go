@@ -12,7 +12,7 @@ import (
 	"strconv"
 	"syscall"
 
-	"github.com/omnious/provider-node/bench"
+	"github.com/omnious/provider-node/bench/load"
 	"github.com/omnious/provider-node/internal/cli"
 )
 
@@ -20,7 +20,7 @@ import (
 // on a rate ladder, or a memory soak at one rate (-soak).
 func runLoad(args []string) error {
 	fs := flag.NewFlagSet("bench load", flag.ContinueOnError)
-	var o bench.LoadOptions
+	var o load.Options
 	fs.StringVar(&o.EPPBin, "epp", "bin/epp", "EPP binary, run as its own process")
 	fs.BoolVar(&o.Floor, "floor", false, "run the ladder against a no-op ext_proc server (bench floor) in the EPP's place: the floor under the EPP's figures")
 	fs.StringVar(&o.FloorBin, "floor-bin", "bin/bench", "with -floor: the bench binary that serves `bench floor`")
@@ -90,7 +90,7 @@ func runLoad(args []string) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	rep, err := bench.RunLoad(ctx, o)
+	rep, err := load.Run(ctx, o)
 	if rep != nil {
 		if terr := rep.WriteTable(os.Stdout); terr != nil {
 			return errors.Join(err, terr)

@@ -1,4 +1,4 @@
-package bench
+package load
 
 import (
 	"bytes"
@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/engines/kvevents"
 )
 
@@ -65,17 +66,13 @@ func startStub(model string, promptTokens int, kvEvents bool, log *zap.Logger) (
 // Addr is the stub's ip:port.
 func (s *stub) Addr() string { return s.ln.Addr().String() }
 
-// KVPort is the stub's KV-event PUB port (0: none).
-func (s *stub) KVPort() int {
-	if s.pub == nil {
-		return 0
+// endpoint describes the stub as the EPP's endpoint file names it.
+func (s *stub) endpoint() endpoint.Endpoint {
+	ep := endpoint.Endpoint{Addr: s.Addr()}
+	if s.pub != nil {
+		ep.KVEvents = s.pub.Endpoint()
 	}
-	_, port, err := net.SplitHostPort(s.pub.Endpoint()[len("tcp://"):])
-	if err != nil {
-		return 0
-	}
-	n, _ := strconv.Atoi(port)
-	return n
+	return ep
 }
 
 func (s *stub) serveCompletion(w http.ResponseWriter, r *http.Request) {

@@ -1,10 +1,9 @@
-package bench
+package load
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,8 +28,8 @@ func TestLoadWorkload(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			o := LoadOptions{PromptBytes: tc.promptBytes, Groups: 4}.WithDefaults()
-			w, err := newLoadWorkload(o)
+			o := Options{PromptBytes: tc.promptBytes, Groups: 4}.WithDefaults()
+			w, err := newWorkload(o)
 			require.NoError(t, err)
 			require.InDelta(t, tc.promptBytes, w.bytes, 0.02*float64(tc.promptBytes), "body size")
 			// About 4 bytes a token, as English with a real tokenizer.
@@ -92,11 +91,11 @@ func TestSoakJudge(t *testing.T) {
 		}
 		return ss
 	}
-	okLoad := LoadStep{OK: 1000}
+	okLoad := Step{OK: 1000}
 	cases := []struct {
 		name     string
 		samples  []MemSample
-		load     LoadStep
+		load     Step
 		wantErr  bool
 		wantPass bool
 		wantWhy  string
@@ -107,7 +106,7 @@ func TestSoakJudge(t *testing.T) {
 		{"growing RSS fails", series(10, 40*mib, 0, 80*mib, 8*mib), okLoad, false, false, "RSS floor grew"},
 		{"transient spikes at the end pass", spiky(series(20, 40*mib, 0, 80*mib, 0), 15, 19, 80*mib), okLoad, false, true, ""},
 		{"a rising floor under spikes fails", spiky(series(20, 40*mib, 4*mib, 80*mib, 0), 3, 9, 80*mib), okLoad, false, false, "heap floor grew"},
-		{"errors fail", series(10, 40*mib, 0, 80*mib, 0), LoadStep{OK: 900, Errors: 100}, false, false, "100 errors"},
+		{"errors fail", series(10, 40*mib, 0, 80*mib, 0), Step{OK: 900, Errors: 100}, false, false, "100 errors"},
 		{"too few samples", series(2, 40*mib, 0, 80*mib, 0), okLoad, true, false, ""},
 	}
 	for _, tc := range cases {
@@ -124,73 +123,6 @@ func TestSoakJudge(t *testing.T) {
 			require.Contains(t, r.Why, tc.wantWhy)
 		})
 	}
-}
-
-func TestScrapeValues(t *testing.T) {
-	const page = "# HELP go_memstats_heap_inuse_bytes x\ngo_memstats_heap_inuse_bytes 1.5e+07\n" +
-		"process_resident_memory_bytes 4.2e+07\ngo_memstats_heap_inuse_bytes_total 99\n" +
-		"inference_objective_request_total{model_name=\"a\"} 3\ninference_objective_request_total{model_name=\"b\"} 4\n"
-	cases := []struct {
-		name    string
-		names   []string
-		want    []float64
-		wantErr bool
-	}{
-		{"gauges", []string{"go_memstats_heap_inuse_bytes", "process_resident_memory_bytes"}, []float64{1.5e7, 4.2e7}, false},
-		{"summed series", []string{"inference_objective_request_total"}, []float64{7}, false},
-		{"missing", []string{"nope"}, nil, true},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := scrapeValues(strings.NewReader(page), tc.names...)
-			if tc.wantErr {
-				require.Error(t, err)
-				return
-			}
-			require.NoError(t, err)
-			require.Equal(t, tc.want, got)
-		})
-	}
-}
-
-func TestRouteHistogram(t *testing.T) {
-	const name = "omnious_extproc_route_duration_seconds"
-	page := func(a, b, c, inf int) string {
-		return fmt.Sprintf("# TYPE %[1]s histogram\n%[1]s_bucket{le=\"0.0001\"} %[2]d\n%[1]s_bucket{le=\"0.0002\"} %[3]d\n"+
-			"%[1]s_bucket{le=\"0.0004\"} %[4]d\n%[1]s_bucket{le=\"+Inf\"} %[5]d\n%[1]s_sum 1\n%[1]s_count %[5]d\nother_bucket{le=\"1\"} 9\n",
-			name, a, b, c, inf)
-	}
-	read := func(s string) []bucket {
-		b, err := histogramBuckets(strings.NewReader(s), name)
-		require.NoError(t, err)
-		return b
-	}
-	before := read(page(10, 20, 20, 20))
-	require.Len(t, before, 4)
-	require.True(t, math.IsInf(before[3].le, 1))
-
-	cases := []struct {
-		name  string
-		after []bucket
-		q     float64
-		want  float64
-	}{
-		// 100 new samples: 50 in (0, 100µs], 30 in (100, 200µs], 20 in (200, 400µs].
-		{"median at the first bound", read(page(60, 100, 120, 120)), 0.5, 0.0001},
-		{"p75 interpolated in the second", read(page(60, 100, 120, 120)), 0.75, 0.0001 + 0.0001*25/30},
-		{"p99 in the third", read(page(60, 100, 120, 120)), 0.99, 0.0002 + 0.0002*19/20},
-		{"rank past the last bound gives the bound", read(page(10, 20, 20, 30)), 0.5, 0.0004},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			require.InDelta(t, tc.want, histogramQuantile(tc.q, before, tc.after), 1e-12)
-		})
-	}
-	require.True(t, math.IsNaN(histogramQuantile(0.5, before, before)), "nothing added")
-	_, err := histogramBuckets(strings.NewReader("x 1\n"), name)
-	require.ErrorContains(t, err, "not found")
-	_, err = histogramBuckets(strings.NewReader(name+"_bucket{le=\"abc\"} 1\n"), name)
-	require.ErrorContains(t, err, "cannot parse")
 }
 
 var (
@@ -218,7 +150,7 @@ func buildBins(t *testing.T) string {
 			return
 		}
 		for _, cmd := range []string{"epp", "bench"} {
-			out, err := exec.Command("go", "build", "-o", filepath.Join(binDir, cmd), filepath.Join(filepath.Dir(file), "..", "cmd", cmd)).CombinedOutput()
+			out, err := exec.Command("go", "build", "-o", filepath.Join(binDir, cmd), filepath.Join(filepath.Dir(file), "..", "..", "cmd", cmd)).CombinedOutput()
 			if err != nil {
 				binErr = fmt.Errorf("cannot build cmd/%s: %w: %s", cmd, err, out)
 				return
@@ -237,17 +169,17 @@ func TestRunLoad(t *testing.T) {
 	}
 	bins := buildBins(t)
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
-	base := LoadOptions{EPPBin: filepath.Join(bins, "epp"), FloorBin: filepath.Join(bins, "bench"), Dir: t.TempDir(), Replicas: 2, Groups: 4, PromptBytes: 8 << 10,
+	base := Options{EPPBin: filepath.Join(bins, "epp"), FloorBin: filepath.Join(bins, "bench"), Dir: t.TempDir(), Replicas: 2, Groups: 4, PromptBytes: 8 << 10,
 		Rates: []float64{20, 40}, Step: time.Second, StepWarmup: 300 * time.Millisecond, Log: log}
 	cases := []struct {
 		name  string
-		tweak func(*LoadOptions)
-		check func(t *testing.T, r *LoadReport)
+		tweak func(*Options)
+		check func(t *testing.T, r *Report)
 	}{
-		{"ladder within a loose budget", func(o *LoadOptions) { o.BudgetP99, o.AllRates = time.Minute, true }, func(t *testing.T, r *LoadReport) {
+		{"ladder within a loose budget", func(o *Options) { o.BudgetP99, o.AllRates = time.Minute, true }, func(t *testing.T, r *Report) {
 			require.Len(t, r.Steps, 2)
 			require.Positive(t, r.IndexBlocks, "the stubs' KV events reached the index")
-			var fastest *LoadStep
+			var fastest *Step
 			for i, s := range r.Steps {
 				require.Zero(t, s.Errors)
 				require.Positive(t, s.OK)
@@ -269,7 +201,7 @@ func TestRunLoad(t *testing.T) {
 			require.Equal(t, fastest, r.Sustained)
 			require.GreaterOrEqual(t, r.EPPDecisions, float64(r.ClientOK), "the EPP routed every success")
 		}},
-		{"over loopback HTTP", func(o *LoadOptions) { o.BudgetP99, o.HTTP, o.Rates = time.Minute, true, o.Rates[:1] }, func(t *testing.T, r *LoadReport) {
+		{"over loopback HTTP", func(o *Options) { o.BudgetP99, o.HTTP, o.Rates = time.Minute, true, o.Rates[:1] }, func(t *testing.T, r *Report) {
 			require.Len(t, r.Steps, 1)
 			s := r.Steps[0]
 			require.Zero(t, s.Errors)
@@ -277,7 +209,7 @@ func TestRunLoad(t *testing.T) {
 			require.GreaterOrEqual(t, s.E2EP50, s.AddedP50)
 			require.GreaterOrEqual(t, r.EPPDecisions, float64(r.ClientOK))
 		}},
-		{"floor", func(o *LoadOptions) { o.BudgetP99, o.Floor = time.Minute, true }, func(t *testing.T, r *LoadReport) {
+		{"floor", func(o *Options) { o.BudgetP99, o.Floor = time.Minute, true }, func(t *testing.T, r *Report) {
 			require.True(t, r.Floor)
 			require.Len(t, r.Steps, 2)
 			for _, s := range r.Steps {
@@ -294,16 +226,16 @@ func TestRunLoad(t *testing.T) {
 			require.Contains(t, b.String(), "no-op ext_proc server")
 			require.NotContains(t, b.String(), "EPP decisions")
 		}},
-		{"a broken budget ends the ladder", func(o *LoadOptions) { o.BudgetP99 = time.Nanosecond }, func(t *testing.T, r *LoadReport) {
+		{"a broken budget ends the ladder", func(o *Options) { o.BudgetP99 = time.Nanosecond }, func(t *testing.T, r *Report) {
 			require.Len(t, r.Steps, 1)
 			require.Nil(t, r.Sustained)
 			require.False(t, r.Steps[0].Pass)
 			require.Contains(t, r.Steps[0].Why, "p99 added")
 		}},
-		{"soak", func(o *LoadOptions) {
+		{"soak", func(o *Options) {
 			o.Soak, o.SoakRate, o.SoakSample, o.SoakWarmup = 2*time.Second, 30, 200*time.Millisecond, 500*time.Millisecond
 			o.NoKVEvents, o.Tokenizer = true, "none"
-		}, func(t *testing.T, r *LoadReport) {
+		}, func(t *testing.T, r *Report) {
 			require.Empty(t, r.Steps)
 			require.NotNil(t, r.Soak)
 			require.GreaterOrEqual(t, len(r.Soak.Samples), 8)
@@ -320,7 +252,7 @@ func TestRunLoad(t *testing.T) {
 			tc.tweak(&o)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			r, err := RunLoad(ctx, o)
+			r, err := Run(ctx, o)
 			require.NoError(t, err)
 			var b strings.Builder
 			require.NoError(t, r.WriteTable(&b))
