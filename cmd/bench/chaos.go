@@ -1,26 +1,22 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/omnious/provider-node/bench/chaos"
-	"github.com/omnious/provider-node/internal/cli"
 )
 
 // errChaosFailed makes the command exit non-zero after printing the table.
 var errChaosFailed = errors.New("chaos: at least one scenario failed")
 
-// runChaos is `bench chaos`: scripted faults against enginesim processes,
-// the EPP and the test gateway on 127.0.0.1, and a table of expected and
-// observed outcomes with recovery times.
+// runChaos is `bench chaos` (bench/chaos): scripted faults against
+// enginesim processes, the EPP and the test gateway on 127.0.0.1, and a
+// table of expected and observed outcomes with recovery times.
 func runChaos(args []string) error {
 	fs := flag.NewFlagSet("bench chaos", flag.ContinueOnError)
 	enginesim := fs.String("enginesim", "bin/enginesim", "enginesim binary")
@@ -32,13 +28,11 @@ func runChaos(args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %v", fs.Args())
 	}
-	log, err := cli.NewLogger(*logLevel)
+	ctx, log, done, err := session(*logLevel)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = log.Sync() }()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	defer done()
 	start := time.Now()
 	results, err := chaos.Run(ctx, chaos.Options{EnginesimBin: *enginesim, Scenarios: splitList(*scenarios),
 		Log: log, Progress: os.Stderr})

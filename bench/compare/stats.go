@@ -1,40 +1,12 @@
-package bench
+package compare
 
 import (
 	"math"
 	"sort"
 	"time"
+
+	"github.com/omnious/provider-node/bench/internal/stat"
 )
-
-// percentile returns the p-th percentile (0-100) of sorted values by linear
-// interpolation between closest ranks (NumPy's default); NaN when empty.
-func percentile(sorted []float64, p float64) float64 {
-	n := len(sorted)
-	if n == 0 {
-		return math.NaN()
-	}
-	if p <= 0 {
-		return sorted[0]
-	}
-	if p >= 100 {
-		return sorted[n-1]
-	}
-	pos := p / 100 * float64(n-1)
-	lo := int(math.Floor(pos))
-	hi := min(lo+1, n-1)
-	return sorted[lo] + (sorted[hi]-sorted[lo])*(pos-float64(lo))
-}
-
-// msSorted converts durations to sorted milliseconds, multiplied by scale
-// (wall to model time).
-func msSorted(ds []time.Duration, scale float64) []float64 {
-	out := make([]float64, len(ds))
-	for i, d := range ds {
-		out[i] = float64(d) / float64(time.Millisecond) * scale
-	}
-	sort.Float64s(out)
-	return out
-}
 
 // StageResult is one QPS-ladder stage of one policy.
 type StageResult struct {
@@ -136,10 +108,10 @@ func summarise(policy string, w *Workload, res []*result, delta []counters, deci
 		st.prompt += int64(r.Prompt)
 		st.cached += int64(r.Cached)
 	}
-	t, i, e := msSorted(ttft, scale), msSorted(itl, scale), msSorted(e2e, scale)
-	pr.TTFTP50, pr.TTFTP90, pr.TTFTP99 = percentile(t, 50), percentile(t, 90), percentile(t, 99)
-	pr.ITLP50, pr.ITLP99 = percentile(i, 50), percentile(i, 99)
-	pr.E2EP50, pr.E2EP90, pr.E2EP99 = percentile(e, 50), percentile(e, 90), percentile(e, 99)
+	t, i, e := stat.SortedMillis(ttft, scale), stat.SortedMillis(itl, scale), stat.SortedMillis(e2e, scale)
+	pr.TTFTP50, pr.TTFTP90, pr.TTFTP99 = stat.Percentile(t, 50), stat.Percentile(t, 90), stat.Percentile(t, 99)
+	pr.ITLP50, pr.ITLP99 = stat.Percentile(i, 50), stat.Percentile(i, 99)
+	pr.E2EP50, pr.E2EP90, pr.E2EP99 = stat.Percentile(e, 50), stat.Percentile(e, 90), stat.Percentile(e, 99)
 	if !first.IsZero() && last.After(first) {
 		pr.Duration = time.Duration(float64(last.Sub(first)) * scale)
 		pr.OutputTokPS = float64(out) / pr.Duration.Seconds()
@@ -164,11 +136,11 @@ func summarise(policy string, w *Workload, res []*result, delta []counters, deci
 		dec[k] = float64(d) / float64(time.Microsecond)
 	}
 	sort.Float64s(dec)
-	pr.DecisionP50us, pr.DecisionP99us = percentile(dec, 50), percentile(dec, 99)
+	pr.DecisionP50us, pr.DecisionP99us = stat.Percentile(dec, 50), stat.Percentile(dec, 99)
 	for k, st := range stages {
 		sr := StageResult{QPS: w.Stages[k].QPS, Requests: st.n, Errors: st.errs}
-		ts := msSorted(st.ttft, scale)
-		sr.TTFTP50ms, sr.TTFTP90ms = percentile(ts, 50), percentile(ts, 90)
+		ts := stat.SortedMillis(st.ttft, scale)
+		sr.TTFTP50ms, sr.TTFTP90ms = stat.Percentile(ts, 50), stat.Percentile(ts, 90)
 		if !first.IsZero() {
 			// A stage's throughput is its output over the time from its
 			// start until its last answer (or its end, if later).

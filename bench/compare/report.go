@@ -1,4 +1,4 @@
-package bench
+package compare
 
 import (
 	"encoding/json"
@@ -23,8 +23,10 @@ func (f jsonFloat) MarshalJSON() ([]byte, error) {
 	return strconv.AppendFloat(nil, v, 'g', -1, 64), nil
 }
 
-// ContractJSON is the JSON document of issue 6, exactly: scripts compare
-// runs by it.
+// ContractJSON is the document -json writes, and scripts compare runs by:
+// per policy, its requests, errors, TTFT and ITL percentiles, output
+// tokens/s, cache-hit rate, max/mean load and decision p99, next to the
+// workload's bound hit rate. Its keys and their meaning do not change.
 type ContractJSON struct {
 	Scenario     string           `json:"scenario"`
 	Replicas     int              `json:"replicas"`

@@ -1,4 +1,4 @@
-package bench
+package compare
 
 import (
 	"context"
@@ -107,7 +107,7 @@ func chatSystemTokens(w *Workload) int {
 // runPolicy runs one policy on a fresh fleet and always stops it.
 func runPolicy(ctx context.Context, opts Options, w *Workload, policy, label string, launch Launcher, tick func()) (pr PolicyResult, res []*result, err error) {
 	log := opts.Log.With(zap.String("policy", label))
-	fleet, err := StartFleet(ctx, opts.Fleet, opts.Seed, w.MaxLen, log)
+	fleet, err := startFleet(ctx, opts.Fleet, opts.Seed, w.MaxLen, log)
 	if err != nil {
 		return pr, nil, fmt.Errorf("cannot start fleet for %s: %w", label, err)
 	}

@@ -1,11 +1,10 @@
-package bench
+package compare
 
 import (
 	"context"
 	"encoding/json"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -14,6 +13,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
+
+	"github.com/omnious/provider-node/endpoint"
+
+	"github.com/omnious/provider-node/engines/sim/simtest"
 )
 
 // settleGoroutines waits until the goroutine count is back to at most base.
@@ -66,7 +69,7 @@ func smallOptions(t *testing.T) Options {
 func TestFleetStopsEverything(t *testing.T) {
 	base, _ := liveGoroutines()
 	o := smallOptions(t).WithDefaults()
-	f, err := StartFleet(context.Background(), o.Fleet, 1, 1000, o.Log)
+	f, err := startFleet(context.Background(), o.Fleet, 1, 1000, o.Log)
 	require.NoError(t, err)
 	eps := f.Endpoints()
 	require.Len(t, eps, 2)
@@ -90,8 +93,8 @@ func TestFleetStopsEverything(t *testing.T) {
 }
 
 // recordingLauncher wraps a launcher and remembers the fleets it saw.
-func recordingLauncher(inner Launcher, seen *[][]FleetEndpoint) Launcher {
-	return func(ctx context.Context, policy string, fleet []FleetEndpoint) (Target, error) {
+func recordingLauncher(inner Launcher, seen *[][]endpoint.Endpoint) Launcher {
+	return func(ctx context.Context, policy string, fleet []endpoint.Endpoint) (Target, error) {
 		*seen = append(*seen, fleet)
 		return inner(ctx, policy, fleet)
 	}
@@ -101,7 +104,7 @@ func TestRunEndToEnd(t *testing.T) {
 	base, _ := liveGoroutines()
 	o := smallOptions(t)
 	o.Policies = []string{"round-robin", "random", "precise"}
-	var fleets [][]FleetEndpoint
+	var fleets [][]endpoint.Endpoint
 	rep, err := Run(context.Background(), o, recordingLauncher(DirectLauncher(1), &fleets))
 	require.NoError(t, err)
 	require.Len(t, rep.Results, 3)
@@ -191,16 +194,12 @@ func TestRunTraceReplay(t *testing.T) {
 }
 
 func TestProcessFleet(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "enginesim")
-	build := exec.Command("go", "build", "-o", bin, "../cmd/enginesim")
-	build.Env = append(os.Environ(), "GOFLAGS=-mod=mod")
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, string(out))
+	bin := simtest.Binary(t)
 
 	o := smallOptions(t)
 	o.Policies = []string{"round-robin"}
 	o.Fleet.Mode, o.Fleet.EnginesimBin = FleetProcess, bin
-	var fleets [][]FleetEndpoint
+	var fleets [][]endpoint.Endpoint
 	rep, err := Run(context.Background(), o, recordingLauncher(DirectLauncher(1), &fleets))
 	require.NoError(t, err)
 	pr := rep.Results[0]
@@ -224,7 +223,7 @@ func TestProcessFleet(t *testing.T) {
 func TestURLFleet(t *testing.T) {
 	// Two replicas the bench did not start stand in for real endpoints.
 	o := smallOptions(t).WithDefaults()
-	f, err := StartFleet(context.Background(), o.Fleet, 1, 1000, o.Log)
+	f, err := startFleet(context.Background(), o.Fleet, 1, 1000, o.Log)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, f.Stop()) }()
 	var urls []string
@@ -236,7 +235,7 @@ func TestURLFleet(t *testing.T) {
 	u.Fleet = FleetOptions{Mode: FleetURLs, URLs: urls}
 	u.Workload.SharedPrefix.QPS = []float64{10}
 	u.Workload.SharedPrefix.StageDuration = 2 * time.Second
-	var fleets [][]FleetEndpoint
+	var fleets [][]endpoint.Endpoint
 	rep, err := Run(context.Background(), u, recordingLauncher(DirectLauncher(1), &fleets))
 	require.NoError(t, err)
 	require.False(t, rep.Simulated)

@@ -1,4 +1,4 @@
-package bench
+package compare
 
 import (
 	"bufio"
@@ -15,6 +15,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/omnious/provider-node/bench/internal/loopback"
+	"github.com/omnious/provider-node/endpoint"
 )
 
 // streamUpstream is a replica stand-in that, like the simulator, reads the
@@ -114,7 +117,7 @@ func TestDirectTargetLateBodyCheck(t *testing.T) {
 
 	firstSeen, heldDone := make(chan struct{}), make(chan struct{})
 	var once, heldOnce sync.Once
-	tr := newTransport()
+	tr := loopback.Transport()
 	dial := tr.DialContext
 	tr.DialContext = func(ctx context.Context, network, a string) (net.Conn, error) {
 		c, err := dial(ctx, network, a)
@@ -139,7 +142,7 @@ func TestDirectTargetLateBodyCheck(t *testing.T) {
 		}
 		close(release)
 	}()
-	client := &http.Client{Transport: newTransport()}
+	client := &http.Client{Transport: loopback.Transport()}
 	defer client.CloseIdleConnections()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -157,11 +160,11 @@ func TestDirectTargetDeadReplica(t *testing.T) {
 	require.NoError(t, err)
 	dead := ln.Addr().String()
 	require.NoError(t, ln.Close())
-	target, err := DirectLauncher(1)(context.Background(), "round-robin", []FleetEndpoint{{Addr: dead}, {Addr: live}})
+	target, err := DirectLauncher(1)(context.Background(), "round-robin", []endpoint.Endpoint{{Addr: dead}, {Addr: live}})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, target.Close()) }()
 
-	client := &http.Client{Transport: newTransport()}
+	client := &http.Client{Transport: loopback.Transport()}
 	defer client.CloseIdleConnections()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

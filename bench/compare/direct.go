@@ -1,4 +1,4 @@
-package bench
+package compare
 
 import (
 	"context"
@@ -13,6 +13,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/omnious/provider-node/bench/internal/loopback"
+	"github.com/omnious/provider-node/endpoint"
 )
 
 // DirectLauncher is a stand-in for the EPP, for tests and for checking a
@@ -20,7 +23,7 @@ import (
 // "round-robin") or at random (policy "random", seeded). It is no EPP: no
 // ext_proc, no scoring; every other policy is refused.
 func DirectLauncher(seed int64) Launcher {
-	return func(ctx context.Context, policy string, fleet []FleetEndpoint) (Target, error) {
+	return func(ctx context.Context, policy string, fleet []endpoint.Endpoint) (Target, error) {
 		if len(fleet) == 0 {
 			return nil, errors.New("direct: empty fleet")
 		}
@@ -40,7 +43,7 @@ func DirectLauncher(seed int64) Launcher {
 		default:
 			return nil, fmt.Errorf("direct launcher has only round-robin and random, not %q (the EPP launcher is not wired)", policy)
 		}
-		return newDirectTarget(pick, newTransport())
+		return newDirectTarget(pick, loopback.Transport())
 	}
 }
 

@@ -1,4 +1,4 @@
-package bench
+package compare
 
 import (
 	"fmt"
@@ -12,10 +12,11 @@ type CheckResult struct {
 	Got  string
 }
 
-// Check evaluates issue 6's acceptance criteria for policy against the
-// others in the report: hit rate at least minBoundShare of the bound, max/mean
-// request load at most maxLoad, TTFT p90 below every other policy, and
-// (when withThroughput) output tokens/s above every other policy.
+// Check evaluates the acceptance criteria of policy (the one a routing
+// change must keep meeting) against the others in the report: hit rate at
+// least minBoundShare of the bound, max/mean request load at most maxLoad,
+// no errors, TTFT p90 below every other policy, and (when withThroughput)
+// output tokens/s above every other policy.
 func (r *Report) Check(policy string, minBoundShare, maxLoad float64, withThroughput bool) ([]CheckResult, error) {
 	var me *PolicyResult
 	for i := range r.Results {

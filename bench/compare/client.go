@@ -1,4 +1,4 @@
-package bench
+package compare
 
 import (
 	"bufio"
@@ -8,11 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/omnious/provider-node/bench/internal/loopback"
 )
 
 // result is one request's measurements, in wall time.
@@ -48,19 +49,8 @@ type client struct {
 	model string
 }
 
-func newTransport() *http.Transport {
-	return &http.Transport{
-		Proxy:               nil, // loopback only: never an environment proxy
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
-		MaxIdleConns:        4096,
-		MaxIdleConnsPerHost: 4096,
-		IdleConnTimeout:     30 * time.Second,
-		DisableCompression:  true,
-	}
-}
-
 func newClient(base, model string) *client {
-	return &client{http: &http.Client{Transport: newTransport()}, base: strings.TrimRight(base, "/"), model: model}
+	return &client{http: &http.Client{Transport: loopback.Transport()}, base: strings.TrimRight(base, "/"), model: model}
 }
 
 func (c *client) close() { c.http.CloseIdleConnections() }

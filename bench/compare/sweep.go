@@ -1,4 +1,4 @@
-package bench
+package compare
 
 import (
 	"context"
@@ -141,7 +141,7 @@ func pointConfig(base string, p []override) ([]byte, error) {
 		// The same scrape period the named policies get (schedulerConfig),
 		// so that a point with no overrides reproduces its base policy.
 		doc["policy"] = base
-		doc["signals"] = map[string]any{"scrape_interval": benchScrapeInterval.String(), "scrape_timeout": benchScrapeInterval.String()}
+		doc["signals"] = map[string]any{"scrape_interval": scrapeInterval.String(), "scrape_timeout": scrapeInterval.String()}
 	} else {
 		b, err := os.ReadFile(base)
 		if err != nil {
@@ -171,15 +171,6 @@ func pointConfig(base string, p []override) ([]byte, error) {
 		m[parts[len(parts)-1]] = o.Value
 	}
 	return yaml.Marshal(doc)
-}
-
-func isPolicyName(s string) bool {
-	for _, p := range DefaultPolicies() {
-		if s == p {
-			return true
-		}
-	}
-	return false
 }
 
 // paretoFront returns the indices of the points no other point dominates

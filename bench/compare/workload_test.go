@@ -1,4 +1,4 @@
-package bench
+package compare
 
 import (
 	"math"

@@ -1,4 +1,4 @@
-package bench
+package compare
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/omnious/provider-node/endpoint"
 )
 
 func TestGridPointsAndConfig(t *testing.T) {
@@ -71,7 +73,7 @@ func TestSweepEndToEnd(t *testing.T) {
 	// A launcher that reads the generated config and runs its policy with
 	// the direct proxy, as the EPP launcher would read its config file.
 	var seen []map[string]any
-	launch := func(ctx context.Context, policy string, fleet []FleetEndpoint) (Target, error) {
+	launch := func(ctx context.Context, policy string, fleet []endpoint.Endpoint) (Target, error) {
 		b, err := os.ReadFile(policy)
 		if err != nil {
 			return nil, err
