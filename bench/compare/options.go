@@ -168,93 +168,53 @@ func (o Options) WithDefaults() Options {
 	if len(o.Policies) == 0 {
 		o.Policies = DefaultPolicies()
 	}
-	if o.Seed == 0 {
-		o.Seed = 1
-	}
-	if o.RequestTimeout == 0 {
-		o.RequestTimeout = 10 * time.Minute
-	}
-	if o.MaxInFlight == 0 {
-		o.MaxInFlight = 4096
-	}
+	def(&o.Seed, 1)
+	def(&o.RequestTimeout, 10*time.Minute)
+	def(&o.MaxInFlight, 4096)
 	if o.Log == nil {
 		o.Log = zap.NewNop()
 	}
 	f := &o.Fleet
-	if f.Mode == "" {
-		f.Mode = FleetInProcess
-	}
-	if f.Replicas == 0 {
-		f.Replicas = 2
-	}
-	if f.Engine == "" {
-		f.Engine = engine.FlavourVLLM
-	}
-	if f.TimeScale == 0 {
-		f.TimeScale = 1
-	}
+	def(&f.Mode, FleetInProcess)
+	def(&f.Replicas, 2)
+	def(&f.Engine, engine.FlavourVLLM)
+	def(&f.TimeScale, 1)
 	if f.Mode == FleetURLs {
 		f.TimeScale = 1 // real engines run in real time
 		f.Replicas = len(f.URLs)
 	}
-	if f.EnginesimBin == "" {
-		f.EnginesimBin = "bin/enginesim"
-	}
+	def(&f.EnginesimBin, "bin/enginesim")
 	w := &o.Workload
-	if w.Kind == "" {
-		w.Kind = WorkloadSharedPrefix
-	}
-	if w.Trace.Speedup == 0 {
-		w.Trace.Speedup = f.TimeScale
-	}
+	def(&w.Kind, WorkloadSharedPrefix)
+	def(&w.Trace.Speedup, f.TimeScale)
 	sp := &w.SharedPrefix
-	if sp.NumGroups == 0 {
-		sp.NumGroups = 16
-	}
-	if sp.PromptsPerGroup == 0 {
-		sp.PromptsPerGroup = 5
-	}
-	if sp.SystemPromptLen == 0 {
-		sp.SystemPromptLen = 2000
-	}
-	if sp.QuestionLen == 0 {
-		sp.QuestionLen = 200
-	}
-	if sp.OutputLen == 0 {
-		sp.OutputLen = 50
-	}
+	def(&sp.NumGroups, 16)
+	def(&sp.PromptsPerGroup, 5)
+	def(&sp.SystemPromptLen, 2000)
+	def(&sp.QuestionLen, 200)
+	def(&sp.OutputLen, 50)
 	if len(sp.QPS) == 0 {
 		sp.QPS = []float64{5, 15}
 	}
-	if sp.StageDuration == 0 {
-		sp.StageDuration = 10 * time.Second
-	}
+	def(&sp.StageDuration, 10*time.Second)
 	c := &w.Chat
-	if c.Sessions == 0 {
-		c.Sessions = 20
-	}
-	if c.Turns == 0 {
-		c.Turns = 4
-	}
-	if c.SystemPromptLen == 0 {
-		c.SystemPromptLen = 500
-	}
-	if c.UserLen == 0 {
-		c.UserLen = 100
-	}
-	if c.OutputLen == 0 {
-		c.OutputLen = 64
-	}
-	if c.SessionRate == 0 {
-		c.SessionRate = 2
-	}
-	if c.ThinkTime == 0 {
-		c.ThinkTime = 2 * time.Second
-	}
-	if o.Scenario == "" {
-		o.Scenario = w.Kind
-	}
+	def(&c.Sessions, 20)
+	def(&c.Turns, 4)
+	def(&c.SystemPromptLen, 500)
+	def(&c.UserLen, 100)
+	def(&c.OutputLen, 64)
+	def(&c.SessionRate, 2)
+	def(&c.ThinkTime, 2*time.Second)
+	def(&o.Scenario, w.Kind)
 	return o
+}
+
+// def sets *p to v when it is the zero value.
+func def[T comparable](p *T, v T) {
+	var zero T
+	if *p == zero {
+		*p = v
+	}
 }
 
 // Validate reports every problem with defaulted options.
