@@ -6,9 +6,10 @@
 // stands in for the EPP to measure the floor under its figures.
 //
 // It starts the EPP through bench/internal/launch and reads it over its
-// metrics and admin ports; it imports the EPP's prompt path (extproc,
-// engines/tokenizer) only to size the workload's tokens as the EPP sees
-// them.
+// metrics and admin ports. It imports the EPP's prompt path (extproc,
+// engines/tokenizer) to size the workload's tokens as the EPP sees them,
+// extproc's gRPC server options for the floor server, and the test
+// gateway's configuration (extproc/testgw).
 package load
 
 import (

@@ -70,7 +70,8 @@ type InProcessConfig struct {
 	DrainTimeout time.Duration
 	// OnPick, when set, is given the duration of every scheduling decision.
 	OnPick func(time.Duration)
-	Log    *zap.Logger
+	// Log receives the EPP's logs (nil: none).
+	Log *zap.Logger
 }
 
 // StartInProcess assembles the EPP (internal/epp) and runs it on free
@@ -87,7 +88,10 @@ func StartInProcess(c InProcessConfig) (*EPP, error) {
 	if c.OnPick != nil {
 		opts = append(opts, epp.WithPickObserver(c.OnPick))
 	}
-	log := c.Log.Named("epp")
+	log := zap.NewNop()
+	if c.Log != nil {
+		log = c.Log.Named("epp")
+	}
 	e := &EPP{http: loopback.Client(10 * time.Second)}
 	e.start = func() (*run, error) {
 		s, err := epp.New(cfg, discovery.Fixed(c.Endpoints), log, opts...)

@@ -124,7 +124,11 @@ func (s *Sim) Endpoint() endpoint.Endpoint {
 // Start runs the process (again) and waits until it answers /health.
 func (s *Sim) Start(ctx context.Context) error {
 	if s.proc != nil {
-		return nil
+		select {
+		case <-s.proc.exited: // ended on its own: start it again
+		default:
+			return nil
+		}
 	}
 	p, err := startChild(s.bin, []string{"-config", s.path, "-log-level", s.level}, io.Discard, os.Stderr)
 	if err != nil {
@@ -160,6 +164,7 @@ func (s *Sim) Stop() error {
 		return nil
 	}
 	s.proc = nil
+	s.http.CloseIdleConnections()
 	if p.stop(10 * time.Second) {
 		return fmt.Errorf("enginesim %d did not stop in 10s: killed", s.index)
 	}
@@ -174,9 +179,6 @@ func StopSims(sims []*Sim) error {
 	var errs []error
 	for _, s := range sims {
 		errs = append(errs, s.Stop())
-	}
-	if len(sims) > 0 {
-		sims[0].http.CloseIdleConnections()
 	}
 	return errors.Join(errs...)
 }
