@@ -107,21 +107,21 @@ func chatSystemTokens(w *Workload) int {
 // runPolicy runs one policy on a fresh fleet and always stops it.
 func runPolicy(ctx context.Context, opts Options, w *Workload, policy, label string, launch Launcher, tick func()) (pr PolicyResult, res []*result, err error) {
 	log := opts.Log.With(zap.String("policy", label))
-	fleet, err := startFleet(ctx, opts.Fleet, opts.Seed, w.MaxLen, log)
+	f, err := startFleet(ctx, opts.Fleet, opts.Seed, w.MaxLen, log)
 	if err != nil {
 		return pr, nil, fmt.Errorf("cannot start fleet for %s: %w", label, err)
 	}
 	defer func() {
-		if serr := fleet.Stop(); serr != nil {
+		if serr := f.Stop(); serr != nil {
 			log.Warn("stopping fleet", zap.Error(serr))
 		}
 	}()
 	resetWarning := ""
 	if opts.Fleet.Mode == FleetURLs {
-		resetWarning = fleet.resetCaches(ctx)
+		resetWarning = f.resetCaches(ctx)
 	}
-	before := fleet.counters(ctx)
-	target, lerr := launch(ctx, policy, fleet.Endpoints())
+	before := f.counters(ctx)
+	target, lerr := launch(ctx, policy, f.Endpoints())
 	if lerr != nil {
 		log.Error("cannot launch policy", zap.Error(lerr))
 		pr = PolicyResult{Policy: label, Requests: countRequests(opts, w), Errors: countRequests(opts, w),
@@ -136,23 +136,23 @@ func runPolicy(ctx context.Context, opts Options, w *Workload, policy, label str
 		}
 	}()
 	model := ""
-	if eps := fleet.Endpoints(); len(eps) > 0 {
+	if eps := f.Endpoints(); len(eps) > 0 {
 		model = eps[0].Model
 	}
 	c := newClient(target.URL(), model)
 	defer c.close()
 	res = replay(ctx, c, w, opts.MaxInFlight, opts.RequestTimeout, tick)
-	after := fleet.counters(context.Background())
+	after := f.counters(context.Background())
 	delta := make([]counters, len(after))
 	for i := range after {
 		delta[i] = after[i].sub(before[i])
 	}
 	scale := 1.0
-	if fleet.simulated {
+	if f.simulated {
 		scale = opts.Fleet.TimeScale
 	}
 	pr = summarise(label, w, res, delta, target.DecisionLatencies(), scale)
-	if fleet.simulated {
+	if f.simulated {
 		pr.Warning = lagWarning(pr, opts.Fleet)
 	} else {
 		pr.Warning = resetWarning
