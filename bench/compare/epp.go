@@ -40,7 +40,7 @@ func EPPLauncher(log *zap.Logger) Launcher {
 		e, err := launch.StartInProcess(launch.InProcessConfig{Scheduler: sc, Endpoints: fleet, StandInTokenizer: simulated,
 			DrainTimeout: 5 * time.Second, OnPick: t.observe, Log: log})
 		if err != nil {
-			return nil, fmt.Errorf("cannot start EPP for %s: %w", policy, err)
+			return nil, fmt.Errorf("policy %s: %w", policy, err)
 		}
 		t.epp = e
 		if t.gw, err = launch.StartGateway(testgw.Config{EPP: e.GRPCAddr()}, log); err != nil {
