@@ -1,30 +1,26 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
-	"github.com/omnious/provider-node/bench"
-	"github.com/omnious/provider-node/internal/cli"
+	"github.com/omnious/provider-node/bench/chaos"
 )
 
 // errChaosFailed makes the command exit non-zero after printing the table.
 var errChaosFailed = errors.New("chaos: at least one scenario failed")
 
-// runChaos is `bench chaos`: scripted faults against enginesim processes,
-// the EPP and the test gateway on 127.0.0.1, and a table of expected and
-// observed outcomes with recovery times.
+// runChaos is `bench chaos` (bench/chaos): scripted faults against
+// enginesim processes, the EPP and the test gateway on 127.0.0.1, and a
+// table of expected and observed outcomes with recovery times.
 func runChaos(args []string) error {
 	fs := flag.NewFlagSet("bench chaos", flag.ContinueOnError)
 	enginesim := fs.String("enginesim", "bin/enginesim", "enginesim binary")
-	scenarios := fs.String("scenarios", "", "comma-separated scenarios (default all: "+strings.Join(bench.ChaosScenarios(), ",")+")")
+	scenarios := fs.String("scenarios", "", "comma-separated scenarios (default all: "+strings.Join(chaos.Scenarios(), ",")+")")
 	logLevel := fs.String("log-level", "error", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -32,19 +28,17 @@ func runChaos(args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %v", fs.Args())
 	}
-	log, err := cli.NewLogger(*logLevel)
+	ctx, log, done, err := session(*logLevel)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = log.Sync() }()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	defer done()
 	start := time.Now()
-	results, err := bench.RunChaos(ctx, bench.ChaosOptions{EnginesimBin: *enginesim, Scenarios: splitList(*scenarios),
+	results, err := chaos.Run(ctx, chaos.Options{EnginesimBin: *enginesim, Scenarios: splitList(*scenarios),
 		Log: log, Progress: os.Stderr})
 	if len(results) > 0 {
 		fmt.Println()
-		if werr := bench.WriteChaosTable(os.Stdout, results); werr != nil {
+		if werr := chaos.WriteTable(os.Stdout, results); werr != nil {
 			return werr
 		}
 		fmt.Printf("\n%d scenarios in %s\n", len(results), time.Since(start).Round(time.Second))
@@ -52,7 +46,7 @@ func runChaos(args []string) error {
 	if err != nil {
 		return err
 	}
-	if !bench.ChaosPassed(results) {
+	if !chaos.Passed(results) {
 		return errChaosFailed
 	}
 	return nil

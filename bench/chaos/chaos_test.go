@@ -1,0 +1,107 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/omnious/provider-node/engines/sim/simtest"
+)
+
+// TestChaosScenarios runs a fast subset of the chaos suite against
+// enginesim processes (the whole suite is make chaos). Each scenario's own
+// checks decide; the test then requires that every process it started is
+// gone (its ports free again).
+func TestChaosScenarios(t *testing.T) {
+	names := []string{"engine-kill", "engine-crash-idle", "event-gap", "kv-publisher-outage", "metrics-hang"}
+	if testing.Short() {
+		names = []string{"engine-kill", "engine-crash-idle", "event-gap"}
+	}
+	bin := simtest.Binary(t)
+	byName := map[string]scenario{}
+	for _, s := range scenarios() {
+		byName[s.name] = s
+	}
+	for _, name := range names {
+		t.Run(name, func(t *testing.T) {
+			s, ok := byName[name]
+			require.True(t, ok)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			env, err := newWorld(ctx, bin, s.setup, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = env.Close() })
+			var o outcome
+			runErr := s.run(ctx, env, &o)
+			require.NoError(t, env.Close())
+			require.NoError(t, runErr)
+			require.Empty(t, o.failed, "observed: %s", strings.Join(o.observed, "; "))
+			require.NotEmpty(t, o.recoveryOf, "a scenario reports a recovery time")
+			require.Positive(t, o.recovery)
+			for _, p := range env.sims {
+				requireFree(t, p.Addr())
+				requireFree(t, strings.TrimPrefix(p.Config.KVEvents.Endpoint, "tcp://"))
+				requireFree(t, strings.TrimPrefix(p.Config.KVEvents.ReplayEndpoint, "tcp://"))
+			}
+			requireFree(t, env.epp.GRPCAddr())
+			requireFree(t, strings.TrimPrefix(env.epp.AdminURL(), "http://"))
+		})
+	}
+}
+
+func TestRunChaosRejects(t *testing.T) {
+	tests := []struct {
+		name string
+		opts Options
+		want string
+	}{
+		{"missing binary", Options{EnginesimBin: "/nonexistent/enginesim"}, "cannot find enginesim"},
+		{"unknown scenario", Options{EnginesimBin: "true", Scenarios: []string{"engine-kill", "nope"}}, `unknown chaos scenario "nope"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res, err := Run(context.Background(), tt.opts)
+			require.ErrorContains(t, err, tt.want)
+			require.Empty(t, res, "nothing runs before the options are valid")
+		})
+	}
+}
+
+func TestChaosTable(t *testing.T) {
+	tests := []struct {
+		name    string
+		results []Result
+		passed  bool
+		want    []string
+	}{
+		{"none", nil, false, []string{"| scenario | expected | observed | result | recovery |"}},
+		{"pass", []Result{{Scenario: "a", Expected: "x|y", Observed: "ok", Pass: true, Recovery: 1500 * time.Millisecond, RecoveryOf: "fault → back"}},
+			true, []string{"| a | x/y | ok | pass | 1.50 s (fault → back) |"}},
+		{"one fails", []Result{{Scenario: "a", Pass: true}, {Scenario: "b", Observed: "bad", Recovery: 20 * time.Millisecond, RecoveryOf: "r"}},
+			false, []string{"| a |  |  | pass | - |", "| b |  | bad | **FAIL** | 20 ms (r) |"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var b bytes.Buffer
+			require.NoError(t, WriteTable(&b, tt.results))
+			for _, w := range tt.want {
+				require.Contains(t, b.String(), w)
+			}
+			require.Equal(t, tt.passed, Passed(tt.results))
+		})
+	}
+}
+
+func requireFree(t *testing.T, hostport string) {
+	t.Helper()
+	l, err := net.Listen("tcp", hostport)
+	require.NoError(t, err, "port %s still bound", hostport)
+	require.NoError(t, l.Close())
+}

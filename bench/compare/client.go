@@ -1,0 +1,350 @@
+package compare
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/omnious/provider-node/bench/internal/loopback"
+)
+
+// result is one request's measurements, in wall time.
+type result struct {
+	Stage   int
+	Session int // -1 outside chat
+	Turn    int
+	Start   time.Time
+	TTFT    time.Duration
+	E2E     time.Duration
+	ITL     []time.Duration
+	Output  int // completion tokens (usage, else content chunks)
+	Prompt  int // prompt tokens (usage)
+	Cached  int // usage.prompt_tokens_details.cached_tokens
+	Err     error
+	content strings.Builder
+	calls   []toolCall
+}
+
+type toolCall struct {
+	ID   string `json:"id"`
+	Type string `json:"type"`
+	Func struct {
+		Name string `json:"name"`
+		Args string `json:"arguments"`
+	} `json:"function"`
+}
+
+// client sends requests to one target and measures them.
+type client struct {
+	http  *http.Client
+	base  string
+	model string
+}
+
+func newClient(base, model string) *client {
+	return &client{http: &http.Client{Transport: loopback.Transport()}, base: strings.TrimRight(base, "/"), model: model}
+}
+
+func (c *client) close() { c.http.CloseIdleConnections() }
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+type completionBody struct {
+	Model         string        `json:"model"`
+	Prompt        any           `json:"prompt"`
+	MaxTokens     int           `json:"max_tokens"`
+	IgnoreEOS     bool          `json:"ignore_eos"`
+	Stream        bool          `json:"stream"`
+	StreamOptions streamOptions `json:"stream_options"`
+}
+
+type chatMessage struct {
+	Role       string     `json:"role"`
+	Content    string     `json:"content"`
+	ToolCalls  []toolCall `json:"tool_calls,omitempty"`
+	ToolCallID string     `json:"tool_call_id,omitempty"`
+}
+
+type chatBody struct {
+	Model         string          `json:"model"`
+	Messages      []chatMessage   `json:"messages"`
+	MaxTokens     int             `json:"max_tokens"`
+	IgnoreEOS     bool            `json:"ignore_eos"`
+	Stream        bool            `json:"stream"`
+	StreamOptions streamOptions   `json:"stream_options"`
+	Tools         json.RawMessage `json:"tools,omitempty"`
+	ToolChoice    string          `json:"tool_choice,omitempty"`
+}
+
+// weatherTool is the tool offered by chat sessions with tools.
+var weatherTool = json.RawMessage(`[{"type":"function","function":{"name":"get_weather","description":"Current weather in a city","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}]`)
+
+// completion sends one /v1/completions request.
+func (c *client) completion(ctx context.Context, r *Request) *result {
+	body := completionBody{Model: c.model, MaxTokens: r.MaxTokens, IgnoreEOS: true, Stream: true,
+		StreamOptions: streamOptions{IncludeUsage: true}}
+	if r.Tokens != nil {
+		body.Prompt = r.Tokens
+	} else {
+		body.Prompt = r.Text
+	}
+	res := &result{Stage: r.Stage, Session: -1}
+	b, err := json.Marshal(body)
+	if err != nil {
+		res.Err = fmt.Errorf("cannot encode request: %w", err)
+		return res
+	}
+	c.post(ctx, "/v1/completions", b, res)
+	return res
+}
+
+// chat sends one /v1/chat/completions request.
+func (c *client) chat(ctx context.Context, msgs []chatMessage, s *Session, stage int) *result {
+	body := chatBody{Model: c.model, Messages: msgs, MaxTokens: s.MaxTokens, IgnoreEOS: true, Stream: true,
+		StreamOptions: streamOptions{IncludeUsage: true}}
+	if s.Tools {
+		body.Tools, body.ToolChoice = weatherTool, "auto"
+	}
+	res := &result{Stage: stage}
+	b, err := json.Marshal(body)
+	if err != nil {
+		res.Err = fmt.Errorf("cannot encode request: %w", err)
+		return res
+	}
+	c.post(ctx, "/v1/chat/completions", b, res)
+	return res
+}
+
+// streamChunk is the part of a completions or chat SSE chunk the bench reads.
+type streamChunk struct {
+	Choices []struct {
+		Text  string `json:"text"`
+		Delta struct {
+			Content   string `json:"content"`
+			Reasoning string `json:"reasoning_content"`
+			ToolCalls []struct {
+				Index    int    `json:"index"`
+				ID       string `json:"id"`
+				Type     string `json:"type"`
+				Function struct {
+					Name      string `json:"name"`
+					Arguments string `json:"arguments"`
+				} `json:"function"`
+			} `json:"tool_calls"`
+		} `json:"delta"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens        int `json:"prompt_tokens"`
+		CompletionTokens    int `json:"completion_tokens"`
+		PromptTokensDetails *struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+	Error *struct {
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// post sends body and reads the SSE stream into res.
+func (c *client) post(ctx context.Context, path string, body []byte, res *result) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+path, bytes.NewReader(body))
+	if err != nil {
+		res.Err = fmt.Errorf("cannot build request: %w", err)
+		return
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "text/event-stream")
+	res.Start = time.Now()
+	resp, err := c.http.Do(req)
+	if err != nil {
+		res.Err = fmt.Errorf("request failed: %w", err)
+		return
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		res.Err = fmt.Errorf("status %d: %s", resp.StatusCode, strings.TrimSpace(string(msg)))
+		return
+	}
+	var last time.Time
+	chunks, done := 0, false
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 64<<10), 16<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
+		if !bytes.HasPrefix(line, []byte("data:")) {
+			continue
+		}
+		data := bytes.TrimSpace(line[5:])
+		if bytes.Equal(data, []byte("[DONE]")) {
+			done = true
+			break
+		}
+		var ch streamChunk
+		if err := json.Unmarshal(data, &ch); err != nil {
+			res.Err = fmt.Errorf("bad stream chunk: %w", err)
+			return
+		}
+		if ch.Error != nil {
+			res.Err = fmt.Errorf("stream error: %s", ch.Error.Message)
+			return
+		}
+		now := time.Now()
+		if ch.Usage != nil {
+			res.Prompt, res.Output = ch.Usage.PromptTokens, ch.Usage.CompletionTokens
+			if ch.Usage.PromptTokensDetails != nil {
+				res.Cached = ch.Usage.PromptTokensDetails.CachedTokens
+			}
+		}
+		content := false
+		for _, choice := range ch.Choices {
+			if choice.Text != "" || choice.Delta.Content != "" || choice.Delta.Reasoning != "" || len(choice.Delta.ToolCalls) > 0 {
+				content = true
+			}
+			res.content.WriteString(choice.Text)
+			res.content.WriteString(choice.Delta.Content)
+			for _, tc := range choice.Delta.ToolCalls {
+				for len(res.calls) <= tc.Index {
+					res.calls = append(res.calls, toolCall{Type: "function"})
+				}
+				call := &res.calls[tc.Index]
+				if tc.ID != "" {
+					call.ID = tc.ID
+				}
+				call.Func.Name += tc.Function.Name
+				call.Func.Args += tc.Function.Arguments
+			}
+		}
+		if !content {
+			continue
+		}
+		chunks++
+		if last.IsZero() {
+			res.TTFT = now.Sub(res.Start)
+		} else {
+			res.ITL = append(res.ITL, now.Sub(last))
+		}
+		last = now
+	}
+	res.E2E = time.Since(res.Start)
+	if err := sc.Err(); err != nil {
+		res.Err = fmt.Errorf("stream broken: %w", err)
+		return
+	}
+	if !done {
+		res.Err = errors.New("stream ended without [DONE]")
+		return
+	}
+	if chunks == 0 {
+		if res.Output == 0 {
+			res.Err = errors.New("stream had no content")
+			return
+		}
+		// Tokens were generated but nothing streamed: a tool call cut by
+		// max_tokens, which the parser never emits. The answer arrived at
+		// the end.
+		res.TTFT = res.E2E
+	}
+	if res.Output == 0 {
+		res.Output = chunks
+	}
+}
+
+// replay sends the workload to base and returns every request's result. It
+// is open-loop: requests start at their arrival times whatever the answers'
+// pace, up to maxInFlight at once. tick is called after each result.
+func replay(ctx context.Context, c *client, w *Workload, maxInFlight int, timeout time.Duration, tick func()) []*result {
+	var (
+		mu  sync.Mutex
+		out []*result
+		wg  sync.WaitGroup
+	)
+	add := func(r *result) {
+		mu.Lock()
+		out = append(out, r)
+		mu.Unlock()
+		if tick != nil {
+			tick()
+		}
+	}
+	sem := make(chan struct{}, maxInFlight)
+	start := time.Now()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	<-timer.C
+loop:
+	for i := range w.Requests {
+		r := &w.Requests[i]
+		if d := time.Until(start.Add(r.At)); d > 0 {
+			timer.Reset(d)
+			select {
+			case <-ctx.Done():
+				break loop
+			case <-timer.C:
+			}
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			break loop
+		}
+		wg.Add(1)
+		go func(idx int) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			rctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			if r.Session != nil {
+				runSession(rctx, c, r, idx, add)
+				return
+			}
+			add(c.completion(rctx, r))
+		}(i)
+	}
+	wg.Wait()
+	return out
+}
+
+// runSession runs one conversation turn by turn; each turn sends the whole
+// conversation, including the previous answers (and tool exchanges).
+func runSession(ctx context.Context, c *client, r *Request, idx int, add func(*result)) {
+	s := r.Session
+	msgs := []chatMessage{{Role: "system", Content: s.System}}
+	for turn, u := range s.Users {
+		msgs = append(msgs, chatMessage{Role: "user", Content: u})
+		res := c.chat(ctx, msgs, s, r.Stage)
+		res.Session, res.Turn = idx, turn
+		add(res)
+		if res.Err != nil {
+			return // the conversation cannot go on without its answer
+		}
+		msgs = append(msgs, chatMessage{Role: "assistant", Content: res.content.String(), ToolCalls: res.calls})
+		for i, call := range res.calls {
+			id := call.ID
+			if id == "" {
+				id = fmt.Sprintf("call_%d_%d_%d", idx, turn, i)
+				msgs[len(msgs)-1].ToolCalls[i].ID = id
+			}
+			msgs = append(msgs, chatMessage{Role: "tool", ToolCallID: id, Content: `{"temperature_c": 21, "sky": "clear"}`})
+		}
+		if turn < len(s.Users)-1 && s.Think > 0 {
+			t := time.NewTimer(s.Think)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+	}
+}

@@ -1,0 +1,254 @@
+package compare
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/omnious/provider-node/endpoint"
+
+	"github.com/omnious/provider-node/engines/sim/simtest"
+)
+
+// settleGoroutines waits until the goroutine count is back to at most base.
+// Goroutines of go-zeromq/zmq4's PUB writer are not counted: zmq4 v0.17
+// never stops them (pubSocket.Close does not close its pubMWriter), which is
+// a library leak outside the bench's control.
+func settleGoroutines(t *testing.T, base int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	n, stacks := liveGoroutines()
+	for n > base && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+		n, stacks = liveGoroutines()
+	}
+	if n > base {
+		t.Fatalf("%d goroutines left running (baseline %d):\n%s", n, base, stacks)
+	}
+}
+
+func liveGoroutines() (int, string) {
+	buf := make([]byte, 4<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	n := 0
+	var kept []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "zmq4.(*pubMWriter).run") {
+			continue
+		}
+		n++
+		kept = append(kept, g)
+	}
+	return n, strings.Join(kept, "\n\n")
+}
+
+func requireFree(t *testing.T, hostport string) {
+	t.Helper()
+	l, err := net.Listen("tcp", hostport)
+	require.NoError(t, err, "port %s still bound", hostport)
+	require.NoError(t, l.Close())
+}
+
+func smallOptions(t *testing.T) Options {
+	return Options{Scenario: "e2e", Seed: 3, Log: zaptest.NewLogger(t),
+		Fleet: FleetOptions{Replicas: 2, TimeScale: 4, NumGPUBlocks: 400},
+		Workload: WorkloadOptions{Kind: WorkloadSharedPrefix, SharedPrefix: SharedPrefixOptions{
+			NumGroups: 4, PromptsPerGroup: 2, SystemPromptLen: 300, QuestionLen: 40, OutputLen: 8,
+			QPS: []float64{10, 20}, StageDuration: 2 * time.Second}}}
+}
+
+func TestFleetStopsEverything(t *testing.T) {
+	base, _ := liveGoroutines()
+	o := smallOptions(t).WithDefaults()
+	f, err := startFleet(context.Background(), o.Fleet, 1, 1000, o.Log)
+	require.NoError(t, err)
+	eps := f.Endpoints()
+	require.Len(t, eps, 2)
+	for _, ep := range eps {
+		require.True(t, strings.HasPrefix(ep.KVEvents, "tcp://127.0.0.1:"), ep.KVEvents)
+		require.True(t, strings.HasPrefix(ep.KVReplay, "tcp://127.0.0.1:"), ep.KVReplay)
+		require.NotEqual(t, ep.KVEvents, ep.KVReplay)
+		require.Equal(t, "vllm", ep.Engine)
+		require.Equal(t, "http://"+ep.Addr+"/metrics", ep.MetricsURL)
+	}
+	c := f.counters(context.Background())
+	require.Len(t, c, 2)
+	require.True(t, c[0].OK, "the simulator exposes prefix-cache counters")
+	require.NoError(t, f.Stop())
+	for _, ep := range eps {
+		requireFree(t, ep.Addr)
+		requireFree(t, strings.TrimPrefix(ep.KVEvents, "tcp://"))
+		requireFree(t, strings.TrimPrefix(ep.KVReplay, "tcp://"))
+	}
+	settleGoroutines(t, base)
+}
+
+// recordingLauncher wraps a launcher and remembers the fleets it saw.
+func recordingLauncher(inner Launcher, seen *[][]endpoint.Endpoint) Launcher {
+	return func(ctx context.Context, policy string, fleet []endpoint.Endpoint) (Target, error) {
+		*seen = append(*seen, fleet)
+		return inner(ctx, policy, fleet)
+	}
+}
+
+func TestRunEndToEnd(t *testing.T) {
+	base, _ := liveGoroutines()
+	o := smallOptions(t)
+	o.Policies = []string{"round-robin", "random", "precise"}
+	var fleets [][]endpoint.Endpoint
+	rep, err := Run(context.Background(), o, recordingLauncher(DirectLauncher(1), &fleets))
+	require.NoError(t, err)
+	require.Len(t, rep.Results, 3)
+	require.Len(t, fleets, 3)
+	require.NotEqual(t, fleets[0][0].Addr, fleets[1][0].Addr, "each policy gets a fresh fleet")
+	require.True(t, rep.Simulated)
+	require.Greater(t, rep.Bound, 0.5)
+	// 2 x 400 blocks of 16 tokens hold the 4 x 300-token prefixes and 8 questions.
+	require.InDelta(t, rep.Bound, rep.FleetBound, 1e-12)
+	for _, pr := range rep.Results[:2] {
+		require.Equal(t, rep.Requests, pr.Requests, pr.Policy)
+		require.Zero(t, pr.Errors, pr.FirstError)
+		require.Greater(t, pr.TTFTP50, 0.0)
+		require.GreaterOrEqual(t, pr.TTFTP99, pr.TTFTP90)
+		require.GreaterOrEqual(t, pr.TTFTP90, pr.TTFTP50)
+		require.Greater(t, pr.ITLP50, 0.0)
+		require.Greater(t, pr.OutputTokPS, 0.0)
+		require.Greater(t, pr.HitRate, 0.0)
+		require.LessOrEqual(t, pr.HitRate, rep.Bound)
+		require.Len(t, pr.LoadRequests, 2)
+		require.Equal(t, float64(rep.Requests), pr.LoadRequests[0]+pr.LoadRequests[1], "replica counters see every request")
+		require.Len(t, pr.Stages, 2)
+		require.NotEmpty(t, pr.DecisionP99us)
+	}
+	// Round-robin alternates over two replicas.
+	require.LessOrEqual(t, rep.Results[0].MaxMeanLoad, 1.0+2.0/float64(rep.Requests))
+	// A policy the launcher refuses is reported as all errors, not a crash.
+	require.Equal(t, rep.Requests, rep.Results[2].Errors)
+	require.Contains(t, rep.Results[2].FirstError, "launch")
+
+	dir := t.TempDir()
+	require.NoError(t, rep.WriteJSON(filepath.Join(dir, "out.json")))
+	b, err := os.ReadFile(filepath.Join(dir, "out.json"))
+	require.NoError(t, err)
+	require.True(t, json.Valid(b))
+	require.NoError(t, rep.WriteHTMLFile(filepath.Join(dir, "out.html")))
+	for _, fl := range fleets {
+		for _, ep := range fl {
+			requireFree(t, ep.Addr)
+		}
+	}
+	settleGoroutines(t, base)
+}
+
+func TestRunChatWithTools(t *testing.T) {
+	o := smallOptions(t)
+	o.Policies = []string{"round-robin"}
+	o.Workload = WorkloadOptions{Kind: WorkloadChat, Chat: ChatOptions{Sessions: 3, Turns: 3, SystemPromptLen: 200,
+		UserLen: 20, OutputLen: 48, SessionRate: 20, ThinkTime: 100 * time.Millisecond, Tools: true}}
+	rep, err := Run(context.Background(), o, DirectLauncher(1))
+	require.NoError(t, err)
+	pr := rep.Results[0]
+	require.Zero(t, pr.Errors, pr.FirstError)
+	require.Equal(t, 9, pr.Requests)
+	require.Equal(t, 9, rep.Requests)
+	require.Zero(t, pr.Errors, pr.FirstError)
+	// Later turns extend the conversation, so they hit the cache.
+	require.Greater(t, pr.HitRate, 0.3)
+	require.Greater(t, rep.Bound, 0.3)
+	require.Less(t, rep.Bound, 1.0)
+}
+
+func TestRunTraceReplay(t *testing.T) {
+	dir := t.TempDir()
+	trace := filepath.Join(dir, "t.jsonl")
+	lines := []string{
+		`{"timestamp": 0, "input_length": 700, "output_length": 4, "hash_ids": [1, 2]}`,
+		`{"timestamp": 50, "input_length": 1024, "output_length": 4, "hash_ids": [1, 2]}`,
+		`{"timestamp": 100, "input_length": 600, "output_length": 4, "hash_ids": [1, 3]}`,
+		`{"timestamp": 150, "input_length": 512, "output_length": 4, "hash_ids": [4]}`,
+	}
+	require.NoError(t, os.WriteFile(trace, []byte(strings.Join(lines, "\n")), 0o644))
+	o := smallOptions(t)
+	o.Policies = []string{"round-robin"}
+	o.Fleet.Replicas = 1
+	o.Workload = WorkloadOptions{Kind: WorkloadTrace, Trace: TraceOptions{Path: trace, Limit: 3}}
+	rep, err := Run(context.Background(), o, DirectLauncher(1))
+	require.NoError(t, err)
+	require.Equal(t, 3, rep.Requests)
+	// Bound of the first three: hits 188 (id 2 partial) + 512 + 512 of 2324.
+	require.InDelta(t, float64(188+512+512)/float64(700+1024+600), rep.Bound, 1e-12)
+	pr := rep.Results[0]
+	require.Zero(t, pr.Errors, pr.FirstError)
+	// One replica with room for everything reaches the bound up to block
+	// granularity (16-token blocks, the last token never hits).
+	require.InDelta(t, rep.Bound, pr.HitRate, 0.03)
+}
+
+func TestProcessFleet(t *testing.T) {
+	bin := simtest.Binary(t)
+
+	o := smallOptions(t)
+	o.Policies = []string{"round-robin"}
+	o.Fleet.Mode, o.Fleet.EnginesimBin = FleetProcess, bin
+	var fleets [][]endpoint.Endpoint
+	rep, err := Run(context.Background(), o, recordingLauncher(DirectLauncher(1), &fleets))
+	require.NoError(t, err)
+	pr := rep.Results[0]
+	require.Zero(t, pr.Errors, pr.FirstError)
+	require.Greater(t, pr.HitRate, 0.0)
+	require.Equal(t, float64(rep.Requests), pr.LoadRequests[0]+pr.LoadRequests[1])
+	require.Len(t, fleets, 1)
+	for _, ep := range fleets[0] {
+		require.NotEmpty(t, ep.KVEvents)
+		// The processes are gone: their ports are free again.
+		requireFree(t, ep.Addr)
+		requireFree(t, strings.TrimPrefix(ep.KVEvents, "tcp://"))
+		requireFree(t, strings.TrimPrefix(ep.KVReplay, "tcp://"))
+	}
+
+	o.Fleet.EnginesimBin = filepath.Join(t.TempDir(), "missing")
+	_, err = Run(context.Background(), o, DirectLauncher(1))
+	require.ErrorContains(t, err, "cannot find enginesim")
+}
+
+func TestURLFleet(t *testing.T) {
+	// Two replicas the bench did not start stand in for real endpoints.
+	o := smallOptions(t).WithDefaults()
+	f, err := startFleet(context.Background(), o.Fleet, 1, 1000, o.Log)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, f.Stop()) }()
+	var urls []string
+	for _, ep := range f.Endpoints() {
+		urls = append(urls, "http://"+ep.Addr+"/")
+	}
+	u := smallOptions(t)
+	u.Policies = []string{"round-robin"}
+	u.Fleet = FleetOptions{Mode: FleetURLs, URLs: urls}
+	u.Workload.SharedPrefix.QPS = []float64{10}
+	u.Workload.SharedPrefix.StageDuration = 2 * time.Second
+	var fleets [][]endpoint.Endpoint
+	rep, err := Run(context.Background(), u, recordingLauncher(DirectLauncher(1), &fleets))
+	require.NoError(t, err)
+	require.False(t, rep.Simulated)
+	require.Equal(t, 2, rep.Replicas)
+	require.Equal(t, "vllm", fleets[0][0].Engine)
+	require.Equal(t, "Qwen/Qwen3-32B", fleets[0][0].Model)
+	pr := rep.Results[0]
+	require.Zero(t, pr.Errors, pr.FirstError)
+	require.Greater(t, pr.HitRate, 0.0)
+	// The simulator has no cache-reset endpoint, and the report says so.
+	require.Contains(t, pr.Warning, "could not reset the prefix cache")
+
+	u.Fleet.URLs = []string{"http://10.1.2.3:8000"}
+	_, err = Run(context.Background(), u, DirectLauncher(1))
+	require.ErrorContains(t, err, "not on loopback")
+}

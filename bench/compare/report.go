@@ -1,0 +1,180 @@
+package compare
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+)
+
+// jsonFloat encodes NaN and infinities as null: JSON has no NaN, and a
+// figure that could not be measured must not read as 0.
+type jsonFloat float64
+
+func (f jsonFloat) MarshalJSON() ([]byte, error) {
+	v := float64(f)
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return []byte("null"), nil
+	}
+	return strconv.AppendFloat(nil, v, 'g', -1, 64), nil
+}
+
+// ContractJSON is the document -json writes, and scripts compare runs by:
+// per policy, its requests, errors, TTFT and ITL percentiles, output
+// tokens/s, cache-hit rate, max/mean load and decision p99, next to the
+// workload's bound hit rate. Its keys and their meaning do not change.
+type ContractJSON struct {
+	Scenario     string           `json:"scenario"`
+	Replicas     int              `json:"replicas"`
+	BoundHitRate jsonFloat        `json:"bound_hit_rate"`
+	Results      []ContractResult `json:"results"`
+}
+
+// ContractResult is one policy in ContractJSON. max_mean_load is over
+// requests per replica; latencies are in model time for simulated fleets.
+type ContractResult struct {
+	Policy        string    `json:"policy"`
+	Requests      int       `json:"requests"`
+	Errors        int       `json:"errors"`
+	TTFTP50ms     jsonFloat `json:"ttft_p50_ms"`
+	TTFTP90ms     jsonFloat `json:"ttft_p90_ms"`
+	TTFTP99ms     jsonFloat `json:"ttft_p99_ms"`
+	ITLP50ms      jsonFloat `json:"itl_p50_ms"`
+	ITLP99ms      jsonFloat `json:"itl_p99_ms"`
+	OutputTokPS   jsonFloat `json:"output_tok_per_s"`
+	HitRate       jsonFloat `json:"hit_rate"`
+	MaxMeanLoad   jsonFloat `json:"max_mean_load"`
+	DecisionP99us jsonFloat `json:"decision_p99_us"`
+}
+
+// Contract converts the report to the JSON contract.
+func (r *Report) Contract() ContractJSON {
+	c := ContractJSON{Scenario: r.Scenario, Replicas: r.Replicas, BoundHitRate: jsonFloat(r.Bound), Results: []ContractResult{}}
+	for _, p := range r.Results {
+		c.Results = append(c.Results, ContractResult{Policy: p.Policy, Requests: p.Requests, Errors: p.Errors,
+			TTFTP50ms: jsonFloat(p.TTFTP50), TTFTP90ms: jsonFloat(p.TTFTP90), TTFTP99ms: jsonFloat(p.TTFTP99),
+			ITLP50ms: jsonFloat(p.ITLP50), ITLP99ms: jsonFloat(p.ITLP99), OutputTokPS: jsonFloat(p.OutputTokPS),
+			HitRate: jsonFloat(p.HitRate), MaxMeanLoad: jsonFloat(p.MaxMeanLoad), DecisionP99us: jsonFloat(p.DecisionP99us)})
+	}
+	return c
+}
+
+// WriteJSON writes the contract document to path.
+func (r *Report) WriteJSON(path string) error {
+	b, err := json.MarshalIndent(r.Contract(), "", "  ")
+	if err != nil {
+		return fmt.Errorf("cannot encode report: %w", err)
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("cannot write report: %w", err)
+	}
+	return nil
+}
+
+func fmtNum(v float64, prec int) string {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return "-"
+	}
+	return strconv.FormatFloat(v, 'f', prec, 64)
+}
+
+func fmtPct(v float64) string {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return "-"
+	}
+	return fmtNum(v*100, 1) + "%"
+}
+
+// tableRows are the comparison table's rows: a name and a cell per policy.
+func (r *Report) tableRows() [][]string {
+	unit := "ms"
+	if r.Simulated {
+		unit = "ms (model)"
+	}
+	type row struct {
+		name string
+		f    func(p PolicyResult) string
+	}
+	rows := []row{
+		{"requests", func(p PolicyResult) string { return strconv.Itoa(p.Requests) }},
+		{"errors", func(p PolicyResult) string { return strconv.Itoa(p.Errors) }},
+		{"TTFT p50 " + unit, func(p PolicyResult) string { return fmtNum(p.TTFTP50, 1) }},
+		{"TTFT p90 " + unit, func(p PolicyResult) string { return fmtNum(p.TTFTP90, 1) }},
+		{"TTFT p99 " + unit, func(p PolicyResult) string { return fmtNum(p.TTFTP99, 1) }},
+		{"ITL p50 " + unit, func(p PolicyResult) string { return fmtNum(p.ITLP50, 2) }},
+		{"ITL p99 " + unit, func(p PolicyResult) string { return fmtNum(p.ITLP99, 2) }},
+		{"e2e p50 " + unit, func(p PolicyResult) string { return fmtNum(p.E2EP50, 0) }},
+		{"e2e p99 " + unit, func(p PolicyResult) string { return fmtNum(p.E2EP99, 0) }},
+		{"output tok/s", func(p PolicyResult) string { return fmtNum(p.OutputTokPS, 0) }},
+		{"hit rate (engines)", func(p PolicyResult) string { return fmtPct(p.HitRate) }},
+		{"hit rate / bound", func(p PolicyResult) string { return fmtPct(p.HitRate / r.Bound) }},
+		{"hit rate / fleet bound", func(p PolicyResult) string { return fmtPct(p.HitRate / r.FleetBound) }},
+		{"cached (usage)", func(p PolicyResult) string { return fmtPct(p.UsageCachedShare) }},
+		{"max/mean requests", func(p PolicyResult) string { return fmtNum(p.MaxMeanLoad, 2) }},
+		{"max/mean prompt tok", func(p PolicyResult) string { return fmtNum(p.MaxMeanPromptLoad, 2) }},
+		{"decision p99 us", func(p PolicyResult) string { return fmtNum(p.DecisionP99us, 0) }},
+	}
+	out := [][]string{append([]string{"policy"}, r.policyNames()...)}
+	for _, rw := range rows {
+		line := []string{rw.name}
+		for _, p := range r.Results {
+			line = append(line, rw.f(p))
+		}
+		out = append(out, line)
+	}
+	return out
+}
+
+func (r *Report) policyNames() []string {
+	var n []string
+	for _, p := range r.Results {
+		n = append(n, p.Policy)
+	}
+	return n
+}
+
+// WriteTable prints the comparison: one column per policy.
+func (r *Report) WriteTable(w io.Writer) error {
+	fmt.Fprintf(w, "scenario %s: %s\n", r.Scenario, r.Workload)
+	timeNote := "latencies in wall time"
+	if r.Simulated {
+		timeNote = fmt.Sprintf("latencies and tok/s in model time (wall x time scale %g)", r.TimeScale)
+	}
+	fmt.Fprintf(w, "%d replicas, %d requests per policy, bound hit rate %s (infinite cache), %s (fleet KV as one LRU cache); %s\n",
+		r.Replicas, r.Requests, fmtPct(r.Bound), fmtPct(r.FleetBound), timeNote)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	for _, row := range r.tableRows() {
+		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+	}
+	if len(r.Results) > 0 && len(r.Results[0].Stages) > 1 {
+		// The ladder: TTFT p90 and throughput per QPS stage.
+		for k, st := range r.Results[0].Stages {
+			line := []string{"QPS " + fmtNum(st.QPS, 1) + ": TTFT p90 / tok/s"}
+			for _, p := range r.Results {
+				if k < len(p.Stages) {
+					line = append(line, fmtNum(p.Stages[k].TTFTP90ms, 0)+" / "+fmtNum(p.Stages[k].OutputTokPS, 0))
+				}
+			}
+			fmt.Fprintln(tw, strings.Join(line, "\t")+"\t")
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, p := range r.Results {
+		if p.FirstError != "" {
+			fmt.Fprintf(w, "%s: first error: %s\n", p.Policy, p.FirstError)
+		}
+		if p.Warning != "" {
+			fmt.Fprintf(w, "%s: WARNING: %s\n", p.Policy, p.Warning)
+		}
+	}
+	if r.Sweep != nil {
+		fmt.Fprintf(w, "Pareto front (TTFT p90 vs output tok/s): %s\n", strings.Join(r.Sweep.frontLabels(r), "; "))
+	}
+	return nil
+}

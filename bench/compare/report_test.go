@@ -1,0 +1,210 @@
+package compare
+
+import (
+	"bytes"
+	"encoding/json"
+	"encoding/xml"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestMaxMean(t *testing.T) {
+	require.InDelta(t, 1.5, maxMean([]float64{1, 3, 2}), 1e-12)
+	require.True(t, math.IsNaN(maxMean([]float64{0, 0})))
+}
+
+func TestSummarise(t *testing.T) {
+	t0 := time.Now()
+	w := &Workload{Stages: []Stage{{QPS: 1, End: time.Second}, {QPS: 2, Start: time.Second, End: 2 * time.Second}}}
+	res := []*result{
+		{Stage: 0, Start: t0, TTFT: 10 * time.Millisecond, E2E: 100 * time.Millisecond, ITL: []time.Duration{time.Millisecond, 3 * time.Millisecond}, Output: 10, Prompt: 100, Cached: 50},
+		{Stage: 1, Start: t0.Add(time.Second), TTFT: 30 * time.Millisecond, E2E: 1000 * time.Millisecond, Output: 30, Prompt: 100, Cached: 0},
+		{Stage: 1, Start: t0.Add(time.Second), Err: io.ErrUnexpectedEOF},
+	}
+	delta := []counters{{OK: true, Queries: 100, Hits: 50, Requests: 1, PromptTokens: 100}, {OK: true, Queries: 100, Hits: 0, Requests: 1, PromptTokens: 100}}
+	pr := summarise("p", w, res, delta, []time.Duration{time.Microsecond, 3 * time.Microsecond}, 2)
+	require.Equal(t, 3, pr.Requests)
+	require.Equal(t, 1, pr.Errors)
+	require.Contains(t, pr.FirstError, "unexpected EOF")
+	require.InDelta(t, 40, pr.TTFTP50, 1e-9) // (10+30)/2 ms, times 2
+	require.InDelta(t, 4, pr.ITLP50, 1e-9)   // (1+3)/2 ms, times 2
+	// 40 tokens over 2 s wall = 4 s model.
+	require.InDelta(t, 10, pr.OutputTokPS, 1e-9)
+	require.Equal(t, 4*time.Second, pr.Duration)
+	require.InDelta(t, 0.25, pr.HitRate, 1e-12)
+	require.InDelta(t, 0.25, pr.UsageCachedShare, 1e-12)
+	require.InDelta(t, 1, pr.MaxMeanLoad, 1e-12)
+	require.InDelta(t, 2.98, pr.DecisionP99us, 1e-9)
+	require.Len(t, pr.Stages, 2)
+	require.Equal(t, 2, pr.Stages[1].Requests)
+	require.Equal(t, 1, pr.Stages[1].Errors)
+	require.InDelta(t, 60, pr.Stages[1].TTFTP90ms, 1e-9)
+	// Without prefix-cache counters the hit rate is unknown, not 0.
+	delta[1].OK = false
+	require.True(t, math.IsNaN(summarise("p", w, res, delta, nil, 1).HitRate))
+}
+
+func sampleReport() *Report {
+	mk := func(name string, ttft, tput, hit float64) PolicyResult {
+		return PolicyResult{Policy: name, Requests: 10, TTFTP50: ttft / 2, TTFTP90: ttft, TTFTP99: ttft * 2, ITLP50: 10, ITLP99: 20,
+			OutputTokPS: tput, HitRate: hit, MaxMeanLoad: 1.1, DecisionP99us: math.NaN(), LoadRequests: []float64{4, 6},
+			Stages: []StageResult{{QPS: 1, TTFTP90ms: ttft / 2, OutputTokPS: tput / 2}, {QPS: 3, TTFTP90ms: ttft, OutputTokPS: tput}}}
+	}
+	return &Report{Scenario: "s<&>", Workload: "w", Replicas: 2, Simulated: true, TimeScale: 4, Bound: 0.5,
+		BoundNote: "note", Requests: 10, Started: time.Unix(0, 0),
+		Results: []PolicyResult{mk("random", 100, 50, 0.2), mk("precise", 20, 90, 0.45)}}
+}
+
+func TestContractJSON(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "out.json")
+	require.NoError(t, sampleReport().WriteJSON(path))
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var doc map[string]any
+	require.NoError(t, json.Unmarshal(b, &doc))
+	keys := func(m map[string]any) []string {
+		var k []string
+		for key := range m {
+			k = append(k, key)
+		}
+		sort.Strings(k)
+		return k
+	}
+	require.Equal(t, []string{"bound_hit_rate", "replicas", "results", "scenario"}, keys(doc))
+	require.Equal(t, "s<&>", doc["scenario"])
+	require.Equal(t, 2.0, doc["replicas"])
+	require.Equal(t, 0.5, doc["bound_hit_rate"])
+	results := doc["results"].([]any)
+	require.Len(t, results, 2)
+	r0 := results[0].(map[string]any)
+	require.Equal(t, []string{"decision_p99_us", "errors", "hit_rate", "itl_p50_ms", "itl_p99_ms", "max_mean_load",
+		"output_tok_per_s", "policy", "requests", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms"}, keys(r0))
+	require.Equal(t, "random", r0["policy"])
+	require.Equal(t, 100.0, r0["ttft_p90_ms"])
+	require.Nil(t, r0["decision_p99_us"]) // NaN is null, not 0
+}
+
+func TestHTMLReport(t *testing.T) {
+	for _, sweep := range []bool{false, true} {
+		r := sampleReport()
+		if sweep {
+			r.Sweep = &SweepInfo{Base: "precise", Front: paretoFront(r.Results)}
+		}
+		var buf bytes.Buffer
+		require.NoError(t, r.WriteHTML(&buf))
+		out := buf.String()
+		require.True(t, strings.HasPrefix(out, "<!DOCTYPE html>"))
+		require.Contains(t, out, "</html>")
+		require.NotContains(t, out, "<script")
+		require.Contains(t, out, "s&lt;&amp;&gt;") // escaped scenario
+		require.Contains(t, out, "model time")
+		svgs := regexp.MustCompile(`(?s)<svg .*?</svg>`).FindAllString(out, -1)
+		want := 5 // TTFT vs QPS, tok/s vs QPS, hit rate vs bound, tok/s, load
+		if sweep {
+			want++
+			require.Contains(t, out, "Sweep")
+		}
+		require.Len(t, svgs, want)
+		for _, s := range svgs {
+			// Each chart is well-formed XML.
+			dec := xml.NewDecoder(strings.NewReader(s))
+			for {
+				_, err := dec.Token()
+				if err == io.EOF {
+					break
+				}
+				require.NoError(t, err)
+			}
+		}
+		require.Contains(t, out, "bound 50.0%")
+	}
+}
+
+func TestWriteTable(t *testing.T) {
+	var buf bytes.Buffer
+	require.NoError(t, sampleReport().WriteTable(&buf))
+	out := buf.String()
+	require.Contains(t, out, "random")
+	require.Contains(t, out, "precise")
+	require.Regexp(t, `TTFT p90 ms \(model\)\s+100\.0\s+20\.0`, out)
+	require.Regexp(t, `hit rate / bound\s+40\.0%\s+90\.0%`, out)
+}
+
+func TestParseCounters(t *testing.T) {
+	vllm := `# HELP vllm:prefix_cache_queries_total x
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 250
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 3
+vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 4
+vllm:prompt_tokens_total{engine="0",model_name="m"} 1.5e3
+vllm:num_requests_running{engine="0",model_name="m"} 9
+`
+	require.Equal(t, counters{OK: true, Queries: 1000, Hits: 250, Requests: 7, PromptTokens: 1500}, parseCounters([]byte(vllm)))
+	sgl := `sglang:prompt_tokens_total{model_name="m"} 400
+sglang:cached_tokens_total{model_name="m"} 100
+sglang:num_requests_total{model_name="m"} 5
+`
+	require.Equal(t, counters{OK: true, Queries: 400, Hits: 100, Requests: 5, PromptTokens: 400}, parseCounters([]byte(sgl)))
+	require.Equal(t, counters{}, parseCounters([]byte("garbage {\nfoo 1\n")))
+}
+
+func TestLagWarning(t *testing.T) {
+	f := Options{Fleet: FleetOptions{TimeScale: 4}}.WithDefaults().Fleet
+	require.Empty(t, lagWarning(PolicyResult{ITLP50: 11}, f))
+	require.Empty(t, lagWarning(PolicyResult{ITLP50: math.NaN()}, f))
+	require.Contains(t, lagWarning(PolicyResult{ITLP50: 0.02}, f), "time scale 4")
+	// A slower decode step moves the threshold with it.
+	f.Timing.DecodeBase = 105 * time.Millisecond
+	require.Contains(t, lagWarning(PolicyResult{ITLP50: 30}, f), "105.0 ms")
+}
+
+func TestCheck(t *testing.T) {
+	r := sampleReport()
+	got, err := r.Check("precise", 0.95, 1.15, true)
+	require.NoError(t, err)
+	byName := map[string]CheckResult{}
+	for _, c := range got {
+		byName[c.Name] = c
+	}
+	require.Len(t, got, 5)
+	require.False(t, byName["hit rate >= 95% of bound"].OK) // 45% of 50% = 90%
+	require.Equal(t, "45.0% of 50.0% = 90.0%", byName["hit rate >= 95% of bound"].Got)
+	require.True(t, byName["max/mean load <= 1.15"].OK)
+	require.True(t, byName["TTFT p90 below random"].OK)
+	require.True(t, byName["output tok/s above random"].OK)
+	got, err = r.Check("random", 0.3, 1.05, false)
+	require.NoError(t, err)
+	require.Len(t, got, 4)
+	require.True(t, got[0].OK)
+	require.False(t, got[1].OK)
+	require.False(t, got[3].OK) // random is slower than precise
+	_, err = r.Check("nope", 0.95, 1.15, false)
+	require.Error(t, err)
+}
+
+func TestProgress(t *testing.T) {
+	var buf bytes.Buffer
+	p := newProgress(&buf, 4)
+	p.setLabel("precise")
+	for i := 0; i < 4; i++ {
+		p.tick()
+	}
+	p.finish()
+	out := buf.String()
+	require.Contains(t, out, "precise")
+	require.Contains(t, out, "100% 4/4")
+	require.True(t, strings.HasSuffix(out, "\n"))
+	q := newProgress(nil, 0) // no terminal: draws nothing, never fails
+	q.setLabel("x")
+	q.tick()
+	q.finish()
+}

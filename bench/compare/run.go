@@ -1,0 +1,178 @@
+package compare
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/omnious/provider-node/engines/tokenizer"
+)
+
+// Report is a whole bench run.
+type Report struct {
+	Scenario string
+	Workload string
+	Replicas int
+	// Simulated is true when latencies are in model time.
+	Simulated bool
+	TimeScale float64
+	// Bound is the workload's infinite-cache hit rate (NaN if unknown).
+	Bound     float64
+	BoundNote string
+	// FleetBound is the hit rate of one LRU cache as large as the whole
+	// fleet's KV cache (Workload.LRUBound): the best a router can do with
+	// the fleet's capacity. NaN when unknown (real endpoints, chat).
+	FleetBound float64
+	Requests   int
+	Results    []PolicyResult
+	// Sweep is set by Sweep: the parameter points, in Results order.
+	Sweep *SweepInfo
+	// Started and Wall are when the run began and how long it took (wall).
+	Started time.Time
+	Wall    time.Duration
+}
+
+// Run replays the workload of opts through every policy, each on a freshly
+// started fleet, and returns the figures. launch puts a policy in front of
+// the fleet. A policy that cannot be launched is reported with every request
+// counted as an error; cancelling ctx stops the run (the fleet is always
+// stopped).
+func Run(ctx context.Context, opts Options, launch Launcher) (*Report, error) {
+	opts = opts.WithDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid bench options: %w", err)
+	}
+	w, err := BuildWorkload(opts)
+	if err != nil {
+		return nil, err
+	}
+	if len(w.Requests) == 0 {
+		return nil, errors.New("the workload has no requests (raise the QPS, stage duration or limit)")
+	}
+	rep := &Report{Scenario: opts.Scenario, Workload: w.Name, Replicas: opts.Fleet.Replicas,
+		Simulated: opts.Fleet.Mode != FleetURLs, TimeScale: opts.Fleet.TimeScale,
+		Bound: w.Bound, BoundNote: w.BoundNote, Requests: countRequests(opts, w), Started: time.Now()}
+	rep.FleetBound = math.NaN()
+	if rep.Simulated {
+		e := simConfig(opts.Fleet, opts.Seed, w.MaxLen).Engine
+		rep.FleetBound = w.LRUBound(int64(opts.Fleet.Replicas) * int64(e.NumGPUBlocks) * int64(e.BlockSize))
+	}
+	prog := newProgress(opts.Progress, len(opts.Policies)*rep.Requests)
+	defer prog.finish()
+	for i, policy := range opts.Policies {
+		label := policy
+		if len(opts.Labels) > 0 {
+			label = opts.Labels[i]
+		}
+		prog.setLabel(label)
+		pr, res, err := runPolicy(ctx, opts, w, policy, label, launch, prog.tick)
+		if err != nil {
+			return nil, err
+		}
+		if math.IsNaN(rep.Bound) && opts.Workload.Kind == WorkloadChat {
+			rep.Bound = chatBound(res, chatSystemTokens(w))
+		}
+		rep.Results = append(rep.Results, pr)
+		if ctx.Err() != nil {
+			rep.Wall = time.Since(rep.Started)
+			return rep, ctx.Err()
+		}
+	}
+	rep.Wall = time.Since(rep.Started)
+	return rep, nil
+}
+
+// countRequests is the number of HTTP requests the workload makes.
+func countRequests(o Options, w *Workload) int {
+	if o.Workload.Kind == WorkloadChat {
+		return len(w.Requests) * o.Workload.Chat.Turns
+	}
+	return len(w.Requests)
+}
+
+func chatSystemTokens(w *Workload) int {
+	for _, r := range w.Requests {
+		if r.Session != nil {
+			// The stand-in ChatML rendering of the system message.
+			return len(tokenizer.NewStandIn().Encode(nil, "<|im_start|>system\n"+r.Session.System+"<|im_end|>\n"))
+		}
+	}
+	return 0
+}
+
+// runPolicy runs one policy on a fresh fleet and always stops it.
+func runPolicy(ctx context.Context, opts Options, w *Workload, policy, label string, launch Launcher, tick func()) (pr PolicyResult, res []*result, err error) {
+	log := opts.Log.With(zap.String("policy", label))
+	f, err := startFleet(ctx, opts.Fleet, opts.Seed, w.MaxLen, log)
+	if err != nil {
+		return pr, nil, fmt.Errorf("cannot start fleet for %s: %w", label, err)
+	}
+	defer func() {
+		if serr := f.Stop(); serr != nil {
+			log.Warn("stopping fleet", zap.Error(serr))
+		}
+	}()
+	resetWarning := ""
+	if opts.Fleet.Mode == FleetURLs {
+		resetWarning = f.resetCaches(ctx)
+	}
+	before := f.counters(ctx)
+	target, lerr := launch(ctx, policy, f.Endpoints())
+	if lerr != nil {
+		log.Error("cannot launch policy", zap.Error(lerr))
+		pr = PolicyResult{Policy: label, Requests: countRequests(opts, w), Errors: countRequests(opts, w),
+			FirstError: "launch: " + lerr.Error(), HitRate: math.NaN(), MaxMeanLoad: math.NaN(), MaxMeanPromptLoad: math.NaN(),
+			TTFTP50: math.NaN(), TTFTP90: math.NaN(), TTFTP99: math.NaN(), ITLP50: math.NaN(), ITLP99: math.NaN(),
+			E2EP50: math.NaN(), E2EP90: math.NaN(), E2EP99: math.NaN(), DecisionP50us: math.NaN(), DecisionP99us: math.NaN()}
+		return pr, nil, nil
+	}
+	defer func() {
+		if cerr := target.Close(); cerr != nil {
+			log.Warn("closing target", zap.Error(cerr))
+		}
+	}()
+	model := ""
+	if eps := f.Endpoints(); len(eps) > 0 {
+		model = eps[0].Model
+	}
+	c := newClient(target.URL(), model)
+	defer c.close()
+	res = replay(ctx, c, w, opts.MaxInFlight, opts.RequestTimeout, tick)
+	after := f.counters(context.Background())
+	delta := make([]counters, len(after))
+	for i := range after {
+		delta[i] = after[i].sub(before[i])
+	}
+	scale := 1.0
+	if f.simulated {
+		scale = opts.Fleet.TimeScale
+	}
+	pr = summarise(label, w, res, delta, target.DecisionLatencies(), scale)
+	if f.simulated {
+		pr.Warning = lagWarning(pr, opts.Fleet)
+	} else {
+		pr.Warning = resetWarning
+	}
+	log.Info("policy done", zap.Int("requests", pr.Requests), zap.Int("errors", pr.Errors),
+		zap.Float64("ttft_p90_ms", pr.TTFTP90), zap.Float64("hit_rate", pr.HitRate))
+	return pr, res, nil
+}
+
+// lagWarning detects a run the machine could not keep up with: the
+// simulator coalesces the tokens a slow reader has not taken yet, so when the
+// engines run behind real time or the readers starve, tokens arrive in
+// bursts, the median gap between them drops far below one decode step, and
+// every model-time latency (wall * time scale) is inflated.
+func lagWarning(pr PolicyResult, f FleetOptions) string {
+	step := simConfig(f, 0, 0).Engine.Timing.DecodeBase
+	stepMS := float64(step) / float64(time.Millisecond)
+	if math.IsNaN(pr.ITLP50) || pr.ITLP50 >= stepMS/2 {
+		return ""
+	}
+	return fmt.Sprintf("tokens arrived in bursts (ITL p50 %.2f ms is under half a %.1f ms decode step): the machine did not keep up with the simulation at time scale %g, so latencies are inflated; lower the time scale",
+		pr.ITLP50, stepMS, f.TimeScale)
+}

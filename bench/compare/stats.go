@@ -1,0 +1,199 @@
+package compare
+
+import (
+	"math"
+	"sort"
+	"time"
+
+	"github.com/omnious/provider-node/bench/internal/stat"
+)
+
+// StageResult is one QPS-ladder stage of one policy.
+type StageResult struct {
+	QPS          float64 `json:"qps"`
+	Requests     int     `json:"requests"`
+	Errors       int     `json:"errors"`
+	TTFTP50ms    float64 `json:"ttft_p50_ms"`
+	TTFTP90ms    float64 `json:"ttft_p90_ms"`
+	OutputTokPS  float64 `json:"output_tok_per_s"`
+	CachedTokens float64 `json:"cached_share"` // usage cached_tokens / prompt_tokens
+}
+
+// PolicyResult is every figure of one policy. Latencies are in model time
+// for simulated fleets (wall time * time scale).
+type PolicyResult struct {
+	Policy   string
+	Requests int
+	Errors   int
+	// FirstError is an example error message, for the report.
+	FirstError string
+	// Warning says why the figures may be wrong (a simulation that fell
+	// behind real time).
+	Warning                   string
+	TTFTP50, TTFTP90, TTFTP99 float64 // ms
+	ITLP50, ITLP99            float64 // ms
+	E2EP50, E2EP90, E2EP99    float64 // ms
+	OutputTokPS               float64
+	// HitRate is the replicas' own prefix-cache hits / queries over the
+	// run; NaN when the replicas expose no such counters.
+	HitRate float64
+	// UsageCachedShare is sum(cached_tokens) / sum(prompt_tokens) from the
+	// responses' usage.
+	UsageCachedShare float64
+	// LoadRequests and LoadPromptTokens are per replica, from its counters.
+	LoadRequests, LoadPromptTokens []float64
+	// MaxMeanLoad is max/mean of LoadRequests.
+	MaxMeanLoad, MaxMeanPromptLoad float64
+	DecisionP50us, DecisionP99us   float64
+	Stages                         []StageResult
+	// Duration is the run's model-time length.
+	Duration time.Duration
+}
+
+// maxMean is max/mean of xs (NaN for an empty or all-zero load).
+func maxMean(xs []float64) float64 {
+	var sum, mx float64
+	for _, x := range xs {
+		sum += x
+		mx = math.Max(mx, x)
+	}
+	if len(xs) == 0 || sum == 0 {
+		return math.NaN()
+	}
+	return mx / (sum / float64(len(xs)))
+}
+
+// summarise turns one policy's results and counter deltas into figures.
+func summarise(policy string, w *Workload, res []*result, delta []counters, decisions []time.Duration, scale float64) PolicyResult {
+	pr := PolicyResult{Policy: policy, Requests: len(res), HitRate: math.NaN()}
+	var ttft, itl, e2e []time.Duration
+	var first, last time.Time
+	var out, prompt, cached int64
+	type acc struct {
+		ttft           []time.Duration
+		n, errs        int
+		out            int64
+		prompt, cached int64
+		end            time.Time
+	}
+	stages := make([]acc, len(w.Stages))
+	for _, r := range res {
+		st := &stages[min(max(r.Stage, 0), len(stages)-1)]
+		st.n++
+		if first.IsZero() || (!r.Start.IsZero() && r.Start.Before(first)) {
+			first = r.Start
+		}
+		if r.Err != nil {
+			pr.Errors++
+			st.errs++
+			if pr.FirstError == "" {
+				pr.FirstError = r.Err.Error()
+			}
+			continue
+		}
+		end := r.Start.Add(r.E2E)
+		if end.After(last) {
+			last = end
+		}
+		if end.After(st.end) {
+			st.end = end
+		}
+		ttft, e2e = append(ttft, r.TTFT), append(e2e, r.E2E)
+		itl = append(itl, r.ITL...)
+		out += int64(r.Output)
+		prompt += int64(r.Prompt)
+		cached += int64(r.Cached)
+		st.ttft = append(st.ttft, r.TTFT)
+		st.out += int64(r.Output)
+		st.prompt += int64(r.Prompt)
+		st.cached += int64(r.Cached)
+	}
+	t, i, e := stat.SortedMillis(ttft, scale), stat.SortedMillis(itl, scale), stat.SortedMillis(e2e, scale)
+	pr.TTFTP50, pr.TTFTP90, pr.TTFTP99 = stat.Percentile(t, 50), stat.Percentile(t, 90), stat.Percentile(t, 99)
+	pr.ITLP50, pr.ITLP99 = stat.Percentile(i, 50), stat.Percentile(i, 99)
+	pr.E2EP50, pr.E2EP90, pr.E2EP99 = stat.Percentile(e, 50), stat.Percentile(e, 90), stat.Percentile(e, 99)
+	if !first.IsZero() && last.After(first) {
+		pr.Duration = time.Duration(float64(last.Sub(first)) * scale)
+		pr.OutputTokPS = float64(out) / pr.Duration.Seconds()
+	}
+	if prompt > 0 {
+		pr.UsageCachedShare = float64(cached) / float64(prompt)
+	}
+	var q, h float64
+	ok := len(delta) > 0
+	for _, d := range delta {
+		ok = ok && d.OK
+		q, h = q+d.Queries, h+d.Hits
+		pr.LoadRequests = append(pr.LoadRequests, d.Requests)
+		pr.LoadPromptTokens = append(pr.LoadPromptTokens, d.PromptTokens)
+	}
+	if ok && q > 0 {
+		pr.HitRate = h / q
+	}
+	pr.MaxMeanLoad, pr.MaxMeanPromptLoad = maxMean(pr.LoadRequests), maxMean(pr.LoadPromptTokens)
+	dec := make([]float64, len(decisions))
+	for k, d := range decisions {
+		dec[k] = float64(d) / float64(time.Microsecond)
+	}
+	sort.Float64s(dec)
+	pr.DecisionP50us, pr.DecisionP99us = stat.Percentile(dec, 50), stat.Percentile(dec, 99)
+	for k, st := range stages {
+		sr := StageResult{QPS: w.Stages[k].QPS, Requests: st.n, Errors: st.errs}
+		ts := stat.SortedMillis(st.ttft, scale)
+		sr.TTFTP50ms, sr.TTFTP90ms = stat.Percentile(ts, 50), stat.Percentile(ts, 90)
+		if !first.IsZero() {
+			// A stage's throughput is its output over the time from its
+			// start until its last answer (or its end, if later).
+			stageEnd := first.Add(w.Stages[k].End)
+			if st.end.After(stageEnd) {
+				stageEnd = st.end
+			}
+			span := float64(stageEnd.Sub(first.Add(w.Stages[k].Start))) * scale
+			if span > 0 {
+				sr.OutputTokPS = float64(st.out) / (span / float64(time.Second))
+			}
+		}
+		if st.prompt > 0 {
+			sr.CachedTokens = float64(st.cached) / float64(st.prompt)
+		}
+		pr.Stages = append(pr.Stages, sr)
+	}
+	return pr
+}
+
+// chatBound estimates a chat workload's infinite-cache hit rate from one
+// run's usage: turn k of a session can hit at most the previous turn's
+// prompt and answer (capped at its own prompt), and the first turn of every
+// session but the first the shared system prompt (sysTokens).
+func chatBound(res []*result, sysTokens int) float64 {
+	type key struct{ s, t int }
+	byTurn := map[key]*result{}
+	for _, r := range res {
+		if r.Session >= 0 && r.Err == nil {
+			byTurn[key{r.Session, r.Turn}] = r
+		}
+	}
+	var hits, total int64
+	firstSession := -1
+	for k := range byTurn {
+		if k.t == 0 && (firstSession < 0 || k.s < firstSession) {
+			firstSession = k.s
+		}
+	}
+	for k, r := range byTurn {
+		total += int64(r.Prompt)
+		if k.t == 0 {
+			if k.s != firstSession {
+				hits += int64(min(sysTokens, r.Prompt))
+			}
+			continue
+		}
+		if prev, ok := byTurn[key{k.s, k.t - 1}]; ok {
+			hits += int64(min(prev.Prompt+prev.Output, r.Prompt))
+		}
+	}
+	if total == 0 {
+		return math.NaN()
+	}
+	return float64(hits) / float64(total)
+}

@@ -1,0 +1,443 @@
+package compare
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"strings"
+	"time"
+)
+
+// TraceBlockSize is the Mooncake trace's block size in tokens: each hash id
+// stands for 512 prompt tokens (the last one fewer, per input_length).
+const TraceBlockSize = 512
+
+// standInVocab bounds synthesised token ids below the stand-in tokenizer's
+// special ids, so a synthesised prompt never contains a control token.
+const standInVocab = 151643
+
+// Request is one request of a workload.
+type Request struct {
+	// At is the arrival offset from the start of the run, in wall time.
+	At time.Duration
+	// Stage is the QPS-ladder stage (0 without a ladder).
+	Stage int
+	// Tokens is a token-id prompt for /v1/completions; Text is a text
+	// prompt for /v1/completions when Tokens is nil.
+	Tokens []uint32
+	Text   string
+	// MaxTokens is the exact output length (sent with ignore_eos).
+	MaxTokens int
+	// Session, when set, makes this request a whole chat session started at
+	// At; Tokens and Text are unused.
+	Session *Session
+}
+
+// Session is one multi-turn conversation through /v1/chat/completions.
+type Session struct {
+	System string
+	Users  []string
+	// MaxTokens is each answer's output length (sent with ignore_eos).
+	MaxTokens int
+	// Think is the wall-time pause between an answer and the next turn.
+	Think time.Duration
+	Tools bool
+}
+
+// Stage is one step of a QPS ladder.
+type Stage struct {
+	// QPS is the arrival rate in model time.
+	QPS float64
+	// Start and End bound the stage's arrivals in wall time.
+	Start, End time.Duration
+}
+
+// Workload is the traffic every policy receives, identical per seed.
+type Workload struct {
+	Name     string
+	Requests []Request
+	// Stages is the QPS ladder; one stage without a ladder.
+	Stages []Stage
+	// Bound is the infinite-cache hit rate in prompt tokens: the best any
+	// router could do. NaN until known (chat: estimated after the first run).
+	Bound     float64
+	BoundNote string
+	// MaxLen is the longest prompt plus output, in tokens.
+	MaxLen int
+	// pieces are each request's prompt as reusable pieces, in arrival
+	// order, for the finite-cache bound; nil when unknown (chat).
+	pieces [][]piece
+}
+
+// piece is a reusable run of prompt tokens: equal keys are equal content
+// (including everything before it).
+type piece struct {
+	key uint64
+	n   int
+}
+
+// LRUBound is the hit rate, in tokens, of one LRU cache of capacity tokens
+// holding whole pieces: what a router that pooled the fleet's KV cache
+// perfectly (every piece on exactly one replica, every request sent where its
+// pieces are) could reach. A piece hits min(its tokens, the tokens cached
+// under its key). NaN without pieces.
+func (w *Workload) LRUBound(capacity int64) float64 {
+	if w.pieces == nil {
+		return math.NaN()
+	}
+	return lruBound(w.pieces, capacity)
+}
+
+func lruBound(reqs [][]piece, capacity int64) float64 {
+	type entry struct {
+		key        uint64
+		n          int
+		prev, next *entry
+	}
+	head := &entry{} // sentinel: head.next is the most recent
+	head.prev, head.next = head, head
+	unlink := func(e *entry) { e.prev.next, e.next.prev = e.next, e.prev }
+	pushFront := func(e *entry) { e.next, e.prev = head.next, head; head.next.prev = e; head.next = e }
+	cache := map[uint64]*entry{}
+	var used, hits, total int64
+	for _, r := range reqs {
+		for _, p := range r {
+			total += int64(p.n)
+			if e, ok := cache[p.key]; ok {
+				hits += int64(min(p.n, e.n))
+				unlink(e)
+				pushFront(e)
+				if p.n > e.n {
+					used += int64(p.n - e.n)
+					e.n = p.n
+				}
+			} else {
+				e := &entry{key: p.key, n: p.n}
+				cache[p.key] = e
+				pushFront(e)
+				used += int64(p.n)
+			}
+			for used > capacity && head.prev != head {
+				old := head.prev
+				unlink(old)
+				delete(cache, old.key)
+				used -= int64(old.n)
+			}
+		}
+	}
+	if total == 0 {
+		return 0
+	}
+	return float64(hits) / float64(total)
+}
+
+// TraceRecord is one line of a Mooncake-format trace.
+type TraceRecord struct {
+	Timestamp    int64   `json:"timestamp"` // ms from the trace start
+	InputLength  int     `json:"input_length"`
+	OutputLength int     `json:"output_length"`
+	HashIDs      []int64 `json:"hash_ids"`
+}
+
+// ParseTrace reads a Mooncake JSONL trace (blank lines are skipped). Every
+// record must have len(hash_ids) == ceil(input_length/512) and a positive
+// output_length, so that the last block's size is well defined.
+func ParseTrace(r io.Reader) ([]TraceRecord, error) {
+	var out []TraceRecord
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
+	line := 0
+	for sc.Scan() {
+		line++
+		b := sc.Bytes()
+		if len(strings.TrimSpace(string(b))) == 0 {
+			continue
+		}
+		var rec TraceRecord
+		if err := json.Unmarshal(b, &rec); err != nil {
+			return nil, fmt.Errorf("trace line %d: %w", line, err)
+		}
+		if err := rec.check(); err != nil {
+			return nil, fmt.Errorf("trace line %d: %w", line, err)
+		}
+		out = append(out, rec)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("cannot read trace: %w", err)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("trace has no records")
+	}
+	return out, nil
+}
+
+func (r TraceRecord) check() error {
+	switch {
+	case r.InputLength < 1:
+		return fmt.Errorf("input_length %d: want >= 1", r.InputLength)
+	case r.OutputLength < 1:
+		return fmt.Errorf("output_length %d: want >= 1", r.OutputLength)
+	case r.Timestamp < 0:
+		return fmt.Errorf("timestamp %d: want >= 0", r.Timestamp)
+	case len(r.HashIDs) != (r.InputLength+TraceBlockSize-1)/TraceBlockSize:
+		return fmt.Errorf("input_length %d needs %d hash ids, got %d", r.InputLength,
+			(r.InputLength+TraceBlockSize-1)/TraceBlockSize, len(r.HashIDs))
+	}
+	return nil
+}
+
+// lastBlockLen is the token count of the record's last (possibly partial) block.
+func (r TraceRecord) lastBlockLen() int {
+	return r.InputLength - TraceBlockSize*(len(r.HashIDs)-1)
+}
+
+// TraceTokens synthesises the record's prompt: block i is the first n tokens
+// of a sequence determined only by (seed, hash_ids[i]), n being 512 except
+// for the last block (input_length - 512*(len-1)). Equal hash ids thus give
+// equal token blocks, and a partial block is a prefix of the full one.
+func TraceTokens(seed int64, r TraceRecord) []uint32 {
+	out := make([]uint32, 0, r.InputLength)
+	for i, id := range r.HashIDs {
+		n := TraceBlockSize
+		if i == len(r.HashIDs)-1 {
+			n = r.lastBlockLen()
+		}
+		out = appendBlockTokens(out, seed, uint64(id), n)
+	}
+	return out
+}
+
+func appendBlockTokens(dst []uint32, seed int64, id uint64, n int) []uint32 {
+	base := mix(uint64(seed)*0x9e3779b97f4a7c15 ^ mix(id+0x632be59bd9b4e019))
+	for j := 0; j < n; j++ {
+		dst = append(dst, uint32(mix(base+uint64(j))%standInVocab))
+	}
+	return dst
+}
+
+// TraceText is TraceTokens as text: one word per token, so that the
+// stand-in tokenizer (and the simulator) sees exactly input_length tokens.
+func TraceText(seed int64, r TraceRecord) string {
+	var b strings.Builder
+	b.Grow(r.InputLength * 6)
+	for i, id := range r.HashIDs {
+		n := TraceBlockSize
+		if i == len(r.HashIDs)-1 {
+			n = r.lastBlockLen()
+		}
+		base := mix(uint64(seed)*0x9e3779b97f4a7c15 ^ mix(uint64(id)+0x632be59bd9b4e019))
+		for j := 0; j < n; j++ {
+			writeWord(&b, mix(base+uint64(j)))
+		}
+	}
+	return b.String()
+}
+
+// TraceBound is the infinite-cache hit rate of a trace in tokens: a block's
+// tokens are hits when its hash id appeared earlier in the trace. A partial
+// last block counts min(its tokens, the most tokens seen earlier under that
+// id) as hits, since only that much of it can have been cached before.
+func TraceBound(recs []TraceRecord) float64 {
+	seen := make(map[int64]int)
+	var hits, total int64
+	for _, r := range recs {
+		for i, id := range r.HashIDs {
+			n := TraceBlockSize
+			if i == len(r.HashIDs)-1 {
+				n = r.lastBlockLen()
+			}
+			total += int64(n)
+			prev := seen[id]
+			hits += int64(min(n, prev))
+			if n > prev {
+				seen[id] = n
+			}
+		}
+	}
+	if total == 0 {
+		return 0
+	}
+	return float64(hits) / float64(total)
+}
+
+// mix is the SplitMix64 finaliser: a cheap, well-spread hash of x.
+func mix(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
+
+// writeWord writes " " and 3 to 6 lowercase letters chosen by x: the
+// stand-in tokenizer reads a space plus up to six letters as one token.
+func writeWord(b *strings.Builder, x uint64) {
+	b.WriteByte(' ')
+	n := 3 + int(x%4)
+	x /= 4
+	for i := 0; i < n; i++ {
+		b.WriteByte(byte('a' + x%26))
+		x /= 26
+	}
+}
+
+// words returns n deterministic words for (seed, kind, a, b).
+func words(seed int64, kind string, a, b, n int) string {
+	var sb strings.Builder
+	sb.Grow(n * 6)
+	base := mix(uint64(seed) ^ mix(uint64(len(kind))<<56^uint64(kind[0])<<48^uint64(a)<<24^uint64(b)))
+	for j := 0; j < n; j++ {
+		writeWord(&sb, mix(base+uint64(j)))
+	}
+	return sb.String()
+}
+
+// loadTrace builds the trace workload.
+func loadTrace(o Options) (*Workload, error) {
+	f, err := os.Open(o.Workload.Trace.Path)
+	if err != nil {
+		return nil, fmt.Errorf("cannot open trace: %w", err)
+	}
+	defer f.Close()
+	recs, err := ParseTrace(f)
+	if err != nil {
+		return nil, err
+	}
+	t := o.Workload.Trace
+	if t.Limit > 0 && t.Limit < len(recs) {
+		recs = recs[:t.Limit]
+	}
+	sort.SliceStable(recs, func(i, j int) bool { return recs[i].Timestamp < recs[j].Timestamp })
+	w := &Workload{Name: "mooncake trace " + t.Path, Bound: TraceBound(recs),
+		BoundNote: "trace blocks of 512 tokens: a block is a hit if its hash id was seen earlier; a partial last block hits min(its tokens, the most tokens seen under that id)"}
+	t0 := recs[0].Timestamp
+	for _, r := range recs {
+		req := Request{At: time.Duration(float64(r.Timestamp-t0) * float64(time.Millisecond) / t.Speedup), MaxTokens: r.OutputLength}
+		if t.Text {
+			req.Text = TraceText(o.Seed, r)
+		} else {
+			req.Tokens = TraceTokens(o.Seed, r)
+		}
+		w.Requests = append(w.Requests, req)
+		w.MaxLen = max(w.MaxLen, r.InputLength+r.OutputLength)
+		ps := make([]piece, len(r.HashIDs))
+		for i, id := range r.HashIDs {
+			ps[i] = piece{key: uint64(id), n: TraceBlockSize}
+		}
+		ps[len(ps)-1].n = r.lastBlockLen()
+		w.pieces = append(w.pieces, ps)
+	}
+	end := w.Requests[len(w.Requests)-1].At
+	w.Stages = []Stage{{QPS: float64(len(recs)) / math.Max(float64(end)/float64(time.Second)*o.Fleet.TimeScale, 1e-9), End: end}}
+	return w, nil
+}
+
+// poissonLadder returns arrival offsets (wall time) for each stage: a
+// Poisson process at qps[i] requests per model second for dur model time,
+// compressed by timeScale. The same seed gives the same arrivals.
+func poissonLadder(seed int64, qps []float64, dur time.Duration, timeScale float64) ([][]time.Duration, []Stage) {
+	rng := rand.New(rand.NewPCG(uint64(seed), 0x6c6164646572))
+	wallDur := time.Duration(float64(dur) / timeScale)
+	var out [][]time.Duration
+	var stages []Stage
+	for i, q := range qps {
+		start := time.Duration(i) * wallDur
+		var at []time.Duration
+		t := 0.0 // model seconds into the stage
+		for {
+			t += rng.ExpFloat64() / q
+			if t >= dur.Seconds() {
+				break
+			}
+			at = append(at, start+time.Duration(t/timeScale*float64(time.Second)))
+		}
+		out = append(out, at)
+		stages = append(stages, Stage{QPS: q, Start: start, End: start + wallDur})
+	}
+	return out, stages
+}
+
+// sharedPrefix builds the shared-prefix workload: prompts are text, one
+// token per word, so prompt lengths are exact for the stand-in tokenizer.
+func sharedPrefix(o Options) *Workload {
+	sp := o.Workload.SharedPrefix
+	arrivals, stages := poissonLadder(o.Seed, sp.QPS, sp.StageDuration, o.Fleet.TimeScale)
+	rng := rand.New(rand.NewPCG(uint64(o.Seed), 0x707265666978))
+	systems := make([]string, sp.NumGroups)
+	for g := range systems {
+		systems[g] = words(o.Seed, "system", g, 0, sp.SystemPromptLen)
+	}
+	w := &Workload{Name: fmt.Sprintf("shared prefix: %d groups x %d prompts, %d+%d tokens, %d out",
+		sp.NumGroups, sp.PromptsPerGroup, sp.SystemPromptLen, sp.QuestionLen, sp.OutputLen), Stages: stages,
+		MaxLen:    sp.SystemPromptLen + sp.QuestionLen + sp.OutputLen,
+		BoundNote: "tokens: a request hits its group's system prompt if the group was sent before, and its whole prompt if that exact prompt was"}
+	seenGroup := map[int]bool{}
+	seenPrompt := map[[2]int]bool{}
+	var hits, total int64
+	for s, at := range arrivals {
+		for _, t := range at {
+			g, p := rng.IntN(sp.NumGroups), rng.IntN(sp.PromptsPerGroup)
+			w.Requests = append(w.Requests, Request{At: t, Stage: s, MaxTokens: sp.OutputLen,
+				Text: systems[g] + words(o.Seed, "question", g, p, sp.QuestionLen)})
+			w.pieces = append(w.pieces, []piece{{key: uint64(g) << 1, n: sp.SystemPromptLen},
+				{key: uint64(g)<<32 | uint64(p)<<1 | 1, n: sp.QuestionLen}})
+			n := int64(sp.SystemPromptLen + sp.QuestionLen)
+			total += n
+			switch {
+			case seenPrompt[[2]int{g, p}]:
+				hits += n
+			case seenGroup[g]:
+				hits += int64(sp.SystemPromptLen)
+			}
+			seenGroup[g], seenPrompt[[2]int{g, p}] = true, true
+		}
+	}
+	if total > 0 {
+		w.Bound = float64(hits) / float64(total)
+	}
+	return w
+}
+
+// chatSessions builds the multi-turn chat workload. Its bound depends on the
+// answers, so it is estimated from the first run's usage (see chatBound).
+func chatSessions(o Options) *Workload {
+	c := o.Workload.Chat
+	rng := rand.New(rand.NewPCG(uint64(o.Seed), 0x63686174))
+	system := "You are a helpful assistant." + words(o.Seed, "chatsys", 0, 0, c.SystemPromptLen)
+	w := &Workload{Name: fmt.Sprintf("chat: %d sessions x %d turns, %d-word user turns, %d out", c.Sessions, c.Turns, c.UserLen, c.OutputLen),
+		Bound: math.NaN(), BoundNote: "estimated from the first policy's usage: each turn can hit the previous turn's prompt and answer, each session after the first the system prompt",
+		MaxLen: c.SystemPromptLen + c.Turns*(c.UserLen+c.OutputLen+64)}
+	t := 0.0
+	for s := 0; s < c.Sessions; s++ {
+		if s > 0 {
+			t += rng.ExpFloat64() / c.SessionRate
+		}
+		sess := &Session{System: system, MaxTokens: c.OutputLen, Tools: c.Tools,
+			Think: time.Duration(float64(c.ThinkTime) / o.Fleet.TimeScale)}
+		for u := 0; u < c.Turns; u++ {
+			sess.Users = append(sess.Users, strings.TrimSpace(words(o.Seed, "user", s, u, c.UserLen)))
+		}
+		w.Requests = append(w.Requests, Request{At: time.Duration(t / o.Fleet.TimeScale * float64(time.Second)), Session: sess})
+	}
+	end := w.Requests[len(w.Requests)-1].At
+	w.Stages = []Stage{{QPS: c.SessionRate * float64(c.Turns), End: end}}
+	return w
+}
+
+// BuildWorkload builds the workload of defaulted options.
+func BuildWorkload(o Options) (*Workload, error) {
+	switch o.Workload.Kind {
+	case WorkloadTrace:
+		return loadTrace(o)
+	case WorkloadSharedPrefix:
+		return sharedPrefix(o), nil
+	case WorkloadChat:
+		return chatSessions(o), nil
+	}
+	return nil, fmt.Errorf("unknown workload %q", o.Workload.Kind)
+}

@@ -1,0 +1,118 @@
+// Package launch starts and stops what the bench's harnesses run on
+// 127.0.0.1: enginesim processes (Sim), the EPP in this process or as a
+// child process, or the no-op floor server in its place (EPP), and the
+// test gateway in front of it (Gateway). Every child process is stopped by
+// its own PID, never by name.
+//
+// It is the bench's one way into the EPP's assembly (internal/epp) and the
+// one place where the bench writes scheduler.Config fields (Tuning).
+package launch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"syscall"
+	"time"
+)
+
+// running is something started that may end on its own: a child process
+// or an EPP's Run in this process.
+type running struct {
+	exited chan struct{} // closed once it ended
+	err    error         // why it ended, set before exited closes
+}
+
+func newRunning() *running { return &running{exited: make(chan struct{})} }
+
+func (r *running) end(err error) {
+	r.err = err
+	close(r.exited)
+}
+
+// child is a process the bench started.
+type child struct {
+	*running
+	cmd *exec.Cmd
+}
+
+func startChild(bin string, args []string, stdout, stderr io.Writer) (*child, error) {
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	c := &child{running: newRunning(), cmd: cmd}
+	go func() { c.end(cmd.Wait()) }()
+	return c, nil
+}
+
+// stop sends SIGTERM and waits up to grace for the process to end, then
+// sends SIGKILL; killed reports the latter.
+func (c *child) stop(grace time.Duration) (killed bool) {
+	select {
+	case <-c.exited:
+		return false
+	default:
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.exited:
+		return false
+	case <-time.After(grace):
+		_ = c.cmd.Process.Kill()
+		<-c.exited
+		return true
+	}
+}
+
+// kill ends the process with SIGKILL, as a crash: no clean shutdown.
+func (c *child) kill() error {
+	if err := c.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return err
+	}
+	<-c.exited
+	return nil
+}
+
+// waitErr is why the process ended, unless that was an exit status (a
+// non-zero exit or a signal): an error of waiting itself.
+func (c *child) waitErr() error {
+	var ee *exec.ExitError
+	if c.err != nil && !errors.As(c.err, &ee) {
+		return c.err
+	}
+	return nil
+}
+
+// poll calls done every 20 ms until it reports true. It fails when r ends
+// (r may be nil), ctx ends or limit passes; the last error says the state
+// done reported last.
+func poll(ctx context.Context, limit time.Duration, r *running, done func() (bool, string)) error {
+	var exited chan struct{}
+	if r != nil {
+		exited = r.exited
+	}
+	deadline := time.NewTimer(limit)
+	defer deadline.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		ok, state := done()
+		if ok {
+			return nil
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("exited during start-up: %v", r.err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-deadline.C:
+			return fmt.Errorf("%s after %v", state, limit)
+		case <-tick.C:
+		}
+	}
+}

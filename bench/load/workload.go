@@ -1,0 +1,126 @@
+package load
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+
+	"github.com/omnious/provider-node/engines/tokenizer"
+	"github.com/omnious/provider-node/extproc"
+)
+
+// workload is the request bodies: per group, a template whose user turn
+// starts with a 16-digit counter, so every request is unique past its
+// group's system prompt.
+type workload struct {
+	templates [][]byte
+	counterAt []int
+	system    [][]uint32 // per group: the system prompt's tokens as the EPP renders them
+	bytes     int
+	tokens    int
+	next      atomic.Uint64
+}
+
+const counterDigits = 16
+
+func newWorkload(o Options) (*workload, error) {
+	w := &workload{}
+	var prompter extproc.Prompter
+	switch o.Tokenizer {
+	case "standin":
+		prompter = extproc.NewStandInPrompter()
+	case "none":
+	default:
+		tok, err := tokenizer.Load(o.Model, o.Tokenizer)
+		if err != nil {
+			return nil, fmt.Errorf("cannot load the tokenizer: %w", err)
+		}
+		tmpl, err := tok.NewChatTemplate()
+		if err != nil {
+			return nil, fmt.Errorf("cannot load the chat template: %w", err)
+		}
+		prompter = extproc.NewTokenPrompter(map[string]extproc.ModelTokenizer{o.Model: {Tokenizer: tok, Template: tmpl}}, nil)
+	}
+	for g := range o.Groups {
+		// JSON and role overhead is small; fill the rest with text.
+		textBytes := o.PromptBytes - 160
+		sysText := loadText(uint64(g)<<32, int(float64(textBytes)*o.SharedFraction))
+		userText := loadText(uint64(g)<<32|1, textBytes-len(sysText)-counterDigits-1)
+		sys, _ := json.Marshal(sysText)
+		user, _ := json.Marshal(strings.Repeat("0", counterDigits) + " " + userText)
+		var b bytes.Buffer
+		b.WriteString(`{"model":`)
+		m, _ := json.Marshal(o.Model)
+		b.Write(m)
+		b.WriteString(`,"max_tokens":1,"messages":[{"role":"system","content":`)
+		b.Write(sys)
+		b.WriteString(`},{"role":"user","content":`)
+		at := b.Len() + 1
+		b.Write(user)
+		b.WriteString(`}]}`)
+		w.templates = append(w.templates, b.Bytes())
+		w.counterAt = append(w.counterAt, at)
+
+		w.bytes = max(w.bytes, b.Len())
+		if prompter == nil {
+			continue // no tokens: nothing to put in the index
+		}
+		msgs := b.Bytes()[bytes.Index(b.Bytes(), []byte(`[{"role"`)) : b.Len()-1]
+		full, ok := prompter.Prompt(o.Model, &extproc.PromptInput{API: extproc.APIChat, Messages: msgs, AddGenerationPrompt: true})
+		sysOnly, ok2 := prompter.Prompt(o.Model, &extproc.PromptInput{API: extproc.APIChat,
+			Messages: []byte(`[{"role":"system","content":` + string(sys) + `}]`), AddGenerationPrompt: false})
+		if !ok || !ok2 {
+			return nil, errors.New("the tokenizer cannot render the load workload")
+		}
+		n := 0
+		for n < len(sysOnly) && n < len(full) && sysOnly[n] == full[n] {
+			n++
+		}
+		w.system = append(w.system, full[:n])
+		w.tokens = max(w.tokens, len(full))
+	}
+	return w, nil
+}
+
+// loadText is n bytes of words of 1 to 5 letters after a space: the
+// stand-in tokenizer reads each as one token, so the text has about one
+// token per 4 bytes, as English has with real tokenizers.
+func loadText(seed uint64, n int) string {
+	var b strings.Builder
+	b.Grow(n + 8)
+	for i := uint64(0); b.Len() < n; i++ {
+		x := mix(seed ^ mix(i))
+		b.WriteByte(' ')
+		for k := 1 + int(x%5); k > 0 && b.Len() < n; k-- {
+			x /= 26
+			b.WriteByte(byte('a' + x%26))
+		}
+	}
+	return b.String()
+}
+
+// body returns a new unique request body and its group.
+func (w *workload) body() []byte {
+	n := w.next.Add(1)
+	g := int(n % uint64(len(w.templates)))
+	t := w.templates[g]
+	b := make([]byte, len(t))
+	copy(b, t)
+	d := strconv.AppendUint(make([]byte, 0, 20), n, 10)
+	copy(b[w.counterAt[g]+counterDigits-len(d):], d)
+	return b
+}
+
+// mix is the SplitMix64 finaliser: a cheap, well-spread hash of x. The
+// comparison's workloads use the same one; this package keeps its own copy
+// rather than depend on the comparison for five lines.
+func mix(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}

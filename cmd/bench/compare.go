@@ -1,0 +1,357 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/omnious/provider-node/bench/compare"
+)
+
+// compareFlags are the flags of the comparison and of bench sweep.
+type compareFlags struct {
+	scenario, policies string
+	direct             bool
+	seed               int64
+	jsonOut, htmlOut   string
+	logLevel           string
+	fleet              fleetFlags
+	workload           workloadFlags
+	sweep              sweepFlags
+	check              checkFlags
+	// set holds the flags given on the command line: only those override
+	// a preset.
+	set map[string]bool
+}
+
+type fleetFlags struct {
+	mode, urls, model, engine, enginesim    string
+	replicas, gpuBlocks, blockSize, batched int
+	timeScale                               float64
+	prefillBase, prefillPerToken            time.Duration
+	decodeBase, decodePerSeq, kvTerm        time.Duration
+}
+
+type workloadFlags struct {
+	kind, trace                            string
+	speedup                                float64
+	limit                                  int
+	text, tools                            bool
+	groups, perGroup, sysLen, qLen, outLen int
+	qps                                    string
+	stageDur                               time.Duration
+	sessions, turns                        int
+	sessionRate                            float64
+}
+
+type sweepFlags struct {
+	gridFile, base, dir string
+	sets                listFlag
+}
+
+type checkFlags struct {
+	policy         string
+	bound, load    float64
+	withThroughput bool
+}
+
+func (f *compareFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.scenario, "scenario", "", "preset scenario: demo or llmd-73 (other flags override it)")
+	fs.StringVar(&f.policies, "policies", "", "comma-separated policies or EPP config files (default all five)")
+	fs.BoolVar(&f.direct, "direct", false, "use a plain reverse proxy (round-robin, random) instead of the EPP")
+	fs.Int64Var(&f.seed, "seed", 1, "workload and replica seed")
+	fs.StringVar(&f.jsonOut, "json", "", "write the JSON contract to this file")
+	fs.StringVar(&f.htmlOut, "html", "out/bench-report.html", "write the HTML report to this file (empty: none)")
+	fs.StringVar(&f.logLevel, "log-level", "error", "debug, info, warn or error")
+	f.fleet.register(fs)
+	f.workload.register(fs)
+	f.sweep.register(fs)
+	f.check.register(fs)
+}
+
+func (f *fleetFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.mode, "fleet", "inproc", "inproc (simulated in this process), process (enginesim processes) or urls")
+	fs.StringVar(&f.urls, "urls", "", "comma-separated loopback OpenAI base URLs (implies -fleet urls)")
+	fs.IntVar(&f.replicas, "replicas", 2, "simulated replicas")
+	fs.StringVar(&f.model, "model", "", "served model name")
+	fs.StringVar(&f.engine, "engine", "vllm", "simulated engine: vllm or sglang")
+	fs.IntVar(&f.gpuBlocks, "num-gpu-blocks", 0, "KV blocks per simulated replica (0: simulator default)")
+	fs.IntVar(&f.blockSize, "block-size", 16, "simulated KV block size")
+	fs.IntVar(&f.batched, "max-num-batched-tokens", 0, "simulated step token budget (0: default 8192)")
+	fs.Float64Var(&f.timeScale, "time-scale", 1, "simulated replicas run this many times faster than real time")
+	fs.StringVar(&f.enginesim, "enginesim", "bin/enginesim", "enginesim binary for -fleet process")
+	fs.DurationVar(&f.prefillBase, "prefill-base", 0, "simulated step time: fixed cost of a prefill step (0: 5ms)")
+	fs.DurationVar(&f.prefillPerToken, "prefill-per-token", 0, "simulated step time: per new prompt token (0: 63us)")
+	fs.DurationVar(&f.decodeBase, "decode-base", 0, "simulated step time: fixed cost of a decode step (0: 10.5ms)")
+	fs.DurationVar(&f.decodePerSeq, "decode-per-seq", 0, "simulated step time: per decoding request (0: 190us)")
+	fs.DurationVar(&f.kvTerm, "kv-term", 0, "simulated step time: attention over a full KV cache (0: 12ms)")
+}
+
+func (f *workloadFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.kind, "workload", "", "shared-prefix, chat or trace (default shared-prefix, or trace with -trace)")
+	fs.StringVar(&f.trace, "trace", "", "Mooncake JSONL trace")
+	fs.Float64Var(&f.speedup, "speedup", 0, "divide trace timestamps by this (default: the time scale)")
+	fs.IntVar(&f.limit, "limit", 0, "replay only the first N trace requests")
+	fs.BoolVar(&f.text, "text", false, "send trace prompts as text instead of token ids")
+	fs.IntVar(&f.groups, "groups", 0, "shared-prefix: groups")
+	fs.IntVar(&f.perGroup, "prompts-per-group", 0, "shared-prefix: prompts per group")
+	fs.IntVar(&f.sysLen, "system-len", 0, "shared-prefix: system prompt tokens; chat: system prompt words")
+	fs.IntVar(&f.qLen, "question-len", 0, "shared-prefix: question tokens")
+	fs.IntVar(&f.outLen, "output-len", 0, "output tokens per request (shared-prefix, chat)")
+	fs.StringVar(&f.qps, "qps", "", "shared-prefix: QPS ladder in model time, e.g. 3,10,20")
+	fs.DurationVar(&f.stageDur, "stage-duration", 0, "shared-prefix: model time per QPS stage")
+	fs.IntVar(&f.sessions, "sessions", 0, "chat: sessions")
+	fs.IntVar(&f.turns, "turns", 0, "chat: turns per session")
+	fs.Float64Var(&f.sessionRate, "session-rate", 0, "chat: new sessions per model second")
+	fs.BoolVar(&f.tools, "tools", false, "chat: offer a tool (tool_choice auto)")
+}
+
+func (f *sweepFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.gridFile, "grid", "", "sweep: grid YAML file (base + params)")
+	fs.StringVar(&f.base, "base", "", "sweep: base policy or EPP config file")
+	fs.Var(&f.sets, "set", "sweep: key=v1,v2,... (repeatable; dotted EPP config keys)")
+	fs.StringVar(&f.dir, "sweep-dir", "out/bench-sweep", "sweep: where generated EPP config files go")
+}
+
+func (f *checkFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.policy, "check", "", "check this policy's acceptance criteria against the others (hit rate vs bound, load, TTFT p90 lowest); exit 1 on failure")
+	fs.Float64Var(&f.bound, "check-bound", 0.95, "-check: minimum share of the bound hit rate")
+	fs.Float64Var(&f.load, "check-load", 1.15, "-check: maximum max/mean load")
+	fs.BoolVar(&f.withThroughput, "check-throughput", false, "-check: also require the highest output tok/s")
+}
+
+// runCompare is the comparison (bench) and, with sweep, bench sweep.
+func runCompare(args []string, sweep bool) error {
+	f := &compareFlags{}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	f.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	f.set = map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
+	opts, err := f.options(sweep)
+	if err != nil {
+		return err
+	}
+	ctx, log, done, err := session(f.logLevel)
+	if err != nil {
+		return err
+	}
+	defer done()
+	opts.Log = log
+	if st, err := os.Stderr.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+		opts.Progress = os.Stderr
+	}
+	rep, err := f.report(ctx, opts, sweep, launcher(f.direct, f.seed, log))
+	if rep == nil {
+		return err
+	}
+	if werr := f.write(rep); werr != nil {
+		return werr
+	}
+	if err == nil && f.check.policy != "" {
+		return f.check.run(rep)
+	}
+	return err
+}
+
+// launcher is the one place the bench gets its Launcher.
+func launcher(direct bool, seed int64, log *zap.Logger) compare.Launcher {
+	if direct {
+		return compare.DirectLauncher(seed)
+	}
+	return compare.EPPLauncher(log)
+}
+
+// options are a preset's (or the defaults') options with the flags given
+// on top.
+func (f *compareFlags) options(sweep bool) (compare.Options, error) {
+	opts := compare.Options{}
+	if f.scenario != "" {
+		var err error
+		if opts, err = compare.Preset(f.scenario); err != nil {
+			return opts, err
+		}
+	}
+	if f.set["policies"] {
+		opts.Policies = splitList(f.policies)
+	} else if f.direct && !sweep {
+		opts.Policies = []string{"random", "round-robin"}
+	}
+	opts.Seed = f.seed
+	f.fleet.apply(&opts.Fleet, f.set)
+	return opts, f.workload.apply(&opts.Workload, f.set)
+}
+
+func (f *fleetFlags) apply(o *compare.FleetOptions, set map[string]bool) {
+	if set["fleet"] {
+		o.Mode = f.mode
+	}
+	if f.urls != "" {
+		o.Mode, o.URLs = compare.FleetURLs, splitList(f.urls)
+	}
+	if set["replicas"] || o.Replicas == 0 {
+		o.Replicas = f.replicas
+	}
+	if set["model"] {
+		o.Model = f.model
+	}
+	if set["engine"] {
+		o.Engine = f.engine
+	}
+	if set["num-gpu-blocks"] {
+		o.NumGPUBlocks = f.gpuBlocks
+	}
+	if set["block-size"] || o.BlockSize == 0 {
+		o.BlockSize = f.blockSize
+	}
+	if set["max-num-batched-tokens"] {
+		o.MaxNumBatchedTokens = f.batched
+	}
+	if set["time-scale"] || o.TimeScale == 0 {
+		o.TimeScale = f.timeScale
+	}
+	o.EnginesimBin = f.enginesim
+	for _, d := range []struct {
+		name     string
+		src, dst *time.Duration
+	}{{"prefill-base", &f.prefillBase, &o.Timing.PrefillBase}, {"prefill-per-token", &f.prefillPerToken, &o.Timing.PrefillPerToken},
+		{"decode-base", &f.decodeBase, &o.Timing.DecodeBase}, {"decode-per-seq", &f.decodePerSeq, &o.Timing.DecodePerSeq},
+		{"kv-term", &f.kvTerm, &o.Timing.KVTerm}} {
+		if set[d.name] {
+			*d.dst = *d.src
+		}
+	}
+}
+
+func (f *workloadFlags) apply(w *compare.WorkloadOptions, set map[string]bool) error {
+	switch {
+	case set["workload"]:
+		w.Kind = f.kind
+	case f.trace != "":
+		w.Kind = compare.WorkloadTrace
+	}
+	w.Trace = compare.TraceOptions{Path: f.trace, Speedup: f.speedup, Limit: f.limit, Text: f.text}
+	sp, ch := &w.SharedPrefix, &w.Chat
+	setInt := func(name string, v int, dst ...*int) {
+		if set[name] {
+			for _, d := range dst {
+				*d = v
+			}
+		}
+	}
+	setInt("groups", f.groups, &sp.NumGroups)
+	setInt("prompts-per-group", f.perGroup, &sp.PromptsPerGroup)
+	setInt("system-len", f.sysLen, &sp.SystemPromptLen, &ch.SystemPromptLen)
+	setInt("question-len", f.qLen, &sp.QuestionLen)
+	setInt("output-len", f.outLen, &sp.OutputLen, &ch.OutputLen)
+	setInt("sessions", f.sessions, &ch.Sessions)
+	setInt("turns", f.turns, &ch.Turns)
+	if set["qps"] {
+		sp.QPS = nil
+		for _, s := range splitList(f.qps) {
+			v, err := strconv.ParseFloat(s, 64)
+			if err != nil {
+				return fmt.Errorf("bad -qps %q: %w", f.qps, err)
+			}
+			sp.QPS = append(sp.QPS, v)
+		}
+	}
+	if set["stage-duration"] {
+		sp.StageDuration = f.stageDur
+	}
+	if set["session-rate"] {
+		ch.SessionRate = f.sessionRate
+	}
+	ch.Tools = ch.Tools || f.tools
+	return nil
+}
+
+// report runs the comparison, or the sweep.
+func (f *compareFlags) report(ctx context.Context, opts compare.Options, sweep bool, launch compare.Launcher) (*compare.Report, error) {
+	if !sweep {
+		return compare.Run(ctx, opts, launch)
+	}
+	g, err := f.sweep.grid()
+	if err != nil {
+		return nil, err
+	}
+	return compare.Sweep(ctx, opts, g, f.sweep.dir, launch)
+}
+
+// grid is the -grid file's grid with -base and every -set on top.
+func (f *sweepFlags) grid() (compare.Grid, error) {
+	var g compare.Grid
+	if f.gridFile != "" {
+		var err error
+		if g, err = compare.LoadGrid(f.gridFile); err != nil {
+			return g, err
+		}
+	}
+	if f.base != "" {
+		g.Base = f.base
+	}
+	for _, s := range f.sets {
+		if err := g.ParseSet(s); err != nil {
+			return g, err
+		}
+	}
+	return g, nil
+}
+
+// write prints the table, writes the JSON contract and the HTML report
+// where asked, and the wall time.
+func (f *compareFlags) write(rep *compare.Report) error {
+	if err := rep.WriteTable(os.Stdout); err != nil {
+		return err
+	}
+	for _, p := range []string{f.jsonOut, f.htmlOut} {
+		if p != "" {
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				return fmt.Errorf("cannot create report directory: %w", err)
+			}
+		}
+	}
+	if f.jsonOut != "" {
+		if err := rep.WriteJSON(f.jsonOut); err != nil {
+			return err
+		}
+		fmt.Printf("JSON: %s\n", f.jsonOut)
+	}
+	if f.htmlOut != "" {
+		if err := rep.WriteHTMLFile(f.htmlOut); err != nil {
+			return err
+		}
+		abs, _ := filepath.Abs(f.htmlOut)
+		fmt.Printf("report: %s\n", abs)
+	}
+	fmt.Printf("wall time %s\n", rep.Wall.Round(time.Second))
+	return nil
+}
+
+// run prints each acceptance check and fails if any did.
+func (c *checkFlags) run(rep *compare.Report) error {
+	results, err := rep.Check(c.policy, c.bound, c.load, c.withThroughput)
+	if err != nil {
+		return err
+	}
+	failed := 0
+	for _, r := range results {
+		verdict := "PASS"
+		if !r.OK {
+			verdict, failed = "FAIL", failed+1
+		}
+		fmt.Printf("%s  %s: %s\n", verdict, r.Name, r.Got)
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d acceptance checks failed for %s", failed, c.policy)
+	}
+	return nil
+}
