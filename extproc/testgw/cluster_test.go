@@ -12,6 +12,8 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/omnious/provider-node/extproc"
+	"github.com/omnious/provider-node/scheduler"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
@@ -110,4 +112,28 @@ func TestSeveralEPPs(t *testing.T) {
 	before := a.streams.Load()
 	send(3)
 	require.Equal(t, before+3, a.streams.Load())
+}
+
+// TestSkipResponse: with response processing off the client gets the
+// engine's answer untouched, and the EPP hears only that the stream ended:
+// no status, which the scheduler takes as no evidence either way.
+func TestSkipResponse(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"model":"m1","ok":true}`)
+	}))
+	defer upstream.Close()
+	addr := strings.TrimPrefix(upstream.URL, "http://")
+	p := &listPicker{addrs: []string{addr}}
+	var timing atomic.Pointer[Timing]
+	gw := startStackConfig(t, extproc.Config{}, Config{SkipResponse: true, OnExchange: func(tm Timing) { timing.Store(&tm) }}, p)
+	resp, body := post(t, gw, "/v1/chat/completions", `{"model":"m1","messages":[{"role":"user","content":"hi"}]}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.JSONEq(t, `{"model":"m1","ok":true}`, strings.TrimSpace(string(body)))
+	_, d := p.last(t)
+	require.Zero(t, d.Status, "the EPP saw no response phase")
+	require.Error(t, d.Err)
+	require.Equal(t, scheduler.OutcomeUnknown, d.Outcome())
+	require.Equal(t, addr, timing.Load().Served)
 }

@@ -56,6 +56,11 @@ type Config struct {
 	HealthInterval time.Duration `yaml:"health_interval"`
 	// HealthUnhealthy failed checks in a row mark a host down. Default 2.
 	HealthUnhealthy int `yaml:"health_unhealthy"`
+	// SkipResponse turns response processing off, as an Envoy route with
+	// response_header_mode SKIP and response_body_mode NONE: the response
+	// goes to the client without the EPP, which only sees its stream end
+	// when the response has.
+	SkipResponse bool `yaml:"skip_response"`
 	// ChunkSize is the body chunk size sent to the EPP. Default 64 KiB.
 	ChunkSize int `yaml:"chunk_size"`
 	// DialTimeout bounds one connect attempt to an endpoint. Default 2s.
@@ -85,6 +90,8 @@ type Timing struct {
 	Response time.Duration
 	// Status is the HTTP status the client got.
 	Status int
+	// Served is the endpoint that answered ("" when none did).
+	Served string
 }
 
 func (c Config) withDefaults() Config {
@@ -245,9 +252,13 @@ var errUpstreamBroke = errors.New("upstream broke off the response")
 
 func (x *exchange) run(w http.ResponseWriter, r *http.Request) error {
 	headersOnly := r.ContentLength == 0 || (r.ContentLength < 0 && (r.Method == http.MethodGet || r.Method == http.MethodHead))
+	respMode := filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	if x.g.cfg.SkipResponse {
+		respMode = filterv3.ProcessingMode_NONE
+	}
 	first := &extprocv3.ProcessingRequest{
 		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
-			ResponseBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED},
+			ResponseBodyMode: respMode},
 		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
 			Headers: requestHeaderMap(r), EndOfStream: headersOnly}},
 	}
@@ -323,7 +334,50 @@ func (x *exchange) run(w http.ResponseWriter, r *http.Request) error {
 			Body: io.NopCloser(strings.NewReader("upstream connect error: " + err.Error()))}
 	}
 	defer up.Body.Close()
+	x.timing.Served = served
+	if x.g.cfg.SkipResponse {
+		return x.passThrough(w, up)
+	}
 	return x.respond(w, up, served)
+}
+
+// passThrough sends the response to the client without a response phase,
+// then ends the ext_proc stream as Envoy does when the HTTP stream ends.
+func (x *exchange) passThrough(w http.ResponseWriter, up *http.Response) error {
+	h := w.Header()
+	for k, vs := range up.Header {
+		if !hopByHop(k) {
+			h[k] = vs
+		}
+	}
+	x.timing.Status = up.StatusCode
+	w.WriteHeader(up.StatusCode)
+	flusher, _ := w.(http.Flusher)
+	buf := make([]byte, 32<<10)
+	var err error
+	for {
+		n, rerr := up.Body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				err = fmt.Errorf("client went away: %w", werr)
+				break
+			}
+			if flusher != nil {
+				flusher.Flush()
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			err = fmt.Errorf("%w: %w", errUpstreamBroke, rerr)
+			break
+		}
+	}
+	if cerr := x.stream.CloseSend(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // forward sends the request to the first endpoint that accepts it, walking
