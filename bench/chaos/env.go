@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -41,6 +42,9 @@ type world struct {
 	sims []*launch.Sim
 	epp  *launch.EPP
 	gw   *launch.Gateway
+
+	servedMu sync.Mutex
+	served   map[string]int // requests each endpoint answered, from the gateways
 }
 
 // setup tunes one scenario's environment.
@@ -58,7 +62,7 @@ func newWorld(ctx context.Context, bin string, s setup, log *zap.Logger) (env *w
 	if err != nil {
 		return nil, fmt.Errorf("cannot create chaos dir: %w", err)
 	}
-	env = &world{log: log, dir: dir, http: loopback.Client(30 * time.Second)}
+	env = &world{log: log, dir: dir, http: loopback.Client(30 * time.Second), served: map[string]int{}}
 	defer func() {
 		if err != nil {
 			_ = env.Close()
@@ -103,7 +107,7 @@ func newWorld(ctx context.Context, bin string, s setup, log *zap.Logger) (env *w
 		MaxEndpoints: 1, DrainTimeout: 2 * time.Second, Log: log}); err != nil {
 		return env, err
 	}
-	if env.gw, err = launch.StartGateway(testgw.Config{EPP: env.epp.GRPCAddr()}, log); err != nil {
+	if env.gw, err = env.startGateway(testgw.Config{EPP: env.epp.GRPCAddr()}); err != nil {
 		return env, err
 	}
 	if err := env.epp.WaitReady(ctx, len(env.sims)); err != nil {
@@ -115,6 +119,28 @@ func newWorld(ctx context.Context, bin string, s setup, log *zap.Logger) (env *w
 		}
 	}
 	return env, nil
+}
+
+// startGateway starts a test gateway whose answers count in served.
+func (env *world) startGateway(cfg testgw.Config) (*launch.Gateway, error) {
+	cfg.OnExchange = func(t testgw.Timing) {
+		if t.Served == "" {
+			return
+		}
+		env.servedMu.Lock()
+		env.served[t.Served]++
+		env.servedMu.Unlock()
+	}
+	return launch.StartGateway(cfg, env.log)
+}
+
+// takeServed returns the per-endpoint counts since the last call.
+func (env *world) takeServed() map[string]int {
+	env.servedMu.Lock()
+	defer env.servedMu.Unlock()
+	out := env.served
+	env.served = map[string]int{}
+	return out
 }
 
 // Close stops everything the environment started: gateway, EPP, every

@@ -33,6 +33,22 @@ func scenarios() []scenario {
 			},
 		},
 		{
+			name: "client-cancel",
+			expected: "1,000 requests cancelled before the routing reply, at the response headers or mid-body, mixed with " +
+				"300 normal ones: every normal one served, no breaker leaves closed, no request counts as a failure, " +
+				"each replica's share within 5 points of a run without cancels, nothing in flight afterwards",
+			setup: setup{replicas: 3},
+			run:   runClientCancel,
+		},
+		{
+			name: "no-response-phase",
+			expected: "300 requests through a gateway with response processing off (the EPP sees only its streams end): " +
+				"all served, no breaker leaves closed, no failure counted, shares within 5 points of the same load " +
+				"with a response phase, nothing in flight afterwards",
+			setup: setup{replicas: 3},
+			run:   runNoResponsePhase,
+		},
+		{
 			name: "engine-crash-idle",
 			expected: fmt.Sprintf("SIGKILL of a replica serving nothing (no load signal keeps requests away): requests "+
 				"routed to it fail until its breaker opens, then none do; all of that within %v", openBound),

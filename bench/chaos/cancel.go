@@ -1,0 +1,294 @@
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/omnious/provider-node/extproc/testgw"
+)
+
+// ending is where a client gives up on a request.
+type ending int
+
+const (
+	endNormal      ending = iota
+	endBeforeRoute        // the body never ends: the EPP has not routed yet
+	endAtHeaders          // gone as the response headers arrive
+	endMidBody            // gone after the first streamed chunk
+)
+
+// cancelWorkload is one run of the cancel scenarios: requests from groups
+// sharing a prefix (so routing has affinity to keep), ended as ends says.
+type cancelWorkload struct {
+	base    string // gateway URL
+	tag     string
+	ends    []ending
+	groups  int
+	workers int
+}
+
+// run sends the workload and returns how many normal requests failed.
+func (w cancelWorkload) run(ctx context.Context, env *world) (failed int, err error) {
+	var next, bad atomic.Int64
+	var wg sync.WaitGroup
+	var firstErr atomic.Pointer[error]
+	for range w.workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(w.ends) || ctx.Err() != nil {
+					return
+				}
+				prompt := promptOf(fmt.Sprintf("%s-g%d", w.tag, i%w.groups), 60) + fmt.Sprintf(" question %d", i)
+				if err := env.request(ctx, w.base, prompt, 16, w.ends[i]); err != nil && w.ends[i] == endNormal {
+					bad.Add(1)
+					firstErr.CompareAndSwap(nil, &err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if e := firstErr.Load(); e != nil {
+		env.log.Sugar().Infof("first failed request of %s: %v", w.tag, *e)
+	}
+	return int(bad.Load()), ctx.Err()
+}
+
+// request sends one streamed completion through the gateway at base and
+// ends it as end says; only a normal request reports a failure.
+func (env *world) request(ctx context.Context, base, prompt string, maxTokens int, end ending) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	b, _ := json.Marshal(map[string]any{"model": model, "prompt": prompt, "max_tokens": maxTokens, "ignore_eos": true, "stream": true})
+	var body io.Reader = strings.NewReader(string(b))
+	if end == endBeforeRoute {
+		pr, pw := io.Pipe()
+		go func() {
+			_, _ = pw.Write(b[:len(b)/2])
+			time.Sleep(5 * time.Millisecond)
+			cancel()
+			_ = pw.CloseWithError(context.Canceled)
+		}()
+		body = pr
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", body)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := env.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if end == endAtHeaders {
+		return nil
+	}
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("status %d: %s", resp.StatusCode, b)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if end == endMidBody && strings.HasPrefix(line, "data: ") {
+			return nil
+		}
+		if line == "data: [DONE]" {
+			return nil
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return err
+	}
+	return errors.New("stream ended without [DONE]")
+}
+
+// cancelMix is n requests of which cancelled are ended early, spread evenly
+// over the three cancel points, in a seeded random order.
+func cancelMix(n, cancelled int) []ending {
+	ends := make([]ending, n)
+	for i := range cancelled {
+		ends[i] = endBeforeRoute + ending(i%3)
+	}
+	rnd := rand.New(rand.NewPCG(1, 2))
+	rnd.Shuffle(len(ends), func(i, j int) { ends[i], ends[j] = ends[j], ends[i] })
+	return ends
+}
+
+// breakerWatch samples every replica's breaker until stopped and counts
+// the samples that were not closed.
+type breakerWatch struct {
+	stop   context.CancelFunc
+	done   chan struct{}
+	opened atomic.Int64
+}
+
+func (env *world) watchBreakers(ctx context.Context) *breakerWatch {
+	ctx, stop := context.WithCancel(ctx)
+	bw := &breakerWatch{stop: stop, done: make(chan struct{})}
+	go func() {
+		defer close(bw.done)
+		tick := time.NewTicker(scrapeInterval / 2)
+		defer tick.Stop()
+		for {
+			for _, p := range env.sims {
+				if env.breaker(p.Addr()) != 0 {
+					bw.opened.Add(1)
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return bw
+}
+
+func (bw *breakerWatch) end() int {
+	bw.stop()
+	<-bw.done
+	return int(bw.opened.Load())
+}
+
+// shares turns served counts into each replica's share, in points.
+func (env *world) shares(counts map[string]int) map[string]float64 {
+	total := 0
+	for _, n := range counts {
+		total += n
+	}
+	out := map[string]float64{}
+	for _, p := range env.sims {
+		if total > 0 {
+			out[p.Addr()] = 100 * float64(counts[p.Addr()]) / float64(total)
+		}
+	}
+	return out
+}
+
+// maxShift is the largest difference between two share maps, in points.
+func maxShift(a, b map[string]float64) float64 {
+	var d float64
+	for k, v := range a {
+		d = math.Max(d, math.Abs(v-b[k]))
+	}
+	return d
+}
+
+func fmtShares(s map[string]float64) string {
+	keys := make([]string, 0, len(s))
+	for k := range s {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%.1f", s[k])
+	}
+	return strings.Join(parts, "/") + "%"
+}
+
+// settled waits until nothing is in flight at the EPP: its scheduler's
+// counts (the capacity snapshot) and the ext_proc running gauge.
+func (env *world) settled(ctx context.Context) (time.Duration, error) {
+	return waitFor(ctx, 5*time.Second, func() (bool, error) {
+		c, err := env.epp.Capacity(ctx)
+		if err != nil {
+			return false, err
+		}
+		inflight := 0
+		for _, m := range c.Models {
+			inflight += m.InFlight
+		}
+		running, _ := env.metric("inference_objective_running_requests", nil)
+		return inflight == 0 && running == 0, nil
+	})
+}
+
+// cancelBaseline runs the workload without cancels and returns its shares.
+func cancelBaseline(ctx context.Context, env *world, o *outcome, n int) (map[string]float64, error) {
+	env.takeServed()
+	failed, err := cancelWorkload{base: env.gw.URL(), tag: "base", ends: make([]ending, n), groups: 48, workers: 8}.run(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	o.check(failed == 0, "%d of %d baseline requests failed", failed, n)
+	return env.shares(env.takeServed()), nil
+}
+
+// checkUnharmed is what both cancel scenarios expect after their run: no
+// breaker opened, no request counted as a failure, shares where the
+// baseline had them, nothing left in flight.
+func checkUnharmed(ctx context.Context, env *world, o *outcome, opened int, base, got map[string]float64) error {
+	failures, _ := env.metric("omnious_epp_request_outcomes_total", map[string]string{"outcome": "failure"})
+	unknown, _ := env.metric("omnious_epp_request_outcomes_total", map[string]string{"outcome": "unknown"})
+	shift := maxShift(base, got)
+	o.see("breaker samples not closed: %d; request outcomes failure %.0f, unknown %.0f; shares %s (baseline %s, largest shift %.1f points)",
+		opened, failures, unknown, fmtShares(got), fmtShares(base), shift)
+	o.check(opened == 0, "a breaker left closed %d times", opened)
+	o.check(failures == 0, "%.0f requests counted as failures", failures)
+	o.check(shift <= 5, "shares moved %.1f points from the baseline", shift)
+	took, err := env.settled(ctx)
+	if err != nil {
+		o.check(false, "in flight not back to 0 within 5 s: %v", err)
+		return nil
+	}
+	o.see("in flight back to 0 %v after the last request", took.Round(time.Millisecond))
+	o.recovery, o.recoveryOf = took, "last request → nothing in flight"
+	return nil
+}
+
+func runClientCancel(ctx context.Context, env *world, o *outcome) error {
+	const normal, cancelled = 300, 1000
+	base, err := cancelBaseline(ctx, env, o, normal)
+	if err != nil {
+		return err
+	}
+	bw := env.watchBreakers(ctx)
+	failed, err := cancelWorkload{base: env.gw.URL(), tag: "cxl", ends: cancelMix(normal+cancelled, cancelled), groups: 48, workers: 8}.run(ctx, env)
+	opened := bw.end()
+	if err != nil {
+		return err
+	}
+	o.see("%d requests cancelled (before routing, at response headers, mid-body), %d normal: %d failed", cancelled, normal, failed)
+	o.check(failed == 0, "%d normal requests failed", failed)
+	return checkUnharmed(ctx, env, o, opened, base, env.shares(env.takeServed()))
+}
+
+func runNoResponsePhase(ctx context.Context, env *world, o *outcome) error {
+	const n = 300
+	base, err := cancelBaseline(ctx, env, o, n)
+	if err != nil {
+		return err
+	}
+	skip, err := env.startGateway(testgw.Config{EPP: env.epp.GRPCAddr(), SkipResponse: true})
+	if err != nil {
+		return err
+	}
+	defer skip.Close()
+	bw := env.watchBreakers(ctx)
+	failed, err := cancelWorkload{base: skip.URL(), tag: "skip", ends: make([]ending, n), groups: 48, workers: 8}.run(ctx, env)
+	opened := bw.end()
+	if err != nil {
+		return err
+	}
+	o.see("%d requests through a gateway without response processing: %d failed", n, failed)
+	o.check(failed == 0, "%d requests failed", failed)
+	return checkUnharmed(ctx, env, o, opened, base, env.shares(env.takeServed()))
+}
