@@ -20,7 +20,7 @@ import (
 // checks decide; the test then requires that every process it started is
 // gone (its ports free again).
 func TestChaosScenarios(t *testing.T) {
-	names := []string{"engine-kill", "engine-crash-idle", "event-gap", "kv-publisher-outage", "metrics-hang"}
+	names := []string{"engine-kill", "engine-crash-idle", "client-cancel", "event-gap", "kv-publisher-outage", "metrics-hang"}
 	if testing.Short() {
 		names = []string{"engine-kill", "engine-crash-idle", "event-gap"}
 	}
