@@ -119,7 +119,7 @@ func newChaosEnv(ctx context.Context, bin string, s chaosSetup, log *zap.Logger)
 	sc.Signals.StaleAfter = chaosStaleAfter
 	sc.Breaker.Cooldown = chaosCooldown
 	// Speculative credit would hide what the index itself knows.
-	sc.Prefix.SpeculativeTTL = 300 * time.Millisecond
+	sc.Prefix.SpeculativeTTL = new(300 * time.Millisecond)
 	if s.mutate != nil {
 		s.mutate(&sc)
 	}
@@ -133,12 +133,11 @@ func newChaosEnv(ctx context.Context, bin string, s chaosSetup, log *zap.Logger)
 	at := func(p int) string { return fmt.Sprintf("127.0.0.1:%d", p) }
 	// Fixed ports, so that a restarted EPP is where the gateway looks.
 	cfg := epp.Config{GRPCAddr: at(ports[0]), HealthAddr: at(ports[1]), MetricsAddr: at(ports[2]), AdminAddr: at(ports[3]),
-		Scheduler: sc, DrainTimeout: 2 * time.Second, StandInTokenizer: true}
-	cfg.Ingest.BlockSize = sc.BlockSize
+		Scheduler: sc, DrainTimeout: new(2 * time.Second), StandInTokenizer: true}
 	// One endpoint per decision, as behind Envoy's ORIGINAL_DST cluster:
 	// a request routed to a dead replica fails instead of being rescued
 	// by the gateway's fallback walk, so the client sees what the EPP did.
-	cfg.ExtProc.MaxEndpoints = 1
+	cfg.ExtProc.MaxEndpoints = new(1)
 	env.eppCfg = cfg.WithDefaults()
 	noReplay := map[int]bool{}
 	for _, i := range s.noReplay {

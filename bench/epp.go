@@ -34,7 +34,7 @@ func EPPLauncher(log *zap.Logger) Launcher {
 			return nil, err
 		}
 		cfg := epp.Config{GRPCAddr: "127.0.0.1:0", HealthAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0",
-			Scheduler: sc, DrainTimeout: 5 * time.Second}
+			Scheduler: sc, DrainTimeout: new(5 * time.Second)}
 		eps := make(discovery.Fixed, len(fleet))
 		simulated := true
 		for i, f := range fleet {
@@ -45,7 +45,8 @@ func EPPLauncher(log *zap.Logger) Launcher {
 		// The stand-in tokenizer is exact for enginesim only; real engines
 		// are routed in approximate mode (no tokenizer configured here).
 		cfg.StandInTokenizer = simulated
-		cfg.Ingest.BlockSize = sc.BlockSize
+		// Every endpoint of a decision: the test gateway walks the list.
+		cfg.ExtProc.MaxEndpoints = new(0)
 		cfg = cfg.WithDefaults()
 
 		t := &eppTarget{}

@@ -118,7 +118,7 @@ func (f *flow) admit(ctx context.Context, req *Request, b *bandQueue) (waited ti
 		f.mu.Unlock()
 		return 0, false, nil
 	}
-	if b.q.Len() >= f.s.cfg.Admission.QueueCapacityPerBand {
+	if b.q.Len() >= *f.s.cfg.Admission.QueueCapacityPerBand {
 		f.mu.Unlock()
 		return 0, false, ErrQueueFull
 	}

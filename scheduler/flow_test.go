@@ -139,7 +139,7 @@ func TestFlowQueueLimits(t *testing.T) {
 		arrived time.Duration // before now
 		want    error
 	}{
-		{"capacity", func(c *Config) { c.Admission.QueueCapacityPerBand = 1 }, nil, 0, ErrQueueFull},
+		{"capacity", func(c *Config) { c.Admission.QueueCapacityPerBand = new(1) }, nil, 0, ErrQueueFull},
 		{"ttl", func(c *Config) { c.Admission.QueueTTL = 30 * time.Millisecond }, nil, 0, ErrQueueExpired},
 		{"ttl counted from arrival", func(c *Config) { c.Admission.QueueTTL = time.Second }, nil, 2 * time.Second, ErrQueueExpired},
 		{"client gone", nil, func() (context.Context, context.CancelFunc) {
