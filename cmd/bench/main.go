@@ -180,13 +180,14 @@ func run(args []string) error {
 	}
 	f.EnginesimBin = *enginesim
 	for _, d := range []struct {
-		name     string
-		src, dst *time.Duration
+		name string
+		src  *time.Duration
+		dst  **time.Duration
 	}{{"prefill-base", prefillBase, &f.Timing.PrefillBase}, {"prefill-per-token", prefillPerToken, &f.Timing.PrefillPerToken},
 		{"decode-base", decodeBase, &f.Timing.DecodeBase}, {"decode-per-seq", decodePerSeq, &f.Timing.DecodePerSeq},
 		{"kv-term", kvTerm, &f.Timing.KVTerm}} {
 		if set[d.name] {
-			*d.dst = *d.src
+			*d.dst = new(*d.src)
 		}
 	}
 	w := &opts.Workload
