@@ -34,7 +34,7 @@ type Config struct {
 	// config (deploy/envoy) routes with an ORIGINAL_DST cluster, which
 	// accepts exactly one ip:port, and a list there fails the request.
 	// Gateways that walk fallback lists (override_host, the test gateway)
-	// take 0 or more than 1.
+	// take 0 or a larger cap.
 	MaxEndpoints *int `yaml:"max_endpoints"`
 	// DefaultBodyMode is the request body mode assumed when Envoy does not
 	// announce it (protocol_config is sent by Envoy 1.33+):
@@ -81,9 +81,9 @@ const (
 	ModeBuffered   = "BUFFERED"
 )
 
-// DefaultMaxEndpoints is Config.MaxEndpoints' default: one destination,
+// defaultMaxEndpoints is Config.MaxEndpoints' default: one destination,
 // as Envoy's ORIGINAL_DST cluster needs.
-const DefaultMaxEndpoints = 1
+const defaultMaxEndpoints = 1
 
 // WithDefaults returns c with every unset field at its default; pointer
 // fields are fresh copies.
@@ -91,7 +91,7 @@ func (c Config) WithDefaults() Config {
 	opt.Zero(&c.MaxBodyBytes, 32<<20)
 	c.InjectUsage = opt.Or(c.InjectUsage, true)
 	opt.Zero(&c.ChunkSize, 62000)
-	c.MaxEndpoints = opt.Or(c.MaxEndpoints, DefaultMaxEndpoints)
+	c.MaxEndpoints = opt.Or(c.MaxEndpoints, defaultMaxEndpoints)
 	opt.Zero(&c.DefaultBodyMode, ModeFullDuplex)
 	opt.Zero(&c.SessionHeader, "x-session-id")
 	opt.Zero(&c.BandHeader, "x-gateway-inference-objective")

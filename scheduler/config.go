@@ -194,9 +194,9 @@ type Band struct {
 func ptr[T any](v T) *T { return &v }
 
 // DefaultConfig returns Config{}.WithDefaults(): every field at the default
-// its comment gives. Most are the llmgw router's; the imbalance guard
-// (prefix.balance_abs/balance_rel) and admission.target_inflight are not,
-// and their comments say why.
+// its comment gives. Where a default differs from the llmgw router's (the
+// imbalance guard, admission.target_inflight), the field comment says so
+// and why.
 func DefaultConfig() Config { return Config{}.WithDefaults() }
 
 // WithDefaults returns c with every unset field at its default. Pointer
