@@ -7,7 +7,9 @@
 #     CRDs and the Kubernetes OpenAPI document in the Go module cache);
 #   - promtool check rules / test rules, and the rendered KEDA queries;
 #   - the Go test in deploy/ (PromQL parses; metric names in metrics.txt;
-#     dashboard JSON: datasource variable, unique panel ids);
+#     dashboard JSON: datasource variable, unique panel ids; the EPP as the
+#     chart and the systemd unit start it sends one destination, as Envoy's
+#     ORIGINAL_DST cluster needs);
 #   - systemd unit syntax (when systemd-analyze exists);
 #   - install.sh --dry-run with good and bad inputs.
 # Tools: deploy/tools.sh. Nothing here needs a cluster or the network.
@@ -268,7 +270,7 @@ else
 	cat "$work/p.out" "$work/keda-rules.yaml" >&2
 fi
 if (cd "$root" && GOFLAGS=-mod=mod go test ./deploy/) >"$work/go.out" 2>&1; then
-	pass "go test ./deploy (PromQL parses, names in metrics.txt, dashboard JSON)"
+	pass "go test ./deploy (PromQL parses, names in metrics.txt, dashboard JSON, one destination per request)"
 else
 	bad "go test ./deploy"
 	cat "$work/go.out" >&2

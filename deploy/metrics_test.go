@@ -1,7 +1,10 @@
-// Package deploy_test checks the deployment assets that hold PromQL: every
-// Grafana dashboard, alert rule and KEDA trigger must parse and may only use
-// the metric names listed in metrics.txt, the one list that is compared with
-// live /metrics scrapes of the EPP, the quoter and the engines.
+// Package deploy_test checks the deployment assets. Those that hold PromQL:
+// every Grafana dashboard, alert rule and KEDA trigger must parse and may
+// only use the metric names listed in metrics.txt, the one list that is
+// compared with live /metrics scrapes of the EPP, the quoter and the
+// engines. And (oneendpoint_test.go) the EPP as the Helm chart and the
+// systemd unit start it routes each request to one ip:port, as the shipped
+// Envoy config needs.
 package deploy_test
 
 import (

@@ -231,20 +231,6 @@ func pickPort(entry, def *int, fallback int) int {
 	return fallback
 }
 
-// LoadFile reads and parses an endpoint file; cmd/epp uses it to fail fast
-// on a bad file and to check one without starting.
-func LoadFile(path string) ([]endpoint.Endpoint, error) {
-	data, err := readLimited(path)
-	if err != nil {
-		return nil, err
-	}
-	eps, err := ParseFile(data)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return eps, nil
-}
-
 func readLimited(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -264,9 +250,18 @@ type FileConfig struct {
 	// Path is the endpoint file. Required.
 	Path string
 	// PollInterval is how often the file's content hash is checked for a
-	// change. Default 1s. Polling the content (not the mtime or inotify)
-	// also catches ConfigMap symlink swaps and edits within one second.
+	// change; zero or negative (never a legal interval) takes the default.
+	// Default 1s. Polling the content (not the mtime or inotify) also
+	// catches ConfigMap symlink swaps and edits within one second.
 	PollInterval time.Duration
+}
+
+// WithDefaults returns c with every unset field at its default.
+func (c FileConfig) WithDefaults() FileConfig {
+	if c.PollInterval <= 0 {
+		c.PollInterval = time.Second
+	}
+	return c
 }
 
 // File is the static endpoint file source.
@@ -282,9 +277,7 @@ func NewFile(cfg FileConfig, log *zap.Logger) (*File, error) {
 	if cfg.Path == "" {
 		return nil, errors.New("endpoint file path is empty")
 	}
-	if cfg.PollInterval <= 0 {
-		cfg.PollInterval = time.Second
-	}
+	cfg = cfg.WithDefaults()
 	if log == nil {
 		log = zap.NewNop()
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/omnious/provider-node/endpoint"
+	"github.com/omnious/provider-node/internal/opt"
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -74,23 +75,25 @@ type PoolConfig struct {
 	Resync time.Duration
 }
 
+// WithDefaults returns c with every unset (empty) field at its default.
+func (c PoolConfig) WithDefaults() PoolConfig {
+	opt.Zero(&c.EngineLabel, "omnious.io/engine")
+	opt.Zero(&c.DefaultEngine, EngineVLLM)
+	opt.Zero(&c.ModelAnnotation, "omnious.io/model")
+	opt.Zero(&c.ModelLabel, "omnious.io/model")
+	opt.Zero(&c.KVEventsAnnotation, "omnious.io/kv-events-port")
+	opt.Zero(&c.KVReplayAnnotation, "omnious.io/kv-replay-port")
+	opt.Zero(&c.MetricsPortAnnotation, "omnious.io/metrics-port")
+	opt.Zero(&c.MetricsPath, "/metrics")
+	return c
+}
+
+// fill applies the defaults and validates.
 func (c *PoolConfig) fill() error {
 	if c.Name == "" || c.Namespace == "" {
 		return errors.New("pool name and namespace are required")
 	}
-	def := func(s *string, v string) {
-		if *s == "" {
-			*s = v
-		}
-	}
-	def(&c.EngineLabel, "omnious.io/engine")
-	def(&c.DefaultEngine, EngineVLLM)
-	def(&c.ModelAnnotation, "omnious.io/model")
-	def(&c.ModelLabel, "omnious.io/model")
-	def(&c.KVEventsAnnotation, "omnious.io/kv-events-port")
-	def(&c.KVReplayAnnotation, "omnious.io/kv-replay-port")
-	def(&c.MetricsPortAnnotation, "omnious.io/metrics-port")
-	def(&c.MetricsPath, "/metrics")
+	*c = c.WithDefaults()
 	if !validEngine(c.DefaultEngine) {
 		return fmt.Errorf("default engine %q: want %s or %s", c.DefaultEngine, EngineVLLM, EngineSGLang)
 	}

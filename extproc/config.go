@@ -9,13 +9,16 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/mem"
+
+	"github.com/omnious/provider-node/internal/opt"
 )
 
 // Config configures the ext_proc server. Every default is applied in
-// WithDefaults; zero values mean "use the default".
+// WithDefaults. MaxEndpoints, whose zero is a setting, is a pointer (nil =
+// unset); for the other fields zero means unset.
 type Config struct {
-	// MaxBodyBytes bounds a request body; larger ones get 413. Default
-	// 32 MiB.
+	// MaxBodyBytes bounds a request body; larger ones get 413. Positive.
+	// Default 32 MiB.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// InjectUsage asks the engine for stream usage
 	// (stream_options.include_usage) when a streaming client did not, so
@@ -26,11 +29,13 @@ type Config struct {
 	// 62000 bytes, under Envoy's 64 KiB per-message buffer.
 	ChunkSize int `yaml:"chunk_size"`
 	// MaxEndpoints caps how many endpoints of a decision go into
-	// x-gateway-destination-endpoint (primary then fallbacks). Envoy's
-	// ORIGINAL_DST cluster accepts exactly one ip:port, so set 1 there;
-	// gateways that walk fallback lists (override_host, the test gateway)
-	// take more. Default 0: every endpoint the scheduler returns.
-	MaxEndpoints int `yaml:"max_endpoints"`
+	// x-gateway-destination-endpoint (primary then fallbacks); 0 sends
+	// every endpoint the scheduler returns. Default 1: the shipped Envoy
+	// config (deploy/envoy) routes with an ORIGINAL_DST cluster, which
+	// accepts exactly one ip:port, and a list there fails the request.
+	// Gateways that walk fallback lists (override_host, the test gateway)
+	// take 0 or a larger cap.
+	MaxEndpoints *int `yaml:"max_endpoints"`
 	// DefaultBodyMode is the request body mode assumed when Envoy does not
 	// announce it (protocol_config is sent by Envoy 1.33+):
 	// "FULL_DUPLEX_STREAMED" or "BUFFERED". Default "FULL_DUPLEX_STREAMED".
@@ -46,20 +51,21 @@ type Config struct {
 	TenantHeader string `yaml:"tenant_header"`
 	// MaxRecvMsgSize and MaxSendMsgSize bound one gRPC message. A BUFFERED
 	// request arrives as one message, so the receive limit must exceed
-	// MaxBodyBytes. Default 64 MiB each.
+	// MaxBodyBytes. Positive. Default 64 MiB each.
 	MaxRecvMsgSize int `yaml:"max_recv_msg_size"`
 	MaxSendMsgSize int `yaml:"max_send_msg_size"`
 	// RequestIdleTimeout bounds the wait for Envoy's next message while a
 	// request is gathered (from the stream's start until its body ended):
 	// a client that sends headers and then nothing gets 408 and the stream
 	// is closed, so a slow client cannot hold a stream and its buffers.
-	// Default 30s; negative disables it.
+	// Default 30s; negative disables it (0 is unset, not "no wait").
 	RequestIdleTimeout time.Duration `yaml:"request_idle_timeout"`
 	// ResponseIdleTimeout bounds the wait for Envoy's next message once the
 	// request went upstream. Response headers of a non-streaming request
 	// come only when generation ends, so it must exceed the longest
 	// generation; the stream then ends with DeadlineExceeded and the
-	// scheduler hears the request failed. Default 1h; negative disables it.
+	// scheduler hears the request failed. Default 1h; negative disables it
+	// (0 is unset).
 	ResponseIdleTimeout time.Duration `yaml:"response_idle_timeout"`
 }
 
@@ -75,42 +81,25 @@ const (
 	ModeBuffered   = "BUFFERED"
 )
 
-// WithDefaults returns c with every unset field at its default.
+// defaultMaxEndpoints is Config.MaxEndpoints' default: one destination,
+// as Envoy's ORIGINAL_DST cluster needs.
+const defaultMaxEndpoints = 1
+
+// WithDefaults returns c with every unset field at its default; pointer
+// fields are fresh copies.
 func (c Config) WithDefaults() Config {
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = 32 << 20
-	}
-	if c.InjectUsage == nil {
-		t := true
-		c.InjectUsage = &t
-	}
-	if c.ChunkSize == 0 {
-		c.ChunkSize = 62000
-	}
-	if c.DefaultBodyMode == "" {
-		c.DefaultBodyMode = ModeFullDuplex
-	}
-	if c.SessionHeader == "" {
-		c.SessionHeader = "x-session-id"
-	}
-	if c.BandHeader == "" {
-		c.BandHeader = "x-gateway-inference-objective"
-	}
-	if c.TenantHeader == "" {
-		c.TenantHeader = "x-gateway-inference-fairness-id"
-	}
-	if c.MaxRecvMsgSize == 0 {
-		c.MaxRecvMsgSize = 64 << 20
-	}
-	if c.MaxSendMsgSize == 0 {
-		c.MaxSendMsgSize = 64 << 20
-	}
-	if c.RequestIdleTimeout == 0 {
-		c.RequestIdleTimeout = DefaultRequestIdleTimeout
-	}
-	if c.ResponseIdleTimeout == 0 {
-		c.ResponseIdleTimeout = DefaultResponseIdleTimeout
-	}
+	opt.Zero(&c.MaxBodyBytes, 32<<20)
+	c.InjectUsage = opt.Or(c.InjectUsage, true)
+	opt.Zero(&c.ChunkSize, 62000)
+	c.MaxEndpoints = opt.Or(c.MaxEndpoints, defaultMaxEndpoints)
+	opt.Zero(&c.DefaultBodyMode, ModeFullDuplex)
+	opt.Zero(&c.SessionHeader, "x-session-id")
+	opt.Zero(&c.BandHeader, "x-gateway-inference-objective")
+	opt.Zero(&c.TenantHeader, "x-gateway-inference-fairness-id")
+	opt.Zero(&c.MaxRecvMsgSize, 64<<20)
+	opt.Zero(&c.MaxSendMsgSize, 64<<20)
+	opt.Zero(&c.RequestIdleTimeout, DefaultRequestIdleTimeout)
+	opt.Zero(&c.ResponseIdleTimeout, DefaultResponseIdleTimeout)
 	return c
 }
 
@@ -118,22 +107,25 @@ func (c Config) WithDefaults() Config {
 // of WithDefaults.
 func (c Config) Validate() error {
 	var errs []error
-	if c.MaxBodyBytes < 0 {
-		errs = append(errs, errors.New("max_body_bytes must not be negative"))
+	if c.InjectUsage == nil || c.MaxEndpoints == nil {
+		return errors.New("inject_usage or max_endpoints unset: Validate wants a config from WithDefaults")
+	}
+	if c.MaxBodyBytes < 1 {
+		errs = append(errs, fmt.Errorf("max_body_bytes %d must be positive", c.MaxBodyBytes))
 	}
 	if c.ChunkSize < 1 || c.ChunkSize > 64<<10 {
 		errs = append(errs, fmt.Errorf("chunk_size %d must be in [1, 65536]", c.ChunkSize))
 	}
-	if c.MaxEndpoints < 0 {
+	if *c.MaxEndpoints < 0 {
 		errs = append(errs, errors.New("max_endpoints must not be negative"))
 	}
 	if c.DefaultBodyMode != ModeFullDuplex && c.DefaultBodyMode != ModeBuffered {
 		errs = append(errs, fmt.Errorf("default_body_mode %q is not %s or %s", c.DefaultBodyMode, ModeFullDuplex, ModeBuffered))
 	}
-	if c.MaxRecvMsgSize < 0 || c.MaxSendMsgSize < 0 {
-		errs = append(errs, errors.New("max_recv_msg_size and max_send_msg_size must not be negative"))
+	if c.MaxRecvMsgSize < 1 || c.MaxSendMsgSize < 1 {
+		errs = append(errs, errors.New("max_recv_msg_size and max_send_msg_size must be positive"))
 	}
-	if c.MaxBodyBytes > 0 && int64(c.MaxRecvMsgSize) < c.MaxBodyBytes && c.MaxBodyBytes < math.MaxInt32 {
+	if int64(c.MaxRecvMsgSize) < c.MaxBodyBytes && c.MaxBodyBytes < math.MaxInt32 {
 		errs = append(errs, fmt.Errorf("max_recv_msg_size %d is below max_body_bytes %d: a BUFFERED body arrives in one message", c.MaxRecvMsgSize, c.MaxBodyBytes))
 	}
 	return errors.Join(errs...)

@@ -136,7 +136,7 @@ func TestJSONResponse(t *testing.T) {
 
 func TestConfigValidate(t *testing.T) {
 	require.NoError(t, Config{}.WithDefaults().Validate())
-	bad := Config{ChunkSize: 70000, DefaultBodyMode: "STREAMED", MaxEndpoints: -1, MaxRecvMsgSize: 1 << 20}.WithDefaults()
+	bad := Config{ChunkSize: 70000, DefaultBodyMode: "STREAMED", MaxEndpoints: new(-1), MaxRecvMsgSize: 1 << 20}.WithDefaults()
 	err := bad.Validate()
 	for _, s := range []string{"chunk_size", "default_body_mode", "max_endpoints", "max_recv_msg_size"} {
 		require.ErrorContains(t, err, s)

@@ -672,7 +672,7 @@ func (st *stream) route(headersOnly, eos bool) error {
 
 func (st *stream) destination(d *scheduler.Decision) string {
 	eps := d.Endpoints
-	if n := st.s.cfg.MaxEndpoints; n > 0 && len(eps) > n {
+	if n := *st.s.cfg.MaxEndpoints; n > 0 && len(eps) > n {
 		eps = eps[:n]
 	}
 	if len(eps) == 1 {

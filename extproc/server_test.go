@@ -63,6 +63,7 @@ func TestProtocol(t *testing.T) {
 		grpcErr codes.Code
 	}{{
 		name:  "json unchanged body, usage parsed, served endpoint",
+		cfg:   Config{MaxEndpoints: new(0)},
 		addrs: []string{ep1, ep2},
 		steps: []step{
 			{chatHeaders("content-length", strconv.Itoa(len(chatBody))), nil},
@@ -150,7 +151,7 @@ func TestProtocol(t *testing.T) {
 		done: []wantDone{{status: 200, served: ep1}},
 	}, {
 		name:  "subset hint passed exactly, max endpoints caps the list",
-		cfg:   Config{MaxEndpoints: 1},
+		cfg:   Config{MaxEndpoints: new(1)},
 		addrs: []string{ep2, ep1},
 		steps: []step{
 			{withSubset(chatHeaders(), ep2), nil},

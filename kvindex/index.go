@@ -49,8 +49,8 @@ const (
 	NumTiers = 3
 )
 
-// Config configures an Index. The zero value is usable; withDefaults fills
-// every zero field.
+// Config configures an Index. The zero value is usable; WithDefaults fills
+// every zero (or negative) field, neither being a legal setting.
 type Config struct {
 	// MemoryBudget bounds Stats.Bytes, the exact accounting of the index's
 	// live structures. Above it the least recently touched keys are evicted.
@@ -62,7 +62,8 @@ type Config struct {
 	MaxReplicaBlocks int
 }
 
-func (c Config) withDefaults() Config {
+// WithDefaults returns c with every unset field at its default.
+func (c Config) WithDefaults() Config {
 	if c.MemoryBudget <= 0 {
 		c.MemoryBudget = 256 << 20
 	}
@@ -207,7 +208,7 @@ type Index struct {
 
 // New returns an empty index.
 func New(cfg Config) *Index {
-	ix := &Index{cfg: cfg.withDefaults(), head: -1, tail: -1}
+	ix := &Index{cfg: cfg.WithDefaults(), head: -1, tail: -1}
 	ix.resetTableLocked(minSlots)
 	return ix
 }
@@ -456,16 +457,6 @@ func (ix *Index) Resident(r Replica) int {
 		return 0
 	}
 	return int(ix.counts[r].blocks)
-}
-
-// ResidentTier returns how many blocks replica r holds on tier t.
-func (ix *Index) ResidentTier(r Replica, t Tier) int {
-	ix.mu.RLock()
-	defer ix.mu.RUnlock()
-	if int(r) >= len(ix.counts) || t >= NumTiers {
-		return 0
-	}
-	return int(ix.counts[r].byTier[t])
 }
 
 // Stats returns a snapshot of the counters.

@@ -29,7 +29,8 @@ func (s BreakerState) String() string {
 	return "unknown"
 }
 
-// BreakerConfig tunes the breaker; zero fields take the documented default.
+// BreakerConfig tunes the breaker; zero (or negative) fields, never legal
+// settings, take the documented default.
 type BreakerConfig struct {
 	// ConsecutiveFailures canary failures in a row trip it. Default 3.
 	ConsecutiveFailures int
@@ -130,16 +131,6 @@ func (b *Breaker) Reason() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.reason
-}
-
-// OpenUntil is when the current hold-down ends (zero unless open).
-func (b *Breaker) OpenUntil() time.Time {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.stateLocked() != BreakerOpen {
-		return time.Time{}
-	}
-	return b.openUntil
 }
 
 func (b *Breaker) stateLocked() BreakerState {

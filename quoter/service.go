@@ -21,7 +21,8 @@ import (
 	"github.com/omnious/provider-node/quoter/conformance"
 )
 
-// Config configures the quote loop. Defaults are applied by WithDefaults.
+// Config configures the quote loop. Defaults are applied by WithDefaults;
+// zero (or negative) durations, never legal settings, take them.
 type Config struct {
 	// ProviderID is the market's provider identifier. Required.
 	ProviderID string

@@ -41,8 +41,8 @@ type Request struct {
 	SessionKey string
 	// Band is the flow-control priority band name ("" = the default band).
 	Band string
-	// Tenant is the fairness/usage key (x-gateway-inference-fairness-id or
-	// the tenant mapping); "" = "default-flow".
+	// Tenant is the fairness/usage key (extproc's tenant_header, default
+	// x-gateway-inference-fairness-id); "" = "default-flow".
 	Tenant string
 	// Subset, when non-nil, restricts candidates to these "ip:port" values
 	// (Envoy's subset hint); an empty non-nil slice matches nothing.

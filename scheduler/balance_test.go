@@ -22,7 +22,7 @@ func TestLoadStaysBalanced(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e := newEnv(t, 8, func(c *Config) { c.Prefix.SpeculativeTTL = time.Hour })
+			e := newEnv(t, 8, func(c *Config) { c.Prefix.SpeculativeTTL = new(time.Hour) })
 			var held []*Decision
 			var worstRatio float64
 			reasons := map[string]int{}

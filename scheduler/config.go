@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/omnious/provider-node/internal/opt"
 )
 
 // Routing policies (Config.Policy).
@@ -19,9 +22,12 @@ const (
 	PolicyLeastQueue  = "least-queue"
 )
 
-// Config is the whole scheduler configuration, one YAML document. Zero
-// fields take the defaults written in their comments (DefaultConfig is the
-// one place they are set); durations are YAML strings such as "2s".
+// Config is the whole scheduler configuration, one YAML document. Unset
+// fields take the defaults written in their comments, filled by
+// WithDefaults, the one place they are set. A field whose zero is a legal
+// setting is a pointer (nil = unset), so "fallbacks: 0" means no fallbacks;
+// for the other fields zero means unset. Durations are YAML strings such as
+// "2s" (a zero duration is "0s").
 type Config struct {
 	// Policy is "precise" (default: the scoring pipeline; approximate prefix
 	// when a request has no tokens), "approximate" (never uses the index),
@@ -32,9 +38,9 @@ type Config struct {
 	// BlockSize is the engines' KV block size in tokens; prompts are keyed
 	// with it, so it must equal the engines'. Default 16.
 	BlockSize int `yaml:"block_size"`
-	// Fallbacks is how many endpoints follow the primary in a decision.
-	// Default 2.
-	Fallbacks int `yaml:"fallbacks"`
+	// Fallbacks is how many endpoints follow the primary in a decision,
+	// 0..16; 0 sends the primary alone. Default 2.
+	Fallbacks *int `yaml:"fallbacks"`
 	// Adapters maps a LoRA adapter name to its base model, for adapters that
 	// are not (yet) reported as loaded by any engine. Default none.
 	Adapters map[string]string `yaml:"adapters"`
@@ -65,13 +71,14 @@ type SignalsConfig struct {
 
 // PrefixConfig is prefix affinity and its imbalance guard.
 type PrefixConfig struct {
-	// MinMatch is the shortest precise match worth acting on, in tokens.
-	// Default 64.
-	MinMatch int `yaml:"min_match"`
+	// MinMatch is the shortest precise match worth acting on, in tokens;
+	// 0 acts on any match. Default 64.
+	MinMatch *int `yaml:"min_match"`
 	// MinMatchBytes is the same for approximate (text) matching. Default 256.
-	MinMatchBytes int `yaml:"min_match_bytes"`
-	// MatchRatio is the share of the prompt that must match. Default 0.3.
-	MatchRatio float64 `yaml:"match_ratio"`
+	MinMatchBytes *int `yaml:"min_match_bytes"`
+	// MatchRatio is the share of the prompt that must match, 0..1; 0 drops
+	// the ratio test. Default 0.3.
+	MatchRatio *float64 `yaml:"match_ratio"`
 	// BalanceAbs and BalanceRel are the imbalance guard: affinity to a
 	// replica is abandoned only when its load exceeds the least loaded
 	// candidate's by at least BalanceAbs requests AND by a factor of at
@@ -79,12 +86,14 @@ type PrefixConfig struct {
 	// Mooncake trace at 8 replicas they measured max/mean load 1.12
 	// (requests) and 1.18 (prompt tokens) at 98% of the hit-rate bound, and
 	// on bench llmd-73 kept precise ahead of every baseline (bench sweep
-	// over {4,8} x {1.25,1.5}; README).
-	BalanceAbs float64 `yaml:"balance_abs"`
-	BalanceRel float64 `yaml:"balance_rel"`
+	// over {4,8} x {1.25,1.5}; README). BalanceAbs 0 leaves the relative
+	// test alone; BalanceRel is at least 1.
+	BalanceAbs *float64 `yaml:"balance_abs"`
+	BalanceRel float64  `yaml:"balance_rel"`
 	// SpeculativeTTL is how long the chosen replica is credited with a
-	// request's blocks before the engine's events confirm them. Default 2s.
-	SpeculativeTTL time.Duration `yaml:"speculative_ttl"`
+	// request's blocks before the engine's events confirm them; 0s gives
+	// no speculative credit. Default 2s.
+	SpeculativeTTL *time.Duration `yaml:"speculative_ttl"`
 	// ChunkBytes is the approximate matcher's chunk size. Default 256.
 	ChunkBytes int `yaml:"chunk_bytes"`
 	// TTL is how long an approximate routing record is trusted. Default 10m.
@@ -92,9 +101,9 @@ type PrefixConfig struct {
 	// MaxNodes bounds the approximate matcher's records. Default 100000.
 	MaxNodes int `yaml:"max_nodes"`
 	// CPUWeight and StorageWeight value a block held off-GPU relative to a
-	// GPU block. Defaults 0.8 and 0.5.
-	CPUWeight     float64 `yaml:"cpu_weight"`
-	StorageWeight float64 `yaml:"storage_weight"`
+	// GPU block, 0..1; 0 ignores that tier. Defaults 0.8 and 0.5.
+	CPUWeight     *float64 `yaml:"cpu_weight"`
+	StorageWeight *float64 `yaml:"storage_weight"`
 }
 
 // ScoringConfig is what the scorers normalise against and their weights.
@@ -113,11 +122,12 @@ type ScoringConfig struct {
 	// SessionLoadFactor: a session sticks to its replica while that
 	// replica's load is at most this multiple of the mean. Default 1.25.
 	SessionLoadFactor float64 `yaml:"session_load_factor"`
-	// SessionTTL is how long a session's replica is remembered. Default 10m.
-	SessionTTL time.Duration `yaml:"session_ttl"`
-	// StaleFactor multiplies the score of a replica with stale metrics.
-	// Default 0.25.
-	StaleFactor float64 `yaml:"stale_factor"`
+	// SessionTTL is how long a session's replica is remembered; 0s
+	// remembers none. Default 10m.
+	SessionTTL *time.Duration `yaml:"session_ttl"`
+	// StaleFactor multiplies the score of a replica with stale metrics,
+	// 0..1; 0 zeroes its score. Default 0.25.
+	StaleFactor *float64 `yaml:"stale_factor"`
 	// Temperature > 0 samples the primary with probability proportional to
 	// exp(score/Temperature) instead of taking the best. Default 0.
 	Temperature float64 `yaml:"temperature"`
@@ -166,8 +176,9 @@ type AdmissionConfig struct {
 	// QueueTTL drops a request that waited this long (503). Default 30s.
 	QueueTTL time.Duration `yaml:"queue_ttl"`
 	// QueueCapacityPerBand rejects a request with 429 when its band already
-	// has this many waiting. Default 2000.
-	QueueCapacityPerBand int `yaml:"queue_capacity_per_band"`
+	// has this many waiting; 0 never queues (saturation answers 429 at
+	// once). Default 2000.
+	QueueCapacityPerBand *int `yaml:"queue_capacity_per_band"`
 	// Interval re-evaluates saturation for dispatch (besides every Done).
 	// Default 10ms.
 	Interval time.Duration `yaml:"interval"`
@@ -182,88 +193,61 @@ type Band struct {
 
 func ptr[T any](v T) *T { return &v }
 
-// DefaultConfig returns the defaults (the llmgw router's).
-func DefaultConfig() Config {
-	var c Config
-	c.setDefaults()
-	return c
-}
+// DefaultConfig returns Config{}.WithDefaults(): every field at the default
+// its comment gives. Where a default differs from the llmgw router's (the
+// imbalance guard, admission.target_inflight), the field comment says so
+// and why.
+func DefaultConfig() Config { return Config{}.WithDefaults() }
 
-// setDefaults fills every zero field.
-func (c *Config) setDefaults() {
-	def := func(p *float64, v float64) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	defDur := func(p *time.Duration, v time.Duration) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	defInt := func(p *int, v int) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	defW := func(p **float64, v float64) {
-		if *p == nil {
-			*p = ptr(v)
-		}
-	}
-	if c.Policy == "" {
-		c.Policy = PolicyPrecise
-	}
-	if c.PoolName == "" {
-		c.PoolName = "default"
-	}
-	defInt(&c.BlockSize, 16)
-	defInt(&c.Fallbacks, 2)
+// WithDefaults returns c with every unset field at its default. Pointer
+// fields of the result are fresh copies: changing c afterwards does not
+// change it.
+func (c Config) WithDefaults() Config {
+	opt.Zero(&c.Policy, PolicyPrecise)
+	opt.Zero(&c.PoolName, "default")
+	opt.Zero(&c.BlockSize, 16)
+	c.Fallbacks = opt.Or(c.Fallbacks, 2)
 
-	defDur(&c.Signals.ScrapeInterval, 2*time.Second)
-	defDur(&c.Signals.ScrapeTimeout, time.Second)
-	defDur(&c.Signals.StaleAfter, 10*time.Second)
-	if c.Signals.ScrapeFailuresTrip == nil {
-		c.Signals.ScrapeFailuresTrip = ptr(true)
-	}
+	sg := &c.Signals
+	opt.Zero(&sg.ScrapeInterval, 2*time.Second)
+	opt.Zero(&sg.ScrapeTimeout, time.Second)
+	opt.Zero(&sg.StaleAfter, 10*time.Second)
+	sg.ScrapeFailuresTrip = opt.Or(sg.ScrapeFailuresTrip, true)
 
 	p := &c.Prefix
-	defInt(&p.MinMatch, 64)
-	defInt(&p.MinMatchBytes, 256)
-	def(&p.MatchRatio, 0.3)
-	def(&p.BalanceAbs, 4)
-	def(&p.BalanceRel, 1.25)
-	defDur(&p.SpeculativeTTL, 2*time.Second)
-	defInt(&p.ChunkBytes, 256)
-	defDur(&p.TTL, 10*time.Minute)
-	defInt(&p.MaxNodes, 100000)
-	def(&p.CPUWeight, 0.8)
-	def(&p.StorageWeight, 0.5)
+	p.MinMatch = opt.Or(p.MinMatch, 64)
+	p.MinMatchBytes = opt.Or(p.MinMatchBytes, 256)
+	p.MatchRatio = opt.Or(p.MatchRatio, 0.3)
+	p.BalanceAbs = opt.Or(p.BalanceAbs, 4)
+	opt.Zero(&p.BalanceRel, 1.25)
+	p.SpeculativeTTL = opt.Or(p.SpeculativeTTL, 2*time.Second)
+	opt.Zero(&p.ChunkBytes, 256)
+	opt.Zero(&p.TTL, 10*time.Minute)
+	opt.Zero(&p.MaxNodes, 100000)
+	p.CPUWeight = opt.Or(p.CPUWeight, 0.8)
+	p.StorageWeight = opt.Or(p.StorageWeight, 0.5)
 
 	s := &c.Scoring
-	def(&s.TargetWaiting, 4)
-	def(&s.TargetInflight, 8)
-	def(&s.KVCeiling, 0.9)
-	def(&s.SessionLoadFactor, 1.25)
-	defDur(&s.SessionTTL, 10*time.Minute)
-	def(&s.StaleFactor, 0.25)
-	defW(&s.Weights.Prefix, 3)
-	defW(&s.Weights.Queue, 1)
-	defW(&s.Weights.Inflight, 1)
-	defW(&s.Weights.KV, 1)
-	defW(&s.Weights.Session, 2)
-	defW(&s.Weights.LoRA, 1)
+	opt.Zero(&s.TargetWaiting, 4)
+	opt.Zero(&s.TargetInflight, 8)
+	opt.Zero(&s.KVCeiling, 0.9)
+	opt.Zero(&s.SessionLoadFactor, 1.25)
+	s.SessionTTL = opt.Or(s.SessionTTL, 10*time.Minute)
+	s.StaleFactor = opt.Or(s.StaleFactor, 0.25)
+	w := &s.Weights
+	w.Prefix = opt.Or(w.Prefix, 3)
+	w.Queue = opt.Or(w.Queue, 1)
+	w.Inflight = opt.Or(w.Inflight, 1)
+	w.KV = opt.Or(w.KV, 1)
+	w.Session = opt.Or(w.Session, 2)
+	w.LoRA = opt.Or(w.LoRA, 1)
 
-	defInt(&c.Breaker.FailureThreshold, 3)
-	defDur(&c.Breaker.Cooldown, 15*time.Second)
+	opt.Zero(&c.Breaker.FailureThreshold, 3)
+	opt.Zero(&c.Breaker.Cooldown, 15*time.Second)
 
 	a := &c.Admission
-	if a.Enabled == nil {
-		a.Enabled = ptr(true)
-	}
-	if a.DefaultBand == "" {
-		a.DefaultBand = "gold"
-	}
+	a.Enabled = opt.Or(a.Enabled, true)
+	opt.Zero(&a.DefaultBand, "gold")
 	if len(a.Bands) == 0 {
 		a.Bands = []Band{
 			{Name: "platinum", Priority: 400, SaturationCeiling: 1.00},
@@ -272,10 +256,11 @@ func (c *Config) setDefaults() {
 			{Name: "bronze", Priority: 100, SaturationCeiling: 0.30},
 		}
 	}
-	def(&a.TargetInflight, 256)
-	defDur(&a.QueueTTL, 30*time.Second)
-	defInt(&a.QueueCapacityPerBand, 2000)
-	defDur(&a.Interval, 10*time.Millisecond)
+	opt.Zero(&a.TargetInflight, 256)
+	opt.Zero(&a.QueueTTL, 30*time.Second)
+	a.QueueCapacityPerBand = opt.Or(a.QueueCapacityPerBand, 2000)
+	opt.Zero(&a.Interval, 10*time.Millisecond)
+	return c
 }
 
 // ParseConfig reads a YAML document, fills defaults and validates.
@@ -287,7 +272,7 @@ func ParseConfig(data []byte) (Config, error) {
 	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
 		return Config{}, fmt.Errorf("cannot parse scheduler config: %w", err)
 	}
-	c.setDefaults()
+	c = c.WithDefaults()
 	if err := c.Validate(); err != nil {
 		return Config{}, err
 	}
@@ -296,6 +281,9 @@ func ParseConfig(data []byte) (Config, error) {
 
 // Validate reports every invalid field of a defaulted config.
 func (c *Config) Validate() error {
+	if unset := c.unsetPointers(); len(unset) > 0 {
+		return fmt.Errorf("invalid scheduler config: %s unset: Validate wants a config from WithDefaults", strings.Join(unset, ", "))
+	}
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	switch c.Policy {
@@ -306,8 +294,8 @@ func (c *Config) Validate() error {
 	if c.BlockSize < 1 || c.BlockSize > 4096 {
 		bad("block_size %d: want 1..4096", c.BlockSize)
 	}
-	if c.Fallbacks < 0 || c.Fallbacks > 16 {
-		bad("fallbacks %d: want 0..16", c.Fallbacks)
+	if *c.Fallbacks < 0 || *c.Fallbacks > 16 {
+		bad("fallbacks %d: want 0..16", *c.Fallbacks)
 	}
 	for a, m := range c.Adapters {
 		if a == "" || m == "" {
@@ -326,19 +314,19 @@ func (c *Config) Validate() error {
 		bad("signals.stale_after %v: want >= scrape_interval %v", c.Signals.StaleAfter, c.Signals.ScrapeInterval)
 	}
 	p := c.Prefix
-	if p.MinMatch < 0 || p.MinMatchBytes < 0 {
+	if *p.MinMatch < 0 || *p.MinMatchBytes < 0 {
 		bad("prefix.min_match/min_match_bytes must not be negative")
 	}
-	if p.MatchRatio < 0 || p.MatchRatio > 1 {
-		bad("prefix.match_ratio %v: want 0..1", p.MatchRatio)
+	if *p.MatchRatio < 0 || *p.MatchRatio > 1 {
+		bad("prefix.match_ratio %v: want 0..1", *p.MatchRatio)
 	}
-	if p.BalanceAbs < 0 {
-		bad("prefix.balance_abs %v: want >= 0", p.BalanceAbs)
+	if *p.BalanceAbs < 0 {
+		bad("prefix.balance_abs %v: want >= 0", *p.BalanceAbs)
 	}
 	if p.BalanceRel < 1 {
 		bad("prefix.balance_rel %v: want >= 1", p.BalanceRel)
 	}
-	if p.SpeculativeTTL < 0 || p.TTL <= 0 {
+	if *p.SpeculativeTTL < 0 || p.TTL <= 0 {
 		bad("prefix.speculative_ttl and prefix.ttl must be positive")
 	}
 	if p.ChunkBytes < 16 {
@@ -347,7 +335,7 @@ func (c *Config) Validate() error {
 	if p.MaxNodes < 1 {
 		bad("prefix.max_nodes %d: want >= 1", p.MaxNodes)
 	}
-	if p.CPUWeight < 0 || p.CPUWeight > 1 || p.StorageWeight < 0 || p.StorageWeight > 1 {
+	if *p.CPUWeight < 0 || *p.CPUWeight > 1 || *p.StorageWeight < 0 || *p.StorageWeight > 1 {
 		bad("prefix.cpu_weight/storage_weight: want 0..1")
 	}
 	s := c.Scoring
@@ -360,8 +348,11 @@ func (c *Config) Validate() error {
 	if s.SessionLoadFactor < 1 {
 		bad("scoring.session_load_factor %v: want >= 1", s.SessionLoadFactor)
 	}
-	if s.StaleFactor < 0 || s.StaleFactor > 1 {
-		bad("scoring.stale_factor %v: want 0..1", s.StaleFactor)
+	if *s.SessionTTL < 0 {
+		bad("scoring.session_ttl %v: want >= 0", *s.SessionTTL)
+	}
+	if *s.StaleFactor < 0 || *s.StaleFactor > 1 {
+		bad("scoring.stale_factor %v: want 0..1", *s.StaleFactor)
 	}
 	if s.Temperature < 0 {
 		bad("scoring.temperature %v: want >= 0", s.Temperature)
@@ -405,8 +396,8 @@ func (c *Config) Validate() error {
 	if a.QueueTTL <= 0 {
 		bad("admission.queue_ttl %v: want > 0", a.QueueTTL)
 	}
-	if a.QueueCapacityPerBand < 0 {
-		bad("admission.queue_capacity_per_band %d: want >= 0", a.QueueCapacityPerBand)
+	if *a.QueueCapacityPerBand < 0 {
+		bad("admission.queue_capacity_per_band %d: want >= 0", *a.QueueCapacityPerBand)
 	}
 	if a.Interval < time.Millisecond {
 		bad("admission.interval %v: want >= 1ms", a.Interval)
@@ -415,4 +406,33 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("invalid scheduler config: %w", errors.Join(errs...))
 	}
 	return nil
+}
+
+// unsetPointers names the pointer fields that are nil, which only a config
+// that skipped WithDefaults has. The weights are checked with their range.
+func (c *Config) unsetPointers() []string {
+	var unset []string
+	for _, f := range []struct {
+		name string
+		nil  bool
+	}{
+		{"fallbacks", c.Fallbacks == nil},
+		{"signals.scrape_failures_trip", c.Signals.ScrapeFailuresTrip == nil},
+		{"prefix.min_match", c.Prefix.MinMatch == nil},
+		{"prefix.min_match_bytes", c.Prefix.MinMatchBytes == nil},
+		{"prefix.match_ratio", c.Prefix.MatchRatio == nil},
+		{"prefix.balance_abs", c.Prefix.BalanceAbs == nil},
+		{"prefix.speculative_ttl", c.Prefix.SpeculativeTTL == nil},
+		{"prefix.cpu_weight", c.Prefix.CPUWeight == nil},
+		{"prefix.storage_weight", c.Prefix.StorageWeight == nil},
+		{"scoring.session_ttl", c.Scoring.SessionTTL == nil},
+		{"scoring.stale_factor", c.Scoring.StaleFactor == nil},
+		{"admission.enabled", c.Admission.Enabled == nil},
+		{"admission.queue_capacity_per_band", c.Admission.QueueCapacityPerBand == nil},
+	} {
+		if f.nil {
+			unset = append(unset, f.name)
+		}
+	}
+	return unset
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/omnious/provider-node/internal/conftest"
 )
 
 func TestDefaultConfig(t *testing.T) {
@@ -13,10 +15,10 @@ func TestDefaultConfig(t *testing.T) {
 	require.NoError(t, c.Validate())
 	require.Equal(t, PolicyPrecise, c.Policy)
 	require.Equal(t, 16, c.BlockSize)
-	require.Equal(t, 2, c.Fallbacks)
-	require.Equal(t, 2*time.Second, c.Prefix.SpeculativeTTL)
-	require.Equal(t, 0.3, c.Prefix.MatchRatio)
-	require.Equal(t, 4.0, c.Prefix.BalanceAbs)
+	require.Equal(t, 2, *c.Fallbacks)
+	require.Equal(t, 2*time.Second, *c.Prefix.SpeculativeTTL)
+	require.Equal(t, 0.3, *c.Prefix.MatchRatio)
+	require.Equal(t, 4.0, *c.Prefix.BalanceAbs)
 	require.Equal(t, 1.25, c.Prefix.BalanceRel)
 	require.Equal(t, 3, c.Breaker.FailureThreshold)
 	require.Equal(t, 15*time.Second, c.Breaker.Cooldown)
@@ -28,7 +30,7 @@ func TestDefaultConfig(t *testing.T) {
 	require.Equal(t, Band{"bronze", 100, 0.30}, c.Admission.Bands[3])
 	require.Equal(t, 30*time.Second, c.Admission.QueueTTL)
 	require.Equal(t, 256.0, c.Admission.TargetInflight)
-	require.Equal(t, 2000, c.Admission.QueueCapacityPerBand)
+	require.Equal(t, 2000, *c.Admission.QueueCapacityPerBand)
 	require.Equal(t, 10*time.Millisecond, c.Admission.Interval)
 	require.True(t, *c.Admission.Enabled)
 }
@@ -53,8 +55,8 @@ admission:
 	require.NoError(t, err)
 	require.Equal(t, PolicyApproximate, c.Policy)
 	require.Equal(t, 32, c.BlockSize)
-	require.Equal(t, 128, c.Prefix.MinMatch)
-	require.Equal(t, 4.0, c.Prefix.BalanceAbs)
+	require.Equal(t, 128, *c.Prefix.MinMatch)
+	require.Equal(t, 4.0, *c.Prefix.BalanceAbs)
 	require.Equal(t, 1.25, c.Prefix.BalanceRel, "unset fields keep defaults")
 	require.Equal(t, 5.0, *c.Scoring.Weights.Prefix)
 	require.Equal(t, 0.0, *c.Scoring.Weights.KV, "an explicit zero weight disables a scorer")
@@ -113,4 +115,26 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatalf("New rejected a parsed config: %v", err)
 		}
 	})
+}
+
+// TestZeroIsASetting: every key whose zero is legal keeps an explicit zero
+// instead of taking its default.
+func TestZeroIsASetting(t *testing.T) {
+	for _, key := range []string{
+		"fallbacks", "seed",
+		"signals.scrape_failures_trip",
+		"prefix.min_match", "prefix.min_match_bytes", "prefix.match_ratio", "prefix.balance_abs",
+		"prefix.speculative_ttl", "prefix.cpu_weight", "prefix.storage_weight",
+		"scoring.session_ttl", "scoring.stale_factor", "scoring.temperature",
+		"scoring.weights.prefix", "scoring.weights.queue", "scoring.weights.inflight",
+		"scoring.weights.kv", "scoring.weights.session", "scoring.weights.lora",
+		"admission.enabled", "admission.queue_capacity_per_band",
+	} {
+		t.Run(key, func(t *testing.T) {
+			doc := conftest.ZeroYAML(key, conftest.Lookup(t, conftest.Fields(DefaultConfig()), key))
+			c, err := ParseConfig([]byte(doc))
+			require.NoError(t, err, doc)
+			require.True(t, conftest.IsZero(conftest.Lookup(t, conftest.Fields(c), key)), "%s after defaults", doc)
+		})
+	}
 }

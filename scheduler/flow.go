@@ -139,7 +139,7 @@ func (f *flow) admit(ctx context.Context, req *Request, b *bandQueue) (*Ticket, 
 		f.mu.Unlock()
 		return nil, nil
 	}
-	if b.q.Len() >= f.s.cfg.Admission.QueueCapacityPerBand {
+	if b.q.Len() >= *f.s.cfg.Admission.QueueCapacityPerBand {
 		f.mu.Unlock()
 		return nil, ErrQueueFull
 	}

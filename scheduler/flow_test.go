@@ -141,7 +141,7 @@ func TestFlowQueueLimits(t *testing.T) {
 		arrived time.Duration // before now
 		want    error
 	}{
-		{"capacity", func(c *Config) { c.Admission.QueueCapacityPerBand = 1 }, nil, 0, ErrQueueFull},
+		{"capacity", func(c *Config) { c.Admission.QueueCapacityPerBand = new(1) }, nil, 0, ErrQueueFull},
 		{"ttl", func(c *Config) { c.Admission.QueueTTL = 30 * time.Millisecond }, nil, 0, ErrQueueExpired},
 		{"ttl counted from arrival", func(c *Config) { c.Admission.QueueTTL = time.Second }, nil, 2 * time.Second, ErrQueueExpired},
 		{"client gone", nil, func() (context.Context, context.CancelFunc) {
@@ -213,7 +213,7 @@ func TestPickNeverWaits(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newEnv(t, 2, func(c *Config) {
 			c.Admission.Enabled = ptr(true)
-			c.Admission.QueueCapacityPerBand = 1
+			c.Admission.QueueCapacityPerBand = new(1)
 		})
 		for i := range 2 {
 			e.setSignals(i, metrics.Signals{Engine: metrics.EngineVLLM, Waiting: 100, KVUsage: 1})

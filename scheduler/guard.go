@@ -15,7 +15,7 @@ func (s *Scheduler) guard(cands []cand) bool {
 	tripped := false
 	for i := range cands {
 		c := &cands[i]
-		if c.prefixOK && guardTrips(c.load, minLoad, s.cfg.Prefix.BalanceAbs, s.cfg.Prefix.BalanceRel) {
+		if c.prefixOK && guardTrips(c.load, minLoad, *s.cfg.Prefix.BalanceAbs, s.cfg.Prefix.BalanceRel) {
 			c.prefixOK = false
 			tripped = true
 		}

@@ -58,7 +58,7 @@ func newEnv(t testing.TB, n int, mut func(*Config)) *testEnv {
 	// The routing tables were written against the llmgw guard (8 requests
 	// and 1.5x); pinning it keeps them about the guard's logic, not about
 	// whichever default the bench tuned.
-	cfg.Prefix.BalanceAbs, cfg.Prefix.BalanceRel = 8, 1.5
+	cfg.Prefix.BalanceAbs, cfg.Prefix.BalanceRel = new(8.0), 1.5
 	if mut != nil {
 		mut(&cfg)
 	}

@@ -65,7 +65,7 @@ func (s *Scheduler) rankByLoad(cands []cand) {
 // other candidates, best score first.
 func (s *Scheduler) fallbacks(sc *scratch, cands []cand, primary int) {
 	sc.order = append(sc.order[:0], primary)
-	for len(sc.order) <= s.cfg.Fallbacks && len(sc.order) < len(cands) {
+	for len(sc.order) <= *s.cfg.Fallbacks && len(sc.order) < len(cands) {
 		best := -1
 		for i := range cands {
 			if used(sc.order, i) {

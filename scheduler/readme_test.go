@@ -1,12 +1,15 @@
 package scheduler
 
 import (
+	"fmt"
 	"os"
 	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/omnious/provider-node/internal/conftest"
 )
 
 // TestREADMEListsEveryKey keeps the README's configuration table in step
@@ -38,4 +41,19 @@ func TestREADMEListsEveryKey(t *testing.T) {
 	for _, k := range keys {
 		require.Contains(t, string(readme), "| `"+k+"` |", "README.md has no row for %s", k)
 	}
+}
+
+// TestREADMEDefaults keeps the defaults the README's configuration table
+// gives equal to WithDefaults of an empty config.
+func TestREADMEDefaults(t *testing.T) {
+	rows := conftest.Table(t, "README.md", "Configuration", "key", "default")
+	bands := func(v reflect.Value) string {
+		var s []string
+		for _, b := range v.Interface().([]Band) {
+			s = append(s, fmt.Sprintf("%s %d/%.2f", b.Name, b.Priority, b.SaturationCeiling))
+		}
+		return strings.Join(s, ", ")
+	}
+	conftest.Check(t, rows, 0, 1, conftest.Fields(Config{}.WithDefaults()),
+		map[string]conftest.Custom{"admission.bands": bands})
 }

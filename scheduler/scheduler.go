@@ -84,7 +84,7 @@ type snapshot struct {
 // index (the precise policy then behaves as approximate); reg nil registers
 // nowhere; log nil logs nowhere.
 func New(cfg Config, ix *kvindex.Index, reg prometheus.Registerer, log *zap.Logger) (*Scheduler, error) {
-	cfg.setDefaults()
+	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -102,7 +102,7 @@ func New(cfg Config, ix *kvindex.Index, reg prometheus.Registerer, log *zap.Logg
 	if err != nil {
 		return nil, fmt.Errorf("cannot build approximate prefix index: %w", err)
 	}
-	sess, err := newSessions(cfg.Prefix.MaxNodes, cfg.Scoring.SessionTTL)
+	sess, err := newSessions(cfg.Prefix.MaxNodes, *cfg.Scoring.SessionTTL)
 	if err != nil {
 		return nil, fmt.Errorf("cannot build session table: %w", err)
 	}
@@ -120,7 +120,7 @@ func New(cfg Config, ix *kvindex.Index, reg prometheus.Registerer, log *zap.Logg
 			defer rndMu.Unlock()
 			return src.Float64()
 		},
-		spec:    newSpeculative(cfg.Prefix.SpeculativeTTL),
+		spec:    newSpeculative(*cfg.Prefix.SpeculativeTTL),
 		approx:  approx,
 		sess:    sess,
 		tenants: label.NewSet(maxTenantSeries, otherTenant),

@@ -412,12 +412,14 @@ func TestInflightAccounting(t *testing.T) {
 func TestFallbacks(t *testing.T) {
 	tests := []struct {
 		name      string
-		n, fb     int
+		n         int
+		fb        *int // nil: the default
 		wantCount int
 	}{
-		{"default two fallbacks", 5, 0, 3},
-		{"fewer replicas than fallbacks", 2, 4, 2},
-		{"configured four", 8, 4, 5},
+		{"default two fallbacks", 5, nil, 3},
+		{"zero fallbacks: the primary alone", 5, new(0), 1},
+		{"fewer replicas than fallbacks", 2, new(4), 2},
+		{"configured four", 8, new(4), 5},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -462,7 +464,7 @@ func TestPreciseRouting(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e := newEnv(t, 4, func(c *Config) { c.Prefix.SpeculativeTTL = time.Nanosecond })
+			e := newEnv(t, 4, func(c *Config) { c.Prefix.SpeculativeTTL = new(time.Nanosecond) })
 			e.freshAll()
 			tt.setup(e)
 			d, err := e.s.admitPick(ctx, &Request{Model: testModel, Tokens: prompt})
@@ -482,7 +484,7 @@ func TestPreciseRouting(t *testing.T) {
 }
 
 func TestCacheSaltIsolates(t *testing.T) {
-	e := newEnv(t, 4, func(c *Config) { c.Prefix.SpeculativeTTL = time.Nanosecond })
+	e := newEnv(t, 4, func(c *Config) { c.Prefix.SpeculativeTTL = new(time.Nanosecond) })
 	prompt := tokens(512, 3)
 	e.store(1, prompt)
 	d, err := e.s.admitPick(ctx, &Request{Model: testModel, Tokens: prompt, CacheSalt: "tenant-a"})
@@ -509,7 +511,7 @@ func TestSpeculativeCredit(t *testing.T) {
 		require.GreaterOrEqual(t, d.PrefixBlocks, len(prompt)/16-specStride)
 	}
 	// After the TTL the credit is gone.
-	e.clock.Add(3 * e.s.cfg.Prefix.SpeculativeTTL)
+	e.clock.Add(3 * *e.s.cfg.Prefix.SpeculativeTTL)
 	e.freshAll()
 	d, err := e.s.admitPick(ctx, &Request{Model: testModel, Tokens: prompt})
 	require.NoError(t, err)

@@ -95,12 +95,12 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 		sc.keys = kvindex.AppendBlockKeys(sc.keys, root, req.Tokens, bs)
 		sc.matches = s.ix.Match(sc.keys, sc.matches)
 		s.m.lookup.Observe(time.Since(lookupStart).Seconds())
-		pw := &s.cfg.Prefix
+		cpuW, storageW := *s.cfg.Prefix.CPUWeight, *s.cfg.Prefix.StorageWeight
 		for _, m := range sc.matches {
 			if j := candOf(byID, m.Replica); j > 0 {
 				c := &cands[j-1]
-				eff := float64(m.ByTier[kvindex.TierGPU]) + pw.CPUWeight*float64(m.ByTier[kvindex.TierCPU]) +
-					pw.StorageWeight*float64(m.ByTier[kvindex.TierStorage])
+				eff := float64(m.ByTier[kvindex.TierGPU]) + cpuW*float64(m.ByTier[kvindex.TierCPU]) +
+					storageW*float64(m.ByTier[kvindex.TierStorage])
 				c.prefixUnits = m.Blocks * bs
 				c.prefixShare = eff * float64(bs) / float64(n)
 			}
@@ -134,15 +134,15 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 // it reports whether the guard overrode an affinity.
 func (s *Scheduler) scoreAll(cands []cand, req *Request, adapter string, promptUnits int, mode string, now time.Time) bool {
 	sc := &s.cfg.Scoring
-	minMatch := s.cfg.Prefix.MinMatch
+	minMatch := *s.cfg.Prefix.MinMatch
 	if mode == ModeApproximate {
-		minMatch = s.cfg.Prefix.MinMatchBytes
+		minMatch = *s.cfg.Prefix.MinMatchBytes
 	}
 	var meanLoad float64
 	for i := range cands {
 		c := &cands[i]
 		c.prefixOK = promptUnits > 0 && c.prefixUnits > 0 && c.prefixUnits >= minMatch &&
-			float64(c.prefixUnits) >= s.cfg.Prefix.MatchRatio*float64(promptUnits)
+			float64(c.prefixUnits) >= *s.cfg.Prefix.MatchRatio*float64(promptUnits)
 		meanLoad += c.load
 	}
 	meanLoad /= float64(len(cands))
@@ -165,7 +165,7 @@ func (s *Scheduler) scoreAll(cands []cand, req *Request, adapter string, promptU
 			w.session*sess +
 			w.lora*loraScorer(c, adapter)
 		if c.stale {
-			total *= sc.StaleFactor
+			total *= *sc.StaleFactor
 		}
 		c.score = total
 		c.r.score.Store(math.Float64bits(total))

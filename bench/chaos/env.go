@@ -104,7 +104,7 @@ func newWorld(ctx context.Context, bin string, s setup, log *zap.Logger) (env *w
 	// request routed to a dead replica fails instead of being rescued by
 	// the gateway's fallback walk, so the client sees what the EPP did.
 	if env.epp, err = launch.StartInProcess(launch.InProcessConfig{Scheduler: cfg, Endpoints: eps, StandInTokenizer: true,
-		MaxEndpoints: 1, DrainTimeout: 2 * time.Second, Log: log}); err != nil {
+		MaxEndpoints: new(1), DrainTimeout: 2 * time.Second, Log: log}); err != nil {
 		return env, err
 	}
 	if env.gw, err = env.startGateway(testgw.Config{EPP: env.epp.GRPCAddr()}); err != nil {

@@ -37,8 +37,10 @@ func EPPLauncher(log *zap.Logger) Launcher {
 		// are routed in approximate mode (no tokenizer configured here).
 		simulated := !slices.ContainsFunc(fleet, func(ep endpoint.Endpoint) bool { return ep.KVEvents == "" })
 		t := &eppTarget{}
+		// Every endpoint of a decision (max_endpoints 0): the test gateway
+		// walks the fallback list, as the comparison has always measured.
 		e, err := launch.StartInProcess(launch.InProcessConfig{Scheduler: sc, Endpoints: fleet, StandInTokenizer: simulated,
-			DrainTimeout: 5 * time.Second, OnPick: t.observe, Log: log})
+			MaxEndpoints: new(0), DrainTimeout: 5 * time.Second, OnPick: t.observe, Log: log})
 		if err != nil {
 			return nil, fmt.Errorf("policy %s: %w", policy, err)
 		}

@@ -79,8 +79,8 @@ func LLMD73Options(k float64) Options {
 		Fleet: FleetOptions{Replicas: 8, TimeScale: 4, BlockSize: 16,
 			NumGPUBlocks:        capacityFor(distinct, 8, 0.73, 16),
 			MaxNumBatchedTokens: scale(8192),
-			Timing: engine.Timing{PrefillBase: 5 * time.Millisecond, PrefillPerToken: inv(63 * time.Microsecond),
-				DecodeBase: inv(10500 * time.Microsecond), DecodePerSeq: inv(190 * time.Microsecond),
-				KVTerm: inv(12 * time.Millisecond), CPULoadPerToken: inv(3 * time.Microsecond)}},
+			Timing: engine.Timing{PrefillBase: new(5 * time.Millisecond), PrefillPerToken: new(inv(63 * time.Microsecond)),
+				DecodeBase: new(inv(10500 * time.Microsecond)), DecodePerSeq: new(inv(190 * time.Microsecond)),
+				KVTerm: new(inv(12 * time.Millisecond)), CPULoadPerToken: new(inv(3 * time.Microsecond))}},
 		Workload: WorkloadOptions{Kind: WorkloadSharedPrefix, SharedPrefix: sp}}
 }

@@ -163,7 +163,7 @@ func TestLagWarning(t *testing.T) {
 	require.Empty(t, lagWarning(PolicyResult{ITLP50: math.NaN()}, f))
 	require.Contains(t, lagWarning(PolicyResult{ITLP50: 0.02}, f), "time scale 4")
 	// A slower decode step moves the threshold with it.
-	f.Timing.DecodeBase = 105 * time.Millisecond
+	f.Timing.DecodeBase = new(105 * time.Millisecond)
 	require.Contains(t, lagWarning(PolicyResult{ITLP50: 30}, f), "105.0 ms")
 }
 

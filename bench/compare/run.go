@@ -168,7 +168,7 @@ func runPolicy(ctx context.Context, opts Options, w *Workload, policy, label str
 // bursts, the median gap between them drops far below one decode step, and
 // every model-time latency (wall * time scale) is inflated.
 func lagWarning(pr PolicyResult, f FleetOptions) string {
-	step := simConfig(f, 0, 0).Engine.Timing.DecodeBase
+	step := *simConfig(f, 0, 0).Engine.Timing.DecodeBase
 	stepMS := float64(step) / float64(time.Millisecond)
 	if math.IsNaN(pr.ITLP50) || pr.ITLP50 >= stepMS/2 {
 		return ""

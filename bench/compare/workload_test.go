@@ -176,7 +176,7 @@ func TestPresets(t *testing.T) {
 	require.Equal(t, 600, o.Workload.SharedPrefix.SystemPromptLen)
 	require.Equal(t, 120, o.Workload.SharedPrefix.QuestionLen)
 	require.Equal(t, 100, o.Workload.SharedPrefix.OutputLen)
-	require.Equal(t, 630*time.Microsecond, o.Fleet.Timing.PrefillPerToken)
+	require.Equal(t, 630*time.Microsecond, *o.Fleet.Timing.PrefillPerToken)
 	_, err := Preset("nope")
 	require.Error(t, err)
 }

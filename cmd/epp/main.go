@@ -50,7 +50,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.AdminAddr, "admin-addr", cfg.AdminAddr, "admin address: pprof, /debug/*, /v1/capacity (keep private)")
 	fs.StringVar(&cfg.TLSCertFile, "tls-cert-file", cfg.TLSCertFile, "TLS certificate for the gRPC port")
 	fs.StringVar(&cfg.TLSKeyFile, "tls-key-file", cfg.TLSKeyFile, "TLS key for the gRPC port")
-	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "graceful drain on SIGTERM")
+	fs.DurationVar(cfg.DrainTimeout, "drain-timeout", *cfg.DrainTimeout, "graceful drain on SIGTERM")
 	fs.StringVar(&cfg.EndpointsFile, "endpoints-file", cfg.EndpointsFile, "static endpoint file (bare metal), hot-reloaded")
 	fs.StringVar(&cfg.PoolName, "pool-name", cfg.PoolName, "InferencePool to serve (Kubernetes)")
 	fs.StringVar(&cfg.PoolNamespace, "pool-namespace", cfg.PoolNamespace, "namespace of the InferencePool")
@@ -83,8 +83,6 @@ func run(args []string) error {
 			cfg.Tokenizers[model] = dir
 		}
 	}
-	// A block size set by flag applies to ingestion too: they must agree.
-	cfg.Ingest.BlockSize = cfg.Scheduler.BlockSize
 	log, err := cli.NewLogger(*logLevel)
 	if err != nil {
 		return err

@@ -132,6 +132,9 @@ type serviceFlags struct {
 }
 
 func (f *serviceFlags) register(fs *flag.FlagSet) {
+	// The durations' defaults are the service's own, so there is one place
+	// they are set.
+	def := quoter.Config{}.WithDefaults()
 	fs.StringVar(&f.providerID, "provider-id", env("PROVIDER_ID", ""), "market provider id (env PROVIDER_ID)")
 	fs.StringVar(&f.model, "model", env("MODEL_ID", ""), "served model id (env MODEL_ID)")
 	fs.StringVar(&f.modelClass, "model-class", env("MODEL_CLASS", ""), "market model class (env MODEL_CLASS)")
@@ -140,15 +143,15 @@ func (f *serviceFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.marketURL, "market-url", env("MARKET_URL", ""), "URL quotes are POSTed to (env MARKET_URL; empty = serve only)")
 	fs.StringVar(&f.floorIn, "floor-in", env("FLOOR_IN", ""), "input price floor, integer micro-units per million tokens (env FLOOR_IN)")
 	fs.StringVar(&f.floorOut, "floor-out", env("FLOOR_OUT", ""), "output price floor, integer micro-units per million tokens (env FLOOR_OUT)")
-	fs.StringVar(&f.chainID, "chain-id", env("CHAIN_ID", "1"), "EIP-712 domain chainId (env CHAIN_ID)")
+	fs.StringVar(&f.chainID, "chain-id", env("CHAIN_ID", def.ChainID.String()), "EIP-712 domain chainId (env CHAIN_ID)")
 	fs.StringVar(&f.stateFile, "state-file", env("QUOTER_STATE_FILE", "/var/lib/omnious-quoter/state.json"), "sequence state file (env QUOTER_STATE_FILE)")
 	fs.StringVar(&f.keyFile, "key-file", env("QUOTER_KEY_FILE", ""), "PATH of a hex private key file, mode 0600/0400 (env QUOTER_KEY_FILE)")
 	fs.StringVar(&f.keystoreFile, "keystore-file", env("QUOTER_KEYSTORE_FILE", ""), "PATH of a keystore JSON file (env QUOTER_KEYSTORE_FILE)")
 	fs.StringVar(&f.passwordFile, "password-file", env("QUOTER_PASSWORD_FILE", ""), "PATH of the keystore password file (env QUOTER_PASSWORD_FILE)")
-	fs.DurationVar(&f.refresh, "refresh", envDuration("QUOTER_REFRESH", 10*time.Second), "signing interval")
-	fs.DurationVar(&f.ttl, "ttl", envDuration("QUOTER_TTL", 30*time.Second), "quote validity (whole seconds)")
-	fs.DurationVar(&f.canaryInterval, "canary-interval", envDuration("QUOTER_CANARY_INTERVAL", 30*time.Second), "canary probe interval while healthy")
-	fs.DurationVar(&f.maxSnapshotAge, "max-snapshot-age", envDuration("QUOTER_MAX_SNAPSHOT_AGE", 30*time.Second), "oldest trusted capacity snapshot")
+	fs.DurationVar(&f.refresh, "refresh", envDuration("QUOTER_REFRESH", def.Refresh), "signing interval")
+	fs.DurationVar(&f.ttl, "ttl", envDuration("QUOTER_TTL", def.TTL), "quote validity (whole seconds)")
+	fs.DurationVar(&f.canaryInterval, "canary-interval", envDuration("QUOTER_CANARY_INTERVAL", def.CanaryInterval), "canary probe interval while healthy")
+	fs.DurationVar(&f.maxSnapshotAge, "max-snapshot-age", envDuration("QUOTER_MAX_SNAPSHOT_AGE", def.MaxSnapshotAge), "oldest trusted capacity snapshot")
 	fs.StringVar(&f.logLevel, "log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error")
 }
 

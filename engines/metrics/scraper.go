@@ -47,7 +47,9 @@ type ScraperConfig struct {
 	OnSample func(*Sample)
 }
 
-func (c ScraperConfig) withDefaults() ScraperConfig {
+// WithDefaults returns c with every unset (zero or negative, never a legal
+// setting) field at its default.
+func (c ScraperConfig) WithDefaults() ScraperConfig {
 	if c.Interval <= 0 {
 		c.Interval = 2 * time.Second
 	}
@@ -90,7 +92,7 @@ func NewScraper(cfg ScraperConfig, log *zap.Logger) *Scraper {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Scraper{cfg: cfg.withDefaults(), log: log, targets: make(map[string]*target)}
+	return &Scraper{cfg: cfg.WithDefaults(), log: log, targets: make(map[string]*target)}
 }
 
 // SetTargets replaces the set of URLs; known URLs keep their state.

@@ -15,10 +15,13 @@ import (
 
 	"github.com/omnious/provider-node/engines/kvevents"
 	"github.com/omnious/provider-node/engines/sim/engine"
+	"github.com/omnious/provider-node/internal/opt"
 )
 
 // Config configures one simulated replica (or several data-parallel ranks).
-// Every default is applied in WithDefaults.
+// Every default is applied in WithDefaults. A field whose zero is a legal
+// setting is a pointer (nil = unset); for the other fields zero means
+// unset.
 type Config struct {
 	// Listen is the HTTP address of rank 0; rank r listens on port+r.
 	// Default "127.0.0.1:8000".
@@ -27,7 +30,8 @@ type Config struct {
 	Model string `yaml:"model"`
 	// MaxModelLen is the longest prompt plus output, in tokens. Default 40960.
 	MaxModelLen int `yaml:"max_model_len"`
-	// MaxBodyBytes bounds a request body; larger ones get 413. Default 32 MiB.
+	// MaxBodyBytes bounds a request body; larger ones get 413. Positive.
+	// Default 32 MiB.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// DataParallelSize runs that many independent ranks on consecutive HTTP,
 	// KV-event and replay ports, as llm-d deploys data parallelism. Default 1.
@@ -59,7 +63,8 @@ type KVEventsConfig struct {
 	ReplayEndpoint string `yaml:"replay_endpoint"`
 	// Topic is the ZMQ topic. Default "" (vLLM's default).
 	Topic string `yaml:"topic"`
-	// BufferSteps is how many batches are kept for replay. Default 10000.
+	// BufferSteps is how many batches are kept for replay. Positive.
+	// Default 10000.
 	BufferSteps int `yaml:"buffer_steps"`
 	// Format is "map" (vLLM 0.26+ tagged maps), "array" (vLLM's legacy
 	// positional arrays) or "sglang" (SGLang's positional arrays).
@@ -111,61 +116,28 @@ func LoadConfig(path string) (Config, error) {
 	return c, nil
 }
 
-// WithDefaults fills every unset field.
+// WithDefaults fills every unset field: a nil pointer, or a zero where
+// zero is never a legal setting.
 func (c Config) WithDefaults() Config {
-	if c.Listen == "" {
-		c.Listen = "127.0.0.1:8000"
-	}
-	if c.Model == "" {
-		c.Model = "Qwen/Qwen3-32B"
-	}
-	if c.MaxModelLen == 0 {
-		c.MaxModelLen = 40960
-	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = 32 << 20
-	}
-	if c.DataParallelSize == 0 {
-		c.DataParallelSize = 1
-	}
-	if c.EnableAutoToolChoice == nil {
-		t := true
-		c.EnableAutoToolChoice = &t
-	}
-	if c.ToolCallParser == "" {
-		c.ToolCallParser = "hermes"
-	}
-	if c.Engine.Model == "" {
-		c.Engine.Model = c.Model
-	}
-	if c.Engine.Seed == 0 {
-		c.Engine.Seed = c.Seed
-	}
+	opt.Zero(&c.Listen, "127.0.0.1:8000")
+	opt.Zero(&c.Model, "Qwen/Qwen3-32B")
+	opt.Zero(&c.MaxModelLen, 40960)
+	opt.Zero(&c.MaxBodyBytes, 32<<20)
+	opt.Zero(&c.DataParallelSize, 1)
+	c.EnableAutoToolChoice = opt.Or(c.EnableAutoToolChoice, true)
+	opt.Zero(&c.ToolCallParser, "hermes")
+	opt.Zero(&c.Engine.Model, c.Model)
+	c.Engine.Seed = opt.Or(c.Engine.Seed, c.Seed)
 	c.Engine = c.Engine.WithDefaults()
 	k := &c.KVEvents
-	if k.Enabled == nil {
-		t := true
-		k.Enabled = &t
-	}
-	if k.Endpoint == "" {
-		k.Endpoint = "tcp://127.0.0.1:5557"
-	}
-	if k.BufferSteps == 0 {
-		k.BufferSteps = 10000
-	}
+	k.Enabled = opt.Or(k.Enabled, true)
+	opt.Zero(&k.Endpoint, "tcp://127.0.0.1:5557")
+	opt.Zero(&k.BufferSteps, 10000)
 	sglang := c.Engine.Flavour == engine.FlavourSGLang
-	if k.Format == "" {
-		k.Format = pick(sglang, "sglang", "map")
-	}
-	if k.Hashes == "" {
-		k.Hashes = pick(sglang, "int64", "uint64")
-	}
-	if k.ReplayLayout == "" {
-		k.ReplayLayout = pick(sglang, "seq", "topic-seq")
-	}
-	if c.Faults.ErrorStatus == 0 {
-		c.Faults.ErrorStatus = 500
-	}
+	opt.Zero(&k.Format, pick(sglang, "sglang", "map"))
+	opt.Zero(&k.Hashes, pick(sglang, "int64", "uint64"))
+	opt.Zero(&k.ReplayLayout, pick(sglang, "seq", "topic-seq"))
+	opt.Zero(&c.Faults.ErrorStatus, 500)
 	return c
 }
 
@@ -182,8 +154,17 @@ func (c Config) Validate() error {
 	if c.MaxModelLen < 16 {
 		errs = append(errs, fmt.Errorf("max_model_len %d is below 16", c.MaxModelLen))
 	}
+	if c.MaxBodyBytes < 1 {
+		errs = append(errs, fmt.Errorf("max_body_bytes %d is not positive", c.MaxBodyBytes))
+	}
 	if c.DataParallelSize < 1 || c.DataParallelSize > 64 {
 		errs = append(errs, fmt.Errorf("data_parallel_size %d is outside 1..64", c.DataParallelSize))
+	}
+	if c.EnableAutoToolChoice == nil || c.KVEvents.Enabled == nil {
+		errs = append(errs, errors.New("enable_auto_tool_choice or kv_events.enable_kv_cache_events unset: Validate wants a config from WithDefaults"))
+	}
+	if c.KVEvents.BufferSteps < 1 {
+		errs = append(errs, fmt.Errorf("kv_events.buffer_steps %d is not positive", c.KVEvents.BufferSteps))
 	}
 	if err := c.Engine.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("engine: %w", err))

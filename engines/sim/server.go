@@ -75,7 +75,7 @@ func NewReplica(cfg Config, rank int, log *zap.Logger) (*Replica, error) {
 		sink = publisherSink{r.pub, log}
 	}
 	ecfg := cfg.Engine
-	ecfg.Seed += int64(rank)
+	ecfg.Seed = new(*ecfg.Seed + int64(rank))
 	r.eng, err = engine.New(ecfg, sink, log)
 	if err != nil {
 		r.closePublisher()

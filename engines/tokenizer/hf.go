@@ -530,21 +530,6 @@ func (t *HF) AddedToken(content string) (uint32, bool) {
 	return id, ok
 }
 
-// ChatTemplate returns the Jinja chat template, or "" when the model has none.
-func (t *HF) ChatTemplate() string { return t.chatTemplate }
-
-// BOSToken and EOSToken return the special token strings of the config.
-func (t *HF) BOSToken() string { return t.bosToken }
-
-// EOSToken returns the end-of-sequence token string of the config.
-func (t *HF) EOSToken() string { return t.eosToken }
-
-// AddedTokenID returns the id of an added (special) token.
-func (t *HF) AddedTokenID(content string) (uint32, bool) {
-	id, ok := t.added[content]
-	return id, ok
-}
-
 // Encode appends the ids of text, matching added tokens first, as the
 // reference does with add_special_tokens=False.
 func (t *HF) Encode(dst []uint32, text string) []uint32 {

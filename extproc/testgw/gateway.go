@@ -31,13 +31,15 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/omnious/provider-node/extproc"
+	"github.com/omnious/provider-node/internal/opt"
 )
 
 // HeaderSubsetHint is a request header the gateway turns into Envoy's
 // subset hint metadata (a comma-separated ip:port list); test use only.
 const HeaderSubsetHint = "x-testgw-subset-hint"
 
-// Config configures the gateway; zero values take the defaults.
+// Config configures the gateway; zero values take the defaults
+// (WithDefaults).
 type Config struct {
 	// Listen is the loopback HTTP address. Default "127.0.0.1:0".
 	Listen string `yaml:"listen"`
@@ -94,22 +96,14 @@ type Timing struct {
 	Served string
 }
 
-func (c Config) withDefaults() Config {
-	if c.Listen == "" {
-		c.Listen = "127.0.0.1:0"
-	}
-	if c.ChunkSize == 0 {
-		c.ChunkSize = 64 << 10
-	}
-	if c.DialTimeout == 0 {
-		c.DialTimeout = 2 * time.Second
-	}
-	if c.HealthInterval == 0 {
-		c.HealthInterval = 2 * time.Second
-	}
-	if c.HealthUnhealthy == 0 {
-		c.HealthUnhealthy = 2
-	}
+// WithDefaults returns c with every unset (zero, never a legal setting)
+// field at its default.
+func (c Config) WithDefaults() Config {
+	opt.Zero(&c.Listen, "127.0.0.1:0")
+	opt.Zero(&c.ChunkSize, 64<<10)
+	opt.Zero(&c.DialTimeout, 2*time.Second)
+	opt.Zero(&c.HealthInterval, 2*time.Second)
+	opt.Zero(&c.HealthUnhealthy, 2)
 	if c.EPP != "" && !slices.Contains(c.EPPs, c.EPP) {
 		c.EPPs = append([]string{c.EPP}, c.EPPs...)
 	}
@@ -127,7 +121,7 @@ type Gateway struct {
 
 // New listens on cfg.Listen and connects to the EPP (lazily, as gRPC does).
 func New(cfg Config, log *zap.Logger) (*Gateway, error) {
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	if err := requireLoopback(cfg.Listen); err != nil {
 		return nil, fmt.Errorf("cannot listen: %w", err)
 	}

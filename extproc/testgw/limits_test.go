@@ -22,6 +22,9 @@ import (
 // startStackConfig is startStack with an ext_proc and a gateway config.
 func startStackConfig(t *testing.T, cfg extproc.Config, gcfg Config, p extproc.Picker) *Gateway {
 	t.Helper()
+	if cfg.MaxEndpoints == nil {
+		cfg.MaxEndpoints = new(0) // every endpoint: the gateway walks the list
+	}
 	cfg = cfg.WithDefaults()
 	require.NoError(t, cfg.Validate())
 	lis, err := net.Listen("tcp", "127.0.0.1:0")

@@ -15,13 +15,16 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/omnious/provider-node/extproc"
+	"github.com/omnious/provider-node/internal/opt"
 	"github.com/omnious/provider-node/kvindex"
 	"github.com/omnious/provider-node/kvindex/ingest"
 	"github.com/omnious/provider-node/scheduler"
 )
 
-// Config is the whole EPP configuration, as one YAML file. Every default is
-// applied in Load / WithDefaults.
+// Config is the whole EPP configuration, as one YAML file. Every default,
+// the sections' included, is applied in WithDefaults (Load and Parse call
+// it). A field whose zero is a legal setting is a pointer (nil = unset);
+// for the other fields zero means unset.
 type Config struct {
 	// GRPCAddr serves ext_proc (and gRPC health). Default ":9002".
 	GRPCAddr string `yaml:"grpc_addr"`
@@ -36,8 +39,9 @@ type Config struct {
 	TLSCertFile string `yaml:"tls_cert_file"`
 	TLSKeyFile  string `yaml:"tls_key_file"`
 	// DrainTimeout bounds a graceful stop: health turns NOT_SERVING, then
-	// in-flight streams get this long to finish. Default 30s.
-	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	// in-flight streams get this long to finish; 0s closes them at once.
+	// Default 30s.
+	DrainTimeout *time.Duration `yaml:"drain_timeout"`
 
 	// EndpointsFile is a static endpoint file (bare metal). cmd/epp needs
 	// exactly one of EndpointsFile and PoolName.
@@ -56,19 +60,25 @@ type Config struct {
 
 	Tracing TracingConfig `yaml:"tracing"`
 
-	Index     IndexConfig      `yaml:"index"`
+	Index IndexConfig `yaml:"index"`
+	// Ingest has no block size of its own: ingestion takes the
+	// scheduler's, so the two cannot disagree.
 	Ingest    ingest.Config    `yaml:"ingest"`
 	ExtProc   extproc.Config   `yaml:"extproc"`
-	Scheduler scheduler.Config `yaml:"-"`
-	// scheduler is kept as YAML until defaults apply: the scheduler fills
-	// and validates its own section.
-	SchedulerYAML yaml.Node `yaml:"scheduler"`
+	Scheduler scheduler.Config `yaml:"scheduler"`
 }
 
 // IndexConfig sizes the KV index.
 type IndexConfig struct {
-	// MemoryBudget bounds the index's accounted bytes. Default 256 MiB.
+	// MemoryBudget bounds the index's accounted bytes; 0 is not a legal
+	// budget and means the default. Default 256 MiB.
 	MemoryBudget int64 `yaml:"memory_budget"`
+}
+
+// WithDefaults returns c with every unset field at its default.
+func (c IndexConfig) WithDefaults() IndexConfig {
+	c.MemoryBudget = c.kvindex().WithDefaults().MemoryBudget
+	return c
 }
 
 func (c IndexConfig) kvindex() kvindex.Config { return kvindex.Config{MemoryBudget: c.MemoryBudget} }
@@ -86,7 +96,10 @@ func Load(path string) (Config, error) {
 	return Parse(data)
 }
 
-// Parse decodes a YAML config and applies defaults.
+// Parse decodes a YAML config, unknown keys at any level being errors, and
+// applies defaults. The scheduler section is validated here, so a bad one
+// fails at load; the rest is validated by Validate (New calls it), after
+// flags had their say.
 func Parse(data []byte) (Config, error) {
 	var c Config
 	dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -94,47 +107,37 @@ func Parse(data []byte) (Config, error) {
 	if err := dec.Decode(&c); err != nil && len(bytes.TrimSpace(data)) > 0 {
 		return Config{}, fmt.Errorf("cannot parse EPP config: %w", err)
 	}
-	var sched []byte
-	if !c.SchedulerYAML.IsZero() {
-		var err error
-		if sched, err = yaml.Marshal(&c.SchedulerYAML); err != nil {
-			return Config{}, fmt.Errorf("cannot read scheduler section: %w", err)
-		}
-	}
-	sc, err := scheduler.ParseConfig(sched)
-	if err != nil {
+	c = c.WithDefaults()
+	if err := c.Scheduler.Validate(); err != nil {
 		return Config{}, err
 	}
-	c.Scheduler = sc
-	return c.WithDefaults(), nil
+	return c, nil
 }
 
-// WithDefaults fills every unset field (the scheduler section is filled by
-// Parse).
+// WithDefaults returns c with every unset field at its default, every
+// section's included.
 func (c Config) WithDefaults() Config {
-	def := func(s *string, v string) {
-		if *s == "" {
-			*s = v
-		}
-	}
-	def(&c.GRPCAddr, ":9002")
-	def(&c.HealthAddr, ":9003")
-	def(&c.MetricsAddr, ":9090")
-	def(&c.AdminAddr, "127.0.0.1:9091")
-	if c.DrainTimeout == 0 {
-		c.DrainTimeout = 30 * time.Second
-	}
-	if c.Ingest.BlockSize == 0 {
-		c.Ingest.BlockSize = c.Scheduler.BlockSize
-	}
+	opt.Zero(&c.GRPCAddr, ":9002")
+	opt.Zero(&c.HealthAddr, ":9003")
+	opt.Zero(&c.MetricsAddr, ":9090")
+	opt.Zero(&c.AdminAddr, "127.0.0.1:9091")
+	c.DrainTimeout = opt.Or(c.DrainTimeout, 30*time.Second)
+	c.Tracing = c.Tracing.WithDefaults()
+	c.Index = c.Index.WithDefaults()
+	c.Ingest = c.Ingest.WithDefaults()
 	c.ExtProc = c.ExtProc.WithDefaults()
-	c.Tracing = c.Tracing.withDefaults()
+	c.Scheduler = c.Scheduler.WithDefaults()
 	return c
 }
 
 // Validate reports every problem.
 func (c Config) Validate() error {
 	var errs []error
+	if c.DrainTimeout == nil {
+		errs = append(errs, errors.New("drain_timeout unset: Validate wants a config from WithDefaults"))
+	} else if *c.DrainTimeout < 0 {
+		errs = append(errs, fmt.Errorf("drain_timeout %v must not be negative", *c.DrainTimeout))
+	}
 	if c.EndpointsFile != "" && c.PoolName != "" {
 		errs = append(errs, errors.New("endpoints_file and pool_name exclude each other"))
 	}
@@ -143,10 +146,6 @@ func (c Config) Validate() error {
 	}
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		errs = append(errs, errors.New("tls_cert_file and tls_key_file go together"))
-	}
-	if c.Ingest.BlockSize != c.Scheduler.BlockSize {
-		errs = append(errs, fmt.Errorf("ingest.block_size %d differs from scheduler.block_size %d: prompts would never match",
-			c.Ingest.BlockSize, c.Scheduler.BlockSize))
 	}
 	if c.StandInTokenizer && len(c.Tokenizers) > 0 {
 		errs = append(errs, errors.New("standin_tokenizer and tokenizers exclude each other"))

@@ -7,6 +7,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnious/provider-node/extproc"
+	"github.com/omnious/provider-node/internal/conftest"
+	"github.com/omnious/provider-node/scheduler"
 )
 
 func TestParseExtProcIdleTimeouts(t *testing.T) {
@@ -70,4 +72,58 @@ func TestParseTracing(t *testing.T) {
 			require.NoError(t, shutdownTracing(t.Context(), tp))
 		})
 	}
+}
+
+// TestZeroIsASetting: a key whose zero is legal keeps an explicit zero,
+// in the EPP's own keys and in the sections it decodes.
+func TestZeroIsASetting(t *testing.T) {
+	for _, key := range []string{
+		"drain_timeout", "standin_tokenizer",
+		"tracing.insecure", "tracing.sample_ratio",
+		"extproc.max_endpoints",
+		"scheduler.fallbacks", "scheduler.prefix.balance_abs", "scheduler.prefix.speculative_ttl",
+		"scheduler.scoring.stale_factor", "scheduler.admission.queue_capacity_per_band",
+	} {
+		t.Run(key, func(t *testing.T) {
+			doc := conftest.ZeroYAML(key, conftest.Lookup(t, conftest.Fields(Config{}.WithDefaults()), key))
+			c, err := Parse([]byte(doc))
+			require.NoError(t, err, doc)
+			require.NoError(t, c.Validate())
+			require.True(t, conftest.IsZero(conftest.Lookup(t, conftest.Fields(c), key)), "%s after defaults", doc)
+		})
+	}
+}
+
+// TestParseErrors: unknown keys are errors at every level, including the
+// block size ingestion no longer has.
+func TestParseErrors(t *testing.T) {
+	tests := []struct {
+		name, yaml, want string
+	}{
+		{"top level", "grpc_adr: x\n", "field grpc_adr not found"},
+		{"ingest.block_size is gone", "ingest:\n  block_size: 16\n", "field block_size not found"},
+		{"extproc", "extproc:\n  max_endpoint: 1\n", "field max_endpoint not found"},
+		{"scheduler", "scheduler:\n  polcy: random\n", "field polcy not found"},
+		{"nested scheduler", "scheduler:\n  prefix:\n    min_mtach: 1\n", "field min_mtach not found"},
+		{"scheduler value", "scheduler:\n  fallbacks: 17\n", "fallbacks 17: want 0..16"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse([]byte(tt.yaml))
+			require.ErrorContains(t, err, tt.want)
+		})
+	}
+}
+
+// TestDefaultsFillTheScheduler: WithDefaults fills the scheduler section
+// with the rest, for a config built in Go as for a parsed one.
+func TestDefaultsFillTheScheduler(t *testing.T) {
+	c := Config{}.WithDefaults()
+	require.Equal(t, scheduler.DefaultConfig(), c.Scheduler)
+	require.NoError(t, c.Validate())
+	p, err := Parse([]byte("scheduler:\n  block_size: 32\n"))
+	require.NoError(t, err)
+	want := scheduler.DefaultConfig()
+	want.BlockSize = 32
+	require.Equal(t, want, p.Scheduler)
 }

@@ -109,7 +109,7 @@ func New(cfg Config, src discovery.Source, log *zap.Logger, opts ...Option) (*EP
 		Timeout:  cfg.Scheduler.Signals.ScrapeTimeout,
 		OnSample: e.sched.Observe,
 	}, log.Named("scraper"))
-	e.ingest = ingest.New(cfg.Ingest, e.ix, log.Named("ingest"))
+	e.ingest = ingest.New(cfg.Ingest, cfg.Scheduler.BlockSize, e.ix, log.Named("ingest"))
 	if err := e.ingest.Register(e.reg); err != nil {
 		return nil, fmt.Errorf("cannot register ingestion metrics: %w", err)
 	}
@@ -261,8 +261,8 @@ func (e *EPP) Run(ctx context.Context) error {
 	go func() { e.grpc.GracefulStop(); close(drained) }()
 	select {
 	case <-drained:
-	case <-time.After(e.cfg.DrainTimeout):
-		e.log.Warn("drain timed out; closing open ext_proc streams", zap.Duration("drain_timeout", e.cfg.DrainTimeout))
+	case <-time.After(*e.cfg.DrainTimeout):
+		e.log.Warn("drain timed out; closing open ext_proc streams", zap.Duration("drain_timeout", *e.cfg.DrainTimeout))
 		e.grpc.Stop()
 	}
 	healthSrv.Stop()

@@ -9,6 +9,8 @@ import (
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/omnious/provider-node/internal/opt"
 )
 
 // TracingConfig exports one span per request ("epp.request", see package
@@ -21,9 +23,10 @@ type TracingConfig struct {
 	// Insecure sends spans without TLS (a collector on the same host or
 	// pod). Default false.
 	Insecure bool `yaml:"insecure"`
-	// SampleRatio is the share of traces the EPP starts that it records. A
-	// request carrying a client trace follows the client's sampling
-	// decision instead (parent-based). Default 0.1.
+	// SampleRatio is the share of traces the EPP starts that it records,
+	// 0..1 (0 records only the clients' sampled traces). A request carrying
+	// a client trace follows the client's sampling decision instead
+	// (parent-based). Default 0.1.
 	SampleRatio *float64 `yaml:"sample_ratio"`
 	// ServiceName is the spans' service.name. Default "omnious-epp".
 	ServiceName string `yaml:"service_name"`
@@ -32,18 +35,18 @@ type TracingConfig struct {
 // DefaultTraceSampleRatio is TracingConfig.SampleRatio's default.
 const DefaultTraceSampleRatio = 0.1
 
-func (c TracingConfig) withDefaults() TracingConfig {
-	if c.SampleRatio == nil {
-		r := DefaultTraceSampleRatio
-		c.SampleRatio = &r
-	}
-	if c.ServiceName == "" {
-		c.ServiceName = "omnious-epp"
-	}
+// WithDefaults returns c with every unset field at its default; the
+// sample ratio is a fresh copy.
+func (c TracingConfig) WithDefaults() TracingConfig {
+	c.SampleRatio = opt.Or(c.SampleRatio, DefaultTraceSampleRatio)
+	opt.Zero(&c.ServiceName, "omnious-epp")
 	return c
 }
 
 func (c TracingConfig) validate() error {
+	if c.SampleRatio == nil {
+		return errors.New("tracing.sample_ratio unset: Validate wants a config from WithDefaults")
+	}
 	if r := *c.SampleRatio; r < 0 || r > 1 {
 		return fmt.Errorf("tracing.sample_ratio %g is not in [0, 1]", r)
 	}

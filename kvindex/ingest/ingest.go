@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/omnious/provider-node/engines/kvevents"
+	"github.com/omnious/provider-node/internal/opt"
 	"github.com/omnious/provider-node/kvindex"
 )
 
@@ -32,35 +33,29 @@ type Source struct {
 	Endpoint, Replay string
 }
 
-// Config configures the ingestion.
+// Config configures the ingestion; zero fields (never legal settings) take
+// their defaults. The block size is not here: it is the scheduler's, which
+// the caller passes to New, so the two cannot disagree.
 type Config struct {
-	// BlockSize is the block size the scheduler keys prompts with; events
-	// of another size cannot match and are counted and logged. Default 16.
-	BlockSize int `yaml:"block_size"`
 	// ReplayTimeout bounds one replay. Default 2s.
 	ReplayTimeout time.Duration `yaml:"replay_timeout"`
 	// MaxBackoff caps the reconnect delay. Default 5s.
 	MaxBackoff time.Duration `yaml:"max_backoff"`
 }
 
-func (c Config) withDefaults() Config {
-	if c.BlockSize == 0 {
-		c.BlockSize = 16
-	}
-	if c.ReplayTimeout == 0 {
-		c.ReplayTimeout = 2 * time.Second
-	}
-	if c.MaxBackoff == 0 {
-		c.MaxBackoff = 5 * time.Second
-	}
+// WithDefaults returns c with every unset field at its default.
+func (c Config) WithDefaults() Config {
+	opt.Zero(&c.ReplayTimeout, 2*time.Second)
+	opt.Zero(&c.MaxBackoff, 5*time.Second)
 	return c
 }
 
 // Manager runs one subscriber per source. Safe for concurrent use.
 type Manager struct {
-	cfg Config
-	ix  *kvindex.Index
-	log *zap.Logger
+	cfg       Config
+	blockSize int
+	ix        *kvindex.Index
+	log       *zap.Logger
 
 	mu      sync.Mutex
 	running map[kvindex.Replica]*feed
@@ -86,9 +81,11 @@ type feed struct {
 	blockSize int
 }
 
-// New returns a manager applying events to ix. Register exposes its metrics.
-func New(cfg Config, ix *kvindex.Index, log *zap.Logger) *Manager {
-	return &Manager{cfg: cfg.withDefaults(), ix: ix, log: log, running: map[kvindex.Replica]*feed{}}
+// New returns a manager applying events to ix. blockSize is the one the
+// scheduler keys prompts with: events of another size cannot match and are
+// counted and logged. Register exposes its metrics.
+func New(cfg Config, blockSize int, ix *kvindex.Index, log *zap.Logger) *Manager {
+	return &Manager{cfg: cfg.WithDefaults(), blockSize: blockSize, ix: ix, log: log, running: map[kvindex.Replica]*feed{}}
 }
 
 // Set makes the running subscribers match sources: new ones start, removed
@@ -138,7 +135,7 @@ func (m *Manager) Close() {
 
 func (m *Manager) start(s Source) (*feed, error) {
 	f := &feed{src: s, state: kvindex.NewReplicaState(m.ix, s.Replica, s.Model), done: make(chan struct{}),
-		log: m.log.With(zap.String("replica", s.Name)), blockSize: m.cfg.BlockSize}
+		log: m.log.With(zap.String("replica", s.Name)), blockSize: m.blockSize}
 	sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{
 		Endpoint: s.Endpoint, ReplayEndpoint: s.Replay, ReplayTimeout: m.cfg.ReplayTimeout, MaxBackoff: m.cfg.MaxBackoff,
 	}, f, f.log)

@@ -174,7 +174,7 @@ func TestIndexAgreesWithSimulators(t *testing.T) {
 		startProcess(t, bin, "-engine", "vllm", "-kv-events-format", "array", "-kv-events-hashes", "bytes"),
 	}
 	ix := kvindex.New(kvindex.Config{})
-	m := New(Config{}, ix, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	m := New(Config{}, 16, ix, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
 	defer m.Close()
 	reg := prometheus.NewRegistry()
 	require.NoError(t, m.Register(reg))
@@ -208,7 +208,8 @@ func TestIndexAgreesWithSimulators(t *testing.T) {
 		require.Eventually(t, func() bool {
 			for i, s := range sims {
 				tr := s.truth(t)
-				if ix.ResidentTier(kvindex.Replica(i), kvindex.TierGPU) != tr.gpu {
+				// The simulated replicas have no CPU tier: every block is a GPU block.
+				if ix.Resident(kvindex.Replica(i)) != tr.gpu {
 					return false
 				}
 			}
@@ -284,7 +285,7 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels ...
 func TestGapWithoutReplayResets(t *testing.T) {
 	s := startSim(t, func(c *sim.Config) { c.KVEvents.ReplayEndpoint = ""; c.Engine.NumGPUBlocks = 512 })
 	ix := kvindex.New(kvindex.Config{})
-	m := New(Config{}, ix, zap.NewNop())
+	m := New(Config{}, 16, ix, zap.NewNop())
 	defer m.Close()
 	m.Set([]Source{{Replica: 0, Name: "a", Model: model, Endpoint: s.pub}})
 	probe := 0
@@ -325,5 +326,5 @@ func TestGapWithoutReplayResets(t *testing.T) {
 	s.complete(t, more)
 	require.Eventually(t, func() bool { return indexPrefix(ix, 0, more) == 2 }, 5*time.Second, 10*time.Millisecond,
 		"rebuilt from new events")
-	require.LessOrEqual(t, ix.ResidentTier(0, kvindex.TierGPU), s.truth(t).gpu)
+	require.LessOrEqual(t, ix.Resident(0), s.truth(t).gpu) // GPU blocks only: no CPU tier
 }

@@ -66,7 +66,9 @@ type Config struct {
 	Attempts int
 }
 
-func (c Config) withDefaults() Config {
+// WithDefaults returns c with every unset field at its default and URL
+// without a trailing "/" or "/v1".
+func (c Config) WithDefaults() Config {
 	if c.HTTP == nil {
 		c.HTTP = &http.Client{Timeout: 60 * time.Second}
 	}
@@ -162,7 +164,7 @@ func (r Report) String() string {
 // Run executes the suite; it never stops early, so the report lists every
 // failure at once.
 func Run(ctx context.Context, cfg Config, suite Suite) Report {
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	rep := Report{URL: cfg.URL, Model: cfg.Model}
 	c := &client{cfg: cfg}
 	for _, name := range suite.Checks() {

@@ -63,9 +63,9 @@ type InProcessConfig struct {
 	// for enginesim only; without it requests are routed in approximate
 	// mode (no tokenizer).
 	StandInTokenizer bool
-	// MaxEndpoints, when not zero, is how many endpoints one routing
-	// decision names (extproc.max_endpoints).
-	MaxEndpoints int
+	// MaxEndpoints is how many endpoints one routing decision names
+	// (extproc.max_endpoints: 0 every one; nil the EPP's default, 1).
+	MaxEndpoints *int
 	// DrainTimeout bounds the drain when it stops.
 	DrainTimeout time.Duration
 	// OnPick, when set, is given the duration of every scheduling decision.
@@ -78,11 +78,8 @@ type InProcessConfig struct {
 // loopback ports; after a Stop, Start runs a new one on the same ports.
 func StartInProcess(c InProcessConfig) (*EPP, error) {
 	cfg := epp.Config{GRPCAddr: "127.0.0.1:0", HealthAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0",
-		Scheduler: c.Scheduler, DrainTimeout: c.DrainTimeout, StandInTokenizer: c.StandInTokenizer}
-	cfg.Ingest.BlockSize = blockSize(c.Scheduler)
-	if c.MaxEndpoints > 0 {
-		cfg.ExtProc.MaxEndpoints = c.MaxEndpoints
-	}
+		Scheduler: c.Scheduler, DrainTimeout: &c.DrainTimeout, StandInTokenizer: c.StandInTokenizer}
+	cfg.ExtProc.MaxEndpoints = c.MaxEndpoints
 	cfg = cfg.WithDefaults()
 	var opts []epp.Option
 	if c.OnPick != nil {

@@ -41,7 +41,9 @@ func (t Tuning) Config() (scheduler.Config, error) {
 	set(&c.Signals.ScrapeTimeout, t.ScrapeTimeout)
 	set(&c.Signals.StaleAfter, t.StaleAfter)
 	set(&c.Breaker.Cooldown, t.BreakerCooldown)
-	set(&c.Prefix.SpeculativeTTL, t.SpeculativeTTL)
+	if t.SpeculativeTTL != 0 {
+		c.Prefix.SpeculativeTTL = &t.SpeculativeTTL
+	}
 	return c, c.Validate()
 }
 
@@ -49,5 +51,3 @@ func (t Tuning) Config() (scheduler.Config, error) {
 // breaker by default (breaker.failure_threshold).
 func BreakerThreshold() int { return scheduler.DefaultConfig().Breaker.FailureThreshold }
 
-// blockSize is the scheduler's KV block size, which ingestion must share.
-func blockSize(c scheduler.Config) int { return c.BlockSize }

@@ -3,6 +3,8 @@ package engine
 import (
 	"errors"
 	"fmt"
+
+	"github.com/omnious/provider-node/internal/opt"
 )
 
 // Engine flavours.
@@ -42,38 +44,30 @@ type Config struct {
 	// is on by default, as in vLLM v1 and SGLang.
 	DisablePrefixCaching bool `yaml:"disable_prefix_caching"`
 	// Seed is the hash seed (vLLM's PYTHONHASHSEED); NONE_HASH is the sha256
-	// of its decimal string. Default 0.
-	Seed int64 `yaml:"seed"`
+	// of its decimal string. 0 is a seed like any other, so the field is a
+	// pointer: unset, the simulator's seed is used. Default 0.
+	Seed *int64 `yaml:"seed"`
 	// TimeScale speeds the simulation up: wall time = model time / TimeScale.
 	// Default 1.
 	TimeScale float64 `yaml:"time_scale"`
-	// Timing is the step-time model; zero fields take the documented defaults.
+	// Timing is the step-time model; unset (nil) fields take the documented
+	// defaults.
 	Timing Timing `yaml:"timing"`
 }
 
-// WithDefaults returns c with every unset field at its default.
+// WithDefaults returns c with every unset field at its default. For the
+// int fields zero is never legal and means unset.
 func (c Config) WithDefaults() Config {
-	if c.Flavour == "" {
-		c.Flavour = FlavourVLLM
-	}
-	if c.Model == "" {
-		c.Model = "Qwen/Qwen3-32B"
-	}
-	if c.BlockSize == 0 {
-		c.BlockSize = 16
-	}
+	opt.Zero(&c.Flavour, FlavourVLLM)
+	opt.Zero(&c.Model, "Qwen/Qwen3-32B")
+	opt.Zero(&c.BlockSize, 16)
 	if c.NumGPUBlocks == 0 && c.BlockSize > 0 {
 		c.NumGPUBlocks = DefaultKVTokens / c.BlockSize
 	}
-	if c.MaxNumSeqs == 0 {
-		c.MaxNumSeqs = 256
-	}
-	if c.MaxNumBatchedTokens == 0 {
-		c.MaxNumBatchedTokens = 8192
-	}
-	if c.TimeScale == 0 {
-		c.TimeScale = 1
-	}
+	opt.Zero(&c.MaxNumSeqs, 256)
+	opt.Zero(&c.MaxNumBatchedTokens, 8192)
+	c.Seed = opt.Or(c.Seed, 0)
+	opt.Zero(&c.TimeScale, 1)
 	c.Timing = c.Timing.withDefaults()
 	return c
 }
@@ -102,10 +96,18 @@ func (c Config) Validate() error {
 	if !(c.TimeScale > 0) || c.TimeScale > 1e6 {
 		errs = append(errs, fmt.Errorf("time scale %v: want > 0 and <= 1e6", c.TimeScale))
 	}
-	t := c.Timing
-	if t.PrefillBase < 0 || t.PrefillPerToken < 0 || t.DecodeBase < 0 || t.DecodePerSeq < 0 ||
-		t.KVTerm < 0 || t.CPULoadPerToken < 0 {
-		errs = append(errs, errors.New("timing: durations must not be negative"))
+	if c.Seed == nil {
+		errs = append(errs, errors.New("seed unset: Validate wants a config from WithDefaults"))
+	}
+	for _, d := range c.Timing.coefficients() {
+		if d == nil {
+			errs = append(errs, errors.New("timing: a duration is unset: Validate wants a config from WithDefaults"))
+			break
+		}
+		if *d < 0 {
+			errs = append(errs, errors.New("timing: durations must not be negative"))
+			break
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("invalid engine config: %w", err)

@@ -186,7 +186,7 @@ func New(cfg Config, sink EventSink, log *zap.Logger, opts ...Option) (*Engine, 
 		sink:  sink,
 		log:   log,
 		clock: realClock{},
-		hash:  newHasher(cfg.Flavour, cfg.Seed),
+		hash:  newHasher(cfg.Flavour, *cfg.Seed),
 		wake:  make(chan struct{}, 1),
 	}
 	for _, o := range opts {

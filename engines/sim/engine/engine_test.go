@@ -26,7 +26,7 @@ func TestConfigValidate(t *testing.T) {
 		{"max seqs", func(c *Config) { c.MaxNumSeqs = -1 }, "max num seqs"},
 		{"budget", func(c *Config) { c.MaxNumBatchedTokens = -1 }, "max num batched tokens"},
 		{"time scale", func(c *Config) { c.TimeScale = -2 }, "time scale"},
-		{"timing", func(c *Config) { c.Timing.DecodeBase = -time.Millisecond }, "timing"},
+		{"timing", func(c *Config) { c.Timing.DecodeBase = new(-time.Millisecond) }, "timing"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -50,7 +50,7 @@ func TestConfigValidate(t *testing.T) {
 	require.Equal(t, 256, d.MaxNumSeqs)
 	require.Equal(t, 8192, d.MaxNumBatchedTokens)
 	require.Equal(t, 1.0, d.TimeScale)
-	require.Equal(t, 63*time.Microsecond, d.Timing.PrefillPerToken)
+	require.Equal(t, 63*time.Microsecond, *d.Timing.PrefillPerToken)
 }
 
 func TestSubmitRejects(t *testing.T) {
@@ -129,7 +129,7 @@ func TestChunkedPrefillBudget(t *testing.T) {
 }
 
 func TestStepTiming(t *testing.T) {
-	ti := Timing{
+	ti := plainTiming{
 		PrefillBase:     2 * time.Millisecond,
 		PrefillPerToken: 100 * time.Microsecond,
 		DecodeBase:      10 * time.Millisecond,
@@ -138,7 +138,7 @@ func TestStepTiming(t *testing.T) {
 		CPULoadPerToken: time.Microsecond,
 	}
 	const blocks = 100
-	h := newHarness(t, Config{BlockSize: 16, NumGPUBlocks: blocks, Timing: ti})
+	h := newHarness(t, Config{BlockSize: 16, NumGPUBlocks: blocks, Timing: ti.timing()})
 	occ := func(nblocks int) time.Duration {
 		return time.Duration(float64(nblocks) / blocks * float64(ti.KVTerm))
 	}

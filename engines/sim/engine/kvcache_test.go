@@ -230,7 +230,7 @@ func TestCPUTierOffload(t *testing.T) {
 	// a's first block is still on the GPU, its second only on the CPU.
 	ch := h.submit("a2", append(seq(1, 8), 9), []uint32{1})
 	d := h.step()
-	ti := h.e.Config().Timing
+	ti := plain(h.e.Config().Timing)
 	require.Equal(t, ti.PrefillBase+ti.PrefillPerToken+4*ti.CPULoadPerToken, d, "one token computed, one block loaded")
 	ups := drain(t, ch)
 	require.Equal(t, 8, ups[0].CachedTokens)

@@ -183,6 +183,6 @@ func TestLoadCurveShape(t *testing.T) {
 	require.Greater(t, hi.itlP50, lo.itlP50, "ITL grows with load")
 	require.Greater(t, hi.ttftP50, lo.ttftP50, "TTFT grows with load")
 	// A lone 2000-token prefill: PrefillBase + 2000 x PrefillPerToken.
-	ti := Config{}.WithDefaults().Timing
+	ti := plain(Config{}.WithDefaults().Timing)
 	require.Equal(t, ti.PrefillBase+2000*ti.PrefillPerToken, lo.ttftP50)
 }

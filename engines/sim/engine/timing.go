@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 	"time"
+
+	"github.com/omnious/provider-node/internal/opt"
 )
 
 // Timing is the step-time model, in model time. One engine step costs
@@ -18,62 +20,59 @@ import (
 // about 11 ms for a single request rising to about 29 ms with 64 requests
 // decoding 2k-token contexts. BenchmarkEngineLoadCurve prints the resulting
 // curve.
+//
+// Every coefficient may be 0 (that cost is left out), so the fields are
+// pointers: nil takes the default.
 type Timing struct {
 	// PrefillBase is the fixed cost of a step that runs prefill (launch,
 	// weight reads when the chunk is small). Default 5ms.
-	PrefillBase time.Duration `yaml:"prefill_base"`
+	PrefillBase *time.Duration `yaml:"prefill_base"`
 	// PrefillPerToken is the compute cost of one new prompt token; prefix-cache
 	// hits cost nothing. Default 63µs (about 16k tokens/s).
-	PrefillPerToken time.Duration `yaml:"prefill_per_token"`
+	PrefillPerToken *time.Duration `yaml:"prefill_per_token"`
 	// DecodeBase is the cost of a decode step with a tiny batch: reading the
 	// 32 GB of weights per GPU at HBM bandwidth. Default 10.5ms.
-	DecodeBase time.Duration `yaml:"decode_base"`
+	DecodeBase *time.Duration `yaml:"decode_base"`
 	// DecodePerSeq is the extra cost per decoding request (MLP compute,
 	// sampling, scheduling). Default 190µs, so a batch of 64 adds about 12ms.
-	DecodePerSeq time.Duration `yaml:"decode_per_seq"`
+	DecodePerSeq *time.Duration `yaml:"decode_per_seq"`
 	// KVTerm is the attention cost of reading a completely full KV cache
 	// (about 36 GB per GPU); it is scaled by the used fraction. Default 12ms.
-	KVTerm time.Duration `yaml:"kv_term"`
+	KVTerm *time.Duration `yaml:"kv_term"`
 	// CPULoadPerToken is the cost of loading one token's KV from the CPU tier
 	// over PCIe (about 128 KB per GPU per token at ~45 GB/s), about 5% of
 	// recomputing it. Default 3µs.
-	CPULoadPerToken time.Duration `yaml:"cpu_load_per_token"`
+	CPULoadPerToken *time.Duration `yaml:"cpu_load_per_token"`
 }
 
 func (t Timing) withDefaults() Timing {
-	if t.PrefillBase == 0 {
-		t.PrefillBase = 5 * time.Millisecond
-	}
-	if t.PrefillPerToken == 0 {
-		t.PrefillPerToken = 63 * time.Microsecond
-	}
-	if t.DecodeBase == 0 {
-		t.DecodeBase = 10500 * time.Microsecond
-	}
-	if t.DecodePerSeq == 0 {
-		t.DecodePerSeq = 190 * time.Microsecond
-	}
-	if t.KVTerm == 0 {
-		t.KVTerm = 12 * time.Millisecond
-	}
-	if t.CPULoadPerToken == 0 {
-		t.CPULoadPerToken = 3 * time.Microsecond
-	}
+	t.PrefillBase = opt.Or(t.PrefillBase, 5*time.Millisecond)
+	t.PrefillPerToken = opt.Or(t.PrefillPerToken, 63*time.Microsecond)
+	t.DecodeBase = opt.Or(t.DecodeBase, 10500*time.Microsecond)
+	t.DecodePerSeq = opt.Or(t.DecodePerSeq, 190*time.Microsecond)
+	t.KVTerm = opt.Or(t.KVTerm, 12*time.Millisecond)
+	t.CPULoadPerToken = opt.Or(t.CPULoadPerToken, 3*time.Microsecond)
 	return t
+}
+
+// coefficients are the fields in order, for validation.
+func (t Timing) coefficients() []*time.Duration {
+	return []*time.Duration{t.PrefillBase, t.PrefillPerToken, t.DecodeBase, t.DecodePerSeq, t.KVTerm, t.CPULoadPerToken}
 }
 
 // StepTime returns the model duration of a step with the given work.
 // kvOccupancy is the fraction (0-1) of GPU blocks referenced by requests.
+// t must be defaulted (Config.WithDefaults).
 func (t Timing) StepTime(prefillTokens, decodeSeqs int, kvOccupancy float64, cpuLoadTokens int) time.Duration {
 	var d time.Duration
 	if prefillTokens > 0 {
-		d += t.PrefillBase + time.Duration(prefillTokens)*t.PrefillPerToken
+		d += *t.PrefillBase + time.Duration(prefillTokens)**t.PrefillPerToken
 	}
 	if decodeSeqs > 0 {
-		d += t.DecodeBase + time.Duration(decodeSeqs)*t.DecodePerSeq +
-			time.Duration(kvOccupancy*float64(t.KVTerm))
+		d += *t.DecodeBase + time.Duration(decodeSeqs)**t.DecodePerSeq +
+			time.Duration(kvOccupancy*float64(*t.KVTerm))
 	}
-	d += time.Duration(cpuLoadTokens) * t.CPULoadPerToken
+	d += time.Duration(cpuLoadTokens) * *t.CPULoadPerToken
 	return d
 }
 
