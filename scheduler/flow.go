@@ -20,12 +20,19 @@ import (
 // Pool saturation is the mean over candidate replicas (breaker not open;
 // all replicas if every breaker is open) of
 //
-//	max(waiting/target_waiting, inflight/admission.target_inflight, kv_usage/kv_ceiling)
+//	max(waiting/target_waiting, busy/admission.target_inflight, kv_usage/kv_ceiling)
+//	busy = max(inflight, running + waiting + routed since the sample)
 //
-// where waiting and kv_usage come from the engine's last scrape (ignored
-// when stale) and inflight is the EPP's own count, so 1.0 means the pool is
-// at its healthy limit. Requests released from a queue but not yet
-// scheduled count as in flight, so one dispatch round cannot overshoot.
+// where running, waiting and kv_usage come from the engine's last scrape
+// (ignored when stale), inflight is this EPP's own count and "routed since
+// the sample" the growth of that count since the scrape, so 1.0 means the
+// pool is at its healthy limit. The engine's counts are the truth every
+// EPP replica shares: with several EPPs in front of one pool, each counts
+// what the others routed once the engines report it, so they do not all
+// admit up to the ceiling on their own in-flight counts; between scrapes
+// each adds only what it routed itself. Requests released from a queue but
+// not yet scheduled count as in flight, so one dispatch round cannot
+// overshoot.
 type flow struct {
 	s       *Scheduler
 	enabled bool
@@ -84,9 +91,13 @@ func (f *flow) saturation() float64 {
 			if pass == 0 && r.br.state.Load() == BreakerOpen && r.br.current(now, s.cfg.Breaker.Cooldown) == BreakerOpen {
 				continue
 			}
-			v := float64(r.inflight.Load()) / target
+			own := float64(r.inflight.Load())
+			v := own / target
 			if sm, stale := s.signals(r, now); sm != nil && !stale {
-				v = max(v, sm.Signals.Waiting/cfg.TargetWaiting, sm.Signals.KVUsage/cfg.KVCeiling)
+				sig := &sm.Signals
+				engine := (sig.Running + sig.Waiting) / float64(max(r.sharing.Load(), 1))
+				busy := engine + max(own-float64(r.inflightAtSample.Load()), 0)
+				v = max(v, busy/target, sig.Waiting/cfg.TargetWaiting, sig.KVUsage/cfg.KVCeiling)
 			}
 			sum += v
 			n++

@@ -254,3 +254,50 @@ func TestPickNeverWaits(t *testing.T) {
 		require.ErrorIs(t, <-waited, ErrClientGone)
 	})
 }
+
+// TestSaturationCountsOtherEPPs: the engines' running and waiting counts
+// are what every EPP replica shares, so requests another EPP routed count
+// against the ceiling here too, and what this EPP routed since the last
+// scrape is added on top.
+func TestSaturationCountsOtherEPPs(t *testing.T) {
+	e := newEnv(t, 2, func(c *Config) {
+		c.Admission.Enabled = ptr(true)
+		c.Admission.TargetInflight = 10
+	})
+	observe := func(running, waiting float64) {
+		for i := range 2 {
+			e.s.Observe(&metrics.Sample{URL: e.rep(i).ep.MetricsURL, At: e.clock.Now(),
+				Signals: metrics.Signals{Engine: metrics.EngineVLLM, Running: running, Waiting: waiting}})
+		}
+	}
+	// Another EPP keeps 7 requests running on each replica; this one has
+	// none in flight.
+	observe(7, 0)
+	require.InDelta(t, 0.7, e.s.flow.saturation(), 1e-9)
+
+	// This EPP routes two (one each) before the next scrape: they are not
+	// in the engines' counts yet, so they are added.
+	var held []*Decision
+	for i := range 2 {
+		d, err := e.s.admitPick(ctx, &Request{Model: testModel, Subset: []string{addr(i)}})
+		require.NoError(t, err)
+		held = append(held, d)
+	}
+	require.InDelta(t, 0.8, e.s.flow.saturation(), 1e-9)
+	// The next scrape has them (8 running each): not counted twice.
+	observe(8, 0)
+	require.InDelta(t, 0.8, e.s.flow.saturation(), 1e-9)
+	for _, d := range held {
+		d.Done(DoneInfo{Status: 200})
+	}
+	// The engines lag behind a finish: this EPP's own count cannot go
+	// below what the engines last said.
+	require.InDelta(t, 0.8, e.s.flow.saturation(), 1e-9)
+
+	// Bronze (ceiling 0.30) now waits here although this EPP itself has
+	// nothing in flight.
+	cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	_, err := e.s.Admit(cctx, &Request{Model: testModel, Band: "bronze"})
+	require.ErrorIs(t, err, ErrClientGone)
+}

@@ -67,6 +67,12 @@ type replica struct {
 	sample   atomic.Pointer[metrics.Sample]
 	br       breaker
 	score    atomic.Uint64 // math.Float64bits of the last total score
+	// sharing is how many replicas report through the same metrics URL
+	// (their engine counts are split evenly between them), and
+	// inflightAtSample this EPP's in-flight count when the last good
+	// sample arrived: what it routed since is not in the engine's counts.
+	sharing          atomic.Int32
+	inflightAtSample atomic.Int64
 
 	queueGauge, breakerGauge, scoreGauge, staleGauge prometheus.Gauge
 }
@@ -177,6 +183,11 @@ func (s *Scheduler) SetEndpoints(eps []Target) {
 		}
 		next.maxID = max(next.maxID, int(r.id))
 	}
+	for _, reps := range next.byURL {
+		for _, r := range reps {
+			r.sharing.Store(int32(len(reps)))
+		}
+	}
 	s.snap.Store(next)
 
 	for addr := range old.byAddr {
@@ -214,6 +225,9 @@ func (s *Scheduler) Observe(sm *metrics.Sample) {
 	now := s.now()
 	trip := *s.cfg.Signals.ScrapeFailuresTrip
 	for _, r := range s.snap.Load().byURL[sm.URL] {
+		if sm.Err == nil {
+			r.inflightAtSample.Store(r.inflight.Load())
+		}
 		r.sample.Store(sm)
 		if trip {
 			r.br.scrape(sm.Err == nil, now, s.cfg.Breaker.FailureThreshold)
