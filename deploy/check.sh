@@ -46,7 +46,7 @@ for f in "$k8s" "$keda" "$promop/monitoring.coreos.com_servicemonitors.yaml" "$g
 done
 schemas="$work/schemas"
 (cd "$root" && GOFLAGS=-mod=mod go run ./deploy/schemagen -out "$schemas" -swagger "$k8s" \
-	-kinds apps/v1/Deployment,v1/Service,v1/ServiceAccount,v1/ConfigMap,v1/Pod,batch/v1/CronJob,rbac.authorization.k8s.io/v1/Role,rbac.authorization.k8s.io/v1/RoleBinding,networking.k8s.io/v1/NetworkPolicy \
+	-kinds apps/v1/Deployment,v1/Service,v1/ServiceAccount,v1/ConfigMap,v1/Pod,batch/v1/CronJob,rbac.authorization.k8s.io/v1/Role,rbac.authorization.k8s.io/v1/RoleBinding,networking.k8s.io/v1/NetworkPolicy,policy/v1/PodDisruptionBudget \
 	-crd "$here/crds/inference.networking.k8s.io_inferencepools.yaml" -crd "$keda" \
 	-crd "$promop/monitoring.coreos.com_servicemonitors.yaml" -crd "$promop/monitoring.coreos.com_prometheusrules.yaml" \
 	-crd "$gwapi") >"$work/schemas.txt"
@@ -115,6 +115,9 @@ expect() { # NAME DESCRIPTION CONDITION...
 has() { grep -qF -- "$2" "$work/$1.yaml"; }
 hasnt() { ! grep -qF -- "$2" "$work/$1.yaml"; }
 eq() { [[ "$1" == "$2" ]]; }
+# docHas NAME KIND OBJECT TEXT: one object of a render contains TEXT (grep
+# reads it whole: with -q the early exit would fail the pipe).
+docHas() { doc "$1" "$2" "$3" | grep -F -- "$4" >/dev/null; }
 # doc NAME KIND OBJECT prints one object of a render.
 doc() {
 	awk -v kind="$2" -v obj="$3" 'BEGIN { RS = "\n---\n" } $0 ~ ("\nkind: " kind "\n") && $0 ~ ("\n  name: " obj "\n") { print }' "$work/$1.yaml"
@@ -198,6 +201,16 @@ render netpol -f "$ci/netpol.yaml" && {
 		eval 'eq "$(count netpol NetworkPolicy)" 3 && doc netpol NetworkPolicy pn-provider-node-engine | grep -A8 "port: kv-events" | grep -q "app.kubernetes.io/component: epp" && doc netpol NetworkPolicy pn-provider-node-epp | grep -A8 "port: admin" | grep -q "app.kubernetes.io/component: quoter"'
 }
 render gw-netpol -f "$ci/gateway.yaml" -f "$ci/netpol.yaml" && kubeconform_check "$work/gw-netpol.yaml" gw-netpol
+# EPPs run active-active: the default two get a PDB, a preferred spread
+# over nodes and a surge-only rollout; one EPP gets neither PDB nor spread.
+render epp2 && {
+	kubeconform_check "$work/epp2.yaml" epp2
+	expect epp2 "2 EPP replicas, PDB minAvailable 1, preferred anti-affinity, maxUnavailable 0, grace above drain" \
+		eval 'docHas epp2 Deployment pn-provider-node-epp "  replicas: 2" && eq "$(count epp2 PodDisruptionBudget)" 1 && docHas epp2 PodDisruptionBudget pn-provider-node-epp "minAvailable: 1" && docHas epp2 Deployment pn-provider-node-epp "preferredDuringSchedulingIgnoredDuringExecution" && docHas epp2 Deployment pn-provider-node-epp "maxUnavailable: 0" && docHas epp2 Deployment pn-provider-node-epp "terminationGracePeriodSeconds: 45"'
+}
+render epp1 --set epp.replicas=1 &&
+	expect epp1 "one EPP: no PDB, no anti-affinity" \
+		eval 'eq "$(count epp1 PodDisruptionBudget)" 0 && ! docHas epp1 Deployment pn-provider-node-epp podAntiAffinity'
 render nokv --set server.kvEvents.enabled=false --set server.kvEvents.replayPort=0 &&
 	expect nokv "KV events off" eval 'hasnt nokv "kv-events-config" && hasnt nokv "name: kv-events"'
 

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -39,7 +40,7 @@ const oneModel = "Qwen/Qwen3-32B"
 
 // TestEnvoyNeedsOneDestination: the reason the others exist.
 func TestEnvoyNeedsOneDestination(t *testing.T) {
-	for _, path := range []string{"envoy/envoy.yaml", "helm/provider-node/files/envoy.yaml"} {
+	for _, path := range []string{"envoy/envoy.yaml", "envoy/envoy-two-epps.yaml", "helm/provider-node/files/envoy.yaml"} {
 		t.Run(path, func(t *testing.T) {
 			raw, err := os.ReadFile(path)
 			require.NoError(t, err)
@@ -120,10 +121,7 @@ func TestSystemdEPPRoutesToOneEndpoint(t *testing.T) {
 		t.Skip("builds cmd/epp")
 	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "epp")
-	out, err := exec.Command("go", "build", "-o", bin, "../cmd/epp").CombinedOutput()
-	require.NoError(t, err, string(out))
-
+	bin := buildEPP(t, dir)
 	endpoints := filepath.Join(dir, "endpoints.yaml")
 	require.NoError(t, os.WriteFile(endpoints, []byte("defaults:\n  model: "+oneModel+"\n  engine: vllm\n"+
 		"endpoints:\n  - {ip: 127.0.0.1, port: 18001}\n  - {ip: 127.0.0.1, port: 18002}\n"), 0o600))
@@ -142,11 +140,69 @@ func TestSystemdEPPRoutesToOneEndpoint(t *testing.T) {
 	}
 	require.Len(t, addrs, 4, "the unit sets every listener address")
 
+	startEPP(t, bin, argv)
+	requireOneDestination(t, addrs["--grpc-addr"], "127.0.0.1:18001", "127.0.0.1:18002")
+}
+
+// TestSystemdTwoEPPs: the template unit's instances a and b listen where
+// envoy-two-epps.yaml's ext_proc cluster looks for them, and both route.
+func TestSystemdTwoEPPs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds cmd/epp")
+	}
+	dir := t.TempDir()
+	bin := buildEPP(t, dir)
+	endpoints := filepath.Join(dir, "endpoints.yaml")
+	require.NoError(t, os.WriteFile(endpoints, []byte("defaults:\n  model: "+oneModel+"\n  engine: vllm\n"+
+		"endpoints:\n  - {ip: 127.0.0.1, port: 18001}\n  - {ip: 127.0.0.1, port: 18002}\n"), 0o600))
+	envoy, err := os.ReadFile("envoy/envoy-two-epps.yaml")
+	require.NoError(t, err)
+	seen := map[string]bool{}
+	for _, inst := range []string{"a", "b"} {
+		env := envFile(t, "systemd/provider-node.env.example")
+		maps.Copy(env, envFile(t, "systemd/epp-"+inst+".env.example"))
+		env["EPP_ENDPOINTS_FILE"] = endpoints
+		argv := execStart(t, "systemd/omnious-epp@.service", env)
+		var grpcAddr string
+		for i := 1; i < len(argv)-1; i++ {
+			switch argv[i] {
+			case "--grpc-addr", "--health-addr":
+				_, port, err := net.SplitHostPort(argv[i+1])
+				require.NoError(t, err)
+				require.Contains(t, string(envoy), "port_value: "+port, "instance %s's %s is not in envoy-two-epps.yaml", inst, argv[i])
+				fallthrough
+			case "--metrics-addr", "--admin-addr":
+				require.False(t, seen[argv[i+1]], "instances share %s", argv[i+1])
+				seen[argv[i+1]] = true
+				argv[i+1] = freeAddr(t)
+				if argv[i] == "--grpc-addr" {
+					grpcAddr = argv[i+1]
+				}
+			}
+		}
+		startEPP(t, bin, argv)
+		requireOneDestination(t, grpcAddr, "127.0.0.1:18001", "127.0.0.1:18002")
+	}
+	require.Len(t, seen, 8, "every listener of both instances set, none shared")
+}
+
+// buildEPP builds cmd/epp into dir.
+func buildEPP(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "epp")
+	out, err := exec.Command("go", "build", "-o", bin, "../cmd/epp").CombinedOutput()
+	require.NoError(t, err, string(out))
+	return bin
+}
+
+// startEPP runs argv (a unit's ExecStart) with bin in its place until the
+// test ends, and stops it by its own PID.
+func startEPP(t *testing.T, bin string, argv []string) {
+	t.Helper()
 	cmd := exec.Command(bin, append(argv[1:], "--log-level", "warn")...)
 	cmd.Stderr = os.Stderr
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	requireOneDestination(t, addrs["--grpc-addr"], "127.0.0.1:18001", "127.0.0.1:18002")
 }
 
 // requireOneDestination routes chat requests through the ext_proc server

@@ -24,9 +24,11 @@ import (
 
 type validator interface{ ValidateAll() error }
 
-func loadBootstrap(t *testing.T) *bootstrapv3.Bootstrap {
+func loadBootstrap(t *testing.T) *bootstrapv3.Bootstrap { return loadBootstrapFile(t, "envoy.yaml") }
+
+func loadBootstrapFile(t *testing.T, path string) *bootstrapv3.Bootstrap {
 	t.Helper()
-	raw, err := os.ReadFile("envoy.yaml")
+	raw, err := os.ReadFile(path)
 	require.NoError(t, err)
 	var doc any
 	require.NoError(t, yaml.Unmarshal(raw, &doc))
@@ -92,4 +94,32 @@ func TestBootstrap(t *testing.T) {
 	require.Equal(t, extprocfilterv3.ProcessingMode_SEND, pm.ResponseTrailerMode)
 	require.ElementsMatch(t, []string{extproc.MetadataLB, extproc.MetadataSubset}, ep.MetadataOptions.GetForwardingNamespaces().GetUntyped())
 	require.Equal(t, []string{extproc.MetadataLB}, ep.MetadataOptions.GetReceivingNamespaces().GetUntyped())
+}
+
+// TestTwoEPPs: envoy-two-epps.yaml is envoy.yaml with a second EPP host in
+// the ext_proc cluster, each health-checked on its own health port, and
+// nothing else different.
+func TestTwoEPPs(t *testing.T) {
+	one, two := loadBootstrap(t), loadBootstrapFile(t, "envoy-two-epps.yaml")
+	eppOf := func(b *bootstrapv3.Bootstrap) *clusterv3.Cluster {
+		for _, c := range b.StaticResources.Clusters {
+			if c.Name == "epp" {
+				return c
+			}
+		}
+		t.Fatal("no epp cluster")
+		return nil
+	}
+	hosts := eppOf(two).GetLoadAssignment().GetEndpoints()[0].GetLbEndpoints()
+	require.Len(t, hosts, 2)
+	for i, want := range [][2]uint32{{9002, 9003}, {9012, 9013}} {
+		ep := hosts[i].GetEndpoint()
+		require.Equal(t, "127.0.0.1", ep.GetAddress().GetSocketAddress().GetAddress())
+		require.Equal(t, want[0], ep.GetAddress().GetSocketAddress().GetPortValue())
+		require.Equal(t, want[1], ep.GetHealthCheckConfig().GetPortValue(), "each EPP health-checked on its own port")
+	}
+	require.NotEmpty(t, eppOf(two).GetHealthChecks())
+	// The rest is the same.
+	eppOf(two).LoadAssignment = eppOf(one).GetLoadAssignment()
+	require.True(t, proto.Equal(one, two), "envoy-two-epps.yaml differs from envoy.yaml beyond the EPP hosts")
 }

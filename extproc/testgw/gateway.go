@@ -271,7 +271,16 @@ func (x *exchange) run(w http.ResponseWriter, r *http.Request) error {
 	if headersOnly {
 		sendErr <- nil
 	} else {
-		go func() { sendErr <- x.sendBody(r.Body, true) }()
+		go func() {
+			err := x.sendBody(r.Body, true)
+			sendErr <- err
+			if err != nil {
+				// The client went away mid-body: as Envoy resets the
+				// ext_proc stream with the downstream one, so the EPP
+				// stops waiting for the rest.
+				x.cancel()
+			}
+		}()
 	}
 
 	// The routing answer: headers response (or an immediate response),

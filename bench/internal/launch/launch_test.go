@@ -127,7 +127,7 @@ func TestTuning(t *testing.T) {
 			require.Equal(t, 150*time.Millisecond, c.Signals.ScrapeTimeout)
 			require.Equal(t, time.Second, c.Signals.StaleAfter)
 			require.Equal(t, 2*time.Second, c.Breaker.Cooldown)
-			require.Equal(t, 300*time.Millisecond, c.Prefix.SpeculativeTTL)
+			require.Equal(t, 300*time.Millisecond, *c.Prefix.SpeculativeTTL)
 		}},
 	}
 	for _, tc := range tests {
