@@ -50,4 +50,3 @@ func (t Tuning) Config() (scheduler.Config, error) {
 // BreakerThreshold is how many failed scrapes in a row open a replica's
 // breaker by default (breaker.failure_threshold).
 func BreakerThreshold() int { return scheduler.DefaultConfig().Breaker.FailureThreshold }
-
