@@ -50,6 +50,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.AdminAddr, "admin-addr", cfg.AdminAddr, "admin address: pprof, /debug/*, /v1/capacity (keep private)")
 	fs.StringVar(&cfg.TLSCertFile, "tls-cert-file", cfg.TLSCertFile, "TLS certificate for the gRPC port")
 	fs.StringVar(&cfg.TLSKeyFile, "tls-key-file", cfg.TLSKeyFile, "TLS key for the gRPC port")
+	fs.DurationVar(cfg.DrainDelay, "drain-delay", *cfg.DrainDelay, "on SIGTERM, how long new streams are still served after health turns NOT_SERVING")
 	fs.DurationVar(cfg.DrainTimeout, "drain-timeout", *cfg.DrainTimeout, "graceful drain on SIGTERM")
 	fs.StringVar(&cfg.EndpointsFile, "endpoints-file", cfg.EndpointsFile, "static endpoint file (bare metal), hot-reloaded")
 	fs.StringVar(&cfg.PoolName, "pool-name", cfg.PoolName, "InferencePool to serve (Kubernetes)")

@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
 	"github.com/stretchr/testify/require"
 	collectortracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
@@ -26,6 +28,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/omnious/provider-node/deploy/metricscheck"
 	"github.com/omnious/provider-node/engines/openai"
@@ -111,8 +114,9 @@ func TestEPPRoutesThroughGateway(t *testing.T) {
 	col := startCollector(t)
 	// Spans leave in batches; a short delay keeps the test quick.
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
-	epp := start(t, eppBin, "-endpoints-file", endpoints, "-standin-tokenizer", "-log-level", "warn",
-		"-grpc-addr", grpcAddr, "-health-addr", fmt.Sprintf("127.0.0.1:%d", simtest.FreePort(t)),
+	healthAddr := fmt.Sprintf("127.0.0.1:%d", simtest.FreePort(t))
+	epp := start(t, eppBin, "-endpoints-file", endpoints, "-standin-tokenizer", "-log-level", "warn", "-drain-delay", "3s",
+		"-grpc-addr", grpcAddr, "-health-addr", healthAddr,
 		"-metrics-addr", metricsAddr, "-admin-addr", adminAddr,
 		"-otlp-endpoint", col.addr, "-otlp-insecure", "-trace-sample-ratio", "0")
 	simtest.WaitOK(t, "http://"+metricsAddr+"/metrics")
@@ -275,8 +279,19 @@ func TestEPPRoutesThroughGateway(t *testing.T) {
 	require.NoError(t, err)
 	metricscheck.Check(t, exposition, "epp")
 
-	// SIGTERM drains and exits cleanly.
+	// SIGTERM turns health NOT_SERVING at once, still serves new requests
+	// for the drain delay (while health checks move traffic away), then
+	// drains and exits cleanly.
 	require.NoError(t, epp.Process.Signal(syscall.SIGTERM))
+	hconn, err := grpc.NewClient(healthAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer hconn.Close()
+	require.Eventually(t, func() bool {
+		r, err := healthpb.NewHealthClient(hconn).Check(context.Background(), &healthpb.HealthCheckRequest{Service: "readiness"})
+		return err == nil && r.GetStatus() == healthpb.HealthCheckResponse_NOT_SERVING
+	}, 2*time.Second, 20*time.Millisecond, "health NOT_SERVING right after SIGTERM")
+	status, _ := chat("served while draining", false)
+	require.Equal(t, http.StatusOK, status, "a new request during the drain delay is still served")
 	done := make(chan error, 1)
 	go func() { done <- epp.Wait() }()
 	select {

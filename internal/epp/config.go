@@ -38,8 +38,14 @@ type Config struct {
 	// TLSCertFile and TLSKeyFile enable TLS on the gRPC port. Default off.
 	TLSCertFile string `yaml:"tls_cert_file"`
 	TLSKeyFile  string `yaml:"tls_key_file"`
-	// DrainTimeout bounds a graceful stop: health turns NOT_SERVING, then
-	// in-flight streams get this long to finish; 0s closes them at once.
+	// DrainDelay is how long, after SIGTERM has turned health NOT_SERVING,
+	// the EPP still accepts new streams: Envoy's health checks (2s apart,
+	// 2 failures), a Gateway's and the kubelet's readiness probes need that
+	// long to move new streams away, and a listener closed sooner would fail
+	// them. 0s stops accepting at once. Default 5s.
+	DrainDelay *time.Duration `yaml:"drain_delay"`
+	// DrainTimeout bounds a graceful stop: after the drain delay, open
+	// streams get this long to finish; 0s closes them at once.
 	// Default 30s.
 	DrainTimeout *time.Duration `yaml:"drain_timeout"`
 
@@ -121,6 +127,7 @@ func (c Config) WithDefaults() Config {
 	opt.Zero(&c.HealthAddr, ":9003")
 	opt.Zero(&c.MetricsAddr, ":9090")
 	opt.Zero(&c.AdminAddr, "127.0.0.1:9091")
+	c.DrainDelay = opt.Or(c.DrainDelay, 5*time.Second)
 	c.DrainTimeout = opt.Or(c.DrainTimeout, 30*time.Second)
 	c.Tracing = c.Tracing.WithDefaults()
 	c.Index = c.Index.WithDefaults()
@@ -133,10 +140,15 @@ func (c Config) WithDefaults() Config {
 // Validate reports every problem.
 func (c Config) Validate() error {
 	var errs []error
-	if c.DrainTimeout == nil {
-		errs = append(errs, errors.New("drain_timeout unset: Validate wants a config from WithDefaults"))
-	} else if *c.DrainTimeout < 0 {
-		errs = append(errs, fmt.Errorf("drain_timeout %v must not be negative", *c.DrainTimeout))
+	for _, d := range []struct {
+		name string
+		v    *time.Duration
+	}{{"drain_delay", c.DrainDelay}, {"drain_timeout", c.DrainTimeout}} {
+		if d.v == nil {
+			errs = append(errs, fmt.Errorf("%s unset: Validate wants a config from WithDefaults", d.name))
+		} else if *d.v < 0 {
+			errs = append(errs, fmt.Errorf("%s %v must not be negative", d.name, *d.v))
+		}
 	}
 	if c.EndpointsFile != "" && c.PoolName != "" {
 		errs = append(errs, errors.New("endpoints_file and pool_name exclude each other"))

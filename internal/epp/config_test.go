@@ -78,7 +78,7 @@ func TestParseTracing(t *testing.T) {
 // in the EPP's own keys and in the sections it decodes.
 func TestZeroIsASetting(t *testing.T) {
 	for _, key := range []string{
-		"drain_timeout", "standin_tokenizer",
+		"drain_delay", "drain_timeout", "standin_tokenizer",
 		"tracing.insecure", "tracing.sample_ratio",
 		"extproc.max_endpoints",
 		"scheduler.fallbacks", "scheduler.prefix.balance_abs", "scheduler.prefix.speculative_ttl",

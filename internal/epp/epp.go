@@ -210,9 +210,9 @@ func (e *EPP) Registry() *prometheus.Registry { return e.reg }
 // Scheduler is the running scheduler (for in-process harnesses).
 func (e *EPP) Scheduler() *scheduler.Scheduler { return e.sched }
 
-// Run serves until ctx is done, then drains: health turns NOT_SERVING, the
-// gRPC server stops accepting streams and waits up to DrainTimeout for the
-// open ones.
+// Run serves until ctx is done, then drains: health turns NOT_SERVING, new
+// streams are still served for DrainDelay, then the gRPC server stops
+// accepting them and waits up to DrainTimeout for the open ones.
 func (e *EPP) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -257,6 +257,12 @@ func (e *EPP) Run(ctx context.Context) error {
 
 	<-ctx.Done()
 	e.health.Shutdown() // every service NOT_SERVING: Envoy and kubelet move away
+	if d := *e.cfg.DrainDelay; d > 0 {
+		// New streams are still served until the health checks have
+		// moved them elsewhere; a refused one would fail its request.
+		e.log.Info("draining: health NOT_SERVING, new streams still served", zap.Duration("drain_delay", d))
+		time.Sleep(d)
+	}
 	drained := make(chan struct{})
 	go func() { e.grpc.GracefulStop(); close(drained) }()
 	select {

@@ -78,7 +78,10 @@ type InProcessConfig struct {
 // loopback ports; after a Stop, Start runs a new one on the same ports.
 func StartInProcess(c InProcessConfig) (*EPP, error) {
 	cfg := epp.Config{GRPCAddr: "127.0.0.1:0", HealthAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0",
-		Scheduler: c.Scheduler, DrainTimeout: &c.DrainTimeout, StandInTokenizer: c.StandInTokenizer}
+		Scheduler: c.Scheduler, DrainTimeout: &c.DrainTimeout, StandInTokenizer: c.StandInTokenizer,
+		// A harness stops its EPP when it is done with it: nothing waits
+		// for health checks to move traffic away.
+		DrainDelay: new(time.Duration(0))}
 	cfg.ExtProc.MaxEndpoints = c.MaxEndpoints
 	cfg = cfg.WithDefaults()
 	var opts []epp.Option
@@ -167,7 +170,7 @@ func StartProcess(c ProcessConfig) (*EPP, error) {
 	addr := func(i int) string { return "127.0.0.1:" + strconv.Itoa(ports[i]) }
 	cfg := map[string]any{
 		"grpc_addr": addr(0), "health_addr": addr(1), "metrics_addr": addr(2), "admin_addr": addr(3),
-		"endpoints_file": epFile, "drain_timeout": "2s",
+		"endpoints_file": epFile, "drain_delay": "0s", "drain_timeout": "2s",
 		"scheduler": map[string]any{"policy": c.Policy},
 	}
 	switch c.Tokenizer {
