@@ -352,7 +352,11 @@ dry "sglang" 0 "toolParser: \{name: \"qwen25\"" "${good_env[@]}" ENGINE=sglang -
 dry "custom parser" 0 "toolParser: \{name: \"my_parser\"" "${good_env[@]}" MODEL_ID=acme/new-model TOOL_PROFILE=custom VLLM_TOOL_CALL_PARSER=my_parser --
 dry "gateway" 0 "mode: \"gateway\"" "${good_env[@]}" MODE=gateway GATEWAY_NAME=gw SERVING_URL=https://llm.example.com --
 dry "missing inputs" 2 "PROVIDER_ID is required" --
-dry "key inline" 2 "PROVIDER_KEY holds a key, not a path" "${good_env[@]}" "PROVIDER_KEY=$keyhex" --
+# The runbook's literal form: PROVIDER_KEY=0x... on the command line.
+dry "key inline (the runbook's PROVIDER_KEY=0x...)" 0 "note: PROVIDER_KEY holds the key itself;.*keeps it out of your shell history" "${good_env[@]}" "PROVIDER_KEY=$keyhex" --
+expect "install.sh" "inline key: the Secret still comes from a private file, via kubectl apply on stdin" \
+	eval 'grep -q "^+ kubectl create secret generic provider-node-mainnet-quoter-key .*--from-file=key=.*provider-node-install\..*/key .*| kubectl apply" "$work/dry.out"'
+dry "key inline, not hex" 2 "is not a readable file" "${good_env[@]}" "PROVIDER_KEY=0x1234" --
 dry "key file too open" 2 "make it owner-only" "${good_env[@]}" "PROVIDER_KEY=$work/open.key" --
 dry "unknown family fails closed" 2 "no reviewed tool profile matches MODEL_ID 'acme/new-model' \(fail closed\)" "${good_env[@]}" MODEL_ID=acme/new-model --
 dry "family without an SGLang parser" 2 "has no reviewed sglang parser \(fail closed\)" "${good_env[@]}" MODEL_ID=allenai/Olmo-3-7B-Instruct ENGINE=sglang --
@@ -370,9 +374,11 @@ stubs="$work/stubs"
 mkdir -p "$stubs"
 cp -P "$nopath"/* "$stubs"/
 p="$(command -v base64)" && ln -sf "$p" "$stubs/base64"
+p="$(command -v env)" && ln -sf "$p" "$stubs/env"
 cat >"$stubs/kubectl" <<'EOF'
 #!/bin/bash
 { printf 'kubectl'; printf ' %q' "$@"; echo; } >>"$STUB_ARGV"
+env >>"$STUB_ENV"
 case "$*" in
 *"create secret generic"*)
 	echo "apiVersion: v1"; echo "kind: Secret"; echo "data:"
@@ -387,6 +393,7 @@ EOF
 cat >"$stubs/helm" <<'EOF'
 #!/bin/bash
 { printf 'helm'; printf ' %q' "$@"; echo; } >>"$STUB_ARGV"
+env >>"$STUB_ENV"
 prev=""
 for a in "$@"; do
 	[[ "$prev" == -f ]] && cat "$a" >>"$STUB_VALUES"
@@ -395,25 +402,37 @@ done
 exit 0
 EOF
 chmod +x "$stubs/kubectl" "$stubs/helm"
-rc=0
-env -i PATH="$stubs" HOME="$work" STUB_ARGV="$work/argv" STUB_STDIN="$work/stdin" STUB_VALUES="$work/values" \
-	"${good_env[@]}" bash "$here/install.sh" --env stub </dev/null >"$work/real.out" 2>&1 || rc=$?
-keyb64="$(base64 -w0 <"$work/provider.key")"
-if ((rc)); then
-	bad "install.sh (stub cluster): exit $rc"
-	sed 's/^/       /' "$work/real.out" >&2
-elif grep -qF -- "${keyhex#0x}" "$work/argv" "$work/values" "$work/real.out" || grep -qF hf_secret_token_value "$work/argv" "$work/values" "$work/real.out" ||
-	grep -qF -- "$keyb64" "$work/argv" "$work/values"; then
-	bad "install.sh (stub cluster): secret material in a command line, the Helm values or the output"
-elif ! grep -qF -- "$keyb64" "$work/stdin" || ! grep -qF "$(printf hf_secret_token_value | base64 -w0)" "$work/stdin"; then
-	bad "install.sh (stub cluster): the Secrets did not reach kubectl apply on stdin"
-elif ! grep -q '^helm upgrade --install provider-node-stub .* --wait' "$work/argv" || ! grep -q '^helm test provider-node-stub' "$work/argv" ||
-	! grep -q 'existingSecret: "provider-node-stub-quoter-key"' "$work/values"; then
-	bad "install.sh (stub cluster): helm upgrade --install --wait / helm test / values"
-	sed 's/^/       /' "$work/argv" >&2
-else
-	pass "install.sh (stub cluster): keys only on kubectl's stdin, Helm gets names, upgrade --wait and test run"
-fi
+# stub_install LABEL env...: a real run against the stubs; the key and the
+# HF token reach kubectl only on stdin, never an argv, the environment of a
+# program the installer ran, the Helm values or the output.
+stub_install() {
+	local label="$1"
+	shift
+	rm -f "$work/argv" "$work/stdin" "$work/values" "$work/env"
+	local rc=0
+	env -i PATH="$stubs" HOME="$work" STUB_ARGV="$work/argv" STUB_STDIN="$work/stdin" STUB_VALUES="$work/values" STUB_ENV="$work/env" \
+		"$@" bash "$here/install.sh" --env stub </dev/null >"$work/real.out" 2>&1 || rc=$?
+	local keyb64
+	keyb64="$(base64 -w0 <"$work/provider.key")"
+	if ((rc)); then
+		bad "install.sh (stub cluster, $label): exit $rc"
+		sed 's/^/       /' "$work/real.out" >&2
+	elif grep -qF -- "${keyhex#0x}" "$work/argv" "$work/values" "$work/real.out" "$work/env" ||
+		grep -qF hf_secret_token_value "$work/argv" "$work/values" "$work/real.out" ||
+		grep -qF -- "$keyb64" "$work/argv" "$work/values" "$work/env"; then
+		bad "install.sh (stub cluster, $label): secret material in a command line, an environment, the Helm values or the output"
+	elif ! grep -qF -- "$keyb64" "$work/stdin" || ! grep -qF "$(printf hf_secret_token_value | base64 -w0)" "$work/stdin"; then
+		bad "install.sh (stub cluster, $label): the Secrets did not reach kubectl apply on stdin"
+	elif ! grep -q '^helm upgrade --install provider-node-stub .* --wait' "$work/argv" || ! grep -q '^helm test provider-node-stub' "$work/argv" ||
+		! grep -q 'existingSecret: "provider-node-stub-quoter-key"' "$work/values"; then
+		bad "install.sh (stub cluster, $label): helm upgrade --install --wait / helm test / values"
+		sed 's/^/       /' "$work/argv" >&2
+	else
+		pass "install.sh (stub cluster, $label): keys only on kubectl's stdin, Helm gets names, upgrade --wait and test run"
+	fi
+}
+stub_install "key file" "${good_env[@]}"
+stub_install "inline key" "${good_env[@]}" "PROVIDER_KEY=$keyhex"
 
 # With the quoter binary (built by `make build`), resolution goes through
 # `quoter tool-profile` and must agree with the awk fallback.

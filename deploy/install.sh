@@ -6,6 +6,7 @@
 # `helm test`. Safe to re-run. See deploy/README.md.
 #
 #   PROVIDER_ID=acme-qwen PROVIDER_KEY=/secure/acme.key \
+#   (or PROVIDER_KEY=0x<64 hex digits>, the key itself, as the runbook shows)
 #   MODEL_ID=Qwen/Qwen3-32B MODEL_CLASS=qwen3-32b \
 #   FLOOR_IN=210000 FLOOR_OUT=680000 HF_TOKEN=hf_... \
 #   ./deploy/install.sh [--env NAME] [--dry-run]
@@ -18,9 +19,11 @@ Usage: deploy/install.sh [--env NAME] [--namespace NS] [--release NAME]
 
 Required environment:
   PROVIDER_ID   market provider id ([a-z0-9][a-z0-9-]*)
-  PROVIDER_KEY  path of the signing key file (hex private key, or a keystore
-                JSON with PROVIDER_KEY_PASSWORD_FILE), or "-" to read the key
-                from stdin. Never put the key itself on a command line.
+  PROVIDER_KEY  the signing key: 0x and 64 hex digits; or the path of a key
+                file (that hex key, or a keystore JSON with
+                PROVIDER_KEY_PASSWORD_FILE), or "-" to read the key from
+                stdin. A file or stdin keeps the key out of shell history.
+                The key only ever reaches kubectl on stdin.
   MODEL_ID      Hugging Face model id, e.g. Qwen/Qwen3-32B
   MODEL_CLASS   market model class, e.g. qwen3-32b
   FLOOR_IN      input price floor, integer micro-units per million tokens
@@ -122,16 +125,21 @@ tmp="$(mktemp -d "${TMPDIR:-/tmp}/provider-node-install.XXXXXX")"
 chmod 700 "$tmp"
 trap 'rm -rf "$tmp"' EXIT
 
-# The signing key: a file path, or "-" for stdin. Validated, never printed.
+# The signing key: the key itself, a file path, or "-" for stdin.
+# Validated, never printed, and gone from the environment before any other
+# program starts.
 key_format="file" key_file="" password_file=""
 if [[ -z "${PROVIDER_KEY:-}" ]]; then
-	fail "PROVIDER_KEY is required: the path of the signing key file, or - to read it from stdin"
+	fail "PROVIDER_KEY is required: the key (0x and 64 hex digits), the path of the signing key file, or - to read it from stdin"
 else
 	if [[ "$PROVIDER_KEY" == "-" ]]; then
 		key_file="$tmp/key"
 		(umask 077 && cat >"$key_file")
 	elif [[ "$PROVIDER_KEY" =~ ^(0x)?[0-9a-fA-F]{64}$ ]]; then
-		fail "PROVIDER_KEY holds a key, not a path: write it to a file readable only by you (chmod 600) and pass the path, or pass - and the key on stdin"
+		# printf is a builtin: the key is in no process's argv.
+		key_file="$tmp/key"
+		(umask 077 && printf '%s\n' "$PROVIDER_KEY" >"$key_file")
+		echo "install.sh: note: PROVIDER_KEY holds the key itself; PROVIDER_KEY=/path/to/key (chmod 600) or PROVIDER_KEY=- with the key on stdin keeps it out of your shell history" >&2
 	elif [[ -f "$PROVIDER_KEY" && -r "$PROVIDER_KEY" ]]; then
 		key_file="$PROVIDER_KEY"
 		mode="$(stat -c %a "$key_file")"
@@ -152,6 +160,9 @@ else
 		fail "PROVIDER_KEY is empty"
 	fi
 fi
+# kubectl and helm inherit the environment: they get the key file, never
+# the key.
+unset PROVIDER_KEY
 
 # Tool-call parser: the reviewed profile of the exact model family. Unknown
 # families fail closed (conformance would fail anyway, after a GPU rollout).
