@@ -585,23 +585,6 @@ func requestHeaderMap(r *http.Request) *corev3.HeaderMap {
 	return hm
 }
 
-func applyMutation(h http.Header, m *extprocv3.HeaderMutation) {
-	for _, o := range m.GetSetHeaders() {
-		v := string(o.GetHeader().GetRawValue())
-		if v == "" {
-			v = o.GetHeader().GetValue()
-		}
-		if o.GetAppendAction() == corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD {
-			h.Add(o.GetHeader().GetKey(), v)
-		} else {
-			h.Set(o.GetHeader().GetKey(), v)
-		}
-	}
-	for _, k := range m.GetRemoveHeaders() {
-		h.Del(k)
-	}
-}
-
 func writeImmediate(w http.ResponseWriter, ir *extprocv3.ImmediateResponse) int {
 	applyMutation(w.Header(), ir.GetHeaders())
 	code := int(ir.GetStatus().GetCode())
