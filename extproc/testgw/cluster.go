@@ -106,7 +106,7 @@ func (c *cluster) check(ctx context.Context, interval time.Duration, unhealthy i
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				h.check(ctx, interval, unhealthy, c.log)
+				h.check(ctx, unhealthy, c.log)
 			}()
 		}
 		wg.Wait()
@@ -118,8 +118,11 @@ func (c *cluster) check(ctx context.Context, interval time.Duration, unhealthy i
 	}
 }
 
-func (h *host) check(ctx context.Context, timeout time.Duration, unhealthy int, log *zap.Logger) {
-	cctx, cancel := context.WithTimeout(ctx, timeout/2)
+// healthTimeout bounds one check, as the shipped Envoy config's timeout.
+const healthTimeout = time.Second
+
+func (h *host) check(ctx context.Context, unhealthy int, log *zap.Logger) {
+	cctx, cancel := context.WithTimeout(ctx, healthTimeout)
 	defer cancel()
 	resp, err := h.health.Check(cctx, &healthpb.HealthCheckRequest{Service: healthService})
 	if ctx.Err() != nil {
