@@ -29,13 +29,19 @@ const (
 	endMidBody            // gone after the first streamed chunk
 )
 
-// cancelWorkload is one run of the cancel scenarios: requests from groups
-// sharing a prefix (so routing has affinity to keep), ended as ends says.
+// cancelGroups is how many prompt groups the cancel scenarios spread their
+// requests over; each shares a prefix, so routing has affinity to keep.
+const cancelGroups = 48
+
+// cancelWorkload is one run of the cancel scenarios: requests from the
+// prompt groups, ended as ends says. Both runs of a scenario use the same
+// groups: the baseline places each group on a replica, and the run under
+// test must keep it there (an opened breaker or a lost affinity moves the
+// replicas' shares); the questions differ (from is where this run's count).
 type cancelWorkload struct {
 	base    string // gateway URL
-	tag     string
+	from    int
 	ends    []ending
-	groups  int
 	workers int
 }
 
@@ -53,7 +59,7 @@ func (w cancelWorkload) run(ctx context.Context, env *world) (failed int, err er
 				if i >= len(w.ends) || ctx.Err() != nil {
 					return
 				}
-				prompt := promptOf(fmt.Sprintf("%s-g%d", w.tag, i%w.groups), 60) + fmt.Sprintf(" question %d", i)
+				prompt := promptOf(fmt.Sprintf("group-%d", i%cancelGroups), 60) + fmt.Sprintf(" question %d", w.from+i)
 				if err := env.request(ctx, w.base, prompt, 16, w.ends[i]); err != nil && w.ends[i] == endNormal {
 					bad.Add(1)
 					firstErr.CompareAndSwap(nil, &err)
@@ -63,7 +69,7 @@ func (w cancelWorkload) run(ctx context.Context, env *world) (failed int, err er
 	}
 	wg.Wait()
 	if e := firstErr.Load(); e != nil {
-		env.log.Sugar().Infof("first failed request of %s: %v", w.tag, *e)
+		env.log.Sugar().Infof("first failed request through %s: %v", w.base, *e)
 	}
 	return int(bad.Load()), ctx.Err()
 }
@@ -224,7 +230,7 @@ func (env *world) settled(ctx context.Context) (time.Duration, error) {
 // cancelBaseline runs the workload without cancels and returns its shares.
 func cancelBaseline(ctx context.Context, env *world, o *outcome, n int) (map[string]float64, error) {
 	env.takeServed()
-	failed, err := cancelWorkload{base: env.gw.URL(), tag: "base", ends: make([]ending, n), groups: 48, workers: 8}.run(ctx, env)
+	failed, err := cancelWorkload{base: env.gw.URL(), ends: make([]ending, n), workers: 8}.run(ctx, env)
 	if err != nil {
 		return nil, err
 	}
@@ -261,7 +267,7 @@ func runClientCancel(ctx context.Context, env *world, o *outcome) error {
 		return err
 	}
 	bw := env.watchBreakers(ctx)
-	failed, err := cancelWorkload{base: env.gw.URL(), tag: "cxl", ends: cancelMix(normal+cancelled, cancelled), groups: 48, workers: 8}.run(ctx, env)
+	failed, err := cancelWorkload{base: env.gw.URL(), from: normal, ends: cancelMix(normal+cancelled, cancelled), workers: 8}.run(ctx, env)
 	opened := bw.end()
 	if err != nil {
 		return err
@@ -283,7 +289,7 @@ func runNoResponsePhase(ctx context.Context, env *world, o *outcome) error {
 	}
 	defer skip.Close()
 	bw := env.watchBreakers(ctx)
-	failed, err := cancelWorkload{base: skip.URL(), tag: "skip", ends: make([]ending, n), groups: 48, workers: 8}.run(ctx, env)
+	failed, err := cancelWorkload{base: skip.URL(), from: n, ends: make([]ending, n), workers: 8}.run(ctx, env)
 	opened := bw.end()
 	if err != nil {
 		return err

@@ -170,6 +170,14 @@ func (g *Gateway) Run(ctx context.Context) error {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		err = srv.Shutdown(sctx)
 		cancel()
+		if errors.Is(err, context.DeadlineExceeded) {
+			// A connection a client left half-written (it cancelled a
+			// request mid-headers and kept the socket) counts as active
+			// until ReadHeaderTimeout; as Envoy at the end of its drain,
+			// close what is left.
+			g.log.Warn("closing connections still open after the shutdown grace")
+			err = srv.Close()
+		}
 		<-errc
 	case err = <-errc:
 	}
