@@ -17,8 +17,9 @@ import (
 	"github.com/omnious/provider-node/extproc"
 )
 
-// healthService is the name the shipped Envoy config health-checks.
-const healthService = "envoy.service.ext_proc.v3.ExternalProcessor"
+// HealthService is the gRPC health service the gateway checks on each EPP
+// host's ext_proc port, the name the shipped Envoy config health-checks.
+const HealthService = "envoy.service.ext_proc.v3.ExternalProcessor"
 
 // cluster is the ext_proc cluster of several EPP hosts, as Envoy runs it:
 // new streams go round-robin over the hosts that pass their health checks;
@@ -39,6 +40,9 @@ type host struct {
 	health healthpb.HealthClient
 	down   atomic.Bool
 	fails  int // consecutive failed checks; touched by check only
+	// open counts the streams opened on this host whose exchange has not
+	// ended yet.
+	open atomic.Int64
 }
 
 func newCluster(addrs []string, log *zap.Logger) (*cluster, error) {
@@ -69,10 +73,11 @@ func newCluster(addrs []string, log *zap.Logger) (*cluster, error) {
 	return c, nil
 }
 
-// open starts a stream on the next healthy host, trying each host once.
+// open starts a stream on the next healthy host, trying each host once,
+// and counts it open on the host it returns (the caller's done ends it).
 // With every host down it tries them all, as Envoy's panic threshold does
 // rather than fail every request.
-func (c *cluster) open(ctx context.Context) (grpc.BidiStreamingClient[extprocv3.ProcessingRequest, extprocv3.ProcessingResponse], error) {
+func (c *cluster) open(ctx context.Context) (*host, grpc.BidiStreamingClient[extprocv3.ProcessingRequest, extprocv3.ProcessingResponse], error) {
 	n := len(c.hosts)
 	start := int(c.next.Add(1)-1) % n
 	var errs []error
@@ -84,16 +89,26 @@ func (c *cluster) open(ctx context.Context) (grpc.BidiStreamingClient[extprocv3.
 			}
 			st, err := h.client.Process(ctx)
 			if err == nil {
-				return st, nil
+				h.open.Add(1)
+				return h, st, nil
 			}
 			if ctx.Err() != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			h.down.Store(true)
 			errs = append(errs, fmt.Errorf("%s: %w", h.addr, err))
 		}
 	}
-	return nil, errors.Join(errs...)
+	return nil, nil, errors.Join(errs...)
+}
+
+// openStreams is each host's count of open streams, by address.
+func (c *cluster) openStreams() map[string]int {
+	out := make(map[string]int, len(c.hosts))
+	for _, h := range c.hosts {
+		out[h.addr] = int(h.open.Load())
+	}
+	return out
 }
 
 // check health-checks every host each interval until ctx ends.
@@ -121,7 +136,7 @@ func (c *cluster) check(ctx context.Context, interval time.Duration, unhealthy i
 func (h *host) check(ctx context.Context, timeout time.Duration, unhealthy int, log *zap.Logger) {
 	cctx, cancel := context.WithTimeout(ctx, timeout/2)
 	defer cancel()
-	resp, err := h.health.Check(cctx, &healthpb.HealthCheckRequest{Service: healthService})
+	resp, err := h.health.Check(cctx, &healthpb.HealthCheckRequest{Service: HealthService})
 	if ctx.Err() != nil {
 		return
 	}
