@@ -15,6 +15,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -27,6 +29,10 @@ import (
 type Options struct {
 	// EnginesimBin is the enginesim binary (a path, or a name on PATH).
 	EnginesimBin string
+	// EPPBin is the EPP binary for the scenarios that run EPP processes
+	// (a path, or a name on PATH). Default: epp next to EnginesimBin, as
+	// make build leaves them in bin/.
+	EPPBin string
 	// Scenarios are the names to run; empty runs every one, in order.
 	Scenarios []string
 	// Log receives the components' logs.
@@ -97,8 +103,9 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
-	bin, err := launch.FindEnginesim(o.EnginesimBin)
-	if err != nil {
+	var b bins
+	var err error
+	if b.enginesim, err = launch.FindEnginesim(o.EnginesimBin); err != nil {
 		return nil, err
 	}
 	all := scenarios()
@@ -117,13 +124,20 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 			run = append(run, s)
 		}
 	}
+	for _, s := range run {
+		if s.setup.eppProcesses > 0 && b.epp == "" {
+			if b.epp, err = findEPP(o.EPPBin, b.enginesim); err != nil {
+				return nil, err
+			}
+		}
+	}
 	var results []Result
 	for _, s := range run {
 		if ctx.Err() != nil {
 			return results, ctx.Err()
 		}
 		fmt.Fprintf(o.Progress, "chaos: %s ...\n", s.name)
-		r := runScenario(ctx, bin, s, o.Log.With(zap.String("scenario", s.name)))
+		r := runScenario(ctx, b, s, o.Log.With(zap.String("scenario", s.name)))
 		verdict := "PASS"
 		if !r.Pass {
 			verdict = "FAIL"
@@ -134,11 +148,23 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 	return results, nil
 }
 
-func runScenario(ctx context.Context, bin string, s scenario, log *zap.Logger) Result {
+// findEPP resolves the EPP binary: bin, or epp next to enginesim.
+func findEPP(bin, enginesim string) (string, error) {
+	if bin == "" {
+		bin = filepath.Join(filepath.Dir(enginesim), "epp")
+	}
+	path, err := exec.LookPath(bin)
+	if err != nil {
+		return "", fmt.Errorf("cannot find the EPP binary %q (run make build, or pass its path): %w", bin, err)
+	}
+	return path, nil
+}
+
+func runScenario(ctx context.Context, b bins, s scenario, log *zap.Logger) Result {
 	start := time.Now()
 	r := Result{Scenario: s.name, Expected: s.expected}
 	var o outcome
-	env, err := newWorld(ctx, bin, s.setup, log)
+	env, err := newWorld(ctx, b, s.setup, log)
 	if err == nil {
 		err = s.run(ctx, env, &o)
 		if cerr := env.Close(); cerr != nil {

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -20,11 +23,12 @@ import (
 // checks decide; the test then requires that every process it started is
 // gone (its ports free again).
 func TestChaosScenarios(t *testing.T) {
-	names := []string{"engine-kill", "engine-crash-idle", "client-cancel", "event-gap", "kv-publisher-outage", "metrics-hang"}
+	names := []string{"engine-kill", "engine-crash-idle", "client-cancel", "event-gap", "kv-publisher-outage", "metrics-hang",
+		"epp-kill-one-of-two"}
 	if testing.Short() {
 		names = []string{"engine-kill", "engine-crash-idle", "event-gap"}
 	}
-	bin := simtest.Binary(t)
+	b := bins{enginesim: simtest.Binary(t)}
 	byName := map[string]scenario{}
 	for _, s := range scenarios() {
 		byName[s.name] = s
@@ -33,9 +37,12 @@ func TestChaosScenarios(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			s, ok := byName[name]
 			require.True(t, ok)
+			if s.setup.eppProcesses > 0 && b.epp == "" {
+				b.epp = eppBinary(t)
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			env, err := newWorld(ctx, bin, s.setup, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+			env, err := newWorld(ctx, b, s.setup, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = env.Close() })
 			var o outcome
@@ -50,10 +57,24 @@ func TestChaosScenarios(t *testing.T) {
 				requireFree(t, strings.TrimPrefix(p.Config.KVEvents.Endpoint, "tcp://"))
 				requireFree(t, strings.TrimPrefix(p.Config.KVEvents.ReplayEndpoint, "tcp://"))
 			}
-			requireFree(t, env.epp.GRPCAddr())
-			requireFree(t, strings.TrimPrefix(env.epp.AdminURL(), "http://"))
+			for _, e := range env.epps {
+				requireFree(t, e.GRPCAddr())
+				requireFree(t, strings.TrimPrefix(strings.TrimSuffix(e.MetricsURL(), "/metrics"), "http://"))
+				requireFree(t, strings.TrimPrefix(e.AdminURL(), "http://"))
+			}
 		})
 	}
+}
+
+// eppBinary builds cmd/epp for the scenarios that run EPP processes.
+func eppBinary(t *testing.T) string {
+	t.Helper()
+	_, file, _, ok := runtime.Caller(0)
+	require.True(t, ok)
+	bin := filepath.Join(t.TempDir(), "epp")
+	out, err := exec.Command("go", "build", "-o", bin, filepath.Join(filepath.Dir(file), "..", "..", "cmd", "epp")).CombinedOutput()
+	require.NoError(t, err, string(out))
+	return bin
 }
 
 func TestRunChaosRejects(t *testing.T) {

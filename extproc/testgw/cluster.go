@@ -11,6 +11,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -45,7 +46,11 @@ type host struct {
 	open atomic.Int64
 }
 
-func newCluster(addrs []string, log *zap.Logger) (*cluster, error) {
+// newCluster connects to addrs; a lost connection is tried again after at
+// most reconnect, as Envoy connects again for its next health check or
+// stream (grpc-go's default backoff grows to 120 s, and a host would stay
+// unreachable long after it is back).
+func newCluster(addrs []string, reconnect time.Duration, log *zap.Logger) (*cluster, error) {
 	c := &cluster{log: log}
 	pool := extproc.NewBufferPool()
 	for _, addr := range addrs {
@@ -61,6 +66,9 @@ func newCluster(addrs []string, log *zap.Logger) (*cluster, error) {
 		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20),
 				grpc.ForceCodecV2(extproc.NewCodec(pool))),
+			grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: min(100*time.Millisecond, reconnect),
+				Multiplier: backoff.DefaultConfig.Multiplier, Jitter: backoff.DefaultConfig.Jitter, MaxDelay: reconnect},
+				MinConnectTimeout: time.Second}),
 			grpc.WithInitialWindowSize(1<<20), grpc.WithInitialConnWindowSize(16<<20),
 			grpc.WithReadBufferSize(128<<10), grpc.WithWriteBufferSize(128<<10))
 		if err != nil {

@@ -55,6 +55,8 @@ type Config struct {
 	EPPs []string `yaml:"epps"`
 	// HealthInterval between health checks of each EPP host; 0 is the
 	// default 2s (the shipped Envoy config's), negative turns checks off.
+	// It also bounds the wait before a lost connection is tried again (2s
+	// with checks off).
 	HealthInterval time.Duration `yaml:"health_interval"`
 	// HealthUnhealthy failed checks in a row mark a host down. Default 2.
 	HealthUnhealthy int `yaml:"health_unhealthy"`
@@ -137,7 +139,11 @@ func New(cfg Config, log *zap.Logger) (*Gateway, error) {
 	if len(cfg.EPPs) == 0 {
 		return nil, errors.New("cannot use the EPP: no address")
 	}
-	epps, err := newCluster(cfg.EPPs, log)
+	reconnect := cfg.HealthInterval
+	if reconnect <= 0 {
+		reconnect = Config{}.WithDefaults().HealthInterval
+	}
+	epps, err := newCluster(cfg.EPPs, reconnect, log)
 	if err != nil {
 		return nil, err
 	}
