@@ -1,11 +1,13 @@
 // Package chaos owns the fault-injection suite (bench chaos): scripted
 // faults (an engine killed mid-stream or idle, restarted, dropped KV
 // events, a vanished KV-event publisher, hanging metrics, every replica
-// stale, the EPP restarted under load, flapping health under the quoter)
-// against a fresh world per scenario: enginesim processes, the real EPP in
-// this process and the test gateway, all on 127.0.0.1 (bench/internal/
-// launch). Each scenario checks its expected outcome and measures a
-// recovery time; the suite reports expected against observed as a table.
+// stale, the EPP restarted under load, one of two EPPs killed, both
+// rolled, flapping health under the quoter) against a fresh world per
+// scenario: enginesim processes, the real EPP in this process (or two
+// bin/epp processes side by side) and the test gateway, all on 127.0.0.1
+// (bench/internal/launch). Each scenario checks its expected outcome and
+// measures a recovery time; the suite reports expected against observed as
+// a table.
 //
 // It imports the EPP's assembly through launch, the quoter (quoter-flap
 // runs quoter.Service in process) and the scheduler's state names.

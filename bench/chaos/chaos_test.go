@@ -4,9 +4,6 @@ import (
 	"bytes"
 	"context"
 	"net"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +12,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/omnious/provider-node/bench/internal/launch/launchtest"
 	"github.com/omnious/provider-node/engines/sim/simtest"
 )
 
@@ -38,7 +36,7 @@ func TestChaosScenarios(t *testing.T) {
 			s, ok := byName[name]
 			require.True(t, ok)
 			if s.setup.eppProcesses > 0 && b.epp == "" {
-				b.epp = eppBinary(t)
+				b.epp = launchtest.EPPBinary(t)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
@@ -66,17 +64,6 @@ func TestChaosScenarios(t *testing.T) {
 	}
 }
 
-// eppBinary builds cmd/epp for the scenarios that run EPP processes.
-func eppBinary(t *testing.T) string {
-	t.Helper()
-	_, file, _, ok := runtime.Caller(0)
-	require.True(t, ok)
-	bin := filepath.Join(t.TempDir(), "epp")
-	out, err := exec.Command("go", "build", "-o", bin, filepath.Join(filepath.Dir(file), "..", "..", "cmd", "epp")).CombinedOutput()
-	require.NoError(t, err, string(out))
-	return bin
-}
-
 func TestRunChaosRejects(t *testing.T) {
 	tests := []struct {
 		name string
@@ -85,6 +72,9 @@ func TestRunChaosRejects(t *testing.T) {
 	}{
 		{"missing binary", Options{EnginesimBin: "/nonexistent/enginesim"}, "cannot find enginesim"},
 		{"unknown scenario", Options{EnginesimBin: "true", Scenarios: []string{"engine-kill", "nope"}}, `unknown chaos scenario "nope"`},
+		{"missing EPP binary", Options{EnginesimBin: "true", EPPBin: "/nonexistent/epp", Scenarios: []string{"engine-kill", "epp-rollout"}},
+			`cannot find the EPP binary "/nonexistent/epp"`},
+		{"no EPP next to enginesim", Options{EnginesimBin: "true", Scenarios: []string{"epp-kill-one-of-two"}}, "cannot find the EPP binary"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -125,4 +115,28 @@ func requireFree(t *testing.T, hostport string) {
 	l, err := net.Listen("tcp", hostport)
 	require.NoError(t, err, "port %s still bound", hostport)
 	require.NoError(t, l.Close())
+}
+
+func TestDecisionsSince(t *testing.T) {
+	tests := []struct {
+		name      string
+		prev, cur decisions
+		share     float64
+		n         int
+		others    string
+	}{
+		{"none", decisions{}, decisions{}, 0, 0, ""},
+		{"all prefix", decisions{"prefix": 10}, decisions{"prefix": 30}, 1, 20, ""},
+		{"some overridden", decisions{"prefix": 5, "cold": 1}, decisions{"prefix": 23, "cold": 1, "load_balance_override": 2},
+			0.9, 20, "2 load_balance_override"},
+		{"several reasons", decisions{}, decisions{"prefix": 1, "session": 1, "cold": 2}, 0.25, 4, "1 session, 2 cold"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			share, n, others := tt.cur.since(tt.prev)
+			require.InDelta(t, tt.share, share, 1e-9)
+			require.Equal(t, tt.n, n)
+			require.Equal(t, tt.others, others)
+		})
+	}
 }

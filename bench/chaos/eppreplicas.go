@@ -207,7 +207,7 @@ func runEPPRollout(ctx context.Context, env *world, o *outcome) error {
 		steps = append(steps, fmt.Sprintf("EPP %d exited %d ms after SIGTERM, ready %d ms after its start, streams again %d ms after that",
 			i, exited.Milliseconds(), ready.Milliseconds(), back.Milliseconds()))
 	}
-	time.Sleep(time.Second) // both serve again
+	time.Sleep(time.Second)     // both serve again
 	xs := env.failedExchanges() // before the load stops: its cancelled requests are not failures
 	ps := pr.stop()
 	failed, total := failures(ps, time.Time{})

@@ -18,7 +18,6 @@ import (
 
 	"go.uber.org/zap"
 	"go.yaml.in/yaml/v3"
-
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
@@ -181,46 +180,58 @@ type ProcessConfig struct {
 // free loopback ports, the same at every start. It does not wait for it to
 // be ready (WaitReady).
 func StartProcess(c ProcessConfig) (*EPP, error) {
-	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
-		return nil, fmt.Errorf("cannot create the EPP's directory: %w", err)
-	}
-	epFile := filepath.Join(c.Dir, "endpoints.yaml")
-	if err := writeEndpointFile(epFile, c.Endpoints); err != nil {
-		return nil, err
-	}
-	ports, err := loopback.FreePorts(4)
-	if err != nil {
-		return nil, err
-	}
-	addr := func(i int) string { return "127.0.0.1:" + strconv.Itoa(ports[i]) }
-	cfg, err := c.config(addr(0), addr(1), addr(2), addr(3))
-	if err != nil {
-		return nil, err
-	}
-	cfg.EndpointsFile = epFile
-	cfgFile := filepath.Join(c.Dir, "epp.yaml")
-	if err := writeYAML(cfgFile, cfg); err != nil {
-		return nil, err
-	}
 	if c.Name == "" {
 		c.Name = "the EPP"
 	}
 	if c.LogLevel == "" {
 		c.LogLevel = "warn"
 	}
+	ports, err := loopback.FreePorts(4)
+	if err != nil {
+		return nil, err
+	}
+	var addrs [4]string
+	for i, p := range ports {
+		addrs[i] = "127.0.0.1:" + strconv.Itoa(p)
+	}
+	cfgFile, err := c.writeFiles(addrs)
+	if err != nil {
+		return nil, err
+	}
 	// A graceful stop drains for up to DrainTimeout; past that and a
 	// margin, it is killed (and reported).
 	e := startChildEPP(c.Name, c.Bin, c.Dir, []string{"-config", cfgFile, "-log-level", c.LogLevel}, c.DrainTimeout+5*time.Second)
-	e.setAddrs(addr(0), addr(2), addr(3))
+	e.setAddrs(addrs[0], addrs[2], addrs[3])
 	if err := e.Start(); err != nil {
 		return nil, err
 	}
 	return e, nil
 }
 
+// writeFiles writes the endpoint file and the config file of the EPP on
+// addrs (gRPC, health, metrics, admin) into c.Dir, creating it, and
+// returns the config file's path.
+func (c ProcessConfig) writeFiles(addrs [4]string) (string, error) {
+	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
+		return "", fmt.Errorf("cannot create the directory of %s: %w", c.Name, err)
+	}
+	epFile := filepath.Join(c.Dir, "endpoints.yaml")
+	if err := writeEndpointFile(epFile, c.Endpoints); err != nil {
+		return "", err
+	}
+	cfg, err := c.config(addrs[0], addrs[1], addrs[2], addrs[3])
+	if err != nil {
+		return "", err
+	}
+	cfg.EndpointsFile = epFile
+	cfgFile := filepath.Join(c.Dir, "epp.yaml")
+	return cfgFile, writeYAML(cfgFile, cfg)
+}
+
 // writeEndpointFile writes eps as a static endpoint file (discovery's
 // format): each entry's model and engine, its KV event and replay ports,
-// and its metrics port and path when they are not the defaults.
+// and its metrics port and path when they are not the defaults (port 0
+// when it has no metrics URL: not scraped).
 func writeEndpointFile(path string, eps []endpoint.Endpoint) error {
 	type entry struct {
 		IP          string            `yaml:"ip"`
@@ -229,7 +240,7 @@ func writeEndpointFile(path string, eps []endpoint.Endpoint) error {
 		Engine      string            `yaml:"engine,omitempty"`
 		KVPort      int               `yaml:"kv_events_port,omitempty"`
 		ReplayPort  int               `yaml:"replay_port,omitempty"`
-		MetricsPort int               `yaml:"metrics_port,omitempty"`
+		MetricsPort *int              `yaml:"metrics_port,omitempty"`
 		MetricsPath string            `yaml:"metrics_path,omitempty"`
 		Labels      map[string]string `yaml:"labels,omitempty"`
 	}
@@ -253,15 +264,19 @@ func writeEndpointFile(path string, eps []endpoint.Endpoint) error {
 		if en.ReplayPort, err = zmqPort(ep.KVReplay); err != nil {
 			return err
 		}
-		if ep.MetricsURL != "" {
+		if ep.MetricsURL == "" {
+			en.MetricsPort = new(0)
+		} else {
 			u, err := url.Parse(ep.MetricsURL)
 			if err != nil {
 				return fmt.Errorf("bad metrics URL %q: %w", ep.MetricsURL, err)
 			}
-			if _, mp, err := splitPort(u.Host); err != nil {
+			_, mp, err := splitPort(u.Host)
+			if err != nil {
 				return err
-			} else if mp != port {
-				en.MetricsPort = mp
+			}
+			if mp != port {
+				en.MetricsPort = &mp
 			}
 			if u.Path != "/metrics" {
 				en.MetricsPath = u.Path
