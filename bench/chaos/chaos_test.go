@@ -32,12 +32,14 @@ func TestChaosScenarios(t *testing.T) {
 		byName[s.name] = s
 	}
 	for _, name := range names {
+		if byName[name].setup.eppProcesses > 0 && b.epp == "" {
+			b.epp = launchtest.EPPBinary(t)
+		}
+	}
+	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
 			s, ok := byName[name]
 			require.True(t, ok)
-			if s.setup.eppProcesses > 0 && b.epp == "" {
-				b.epp = launchtest.EPPBinary(t)
-			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			env, err := newWorld(ctx, b, s.setup, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))

@@ -56,10 +56,16 @@ type world struct {
 
 	servedMu sync.Mutex
 	served   map[string]int // requests each endpoint answered, from the gateways
-	// exchanges counts the gateways' exchanges by EPP host; failedX are
+	// exchanges are the gateways' ended exchanges by EPP host; failedX
 	// the failed ones.
-	exchanges map[string]int
+	exchanges map[string]hostExchanges
 	failedX   []exchangeEnd
+}
+
+// hostExchanges counts the exchanges that ended on one EPP host.
+type hostExchanges struct {
+	n    int
+	last time.Time // when the last one ended
 }
 
 // exchangeEnd is how one exchange ended, as its gateway saw it.
@@ -94,7 +100,7 @@ func newWorld(ctx context.Context, b bins, s setup, log *zap.Logger) (env *world
 	if err != nil {
 		return nil, fmt.Errorf("cannot create chaos dir: %w", err)
 	}
-	env = &world{log: log, dir: dir, http: loopback.Client(30 * time.Second), served: map[string]int{}, exchanges: map[string]int{}}
+	env = &world{log: log, dir: dir, http: loopback.Client(30 * time.Second), served: map[string]int{}, exchanges: map[string]hostExchanges{}}
 	defer func() {
 		if err != nil {
 			_ = env.Close()
@@ -177,9 +183,10 @@ func (env *world) startGateway(cfg testgw.Config) (*launch.Gateway, error) {
 	cfg.OnExchange = func(t testgw.Timing) {
 		env.servedMu.Lock()
 		defer env.servedMu.Unlock()
-		env.exchanges[t.EPP]++
+		now := time.Now()
+		env.exchanges[t.EPP] = hostExchanges{n: env.exchanges[t.EPP].n + 1, last: now}
 		if t.Err != nil || t.Status >= 500 {
-			env.failedX = append(env.failedX, exchangeEnd{at: time.Now(), epp: t.EPP, status: t.Status, err: t.Err})
+			env.failedX = append(env.failedX, exchangeEnd{at: now, epp: t.EPP, status: t.Status, err: t.Err})
 		}
 		if t.Served != "" {
 			env.served[t.Served]++
@@ -197,11 +204,13 @@ func (env *world) takeServed() map[string]int {
 	return out
 }
 
-// exchangesOf is how many exchanges the gateways ran on the EPP at addr.
-func (env *world) exchangesOf(addr string) int {
+// exchangesOf is how many exchanges the gateways ran on the EPP at addr,
+// and when the last one ended.
+func (env *world) exchangesOf(addr string) (int, time.Time) {
 	env.servedMu.Lock()
 	defer env.servedMu.Unlock()
-	return env.exchanges[addr]
+	x := env.exchanges[addr]
+	return x.n, x.last
 }
 
 // failedExchanges are the exchanges that failed so far, as the gateways saw

@@ -104,8 +104,8 @@ func scenarios() []scenario {
 			name: "epp-kill-one-of-two",
 			expected: fmt.Sprintf("two bin/epp processes behind one gateway (health checks every %v, a host down after %d "+
 				"failures or at once when a stream cannot open), %d streaming clients; SIGKILL of one: failed requests ≤ the "+
-				"streams open on it at the kill, none sent after the kill fails, none fails after those streams ended; the "+
-				"survivor's prefix share over %v after the kill within 5 points of the %v before",
+				"streams open on it from the signal until the process is gone, none sent after that fails, none fails after "+
+				"those streams ended; the survivor's prefix share over %v after the kill within 5 points of the %v before",
 				eppHealthInterval, gatewayUnhealthy(), replicaClients, replicaWindow, replicaWindow),
 			setup: setup{replicas: 3, eppProcesses: 2},
 			run:   runEPPKillOneOfTwo,
