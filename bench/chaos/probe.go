@@ -75,7 +75,6 @@ type load struct {
 
 // startLoad runs l until the prober is stopped.
 func (env *world) startLoad(ctx context.Context, l load) *prober {
-	prompt := l.prompt
 	pctx, cancel := context.WithCancel(ctx)
 	pr := &prober{cancel: cancel, done: make(chan struct{})}
 	var wg sync.WaitGroup
@@ -86,7 +85,7 @@ func (env *world) startLoad(ctx context.Context, l load) *prober {
 			for i := 0; pctx.Err() == nil; i++ {
 				at := time.Now()
 				rctx, rcancel := context.WithTimeout(pctx, 10*time.Second)
-				status, err := env.once(rctx, prompt(w, i), l.tokens, l.stream)
+				status, err := env.once(rctx, l.prompt(w, i), l.tokens, l.stream)
 				rcancel()
 				if pctx.Err() != nil {
 					return
