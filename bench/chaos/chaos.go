@@ -1,11 +1,13 @@
 // Package chaos owns the fault-injection suite (bench chaos): scripted
 // faults (an engine killed mid-stream or idle, restarted, dropped KV
 // events, a vanished KV-event publisher, hanging metrics, every replica
-// stale, the EPP restarted under load, flapping health under the quoter)
-// against a fresh world per scenario: enginesim processes, the real EPP in
-// this process and the test gateway, all on 127.0.0.1 (bench/internal/
-// launch). Each scenario checks its expected outcome and measures a
-// recovery time; the suite reports expected against observed as a table.
+// stale, the EPP restarted under load, one of two EPPs killed, both
+// rolled, flapping health under the quoter) against a fresh world per
+// scenario: enginesim processes, the real EPP in this process (or two
+// bin/epp processes side by side) and the test gateway, all on 127.0.0.1
+// (bench/internal/launch). Each scenario checks its expected outcome and
+// measures a recovery time; the suite reports expected against observed as
+// a table.
 //
 // It imports the EPP's assembly through launch, the quoter (quoter-flap
 // runs quoter.Service in process) and the scheduler's state names.
@@ -15,6 +17,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -27,6 +31,10 @@ import (
 type Options struct {
 	// EnginesimBin is the enginesim binary (a path, or a name on PATH).
 	EnginesimBin string
+	// EPPBin is the EPP binary for the scenarios that run EPP processes
+	// (a path, or a name on PATH). Default: epp next to EnginesimBin, as
+	// make build leaves them in bin/.
+	EPPBin string
 	// Scenarios are the names to run; empty runs every one, in order.
 	Scenarios []string
 	// Log receives the components' logs.
@@ -97,8 +105,9 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
-	bin, err := launch.FindEnginesim(o.EnginesimBin)
-	if err != nil {
+	var b bins
+	var err error
+	if b.enginesim, err = launch.FindEnginesim(o.EnginesimBin); err != nil {
 		return nil, err
 	}
 	all := scenarios()
@@ -117,13 +126,20 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 			run = append(run, s)
 		}
 	}
+	for _, s := range run {
+		if s.setup.eppProcesses > 0 && b.epp == "" {
+			if b.epp, err = findEPP(o.EPPBin, b.enginesim); err != nil {
+				return nil, err
+			}
+		}
+	}
 	var results []Result
 	for _, s := range run {
 		if ctx.Err() != nil {
 			return results, ctx.Err()
 		}
 		fmt.Fprintf(o.Progress, "chaos: %s ...\n", s.name)
-		r := runScenario(ctx, bin, s, o.Log.With(zap.String("scenario", s.name)))
+		r := runScenario(ctx, b, s, o.Log.With(zap.String("scenario", s.name)))
 		verdict := "PASS"
 		if !r.Pass {
 			verdict = "FAIL"
@@ -134,11 +150,23 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 	return results, nil
 }
 
-func runScenario(ctx context.Context, bin string, s scenario, log *zap.Logger) Result {
+// findEPP resolves the EPP binary: bin, or epp next to enginesim.
+func findEPP(bin, enginesim string) (string, error) {
+	if bin == "" {
+		bin = filepath.Join(filepath.Dir(enginesim), "epp")
+	}
+	path, err := exec.LookPath(bin)
+	if err != nil {
+		return "", fmt.Errorf("cannot find the EPP binary %q (run make build, or pass its path): %w", bin, err)
+	}
+	return path, nil
+}
+
+func runScenario(ctx context.Context, b bins, s scenario, log *zap.Logger) Result {
 	start := time.Now()
 	r := Result{Scenario: s.name, Expected: s.expected}
 	var o outcome
-	env, err := newWorld(ctx, bin, s.setup, log)
+	env, err := newWorld(ctx, b, s.setup, log)
 	if err == nil {
 		err = s.run(ctx, env, &o)
 		if cerr := env.Close(); cerr != nil {

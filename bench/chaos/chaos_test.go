@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/omnious/provider-node/bench/internal/launch/launchtest"
 	"github.com/omnious/provider-node/engines/sim/simtest"
 )
 
@@ -20,14 +21,20 @@ import (
 // checks decide; the test then requires that every process it started is
 // gone (its ports free again).
 func TestChaosScenarios(t *testing.T) {
-	names := []string{"engine-kill", "engine-crash-idle", "client-cancel", "event-gap", "kv-publisher-outage", "metrics-hang"}
+	names := []string{"engine-kill", "engine-crash-idle", "client-cancel", "event-gap", "kv-publisher-outage", "metrics-hang",
+		"epp-kill-one-of-two"}
 	if testing.Short() {
 		names = []string{"engine-kill", "engine-crash-idle", "event-gap"}
 	}
-	bin := simtest.Binary(t)
+	b := bins{enginesim: simtest.Binary(t)}
 	byName := map[string]scenario{}
 	for _, s := range scenarios() {
 		byName[s.name] = s
+	}
+	for _, name := range names {
+		if byName[name].setup.eppProcesses > 0 && b.epp == "" {
+			b.epp = launchtest.EPPBinary(t)
+		}
 	}
 	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
@@ -35,7 +42,7 @@ func TestChaosScenarios(t *testing.T) {
 			require.True(t, ok)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			env, err := newWorld(ctx, bin, s.setup, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+			env, err := newWorld(ctx, b, s.setup, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = env.Close() })
 			var o outcome
@@ -50,8 +57,11 @@ func TestChaosScenarios(t *testing.T) {
 				requireFree(t, strings.TrimPrefix(p.Config.KVEvents.Endpoint, "tcp://"))
 				requireFree(t, strings.TrimPrefix(p.Config.KVEvents.ReplayEndpoint, "tcp://"))
 			}
-			requireFree(t, env.epp.GRPCAddr())
-			requireFree(t, strings.TrimPrefix(env.epp.AdminURL(), "http://"))
+			for _, e := range env.epps {
+				requireFree(t, e.GRPCAddr())
+				requireFree(t, strings.TrimPrefix(strings.TrimSuffix(e.MetricsURL(), "/metrics"), "http://"))
+				requireFree(t, strings.TrimPrefix(e.AdminURL(), "http://"))
+			}
 		})
 	}
 }
@@ -64,6 +74,9 @@ func TestRunChaosRejects(t *testing.T) {
 	}{
 		{"missing binary", Options{EnginesimBin: "/nonexistent/enginesim"}, "cannot find enginesim"},
 		{"unknown scenario", Options{EnginesimBin: "true", Scenarios: []string{"engine-kill", "nope"}}, `unknown chaos scenario "nope"`},
+		{"missing EPP binary", Options{EnginesimBin: "true", EPPBin: "/nonexistent/epp", Scenarios: []string{"engine-kill", "epp-rollout"}},
+			`cannot find the EPP binary "/nonexistent/epp"`},
+		{"no EPP next to enginesim", Options{EnginesimBin: "true", Scenarios: []string{"epp-kill-one-of-two"}}, "cannot find the EPP binary"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -104,4 +117,28 @@ func requireFree(t *testing.T, hostport string) {
 	l, err := net.Listen("tcp", hostport)
 	require.NoError(t, err, "port %s still bound", hostport)
 	require.NoError(t, l.Close())
+}
+
+func TestDecisionsSince(t *testing.T) {
+	tests := []struct {
+		name      string
+		prev, cur decisions
+		share     float64
+		n         int
+		others    string
+	}{
+		{"none", decisions{}, decisions{}, 0, 0, ""},
+		{"all prefix", decisions{"prefix": 10}, decisions{"prefix": 30}, 1, 20, ""},
+		{"some overridden", decisions{"prefix": 5, "cold": 1}, decisions{"prefix": 23, "cold": 1, "load_balance_override": 2},
+			0.9, 20, "2 load_balance_override"},
+		{"several reasons", decisions{}, decisions{"prefix": 1, "session": 1, "cold": 2}, 0.25, 4, "1 session, 2 cold"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			share, n, others := tt.cur.since(tt.prev)
+			require.InDelta(t, tt.share, share, 1e-9)
+			require.Equal(t, tt.n, n)
+			require.Equal(t, tt.others, others)
+		})
+	}
 }

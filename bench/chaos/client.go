@@ -120,7 +120,11 @@ func (env *world) getJSON(ctx context.Context, url string, v any) error {
 
 // indexBlocks is what the EPP's admin view says the index holds for addr.
 func (env *world) indexBlocks(ctx context.Context, addr string) (int, error) {
-	blocks, err := env.epp.ResidentBlocks(ctx)
+	return indexBlocksOf(ctx, env.epp, addr)
+}
+
+func indexBlocksOf(ctx context.Context, e *launch.EPP, addr string) (int, error) {
+	blocks, err := e.ResidentBlocks(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -129,6 +133,22 @@ func (env *world) indexBlocks(ctx context.Context, addr string) (int, error) {
 		return 0, fmt.Errorf("the EPP does not list %s", addr)
 	}
 	return n, nil
+}
+
+// indexSpread is the fewest and the most blocks any of the EPPs' indexes
+// holds for addr.
+func (env *world) indexSpread(ctx context.Context, addr string) (fewest, most int, err error) {
+	for i, e := range env.epps {
+		n, err := indexBlocksOf(ctx, e, addr)
+		if err != nil {
+			return 0, 0, err
+		}
+		if i == 0 || n < fewest {
+			fewest = n
+		}
+		most = max(most, n)
+	}
+	return fewest, most, nil
 }
 
 // truthBlocks is how many GPU blocks the engine holds (GET /admin/blocks).
@@ -168,9 +188,13 @@ func (env *world) agrees(ctx context.Context, p *launch.Sim) (bool, int, int, er
 // include want, read from its /metrics as Prometheus would; ok is false
 // when there is none or the EPP does not answer.
 func (env *world) metric(name string, want map[string]string) (float64, bool) {
+	return metricOf(env.epp, name, want)
+}
+
+func metricOf(e *launch.EPP, name string, want map[string]string) (float64, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	page, err := env.epp.Metrics(ctx)
+	page, err := e.Metrics(ctx)
 	if err != nil {
 		return 0, false
 	}

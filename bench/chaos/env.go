@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -31,20 +32,53 @@ const (
 	cooldown       = 2 * time.Second
 	timeScale      = 10
 	model          = "Qwen/Qwen3-32B"
+	// eppHealthInterval is how often the gateway health-checks each EPP
+	// host when there are several (testgw's HealthUnhealthy, 2 failed
+	// checks, marks one down; a stream it cannot open skips it at once).
+	eppHealthInterval = 200 * time.Millisecond
+	// eppDrainDelay is how long a stopping EPP of several still takes new
+	// streams after its health turned NOT_SERVING: past the gateway's two
+	// failed checks, as the production drain_delay covers Envoy's, so a
+	// rollout's streams move away on health, not on refused streams.
+	eppDrainDelay = 3 * eppHealthInterval
+	// drainTimeout bounds an EPP's drain on a graceful stop.
+	drainTimeout = 2 * time.Second
 )
 
-// world is one scenario's environment: enginesim processes on loopback, the real
-// EPP in process, the test gateway in front of it.
+// world is one scenario's environment: enginesim processes on loopback,
+// the real EPP (in process, or several bin/epp processes side by side) and
+// the test gateway in front of it.
 type world struct {
 	log  *zap.Logger
 	dir  string
 	http *http.Client
 	sims []*launch.Sim
+	// epps are the EPPs serving the pool; epp is the first, the one the
+	// single-EPP scenarios read.
+	epps []*launch.EPP
 	epp  *launch.EPP
 	gw   *launch.Gateway
 
 	servedMu sync.Mutex
 	served   map[string]int // requests each endpoint answered, from the gateways
+	// exchanges are the gateways' ended exchanges by EPP host; failedX
+	// the failed ones.
+	exchanges map[string]hostExchanges
+	failedX   []exchangeEnd
+}
+
+// hostExchanges counts the exchanges that ended on one EPP host.
+type hostExchanges struct {
+	n    int
+	last time.Time // when the last one ended
+}
+
+// exchangeEnd is how one exchange ended, as its gateway saw it.
+type exchangeEnd struct {
+	at     time.Time
+	epp    string
+	status int
+	err    error
 }
 
 // setup tunes one scenario's environment.
@@ -55,14 +89,23 @@ type setup struct {
 	noReplay []int
 	// cooldown, when set, replaces the breaker's cooldown.
 	cooldown time.Duration
+	// eppProcesses, when set, runs that many bin/epp processes side by side
+	// (active-active, each subscribing to and scraping every replica)
+	// behind one gateway, in place of the EPP in this process.
+	eppProcesses int
 }
 
-func newWorld(ctx context.Context, bin string, s setup, log *zap.Logger) (env *world, err error) {
+// bins are the binaries a world runs.
+type bins struct {
+	enginesim, epp string
+}
+
+func newWorld(ctx context.Context, b bins, s setup, log *zap.Logger) (env *world, err error) {
 	dir, err := os.MkdirTemp("", "bench-chaos-")
 	if err != nil {
 		return nil, fmt.Errorf("cannot create chaos dir: %w", err)
 	}
-	env = &world{log: log, dir: dir, http: loopback.Client(30 * time.Second), served: map[string]int{}}
+	env = &world{log: log, dir: dir, http: loopback.Client(30 * time.Second), served: map[string]int{}, exchanges: map[string]hostExchanges{}}
 	defer func() {
 		if err != nil {
 			_ = env.Close()
@@ -73,7 +116,7 @@ func newWorld(ctx context.Context, bin string, s setup, log *zap.Logger) (env *w
 	sc.Engine.TimeScale = timeScale
 	// A small cache: evictions happen, so the index has removals to follow.
 	sc.Engine.NumGPUBlocks = 2000
-	if env.sims, err = launch.StartSims(ctx, launch.SimsConfig{Bin: bin, Dir: dir, Replicas: s.replicas, Config: sc, LogLevel: "error"}); err != nil {
+	if env.sims, err = launch.StartSims(ctx, launch.SimsConfig{Bin: b.enginesim, Dir: dir, Replicas: s.replicas, Config: sc, LogLevel: "error"}); err != nil {
 		return env, err
 	}
 
@@ -103,15 +146,37 @@ func newWorld(ctx context.Context, bin string, s setup, log *zap.Logger) (env *w
 	// One endpoint per decision, as behind Envoy's ORIGINAL_DST cluster: a
 	// request routed to a dead replica fails instead of being rescued by
 	// the gateway's fallback walk, so the client sees what the EPP did.
-	if env.epp, err = launch.StartInProcess(launch.InProcessConfig{Scheduler: cfg, Endpoints: eps, StandInTokenizer: true,
-		MaxEndpoints: new(1), DrainTimeout: 2 * time.Second, Log: log}); err != nil {
+	spec := launch.Spec{Scheduler: cfg, Endpoints: eps, Tokenizer: launch.TokenizerStandIn, MaxEndpoints: new(1), DrainTimeout: drainTimeout}
+	gwc := testgw.Config{}
+	if s.eppProcesses == 0 {
+		e, err := launch.StartInProcess(launch.InProcessConfig{Spec: spec, Log: log})
+		if err != nil {
+			return env, err
+		}
+		env.epps = append(env.epps, e)
+		gwc.EPP = e.GRPCAddr()
+	}
+	if s.eppProcesses > 0 {
+		spec.DrainDelay = eppDrainDelay
+	}
+	for i := range s.eppProcesses {
+		e, err := launch.StartProcess(launch.ProcessConfig{Spec: spec, Bin: b.epp, Dir: filepath.Join(dir, fmt.Sprintf("epp-%d", i)),
+			Name: fmt.Sprintf("EPP %d", i)})
+		if err != nil {
+			return env, err
+		}
+		env.epps = append(env.epps, e)
+		gwc.EPPs = append(gwc.EPPs, e.GRPCAddr())
+		gwc.HealthInterval = eppHealthInterval
+	}
+	env.epp = env.epps[0]
+	if env.gw, err = env.startGateway(gwc); err != nil {
 		return env, err
 	}
-	if env.gw, err = env.startGateway(testgw.Config{EPP: env.epp.GRPCAddr()}); err != nil {
-		return env, err
-	}
-	if err := env.epp.WaitReady(ctx, len(env.sims)); err != nil {
-		return env, err
+	for _, e := range env.epps {
+		if _, err := e.WaitReady(ctx, len(env.sims)); err != nil {
+			return env, err
+		}
 	}
 	for i, p := range env.sims {
 		if err := env.sync(ctx, i, p); err != nil {
@@ -124,12 +189,16 @@ func newWorld(ctx context.Context, bin string, s setup, log *zap.Logger) (env *w
 // startGateway starts a test gateway whose answers count in served.
 func (env *world) startGateway(cfg testgw.Config) (*launch.Gateway, error) {
 	cfg.OnExchange = func(t testgw.Timing) {
-		if t.Served == "" {
-			return
-		}
 		env.servedMu.Lock()
-		env.served[t.Served]++
-		env.servedMu.Unlock()
+		defer env.servedMu.Unlock()
+		now := time.Now()
+		env.exchanges[t.EPP] = hostExchanges{n: env.exchanges[t.EPP].n + 1, last: now}
+		if t.Err != nil || t.Status >= 500 {
+			env.failedX = append(env.failedX, exchangeEnd{at: now, epp: t.EPP, status: t.Status, err: t.Err})
+		}
+		if t.Served != "" {
+			env.served[t.Served]++
+		}
 	}
 	return launch.StartGateway(cfg, env.log)
 }
@@ -143,16 +212,33 @@ func (env *world) takeServed() map[string]int {
 	return out
 }
 
-// Close stops everything the environment started: gateway, EPP, every
-// enginesim process; then removes its files. It may run again (a test's
-// cleanup).
+// exchangesOf is how many exchanges the gateways ran on the EPP at addr,
+// and when the last one ended.
+func (env *world) exchangesOf(addr string) (int, time.Time) {
+	env.servedMu.Lock()
+	defer env.servedMu.Unlock()
+	x := env.exchanges[addr]
+	return x.n, x.last
+}
+
+// failedExchanges are the exchanges that failed so far, as the gateways saw
+// them, in the order they ended.
+func (env *world) failedExchanges() []exchangeEnd {
+	env.servedMu.Lock()
+	defer env.servedMu.Unlock()
+	return append([]exchangeEnd(nil), env.failedX...)
+}
+
+// Close stops everything the environment started: gateway, EPPs, every
+// enginesim process, each by its own PID; then removes its files. It may
+// run again (a test's cleanup).
 func (env *world) Close() error {
 	var errs []error
 	if env.gw != nil {
 		errs = append(errs, env.gw.Close())
 	}
-	if env.epp != nil {
-		errs = append(errs, env.epp.Stop())
+	for _, e := range env.epps {
+		errs = append(errs, e.Stop())
 	}
 	errs = append(errs, launch.StopSims(env.sims))
 	env.http.CloseIdleConnections()
@@ -160,16 +246,16 @@ func (env *world) Close() error {
 	return errors.Join(errs...)
 }
 
-// sync makes the index start from a state it saw whole: ZMQ drops what is
-// published before the subscription connects, so a probe request is sent
-// until its blocks show in the index, then the replica is restarted
-// (AllBlocksCleared) and its index entries are seen to be gone.
+// sync makes every EPP's index start from a state it saw whole: ZMQ drops
+// what is published before the subscription connects, so a probe request
+// is sent until its blocks show in each index, then the replica is
+// restarted (AllBlocksCleared) and its index entries are seen to be gone.
 func (env *world) sync(ctx context.Context, i int, p *launch.Sim) error {
 	for try := 0; ; try++ {
 		if _, err := env.complete(ctx, promptOf(fmt.Sprintf("sync %d %d", i, try), 80), 1, p.Addr()); err != nil {
 			return fmt.Errorf("sync of replica %d: %w", i, err)
 		}
-		n, err := env.indexBlocks(ctx, p.Addr())
+		n, _, err := env.indexSpread(ctx, p.Addr())
 		if err != nil {
 			return err
 		}
@@ -185,7 +271,7 @@ func (env *world) sync(ctx context.Context, i int, p *launch.Sim) error {
 		return err
 	}
 	_, err := waitFor(ctx, 10*time.Second, func() (bool, error) {
-		n, err := env.indexBlocks(ctx, p.Addr())
+		_, n, err := env.indexSpread(ctx, p.Addr())
 		return n == 0, err
 	})
 	if err != nil {

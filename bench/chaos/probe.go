@@ -57,17 +57,35 @@ func (env *world) startProber(ctx context.Context, tag string, every time.Durati
 	if prompt == nil {
 		prompt = func(w, i int) string { return promptOf(fmt.Sprintf("%s-%d-%d", tag, w, i), 60) }
 	}
+	return env.startLoad(ctx, load{every: every, workers: workers, prompt: prompt, tokens: 4})
+}
+
+// load is a closed-loop client load: workers goroutines, each sending a
+// request every interval (or as soon as the last one ended).
+type load struct {
+	every   time.Duration
+	workers int
+	prompt  func(w, i int) string
+	// tokens is each request's max_tokens (ignore_eos: exactly that many).
+	tokens int
+	// stream sends streamed completions; one is ok only when it ended with
+	// data: [DONE].
+	stream bool
+}
+
+// startLoad runs l until the prober is stopped.
+func (env *world) startLoad(ctx context.Context, l load) *prober {
 	pctx, cancel := context.WithCancel(ctx)
 	pr := &prober{cancel: cancel, done: make(chan struct{})}
 	var wg sync.WaitGroup
-	for w := 0; w < workers; w++ {
+	for w := 0; w < l.workers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := 0; pctx.Err() == nil; i++ {
 				at := time.Now()
 				rctx, rcancel := context.WithTimeout(pctx, 10*time.Second)
-				status, err := env.complete(rctx, prompt(w, i), 4, "")
+				status, err := env.once(rctx, l.prompt(w, i), l.tokens, l.stream)
 				rcancel()
 				if pctx.Err() != nil {
 					return
@@ -77,13 +95,26 @@ func (env *world) startProber(ctx context.Context, tag string, every time.Durati
 				pr.mu.Unlock()
 				select {
 				case <-pctx.Done():
-				case <-time.After(time.Until(at.Add(every))):
+				case <-time.After(time.Until(at.Add(l.every))):
 				}
 			}
 		}()
 	}
 	go func() { wg.Wait(); close(pr.done) }()
 	return pr
+}
+
+// once sends one request of a load: its HTTP status, and an error for a
+// transport error or a stream that ended without [DONE].
+func (env *world) once(ctx context.Context, prompt string, tokens int, stream bool) (int, error) {
+	if !stream {
+		return env.complete(ctx, prompt, tokens, "")
+	}
+	r := env.stream(ctx, prompt, tokens, "", nil)
+	if r.err == nil && r.status == http.StatusOK && !r.done {
+		r.err = fmt.Errorf("stream ended without [DONE] after %d chunks", r.chunks)
+	}
+	return r.status, r.err
 }
 
 func (pr *prober) stop() []probe {

@@ -101,6 +101,25 @@ func scenarios() []scenario {
 			run:   runEPPRestart,
 		},
 		{
+			name: "epp-kill-one-of-two",
+			expected: fmt.Sprintf("two bin/epp processes behind one gateway (health checks every %v, a host down after %d "+
+				"failures or at once when a stream cannot open), %d streaming clients; SIGKILL of one: failed requests ≤ the "+
+				"streams open on it from the signal until the process is gone, none sent after that fails, none fails after "+
+				"those streams ended; the survivor's prefix share over %v after the kill within 5 points of the %v before",
+				eppHealthInterval, gatewayUnhealthy(), replicaClients, replicaWindow, replicaWindow),
+			setup: setup{replicas: 3, eppProcesses: 2},
+			run:   runEPPKillOneOfTwo,
+		},
+		{
+			name: "epp-rollout",
+			expected: fmt.Sprintf("the same two EPPs and load, restarted one after the other as a rolling update does "+
+				"(SIGTERM, exit, start on the same ports, ready: SERVING and every replica healthy, then the next; "+
+				"health checks every %v): no request fails at any point; each EPP's time to be ready again is reported",
+				eppHealthInterval),
+			setup: setup{replicas: 3, eppProcesses: 2},
+			run:   runEPPRollout,
+		},
+		{
 			name: "quoter-flap",
 			expected: "replica health flaps 0.7 s down / 0.7 s up: no quote signed or served while the EPP reports " +
 				"no healthy replica; the hold-down (1 s, doubling) keeps the breaker from closing in every healthy window",

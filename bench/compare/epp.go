@@ -39,8 +39,12 @@ func EPPLauncher(log *zap.Logger) Launcher {
 		t := &eppTarget{}
 		// Every endpoint of a decision (max_endpoints 0): the test gateway
 		// walks the fallback list, as the comparison has always measured.
-		e, err := launch.StartInProcess(launch.InProcessConfig{Scheduler: sc, Endpoints: fleet, StandInTokenizer: simulated,
-			MaxEndpoints: new(0), DrainTimeout: 5 * time.Second, OnPick: t.observe, Log: log})
+		tok := "none"
+		if simulated {
+			tok = launch.TokenizerStandIn
+		}
+		e, err := launch.StartInProcess(launch.InProcessConfig{Spec: launch.Spec{Scheduler: sc, Endpoints: fleet, Tokenizer: tok,
+			MaxEndpoints: new(0), DrainTimeout: 5 * time.Second}, OnPick: t.observe, Log: log})
 		if err != nil {
 			return nil, fmt.Errorf("policy %s: %w", policy, err)
 		}
@@ -49,7 +53,7 @@ func EPPLauncher(log *zap.Logger) Launcher {
 			_ = e.Stop()
 			return nil, err
 		}
-		if err := e.WaitReady(ctx, len(fleet)); err != nil {
+		if _, err := e.WaitReady(ctx, len(fleet)); err != nil {
 			_ = t.Close()
 			return nil, err
 		}

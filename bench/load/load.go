@@ -313,15 +313,20 @@ func startEPP(ctx context.Context, o Options, dir string, stubs []*stub) (*launc
 	eps := make([]endpoint.Endpoint, len(stubs))
 	for i, s := range stubs {
 		eps[i] = s.endpoint()
+		eps[i].Model, eps[i].Engine = o.Model, "vllm"
+	}
+	sc, err := launch.Tuning{Policy: o.Policy}.Config()
+	if err != nil {
+		return nil, fmt.Errorf("invalid scheduler config: %w", err)
 	}
 	// With a tokenizer requests carry exact prompt tokens and the policy
 	// works on the index.
-	e, err := launch.StartProcess(launch.ProcessConfig{Bin: o.EPPBin, Dir: dir, Policy: o.Policy, Model: o.Model, Engine: "vllm",
-		Tokenizer: o.Tokenizer, Endpoints: eps})
+	e, err := launch.StartProcess(launch.ProcessConfig{Spec: launch.Spec{Scheduler: sc, Endpoints: eps, Tokenizer: o.Tokenizer,
+		DrainTimeout: 2 * time.Second}, Bin: o.EPPBin, Dir: dir})
 	if err != nil {
 		return nil, err
 	}
-	if err := e.WaitReady(ctx, len(stubs)); err != nil {
+	if _, err := e.WaitReady(ctx, len(stubs)); err != nil {
 		_ = e.Stop()
 		return nil, err
 	}

@@ -49,7 +49,7 @@ func (l *loader) progress(format string, args ...any) {
 // onExchange receives the gateway's view of every request.
 func (l *loader) onExchange(t testgw.Timing) {
 	w := l.cur.Load()
-	if w == nil || t.Status != http.StatusOK {
+	if w == nil || t.Status != http.StatusOK || t.Err != nil {
 		return
 	}
 	w.mu.Lock()

@@ -68,7 +68,7 @@ func (s *stub) Addr() string { return s.ln.Addr().String() }
 
 // endpoint describes the stub as the EPP's endpoint file names it.
 func (s *stub) endpoint() endpoint.Endpoint {
-	ep := endpoint.Endpoint{Addr: s.Addr()}
+	ep := endpoint.Endpoint{Addr: s.Addr(), MetricsURL: "http://" + s.Addr() + "/metrics"}
 	if s.pub != nil {
 		ep.KVEvents = s.pub.Endpoint()
 	}

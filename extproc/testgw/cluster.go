@@ -11,14 +11,16 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/omnious/provider-node/extproc"
 )
 
-// healthService is the name the shipped Envoy config health-checks.
-const healthService = "envoy.service.ext_proc.v3.ExternalProcessor"
+// HealthService is the gRPC health service the gateway checks on each EPP
+// host's ext_proc port, the name the shipped Envoy config health-checks.
+const HealthService = "envoy.service.ext_proc.v3.ExternalProcessor"
 
 // cluster is the ext_proc cluster of several EPP hosts, as Envoy runs it:
 // new streams go round-robin over the hosts that pass their health checks;
@@ -39,9 +41,16 @@ type host struct {
 	health healthpb.HealthClient
 	down   atomic.Bool
 	fails  int // consecutive failed checks; touched by check only
+	// open counts the streams opened on this host whose exchange has not
+	// ended yet.
+	open atomic.Int64
 }
 
-func newCluster(addrs []string, log *zap.Logger) (*cluster, error) {
+// newCluster connects to addrs; a lost connection is tried again after at
+// most reconnect, as Envoy connects again for its next health check or
+// stream (grpc-go's default backoff grows to 120 s, and a host would stay
+// unreachable long after it is back).
+func newCluster(addrs []string, reconnect time.Duration, log *zap.Logger) (*cluster, error) {
 	c := &cluster{log: log}
 	pool := extproc.NewBufferPool()
 	for _, addr := range addrs {
@@ -57,6 +66,9 @@ func newCluster(addrs []string, log *zap.Logger) (*cluster, error) {
 		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20),
 				grpc.ForceCodecV2(extproc.NewCodec(pool))),
+			grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: min(100*time.Millisecond, reconnect),
+				Multiplier: backoff.DefaultConfig.Multiplier, Jitter: backoff.DefaultConfig.Jitter, MaxDelay: reconnect},
+				MinConnectTimeout: time.Second}),
 			grpc.WithInitialWindowSize(1<<20), grpc.WithInitialConnWindowSize(16<<20),
 			grpc.WithReadBufferSize(128<<10), grpc.WithWriteBufferSize(128<<10))
 		if err != nil {
@@ -69,10 +81,11 @@ func newCluster(addrs []string, log *zap.Logger) (*cluster, error) {
 	return c, nil
 }
 
-// open starts a stream on the next healthy host, trying each host once.
+// open starts a stream on the next healthy host, trying each host once,
+// and counts it open on the host it returns (the caller's done ends it).
 // With every host down it tries them all, as Envoy's panic threshold does
 // rather than fail every request.
-func (c *cluster) open(ctx context.Context) (grpc.BidiStreamingClient[extprocv3.ProcessingRequest, extprocv3.ProcessingResponse], error) {
+func (c *cluster) open(ctx context.Context) (*host, grpc.BidiStreamingClient[extprocv3.ProcessingRequest, extprocv3.ProcessingResponse], error) {
 	n := len(c.hosts)
 	start := int(c.next.Add(1)-1) % n
 	var errs []error
@@ -84,16 +97,26 @@ func (c *cluster) open(ctx context.Context) (grpc.BidiStreamingClient[extprocv3.
 			}
 			st, err := h.client.Process(ctx)
 			if err == nil {
-				return st, nil
+				h.open.Add(1)
+				return h, st, nil
 			}
 			if ctx.Err() != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			h.down.Store(true)
 			errs = append(errs, fmt.Errorf("%s: %w", h.addr, err))
 		}
 	}
-	return nil, errors.Join(errs...)
+	return nil, nil, errors.Join(errs...)
+}
+
+// openStreams is each host's count of open streams, by address.
+func (c *cluster) openStreams() map[string]int {
+	out := make(map[string]int, len(c.hosts))
+	for _, h := range c.hosts {
+		out[h.addr] = int(h.open.Load())
+	}
+	return out
 }
 
 // check health-checks every host each interval until ctx ends.
@@ -124,7 +147,7 @@ const healthTimeout = time.Second
 func (h *host) check(ctx context.Context, unhealthy int, log *zap.Logger) {
 	cctx, cancel := context.WithTimeout(ctx, healthTimeout)
 	defer cancel()
-	resp, err := h.health.Check(cctx, &healthpb.HealthCheckRequest{Service: healthService})
+	resp, err := h.health.Check(cctx, &healthpb.HealthCheckRequest{Service: HealthService})
 	if ctx.Err() != nil {
 		return
 	}

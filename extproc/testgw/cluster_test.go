@@ -12,13 +12,16 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	"github.com/omnious/provider-node/extproc"
-	"github.com/omnious/provider-node/scheduler"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/omnious/provider-node/extproc"
+	"github.com/omnious/provider-node/scheduler"
 )
 
 // countingEPP is a Floor on its own gRPC server with gRPC health on the
@@ -26,23 +29,43 @@ import (
 type countingEPP struct {
 	*Floor
 	streams atomic.Int64
-	addr    string
-	srv     *grpc.Server
-	health  *health.Server
+	// failOn, when set, ends a stream with an error in place of answering
+	// the first message it matches, as an EPP that died there.
+	failOn func(*extprocv3.ProcessingRequest) bool
+	addr   string
+	srv    *grpc.Server
+	health *health.Server
 }
 
 func (c *countingEPP) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
 	c.streams.Add(1)
+	if c.failOn != nil {
+		st = failingStream{st, c.failOn}
+	}
 	return c.Floor.Process(st)
 }
 
-func startCountingEPP(t *testing.T, addr, dest string) *countingEPP {
+type failingStream struct {
+	extprocv3.ExternalProcessor_ProcessServer
+	failOn func(*extprocv3.ProcessingRequest) bool
+}
+
+func (s failingStream) Recv() (*extprocv3.ProcessingRequest, error) {
+	req, err := s.ExternalProcessor_ProcessServer.Recv()
+	if err == nil && s.failOn(req) {
+		return nil, status.Error(codes.Unavailable, "the EPP is gone")
+	}
+	return req, err
+}
+
+func startCountingEPP(t *testing.T, addr, dest string, failOn func(*extprocv3.ProcessingRequest) bool) *countingEPP {
 	t.Helper()
 	lis, err := net.Listen("tcp", addr)
 	require.NoError(t, err)
-	c := &countingEPP{Floor: &Floor{Dests: []string{dest}}, addr: lis.Addr().String(), srv: grpc.NewServer(), health: health.NewServer()}
+	c := &countingEPP{Floor: &Floor{Dests: []string{dest}}, failOn: failOn, addr: lis.Addr().String(), srv: grpc.NewServer(),
+		health: health.NewServer()}
 	extprocv3.RegisterExternalProcessorServer(c.srv, c)
-	c.health.SetServingStatus(healthService, healthpb.HealthCheckResponse_SERVING)
+	c.health.SetServingStatus(HealthService, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(c.srv, c.health)
 	go func() { _ = c.srv.Serve(lis) }()
 	t.Cleanup(c.srv.Stop)
@@ -61,7 +84,7 @@ func TestSeveralEPPs(t *testing.T) {
 	}))
 	defer upstream.Close()
 	dest := strings.TrimPrefix(upstream.URL, "http://")
-	a, b := startCountingEPP(t, "127.0.0.1:0", dest), startCountingEPP(t, "127.0.0.1:0", dest)
+	a, b := startCountingEPP(t, "127.0.0.1:0", dest, nil), startCountingEPP(t, "127.0.0.1:0", dest, nil)
 
 	gw, err := New(Config{EPPs: []string{a.addr, b.addr}, HealthInterval: 20 * time.Millisecond}, zaptest.NewLogger(t))
 	require.NoError(t, err)
@@ -136,4 +159,80 @@ func TestSkipResponse(t *testing.T) {
 	require.Error(t, d.Err)
 	require.Equal(t, scheduler.OutcomeUnknown, d.Outcome())
 	require.Equal(t, addr, timing.Load().Served)
+}
+
+// TestEPPFailsMidExchange: an EPP whose stream fails (it died) before the
+// routing reply or at the response headers gets the client the gateway's
+// 502; one that fails once the response status has reached the client
+// leaves it a truncated response, never a clean end. Either way the
+// exchange reports the EPP host and the error, and the host's stream
+// counts as open from its opening to the exchange's end.
+func TestEPPFailsMidExchange(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"ok":true}`)
+	}))
+	defer upstream.Close()
+	dest := strings.TrimPrefix(upstream.URL, "http://")
+	cases := []struct {
+		name      string
+		failOn    func(*extprocv3.ProcessingRequest) bool
+		status    int
+		truncated bool
+	}{
+		{"no failure", nil, http.StatusOK, false},
+		{"before the routing reply", func(r *extprocv3.ProcessingRequest) bool { return r.GetRequestBody() != nil },
+			http.StatusBadGateway, false},
+		{"at the response headers", func(r *extprocv3.ProcessingRequest) bool { return r.GetResponseHeaders() != nil },
+			http.StatusBadGateway, false},
+		{"mid-response", func(r *extprocv3.ProcessingRequest) bool { return r.GetResponseBody() != nil },
+			http.StatusOK, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var gw atomic.Pointer[Gateway]
+			var openAtFailure atomic.Int64
+			var epp *countingEPP
+			failOn := tc.failOn
+			if failOn != nil {
+				failOn = func(r *extprocv3.ProcessingRequest) bool {
+					if !tc.failOn(r) {
+						return false
+					}
+					openAtFailure.Store(int64(gw.Load().OpenStreams()[epp.addr]))
+					return true
+				}
+			}
+			epp = startCountingEPP(t, "127.0.0.1:0", dest, failOn)
+			var timing atomic.Pointer[Timing]
+			g, err := New(Config{EPPs: []string{epp.addr}, HealthInterval: -1, OnExchange: func(tm Timing) { timing.Store(&tm) }},
+				zaptest.NewLogger(t))
+			require.NoError(t, err)
+			gw.Store(g)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- g.Run(ctx) }()
+			defer func() {
+				cancel()
+				require.NoError(t, <-done)
+			}()
+
+			resp, err := http.Post("http://"+g.Addr()+"/v1/completions", "application/json", strings.NewReader(`{"model":"m"}`))
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			require.Equal(t, tc.status, resp.StatusCode)
+			_, err = io.ReadAll(resp.Body)
+			require.Equal(t, tc.truncated, err != nil, "truncated response: %v", err)
+
+			tm := timing.Load()
+			require.NotNil(t, tm)
+			require.Equal(t, epp.addr, tm.EPP)
+			require.Equal(t, tc.failOn != nil, tm.Err != nil, "exchange error: %v", tm.Err)
+			if tc.failOn != nil {
+				require.Equal(t, int64(1), openAtFailure.Load(), "the stream is open while the EPP holds it")
+			}
+			require.Equal(t, map[string]int{epp.addr: 0}, g.OpenStreams(), "nothing open once the client has its answer")
+		})
+	}
 }

@@ -55,6 +55,8 @@ type Config struct {
 	EPPs []string `yaml:"epps"`
 	// HealthInterval between health checks of each EPP host; 0 is the
 	// default 2s (the shipped Envoy config's), negative turns checks off.
+	// It also bounds the wait before a lost connection is tried again (2s
+	// with checks off).
 	HealthInterval time.Duration `yaml:"health_interval"`
 	// HealthUnhealthy failed checks in a row mark a host down. Default 2.
 	HealthUnhealthy int `yaml:"health_unhealthy"`
@@ -68,7 +70,9 @@ type Config struct {
 	// DialTimeout bounds one connect attempt to an endpoint. Default 2s.
 	DialTimeout time.Duration `yaml:"dial_timeout"`
 	// OnExchange, when set, is called at the end of every request with the
-	// time it spent waiting on the EPP (the load bench's added latency).
+	// time it spent waiting on the EPP (the load bench's added latency),
+	// the EPP host it went to and how it ended; a request whose stream
+	// could open on no host is reported too (EPP empty).
 	OnExchange func(Timing) `yaml:"-"`
 	// Upstream, when set, carries the requests to the endpoints instead of
 	// a loopback HTTP transport: the load bench answers them in process,
@@ -94,6 +98,13 @@ type Timing struct {
 	Status int
 	// Served is the endpoint that answered ("" when none did).
 	Served string
+	// EPP is the ext_proc host the request's stream went to ("" when no
+	// stream could be opened).
+	EPP string
+	// Err is why the exchange failed (nil: it completed). After the
+	// response status reached the client a failure aborts the client's
+	// connection, so the client sees a truncated response.
+	Err error
 }
 
 // WithDefaults returns c with every unset (zero, never a legal setting)
@@ -128,7 +139,11 @@ func New(cfg Config, log *zap.Logger) (*Gateway, error) {
 	if len(cfg.EPPs) == 0 {
 		return nil, errors.New("cannot use the EPP: no address")
 	}
-	epps, err := newCluster(cfg.EPPs, log)
+	reconnect := cfg.HealthInterval
+	if reconnect <= 0 {
+		reconnect = Config{}.WithDefaults().HealthInterval
+	}
+	epps, err := newCluster(cfg.EPPs, reconnect, log)
 	if err != nil {
 		return nil, err
 	}
@@ -153,6 +168,12 @@ func New(cfg Config, log *zap.Logger) (*Gateway, error) {
 
 // Addr is the gateway's HTTP address.
 func (g *Gateway) Addr() string { return g.lis.Addr().String() }
+
+// OpenStreams is how many ext_proc streams are open on each EPP host, by
+// address: a stream counts from its opening to the end of its exchange
+// (after OnExchange has been called), so a host's count falls to 0 only
+// once every request it carried has ended for the gateway.
+func (g *Gateway) OpenStreams() map[string]int { return g.epps.openStreams() }
 
 // Run serves until ctx ends, then shuts down and closes the EPP connections.
 func (g *Gateway) Run(ctx context.Context) error {
@@ -220,6 +241,9 @@ type exchange struct {
 	// respEOS is when the upstream body's last chunk was handed to the
 	// EPP; written by the response sendBody goroutine before it returns.
 	respEOS time.Time
+	// committed is set once the response status went to the client: a
+	// failure after it can only abort the client's connection.
+	committed bool
 }
 
 // ServeHTTP runs one request through the EPP and the chosen endpoint.
@@ -227,23 +251,33 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	stream, err := g.epps.open(ctx)
+	h, stream, err := g.epps.open(ctx)
 	if err != nil {
-		http.Error(w, "ext_proc unavailable: "+err.Error(), http.StatusInternalServerError)
+		// Fail-closed, as Envoy with failure_mode_allow: false.
+		err = fmt.Errorf("ext_proc unavailable: %w", err)
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		if g.cfg.OnExchange != nil {
+			g.cfg.OnExchange(Timing{Status: http.StatusInternalServerError, Err: err})
+		}
 		return
 	}
-	x := &exchange{g: g, stream: stream, cancel: cancel, start: start}
+	defer h.open.Add(-1) // after OnExchange, even when the handler aborts
+	x := &exchange{g: g, stream: stream, cancel: cancel, start: start, timing: Timing{EPP: h.addr}}
 	err = x.run(w, r)
 	if err != nil {
-		g.log.Debug("exchange failed", zap.String("path", r.URL.Path), zap.Error(err))
+		g.log.Debug("exchange failed", zap.String("path", r.URL.Path), zap.String("epp", h.addr), zap.Error(err))
 	}
 	cancel()
+	x.timing.Err = err
 	if g.cfg.OnExchange != nil {
 		g.cfg.OnExchange(x.timing)
 	}
-	if errors.Is(err, errUpstreamBroke) {
-		// Abort the client's connection without ending the chunked body:
-		// the client sees a truncated response, not a clean end.
+	if err != nil && x.committed {
+		// The status and maybe part of the body reached the client (the
+		// upstream or the EPP broke off mid-response): as Envoy resets the
+		// downstream stream, abort the client's connection without ending
+		// the chunked body, so the client sees a truncated response, not
+		// a clean end.
 		panic(http.ErrAbortHandler)
 	}
 }
@@ -362,6 +396,7 @@ func (x *exchange) passThrough(w http.ResponseWriter, up *http.Response) error {
 		}
 	}
 	x.timing.Status = up.StatusCode
+	x.committed = true
 	w.WriteHeader(up.StatusCode)
 	flusher, _ := w.(http.Flusher)
 	buf := make([]byte, 32<<10)
@@ -385,10 +420,20 @@ func (x *exchange) passThrough(w http.ResponseWriter, up *http.Response) error {
 			break
 		}
 	}
-	if cerr := x.stream.CloseSend(); err == nil {
-		err = cerr
+	if err != nil {
+		return err
 	}
-	return err
+	x.closeSend()
+	return nil
+}
+
+// closeSend half-closes the ext_proc stream once the client has its whole
+// response. A stream that fails now has nothing left to affect (the EPP
+// may have gone after its last answer), so it is logged, not an error.
+func (x *exchange) closeSend() {
+	if err := x.stream.CloseSend(); err != nil {
+		x.g.log.Debug("cannot close the ext_proc stream after the response", zap.Error(err))
+	}
 }
 
 // forward sends the request to the first endpoint that accepts it, walking
@@ -470,6 +515,7 @@ func (x *exchange) respond(w http.ResponseWriter, up *http.Response, served stri
 	}
 	applyMutation(h, resp.GetResponseHeaders().GetResponse().GetHeaderMutation())
 	x.timing.Status = up.StatusCode
+	x.committed = true
 	w.WriteHeader(up.StatusCode)
 	flusher, _ := w.(http.Flusher)
 	if flusher != nil {
@@ -525,9 +571,7 @@ func (x *exchange) respond(w http.ResponseWriter, up *http.Response, served stri
 	if !x.respEOS.IsZero() && last.After(x.respEOS) {
 		x.timing.Response += last.Sub(x.respEOS)
 	}
-	if err := x.stream.CloseSend(); err != nil {
-		return err
-	}
+	x.closeSend()
 	return nil
 }
 

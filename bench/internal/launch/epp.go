@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,11 +18,16 @@ import (
 
 	"go.uber.org/zap"
 	"go.yaml.in/yaml/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/omnious/provider-node/bench/internal/loopback"
 	"github.com/omnious/provider-node/capacity"
 	"github.com/omnious/provider-node/discovery"
 	"github.com/omnious/provider-node/endpoint"
+	"github.com/omnious/provider-node/extproc/testgw"
 	"github.com/omnious/provider-node/internal/epp"
 	"github.com/omnious/provider-node/scheduler"
 )
@@ -34,8 +40,10 @@ const clockTicks = 100
 // (StartInProcess), bin/epp as a child process (StartProcess), or the
 // no-op floor server in its place (StartFloor). Whichever it is, the
 // harnesses read it the same way, over its loopback ports, as Prometheus
-// and the quoter would.
+// and the quoter would. Its ports are fixed when it first starts: Stop (or
+// Kill) then Start runs it again where the gateway looks.
 type EPP struct {
+	name                           string // in errors
 	grpcAddr, metricsURL, adminURL string
 	// logPath is the child's log, quoted when it fails to start.
 	logPath string
@@ -51,23 +59,61 @@ type EPP struct {
 type run struct {
 	*running
 	stop func() error
-	pid  int // 0 in this process
+	kill func() error // nil in this process
+	pid  int          // 0 in this process
 }
 
-// InProcessConfig is an EPP assembled in this process from a scheduler
-// config and a fixed endpoint list.
-type InProcessConfig struct {
+// TokenizerStandIn is Spec.Tokenizer for the engine simulator's tokenizer.
+const TokenizerStandIn = "standin"
+
+// Spec is what configures an EPP the bench runs, in this process or as
+// bin/epp: both run the same epp.Config (Spec.config), the child's written
+// as its YAML config file.
+type Spec struct {
 	Scheduler scheduler.Config
+	// Endpoints are the backends, as the EPP discovers them.
 	Endpoints []endpoint.Endpoint
-	// StandInTokenizer gives the EPP the engine simulator's tokenizer, exact
-	// for enginesim only; without it requests are routed in approximate
-	// mode (no tokenizer).
-	StandInTokenizer bool
+	// Tokenizer is how the EPP gets prompt tokens: TokenizerStandIn (exact
+	// for enginesim only), "" or "none" (approximate routing), or a
+	// directory with the endpoints' model's tokenizer.json.
+	Tokenizer string
 	// MaxEndpoints is how many endpoints one routing decision names
 	// (extproc.max_endpoints: 0 every one; nil the EPP's default, 1).
 	MaxEndpoints *int
-	// DrainTimeout bounds the drain when it stops.
+	// DrainDelay is how long a stopping EPP still accepts new streams
+	// after its health turned NOT_SERVING (0: it refuses them at once, and
+	// the test gateway opens them on another EPP).
+	DrainDelay time.Duration
+	// DrainTimeout bounds the drain when it stops (0: open streams are
+	// closed at once).
 	DrainTimeout time.Duration
+}
+
+// config is the EPP's config for s on the given addresses.
+func (s Spec) config(grpcAddr, healthAddr, metricsAddr, adminAddr string) (epp.Config, error) {
+	cfg := epp.Config{GRPCAddr: grpcAddr, HealthAddr: healthAddr, MetricsAddr: metricsAddr, AdminAddr: adminAddr,
+		Scheduler: s.Scheduler, DrainDelay: &s.DrainDelay, DrainTimeout: &s.DrainTimeout}
+	cfg.ExtProc.MaxEndpoints = s.MaxEndpoints
+	switch s.Tokenizer {
+	case TokenizerStandIn:
+		cfg.StandInTokenizer = true
+	case "", "none":
+	default:
+		abs, err := filepath.Abs(s.Tokenizer)
+		if err != nil {
+			return epp.Config{}, fmt.Errorf("bad tokenizer directory: %w", err)
+		}
+		cfg.Tokenizers = map[string]string{}
+		for _, ep := range s.Endpoints {
+			cfg.Tokenizers[ep.Model] = abs
+		}
+	}
+	return cfg.WithDefaults(), nil
+}
+
+// InProcessConfig is an EPP assembled in this process.
+type InProcessConfig struct {
+	Spec
 	// OnPick, when set, is given the duration of every scheduling decision.
 	OnPick func(time.Duration)
 	// Log receives the EPP's logs (nil: none).
@@ -77,13 +123,10 @@ type InProcessConfig struct {
 // StartInProcess assembles the EPP (internal/epp) and runs it on free
 // loopback ports; after a Stop, Start runs a new one on the same ports.
 func StartInProcess(c InProcessConfig) (*EPP, error) {
-	cfg := epp.Config{GRPCAddr: "127.0.0.1:0", HealthAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0",
-		Scheduler: c.Scheduler, DrainTimeout: &c.DrainTimeout, StandInTokenizer: c.StandInTokenizer,
-		// A harness stops its EPP when it is done with it: nothing waits
-		// for health checks to move traffic away.
-		DrainDelay: new(time.Duration(0))}
-	cfg.ExtProc.MaxEndpoints = c.MaxEndpoints
-	cfg = cfg.WithDefaults()
+	cfg, err := c.config("127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
 	var opts []epp.Option
 	if c.OnPick != nil {
 		opts = append(opts, epp.WithPickObserver(c.OnPick))
@@ -92,7 +135,7 @@ func StartInProcess(c InProcessConfig) (*EPP, error) {
 	if c.Log != nil {
 		log = c.Log.Named("epp")
 	}
-	e := &EPP{http: loopback.Client(10 * time.Second)}
+	e := &EPP{name: "the EPP", http: loopback.Client(10 * time.Second)}
 	e.start = func() (*run, error) {
 		s, err := epp.New(cfg, discovery.Fixed(c.Endpoints), log, opts...)
 		if err != nil {
@@ -126,74 +169,126 @@ func StartInProcess(c InProcessConfig) (*EPP, error) {
 // ProcessConfig is bin/epp run as a child process, configured as on bare
 // metal: a static endpoint file and a config file, written into Dir.
 type ProcessConfig struct {
-	Bin, Dir string
-	// Policy is the scheduler policy.
-	Policy string
-	// Model and Engine are the endpoints' defaults.
-	Model, Engine string
-	// Tokenizer is "standin" (the engine simulator's), "none" (approximate
-	// routing) or a directory with the model's tokenizer.json.
-	Tokenizer string
-	// Endpoints are the backends (Addr and KVEvents are read).
-	Endpoints []endpoint.Endpoint
+	Spec
+	Bin string
+	// Dir receives its files (config, endpoint file, epp.log); it is
+	// created when missing. Two EPPs side by side need two.
+	Dir string
+	// Name names it in errors. Default "the EPP".
+	Name string
+	// LogLevel is its -log-level. Default warn.
+	LogLevel string
 }
 
-// StartProcess writes the endpoint and config files and runs the EPP.
+// StartProcess writes the endpoint and config files and runs the EPP on
+// free loopback ports, the same at every start. It does not wait for it to
+// be ready (WaitReady).
 func StartProcess(c ProcessConfig) (*EPP, error) {
-	type ep struct {
-		IP     string `yaml:"ip"`
-		Port   int    `yaml:"port"`
-		KVPort int    `yaml:"kv_events_port,omitempty"`
+	if c.Name == "" {
+		c.Name = "the EPP"
 	}
-	var eps []ep
-	for _, e := range c.Endpoints {
-		host, port, err := splitPort(e.Addr)
-		if err != nil {
-			return nil, err
-		}
-		kv := 0
-		if e.KVEvents != "" {
-			if _, kv, err = splitPort(strings.TrimPrefix(e.KVEvents, "tcp://")); err != nil {
-				return nil, err
-			}
-		}
-		eps = append(eps, ep{IP: host, Port: port, KVPort: kv})
-	}
-	epFile := filepath.Join(c.Dir, "endpoints.yaml")
-	if err := writeYAML(epFile, map[string]any{"defaults": map[string]any{"model": c.Model, "engine": c.Engine}, "endpoints": eps}); err != nil {
-		return nil, err
+	if c.LogLevel == "" {
+		c.LogLevel = "warn"
 	}
 	ports, err := loopback.FreePorts(4)
 	if err != nil {
 		return nil, err
 	}
-	addr := func(i int) string { return "127.0.0.1:" + strconv.Itoa(ports[i]) }
-	cfg := map[string]any{
-		"grpc_addr": addr(0), "health_addr": addr(1), "metrics_addr": addr(2), "admin_addr": addr(3),
-		"endpoints_file": epFile, "drain_delay": "0s", "drain_timeout": "2s",
-		"scheduler": map[string]any{"policy": c.Policy},
+	var addrs [4]string
+	for i, p := range ports {
+		addrs[i] = "127.0.0.1:" + strconv.Itoa(p)
 	}
-	switch c.Tokenizer {
-	case "standin":
-		cfg["standin_tokenizer"] = true
-	case "none":
-	default:
-		abs, err := filepath.Abs(c.Tokenizer)
-		if err != nil {
-			return nil, fmt.Errorf("bad tokenizer directory: %w", err)
-		}
-		cfg["tokenizers"] = map[string]string{c.Model: abs}
-	}
-	cfgFile := filepath.Join(c.Dir, "epp.yaml")
-	if err := writeYAML(cfgFile, cfg); err != nil {
+	cfgFile, err := c.writeFiles(addrs)
+	if err != nil {
 		return nil, err
 	}
-	e := startChildEPP("the EPP", c.Bin, c.Dir, []string{"-config", cfgFile, "-log-level", "warn"})
-	e.setAddrs(addr(0), addr(2), addr(3))
+	// A graceful stop drains for up to DrainTimeout; past that and a
+	// margin, it is killed (and reported).
+	e := startChildEPP(c.Name, c.Bin, c.Dir, []string{"-config", cfgFile, "-log-level", c.LogLevel}, c.DrainTimeout+5*time.Second)
+	e.setAddrs(addrs[0], addrs[2], addrs[3])
 	if err := e.Start(); err != nil {
 		return nil, err
 	}
 	return e, nil
+}
+
+// writeFiles writes the endpoint file and the config file of the EPP on
+// addrs (gRPC, health, metrics, admin) into c.Dir, creating it, and
+// returns the config file's path.
+func (c ProcessConfig) writeFiles(addrs [4]string) (string, error) {
+	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
+		return "", fmt.Errorf("cannot create the directory of %s: %w", c.Name, err)
+	}
+	epFile := filepath.Join(c.Dir, "endpoints.yaml")
+	if err := writeEndpointFile(epFile, c.Endpoints); err != nil {
+		return "", err
+	}
+	cfg, err := c.config(addrs[0], addrs[1], addrs[2], addrs[3])
+	if err != nil {
+		return "", err
+	}
+	cfg.EndpointsFile = epFile
+	cfgFile := filepath.Join(c.Dir, "epp.yaml")
+	return cfgFile, writeYAML(cfgFile, cfg)
+}
+
+// writeEndpointFile writes eps as a static endpoint file (discovery's
+// format): each entry's model and engine, its KV event and replay ports,
+// and its metrics port and path when they are not the defaults (port 0
+// when it has no metrics URL: not scraped).
+func writeEndpointFile(path string, eps []endpoint.Endpoint) error {
+	type entry struct {
+		IP          string            `yaml:"ip"`
+		Port        int               `yaml:"port"`
+		Model       string            `yaml:"model"`
+		Engine      string            `yaml:"engine,omitempty"`
+		KVPort      int               `yaml:"kv_events_port,omitempty"`
+		ReplayPort  int               `yaml:"replay_port,omitempty"`
+		MetricsPort *int              `yaml:"metrics_port,omitempty"`
+		MetricsPath string            `yaml:"metrics_path,omitempty"`
+		Labels      map[string]string `yaml:"labels,omitempty"`
+	}
+	zmqPort := func(z string) (int, error) {
+		if z == "" {
+			return 0, nil
+		}
+		_, p, err := splitPort(strings.TrimPrefix(z, "tcp://"))
+		return p, err
+	}
+	entries := make([]entry, 0, len(eps))
+	for _, ep := range eps {
+		host, port, err := splitPort(ep.Addr)
+		if err != nil {
+			return err
+		}
+		en := entry{IP: host, Port: port, Model: ep.Model, Engine: ep.Engine, Labels: ep.Labels}
+		if en.KVPort, err = zmqPort(ep.KVEvents); err != nil {
+			return err
+		}
+		if en.ReplayPort, err = zmqPort(ep.KVReplay); err != nil {
+			return err
+		}
+		if ep.MetricsURL == "" {
+			en.MetricsPort = new(0)
+		} else {
+			u, err := url.Parse(ep.MetricsURL)
+			if err != nil {
+				return fmt.Errorf("bad metrics URL %q: %w", ep.MetricsURL, err)
+			}
+			_, mp, err := splitPort(u.Host)
+			if err != nil {
+				return err
+			}
+			if mp != port {
+				en.MetricsPort = &mp
+			}
+			if u.Path != "/metrics" {
+				en.MetricsPath = u.Path
+			}
+		}
+		entries = append(entries, en)
+	}
+	return writeYAML(path, map[string]any{"endpoints": entries})
 }
 
 // StartFloor runs `bin floor`, a no-op ext_proc server that routes to
@@ -205,7 +300,7 @@ func StartFloor(ctx context.Context, bin, dir string, dests []string) (*EPP, err
 		return nil, err
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(ports[0])
-	e := startChildEPP("the floor server", bin, dir, []string{"floor", "-grpc-addr", addr, "-dest", strings.Join(dests, ",")})
+	e := startChildEPP("the floor server", bin, dir, []string{"floor", "-grpc-addr", addr, "-dest", strings.Join(dests, ",")}, 5*time.Second)
 	e.setAddrs(addr, "", "")
 	if err := e.Start(); err != nil {
 		return nil, err
@@ -218,32 +313,49 @@ func StartFloor(ctx context.Context, bin, dir string, dests []string) (*EPP, err
 }
 
 // startChildEPP is an EPP whose start runs bin with args, its output in
-// dir's epp.log; what names it in errors.
-func startChildEPP(what, bin, dir string, args []string) *EPP {
-	e := &EPP{logPath: filepath.Join(dir, "epp.log"), http: loopback.Client(10 * time.Second)}
+// dir's epp.log; a graceful stop waits grace before it kills. name names
+// it in errors.
+func startChildEPP(name, bin, dir string, args []string, grace time.Duration) *EPP {
+	e := &EPP{name: name, logPath: filepath.Join(dir, "epp.log"), http: loopback.Client(10 * time.Second)}
 	e.start = func() (*run, error) {
 		logf, err := os.OpenFile(e.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {
-			return nil, fmt.Errorf("cannot create the EPP log: %w", err)
+			return nil, fmt.Errorf("cannot create the log of %s: %w", name, err)
 		}
 		c, err := startChild(bin, args, logf, logf)
 		if err != nil {
 			_ = logf.Close()
-			return nil, fmt.Errorf("cannot start %s %s: %w", what, bin, err)
+			return nil, fmt.Errorf("cannot start %s %s: %w", name, bin, err)
 		}
-		stop := func() error {
-			c.stop(5 * time.Second)
+		ended := func() error {
 			_ = logf.Close()
 			if err := c.waitErr(); err != nil {
-				return fmt.Errorf("EPP: %w", err)
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			return nil
+		}
+		stop := func() error {
+			if c.stop(grace) {
+				_ = logf.Close()
+				return fmt.Errorf("%s did not exit within %v of SIGTERM: killed (log: %s)", name, grace, e.logTail())
+			}
+			if err := ended(); err != nil {
+				return err
 			}
 			var ee *exec.ExitError
 			if errors.As(c.err, &ee) && ee.Exited() {
-				return fmt.Errorf("EPP exited badly: %w (log: %s)", c.err, e.logTail())
+				return fmt.Errorf("%s exited badly: %w (log: %s)", name, c.err, e.logTail())
 			}
 			return nil // exited cleanly, or ended by our signal
 		}
-		return &run{running: c.running, stop: stop, pid: c.cmd.Process.Pid}, nil
+		kill := func() error {
+			if err := c.kill(); err != nil {
+				_ = logf.Close()
+				return fmt.Errorf("cannot kill %s (pid %d): %w", name, c.cmd.Process.Pid, err)
+			}
+			return ended()
+		}
+		return &run{running: c.running, stop: stop, kill: kill, pid: c.cmd.Process.Pid}, nil
 	}
 	return e
 }
@@ -269,13 +381,18 @@ func (e *EPP) MetricsURL() string { return e.metricsURL }
 // snapshot and /debug/endpoints ("" for the floor server).
 func (e *EPP) AdminURL() string { return e.adminURL }
 
-// Start runs the EPP again after a Stop, on the same ports; it does not
-// wait for anything.
+// Start runs the EPP again after a Stop or a Kill, or after it ended on
+// its own, on the same ports; it does not wait for anything (WaitReady).
 func (e *EPP) Start() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.cur != nil {
-		return nil
+		select {
+		case <-e.cur.exited: // ended on its own: start it again
+			_ = e.cur.stop()
+		default:
+			return nil
+		}
 	}
 	r, err := e.start()
 	if err != nil {
@@ -285,18 +402,42 @@ func (e *EPP) Start() error {
 	return nil
 }
 
-// Stop drains and stops the EPP (a child: SIGTERM, then SIGKILL after
-// 5 s). Stopping a stopped EPP does nothing.
+// Stop drains and stops the EPP and waits until it has ended (a child:
+// SIGTERM to its PID, then SIGKILL past its drain timeout and a margin,
+// which is an error). Stopping a stopped EPP does nothing.
 func (e *EPP) Stop() error {
+	r := e.take()
+	if r == nil {
+		return nil
+	}
+	return r.stop()
+}
+
+// Kill ends a child EPP with SIGKILL to its PID, as a crash: no drain, no
+// health change, its streams broken; it returns once the process is gone.
+// An EPP in this process cannot be killed.
+func (e *EPP) Kill() error {
+	e.mu.Lock()
+	if e.cur != nil && e.cur.kill == nil {
+		e.mu.Unlock()
+		return fmt.Errorf("cannot kill %s: it runs in this process", e.name)
+	}
+	e.mu.Unlock()
+	r := e.take()
+	if r == nil {
+		return nil
+	}
+	return r.kill()
+}
+
+// take detaches the current run, if any.
+func (e *EPP) take() *run {
 	e.mu.Lock()
 	r := e.cur
 	e.cur = nil
 	e.mu.Unlock()
 	e.http.CloseIdleConnections()
-	if r == nil {
-		return nil
-	}
-	return r.stop()
+	return r
 }
 
 func (e *EPP) current() *run {
@@ -305,28 +446,48 @@ func (e *EPP) current() *run {
 	return e.cur
 }
 
-// WaitReady waits until the EPP reports replicas healthy replicas (it has
-// scraped each), plus a moment for its KV-event subscriptions to connect:
-// ZMQ drops what is published before a subscriber is connected.
-func (e *EPP) WaitReady(ctx context.Context, replicas int) error {
+// WaitReady waits until the EPP is ready: its ext_proc port answers gRPC
+// health SERVING (as the gateway checks it) and it reports replicas
+// healthy replicas (it has scraped each). It returns how long that took,
+// then allows a moment for its KV-event subscriptions to connect (ZMQ
+// drops what is published before a subscriber is connected).
+func (e *EPP) WaitReady(ctx context.Context, replicas int) (time.Duration, error) {
+	start := time.Now()
 	var r *running
 	if cur := e.current(); cur != nil {
 		r = cur.running
 	}
-	err := poll(ctx, 30*time.Second, r, func() (bool, string) {
+	// A connection refused while it starts is tried again within a poll
+	// or two, not after grpc-go's default 1 s backoff.
+	conn, err := grpc.NewClient(e.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1,
+			MaxDelay: 20 * time.Millisecond}, MinConnectTimeout: time.Second}))
+	if err != nil {
+		return 0, fmt.Errorf("cannot health-check %s: %w", e.name, err)
+	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	err = poll(ctx, 30*time.Second, r, func() (bool, string) {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		resp, err := hc.Check(cctx, &healthpb.HealthCheckRequest{Service: testgw.HealthService})
+		cancel()
+		if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			return false, fmt.Sprintf("%s is not SERVING (%s, %v)", e.name, resp.GetStatus(), err)
+		}
 		healthy := 0
 		if snap, err := e.Capacity(ctx); err == nil {
 			for _, m := range snap.Models {
 				healthy += m.Healthy
 			}
 		}
-		return healthy >= replicas, fmt.Sprintf("the EPP saw %d of %d replicas healthy", healthy, replicas)
+		return healthy >= replicas, fmt.Sprintf("%s saw %d of %d replicas healthy", e.name, healthy, replicas)
 	})
+	took := time.Since(start)
 	if err != nil {
-		return e.withLog(err)
+		return took, e.withLog(err)
 	}
 	time.Sleep(300 * time.Millisecond)
-	return nil
+	return took, nil
 }
 
 // WaitListening waits until the server accepts connections.

@@ -33,6 +33,10 @@ func StartGateway(cfg testgw.Config, log *zap.Logger) (*Gateway, error) {
 // URL is the gateway's base URL (http://127.0.0.1:port).
 func (g *Gateway) URL() string { return "http://" + g.gw.Addr() }
 
+// OpenStreams is how many ext_proc streams are open on each EPP host, by
+// its gRPC address (testgw.Gateway.OpenStreams).
+func (g *Gateway) OpenStreams() map[string]int { return g.gw.OpenStreams() }
+
 // ServeHTTP runs one request through the gateway without a socket in
 // between, for a load generator in the same process.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.gw.ServeHTTP(w, r) }

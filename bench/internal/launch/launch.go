@@ -1,11 +1,14 @@
 // Package launch starts and stops what the bench's harnesses run on
 // 127.0.0.1: enginesim processes (Sim), the EPP in this process or as a
-// child process, or the no-op floor server in its place (EPP), and the
-// test gateway in front of it (Gateway). Every child process is stopped by
-// its own PID, never by name.
+// child process (several side by side, each in its own directory), or the
+// no-op floor server in its place (EPP), and the test gateway in front of
+// it (Gateway). Every child process is stopped, gracefully or with
+// SIGKILL, by its own PID, never by name.
 //
-// It is the bench's one way into the EPP's assembly (internal/epp) and the
-// one place where the bench writes scheduler.Config fields (Tuning).
+// It is the bench's one way into the EPP's assembly (internal/epp): one
+// Spec configures the EPP wherever it runs, and a child's config file is
+// the config the EPP in process would run. It is the one place where the
+// bench writes scheduler.Config fields (Tuning).
 package launch
 
 import (

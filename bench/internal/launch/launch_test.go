@@ -3,6 +3,9 @@ package launch
 import (
 	"context"
 	"net"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -10,12 +13,16 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.yaml.in/yaml/v3"
 
+	"github.com/omnious/provider-node/bench/internal/launch/launchtest"
 	"github.com/omnious/provider-node/bench/internal/promtext"
+	"github.com/omnious/provider-node/discovery"
 	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/engines/sim"
 	"github.com/omnious/provider-node/engines/sim/simtest"
 	"github.com/omnious/provider-node/extproc/testgw"
+	"github.com/omnious/provider-node/internal/epp"
 	"github.com/omnious/provider-node/scheduler"
 )
 
@@ -64,13 +71,14 @@ func TestSimsAndEPP(t *testing.T) {
 
 	sc, err := Tuning{Policy: scheduler.PolicyPrecise, ScrapeInterval: 100 * time.Millisecond, ScrapeTimeout: 100 * time.Millisecond}.Config()
 	require.NoError(t, err)
-	e, err := StartInProcess(InProcessConfig{Scheduler: sc, Endpoints: eps, StandInTokenizer: true, DrainTimeout: time.Second, Log: log})
+	e, err := StartInProcess(InProcessConfig{Spec: Spec{Scheduler: sc, Endpoints: eps, Tokenizer: TokenizerStandIn, DrainTimeout: time.Second}, Log: log})
 	require.NoError(t, err)
 	defer func() { _ = e.Stop() }()
 	gw, err := StartGateway(testgw.Config{EPP: e.GRPCAddr()}, log)
 	require.NoError(t, err)
 	defer func() { _ = gw.Close() }()
-	require.NoError(t, e.WaitReady(ctx, 2))
+	_, err = e.WaitReady(ctx, 2)
+	require.NoError(t, err)
 	blocks, err := e.ResidentBlocks(ctx)
 	require.NoError(t, err)
 	require.Len(t, blocks, 2)
@@ -90,7 +98,8 @@ func TestSimsAndEPP(t *testing.T) {
 	require.NoError(t, e.Start())
 	require.Equal(t, grpcAddr, e.GRPCAddr())
 	require.Equal(t, admin, e.AdminURL())
-	require.NoError(t, e.WaitReady(ctx, 2))
+	_, err = e.WaitReady(ctx, 2)
+	require.NoError(t, err)
 
 	require.NoError(t, gw.Close())
 	require.NoError(t, gw.Close(), "closing twice does nothing")
@@ -140,4 +149,138 @@ func TestTuning(t *testing.T) {
 	_, err := Tuning{Policy: "nope"}.Config()
 	require.Error(t, err)
 	require.Equal(t, def.Breaker.FailureThreshold, BreakerThreshold())
+}
+
+// TestProcessFiles: the files a child EPP is started with are the config
+// the EPP in this process would run (read back by epp.Load) and an endpoint
+// file that discovery reads back as the same endpoints.
+func TestProcessFiles(t *testing.T) {
+	sc, err := Tuning{Policy: scheduler.PolicyPrecise, ScrapeInterval: 200 * time.Millisecond, BreakerCooldown: 2 * time.Second,
+		SpeculativeTTL: 300 * time.Millisecond}.Config()
+	require.NoError(t, err)
+	sim := func(port int) endpoint.Endpoint {
+		return endpoint.Endpoint{Addr: "127.0.0.1:" + itoa(port), Model: "m", Engine: "vllm", MetricsURL: "http://127.0.0.1:" + itoa(port) + "/metrics",
+			KVEvents: "tcp://127.0.0.1:" + itoa(port+1), KVReplay: "tcp://127.0.0.1:" + itoa(port+2)}
+	}
+	tests := []struct {
+		name string
+		spec Spec
+		// tokenizers is what the config maps models to (dir relative to the test's directory).
+		tokenizers map[string]string
+	}{
+		{"stand-in tokenizer, KV events and replay", Spec{Scheduler: sc, Endpoints: []endpoint.Endpoint{sim(30000), sim(30010)},
+			Tokenizer: TokenizerStandIn, MaxEndpoints: new(1), DrainTimeout: 2 * time.Second}, nil},
+		{"no tokenizer, metrics elsewhere or none, labels", Spec{Scheduler: sc, Endpoints: []endpoint.Endpoint{
+			{Addr: "127.0.0.1:30100", Model: "m", Engine: "sglang", MetricsURL: "http://127.0.0.1:30101/stats", Labels: map[string]string{"rack": "a"}},
+			{Addr: "127.0.0.1:30200", Model: "m", Engine: "vllm"},
+		}, Tokenizer: "none"}, nil},
+		{"tokenizer directory for each model", Spec{Scheduler: sc, Endpoints: []endpoint.Endpoint{
+			{Addr: "127.0.0.1:30300", Model: "a", Engine: "vllm", MetricsURL: "http://127.0.0.1:30300/metrics"},
+			{Addr: "127.0.0.1:30400", Model: "b", Engine: "vllm", MetricsURL: "http://127.0.0.1:30400/metrics"},
+		}, Tokenizer: "tok", MaxEndpoints: new(0)}, map[string]string{"a": "tok", "b": "tok"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "epp-0")
+			t.Chdir(filepath.Dir(dir))
+			addrs := [4]string{"127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"}
+			cfgFile, err := ProcessConfig{Spec: tc.spec, Dir: dir, Name: "EPP 0"}.writeFiles(addrs)
+			require.NoError(t, err)
+			require.Equal(t, filepath.Join(dir, "epp.yaml"), cfgFile)
+
+			got, err := epp.Load(cfgFile)
+			require.NoError(t, err)
+			want, err := tc.spec.config(addrs[0], addrs[1], addrs[2], addrs[3])
+			require.NoError(t, err)
+			want.EndpointsFile = filepath.Join(dir, "endpoints.yaml")
+			require.Equal(t, yamlOf(t, want), yamlOf(t, got), "the child runs the in-process config")
+			require.Equal(t, tc.spec.Tokenizer == TokenizerStandIn, got.StandInTokenizer)
+			for m, d := range tc.tokenizers {
+				abs, err := filepath.Abs(d)
+				require.NoError(t, err)
+				require.Equal(t, abs, got.Tokenizers[m])
+			}
+			require.Len(t, got.Tokenizers, len(tc.tokenizers))
+
+			data, err := os.ReadFile(got.EndpointsFile)
+			require.NoError(t, err)
+			eps, err := discovery.ParseFile(data)
+			require.NoError(t, err)
+			require.Equal(t, tc.spec.Endpoints, eps)
+		})
+	}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+func yamlOf(t *testing.T, c epp.Config) string {
+	t.Helper()
+	b, err := yaml.Marshal(c)
+	require.NoError(t, err)
+	return string(b)
+}
+
+// TestProcessEPP runs two bin/epp processes side by side in front of one
+// enginesim replica, each with its own directory and log: one is killed
+// (SIGKILL to its PID: its ports free at once) and started again on the
+// same ports, the other stopped gracefully; every port is free at the end.
+func TestProcessEPP(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg := sim.Config{Seed: 1, Model: "m"}
+	cfg.Engine.TimeScale = 100
+	sims, err := StartSims(ctx, SimsConfig{Bin: simtest.Binary(t), Dir: t.TempDir(), Replicas: 1, Config: cfg, LogLevel: "error"})
+	require.NoError(t, err)
+	defer func() { _ = StopSims(sims) }()
+	sc, err := Tuning{Policy: scheduler.PolicyPrecise, ScrapeInterval: 100 * time.Millisecond, ScrapeTimeout: 100 * time.Millisecond}.Config()
+	require.NoError(t, err)
+	spec := Spec{Scheduler: sc, Endpoints: []endpoint.Endpoint{sims[0].Endpoint()}, Tokenizer: TokenizerStandIn, DrainTimeout: time.Second}
+	bin := launchtest.EPPBinary(t)
+	dir := t.TempDir()
+	var epps []*EPP
+	for _, name := range []string{"a", "b"} {
+		e, err := StartProcess(ProcessConfig{Spec: spec, Bin: bin, Dir: filepath.Join(dir, name), Name: "EPP " + name})
+		require.NoError(t, err)
+		defer func() { _ = e.Stop() }()
+		_, err = e.WaitReady(ctx, 1)
+		require.NoError(t, err)
+		epps = append(epps, e)
+	}
+	a, b := epps[0], epps[1]
+	require.NotEqual(t, a.GRPCAddr(), b.GRPCAddr())
+	for _, name := range []string{"a", "b"} {
+		require.FileExists(t, filepath.Join(dir, name, "epp.log"))
+	}
+	cpu, err := a.CPU()
+	require.NoError(t, err)
+	require.Positive(t, cpu)
+
+	ports := func(e *EPP) []string {
+		return []string{e.GRPCAddr(), strings.TrimSuffix(strings.TrimPrefix(e.MetricsURL(), "http://"), "/metrics"),
+			strings.TrimPrefix(e.AdminURL(), "http://")}
+	}
+	before := ports(a)
+	require.NoError(t, a.Kill())
+	for _, p := range before {
+		requireFree(t, p)
+	}
+	require.NoError(t, a.Kill(), "killing a stopped EPP does nothing")
+	require.NoError(t, a.Start())
+	require.Equal(t, before, ports(a), "started again on the same ports")
+	_, err = a.WaitReady(ctx, 1)
+	require.NoError(t, err)
+
+	require.NoError(t, b.Stop())
+	require.NoError(t, a.Stop())
+	for _, e := range epps {
+		for _, p := range ports(e) {
+			requireFree(t, p)
+		}
+	}
+
+	inProc, err := StartInProcess(InProcessConfig{Spec: spec})
+	require.NoError(t, err)
+	defer func() { _ = inProc.Stop() }()
+	require.ErrorContains(t, inProc.Kill(), "runs in this process")
+	require.NoError(t, inProc.Stop())
 }
