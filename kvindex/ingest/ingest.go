@@ -165,7 +165,7 @@ func (f *feed) stop() {
 }
 
 // HandleBatch implements kvevents.Handler.
-func (f *feed) HandleBatch(_ string, _ uint64, b *kvevents.Batch) {
+func (f *feed) HandleBatch(_ string, _ kvevents.Position, b *kvevents.Batch) {
 	var mismatched uint64
 	for i := range b.Events {
 		ev := &b.Events[i]
