@@ -109,7 +109,9 @@ func New(cfg Config, src discovery.Source, log *zap.Logger, opts ...Option) (*EP
 		Timeout:  cfg.Scheduler.Signals.ScrapeTimeout,
 		OnSample: e.sched.Observe,
 	}, log.Named("scraper"))
-	e.ingest = ingest.New(cfg.Ingest, cfg.Scheduler.BlockSize, e.ix, log.Named("ingest"))
+	if e.ingest, err = ingest.New(cfg.Ingest, cfg.Scheduler.BlockSize, e.ix, log.Named("ingest")); err != nil {
+		return nil, err
+	}
 	if err := e.ingest.Register(e.reg); err != nil {
 		return nil, fmt.Errorf("cannot register ingestion metrics: %w", err)
 	}
