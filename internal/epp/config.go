@@ -60,6 +60,9 @@ type Config struct {
 
 	Tracing TracingConfig `yaml:"tracing"`
 
+	// WarmStart is where a starting EPP asks a sibling for its index.
+	WarmStart WarmStartConfig `yaml:"warm_start"`
+
 	Index IndexConfig `yaml:"index"`
 	// Ingest has no block size of its own: ingestion takes the
 	// scheduler's, so the two cannot disagree.
@@ -123,6 +126,7 @@ func (c Config) WithDefaults() Config {
 	opt.Zero(&c.AdminAddr, "127.0.0.1:9091")
 	c.DrainTimeout = opt.Or(c.DrainTimeout, 30*time.Second)
 	c.Tracing = c.Tracing.WithDefaults()
+	c.WarmStart = c.WarmStart.WithDefaults()
 	c.Index = c.Index.WithDefaults()
 	c.Ingest = c.Ingest.WithDefaults()
 	c.ExtProc = c.ExtProc.WithDefaults()
@@ -151,6 +155,9 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("standin_tokenizer and tokenizers exclude each other"))
 	}
 	if err := c.Tracing.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.WarmStart.validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := c.ExtProc.Validate(); err != nil {
