@@ -604,3 +604,25 @@ func TestTopicAddr(t *testing.T) {
 		require.Equal(t, want, got)
 	}
 }
+
+// FuzzTopicAddr feeds arbitrary topics to the bound socket's topic parser:
+// it never panics, and what it accepts is the address between "kv@" and
+// the next "@".
+func FuzzTopicAddr(f *testing.F) {
+	for _, s := range []string{"kv@10.0.0.1:8000@m", "kv@fd00::1:8000@org/m", "kv@[::1]:1@", "kv@", "@@", ""} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, topic []byte) {
+		addr, ok := topicAddr(topic)
+		if !ok {
+			return
+		}
+		require.True(t, bytes.HasPrefix(topic, append([]byte("kv@"), addr...)))
+		require.NotContains(t, string(addr), "@")
+		if canon, err := canonicalAddr(string(addr)); err == nil {
+			again, err := canonicalAddr(canon)
+			require.NoError(t, err)
+			require.Equal(t, canon, again, "canonical is a fixed point")
+		}
+	})
+}
