@@ -1,7 +1,8 @@
 // Package epp assembles the EndpointPicker: endpoint discovery, KV-event
-// ingestion into the index, the scheduler, the ext_proc gRPC server, gRPC
-// health, Prometheus metrics and the admin server (pprof, JSON views, the
-// capacity snapshot). cmd/epp runs it from flags and a config file; the
+// ingestion into the index (warm-started from a sibling EPP's snapshot when
+// one answers), the scheduler, the ext_proc gRPC server, gRPC health,
+// Prometheus metrics and the admin server (pprof, JSON views, the capacity
+// snapshot, the index snapshot for siblings). cmd/epp runs it from flags and a config file; the
 // bench runs it in process.
 package epp
 

@@ -87,7 +87,11 @@ func (e *EPP) warmStart() *kvindex.Snapshot {
 		e.log.Info("warm start: no sibling EPP to ask; starting cold, from the engines' replay buffers")
 		return nil
 	}
-	client := &http.Client{Transport: &http.Transport{Proxy: nil, DisableCompression: true}}
+	// A sibling that does not answer within a second is passed over, so
+	// the others are asked within the timeout.
+	dialer := &net.Dialer{Timeout: min(time.Second, ws.Timeout)}
+	client := &http.Client{Transport: &http.Transport{Proxy: nil, DialContext: dialer.DialContext,
+		ResponseHeaderTimeout: min(time.Second, ws.Timeout), DisableCompression: true}}
 	defer client.CloseIdleConnections()
 	for _, p := range peers {
 		snap, err := e.fetchSnapshot(ctx, client, p)
@@ -205,7 +209,13 @@ func (e *EPP) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	w.Header().Set("Content-Type", "application/octet-stream")
 	sw := kvindex.NewSnapshotWriter(w, e.snapshotHeader())
-	err := e.ingest.WriteSnapshot(sw)
+	// The header goes out at once: the sibling's response timeout does
+	// not wait for the first replica's encoding.
+	err := sw.Flush()
+	if err == nil {
+		_ = http.NewResponseController(w).Flush()
+		err = e.ingest.WriteSnapshot(sw)
+	}
 	if err == nil {
 		err = sw.Close()
 	}
