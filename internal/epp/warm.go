@@ -162,6 +162,11 @@ func (e *EPP) siblings(ctx context.Context) ([]string, error) {
 		return out, err
 	}
 	addrs, err := net.DefaultResolver.LookupIPAddr(ctx, host)
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) && dnsErr.IsNotFound {
+		// A headless Service without ready Pods has no name: no sibling.
+		return out, nil
+	}
 	if err != nil {
 		return out, err
 	}

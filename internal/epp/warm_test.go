@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -321,6 +322,17 @@ func TestSiblings(t *testing.T) {
 	got, err = e.siblings(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, []string{"10.3.0.1:9091", "10.3.0.2:9091"}, got, "the service's address of this EPP is skipped")
+
+	// Where the resolver answers "no such host" (NXDOMAIN, as for a
+	// headless Service without ready Pods).
+	var dnsErr *net.DNSError
+	if _, err := net.DefaultResolver.LookupIPAddr(context.Background(), "no-such-epp-peers.invalid"); !errors.As(err, &dnsErr) || !dnsErr.IsNotFound {
+		t.Skipf("the resolver does not answer NXDOMAIN here: %v", err)
+	}
+	e.cfg.WarmStart.Peers, e.cfg.WarmStart.PeerService = nil, "no-such-epp-peers.invalid:9091"
+	got, err = e.siblings(context.Background())
+	require.NoError(t, err, "a name without addresses (no ready sibling) is no sibling, not an error")
+	require.Empty(t, got)
 }
 
 // TestSnapshotServedOneAtATime: a second request while one is served is
