@@ -197,9 +197,12 @@ render bs64s -f "$ci/sglang.yaml" --set blockSize=64 &&
 	expect bs64s "one blockSize feeds SGLang page size and EPP" eval 'has bs64s "--page-size=64" && has bs64s "--block-size=64"'
 render netpol -f "$ci/netpol.yaml" && {
 	kubeconform_check "$work/netpol.yaml" netpol
-	expect netpol "3 NetworkPolicies; KV ports only from the EPP, admin only from the quoter" \
-		eval 'eq "$(count netpol NetworkPolicy)" 3 && doc netpol NetworkPolicy pn-provider-node-engine | grep -A8 "port: kv-events" | grep -q "app.kubernetes.io/component: epp" && doc netpol NetworkPolicy pn-provider-node-epp | grep -A8 "port: admin" | grep -q "app.kubernetes.io/component: quoter"'
+	expect netpol "3 NetworkPolicies; KV ports only from the EPP, admin only from the quoter and the EPP's siblings" \
+		eval 'eq "$(count netpol NetworkPolicy)" 3 && doc netpol NetworkPolicy pn-provider-node-engine | grep -A8 "port: kv-events" | grep -q "app.kubernetes.io/component: epp" && doc netpol NetworkPolicy pn-provider-node-epp | grep -A8 "port: admin" | grep -q "app.kubernetes.io/component: quoter" && doc netpol NetworkPolicy pn-provider-node-epp | grep -A14 "port: admin" | grep -q "app.kubernetes.io/component: epp"'
 }
+render peers &&
+	expect peers "headless Service of the EPPs' admin port, named by the EPP's --peer-service" \
+		eval 'doc peers Service pn-provider-node-epp-peers | grep -q "clusterIP: None" && doc peers Service pn-provider-node-epp-peers | grep -q "name: admin" && has peers "--peer-service=pn-provider-node-epp-peers.omnious-ci.svc:9091"'
 render gw-netpol -f "$ci/gateway.yaml" -f "$ci/netpol.yaml" && kubeconform_check "$work/gw-netpol.yaml" gw-netpol
 # EPPs run active-active: the default two get a PDB, a preferred spread
 # over nodes and a surge-only rollout; one EPP gets neither PDB nor spread.

@@ -53,7 +53,7 @@ func equalEndpoints(a, b []endpoint.Endpoint) bool {
 	return slices.EqualFunc(a, b, func(x, y endpoint.Endpoint) bool {
 		return x.Addr == y.Addr && x.Model == y.Model && x.Engine == y.Engine &&
 			x.MetricsURL == y.MetricsURL && x.KVEvents == y.KVEvents &&
-			x.KVReplay == y.KVReplay && maps.Equal(x.Labels, y.Labels)
+			x.KVReplay == y.KVReplay && x.KVConnect == y.KVConnect && maps.Equal(x.Labels, y.Labels)
 	})
 }
 

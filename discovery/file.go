@@ -37,6 +37,7 @@ type fileFields struct {
 	Engine       string            `yaml:"engine"`
 	KVEventsPort *int              `yaml:"kv_events_port"`
 	ReplayPort   *int              `yaml:"replay_port"`
+	KVConnect    *bool             `yaml:"kv_events_connect"`
 	MetricsPort  *int              `yaml:"metrics_port"`
 	MetricsPath  *string           `yaml:"metrics_path"`
 	Labels       map[string]string `yaml:"labels"`
@@ -148,6 +149,16 @@ func checkFields(f *fileFields) error {
 			return fmt.Errorf("%s %d out of range (0 = none, else 1-65535)", p.name, *p.v)
 		}
 	}
+	if f.KVConnect != nil && *f.KVConnect {
+		for _, p := range []struct {
+			name string
+			v    *int
+		}{{"kv_events_port", f.KVEventsPort}, {"replay_port", f.ReplayPort}} {
+			if p.v != nil && *p.v != 0 {
+				return fmt.Errorf("kv_events_connect and %s exclude each other: a connecting engine publishes to the EPP's ingest.bind socket, which is not replayed", p.name)
+			}
+		}
+	}
 	if f.MetricsPath != nil && !strings.HasPrefix(*f.MetricsPath, "/") {
 		return fmt.Errorf("metrics_path %q must start with /", *f.MetricsPath)
 	}
@@ -185,11 +196,26 @@ func buildEntry(e *fileEntry, d *fileFields) (endpoint.Endpoint, error) {
 	if ep.Model == "" {
 		return endpoint.Endpoint{}, fmt.Errorf("%s: missing model (set it on the entry or in defaults)", addr)
 	}
-	if p := pickPort(e.KVEventsPort, d.KVEventsPort, 0); p != 0 {
-		ep.KVEvents = "tcp://" + net.JoinHostPort(host, strconv.Itoa(p))
+	// The entry's own choice (kv_events_connect, or a kv_events_port)
+	// wins over the defaults'; checkFields refused both on one level.
+	connect := d.KVConnect != nil && *d.KVConnect
+	if e.KVConnect != nil {
+		connect = *e.KVConnect
+	} else if e.KVEventsPort != nil {
+		connect = false
 	}
-	if p := pickPort(e.ReplayPort, d.ReplayPort, 0); p != 0 {
-		ep.KVReplay = "tcp://" + net.JoinHostPort(host, strconv.Itoa(p))
+	if connect {
+		if e.ReplayPort != nil && *e.ReplayPort != 0 {
+			return endpoint.Endpoint{}, fmt.Errorf("%s: replay_port with kv_events_connect: a connecting engine's events are not replayed", addr)
+		}
+		ep.KVConnect = true
+	} else {
+		if p := pickPort(e.KVEventsPort, d.KVEventsPort, 0); p != 0 {
+			ep.KVEvents = "tcp://" + net.JoinHostPort(host, strconv.Itoa(p))
+		}
+		if p := pickPort(e.ReplayPort, d.ReplayPort, 0); p != 0 {
+			ep.KVReplay = "tcp://" + net.JoinHostPort(host, strconv.Itoa(p))
+		}
 	}
 	if p := pickPort(e.MetricsPort, d.MetricsPort, e.Port); p != 0 {
 		path := "/metrics"

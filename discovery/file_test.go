@@ -64,6 +64,49 @@ endpoints:
 			}},
 		},
 		{
+			name: "engines that publish by connecting",
+			in: `
+defaults: {model: m, kv_events_port: 5557, replay_port: 5558, metrics_port: 0}
+endpoints:
+  - {ip: 10.0.0.1, port: 8000, kv_events_connect: true}
+  - {ip: 10.0.0.2, port: 8000}
+`,
+			want: []endpoint.Endpoint{
+				{Addr: "10.0.0.1:8000", Model: "m", Engine: "vllm", KVConnect: true},
+				{Addr: "10.0.0.2:8000", Model: "m", Engine: "vllm", KVEvents: "tcp://10.0.0.2:5557", KVReplay: "tcp://10.0.0.2:5558"},
+			},
+		},
+		{
+			name: "connecting by default, one engine binds",
+			in: `
+defaults: {model: m, kv_events_connect: true, metrics_port: 0}
+endpoints:
+  - {ip: 10.0.0.1, port: 8000}
+  - {ip: 10.0.0.2, port: 8000, kv_events_port: 5557, replay_port: 5558}
+  - {ip: 10.0.0.3, port: 8000, kv_events_connect: false}
+`,
+			want: []endpoint.Endpoint{
+				{Addr: "10.0.0.1:8000", Model: "m", Engine: "vllm", KVConnect: true},
+				{Addr: "10.0.0.2:8000", Model: "m", Engine: "vllm", KVEvents: "tcp://10.0.0.2:5557", KVReplay: "tcp://10.0.0.2:5558"},
+				{Addr: "10.0.0.3:8000", Model: "m", Engine: "vllm"},
+			},
+		},
+		{
+			name:    "connecting and a port on one entry",
+			in:      "endpoints:\n  - {ip: 10.0.0.1, port: 8000, model: m, kv_events_connect: true, kv_events_port: 5557}\n",
+			wantErr: "kv_events_connect and kv_events_port exclude each other",
+		},
+		{
+			name:    "connecting in the defaults with a replay port",
+			in:      "defaults: {kv_events_connect: true, replay_port: 5558}\nendpoints: []\n",
+			wantErr: "defaults: kv_events_connect and replay_port exclude each other",
+		},
+		{
+			name:    "connecting by default, a replay port on the entry",
+			in:      "defaults: {kv_events_connect: true}\nendpoints:\n  - {ip: 10.0.0.1, port: 8000, model: m, replay_port: 5558}\n",
+			wantErr: "replay_port with kv_events_connect",
+		},
+		{
 			name: "data-parallel ranks on one ip, metrics off",
 			in: `
 endpoints:

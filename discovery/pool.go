@@ -64,6 +64,11 @@ type PoolConfig struct {
 	// KVReplayAnnotation works the same way for the ZMQ replay port.
 	// Default "omnious.io/kv-replay-port".
 	KVReplayAnnotation string
+	// KVConnectAnnotation, set to "true", says the Pod's engine ranks
+	// publish KV events by connecting to the EPP's ingest.bind socket,
+	// each with the topic kv@<podIP>:<target port>@<model>; it excludes
+	// the two port annotations above. Default "omnious.io/kv-events-connect".
+	KVConnectAnnotation string
 	// MetricsPortAnnotation overrides the metrics port (index i uses
 	// port+i); absent = each target port serves its own metrics. Default
 	// "omnious.io/metrics-port".
@@ -83,6 +88,7 @@ func (c PoolConfig) WithDefaults() PoolConfig {
 	opt.Zero(&c.ModelLabel, "omnious.io/model")
 	opt.Zero(&c.KVEventsAnnotation, "omnious.io/kv-events-port")
 	opt.Zero(&c.KVReplayAnnotation, "omnious.io/kv-replay-port")
+	opt.Zero(&c.KVConnectAnnotation, "omnious.io/kv-events-connect")
 	opt.Zero(&c.MetricsPortAnnotation, "omnious.io/metrics-port")
 	opt.Zero(&c.MetricsPath, "/metrics")
 	return c
@@ -474,13 +480,27 @@ func podEndpoints(pod *corev1.Pod, ports []int, cfg *PoolConfig) ([]endpoint.End
 		return n
 	}
 	kv, replay, metrics := base(cfg.KVEventsAnnotation), base(cfg.KVReplayAnnotation), base(cfg.MetricsPortAnnotation)
+	var connect bool
+	if v, ok := pod.Annotations[cfg.KVConnectAnnotation]; ok {
+		switch c, err := strconv.ParseBool(strings.TrimSpace(v)); {
+		case err != nil:
+			problem = joinProblem(problem, fmt.Sprintf("annotation %s=%q: want true or false; ignored", cfg.KVConnectAnnotation, v))
+		case c && (kv != 0 || replay != 0):
+			problem = joinProblem(problem, fmt.Sprintf("annotation %s=true excludes %s and %s; KV events ignored",
+				cfg.KVConnectAnnotation, cfg.KVEventsAnnotation, cfg.KVReplayAnnotation))
+			kv, replay = 0, 0
+		default:
+			connect = c
+		}
+	}
 	ip := pod.Status.PodIP
 	eps := make([]endpoint.Endpoint, 0, len(ports))
 	for i, port := range ports {
 		ep := endpoint.Endpoint{
-			Addr:   net.JoinHostPort(ip, strconv.Itoa(port)),
-			Model:  model,
-			Engine: engine,
+			Addr:      net.JoinHostPort(ip, strconv.Itoa(port)),
+			Model:     model,
+			Engine:    engine,
+			KVConnect: connect,
 		}
 		if len(pod.Labels) > 0 {
 			// Each endpoint gets its own map: the informer cache owns the

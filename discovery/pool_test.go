@@ -159,6 +159,36 @@ func TestPodEndpoints(t *testing.T) {
 			wantProblem: `label omnious.io/engine="tgi"`,
 		},
 		{
+			name:  "ranks that publish by connecting",
+			pod:   testPod("a", ready(true), withIP("10.0.0.1"), withAnnotations("omnious.io/kv-events-connect", "true")),
+			ports: []int{8000, 8001},
+			cfg:   &withDefaultModel,
+			want: []endpoint.Endpoint{
+				{Addr: "10.0.0.1:8000", Model: "fallback", Engine: "vllm", MetricsURL: "http://10.0.0.1:8000/metrics", KVConnect: true},
+				{Addr: "10.0.0.1:8001", Model: "fallback", Engine: "vllm", MetricsURL: "http://10.0.0.1:8001/metrics", KVConnect: true},
+			},
+		},
+		{
+			name:  "connecting excludes the port annotations",
+			pod:   testPod("a", ready(true), withIP("10.0.0.1"), withAnnotations("omnious.io/kv-events-connect", "true", "omnious.io/kv-events-port", "5557")),
+			ports: []int{8000},
+			cfg:   &withDefaultModel,
+			want: []endpoint.Endpoint{
+				{Addr: "10.0.0.1:8000", Model: "fallback", Engine: "vllm", MetricsURL: "http://10.0.0.1:8000/metrics"},
+			},
+			wantProblem: "annotation omnious.io/kv-events-connect=true excludes omnious.io/kv-events-port and omnious.io/kv-replay-port; KV events ignored",
+		},
+		{
+			name:  "bad connect annotation is ignored",
+			pod:   testPod("a", ready(true), withIP("10.0.0.1"), withAnnotations("omnious.io/kv-events-connect", "yes please", "omnious.io/kv-events-port", "5557")),
+			ports: []int{8000},
+			cfg:   &withDefaultModel,
+			want: []endpoint.Endpoint{
+				{Addr: "10.0.0.1:8000", Model: "fallback", Engine: "vllm", MetricsURL: "http://10.0.0.1:8000/metrics", KVEvents: "tcp://10.0.0.1:5557"},
+			},
+			wantProblem: `annotation omnious.io/kv-events-connect="yes please": want true or false; ignored`,
+		},
+		{
 			name:  "bad kv annotation only drops kv events",
 			pod:   testPod("a", ready(true), withIP("127.0.0.1"), withAnnotations("omnious.io/kv-events-port", "zmq", "omnious.io/kv-replay-port", "65535")),
 			ports: []int{8000, 8001},

@@ -19,6 +19,12 @@ type Endpoint struct {
 	// KVReplay its ROUTER replay endpoint ("" = no replay).
 	KVEvents string
 	KVReplay string
+	// KVConnect says the engine publishes its KV events by connecting to
+	// the EPP's bound socket (vLLM with an endpoint without "*", llm-d's
+	// centralized mode) rather than binding its own; the events are told
+	// apart by the topic kv@<Addr>@<model>. KVEvents and KVReplay are then
+	// "".
+	KVConnect bool
 	// Labels are free-form (pod labels, static-file labels).
 	Labels map[string]string
 }

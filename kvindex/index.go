@@ -1,8 +1,10 @@
 // Package kvindex owns the router's KV-block index: which replica holds which
 // prompt prefix in its KV cache, block by block and tier by tier. It is a pure
-// in-memory structure (no I/O, no goroutines, no metric registry; Stats is a
-// plain struct the application exports) answering "how many leading blocks of
-// this prompt does each replica hold" in microseconds.
+// in-memory structure (no network or files, no goroutines, no metric
+// registry; Stats is a plain struct the application exports) answering "how
+// many leading blocks of this prompt does each replica hold" in
+// microseconds. Snapshots (snapshot.go) stream replica states to and from
+// the caller's io.Writer and io.Reader, for a starting sibling EPP.
 //
 // Keys are the router's own (see AppendBlockKeys); ReplicaState translates one
 // replica's engine events (engine hashes) into Store and Remove calls.

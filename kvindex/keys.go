@@ -39,9 +39,10 @@ func RootKey(model, lora, cacheSalt string) Key {
 // dst.
 //
 // Keys are process-local: contentSum is seeded once per process, so keys are
-// never stored or sent anywhere (the index is rebuilt from engine events
-// after a restart), and a client cannot craft prompts whose blocks collide
-// without knowing the seed.
+// never stored or sent anywhere (after a restart the index is rebuilt from
+// engine events, or from a sibling's snapshot, which carries token ids and
+// engine hashes, never keys), and a client cannot craft prompts whose
+// blocks collide without knowing the seed.
 func AppendBlockKeys(dst []Key, parent Key, tokens []uint32, blockSize int) []Key {
 	if blockSize <= 0 {
 		return dst

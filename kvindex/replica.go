@@ -27,15 +27,70 @@ type ReplicaStats struct {
 	// Overflows counts times the engine-hash map exceeded
 	// Config.MaxReplicaBlocks (removals were lost) and the state was dropped.
 	Overflows uint64
+	// SizeChanges counts BlockStored events whose block size differed from
+	// the blocks held, which dropped them (an engine does not change its
+	// block size without a restart).
+	SizeChanges uint64
 	// Blocks is the number of engine blocks currently tracked.
 	Blocks int
 }
 
-// engineBlock is what an engine hash resolves to on this replica.
+// engineBlock is what an engine hash resolves to on this replica, and what
+// a snapshot needs to rebuild it elsewhere: its tokens and its parent.
 type engineBlock struct {
-	key   Key
-	tiers uint8 // bitmask of Tier
+	key Key
+	// parent is the engine hash of the block before, if hasParent; a root
+	// block's adapter and salt, when not empty, are in ReplicaState.roots.
+	parent uint64
+	// tok is the block's slot in ReplicaState.tokens.
+	tok       int32
+	mark      uint16 // snapshot walk, see markEpoch
+	tiers     uint8  // bitmask of Tier
+	hasParent bool
 }
+
+// rootSpec is what a root block's key mixes in besides the model.
+type rootSpec struct{ lora, salt string }
+
+// tokenStore keeps the token ids of a replica's blocks, stride ids per
+// block, in pages that never move (growth copies nothing); freed slots are
+// reused.
+type tokenStore struct {
+	stride  int
+	perPage int32 // blocks per page
+	pages   [][]uint32
+	used    int32
+	free    []int32
+}
+
+// tokPageTokens is about how many token ids one page holds (64 KiB).
+const tokPageTokens = 16384
+
+func newTokenStore(stride int) tokenStore {
+	return tokenStore{stride: stride, perPage: int32(max(1, tokPageTokens/max(stride, 1)))}
+}
+
+func (t *tokenStore) put(toks []uint32) int32 {
+	var i int32
+	if n := len(t.free); n > 0 {
+		i, t.free = t.free[n-1], t.free[:n-1]
+	} else {
+		if t.used == int32(len(t.pages))*t.perPage {
+			t.pages = append(t.pages, make([]uint32, int(t.perPage)*t.stride))
+		}
+		i = t.used
+		t.used++
+	}
+	copy(t.at(i), toks)
+	return i
+}
+
+func (t *tokenStore) at(i int32) []uint32 {
+	off := int(i%t.perPage) * t.stride
+	return t.pages[i/t.perPage][off : off+t.stride : off+t.stride]
+}
+
+func (t *tokenStore) release(i int32) { t.free = append(t.free, i) }
 
 // removeChunk bounds how many keys one Remove call carries when a whole
 // replica is dropped, so lookups are not held off for long.
@@ -52,6 +107,11 @@ const removeChunk = 4096
 // groups, and every full-attention group covers the same tokens, so one is
 // enough and keying the map by hash alone stays unambiguous.
 //
+// Each block keeps its token ids (4 bytes per token, 64 per block of 16)
+// and its parent's engine hash, so that a snapshot (SnapshotWriter) can
+// hand the replica to an EPP whose keys are seeded differently: keys never
+// leave the process, tokens do.
+//
 // It assumes it is the only writer of replica r in the index, and that one
 // key has one engine hash: two engine hashes for the same tokens (possible
 // only if the engine's hashing changed without a Reset) share one residency,
@@ -63,9 +123,12 @@ type ReplicaState struct {
 	max   int
 
 	blocks    map[uint64]engineBlock
+	tokens    tokenStore
+	roots     map[uint64]rootSpec // root blocks with an adapter or a salt
 	group     int
 	hasGroup  bool
 	blockSize int
+	markEpoch uint16 // see SnapshotWriter.AddReplica
 
 	// rootLora, rootSalt and root cache the last root key: most events of a
 	// replica share model, adapter and salt.
@@ -84,6 +147,12 @@ func NewReplicaState(ix *Index, r Replica, model string) *ReplicaState {
 		root:   RootKey(model, "", ""),
 	}
 }
+
+// Replica returns the replica id the state writes under.
+func (s *ReplicaState) Replica() Replica { return s.r }
+
+// Model returns the model the state's keys are rooted in.
+func (s *ReplicaState) Model() string { return s.model }
 
 // MediumTier maps an engine medium to a tier: "" and "GPU" are GPU; "CPU" and
 // "CPU_PINNED" are CPU; everything else ("DISK", "STORAGE", "FS", "OBJ",
@@ -151,6 +220,13 @@ func (s *ReplicaState) stored(ev *kvevents.Event) {
 		s.stats.Malformed++
 		return
 	}
+	if len(s.blocks) > 0 && bs != s.tokens.stride {
+		s.stats.SizeChanges++
+		s.drop()
+	}
+	if len(s.blocks) == 0 && s.tokens.stride != bs {
+		s.tokens = newTokenStore(bs)
+	}
 	if !s.hasGroup {
 		s.group, s.hasGroup = ev.GroupIdx, true
 	}
@@ -185,9 +261,19 @@ func (s *ReplicaState) stored(ev *kvevents.Event) {
 			s.stats.SkippedBlocks++
 			continue
 		}
-		s.keys = AppendBlockKeys(s.keys, parent, ev.TokenIDs[i*bs:(i+1)*bs], bs)
+		toks := ev.TokenIDs[i*bs : (i+1)*bs]
+		s.keys = AppendBlockKeys(s.keys, parent, toks, bs)
 		parent = s.keys[len(s.keys)-1]
-		s.blocks[h] = engineBlock{key: parent, tiers: bit}
+		nb := engineBlock{key: parent, tiers: bit, tok: s.tokens.put(toks), parent: ev.ParentHash, hasParent: ev.HasParent}
+		if i > 0 {
+			nb.parent, nb.hasParent = ev.BlockHashes[i-1], true
+		} else if !ev.HasParent && (ev.LoraName != "" || ev.CacheSalt != "") {
+			if s.roots == nil {
+				s.roots = make(map[uint64]rootSpec)
+			}
+			s.roots[h] = rootSpec{ev.LoraName, ev.CacheSalt}
+		}
+		s.blocks[h] = nb
 	}
 	if unknownParent {
 		s.stats.UnknownParent++
@@ -215,7 +301,7 @@ func (s *ReplicaState) removed(ev *kvevents.Event) {
 			continue
 		}
 		if b.tiers &^= bit; b.tiers == 0 {
-			delete(s.blocks, h)
+			s.forget(h, b)
 		} else {
 			s.blocks[h] = b
 		}
@@ -231,6 +317,15 @@ func (s *ReplicaState) rootKey(lora, salt string) Key {
 		s.root = RootKey(s.model, lora, salt)
 	}
 	return s.root
+}
+
+// forget deletes block h from the map; the caller updates the index.
+func (s *ReplicaState) forget(h uint64, b engineBlock) {
+	delete(s.blocks, h)
+	s.tokens.release(b.tok)
+	if !b.hasParent && s.roots != nil {
+		delete(s.roots, h)
+	}
 }
 
 // drop removes all of the replica's blocks from the index and forgets the
@@ -251,6 +346,8 @@ func (s *ReplicaState) drop() {
 		s.ix.Remove(s.r, t, s.keys)
 	}
 	s.blocks = make(map[uint64]engineBlock)
+	s.tokens = tokenStore{}
+	s.roots = nil
 	s.keys = nil
 	s.hasGroup = false
 }

@@ -54,6 +54,7 @@ func run() error {
 	fs.StringVar(&c.KVEvents.Endpoint, "kv-events-endpoint", c.KVEvents.Endpoint, "ZMQ PUB endpoint of rank 0 (default tcp://127.0.0.1:5557)")
 	fs.StringVar(&c.KVEvents.ReplayEndpoint, "kv-events-replay-endpoint", c.KVEvents.ReplayEndpoint, "ZMQ ROUTER replay endpoint of rank 0 (default off)")
 	fs.StringVar(&c.KVEvents.Topic, "kv-events-topic", c.KVEvents.Topic, "ZMQ topic (default \"\")")
+	fs.BoolVar(&c.KVEvents.Connect, "kv-events-connect", c.KVEvents.Connect, "connect the PUB socket to -kv-events-endpoint (a router's bound socket) instead of binding it")
 	fs.StringVar(&c.KVEvents.Format, "kv-events-format", c.KVEvents.Format, "event encoding: map, array (vLLM legacy) or sglang")
 	fs.StringVar(&c.KVEvents.Hashes, "kv-events-hashes", c.KVEvents.Hashes, "block hash encoding: uint64, int64 or bytes")
 	noEvents := fs.Bool("no-kv-events", false, "do not publish KV events")

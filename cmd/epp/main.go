@@ -61,6 +61,10 @@ func run(args []string) error {
 	fs.StringVar(&cfg.Scheduler.Policy, "policy", cfg.Scheduler.Policy, "precise, approximate, random, round-robin or least-queue")
 	fs.IntVar(&cfg.Scheduler.BlockSize, "block-size", cfg.Scheduler.BlockSize, "engines' KV block size in tokens")
 	fs.Int64Var(&cfg.Index.MemoryBudget, "index-memory-budget", cfg.Index.MemoryBudget, "KV index memory budget in bytes (0: 256 MiB)")
+	peers := fs.String("peers", strings.Join(cfg.WarmStart.Peers, ","), "host:port[,host:port...]: sibling EPPs' admin addresses to take the KV index from at start")
+	fs.StringVar(&cfg.WarmStart.PeerService, "peer-service", cfg.WarmStart.PeerService,
+		"host:port of the EPPs' headless Service (admin port): its addresses are the siblings to take the KV index from at start")
+	fs.StringVar(&cfg.Ingest.Bind, "kv-events-bind", cfg.Ingest.Bind, "ZMQ endpoint to bind for engines that publish KV events by connecting (tcp://*:5557)")
 	fs.IntVar(&cfg.ExtProc.MaxRecvMsgSize, "grpc-max-recv-msg-size", cfg.ExtProc.MaxRecvMsgSize, "largest gRPC message accepted")
 	fs.DurationVar(&cfg.ExtProc.RequestIdleTimeout, "request-idle-timeout", cfg.ExtProc.RequestIdleTimeout,
 		"close an ext_proc stream (408) when the proxy sends nothing for this long while the request is gathered (negative: never)")
@@ -73,6 +77,12 @@ func run(args []string) error {
 		"share of traces started by the EPP that are recorded (a client's sampled trace is always followed)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	cfg.WarmStart.Peers = nil
+	for _, p := range strings.Split(*peers, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			cfg.WarmStart.Peers = append(cfg.WarmStart.Peers, p)
+		}
 	}
 	if *tokenizers != "" {
 		cfg.Tokenizers = map[string]string{}

@@ -5,8 +5,10 @@
 //
 // The simulator encodes with these definitions and publishes through
 // Publisher; the EPP decodes with them through Subscriber, which tracks each
-// replica's sequence, fills gaps by replay and reports unrecoverable loss as
-// a reset. Both sides are pinned to the same byte vectors.
+// replica's sequence, replays the engine's buffer when it first connects (or
+// resumes from a Position a sibling EPP handed over, if the buffer proves
+// the engine run continues), fills gaps by replay and reports unrecoverable
+// loss as a reset. Both sides are pinned to the same byte vectors.
 package kvevents
 
 // Kind says which engine event an Event holds.

@@ -15,15 +15,38 @@ import (
 )
 
 // Handler receives a subscriber's batches and resets, from the subscriber's
-// single goroutine, in sequence order.
+// single goroutine, in sequence order. In dial mode topic is the message's
+// topic; in bind mode it is the replica's key (SubscriberConfig.TopicKey's
+// result, or the topic when there is none).
 type Handler interface {
-	// HandleBatch applies one batch. b is reused after the call returns.
-	HandleBatch(topic string, seq uint64, b *Batch)
+	// HandleBatch applies one batch. pos is where it sits in the engine's
+	// stream: a subscriber started with Resume at pos continues from it. b
+	// is reused after the call returns.
+	HandleBatch(topic string, pos Position, b *Batch)
 	// HandleReset says the events of topic's replica can no longer be
 	// trusted (restart, or loss that replay could not fill): drop its state
 	// and rebuild from the batches that follow.
 	HandleReset(topic string, reason string)
 }
+
+// Position is a point in one engine run's event stream: the sequence number
+// of a batch and the xxhash64 of its payload. vLLM and SGLang carry no run id
+// in their events, and a restarted engine numbers its batches from 0 again,
+// so a sequence number alone does not say which run it belongs to. The
+// payload does: it carries the batch's timestamp and events, so a batch of
+// another run at the same sequence number differs from it. A run is shown
+// to continue from a Position only by the engine's replay buffer returning
+// that very batch; nothing else (a sequence that went backwards, an
+// AllBlocksCleared, a buffer that no longer holds the batch, no replay
+// endpoint at all) proves it, and the subscriber then starts the replica
+// over rather than guess.
+type Position struct {
+	Seq uint64
+	Sum uint64
+}
+
+// PayloadSum is the checksum a Position carries for payload.
+func PayloadSum(payload []byte) uint64 { return xxhash.Sum64(payload) }
 
 // SubscriberConfig configures a Subscriber. Zero values take the defaults
 // stated per field.
@@ -49,6 +72,19 @@ type SubscriberConfig struct {
 	// MaxReplicas bounds the topics tracked in bind mode; messages on
 	// further topics are dropped. Default 4096.
 	MaxReplicas int
+	// TopicKey, in bind mode, maps a message's topic to the key of the
+	// replica that sent it (the result may alias topic), or rejects it: a
+	// rejected message is counted in Stats.UnknownTopics and creates no
+	// state. Messages with the same key share one sequence. Default nil:
+	// every topic is its own replica.
+	TopicKey func(topic []byte) (key []byte, ok bool)
+	// Resume, in dial mode with a replay endpoint, is where the handler's
+	// state stands (a snapshot taken at that batch): on the first
+	// connection the subscriber asks the replay buffer for that batch and,
+	// if it is the same one, applies only what followed. Otherwise the
+	// handler gets a reset and the subscriber starts as without Resume.
+	// Default nil.
+	Resume *Position
 }
 
 // Stats counts what a subscriber saw. Fields are updated atomically and can
@@ -70,9 +106,18 @@ type Stats struct {
 	UnknownEvents atomic.Uint64
 	// Gaps counts jumps forward in the sequence.
 	Gaps atomic.Uint64
-	// Replays counts replay attempts; ReplayFailures those that did not fill the gap.
+	// UnknownTopics counts bind-mode messages whose topic TopicKey rejected.
+	UnknownTopics atomic.Uint64
+	// Replays counts replay attempts after a gap or restart; ReplayFailures
+	// those that did not fill the gap.
 	Replays        atomic.Uint64
 	ReplayFailures atomic.Uint64
+	// StartReplays counts the replays of the engine's buffer on the first
+	// connection (see Subscriber.Run); Resumes the starts that continued
+	// from SubscriberConfig.Resume, ResumeFailures those that could not.
+	StartReplays   atomic.Uint64
+	Resumes        atomic.Uint64
+	ResumeFailures atomic.Uint64
 	// ReplayedBatches counts batches applied from replays.
 	ReplayedBatches atomic.Uint64
 	// Resets counts HandleReset calls.
@@ -101,18 +146,20 @@ const (
 type SeqTracker struct {
 	started  bool
 	last     uint64 // last applied, live or replayed
+	liveSeen bool
 	lastLive uint64 // highest seen on the live stream
 }
 
 // Live classifies seq received on the live stream. Live sequences only go
 // up, so one at or below the previous live one means a restart, while one
-// at or below the last applied (after a replay ran ahead) is a duplicate.
+// at or below the last applied (after a replay ran ahead, or before any
+// live batch was seen) is a duplicate.
 func (t *SeqTracker) Live(seq uint64) SeqVerdict {
-	defer func() { t.lastLive = seq }()
+	defer func() { t.lastLive, t.liveSeen = seq, true }()
 	switch {
 	case !t.started:
 		return SeqFirst
-	case seq <= t.lastLive:
+	case t.liveSeen && seq <= t.lastLive:
 		return SeqRestart
 	case seq <= t.last:
 		return SeqDuplicate
@@ -139,6 +186,11 @@ type replica struct {
 	// already ran past ours, which sequence numbers alone cannot tell.
 	lastSum uint64
 	verify  bool
+	// startCheck is set after the replay at start: the first live batch,
+	// if it is not past the replayed ones, is either one queued during the
+	// replay or the first of a restarted engine's new run (published
+	// without the connection breaking), so it is checked like verify.
+	startCheck bool
 }
 
 // Subscriber receives KV events from one engine (dial mode) or many (bind
@@ -154,8 +206,13 @@ type Subscriber struct {
 
 	mu       sync.Mutex // guards closed and bound's lifetime against Close
 	closed   bool
-	single   *replica            // dial mode
-	replicas map[string]*replica // bind mode, by topic
+	single   *replica  // dial mode
+	synced   bool      // dial mode: the start replay ran
+	resumeAt *Position // dial mode: cfg.Resume until it is used or given up
+	// replicas are the bind-mode replicas by key; topicsMu guards the map
+	// (Forget runs on other goroutines), not the replicas.
+	topicsMu sync.Mutex
+	replicas map[string]*replica
 	batch    Batch
 }
 
@@ -166,6 +223,9 @@ func NewSubscriber(cfg SubscriberConfig, h Handler, log *zap.Logger) (*Subscribe
 	}
 	if h == nil {
 		return nil, errors.New("cannot create subscriber: nil handler")
+	}
+	if cfg.Resume != nil && (cfg.Bind || cfg.ReplayEndpoint == "") {
+		return nil, errors.New("cannot create subscriber: Resume needs dial mode and a replay endpoint to prove the engine run continues")
 	}
 	if cfg.ReplayTimeout <= 0 {
 		cfg.ReplayTimeout = 2 * time.Second
@@ -182,7 +242,7 @@ func NewSubscriber(cfg SubscriberConfig, h Handler, log *zap.Logger) (*Subscribe
 	if log == nil {
 		log = zap.NewNop()
 	}
-	s := &Subscriber{cfg: cfg, h: h, log: log, replicas: make(map[string]*replica)}
+	s := &Subscriber{cfg: cfg, h: h, log: log, replicas: make(map[string]*replica), resumeAt: cfg.Resume}
 	if cfg.Bind {
 		sock := zmq4.NewSub(context.Background())
 		if err := sock.SetOption(zmq4.OptionSubscribe, cfg.Topic); err != nil {
@@ -210,6 +270,15 @@ func (s *Subscriber) Endpoint() string {
 	return s.cfg.Endpoint
 }
 
+// Forget drops the sequence state of the bind-mode replica with key, so
+// that its next message starts it afresh (its handler state was replaced).
+// Safe to call from any goroutine.
+func (s *Subscriber) Forget(key string) {
+	s.topicsMu.Lock()
+	delete(s.replicas, key)
+	s.topicsMu.Unlock()
+}
+
 // Close releases the bound socket if Run was never called. Run closes it
 // itself when it returns.
 func (s *Subscriber) Close() error {
@@ -229,6 +298,15 @@ func (s *Subscriber) Close() error {
 
 // Run receives until ctx is done, reconnecting forever in dial mode. It
 // returns ctx's error.
+//
+// In dial mode with a replay endpoint, the first connection starts with a
+// replay: from SubscriberConfig.Resume when it is set and the engine still
+// runs the same stream, else of everything the engine still buffers, from
+// its oldest batch, so a subscriber started late knows what the engine
+// stored before (a buffer that begins at the run's first batch gives the
+// whole state; a later one gives the blocks stored since, whose parents it
+// holds). Without a replay endpoint the stream starts at the first live
+// batch, and a Resume is impossible (NewSubscriber refuses it).
 func (s *Subscriber) Run(ctx context.Context) error {
 	if s.cfg.Bind {
 		return s.runBound(ctx)
@@ -267,7 +345,20 @@ func (s *Subscriber) runDialed(ctx context.Context) (received bool, err error) {
 		return false, fmt.Errorf("subscribe: %w", err)
 	}
 	if err := sock.Dial(s.cfg.Endpoint); err != nil {
+		if r := s.resumeAt; r != nil {
+			// The state handed over cannot be shown current while the
+			// engine is unreachable: drop it now rather than serve it.
+			s.resumeAt = nil
+			s.stats.ResumeFailures.Add(1)
+			s.reset(s.replicaFor(nil), fmt.Sprintf("cannot resume at seq %d: engine unreachable: %v", r.Seq, err))
+		}
 		return false, err
+	}
+	if !s.synced {
+		s.synced = true
+		if s.cfg.ReplayEndpoint != "" {
+			s.startReplay(ctx, s.replicaFor(nil))
+		}
 	}
 	for {
 		msg, err := sock.Recv()
@@ -277,6 +368,102 @@ func (s *Subscriber) runDialed(ctx context.Context) (received bool, err error) {
 		received = true
 		s.handle(ctx, msg.Frames, true)
 	}
+}
+
+// startReplay runs on the first connection, the live socket already
+// subscribed (what it receives meanwhile waits in its queue): it resumes
+// from cfg.Resume or, failing that, applies what the engine buffers. A
+// first live batch not past the replayed ones is checked against the last
+// replayed one (startCheck).
+func (s *Subscriber) startReplay(ctx context.Context, rep *replica) {
+	defer func() { rep.startCheck = true }()
+	if r := s.resumeAt; r != nil {
+		s.resumeAt = nil
+		err := s.resume(ctx, rep, *r)
+		if err == nil {
+			s.stats.Resumes.Add(1)
+			last, _ := rep.seq.Last()
+			s.log.Info("kv event stream resumed", zap.Uint64("from_seq", r.Seq), zap.Uint64("at_seq", last))
+			return
+		}
+		s.stats.ResumeFailures.Add(1)
+		rep.seq = SeqTracker{}
+		s.reset(rep, fmt.Sprintf("cannot resume at seq %d: %v", r.Seq, err))
+	}
+	s.stats.StartReplays.Add(1)
+	if err := s.replayBuffered(ctx, rep); err != nil {
+		s.stats.ReplayFailures.Add(1)
+		if _, started := rep.seq.Last(); started {
+			rep.seq = SeqTracker{}
+			s.reset(rep, fmt.Sprintf("replay of the engine's buffer at start failed: %v", err))
+		} else {
+			s.log.Info("no replay of the engine's buffer at start; following the live stream", zap.Error(err))
+		}
+	}
+}
+
+// errRunChanged says the replay buffer does not hold the batch a Resume
+// names: the engine restarted, or the batch is too old to prove anything.
+var errRunChanged = errors.New("the engine no longer runs the stream that batch belongs to, or its replay buffer no longer holds it")
+
+// resume checks that the engine's buffer still holds batch r (same sequence,
+// same payload) and applies the batches after it.
+func (s *Subscriber) resume(ctx context.Context, rep *replica, r Position) error {
+	rep.seq = SeqTracker{}
+	rep.seq.Applied(r.Seq)
+	rep.lastSum = r.Sum
+	first := true
+	return s.replayStream(ctx, r.Seq, func(rr ReplayReply) error {
+		if first {
+			first = false
+			switch {
+			case rr.Seq > r.Seq:
+				return fmt.Errorf("buffer starts at %d, after %d: %w", rr.Seq, r.Seq, errRunChanged)
+			case rr.Seq < r.Seq:
+				return fmt.Errorf("replay from %d began at %d: %w", r.Seq, rr.Seq, errRunChanged)
+			case PayloadSum(rr.Payload) != r.Sum:
+				return fmt.Errorf("batch %d differs: %w", r.Seq, errRunChanged)
+			}
+			return nil
+		}
+		return s.applyReplayed(rep, rr)
+	}, func() error {
+		if first {
+			return fmt.Errorf("buffer holds nothing from %d: %w", r.Seq, errRunChanged)
+		}
+		return nil
+	})
+}
+
+// replayBuffered applies every batch the engine buffers, the oldest being
+// the baseline.
+func (s *Subscriber) replayBuffered(ctx context.Context, rep *replica) error {
+	return s.replayStream(ctx, 0, func(rr ReplayReply) error {
+		if rr.Topic != nil && string(rr.Topic) != rep.topic {
+			rep.topic = string(rr.Topic) // before any live batch: only vLLM 0.26+ says
+		}
+		if _, started := rep.seq.Last(); !started {
+			s.stats.ReplayedBatches.Add(1)
+			s.apply(rep, rr.Seq, rr.Payload)
+			return nil
+		}
+		return s.applyReplayed(rep, rr)
+	}, nil)
+}
+
+// applyReplayed applies a replayed batch that must follow the last applied
+// one; batches already applied are skipped.
+func (s *Subscriber) applyReplayed(rep *replica, rr ReplayReply) error {
+	last, _ := rep.seq.Last()
+	if rr.Seq <= last {
+		return nil
+	}
+	if rr.Seq != last+1 {
+		return fmt.Errorf("replay skips from %d to %d", last, rr.Seq)
+	}
+	s.stats.ReplayedBatches.Add(1)
+	s.apply(rep, rr.Seq, rr.Payload)
+	return nil
 }
 
 func (s *Subscriber) runBound(ctx context.Context) error {
@@ -304,9 +491,10 @@ func (s *Subscriber) runBound(ctx context.Context) error {
 	}
 }
 
-// replicaFor returns the sequence state for a message. A dialed endpoint is
-// one engine whatever its topic says (SGLang changes the topic per epoch), so
-// dial mode keeps one replica; bind mode tells engines apart by topic.
+// replicaFor returns the sequence state for a message, nil when the message
+// is dropped (the counter says why). A dialed endpoint is one engine
+// whatever its topic says (SGLang changes the topic per epoch), so dial mode
+// keeps one replica; bind mode tells engines apart by topic.
 func (s *Subscriber) replicaFor(topic []byte) *replica {
 	if !s.cfg.Bind {
 		if s.single == nil {
@@ -317,13 +505,24 @@ func (s *Subscriber) replicaFor(topic []byte) *replica {
 		}
 		return s.single
 	}
-	if r, ok := s.replicas[string(topic)]; ok {
+	key := topic
+	if s.cfg.TopicKey != nil {
+		var ok bool
+		if key, ok = s.cfg.TopicKey(topic); !ok {
+			s.stats.UnknownTopics.Add(1)
+			return nil
+		}
+	}
+	s.topicsMu.Lock()
+	defer s.topicsMu.Unlock()
+	if r, ok := s.replicas[string(key)]; ok {
 		return r
 	}
 	if len(s.replicas) >= s.cfg.MaxReplicas {
+		s.stats.DroppedReplicas.Add(1)
 		return nil
 	}
-	r := &replica{topic: string(topic)}
+	r := &replica{topic: string(key)}
 	s.replicas[r.topic] = r
 	return r
 }
@@ -339,14 +538,15 @@ func (s *Subscriber) handle(ctx context.Context, frames [][]byte, canReplay bool
 	}
 	rep := s.replicaFor(topic)
 	if rep == nil {
-		s.stats.DroppedReplicas.Add(1)
 		return
 	}
 	verdict := rep.seq.Live(seq)
-	if rep.verify && canReplay {
+	check := rep.verify || (rep.startCheck && verdict == SeqDuplicate)
+	rep.startCheck = false
+	if check && canReplay {
 		rep.verify = false
 		if verdict != SeqFirst && verdict != SeqRestart && !s.sameStream(ctx, rep) {
-			s.reset(rep, fmt.Sprintf("reconnected at seq %d to a publisher without our last batch: engine restarted", seq))
+			s.reset(rep, fmt.Sprintf("live batch %d comes from a publisher without our last batch: engine restarted", seq))
 			s.restartFrom(ctx, rep, seq, payload)
 			return
 		}
@@ -393,7 +593,7 @@ func (s *Subscriber) reset(rep *replica, reason string) {
 // cannot give them, the replica stays reset and is rebuilt from seq on.
 func (s *Subscriber) restartFrom(ctx context.Context, rep *replica, seq uint64, payload []byte) {
 	if seq > 0 && s.cfg.ReplayEndpoint != "" {
-		rep.seq = SeqTracker{lastLive: seq} // a new run: nothing of it applied yet
+		rep.seq = SeqTracker{liveSeen: true, lastLive: seq} // a new run: nothing of it applied yet
 		err := s.replay(ctx, rep, 0, seq)
 		if err == nil {
 			if applied, _ := rep.seq.Last(); applied < seq {
@@ -424,39 +624,24 @@ func (s *Subscriber) sameStream(ctx context.Context, rep *replica) bool {
 	if s.cfg.ReplayEndpoint == "" {
 		return false
 	}
-	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
-	defer cancel()
-	dealer := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.cfg.ReplayTimeout))
-	defer dealer.Close()
-	if err := dealer.Dial(s.cfg.ReplayEndpoint); err != nil {
+	errFound := errors.New("found")
+	err := s.replayStream(ctx, last, func(rr ReplayReply) error {
+		if rr.Seq == last && PayloadSum(rr.Payload) == rep.lastSum {
+			return errFound
+		}
+		return errRunChanged
+	}, func() error { return errRunChanged })
+	if !errors.Is(err, errFound) && !errors.Is(err, errRunChanged) {
 		s.log.Info("cannot check the stream after a reconnect", zap.Error(err))
-		return false
 	}
-	if err := dealer.SendMulti(zmq4.NewMsgFrom(ReplayRequestFrames(last)...)); err != nil {
-		s.log.Info("cannot check the stream after a reconnect", zap.Error(err))
-		return false
-	}
-	for {
-		msg, err := dealer.Recv()
-		if err != nil {
-			s.log.Info("cannot check the stream after a reconnect", zap.Error(err))
-			return false
-		}
-		rr, err := ParseReplayReply(msg.Frames)
-		if err != nil || rr.End || rr.Seq > last {
-			return false
-		}
-		if rr.Seq == last {
-			return xxhash.Sum64(rr.Payload) == rep.lastSum
-		}
-	}
+	return errors.Is(err, errFound)
 }
 
 // apply decodes and delivers one batch. An undecodable batch loses its
 // events, so the replica is reset and rebuilt from the next batch.
 func (s *Subscriber) apply(rep *replica, seq uint64, payload []byte) {
 	rep.seq.Applied(seq)
-	rep.lastSum = xxhash.Sum64(payload)
+	rep.lastSum = PayloadSum(payload)
 	if err := DecodeBatch(payload, &s.batch); err != nil {
 		s.stats.DroppedDecode.Add(1)
 		s.reset(rep, fmt.Sprintf("batch %d: %v", seq, err))
@@ -466,7 +651,7 @@ func (s *Subscriber) apply(rep *replica, seq uint64, payload []byte) {
 		s.stats.UnknownEvents.Add(uint64(s.batch.Unknown))
 	}
 	s.stats.Applied.Add(1)
-	s.h.HandleBatch(rep.topic, seq, &s.batch)
+	s.h.HandleBatch(rep.topic, Position{Seq: seq, Sum: rep.lastSum}, &s.batch)
 }
 
 // replay asks the engine for every batch from start and applies those not
@@ -474,6 +659,33 @@ func (s *Subscriber) apply(rep *replica, seq uint64, payload []byte) {
 // reach at least until-1, so that the live batch until can follow.
 func (s *Subscriber) replay(ctx context.Context, rep *replica, start, until uint64) error {
 	s.stats.Replays.Add(1)
+	err := s.replayStream(ctx, start, func(rr ReplayReply) error {
+		if _, started := rep.seq.Last(); !started { // a new run, replayed from start
+			if rr.Seq != start {
+				return fmt.Errorf("replay starts at %d, need %d (buffer too short)", rr.Seq, start)
+			}
+			s.stats.ReplayedBatches.Add(1)
+			s.apply(rep, rr.Seq, rr.Payload)
+			return nil
+		}
+		if last, _ := rep.seq.Last(); rr.Seq > last+1 {
+			return fmt.Errorf("replay starts at %d, need %d (buffer too short)", rr.Seq, last+1)
+		}
+		return s.applyReplayed(rep, rr)
+	}, nil)
+	if err != nil {
+		return err
+	}
+	if last, started := rep.seq.Last(); !started || last+1 < until {
+		return fmt.Errorf("replay ended at %d before %d", last, until-1)
+	}
+	return nil
+}
+
+// replayStream asks the replay endpoint for every buffered batch from start
+// and calls each for them in order until the end marker, then end (when not
+// nil). The first error from each or end stops it and is returned.
+func (s *Subscriber) replayStream(ctx context.Context, start uint64, each func(ReplayReply) error, end func() error) error {
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
 	defer cancel()
 	dealer := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.cfg.ReplayTimeout))
@@ -497,23 +709,13 @@ func (s *Subscriber) replay(ctx context.Context, rep *replica, start, until uint
 			return err
 		}
 		if rr.End {
-			break
+			if end != nil {
+				return end()
+			}
+			return nil
 		}
-		last, started := rep.seq.Last()
-		want := last + 1
-		if !started { // a new run, replayed from start
-			want = start
-		} else if rr.Seq <= last {
-			continue
+		if err := each(rr); err != nil {
+			return err
 		}
-		if rr.Seq != want {
-			return fmt.Errorf("replay starts at %d, need %d (buffer too short)", rr.Seq, want)
-		}
-		s.stats.ReplayedBatches.Add(1)
-		s.apply(rep, rr.Seq, rr.Payload)
 	}
-	if last, started := rep.seq.Last(); !started || last+1 < until {
-		return fmt.Errorf("replay ended at %d before %d", last, until-1)
-	}
-	return nil
 }

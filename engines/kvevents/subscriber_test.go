@@ -20,19 +20,35 @@ type seen struct {
 
 // recorder is a Handler that copies what it is given.
 type recorder struct {
-	mu      sync.Mutex
-	batches []seen
-	resets  []string
+	mu        sync.Mutex
+	batches   []seen
+	positions []Position // of batches, in the same order
+	resets    []string
 }
 
-func (r *recorder) HandleBatch(topic string, seq uint64, b *Batch) {
-	s := seen{topic: topic, seq: seq}
+func (r *recorder) HandleBatch(topic string, pos Position, b *Batch) {
+	s := seen{topic: topic, seq: pos.Seq}
 	for _, ev := range b.Events {
 		s.hashes = append(s.hashes, ev.BlockHashes[0])
 	}
 	r.mu.Lock()
 	r.batches = append(r.batches, s)
+	r.positions = append(r.positions, pos)
 	r.mu.Unlock()
+}
+
+// position returns the position of the last batch seq delivered.
+func (r *recorder) position(t *testing.T, seq uint64) Position {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := len(r.positions) - 1; i >= 0; i-- {
+		if r.positions[i].Seq == seq {
+			return r.positions[i]
+		}
+	}
+	t.Fatalf("seq %d never delivered", seq)
+	return Position{}
 }
 
 func (r *recorder) HandleReset(topic, reason string) {
@@ -117,13 +133,13 @@ func startPublisher(t *testing.T, cfg PublisherConfig) *Publisher {
 	return p
 }
 
-// requireContiguous checks that topic's batches run from..to without holes
-// or repeats and carry the hashes published for them.
+// requireContiguous checks that topic's batches ("*": every topic's) run
+// from..to without holes or repeats and carry the hashes published for them.
 func requireContiguous(t *testing.T, bs []seen, topic string, from, to uint64, want map[uint64]uint64) {
 	t.Helper()
 	next := from
 	for _, b := range bs {
-		if b.topic != topic || b.seq < from {
+		if (topic != "*" && b.topic != topic) || b.seq < from {
 			continue
 		}
 		require.Equal(t, next, b.seq, "batches out of order or missing")
@@ -461,4 +477,182 @@ func TestRestartPastOurSequenceResets(t *testing.T) {
 		delete(early, b.hashes[0])
 	}
 	require.Empty(t, early, "batches of the new run missed while reconnecting")
+}
+
+// publishN publishes n batches tagged tag and returns their hashes by seq.
+func publishN(t *testing.T, p *Publisher, tag, n int) map[uint64]uint64 {
+	t.Helper()
+	want := map[uint64]uint64{}
+	for i := 0; i < n; i++ {
+		h := hashFor(tag, i)
+		seq, err := p.Publish(storedEvent(h))
+		require.NoError(t, err)
+		want[seq] = h
+	}
+	return want
+}
+
+// TestStartReplaysBuffer: a subscriber started after the engine published
+// gets every buffered batch at once, from the oldest, before any live one.
+func TestStartReplaysBuffer(t *testing.T) {
+	tests := []struct {
+		name   string
+		buffer int
+		from   uint64 // oldest batch the buffer still holds
+	}{
+		{"buffer holds the whole run", 0, 0},
+		{"buffer holds the newest batches only", 4, 6},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := startPublisher(t, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: tt.buffer})
+			want := publishN(t, p, 9, 10)
+			rec := &recorder{}
+			s := startSubscriber(t, SubscriberConfig{Endpoint: p.Endpoint(), ReplayEndpoint: p.ReplayEndpoint()}, rec)
+			rec.waitSeq(t, "", 9)
+			bs, resets := rec.snapshot()
+			require.Empty(t, resets)
+			requireContiguous(t, bs, "", tt.from, 9, want)
+			require.Equal(t, tt.from, bs[0].seq, "the oldest buffered batch is the baseline")
+			require.Equal(t, uint64(1), s.Stats().StartReplays.Load())
+			require.Zero(t, s.Stats().Replays.Load(), "no gap")
+
+			// Live batches follow the replayed ones.
+			for {
+				seq, err := p.Publish(storedEvent(hashFor(10, 0)))
+				require.NoError(t, err)
+				time.Sleep(10 * time.Millisecond)
+				if bs, _ := rec.snapshot(); bs[len(bs)-1].seq == seq {
+					break
+				}
+			}
+			bs, resets = rec.snapshot()
+			require.Empty(t, resets)
+			requireContiguous(t, bs, "", tt.from, bs[len(bs)-1].seq, want)
+		})
+	}
+}
+
+// TestResume: a subscriber given the position of a batch it (or a sibling)
+// already applied continues after it when the engine's buffer holds that
+// very batch, and resets otherwise: the engine restarted since (a shorter
+// or a longer new run), the buffer moved past the batch, the engine cannot
+// be reached.
+func TestResume(t *testing.T) {
+	tests := []struct {
+		name string
+		// after runs once the position of batch 5 of the first run is
+		// known; it returns the hashes the resumed subscriber must get.
+		buffer  int
+		after   func(t *testing.T, p *Publisher) map[uint64]uint64
+		reset   string // "" = resumed
+		from    uint64 // first batch the resumed subscriber gets
+		to      uint64
+		unreach bool
+	}{
+		{name: "same run", after: func(t *testing.T, p *Publisher) map[uint64]uint64 {
+			return publishN(t, p, 11, 3) // 10..12 follow 0..9
+		}, from: 6, to: 12},
+		{name: "engine restarted, shorter run", after: func(t *testing.T, p *Publisher) map[uint64]uint64 {
+			p.Reset()
+			return publishN(t, p, 12, 3)
+		}, reset: "buffer holds nothing from 5", from: 0, to: 2},
+		{name: "engine restarted, run past the position", after: func(t *testing.T, p *Publisher) map[uint64]uint64 {
+			p.Reset()
+			return publishN(t, p, 13, 8)
+		}, reset: "batch 5 differs", from: 0, to: 7},
+		{name: "buffer moved past the batch", buffer: 3, after: func(t *testing.T, p *Publisher) map[uint64]uint64 {
+			return publishN(t, p, 14, 2) // buffer: 9..11
+		}, reset: "buffer starts at 9", from: 9, to: 11},
+		{name: "engine unreachable", unreach: true, reset: "engine unreachable"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := startPublisher(t, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: tt.buffer})
+			first := &recorder{}
+			startSubscriber(t, SubscriberConfig{Endpoint: p.Endpoint(), ReplayEndpoint: p.ReplayEndpoint()}, first)
+			base := connect(t, p, first, "")
+			publishN(t, p, 10, 9-int(base))
+			first.waitSeq(t, "", 9)
+			pos := first.position(t, 5)
+
+			cfg := SubscriberConfig{Endpoint: p.Endpoint(), ReplayEndpoint: p.ReplayEndpoint(), Resume: &pos}
+			var want map[uint64]uint64
+			if tt.unreach {
+				l, err := net.Listen("tcp", "127.0.0.1:0")
+				require.NoError(t, err)
+				cfg.Endpoint = "tcp://" + l.Addr().String()
+				require.NoError(t, l.Close())
+			} else {
+				want = tt.after(t, p)
+			}
+			rec := &recorder{}
+			s := startSubscriber(t, cfg, rec)
+			if tt.unreach {
+				require.Eventually(t, func() bool { _, resets := rec.snapshot(); return len(resets) == 1 }, 10*time.Second, 5*time.Millisecond)
+			} else {
+				rec.waitSeq(t, "", tt.to)
+			}
+			bs, resets := rec.snapshot()
+			if tt.reset == "" {
+				require.Empty(t, resets)
+				// Counted once the replay that delivered the batches ends.
+				require.Eventually(t, func() bool { return s.Stats().Resumes.Load() == 1 }, 5*time.Second, time.Millisecond)
+				require.Equal(t, tt.from, bs[0].seq, "batches up to the position are not applied again")
+			} else {
+				require.Len(t, resets, 1)
+				require.Contains(t, resets[0], "cannot resume at seq 5")
+				require.Contains(t, resets[0], tt.reset)
+				require.Equal(t, uint64(1), s.Stats().ResumeFailures.Load())
+				require.Zero(t, s.Stats().Resumes.Load())
+			}
+			if !tt.unreach {
+				requireContiguous(t, bs, "", tt.from, tt.to, want)
+			}
+		})
+	}
+}
+
+// TestBindModeTopicKey: bind mode keys replicas by TopicKey, drops what it
+// rejects without keeping state for it, and forgets a replica on request.
+func TestBindModeTopicKey(t *testing.T) {
+	rec := &recorder{}
+	key := func(topic []byte) ([]byte, bool) {
+		addr, ok := strings.CutPrefix(string(topic), "kv@")
+		addr, _, _ = strings.Cut(addr, "@")
+		return []byte(addr), ok && addr == "10.0.0.1:8000"
+	}
+	s := startSubscriber(t, SubscriberConfig{Endpoint: "tcp://127.0.0.1:0", Bind: true, TopicKey: key}, rec)
+	known := startPublisher(t, PublisherConfig{Endpoint: s.Endpoint(), Dial: true, Topic: "kv@10.0.0.1:8000@m"})
+	unknown := startPublisher(t, PublisherConfig{Endpoint: s.Endpoint(), Dial: true, Topic: "kv@10.0.0.9:8000@m"})
+	connect(t, known, rec, "10.0.0.1:8000")
+	require.Eventually(t, func() bool {
+		_, err := unknown.Publish(storedEvent(hashFor(15, 0)))
+		require.NoError(t, err)
+		return s.Stats().UnknownTopics.Load() > 0
+	}, 10*time.Second, 10*time.Millisecond)
+	s.topicsMu.Lock()
+	require.Len(t, s.replicas, 1, "an unknown topic creates no state")
+	s.topicsMu.Unlock()
+	bs, _ := rec.snapshot()
+	for _, b := range bs {
+		require.Equal(t, "10.0.0.1:8000", b.topic, "the handler gets the key")
+	}
+
+	// Forgotten, the replica starts afresh: a restart is not seen as one.
+	s.Forget("10.0.0.1:8000")
+	known.Reset()
+	seq, err := known.Publish(storedEvent(hashFor(15, 1)))
+	require.NoError(t, err)
+	rec.waitSeq(t, "10.0.0.1:8000", seq)
+	_, resets := rec.snapshot()
+	require.Empty(t, resets)
+}
+
+func TestResumeConfigErrors(t *testing.T) {
+	pos := &Position{Seq: 1}
+	_, err := NewSubscriber(SubscriberConfig{Endpoint: "tcp://127.0.0.1:1", Resume: pos}, &recorder{}, nil)
+	require.ErrorContains(t, err, "Resume needs dial mode and a replay endpoint")
+	_, err = NewSubscriber(SubscriberConfig{Endpoint: "tcp://127.0.0.1:0", Bind: true, ReplayEndpoint: "tcp://127.0.0.1:1", Resume: pos}, &recorder{}, nil)
+	require.ErrorContains(t, err, "Resume needs dial mode")
 }

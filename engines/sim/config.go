@@ -58,6 +58,12 @@ type KVEventsConfig struct {
 	// Endpoint is rank 0's PUB endpoint; rank r uses port+r.
 	// Default "tcp://127.0.0.1:5557".
 	Endpoint string `yaml:"endpoint"`
+	// Connect makes the PUB socket connect to Endpoint (a router's bound
+	// socket, as llm-d's centralized mode and vLLM with an endpoint without
+	// "*" do) instead of binding it; Topic should then name the replica,
+	// kv@<ip>:<port>@<model>. The router must be listening within a few
+	// seconds of the start. Default false (bind).
+	Connect bool `yaml:"connect"`
 	// ReplayEndpoint is rank 0's ROUTER endpoint; rank r uses port+r.
 	// Default "" (off, as in vLLM; 5558 is customary when one rank runs).
 	ReplayEndpoint string `yaml:"replay_endpoint"`

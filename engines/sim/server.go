@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -101,7 +102,15 @@ func publisherConfig(cfg Config, rank int) (kvevents.PublisherConfig, error) {
 	f, _ := k.format()
 	h, _ := k.hashes()
 	layout, _ := k.replayLayout()
-	ep, err := offsetEndpoint(k.Endpoint, rank)
+	ep, topic := k.Endpoint, k.Topic
+	var err error
+	if k.Connect {
+		// Every rank connects to the one router socket and is told apart
+		// by its topic, which names its own HTTP address (port+r).
+		topic, err = offsetTopic(topic, rank)
+	} else {
+		ep, err = offsetEndpoint(k.Endpoint, rank)
+	}
 	if err != nil {
 		return kvevents.PublisherConfig{}, err
 	}
@@ -112,7 +121,7 @@ func publisherConfig(cfg Config, rank int) (kvevents.PublisherConfig, error) {
 		}
 	}
 	return kvevents.PublisherConfig{
-		Endpoint: ep, ReplayEndpoint: replay, Topic: k.Topic, BufferSteps: k.BufferSteps,
+		Endpoint: ep, Dial: k.Connect, ReplayEndpoint: replay, Topic: topic, BufferSteps: k.BufferSteps,
 		Format: f, HashEncoding: h, ReplayLayout: layout, DPRank: rank,
 	}, nil
 }
@@ -606,6 +615,21 @@ func offsetAddr(addr string, rank int) (string, error) {
 
 // offsetEndpoint returns a ZMQ tcp endpoint with its port moved up by rank,
 // as vLLM does for data-parallel ranks.
+// offsetTopic gives rank r of a kv@<ip>:<port>@<model> topic its own port,
+// port+r; other topics are the same for every rank.
+func offsetTopic(topic string, rank int) (string, error) {
+	rest, ok := strings.CutPrefix(topic, "kv@")
+	addr, model, found := strings.Cut(rest, "@")
+	if rank == 0 || !ok || !found {
+		return topic, nil
+	}
+	a, err := offsetAddr(addr, rank)
+	if err != nil {
+		return "", fmt.Errorf("KV-event topic %q: %w", topic, err)
+	}
+	return "kv@" + a + "@" + model, nil
+}
+
 func offsetEndpoint(ep string, rank int) (string, error) {
 	const scheme = "tcp://"
 	if len(ep) <= len(scheme) || ep[:len(scheme)] != scheme {

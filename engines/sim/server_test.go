@@ -488,7 +488,8 @@ type collector struct {
 	resets []string
 }
 
-func (c *collector) HandleBatch(_ string, seq uint64, b *kvevents.Batch) {
+func (c *collector) HandleBatch(_ string, pos kvevents.Position, b *kvevents.Batch) {
+	seq := pos.Seq
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.seqs = append(c.seqs, seq)

@@ -1,7 +1,8 @@
 // Package epp assembles the EndpointPicker: endpoint discovery, KV-event
-// ingestion into the index, the scheduler, the ext_proc gRPC server, gRPC
-// health, Prometheus metrics and the admin server (pprof, JSON views, the
-// capacity snapshot). cmd/epp runs it from flags and a config file; the
+// ingestion into the index (warm-started from a sibling EPP's snapshot when
+// one answers), the scheduler, the ext_proc gRPC server, gRPC health,
+// Prometheus metrics and the admin server (pprof, JSON views, the capacity
+// snapshot, the index snapshot for siblings). cmd/epp runs it from flags and a config file; the
 // bench runs it in process.
 package epp
 
@@ -65,6 +66,9 @@ type Config struct {
 	StandInTokenizer bool `yaml:"standin_tokenizer"`
 
 	Tracing TracingConfig `yaml:"tracing"`
+
+	// WarmStart is where a starting EPP asks a sibling for its index.
+	WarmStart WarmStartConfig `yaml:"warm_start"`
 
 	Index IndexConfig `yaml:"index"`
 	// Ingest has no block size of its own: ingestion takes the
@@ -130,6 +134,7 @@ func (c Config) WithDefaults() Config {
 	c.DrainDelay = opt.Or(c.DrainDelay, 5*time.Second)
 	c.DrainTimeout = opt.Or(c.DrainTimeout, 30*time.Second)
 	c.Tracing = c.Tracing.WithDefaults()
+	c.WarmStart = c.WarmStart.WithDefaults()
 	c.Index = c.Index.WithDefaults()
 	c.Ingest = c.Ingest.WithDefaults()
 	c.ExtProc = c.ExtProc.WithDefaults()
@@ -163,6 +168,9 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("standin_tokenizer and tokenizers exclude each other"))
 	}
 	if err := c.Tracing.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.WarmStart.validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := c.ExtProc.Validate(); err != nil {

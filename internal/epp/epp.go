@@ -57,6 +57,8 @@ type EPP struct {
 
 	mu        sync.Mutex
 	endpoints []endpoint.Endpoint // for the admin view
+
+	snapMu sync.Mutex // one snapshot served at a time
 }
 
 // Option changes how New assembles the EPP.
@@ -98,8 +100,16 @@ func New(cfg Config, src discovery.Source, log *zap.Logger, opts ...Option) (*EP
 	}
 	e := &EPP{cfg: cfg, log: log, src: src, reg: prometheus.NewRegistry()}
 	e.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	e.ix = kvindex.New(cfg.Index.kvindex())
 	e.ids = kvindex.NewIDs()
+	// A sibling's snapshot loads into an index of its own, which becomes
+	// the EPP's only once whole and verified; otherwise the EPP starts
+	// from an empty one.
+	var preload []kvindex.LoadedReplica
+	if snap := e.warmStart(); snap != nil {
+		e.ix, preload = snap.Index, snap.Replicas
+	} else {
+		e.ix = kvindex.New(cfg.Index.kvindex())
+	}
 	var err error
 	if e.sched, err = scheduler.New(cfg.Scheduler, e.ix, e.reg, log.Named("scheduler")); err != nil {
 		return nil, fmt.Errorf("cannot create scheduler: %w", err)
@@ -109,13 +119,26 @@ func New(cfg Config, src discovery.Source, log *zap.Logger, opts ...Option) (*EP
 		Timeout:  cfg.Scheduler.Signals.ScrapeTimeout,
 		OnSample: e.sched.Observe,
 	}, log.Named("scraper"))
-	e.ingest = ingest.New(cfg.Ingest, cfg.Scheduler.BlockSize, e.ix, log.Named("ingest"))
+	if e.ingest, err = ingest.New(cfg.Ingest, cfg.Scheduler.BlockSize, e.ix, log.Named("ingest")); err != nil {
+		return nil, err
+	}
+	e.ingest.Preload(preload)
+	if err := e.build(o); err != nil {
+		e.ingest.Close()
+		return nil, err
+	}
+	return e, nil
+}
+
+// build assembles the rest once ingestion runs (New closes it on error).
+func (e *EPP) build(o options) error {
+	cfg, log := e.cfg, e.log
 	if err := e.ingest.Register(e.reg); err != nil {
-		return nil, fmt.Errorf("cannot register ingestion metrics: %w", err)
+		return fmt.Errorf("cannot register ingestion metrics: %w", err)
 	}
 	prompter, err := newPrompter(cfg)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	var picker extproc.Picker = e.sched
 	if o.observePick != nil {
@@ -123,7 +146,7 @@ func New(cfg Config, src discovery.Source, log *zap.Logger, opts ...Option) (*EP
 	}
 	xp := extproc.NewServer(cfg.ExtProc, picker, prompter, e.reg, log.Named("extproc"))
 	if e.tracer, err = newTracerProvider(cfg.Tracing); err != nil {
-		return nil, err
+		return err
 	}
 	if e.tracer != nil {
 		xp.SetTracerProvider(e.tracer)
@@ -133,7 +156,8 @@ func New(cfg Config, src discovery.Source, log *zap.Logger, opts ...Option) (*EP
 	if cfg.TLSCertFile != "" {
 		cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
 		if err != nil {
-			return nil, fmt.Errorf("cannot load TLS key pair: %w", err)
+			_ = shutdownTracing(context.Background(), e.tracer)
+			return fmt.Errorf("cannot load TLS key pair: %w", err)
 		}
 		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})))
 	}
@@ -149,9 +173,9 @@ func New(cfg Config, src discovery.Source, log *zap.Logger, opts ...Option) (*EP
 	if err := e.listen(); err != nil {
 		e.closeListeners()
 		_ = shutdownTracing(context.Background(), e.tracer)
-		return nil, err
+		return err
 	}
-	return e, nil
+	return nil
 }
 
 func newPrompter(cfg Config) (extproc.Prompter, error) {
@@ -316,8 +340,9 @@ func (e *EPP) update(eps []endpoint.Endpoint) {
 		}
 		present[ep.Addr] = true
 		targets = append(targets, scheduler.Target{Endpoint: ep, Replica: id})
-		if ep.KVEvents != "" {
-			sources = append(sources, ingest.Source{Replica: id, Name: ep.Addr, Model: ep.Model, Endpoint: ep.KVEvents, Replay: ep.KVReplay})
+		if ep.KVEvents != "" || ep.KVConnect {
+			sources = append(sources, ingest.Source{Replica: id, Name: ep.Addr, Model: ep.Model,
+				Endpoint: ep.KVEvents, Replay: ep.KVReplay, Connect: ep.KVConnect})
 		}
 		if u := ep.MetricsURL; u != "" && !seenURL[u] {
 			seenURL[u] = true
@@ -367,6 +392,7 @@ func (e *EPP) adminMux() *http.ServeMux {
 	mux.HandleFunc("GET /debug/index", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, e.ix.Stats())
 	})
+	mux.HandleFunc("GET "+kvindex.SnapshotPath, e.serveSnapshot)
 	return mux
 }
 

@@ -1,14 +1,27 @@
 // Package ingest connects the engines' KV-event streams to the KV index: one
 // ZMQ subscriber per engine rank (dialing its publisher, filling gaps by
 // replay, resetting on restarts) applies that rank's events to the index as
-// one replica. Replicas that leave the pool are purged from the index.
+// one replica. Engines that publish by connecting (llm-d's centralized mode)
+// reach one socket the manager binds instead, and are told apart by topic.
+// Replicas that leave the pool are purged from the index.
 //
-// Events of one replica are applied in order on that replica's goroutine;
-// different replicas run in parallel (the index serialises its writers).
+// A manager can start from replica states loaded from a sibling EPP's
+// snapshot (Preload): each resumes its engine's stream from the snapshot's
+// position, or is dropped when the engine cannot prove it still runs that
+// stream. WriteSnapshot writes the manager's own replicas for a sibling.
+//
+// Events of one replica are applied in order on one goroutine (its
+// subscriber's, or the bound socket's); different replicas run in parallel
+// (the index serialises its writers).
 package ingest
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,8 +42,13 @@ type Source struct {
 	Name string
 	// Model is the base model: it is mixed into the root of every key.
 	Model string
-	// Endpoint is the ZMQ PUB endpoint; Replay the ROUTER endpoint or "".
+	// Endpoint is the ZMQ PUB endpoint to dial; Replay the ROUTER endpoint
+	// or "".
 	Endpoint, Replay string
+	// Connect says the engine publishes by connecting to the manager's
+	// bound socket (Config.Bind) with the topic "kv@<Name>@<model>";
+	// Endpoint and Replay are then unused.
+	Connect bool
 }
 
 // Config configures the ingestion; zero fields (never legal settings) take
@@ -41,6 +59,14 @@ type Config struct {
 	ReplayTimeout time.Duration `yaml:"replay_timeout"`
 	// MaxBackoff caps the reconnect delay. Default 5s.
 	MaxBackoff time.Duration `yaml:"max_backoff"`
+	// Bind is the ZMQ endpoint bound for engines that publish by
+	// connecting (e.g. "tcp://*:5557"); every such engine connects to it
+	// and is told apart by its topic, kv@<ip>:<port>@<model>. Replay is not
+	// used on it: a gap resets the replica. Several EPP replicas cannot
+	// share engines this way (each engine connects to one address, so
+	// each EPP would see part of the events): run them with engines that
+	// bind (dial mode). Default "" (none).
+	Bind string `yaml:"bind"`
 }
 
 // WithDefaults returns c with every unset field at its default.
@@ -50,31 +76,52 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// Manager runs one subscriber per source. Safe for concurrent use.
+// maxWarnedTopics bounds the unknown topics remembered for logging once.
+const maxWarnedTopics = 256
+
+// Manager runs one subscriber per dialed source and the bound socket for
+// connecting ones. Safe for concurrent use.
 type Manager struct {
 	cfg       Config
 	blockSize int
 	ix        *kvindex.Index
 	log       *zap.Logger
 
+	bound       *kvevents.Subscriber // nil without Config.Bind
+	boundCancel context.CancelFunc
+	boundDone   chan struct{}
+
 	mu      sync.Mutex
 	running map[kvindex.Replica]*feed
 	closed  bool
+	pending map[string]kvindex.LoadedReplica // preloaded, until the first Set
+	started bool                             // Set ran once
+	noBind  map[string]bool                  // connecting sources logged without Config.Bind
+
+	// connected are the connecting sources' feeds by address, read on the
+	// bound socket's goroutine.
+	connMu    sync.RWMutex
+	connected map[string]*feed
+	warnMu    sync.Mutex
+	warned    map[string]bool // unknown topics logged
 }
 
 // feed is one running source.
 type feed struct {
 	src    Source
-	sub    *kvevents.Subscriber
+	sub    *kvevents.Subscriber // nil for a connecting source
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	// state is touched only by the subscriber's goroutine while it runs,
-	// and by stop after it has ended.
-	state *kvindex.ReplicaState
-
+	// mu guards everything below. The subscriber's goroutine applies
+	// batches under it; a snapshot reads the state under it.
 	mu        sync.Mutex
+	state     *kvindex.ReplicaState
+	pos       kvevents.Position // of the last batch applied, if posOK
+	posOK     bool
+	stopped   bool                 // no batch may touch the state any more
 	stats     kvindex.ReplicaStats // copied after each batch for metrics
+	batches   uint64               // batches applied (connecting sources)
 	mismatch  uint64               // blocks of a size the scheduler does not key with
 	warnedSiz bool
 	log       *zap.Logger
@@ -83,9 +130,58 @@ type feed struct {
 
 // New returns a manager applying events to ix. blockSize is the one the
 // scheduler keys prompts with: events of another size cannot match and are
-// counted and logged. Register exposes its metrics.
-func New(cfg Config, blockSize int, ix *kvindex.Index, log *zap.Logger) *Manager {
-	return &Manager{cfg: cfg.WithDefaults(), blockSize: blockSize, ix: ix, log: log, running: map[kvindex.Replica]*feed{}}
+// counted and logged. With Config.Bind it binds that endpoint, and fails if
+// it cannot. Register exposes its metrics.
+func New(cfg Config, blockSize int, ix *kvindex.Index, log *zap.Logger) (*Manager, error) {
+	m := &Manager{cfg: cfg.WithDefaults(), blockSize: blockSize, ix: ix, log: log,
+		running: map[kvindex.Replica]*feed{}, connected: map[string]*feed{}, warned: map[string]bool{}, noBind: map[string]bool{}}
+	if m.cfg.Bind == "" {
+		return m, nil
+	}
+	sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{Endpoint: m.cfg.Bind, Bind: true, TopicKey: m.topicKey},
+		boundHandler{m}, log.Named("bound"))
+	if err != nil {
+		return nil, fmt.Errorf("cannot bind the KV-event socket: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m.bound, m.boundCancel, m.boundDone = sub, cancel, make(chan struct{})
+	go func() {
+		defer close(m.boundDone)
+		if err := sub.Run(ctx); err != nil && ctx.Err() == nil {
+			log.Error("bound KV-event socket stopped", zap.Error(err))
+		}
+	}()
+	log.Info("KV-event socket bound for engines that connect", zap.String("endpoint", sub.Endpoint()))
+	return m, nil
+}
+
+// BoundEndpoint returns the bound socket's endpoint with its real port, or
+// "" without Config.Bind.
+func (m *Manager) BoundEndpoint() string {
+	if m.bound == nil {
+		return ""
+	}
+	return m.bound.Endpoint()
+}
+
+// Preload hands the manager replica states loaded from a snapshot into its
+// index (kvindex.LoadSnapshot with the manager's index). The first Set
+// resumes each from its position if its source is in the set, dials with
+// replay, and serves the model the state was built for; the others are
+// dropped from the index. Call it before the first Set.
+func (m *Manager) Preload(reps []kvindex.LoadedReplica) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.started || m.closed {
+		for _, lr := range reps {
+			lr.State.Reset()
+		}
+		return
+	}
+	m.pending = make(map[string]kvindex.LoadedReplica, len(reps))
+	for _, lr := range reps {
+		m.pending[lr.Name] = lr
+	}
 }
 
 // Set makes the running subscribers match sources: new ones start, removed
@@ -99,46 +195,124 @@ func (m *Manager) Set(sources []Source) {
 	}
 	want := make(map[kvindex.Replica]Source, len(sources))
 	for _, s := range sources {
-		if s.Endpoint != "" {
+		switch {
+		case s.Connect && m.bound == nil:
+			if !m.noBind[s.Name] {
+				m.noBind[s.Name] = true
+				m.log.Error("endpoint publishes KV events by connecting, but ingest.bind is not set: its events cannot arrive",
+					zap.String("replica", s.Name))
+			}
+		case s.Connect || s.Endpoint != "":
 			want[s.Replica] = s
 		}
 	}
 	for id, f := range m.running {
 		if s, ok := want[id]; !ok || s != f.src {
-			f.stop()
+			m.stop(f)
 			delete(m.running, id)
 		}
 	}
+	resumed := 0
 	for id, s := range want {
 		if _, ok := m.running[id]; ok {
 			continue
 		}
-		f, err := m.start(s)
+		var from *kvindex.LoadedReplica
+		if lr, ok := m.pending[s.Name]; ok {
+			delete(m.pending, s.Name)
+			if reason := adoptable(s, lr); reason != "" {
+				lr.State.Reset()
+				m.log.Info("snapshot replica not resumed; it starts cold", zap.String("replica", s.Name), zap.String("reason", reason))
+			} else {
+				from = &lr
+			}
+		}
+		f, err := m.start(s, from)
 		if err != nil {
 			m.log.Error("cannot subscribe to KV events", zap.String("replica", s.Name), zap.Error(err))
+			if from != nil {
+				from.State.Reset()
+			}
 			continue
+		}
+		if from != nil {
+			resumed++
 		}
 		m.running[id] = f
 	}
+	if !m.started {
+		m.started = true
+		left := len(m.pending)
+		for _, lr := range m.pending {
+			lr.State.Reset()
+		}
+		m.pending = nil
+		if resumed > 0 || left > 0 {
+			m.log.Info("warm start: replicas handed over by the snapshot", zap.Int("resuming", resumed),
+				zap.Int("not_in_pool", left), zap.Int("sources", len(want)))
+		}
+	}
+}
+
+// adoptable says why a loaded replica cannot be resumed for s ("" if it can).
+func adoptable(s Source, lr kvindex.LoadedReplica) string {
+	switch {
+	case s.Connect:
+		return "the engine publishes by connecting: without replay nothing proves its stream continues"
+	case s.Replay == "":
+		return "the engine has no replay endpoint: nothing proves its stream continues"
+	case s.Model != lr.State.Model():
+		return fmt.Sprintf("the snapshot is for model %q, the endpoint serves %q", lr.State.Model(), s.Model)
+	case s.Replica != lr.State.Replica():
+		return "replica id differs"
+	}
+	return ""
 }
 
 // Close stops every subscriber and purges their replicas.
 func (m *Manager) Close() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.closed {
+		return
+	}
 	m.closed = true
 	for id, f := range m.running {
-		f.stop()
+		m.stop(f)
 		delete(m.running, id)
+	}
+	for _, lr := range m.pending {
+		lr.State.Reset()
+	}
+	m.pending = nil
+	if m.bound != nil {
+		m.boundCancel()
+		<-m.boundDone
+		_ = m.bound.Close()
 	}
 }
 
-func (m *Manager) start(s Source) (*feed, error) {
-	f := &feed{src: s, state: kvindex.NewReplicaState(m.ix, s.Replica, s.Model), done: make(chan struct{}),
-		log: m.log.With(zap.String("replica", s.Name)), blockSize: m.blockSize}
-	sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{
+func (m *Manager) start(s Source, from *kvindex.LoadedReplica) (*feed, error) {
+	f := &feed{src: s, done: make(chan struct{}), log: m.log.With(zap.String("replica", s.Name)), blockSize: m.blockSize}
+	f.state = kvindex.NewReplicaState(m.ix, s.Replica, s.Model)
+	if s.Connect {
+		close(f.done)
+		m.bound.Forget(s.Name)
+		m.connMu.Lock()
+		m.connected[s.Name] = f
+		m.connMu.Unlock()
+		f.log.Info("KV events expected on the bound socket", zap.String("topic", "kv@"+s.Name+"@"+s.Model))
+		return f, nil
+	}
+	scfg := kvevents.SubscriberConfig{
 		Endpoint: s.Endpoint, ReplayEndpoint: s.Replay, ReplayTimeout: m.cfg.ReplayTimeout, MaxBackoff: m.cfg.MaxBackoff,
-	}, f, f.log)
+	}
+	if from != nil {
+		f.state, f.pos, f.posOK = from.State, from.Pos, true
+		scfg.Resume = &from.Pos
+	}
+	f.stats = f.state.Stats()
+	sub, err := kvevents.NewSubscriber(scfg, f, f.log)
 	if err != nil {
 		return nil, err
 	}
@@ -151,21 +325,38 @@ func (m *Manager) start(s Source) (*feed, error) {
 			f.log.Error("KV-event subscriber stopped", zap.Error(err))
 		}
 	}()
-	f.log.Info("subscribed to KV events", zap.String("endpoint", s.Endpoint), zap.String("replay", s.Replay))
+	if from != nil {
+		f.log.Info("subscribed to KV events, resuming from the snapshot", zap.String("endpoint", s.Endpoint),
+			zap.String("replay", s.Replay), zap.Uint64("seq", from.Pos.Seq), zap.Int("blocks", from.State.Stats().Blocks))
+	} else {
+		f.log.Info("subscribed to KV events", zap.String("endpoint", s.Endpoint), zap.String("replay", s.Replay))
+	}
 	return f, nil
 }
 
-// stop ends the subscriber and purges the replica: what it held can no
-// longer be kept current.
-func (f *feed) stop() {
-	f.cancel()
-	<-f.done
-	_ = f.sub.Close()
+// stop ends the feed and purges the replica: what it held can no longer be
+// kept current.
+func (m *Manager) stop(f *feed) {
+	if f.src.Connect {
+		m.connMu.Lock()
+		if m.connected[f.src.Name] == f {
+			delete(m.connected, f.src.Name)
+		}
+		m.connMu.Unlock()
+		m.bound.Forget(f.src.Name)
+	} else {
+		f.cancel()
+		<-f.done
+		_ = f.sub.Close()
+	}
+	f.mu.Lock()
+	f.stopped = true
 	f.state.Reset()
+	f.mu.Unlock()
 }
 
 // HandleBatch implements kvevents.Handler.
-func (f *feed) HandleBatch(_ string, _ uint64, b *kvevents.Batch) {
+func (f *feed) HandleBatch(_ string, pos kvevents.Position, b *kvevents.Batch) {
 	var mismatched uint64
 	for i := range b.Events {
 		ev := &b.Events[i]
@@ -173,10 +364,15 @@ func (f *feed) HandleBatch(_ string, _ uint64, b *kvevents.Batch) {
 			mismatched += uint64(len(ev.BlockHashes))
 		}
 	}
-	f.state.ApplyBatch(b)
-	st := f.state.Stats()
 	f.mu.Lock()
-	f.stats = st
+	if f.stopped {
+		f.mu.Unlock()
+		return
+	}
+	f.state.ApplyBatch(b)
+	f.pos, f.posOK = pos, true
+	f.stats = f.state.Stats()
+	f.batches++
 	f.mismatch += mismatched
 	warn := mismatched > 0 && !f.warnedSiz
 	f.warnedSiz = f.warnedSiz || warn
@@ -190,12 +386,145 @@ func (f *feed) HandleBatch(_ string, _ uint64, b *kvevents.Batch) {
 
 // HandleReset implements kvevents.Handler.
 func (f *feed) HandleReset(_ string, reason string) {
-	f.state.Reset()
-	st := f.state.Stats()
 	f.mu.Lock()
-	f.stats = st
+	if f.stopped {
+		f.mu.Unlock()
+		return
+	}
+	f.state.Reset()
+	f.posOK = false
+	f.stats = f.state.Stats()
 	f.mu.Unlock()
 	f.log.Info("KV index entries of replica dropped", zap.String("reason", reason))
+}
+
+// WriteSnapshot adds every dialed replica that has applied a batch since its
+// last reset to sw, flushing after each; each replica is still only while
+// it is encoded. Replicas of connecting engines are left out: without
+// replay, a sibling could not resume them.
+func (m *Manager) WriteSnapshot(sw *kvindex.SnapshotWriter) error {
+	m.mu.Lock()
+	feeds := make([]*feed, 0, len(m.running))
+	for _, f := range m.running {
+		if !f.src.Connect {
+			feeds = append(feeds, f)
+		}
+	}
+	m.mu.Unlock()
+	slices.SortFunc(feeds, func(a, b *feed) int { return strings.Compare(a.src.Name, b.src.Name) })
+	for _, f := range feeds {
+		f.mu.Lock()
+		var err error
+		if f.posOK && !f.stopped {
+			err = sw.AddReplica(kvindex.ReplicaTag{Name: f.src.Name, Pos: f.pos}, f.state)
+		}
+		f.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if err := sw.Flush(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// boundHandler hands the bound socket's batches to the connecting source
+// whose address is their replica key.
+type boundHandler struct{ m *Manager }
+
+func (h boundHandler) feed(key string) *feed {
+	h.m.connMu.RLock()
+	defer h.m.connMu.RUnlock()
+	return h.m.connected[key]
+}
+
+func (h boundHandler) HandleBatch(key string, pos kvevents.Position, b *kvevents.Batch) {
+	if f := h.feed(key); f != nil {
+		f.HandleBatch(key, pos, b)
+	}
+}
+
+func (h boundHandler) HandleReset(key, reason string) {
+	if f := h.feed(key); f != nil {
+		f.HandleReset(key, reason)
+	}
+}
+
+// topicKey maps a bound-socket topic, kv@<ip>:<port>@<model> (llm-d's), to
+// the address of a connecting source, or rejects it: an unknown topic is
+// counted by the subscriber, logged once here, and creates no state.
+func (m *Manager) topicKey(topic []byte) ([]byte, bool) {
+	addr, ok := topicAddr(topic)
+	if ok {
+		m.connMu.RLock()
+		_, ok = m.connected[string(addr)]
+		m.connMu.RUnlock()
+		if !ok {
+			// An address spelt otherwise (IPv6 without brackets, an
+			// IPv4-mapped address): the rare slow path.
+			if canon, err := canonicalAddr(string(addr)); err == nil && canon != string(addr) {
+				m.connMu.RLock()
+				_, ok = m.connected[canon]
+				m.connMu.RUnlock()
+				addr = []byte(canon)
+			}
+		}
+	}
+	if !ok {
+		m.unknownTopic(topic)
+	}
+	return addr, ok
+}
+
+func (m *Manager) unknownTopic(topic []byte) {
+	m.warnMu.Lock()
+	first := !m.warned[string(topic)] && len(m.warned) < maxWarnedTopics
+	if first {
+		m.warned[string(topic)] = true
+	}
+	m.warnMu.Unlock()
+	if first {
+		m.log.Warn("KV events on a topic no connecting endpoint of the pool publishes; dropped (counted in omnious_epp_kv_events_total{outcome=\"unknown_topic\"})",
+			zap.ByteString("topic", topic[:min(len(topic), 256)]))
+	}
+}
+
+// topicAddr returns the <ip>:<port> of a kv@<ip>:<port>@<model> topic.
+func topicAddr(topic []byte) ([]byte, bool) {
+	const prefix = "kv@"
+	if len(topic) <= len(prefix) || string(topic[:len(prefix)]) != prefix {
+		return nil, false
+	}
+	rest := topic[len(prefix):]
+	for i, c := range rest {
+		if c == '@' {
+			return rest[:i], i > 0
+		}
+	}
+	return nil, false
+}
+
+// canonicalAddr spells an ip:port as discovery does (IPv6 in brackets,
+// IPv4-mapped addresses unmapped); a bare IPv6 address and port
+// ("fd00::1:8000") is split at its last colon.
+func canonicalAddr(s string) (string, error) {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()).String(), nil
+	}
+	i := strings.LastIndexByte(s, ':')
+	if i < 0 {
+		return "", errors.New("no port")
+	}
+	ip, err := netip.ParseAddr(s[:i])
+	if err != nil {
+		return "", err
+	}
+	ap, err := netip.ParseAddrPort("[" + ip.Unmap().String() + "]:" + s[i+1:])
+	if err != nil {
+		return "", err
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()).String(), nil
 }
 
 // Register exposes the ingestion's and the index's counters on reg.
@@ -206,13 +535,16 @@ func (m *Manager) Register(reg prometheus.Registerer) error {
 var (
 	descEvents   = prometheus.NewDesc("omnious_epp_kv_events_total", "KV-event batches and events by outcome.", []string{"replica", "outcome"}, nil)
 	descBlocks   = prometheus.NewDesc("omnious_epp_kv_blocks_total", "Blocks applied to or skipped by the index.", []string{"replica", "outcome"}, nil)
-	descSeq      = prometheus.NewDesc("omnious_epp_kv_sequence_total", "Sequence events: gaps, replays, replay failures, resets, reconnects.", []string{"replica", "event"}, nil)
+	descSeq      = prometheus.NewDesc("omnious_epp_kv_sequence_total", "Sequence events: gaps, replays, replay failures, resets, reconnects, replays at start, resumes from a snapshot and their failures.", []string{"replica", "event"}, nil)
 	descResident = prometheus.NewDesc("omnious_epp_kv_replica_blocks", "Blocks the index tracks per replica.", []string{"replica"}, nil)
 	descKeys     = prometheus.NewDesc("omnious_epp_kv_index_keys", "Distinct block keys in the index.", nil, nil)
 	descRes      = prometheus.NewDesc("omnious_epp_kv_index_residencies", "Block-replica pairs in the index.", nil, nil)
 	descBytes    = prometheus.NewDesc("omnious_epp_kv_index_bytes", "Bytes the index accounts for (its memory budget applies to this).", nil, nil)
 	descEvict    = prometheus.NewDesc("omnious_epp_kv_index_evictions_total", "Keys evicted to stay within the memory budget.", nil, nil)
 )
+
+// boundLabel is the replica label of the bound socket's own counters.
+const boundLabel = "bound"
 
 // collector reads the subscribers' atomics and the index's stats at scrape
 // time, so the hot path only increments counters it already has.
@@ -228,15 +560,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
-	c.m.mu.Lock()
-	feeds := make([]*feed, 0, len(c.m.running))
-	for _, f := range c.m.running {
-		feeds = append(feeds, f)
-	}
-	c.m.mu.Unlock()
-	for _, f := range feeds {
-		n := f.src.Name
-		s := f.sub.Stats()
+	subscriber := func(n string, s *kvevents.Stats) {
 		counter(descEvents, s.Received.Load(), n, "received")
 		counter(descEvents, s.Applied.Load(), n, "applied")
 		counter(descEvents, s.DroppedFrames.Load(), n, "dropped_bad_frames")
@@ -248,9 +572,36 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descSeq, s.ReplayFailures.Load(), n, "replay_failure")
 		counter(descSeq, s.Resets.Load(), n, "reset")
 		counter(descSeq, s.Reconnects.Load(), n, "reconnect")
+	}
+	c.m.mu.Lock()
+	feeds := make([]*feed, 0, len(c.m.running))
+	for _, f := range c.m.running {
+		feeds = append(feeds, f)
+	}
+	c.m.mu.Unlock()
+	if b := c.m.bound; b != nil {
+		s := b.Stats()
+		subscriber(boundLabel, s)
+		counter(descEvents, s.UnknownTopics.Load(), boundLabel, "unknown_topic")
+		counter(descEvents, s.DroppedReplicas.Load(), boundLabel, "dropped_too_many_replicas")
+	}
+	for _, f := range feeds {
+		n := f.src.Name
 		f.mu.Lock()
-		st, mismatch := f.stats, f.mismatch
+		st, mismatch, batches := f.stats, f.mismatch, f.batches
 		f.mu.Unlock()
+		if f.sub != nil {
+			s := f.sub.Stats()
+			subscriber(n, s)
+			counter(descSeq, s.StartReplays.Load(), n, "start_replay")
+			counter(descSeq, s.Resumes.Load(), n, "resume")
+			counter(descSeq, s.ResumeFailures.Load(), n, "resume_failure")
+		} else {
+			// The bound socket counts for all connecting engines; what
+			// reached this one is what was applied to it.
+			counter(descEvents, batches, n, "received")
+			counter(descEvents, batches, n, "applied")
+		}
 		counter(descBlocks, st.StoredBlocks, n, "stored")
 		counter(descBlocks, st.RemovedBlocks, n, "removed")
 		counter(descBlocks, st.SkippedBlocks, n, "skipped_unknown_parent")

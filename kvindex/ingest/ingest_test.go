@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/omnious/provider-node/engines/kvevents"
 	"github.com/omnious/provider-node/engines/sim"
 	"github.com/omnious/provider-node/engines/sim/engine"
 	"github.com/omnious/provider-node/engines/sim/simtest"
@@ -174,7 +175,8 @@ func TestIndexAgreesWithSimulators(t *testing.T) {
 		startProcess(t, bin, "-engine", "vllm", "-kv-events-format", "array", "-kv-events-hashes", "bytes"),
 	}
 	ix := kvindex.New(kvindex.Config{})
-	m := New(Config{}, 16, ix, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	m, err := New(Config{}, 16, ix, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	require.NoError(t, err)
 	defer m.Close()
 	reg := prometheus.NewRegistry()
 	require.NoError(t, m.Register(reg))
@@ -285,7 +287,8 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels ...
 func TestGapWithoutReplayResets(t *testing.T) {
 	s := startSim(t, func(c *sim.Config) { c.KVEvents.ReplayEndpoint = ""; c.Engine.NumGPUBlocks = 512 })
 	ix := kvindex.New(kvindex.Config{})
-	m := New(Config{}, 16, ix, zap.NewNop())
+	m, err := New(Config{}, 16, ix, zap.NewNop())
+	require.NoError(t, err)
 	defer m.Close()
 	m.Set([]Source{{Replica: 0, Name: "a", Model: model, Endpoint: s.pub}})
 	probe := 0
@@ -327,4 +330,299 @@ func TestGapWithoutReplayResets(t *testing.T) {
 	require.Eventually(t, func() bool { return indexPrefix(ix, 0, more) == 2 }, 5*time.Second, 10*time.Millisecond,
 		"rebuilt from new events")
 	require.LessOrEqual(t, ix.Resident(0), s.truth(t).gpu) // GPU blocks only: no CPU tier
+}
+
+// prompt returns n tokens starting at base.
+func prompt(base, n int) []uint32 {
+	p := make([]uint32, n)
+	for i := range p {
+		p[i] = uint32(base + i)
+	}
+	return p
+}
+
+// agrees waits until the index holds exactly what each simulator holds, then
+// checks every prompt's prefix against the simulators' own caches.
+func agrees(t *testing.T, ix *kvindex.Index, sims []*replica, prompts [][]uint32, within time.Duration, stage string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		for i, s := range sims {
+			if ix.Resident(kvindex.Replica(i)) != s.truth(t).gpu {
+				return false
+			}
+		}
+		return true
+	}, within, 5*time.Millisecond, "%s: resident block counts agree", stage)
+	for i, s := range sims {
+		tr := s.truth(t)
+		for _, p := range prompts {
+			require.Equal(t, tr.prefix(p, 16), indexPrefix(ix, kvindex.Replica(i), p), "%s: replica %d", stage, i)
+		}
+	}
+}
+
+// TestColdStartReplaysBuffer: a manager started after the engines stored
+// blocks learns them from the engines' replay buffers at once, with no new
+// event.
+func TestColdStartReplaysBuffer(t *testing.T) {
+	sims := []*replica{startSim(t, func(*sim.Config) {}), startSim(t, func(c *sim.Config) { c.Engine.Flavour = "sglang" })}
+	prompts := workload(rand.New(rand.NewPCG(3, 4)), 20)
+	for i, p := range prompts {
+		sims[i%2].complete(t, p)
+	}
+	ix := kvindex.New(kvindex.Config{})
+	m, err := New(Config{}, 16, ix, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	require.NoError(t, err)
+	defer m.Close()
+	sources := make([]Source, len(sims))
+	for i, s := range sims {
+		sources[i] = Source{Replica: kvindex.Replica(i), Name: s.addr, Model: model, Endpoint: s.pub, Replay: s.replay}
+	}
+	m.Set(sources)
+	agrees(t, ix, sims, prompts, 5*time.Second, "after the start replay")
+	for i := range sims {
+		require.Positive(t, ix.Resident(kvindex.Replica(i)))
+	}
+}
+
+// TestWarmStartFromSnapshot: manager B starts from manager A's snapshot.
+// Replica 0's engine kept its run and stored more since the snapshot: B
+// resumes it and replays only what followed. Replica 1's engine restarted
+// since: B drops the snapshot's blocks of it, never mixes runs, and
+// rebuilds it from the new run's buffer. Replica 2 is in the snapshot but
+// no longer in the pool; replica 3 is new. B agrees with every engine
+// without any new event after its start.
+func TestWarmStartFromSnapshot(t *testing.T) {
+	sims := make([]*replica, 4)
+	for i := range sims {
+		sims[i] = startSim(t, func(c *sim.Config) { c.Engine.NumGPUBlocks = 256 })
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	prompts := workload(rng, 40)
+	ixA := kvindex.New(kvindex.Config{})
+	idsA := kvindex.NewIDs()
+	a, err := New(Config{}, 16, ixA, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	require.NoError(t, err)
+	defer a.Close()
+	sources := make([]Source, len(sims))
+	for i, s := range sims {
+		id, err := idsA.Assign(s.addr)
+		require.NoError(t, err)
+		sources[i] = Source{Replica: id, Name: s.addr, Model: model, Endpoint: s.pub, Replay: s.replay}
+	}
+	a.Set(sources[:3])
+	for i, p := range prompts[:30] {
+		sims[i%3].complete(t, p)
+	}
+	agrees(t, ixA, sims[:3], prompts, 10*time.Second, "A follows the engines")
+
+	var buf bytes.Buffer
+	hdr := kvindex.SnapshotHeader{BlockSize: 16, Pool: "llm/p"}
+	sw := kvindex.NewSnapshotWriter(&buf, hdr)
+	require.NoError(t, a.WriteSnapshot(sw))
+	require.NoError(t, sw.Close())
+	replicas, blocks, skipped := sw.Stats()
+	require.Equal(t, 3, replicas)
+	require.Positive(t, blocks)
+	require.Zero(t, skipped)
+
+	// After the snapshot: replica 0 stores more, replica 1 restarts and
+	// serves again, replica 3 serves for the first time.
+	for _, p := range prompts[30:35] {
+		sims[0].complete(t, p)
+	}
+	postJSON(t, sims[1].base+"/admin/restart", map[string]any{})
+	for _, p := range prompts[35:] {
+		sims[1].complete(t, p)
+		sims[3].complete(t, p)
+	}
+
+	idsB := kvindex.NewIDs()
+	snap, err := kvindex.LoadSnapshot(&buf, kvindex.LoadOptions{Want: hdr, Assign: idsB.Assign})
+	require.NoError(t, err)
+	b, err := New(Config{}, 16, snap.Index, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	require.NoError(t, err)
+	defer b.Close()
+	reg := prometheus.NewRegistry()
+	require.NoError(t, b.Register(reg))
+	b.Preload(snap.Replicas)
+	sourcesB := []Source{}
+	for _, i := range []int{0, 1, 3} {
+		id, err := idsB.Assign(sims[i].addr)
+		require.NoError(t, err)
+		sourcesB = append(sourcesB, Source{Replica: id, Name: sims[i].addr, Model: model, Endpoint: sims[i].pub, Replay: sims[i].replay})
+	}
+	b.Set(sourcesB)
+	gone, ok := idsB.Lookup(sims[2].addr)
+	require.True(t, ok)
+	require.Zero(t, snap.Index.Resident(gone), "a replica that left the pool is dropped at once")
+
+	// B's ids come from its own IDs: compare by name.
+	idOf := func(s *replica) kvindex.Replica { id, _ := idsB.Lookup(s.addr); return id }
+	live := []*replica{sims[0], sims[1], sims[3]}
+	require.Eventually(t, func() bool {
+		for _, s := range live {
+			if snap.Index.Resident(idOf(s)) != s.truth(t).gpu {
+				return false
+			}
+		}
+		return true
+	}, 5*time.Second, 5*time.Millisecond, "B agrees with the engines")
+	for _, s := range live {
+		tr := s.truth(t)
+		for _, p := range prompts {
+			require.Equal(t, tr.prefix(p, 16), indexPrefix(snap.Index, idOf(s), p), "replica %s", s.addr)
+		}
+	}
+	require.Equal(t, 1.0, metricValue(t, reg, "omnious_epp_kv_sequence_total", "resume", sims[0].addr))
+	require.Zero(t, metricValue(t, reg, "omnious_epp_kv_sequence_total", "resume_failure", sims[0].addr))
+	require.Equal(t, 1.0, metricValue(t, reg, "omnious_epp_kv_sequence_total", "resume_failure", sims[1].addr),
+		"a restarted engine's replica is not resumed")
+	require.Zero(t, metricValue(t, reg, "omnious_epp_kv_sequence_total", "resume", sims[3].addr))
+}
+
+// TestPreloadNotAdoptable: a snapshot replica whose source cannot be
+// resumed (no replay endpoint, another model, a connecting publisher) is
+// dropped from the index when the manager starts, never served.
+func TestPreloadNotAdoptable(t *testing.T) {
+	toks := prompt(1, 64)
+	ix := kvindex.New(kvindex.Config{})
+	src := kvindex.NewReplicaState(ix, 0, model)
+	hashes := []uint64{1, 2, 3, 4}
+	src.ApplyBatch(&kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.KindBlockStored, BlockHashes: hashes, TokenIDs: toks, BlockSize: 16}}})
+	for _, tt := range []struct {
+		name string
+		src  Source
+	}{
+		{"no replay endpoint", Source{Endpoint: "tcp://127.0.0.1:1"}},
+		{"another model", Source{Endpoint: "tcp://127.0.0.1:1", Replay: "tcp://127.0.0.1:2", Model: "other/model"}},
+		{"not in the pool", Source{}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			sw := kvindex.NewSnapshotWriter(&buf, kvindex.SnapshotHeader{BlockSize: 16})
+			require.NoError(t, sw.AddReplica(kvindex.ReplicaTag{Name: "10.0.0.1:8000", Pos: kvevents.Position{Seq: 3}}, src))
+			require.NoError(t, sw.Close())
+			snap, err := kvindex.LoadSnapshot(&buf, kvindex.LoadOptions{Want: kvindex.SnapshotHeader{BlockSize: 16}})
+			require.NoError(t, err)
+			require.Equal(t, 4, snap.Index.Resident(0))
+			m, err := New(Config{MaxBackoff: time.Millisecond}, 16, snap.Index, zap.NewNop())
+			require.NoError(t, err)
+			defer m.Close()
+			m.Preload(snap.Replicas)
+			s := tt.src
+			if s.Model == "" {
+				s.Model = model
+			}
+			s.Name = "10.0.0.1:8000"
+			var sources []Source
+			if s.Endpoint != "" {
+				sources = append(sources, s)
+			}
+			m.Set(sources)
+			require.Zero(t, snap.Index.Resident(0))
+		})
+	}
+}
+
+// TestConnectingPublishers: engines that connect to the manager's bound
+// socket (llm-d's centralized mode) feed their replicas by topic; a topic
+// no source has is counted and creates nothing; a source that leaves is
+// purged.
+func TestConnectingPublishers(t *testing.T) {
+	ix := kvindex.New(kvindex.Config{})
+	m, err := New(Config{Bind: "tcp://127.0.0.1:0"}, 16, ix, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	require.NoError(t, err)
+	defer m.Close()
+	reg := prometheus.NewRegistry()
+	require.NoError(t, m.Register(reg))
+	addrs := []string{"10.0.0.1:8000", "[fd00::1]:8000"}
+	topics := []string{"kv@10.0.0.1:8000@" + model, "kv@fd00::1:8000@" + model} // llm-d spells IPv6 without brackets
+	m.Set([]Source{{Replica: 0, Name: addrs[0], Model: model, Connect: true}, {Replica: 1, Name: addrs[1], Model: model, Connect: true}})
+	pubs := make([]*kvevents.Publisher, 3)
+	for i, topic := range append(topics, "kv@10.9.9.9:8000@"+model) {
+		p, err := kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: m.BoundEndpoint(), Dial: true, Topic: topic, Format: kvevents.FormatMap}, zap.NewNop())
+		require.NoError(t, err)
+		defer p.Close()
+		pubs[i] = p
+	}
+	// ZMQ drops what is published before the connection is up: publish
+	// new chains until each replica shows them.
+	for i := range 2 {
+		n := 0
+		require.Eventually(t, func() bool {
+			n++
+			toks := prompt(100000*i+1000*n, 32)
+			_, err := pubs[i].Publish([]kvevents.Event{{Kind: kvevents.KindBlockStored, BlockHashes: []uint64{uint64(1000*i + 2*n), uint64(1000*i + 2*n + 1)},
+				TokenIDs: toks, BlockSize: 16, Medium: "GPU"}})
+			require.NoError(t, err)
+			time.Sleep(10 * time.Millisecond)
+			return indexPrefix(ix, kvindex.Replica(i), toks) == 2
+		}, 10*time.Second, time.Millisecond, "events of %s", topics[i])
+	}
+	require.Eventually(t, func() bool {
+		_, err := pubs[2].Publish([]kvevents.Event{{Kind: kvevents.KindBlockStored, BlockHashes: []uint64{7}, TokenIDs: prompt(1, 16), BlockSize: 16}})
+		require.NoError(t, err)
+		return metricValue(t, reg, "omnious_epp_kv_events_total", "unknown_topic", "bound") > 0
+	}, 10*time.Second, 10*time.Millisecond)
+	require.Equal(t, 2, ix.Stats().Residencies/2, "only the known replicas hold blocks")
+	require.Positive(t, metricValue(t, reg, "omnious_epp_kv_events_total", "applied", addrs[1]))
+
+	m.Set([]Source{{Replica: 0, Name: addrs[0], Model: model, Connect: true}})
+	require.Zero(t, ix.Resident(1), "a connecting source that leaves is purged")
+	require.Positive(t, ix.Resident(0))
+}
+
+// TestNoBindForConnectingSource: a connecting source without a bound
+// socket is logged and skipped, not a crash.
+func TestNoBindForConnectingSource(t *testing.T) {
+	m, err := New(Config{}, 16, kvindex.New(kvindex.Config{}), zap.NewNop())
+	require.NoError(t, err)
+	defer m.Close()
+	m.Set([]Source{{Replica: 0, Name: "10.0.0.1:8000", Model: model, Connect: true}})
+	require.Empty(t, m.running)
+	_, err = New(Config{Bind: "tcp://256.0.0.1:1"}, 16, kvindex.New(kvindex.Config{}), zap.NewNop())
+	require.ErrorContains(t, err, "cannot bind the KV-event socket")
+}
+
+func TestTopicAddr(t *testing.T) {
+	for topic, want := range map[string]string{
+		"kv@10.0.0.1:8000@m":       "10.0.0.1:8000",
+		"kv@10.0.0.1:8000@org/m@x": "10.0.0.1:8000",
+		"kv@10.0.0.1:8000":         "",
+		"kv@@m":                    "",
+		"kv-events":                "",
+		"":                         "",
+	} {
+		got, ok := topicAddr([]byte(topic))
+		require.Equal(t, want != "", ok, topic)
+		require.Equal(t, want, string(got), topic)
+	}
+	for in, want := range map[string]string{"fd00::1:8000": "[fd00::1]:8000", "[fd00::1]:8000": "[fd00::1]:8000", "[::ffff:10.0.0.1]:80": "10.0.0.1:80"} {
+		got, err := canonicalAddr(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got)
+	}
+}
+
+// FuzzTopicAddr feeds arbitrary topics to the bound socket's topic parser:
+// it never panics, and what it accepts is the address between "kv@" and
+// the next "@".
+func FuzzTopicAddr(f *testing.F) {
+	for _, s := range []string{"kv@10.0.0.1:8000@m", "kv@fd00::1:8000@org/m", "kv@[::1]:1@", "kv@", "@@", ""} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, topic []byte) {
+		addr, ok := topicAddr(topic)
+		if !ok {
+			return
+		}
+		require.True(t, bytes.HasPrefix(topic, append([]byte("kv@"), addr...)))
+		require.NotContains(t, string(addr), "@")
+		if canon, err := canonicalAddr(string(addr)); err == nil {
+			again, err := canonicalAddr(canon)
+			require.NoError(t, err)
+			require.Equal(t, canon, again, "canonical is a fixed point")
+		}
+	})
 }
