@@ -52,7 +52,9 @@ demo: build
 
 # The chaos suite: scripted faults (engine killed mid-stream, restarted,
 # dropped KV events, vanished publisher, hanging metrics, all replicas
-# stale, EPP restarted under load, flapping quoter health) against
+# stale, clients cancelling, no response phase, EPP restarted under load,
+# one of two EPPs killed, both rolled, a third warm-started from a sibling,
+# flapping quoter health) against
 # enginesim processes, the EPP and the test gateway on 127.0.0.1. Prints
 # expected vs observed with recovery times; exits non-zero if any fails.
 chaos: build

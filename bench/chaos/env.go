@@ -59,6 +59,10 @@ type world struct {
 	epp  *launch.EPP
 	gw   *launch.Gateway
 
+	// bins and spec start more EPPs like the world's own.
+	bins bins
+	spec launch.Spec
+
 	servedMu sync.Mutex
 	served   map[string]int // requests each endpoint answered, from the gateways
 	// exchanges are the gateways' ended exchanges by EPP host; failedX
@@ -93,6 +97,8 @@ type setup struct {
 	// (active-active, each subscribing to and scraping every replica)
 	// behind one gateway, in place of the EPP in this process.
 	eppProcesses int
+	// gpuBlocks, when set, replaces the replicas' small chaos cache.
+	gpuBlocks int
 }
 
 // bins are the binaries a world runs.
@@ -116,6 +122,9 @@ func newWorld(ctx context.Context, b bins, s setup, log *zap.Logger) (env *world
 	sc.Engine.TimeScale = timeScale
 	// A small cache: evictions happen, so the index has removals to follow.
 	sc.Engine.NumGPUBlocks = 2000
+	if s.gpuBlocks > 0 {
+		sc.Engine.NumGPUBlocks = s.gpuBlocks
+	}
 	if env.sims, err = launch.StartSims(ctx, launch.SimsConfig{Bin: b.enginesim, Dir: dir, Replicas: s.replicas, Config: sc, LogLevel: "error"}); err != nil {
 		return env, err
 	}
@@ -159,6 +168,7 @@ func newWorld(ctx context.Context, b bins, s setup, log *zap.Logger) (env *world
 	if s.eppProcesses > 0 {
 		spec.DrainDelay = eppDrainDelay
 	}
+	env.bins, env.spec = b, spec
 	for i := range s.eppProcesses {
 		e, err := launch.StartProcess(launch.ProcessConfig{Spec: spec, Bin: b.epp, Dir: filepath.Join(dir, fmt.Sprintf("epp-%d", i)),
 			Name: fmt.Sprintf("EPP %d", i)})

@@ -120,6 +120,14 @@ func scenarios() []scenario {
 			run:   runEPPRollout,
 		},
 		{
+			name: "epp-warm-start",
+			expected: fmt.Sprintf("a third EPP started against a busy %d-replica fleet (%d KV blocks each, filled by distinct prompts) "+
+				"with one of the two running EPPs as its sibling: its index equals every engine's /admin/blocks within %v of its process start",
+				warmReplicas, warmGPUBlocks, warmBound),
+			setup: setup{replicas: warmReplicas, eppProcesses: 2, gpuBlocks: warmGPUBlocks},
+			run:   runEPPWarmStart,
+		},
+		{
 			name: "quoter-flap",
 			expected: "replica health flaps 0.7 s down / 0.7 s up: no quote signed or served while the EPP reports " +
 				"no healthy replica; the hold-down (1 s, doubling) keeps the breaker from closing in every healthy window",

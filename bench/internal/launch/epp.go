@@ -80,6 +80,9 @@ type Spec struct {
 	// MaxEndpoints is how many endpoints one routing decision names
 	// (extproc.max_endpoints: 0 every one; nil the EPP's default, 1).
 	MaxEndpoints *int
+	// Peers are sibling EPPs' admin addresses (host:port) a starting EPP
+	// takes its index snapshot from (warm_start.peers).
+	Peers []string
 	// DrainDelay is how long a stopping EPP still accepts new streams
 	// after its health turned NOT_SERVING (0: it refuses them at once, and
 	// the test gateway opens them on another EPP).
@@ -94,6 +97,7 @@ func (s Spec) config(grpcAddr, healthAddr, metricsAddr, adminAddr string) (epp.C
 	cfg := epp.Config{GRPCAddr: grpcAddr, HealthAddr: healthAddr, MetricsAddr: metricsAddr, AdminAddr: adminAddr,
 		Scheduler: s.Scheduler, DrainDelay: &s.DrainDelay, DrainTimeout: &s.DrainTimeout}
 	cfg.ExtProc.MaxEndpoints = s.MaxEndpoints
+	cfg.WarmStart.Peers = s.Peers
 	switch s.Tokenizer {
 	case TokenizerStandIn:
 		cfg.StandInTokenizer = true
