@@ -122,9 +122,7 @@ func TestSystemdEPPRoutesToOneEndpoint(t *testing.T) {
 	}
 	dir := t.TempDir()
 	bin := buildEPP(t, dir)
-	endpoints := filepath.Join(dir, "endpoints.yaml")
-	require.NoError(t, os.WriteFile(endpoints, []byte("defaults:\n  model: "+oneModel+"\n  engine: vllm\n"+
-		"endpoints:\n  - {ip: 127.0.0.1, port: 18001}\n  - {ip: 127.0.0.1, port: 18002}\n"), 0o600))
+	endpoints := twoEngines(t, dir)
 	env := envFile(t, "systemd/provider-node.env.example")
 	env["EPP_ENDPOINTS_FILE"] = endpoints
 	argv := execStart(t, "systemd/omnious-epp.service", env)
@@ -152,9 +150,7 @@ func TestSystemdTwoEPPs(t *testing.T) {
 	}
 	dir := t.TempDir()
 	bin := buildEPP(t, dir)
-	endpoints := filepath.Join(dir, "endpoints.yaml")
-	require.NoError(t, os.WriteFile(endpoints, []byte("defaults:\n  model: "+oneModel+"\n  engine: vllm\n"+
-		"endpoints:\n  - {ip: 127.0.0.1, port: 18001}\n  - {ip: 127.0.0.1, port: 18002}\n"), 0o600))
+	endpoints := twoEngines(t, dir)
 	envoy, err := os.ReadFile("envoy/envoy-two-epps.yaml")
 	require.NoError(t, err)
 	seen := map[string]bool{}
@@ -184,6 +180,15 @@ func TestSystemdTwoEPPs(t *testing.T) {
 		requireOneDestination(t, grpcAddr, "127.0.0.1:18001", "127.0.0.1:18002")
 	}
 	require.Len(t, seen, 8, "every listener of both instances set, none shared")
+}
+
+// twoEngines writes an endpoints file listing two engines into dir.
+func twoEngines(t *testing.T, dir string) string {
+	t.Helper()
+	path := filepath.Join(dir, "endpoints.yaml")
+	require.NoError(t, os.WriteFile(path, []byte("defaults:\n  model: "+oneModel+"\n  engine: vllm\n"+
+		"endpoints:\n  - {ip: 127.0.0.1, port: 18001}\n  - {ip: 127.0.0.1, port: 18002}\n"), 0o600))
+	return path
 }
 
 // buildEPP builds cmd/epp into dir.

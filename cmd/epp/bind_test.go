@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -25,9 +24,7 @@ import (
 func TestEnginesThatConnect(t *testing.T) {
 	dir := t.TempDir()
 	simBin := simtest.Binary(t)
-	eppBin := filepath.Join(dir, "epp")
-	out, err := exec.Command("go", "build", "-o", eppBin, ".").CombinedOutput()
-	require.NoError(t, err, string(out))
+	eppBin := buildEPP(t, dir)
 	const model = "Qwen/Qwen3-32B"
 
 	port := func() int { return simtest.FreePort(t) }

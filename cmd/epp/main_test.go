@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/hex"
@@ -58,22 +57,16 @@ func getJSON(t *testing.T, url string, v any) {
 // metric sums the values of the series of name in a Prometheus exposition.
 func metric(t *testing.T, url, name string) float64 {
 	t.Helper()
-	resp, err := http.Get(url)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	sum := 0.0
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
-			var v float64
-			_, err := fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
-			require.NoError(t, err, line)
-			sum += v
-		}
-	}
-	return sum
+	return series(t, url, name+"{") + series(t, url, name+" ")
+}
+
+// buildEPP builds this command into dir.
+func buildEPP(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "epp")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, string(out))
+	return bin
 }
 
 // TestEPPRoutesThroughGateway runs cmd/epp with a static endpoint file in
@@ -84,9 +77,7 @@ func metric(t *testing.T, url, name string) float64 {
 func TestEPPRoutesThroughGateway(t *testing.T) {
 	dir := t.TempDir()
 	simBin := simtest.Binary(t)
-	eppBin := filepath.Join(dir, "epp")
-	out, err := exec.Command("go", "build", "-o", eppBin, ".").CombinedOutput()
-	require.NoError(t, err, string(out))
+	eppBin := buildEPP(t, dir)
 	const model = "Qwen/Qwen3-32B"
 
 	var file strings.Builder

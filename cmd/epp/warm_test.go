@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -153,9 +152,7 @@ func series(t *testing.T, url, prefix string) float64 {
 func TestWarmStartFromSiblingProcess(t *testing.T) {
 	dir := t.TempDir()
 	simBin := simtest.Binary(t)
-	eppBin := filepath.Join(dir, "epp")
-	out, err := exec.Command("go", "build", "-o", eppBin, ".").CombinedOutput()
-	require.NoError(t, err, string(out))
+	eppBin := buildEPP(t, dir)
 	const model = "Qwen/Qwen3-32B"
 
 	var file strings.Builder
