@@ -220,9 +220,9 @@ func (f *fleetFlags) apply(o *compare.FleetOptions, set map[string]bool) {
 	}
 	o.EnginesimBin = f.enginesim
 	for _, d := range []struct {
-		name     string
-		src *time.Duration
-		dst **time.Duration
+		name string
+		src  *time.Duration
+		dst  **time.Duration
 	}{{"prefill-base", &f.prefillBase, &o.Timing.PrefillBase}, {"prefill-per-token", &f.prefillPerToken, &o.Timing.PrefillPerToken},
 		{"decode-base", &f.decodeBase, &o.Timing.DecodeBase}, {"decode-per-seq", &f.decodePerSeq, &o.Timing.DecodePerSeq},
 		{"kv-term", &f.kvTerm, &o.Timing.KVTerm}} {
