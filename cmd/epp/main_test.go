@@ -60,6 +60,33 @@ func metric(t *testing.T, url, name string) float64 {
 	return series(t, url, name+"{") + series(t, url, name+" ")
 }
 
+// startFleet runs three enginesim processes (two vLLM, one SGLang) on
+// 127.0.0.1, each publishing KV events with a replay endpoint, kvEvents
+// added to their kv_events section; it returns their addresses once they
+// are healthy, and an endpoints file listing them for model.
+func startFleet(t *testing.T, simBin, dir, model, kvEvents string) (addrs []string, endpoints string) {
+	t.Helper()
+	var file strings.Builder
+	fmt.Fprintf(&file, "defaults:\n  model: %s\nendpoints:\n", model)
+	for i, flavour := range []string{"vllm", "vllm", "sglang"} {
+		httpPort, pub, replay := simtest.FreePort(t), simtest.FreePort(t), simtest.FreePort(t)
+		cfg := fmt.Sprintf("listen: 127.0.0.1:%d\nseed: %d\nengine: {flavour: %s, time_scale: 50}\n"+
+			"kv_events: {endpoint: \"tcp://127.0.0.1:%d\", replay_endpoint: \"tcp://127.0.0.1:%d\"%s}\n",
+			httpPort, i, flavour, pub, replay, kvEvents)
+		path := filepath.Join(dir, fmt.Sprintf("sim-%d.yaml", i))
+		require.NoError(t, os.WriteFile(path, []byte(cfg), 0o600))
+		start(t, simBin, "-config", path, "-log-level", "warn")
+		addrs = append(addrs, fmt.Sprintf("127.0.0.1:%d", httpPort))
+		fmt.Fprintf(&file, "  - {ip: 127.0.0.1, port: %d, engine: %s, kv_events_port: %d, replay_port: %d}\n", httpPort, flavour, pub, replay)
+	}
+	for _, a := range addrs {
+		simtest.WaitOK(t, "http://"+a+"/health")
+	}
+	endpoints = filepath.Join(dir, "endpoints.yaml")
+	require.NoError(t, os.WriteFile(endpoints, []byte(file.String()), 0o600))
+	return addrs, endpoints
+}
+
 // buildEPP builds this command into dir.
 func buildEPP(t *testing.T, dir string) string {
 	t.Helper()
@@ -80,24 +107,7 @@ func TestEPPRoutesThroughGateway(t *testing.T) {
 	eppBin := buildEPP(t, dir)
 	const model = "Qwen/Qwen3-32B"
 
-	var file strings.Builder
-	fmt.Fprintf(&file, "defaults:\n  model: %s\nendpoints:\n", model)
-	var sims []string
-	for i, flavour := range []string{"vllm", "vllm", "sglang"} {
-		httpPort, pub, replay := simtest.FreePort(t), simtest.FreePort(t), simtest.FreePort(t)
-		start(t, simBin, "-engine", flavour, "-listen", fmt.Sprintf("127.0.0.1:%d", httpPort),
-			"-kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", pub),
-			"-kv-events-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", replay),
-			"-time-scale", "50", "-seed", fmt.Sprint(i), "-log-level", "warn")
-		sims = append(sims, fmt.Sprintf("127.0.0.1:%d", httpPort))
-		fmt.Fprintf(&file, "  - ip: 127.0.0.1\n    port: %d\n    engine: %s\n    kv_events_port: %d\n    replay_port: %d\n",
-			httpPort, flavour, pub, replay)
-	}
-	for _, s := range sims {
-		simtest.WaitOK(t, "http://"+s+"/health")
-	}
-	endpoints := filepath.Join(dir, "endpoints.yaml")
-	require.NoError(t, os.WriteFile(endpoints, []byte(file.String()), 0o600))
+	sims, endpoints := startFleet(t, simBin, dir, model, "")
 
 	grpcAddr := fmt.Sprintf("127.0.0.1:%d", simtest.FreePort(t))
 	metricsAddr := fmt.Sprintf("127.0.0.1:%d", simtest.FreePort(t))

@@ -8,8 +8,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -155,25 +153,11 @@ func TestWarmStartFromSiblingProcess(t *testing.T) {
 	eppBin := buildEPP(t, dir)
 	const model = "Qwen/Qwen3-32B"
 
-	var file strings.Builder
-	fmt.Fprintf(&file, "defaults:\n  model: %s\nendpoints:\n", model)
-	var bases []string
-	for i, flavour := range []string{"vllm", "vllm", "sglang"} {
-		httpPort, pub, replay := simtest.FreePort(t), simtest.FreePort(t), simtest.FreePort(t)
-		cfg := fmt.Sprintf("listen: 127.0.0.1:%d\nseed: %d\nengine: {flavour: %s, time_scale: 50}\n"+
-			"kv_events: {endpoint: \"tcp://127.0.0.1:%d\", replay_endpoint: \"tcp://127.0.0.1:%d\", buffer_steps: 32}\n",
-			httpPort, i, flavour, pub, replay)
-		path := filepath.Join(dir, fmt.Sprintf("sim-%d.yaml", i))
-		require.NoError(t, os.WriteFile(path, []byte(cfg), 0o600))
-		start(t, simBin, "-config", path, "-log-level", "warn")
-		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", httpPort))
-		fmt.Fprintf(&file, "  - {ip: 127.0.0.1, port: %d, engine: %s, kv_events_port: %d, replay_port: %d}\n", httpPort, flavour, pub, replay)
+	addrs, endpoints := startFleet(t, simBin, dir, model, ", buffer_steps: 32")
+	bases := make([]string, len(addrs))
+	for i, a := range addrs {
+		bases[i] = "http://" + a
 	}
-	for _, b := range bases {
-		simtest.WaitOK(t, b+"/health")
-	}
-	endpoints := filepath.Join(dir, "endpoints.yaml")
-	require.NoError(t, os.WriteFile(endpoints, []byte(file.String()), 0o600))
 
 	// epp starts an EPP process and returns its admin and metrics addresses.
 	epp := func(args ...string) (admin, metrics string) {
