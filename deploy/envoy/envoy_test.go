@@ -1,6 +1,3 @@
-// Package envoy holds the Envoy bootstrap that runs the EPP as a sidecar;
-// this test checks that it parses as Envoy's v3 API and says what the
-// EndpointPicker protocol needs.
 package envoy
 
 import (
