@@ -1,11 +1,9 @@
 package testgw
 
 import (
-	"context"
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -13,7 +11,6 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
@@ -77,24 +74,10 @@ func startCountingEPP(t *testing.T, addr, dest string, failOn func(*extprocv3.Pr
 // turns NOT_SERVING (a draining EPP) or that is gone, loses no request to
 // either, and takes a host back once it is healthy again.
 func TestSeveralEPPs(t *testing.T) {
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"ok":true}`)
-	}))
-	defer upstream.Close()
-	dest := strings.TrimPrefix(upstream.URL, "http://")
+	dest := jsonUpstream(t, `{"ok":true}`)
 	a, b := startCountingEPP(t, "127.0.0.1:0", dest, nil), startCountingEPP(t, "127.0.0.1:0", dest, nil)
 
-	gw, err := New(Config{EPPs: []string{a.addr, b.addr}, HealthInterval: 20 * time.Millisecond}, zaptest.NewLogger(t))
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- gw.Run(ctx) }()
-	defer func() {
-		cancel()
-		require.NoError(t, <-done)
-	}()
+	gw := runGateway(t, Config{EPPs: []string{a.addr, b.addr}, HealthInterval: 20 * time.Millisecond})
 	send := func(n int) {
 		t.Helper()
 		for range n {
@@ -141,13 +124,7 @@ func TestSeveralEPPs(t *testing.T) {
 // engine's answer untouched, and the EPP hears only that the stream ended:
 // no status, which the scheduler takes as no evidence either way.
 func TestSkipResponse(t *testing.T) {
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"model":"m1","ok":true}`)
-	}))
-	defer upstream.Close()
-	addr := strings.TrimPrefix(upstream.URL, "http://")
+	addr := jsonUpstream(t, `{"model":"m1","ok":true}`)
 	p := &listPicker{addrs: []string{addr}}
 	var timing atomic.Pointer[Timing]
 	gw := startStackConfig(t, extproc.Config{}, Config{SkipResponse: true, OnExchange: func(tm Timing) { timing.Store(&tm) }}, p)
@@ -168,13 +145,7 @@ func TestSkipResponse(t *testing.T) {
 // exchange reports the EPP host and the error, and the host's stream
 // counts as open from its opening to the exchange's end.
 func TestEPPFailsMidExchange(t *testing.T) {
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"ok":true}`)
-	}))
-	defer upstream.Close()
-	dest := strings.TrimPrefix(upstream.URL, "http://")
+	dest := jsonUpstream(t, `{"ok":true}`)
 	cases := []struct {
 		name      string
 		failOn    func(*extprocv3.ProcessingRequest) bool
@@ -206,17 +177,8 @@ func TestEPPFailsMidExchange(t *testing.T) {
 			}
 			epp = startCountingEPP(t, "127.0.0.1:0", dest, failOn)
 			var timing atomic.Pointer[Timing]
-			g, err := New(Config{EPPs: []string{epp.addr}, HealthInterval: -1, OnExchange: func(tm Timing) { timing.Store(&tm) }},
-				zaptest.NewLogger(t))
-			require.NoError(t, err)
+			g := runGateway(t, Config{EPPs: []string{epp.addr}, HealthInterval: -1, OnExchange: func(tm Timing) { timing.Store(&tm) }})
 			gw.Store(g)
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- g.Run(ctx) }()
-			defer func() {
-				cancel()
-				require.NoError(t, <-done)
-			}()
 
 			resp, err := http.Post("http://"+g.Addr()+"/v1/completions", "application/json", strings.NewReader(`{"model":"m"}`))
 			require.NoError(t, err)

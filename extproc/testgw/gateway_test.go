@@ -80,6 +80,34 @@ func (p *listPicker) last(t *testing.T) (scheduler.Request, scheduler.DoneInfo) 
 	return p.reqs[len(p.reqs)-1], d
 }
 
+// runGateway runs a gateway with cfg until the test ends.
+func runGateway(t testing.TB, cfg Config) *Gateway {
+	t.Helper()
+	gw, err := New(cfg, zaptest.NewLogger(t))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- gw.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	return gw
+}
+
+// jsonUpstream is an engine stand-in on loopback that reads each request
+// and answers it with body as JSON; it returns its ip:port.
+func jsonUpstream(t testing.TB, body string) string {
+	t.Helper()
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, body)
+	}))
+	t.Cleanup(upstream.Close)
+	return upstream.Listener.Addr().String()
+}
+
 // startStack runs the EPP (with picker) and a gateway in front of it.
 func startStack(t *testing.T, p extproc.Picker) *Gateway {
 	t.Helper()
@@ -347,12 +375,7 @@ func TestFloor(t *testing.T) {
 			Body: io.NopCloser(strings.NewReader(`{"echo":` + string(body) + `}`))}, nil
 	})
 	timings := make(chan Timing, 2)
-	gw, err := New(Config{EPP: lis.Addr().String(), Upstream: up, OnExchange: func(tm Timing) { timings <- tm }}, zaptest.NewLogger(t))
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- gw.Run(ctx) }()
-	defer func() { cancel(); require.NoError(t, <-done) }()
+	gw := runGateway(t, Config{EPP: lis.Addr().String(), Upstream: up, OnExchange: func(tm Timing) { timings <- tm }})
 
 	var hosts []string
 	for i := range 2 {

@@ -1,12 +1,10 @@
 package testgw
 
 import (
-	"context"
 	"encoding/json"
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -32,18 +30,9 @@ func startStackConfig(t *testing.T, cfg extproc.Config, gcfg Config, p extproc.P
 	g := grpc.NewServer(cfg.ServerOptions()...)
 	extproc.NewServer(cfg, p, extproc.NewStandInPrompter(), prometheus.NewRegistry(), zaptest.NewLogger(t)).Register(g)
 	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop) // after the gateway has stopped
 	gcfg.EPP = lis.Addr().String()
-	gw, err := New(gcfg, zaptest.NewLogger(t))
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- gw.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-		g.Stop()
-	})
-	return gw
+	return runGateway(t, gcfg)
 }
 
 // TestBodyLimitThroughGateway: a body over max_body_bytes reaches the
@@ -52,13 +41,7 @@ func startStackConfig(t *testing.T, cfg extproc.Config, gcfg Config, p extproc.P
 // the limit goes upstream.
 func TestBodyLimitThroughGateway(t *testing.T) {
 	const limit = 100 << 10
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","model":"m","choices":[]}`)
-	}))
-	defer upstream.Close()
-	p := &listPicker{addrs: []string{upstream.Listener.Addr().String()}}
+	p := &listPicker{addrs: []string{jsonUpstream(t, `{"id":"x","object":"chat.completion","model":"m","choices":[]}`)}}
 	timings := make(chan Timing, 1)
 	gw := startStackConfig(t, extproc.Config{MaxBodyBytes: limit}, Config{OnExchange: func(tm Timing) { timings <- tm }}, p)
 	body := func(n int) string {

@@ -1,7 +1,6 @@
 package testgw
 
 import (
-	"context"
 	"io"
 	"net"
 	"net/http"
@@ -13,7 +12,6 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 )
 
@@ -82,12 +80,7 @@ func TestHeaderMutationRules(t *testing.T) {
 	extprocv3.RegisterExternalProcessorServer(srv, echoEPP{&Floor{Dests: []string{dest}}})
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop()
-	gw, err := New(Config{EPP: lis.Addr().String(), HealthInterval: -1}, zaptest.NewLogger(t))
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- gw.Run(ctx) }()
-	defer func() { cancel(); require.NoError(t, <-done) }()
+	gw := runGateway(t, Config{EPP: lis.Addr().String(), HealthInterval: -1})
 
 	before := RejectedMutations()
 	resp, body := post(t, gw, "/v1/chat/completions", `{"model":"m"}`, "X-Client", "c1")
