@@ -2,8 +2,8 @@ package chaos
 
 import (
 	"bufio"
+	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -79,8 +79,8 @@ func (w cancelWorkload) run(ctx context.Context, env *world) (failed int, err er
 func (env *world) request(ctx context.Context, base, prompt string, maxTokens int, end ending) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	b, _ := json.Marshal(map[string]any{"model": model, "prompt": prompt, "max_tokens": maxTokens, "ignore_eos": true, "stream": true})
-	var body io.Reader = strings.NewReader(string(b))
+	b := completion(prompt, maxTokens, true)
+	var body io.Reader = bytes.NewReader(b)
 	if end == endBeforeRoute {
 		pr, pw := io.Pipe()
 		go func() {
@@ -91,12 +91,7 @@ func (env *world) request(ctx context.Context, base, prompt string, maxTokens in
 		}()
 		body = pr
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", body)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := env.http.Do(req)
+	resp, err := env.sendTo(ctx, base, body, "")
 	if err != nil {
 		return err
 	}

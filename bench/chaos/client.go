@@ -39,15 +39,27 @@ func (env *world) complete(ctx context.Context, prompt string, maxTokens int, ad
 	return resp.StatusCode, err
 }
 
-// send posts a completion of maxTokens (exactly: ignore_eos) through the
-// gateway, pinned to addr when it is not empty.
-func (env *world) send(ctx context.Context, prompt string, maxTokens int, addr string, stream bool) (*http.Response, error) {
+// completion is the body of a completion of maxTokens (exactly:
+// ignore_eos).
+func completion(prompt string, maxTokens int, stream bool) []byte {
 	body := map[string]any{"model": model, "prompt": prompt, "max_tokens": maxTokens, "ignore_eos": true}
 	if stream {
 		body["stream"] = true
 	}
 	b, _ := json.Marshal(body)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, env.gw.URL()+"/v1/completions", bytes.NewReader(b))
+	return b
+}
+
+// send posts a completion through the gateway, pinned to addr when it is
+// not empty.
+func (env *world) send(ctx context.Context, prompt string, maxTokens int, addr string, stream bool) (*http.Response, error) {
+	return env.sendTo(ctx, env.gw.URL(), bytes.NewReader(completion(prompt, maxTokens, stream)), addr)
+}
+
+// sendTo posts body to /v1/completions of the gateway at base, pinned to
+// addr when it is not empty.
+func (env *world) sendTo(ctx context.Context, base string, body io.Reader, addr string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", body)
 	if err != nil {
 		return nil, err
 	}
