@@ -389,16 +389,7 @@ func (x *exchange) run(w http.ResponseWriter, r *http.Request) error {
 // passThrough sends the response to the client without a response phase,
 // then ends the ext_proc stream as Envoy does when the HTTP stream ends.
 func (x *exchange) passThrough(w http.ResponseWriter, up *http.Response) error {
-	h := w.Header()
-	for k, vs := range up.Header {
-		if !hopByHop(k) {
-			h[k] = vs
-		}
-	}
-	x.timing.Status = up.StatusCode
-	x.committed = true
-	w.WriteHeader(up.StatusCode)
-	flusher, _ := w.(http.Flusher)
+	flusher := x.writeHeaders(w, up, nil)
 	buf := make([]byte, 32<<10)
 	var err error
 	for {
@@ -479,6 +470,25 @@ func (x *exchange) forward(r *http.Request, h http.Header, body []byte) (*http.R
 	return nil, "", lastErr
 }
 
+// writeHeaders sends the client the upstream's status and end-to-end
+// headers with m (the EPP's response-header mutation, nil for none)
+// applied; the client's response is committed from here on. It returns
+// the writer's flusher, nil if it has none.
+func (x *exchange) writeHeaders(w http.ResponseWriter, up *http.Response, m *extprocv3.HeaderMutation) http.Flusher {
+	h := w.Header()
+	for k, vs := range up.Header {
+		if !hopByHop(k) {
+			h[k] = vs
+		}
+	}
+	applyMutation(h, m)
+	x.timing.Status = up.StatusCode
+	x.committed = true
+	w.WriteHeader(up.StatusCode)
+	flusher, _ := w.(http.Flusher)
+	return flusher
+}
+
 // respond runs the response phase: headers, then body chunks as they come
 // from the endpoint, each written to the client as the EPP returns it.
 func (x *exchange) respond(w http.ResponseWriter, up *http.Response, served string) error {
@@ -507,17 +517,7 @@ func (x *exchange) respond(w http.ResponseWriter, up *http.Response, served stri
 		x.writeImmediate(w, ir)
 		return nil
 	}
-	h := w.Header()
-	for k, vs := range up.Header {
-		if !hopByHop(k) {
-			h[k] = vs
-		}
-	}
-	applyMutation(h, resp.GetResponseHeaders().GetResponse().GetHeaderMutation())
-	x.timing.Status = up.StatusCode
-	x.committed = true
-	w.WriteHeader(up.StatusCode)
-	flusher, _ := w.(http.Flusher)
+	flusher := x.writeHeaders(w, up, resp.GetResponseHeaders().GetResponse().GetHeaderMutation())
 	if flusher != nil {
 		flusher.Flush() // as Envoy, send the headers on before the body
 	}
