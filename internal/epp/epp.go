@@ -329,8 +329,7 @@ func serveGRPC(s *grpc.Server, ln net.Listener) error {
 func (e *EPP) update(eps []endpoint.Endpoint) {
 	targets := make([]scheduler.Target, 0, len(eps))
 	sources := make([]ingest.Source, 0, len(eps))
-	urls := make([]string, 0, len(eps))
-	seenURL := make(map[string]bool, len(eps))
+	urls := make([]string, 0, len(eps)) // the scraper skips "" and repeats
 	present := make(map[string]bool, len(eps))
 	for _, ep := range eps {
 		id, err := e.ids.Assign(ep.Addr)
@@ -344,10 +343,7 @@ func (e *EPP) update(eps []endpoint.Endpoint) {
 			sources = append(sources, ingest.Source{Replica: id, Name: ep.Addr, Model: ep.Model,
 				Endpoint: ep.KVEvents, Replay: ep.KVReplay, Connect: ep.KVConnect})
 		}
-		if u := ep.MetricsURL; u != "" && !seenURL[u] {
-			seenURL[u] = true
-			urls = append(urls, u)
-		}
+		urls = append(urls, ep.MetricsURL)
 	}
 	e.ingest.Set(sources)
 	e.sched.SetEndpoints(targets)
