@@ -96,11 +96,7 @@ func runEPPWarmStart(ctx context.Context, env *world, o *outcome) error {
 	<-polled
 	var took time.Duration
 	for _, sm := range samples {
-		equal := true
-		for addr, n := range truth {
-			equal = equal && sm.ix[addr] == n
-		}
-		if equal {
+		if holds(sm.ix, truth) {
 			took = sm.at.Sub(started)
 			break
 		}
@@ -129,12 +125,7 @@ func runEPPWarmStart(ctx context.Context, env *world, o *outcome) error {
 		if err != nil {
 			return false, nil
 		}
-		for addr, n := range truth {
-			if ix[addr] != n {
-				return false, nil
-			}
-		}
-		return true, nil
+		return holds(ix, truth), nil
 	})
 	_ = e.Stop()
 	if err != nil {
@@ -145,4 +136,15 @@ func runEPPWarmStart(ctx context.Context, env *world, o *outcome) error {
 	o.check(took <= warmBound, "the new EPP took %v to equal the engines (bound %v)", took.Round(time.Millisecond), warmBound)
 	o.recovery, o.recoveryOf = took, "process start → index equals every engine"
 	return nil
+}
+
+// holds reports whether an EPP's resident blocks per endpoint (its admin
+// view) are the engines' own counts.
+func holds(ix, truth map[string]int) bool {
+	for addr, n := range truth {
+		if ix[addr] != n {
+			return false
+		}
+	}
+	return true
 }
