@@ -312,6 +312,9 @@ func (m *Manager) start(s Source, from *kvindex.LoadedReplica) (*feed, error) {
 		scfg.Resume = &from.Pos
 	}
 	f.stats = f.state.Stats()
+	// Read before the subscriber runs: from then on its goroutine changes
+	// the state, and f.stats only under f.mu.
+	resumed := f.stats.Blocks
 	sub, err := kvevents.NewSubscriber(scfg, f, f.log)
 	if err != nil {
 		return nil, err
@@ -327,7 +330,7 @@ func (m *Manager) start(s Source, from *kvindex.LoadedReplica) (*feed, error) {
 	}()
 	if from != nil {
 		f.log.Info("subscribed to KV events, resuming from the snapshot", zap.String("endpoint", s.Endpoint),
-			zap.String("replay", s.Replay), zap.Uint64("seq", from.Pos.Seq), zap.Int("blocks", from.State.Stats().Blocks))
+			zap.String("replay", s.Replay), zap.Uint64("seq", from.Pos.Seq), zap.Int("blocks", resumed))
 	} else {
 		f.log.Info("subscribed to KV events", zap.String("endpoint", s.Endpoint), zap.String("replay", s.Replay))
 	}
