@@ -541,7 +541,8 @@ func (s *Subscriber) handle(ctx context.Context, frames [][]byte, canReplay bool
 		return
 	}
 	verdict := rep.seq.Live(seq)
-	check := rep.verify || (rep.startCheck && verdict == SeqDuplicate)
+	afterStart := rep.startCheck
+	check := rep.verify || (afterStart && verdict == SeqDuplicate)
 	rep.startCheck = false
 	if check && canReplay {
 		rep.verify = false
@@ -552,7 +553,17 @@ func (s *Subscriber) handle(ctx context.Context, frames [][]byte, canReplay bool
 		}
 	}
 	switch verdict {
-	case SeqFirst, SeqNext:
+	case SeqFirst:
+		if afterStart && seq > 0 && canReplay {
+			// The replay at start found nothing buffered, yet the stream
+			// is past its first batch: the publisher dropped what it sent
+			// before our subscription reached it. Fetch those batches as
+			// for a run joined late.
+			s.restartFrom(ctx, rep, seq, payload)
+			return
+		}
+		s.apply(rep, seq, payload)
+	case SeqNext:
 		s.apply(rep, seq, payload)
 	case SeqDuplicate:
 		s.stats.DroppedDuplicate.Add(1)
@@ -587,10 +598,11 @@ func (s *Subscriber) reset(rep *replica, reason string) {
 	s.h.HandleReset(rep.topic, reason)
 }
 
-// restartFrom follows a restarted engine from live batch seq. Batches the
-// new run published before seq (missed while reconnecting) are fetched by
-// replay from its first one, so the replica is rebuilt whole; when replay
-// cannot give them, the replica stays reset and is rebuilt from seq on.
+// restartFrom follows a run (a restarted engine's, or one joined after its
+// first batches were dropped) from live batch seq. Batches the run
+// published before seq are fetched by replay from its first one, so the
+// replica is rebuilt whole; when replay cannot give them, the replica stays
+// reset and is rebuilt from seq on.
 func (s *Subscriber) restartFrom(ctx context.Context, rep *replica, seq uint64, payload []byte) {
 	if seq > 0 && s.cfg.ReplayEndpoint != "" {
 		rep.seq = SeqTracker{liveSeen: true, lastLive: seq} // a new run: nothing of it applied yet
