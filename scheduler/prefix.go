@@ -151,22 +151,21 @@ func addHit(out []prefixHit, base int, r kvindex.Replica, n int) []prefixHit {
 
 // approximate is the text-based prefix matcher used when a request has no
 // tokens: the prompt is hashed in fixed-size chunks, each chained to the
-// previous, and the replica each chain was last routed to is remembered in a
-// bounded LRU. A chunk recorded for a replica implies the whole prefix up to
-// it was routed there.
+// previous, and the replicas each chain was routed to (up to specSlots, the
+// most recent first to stay) are remembered in a bounded LRU. A chunk
+// recorded for a replica implies the whole prefix up to it was routed there.
+// A chunk keeps several replicas because a shared prefix that load sends to
+// a second replica is then cached on both: remembering only the last one
+// would forget the first, and the next request would miss a copy it could
+// have used.
 type approximate struct {
 	chunk int
 	ttl   time.Duration
-	cache *lru.Cache[uint64, approxVal]
-}
-
-type approxVal struct {
-	r  kvindex.Replica
-	at int64
+	cache *lru.Cache[uint64, specVal]
 }
 
 func newApproximate(chunk, maxNodes int, ttl time.Duration) (*approximate, error) {
-	c, err := lru.New[uint64, approxVal](maxNodes)
+	c, err := lru.New[uint64, specVal](maxNodes)
 	if err != nil {
 		return nil, err
 	}
@@ -193,24 +192,35 @@ func (a *approximate) chunkHashes(dst []uint64, text []byte) []uint64 {
 }
 
 // match appends, per replica, how many leading bytes of the prompt were
-// last routed to it. textLen is the prompt length (the last chunk may be
-// partial).
+// routed to it within the ttl. textLen is the prompt length (the last chunk
+// may be partial).
 func (a *approximate) match(hashes []uint64, textLen int, now time.Time, out []prefixHit) []prefixHit {
 	base := len(out)
-	oldest := now.Add(-a.ttl).UnixNano()
+	nowNs := now.UnixNano()
 	for i, h := range hashes {
 		v, ok := a.cache.Peek(h)
-		if !ok || v.at < oldest {
+		if !ok {
 			break
 		}
-		out = addHit(out, base, v.r, min((i+1)*a.chunk, textLen))
+		live := false
+		for j := range v.exp {
+			if v.exp[j] > nowNs {
+				live = true
+				out = addHit(out, base, v.r[j], min((i+1)*a.chunk, textLen))
+			}
+		}
+		if !live {
+			break
+		}
 	}
 	return out
 }
 
 func (a *approximate) record(hashes []uint64, r kvindex.Replica, now time.Time) {
-	v := approxVal{r: r, at: now.UnixNano()}
+	exp := now.Add(a.ttl).UnixNano()
 	for _, h := range hashes {
+		v, _ := a.cache.Peek(h)
+		v.put(r, exp)
 		a.cache.Add(h, v)
 	}
 }
@@ -218,11 +228,16 @@ func (a *approximate) record(hashes []uint64, r kvindex.Replica, now time.Time) 
 // sessions remembers the replica of each session key.
 type sessions struct {
 	ttl   time.Duration
-	cache *lru.Cache[string, approxVal]
+	cache *lru.Cache[string, sessionVal]
+}
+
+type sessionVal struct {
+	r  kvindex.Replica
+	at int64
 }
 
 func newSessions(size int, ttl time.Duration) (*sessions, error) {
-	c, err := lru.New[string, approxVal](size)
+	c, err := lru.New[string, sessionVal](size)
 	if err != nil {
 		return nil, err
 	}
@@ -242,6 +257,6 @@ func (s *sessions) get(key string, now time.Time) (kvindex.Replica, bool) {
 
 func (s *sessions) set(key string, r kvindex.Replica, now time.Time) {
 	if key != "" {
-		s.cache.Add(key, approxVal{r: r, at: now.UnixNano()})
+		s.cache.Add(key, sessionVal{r: r, at: now.UnixNano()})
 	}
 }

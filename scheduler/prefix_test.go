@@ -1,0 +1,43 @@
+package scheduler
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/omnious/provider-node/kvindex"
+)
+
+// A shared prefix that load sent to a second replica is cached on both:
+// the matcher must credit both, each with the prefix it was sent, and
+// forget a replica only after its records expire.
+func TestApproximateKeepsEveryCopy(t *testing.T) {
+	a, err := newApproximate(4, 1000, time.Minute)
+	require.NoError(t, err)
+	now := time.Unix(1_700_000_000, 0)
+	shared := []byte("the shared document, sixteen+ bytes of it")
+	long := append(append([]byte(nil), shared...), " and question one"...)
+	short := shared[:20]
+
+	a.record(a.chunkHashes(nil, long), 1, now)
+	a.record(a.chunkHashes(nil, short), 2, now.Add(30*time.Second))
+	probe := append(append([]byte(nil), shared...), " and another question"...)
+	hits := a.match(a.chunkHashes(nil, probe), len(probe), now.Add(40*time.Second), nil)
+	common := len(shared) + len(" and ") // long and probe agree this far
+	require.ElementsMatch(t, []prefixHit{{r: 1, n: common / 4 * 4}, {r: 2, n: 20}}, hits)
+
+	// Replica 1's records expire first; replica 2's prefix is still known.
+	hits = a.match(a.chunkHashes(nil, probe), len(probe), now.Add(61*time.Second), nil)
+	require.Equal(t, []prefixHit{{r: 2, n: 20}}, hits)
+
+	// More replicas than slots: the ones recorded longest ago give way.
+	for r := kvindex.Replica(3); r < 3+specSlots; r++ {
+		a.record(a.chunkHashes(nil, short), r, now.Add(time.Duration(r)*time.Second+30*time.Second))
+	}
+	hits = a.match(a.chunkHashes(nil, short), len(short), now.Add(40*time.Second), nil)
+	require.Len(t, hits, specSlots)
+	for _, h := range hits {
+		require.GreaterOrEqual(t, h.r, kvindex.Replica(3))
+	}
+}
