@@ -55,6 +55,7 @@ func simConfig(o FleetOptions, seed int64, maxLen int) sim.Config {
 	c.Engine.NumGPUBlocks = o.NumGPUBlocks
 	c.Engine.BlockSize = o.BlockSize
 	c.Engine.MaxNumBatchedTokens = o.MaxNumBatchedTokens
+	c.Engine.MaxNumSeqs = o.MaxNumSeqs
 	c.Engine.Timing = o.Timing
 	return c.WithDefaults()
 }

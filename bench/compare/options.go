@@ -76,6 +76,9 @@ type FleetOptions struct {
 	BlockSize int
 	// MaxNumBatchedTokens is the simulated step token budget. Default 8192.
 	MaxNumBatchedTokens int
+	// MaxNumSeqs caps each simulated replica's running requests. Default:
+	// the simulator's (256).
+	MaxNumSeqs int
 	// MaxModelLen is the simulated context limit. Default: 40960, raised to
 	// fit the workload's longest request.
 	MaxModelLen int
@@ -136,6 +139,16 @@ type SharedPrefixOptions struct {
 	QPS []float64
 	// StageDuration is each stage's length in model time. Default 10s.
 	StageDuration time.Duration
+	// StageDurations, when set, gives each stage its own length (one per
+	// QPS entry) instead of StageDuration.
+	StageDurations []time.Duration
+	// WarmupStages leading stages seat the caches and are left out of the
+	// summary across stages (inference-perf's warm-up convention).
+	WarmupStages int
+	// Cycle sends the groups' prompts in one shuffled order, over and over,
+	// as inference-perf's shared_prefix data does; false (default) draws
+	// each request's group and prompt at random.
+	Cycle bool
 }
 
 // ChatOptions are multi-turn chat sessions through /v1/chat/completions:
@@ -239,7 +252,7 @@ func (o Options) Validate() error {
 	if !(f.TimeScale > 0) || f.TimeScale > 1000 {
 		errs = append(errs, fmt.Errorf("time scale %v: want > 0 and <= 1000", f.TimeScale))
 	}
-	if f.NumGPUBlocks < 0 || f.BlockSize < 0 || f.MaxNumBatchedTokens < 0 || f.MaxModelLen < 0 {
+	if f.NumGPUBlocks < 0 || f.BlockSize < 0 || f.MaxNumBatchedTokens < 0 || f.MaxNumSeqs < 0 || f.MaxModelLen < 0 {
 		errs = append(errs, errors.New("fleet sizes must not be negative"))
 	}
 	w := o.Workload
@@ -266,6 +279,17 @@ func (o Options) Validate() error {
 		}
 		if sp.StageDuration <= 0 {
 			errs = append(errs, errors.New("shared-prefix: stage duration must be positive"))
+		}
+		if len(sp.StageDurations) != 0 && len(sp.StageDurations) != len(sp.QPS) {
+			errs = append(errs, fmt.Errorf("shared-prefix: %d stage durations for %d QPS stages", len(sp.StageDurations), len(sp.QPS)))
+		}
+		for _, d := range sp.StageDurations {
+			if d <= 0 {
+				errs = append(errs, fmt.Errorf("shared-prefix: stage duration %v: want > 0", d))
+			}
+		}
+		if sp.WarmupStages < 0 || sp.WarmupStages >= len(sp.QPS) {
+			errs = append(errs, fmt.Errorf("shared-prefix: %d warm-up stages of %d: want 0..%d", sp.WarmupStages, len(sp.QPS), len(sp.QPS)-1))
 		}
 	case WorkloadChat:
 		c := w.Chat

@@ -153,7 +153,11 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if len(r.Results) > 0 && len(r.Results[0].Stages) > 1 {
 		// The ladder: TTFT p90 and throughput per QPS stage.
 		for k, st := range r.Results[0].Stages {
-			line := []string{"QPS " + fmtNum(st.QPS, 1) + ": TTFT p90 / tok/s"}
+			name := "QPS " + fmtNum(st.QPS, 1)
+			if st.Warmup {
+				name += " (warm-up)"
+			}
+			line := []string{name + ": TTFT p90 / tok/s"}
 			for _, p := range r.Results {
 				if k < len(p.Stages) {
 					line = append(line, fmtNum(p.Stages[k].TTFTP90ms, 0)+" / "+fmtNum(p.Stages[k].OutputTokPS, 0))
@@ -161,6 +165,11 @@ func (r *Report) WriteTable(w io.Writer) error {
 			}
 			fmt.Fprintln(tw, strings.Join(line, "\t")+"\t")
 		}
+		line := []string{"across stages: TTFT p90 / tok/s"}
+		for _, p := range r.Results {
+			line = append(line, fmtNum(p.AcrossStages.TTFTP90ms, 0)+" / "+fmtNum(p.AcrossStages.OutputTokPS, 0))
+		}
+		fmt.Fprintln(tw, strings.Join(line, "\t")+"\t")
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -11,6 +11,7 @@ import (
 // StageResult is one QPS-ladder stage of one policy.
 type StageResult struct {
 	QPS          float64 `json:"qps"`
+	Warmup       bool    `json:"warmup,omitempty"`
 	Requests     int     `json:"requests"`
 	Errors       int     `json:"errors"`
 	TTFTP50ms    float64 `json:"ttft_p50_ms"`
@@ -46,8 +47,41 @@ type PolicyResult struct {
 	MaxMeanLoad, MaxMeanPromptLoad float64
 	DecisionP50us, DecisionP99us   float64
 	Stages                         []StageResult
+	// AcrossStages is the summary across a ladder's stages the way
+	// inference-perf reports one (and llm-d publishes it): the mean over
+	// the non-warm-up stages of each stage's TTFT p90 and output tok/s.
+	// Zero when the workload has fewer than two stages.
+	AcrossStages StageSummary
 	// Duration is the run's model-time length.
 	Duration time.Duration
+}
+
+// StageSummary is a ladder's summary across stages.
+type StageSummary struct {
+	TTFTP90ms   float64 `json:"ttft_p90_ms"`
+	OutputTokPS float64 `json:"output_tok_per_s"`
+	Stages      int     `json:"stages"`
+}
+
+// acrossStages averages the non-warm-up stages that received requests.
+func acrossStages(stages []StageResult) StageSummary {
+	var s StageSummary
+	if len(stages) < 2 {
+		return s
+	}
+	for _, st := range stages {
+		if st.Warmup || st.Requests == 0 || math.IsNaN(st.TTFTP90ms) {
+			continue
+		}
+		s.TTFTP90ms += st.TTFTP90ms
+		s.OutputTokPS += st.OutputTokPS
+		s.Stages++
+	}
+	if s.Stages > 0 {
+		s.TTFTP90ms /= float64(s.Stages)
+		s.OutputTokPS /= float64(s.Stages)
+	}
+	return s
 }
 
 // maxMean is max/mean of xs (NaN for an empty or all-zero load).
@@ -138,7 +172,7 @@ func summarise(policy string, w *Workload, res []*result, delta []counters, deci
 	sort.Float64s(dec)
 	pr.DecisionP50us, pr.DecisionP99us = stat.Percentile(dec, 50), stat.Percentile(dec, 99)
 	for k, st := range stages {
-		sr := StageResult{QPS: w.Stages[k].QPS, Requests: st.n, Errors: st.errs}
+		sr := StageResult{QPS: w.Stages[k].QPS, Warmup: w.Stages[k].Warmup, Requests: st.n, Errors: st.errs}
 		ts := stat.SortedMillis(st.ttft, scale)
 		sr.TTFTP50ms, sr.TTFTP90ms = stat.Percentile(ts, 50), stat.Percentile(ts, 90)
 		if !first.IsZero() {
@@ -158,6 +192,7 @@ func summarise(policy string, w *Workload, res []*result, delta []counters, deci
 		}
 		pr.Stages = append(pr.Stages, sr)
 	}
+	pr.AcrossStages = acrossStages(pr.Stages)
 	return pr
 }
 

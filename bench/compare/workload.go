@@ -56,6 +56,8 @@ type Stage struct {
 	QPS float64
 	// Start and End bound the stage's arrivals in wall time.
 	Start, End time.Duration
+	// Warmup stages are left out of the summary across stages.
+	Warmup bool
 }
 
 // Workload is the traffic every policy receives, identical per seed.
@@ -340,13 +342,14 @@ func loadTrace(o Options) (*Workload, error) {
 // poissonLadder returns arrival offsets (wall time) for each stage: a
 // Poisson process at qps[i] requests per model second for dur model time,
 // compressed by timeScale. The same seed gives the same arrivals.
-func poissonLadder(seed int64, qps []float64, dur time.Duration, timeScale float64) ([][]time.Duration, []Stage) {
+func poissonLadder(seed int64, qps []float64, durs []time.Duration, timeScale float64) ([][]time.Duration, []Stage) {
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x6c6164646572))
-	wallDur := time.Duration(float64(dur) / timeScale)
 	var out [][]time.Duration
 	var stages []Stage
+	var start time.Duration // wall time
 	for i, q := range qps {
-		start := time.Duration(i) * wallDur
+		dur := durs[i]
+		wallDur := time.Duration(float64(dur) / timeScale)
 		var at []time.Duration
 		t := 0.0 // model seconds into the stage
 		for {
@@ -358,15 +361,31 @@ func poissonLadder(seed int64, qps []float64, dur time.Duration, timeScale float
 		}
 		out = append(out, at)
 		stages = append(stages, Stage{QPS: q, Start: start, End: start + wallDur})
+		start += wallDur
 	}
 	return out, stages
+}
+
+// stageDurations is each stage's model-time length.
+func (sp SharedPrefixOptions) stageDurations() []time.Duration {
+	if len(sp.StageDurations) == len(sp.QPS) {
+		return sp.StageDurations
+	}
+	durs := make([]time.Duration, len(sp.QPS))
+	for i := range durs {
+		durs[i] = sp.StageDuration
+	}
+	return durs
 }
 
 // sharedPrefix builds the shared-prefix workload: prompts are text, one
 // token per word, so prompt lengths are exact for the stand-in tokenizer.
 func sharedPrefix(o Options) *Workload {
 	sp := o.Workload.SharedPrefix
-	arrivals, stages := poissonLadder(o.Seed, sp.QPS, sp.StageDuration, o.Fleet.TimeScale)
+	arrivals, stages := poissonLadder(o.Seed, sp.QPS, sp.stageDurations(), o.Fleet.TimeScale)
+	for i := range min(sp.WarmupStages, len(stages)) {
+		stages[i].Warmup = true
+	}
 	rng := rand.New(rand.NewPCG(uint64(o.Seed), 0x707265666978))
 	systems := make([]string, sp.NumGroups)
 	for g := range systems {
@@ -379,9 +398,25 @@ func sharedPrefix(o Options) *Workload {
 	seenGroup := map[int]bool{}
 	seenPrompt := map[[2]int]bool{}
 	var hits, total int64
+	var cycle [][2]int
+	if sp.Cycle {
+		for g := range sp.NumGroups {
+			for p := range sp.PromptsPerGroup {
+				cycle = append(cycle, [2]int{g, p})
+			}
+		}
+		rng.Shuffle(len(cycle), func(i, j int) { cycle[i], cycle[j] = cycle[j], cycle[i] })
+	}
+	n := 0
 	for s, at := range arrivals {
 		for _, t := range at {
-			g, p := rng.IntN(sp.NumGroups), rng.IntN(sp.PromptsPerGroup)
+			var g, p int
+			if sp.Cycle {
+				g, p = cycle[n%len(cycle)][0], cycle[n%len(cycle)][1]
+			} else {
+				g, p = rng.IntN(sp.NumGroups), rng.IntN(sp.PromptsPerGroup)
+			}
+			n++
 			w.Requests = append(w.Requests, Request{At: t, Stage: s, MaxTokens: sp.OutputLen,
 				Text: systems[g] + words(o.Seed, "question", g, p, sp.QuestionLen)})
 			w.pieces = append(w.pieces, []piece{{key: uint64(g) << 1, n: sp.SystemPromptLen},

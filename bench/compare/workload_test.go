@@ -86,9 +86,10 @@ func TestTraceBound(t *testing.T) {
 
 func TestPoissonLadderDeterministic(t *testing.T) {
 	qps := []float64{5, 20}
-	a, sa := poissonLadder(7, qps, 10*time.Second, 2)
-	b, sb := poissonLadder(7, qps, 10*time.Second, 2)
-	c, _ := poissonLadder(8, qps, 10*time.Second, 2)
+	durs := []time.Duration{10 * time.Second, 10 * time.Second}
+	a, sa := poissonLadder(7, qps, durs, 2)
+	b, sb := poissonLadder(7, qps, durs, 2)
+	c, _ := poissonLadder(8, qps, durs, 2)
 	require.Equal(t, a, b)
 	require.Equal(t, sa, sb)
 	require.NotEqual(t, a, c)
@@ -109,6 +110,11 @@ func TestPoissonLadderDeterministic(t *testing.T) {
 	// Counts follow the rates: 50 and 200 expected, well within 5 sigma.
 	require.InDelta(t, 50, len(a[0]), 5*math.Sqrt(50))
 	require.InDelta(t, 200, len(a[1]), 5*math.Sqrt(200))
+
+	// Stages of their own lengths follow one another.
+	_, sv := poissonLadder(7, qps, []time.Duration{4 * time.Second, 30 * time.Second}, 2)
+	require.Equal(t, Stage{QPS: 5, Start: 0, End: 2 * time.Second}, sv[0])
+	require.Equal(t, Stage{QPS: 20, Start: 2 * time.Second, End: 17 * time.Second}, sv[1])
 }
 
 func TestSharedPrefixWorkload(t *testing.T) {

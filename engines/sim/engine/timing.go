@@ -45,6 +45,9 @@ type Timing struct {
 	CPULoadPerToken *time.Duration `yaml:"cpu_load_per_token"`
 }
 
+// DefaultTiming is the default model with every coefficient set.
+func DefaultTiming() Timing { return Timing{}.withDefaults() }
+
 func (t Timing) withDefaults() Timing {
 	t.PrefillBase = opt.Or(t.PrefillBase, 5*time.Millisecond)
 	t.PrefillPerToken = opt.Or(t.PrefillPerToken, 63*time.Microsecond)
