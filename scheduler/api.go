@@ -58,8 +58,9 @@ type Decision struct {
 	// fallbacks, best first. Never empty when Pick returns no error.
 	Endpoints []*endpoint.Endpoint
 	// Reason says why the primary was chosen, for metrics and logs:
-	// "prefix", "load_balance_override", "cold", "session", "fallback",
-	// "random", "round_robin", "least_queue".
+	// "prefix", "recall" (the index showed the prefix nowhere; it went
+	// where it was routed last), "load_balance_override", "cold",
+	// "session", "fallback", "random", "round_robin", "least_queue".
 	Reason string
 	// PrefixBlocks is the primary's matched prefix in blocks, and
 	// PromptBlocks the prompt's full blocks (0 when unknown).

@@ -96,9 +96,11 @@ type PrefixConfig struct {
 	SpeculativeTTL *time.Duration `yaml:"speculative_ttl"`
 	// ChunkBytes is the approximate matcher's chunk size. Default 256.
 	ChunkBytes int `yaml:"chunk_bytes"`
-	// TTL is how long an approximate routing record is trusted. Default 10m.
+	// TTL is how long a routing record (the approximate matcher's, the
+	// precise policy's routing memory) is trusted. Default 10m.
 	TTL time.Duration `yaml:"ttl"`
-	// MaxNodes bounds the approximate matcher's records. Default 100000.
+	// MaxNodes bounds the records of the approximate matcher and, apart,
+	// of the routing memory. Default 100000.
 	MaxNodes int `yaml:"max_nodes"`
 	// CPUWeight and StorageWeight value a block held off-GPU relative to a
 	// GPU block, 0..1; 0 ignores that tier. Defaults 0.8 and 0.5.

@@ -21,6 +21,8 @@ type cand struct {
 	prefixUnits int     // matched tokens (precise) or bytes (approximate)
 	prefixShare float64 // tier-weighted share of the prompt, 0..1
 	prefixOK    bool    // above min_match and match_ratio, not overridden
+	recalled    bool    // the match is the routing memory's, longer than the index's
+	heldUnits   int     // the index's (and speculative) match when recalled
 	prefixScore float64
 	sessionHit  bool
 	score       float64

@@ -9,6 +9,7 @@ import (
 // Decision reasons and modes, as used on omnious_epp_decisions_total.
 const (
 	ReasonPrefix     = "prefix"
+	ReasonRecall     = "recall"
 	ReasonOverride   = "load_balance_override"
 	ReasonCold       = "cold"
 	ReasonSession    = "session"
@@ -21,7 +22,7 @@ const (
 	ModeApproximate = "approximate"
 )
 
-var allReasons = []string{ReasonPrefix, ReasonOverride, ReasonCold, ReasonSession, ReasonFallback,
+var allReasons = []string{ReasonPrefix, ReasonRecall, ReasonOverride, ReasonCold, ReasonSession, ReasonFallback,
 	ReasonRandom, ReasonRoundRobin, ReasonLeastQueue}
 
 // schedMetrics are the scheduler's collectors. Names follow the Gateway API

@@ -149,27 +149,73 @@ func addHit(out []prefixHit, base int, r kvindex.Replica, n int) []prefixHit {
 	return append(out, prefixHit{r: r, n: n})
 }
 
-// approximate is the text-based prefix matcher used when a request has no
-// tokens: the prompt is hashed in fixed-size chunks, each chained to the
-// previous, and the replicas each chain was routed to (up to specSlots, the
-// most recent first to stay) are remembered in a bounded LRU. A chunk
-// recorded for a replica implies the whole prefix up to it was routed there.
-// A chunk keeps several replicas because a shared prefix that load sends to
-// a second replica is then cached on both: remembering only the last one
-// would forget the first, and the next request would miss a copy it could
-// have used.
-type approximate struct {
-	chunk int
+// routes remembers which replicas each prefix was routed to: a bounded LRU
+// from a chained prefix key (a text chunk's hash, or a block key) to up to
+// specSlots replicas with their expiry. A key recorded for a replica implies
+// the whole prefix up to it was routed there. A key keeps several replicas
+// because a shared prefix that load sends to a second replica is then
+// cached on both: remembering only the last one would forget the first, and
+// the next request would miss a copy it could have used.
+type routes struct {
 	ttl   time.Duration
 	cache *lru.Cache[uint64, specVal]
 }
 
-func newApproximate(chunk, maxNodes int, ttl time.Duration) (*approximate, error) {
+func newRoutes(maxNodes int, ttl time.Duration) (*routes, error) {
 	c, err := lru.New[uint64, specVal](maxNodes)
 	if err != nil {
 		return nil, err
 	}
-	return &approximate{chunk: chunk, ttl: ttl, cache: c}, nil
+	return &routes{ttl: ttl, cache: c}, nil
+}
+
+// match appends, per replica, units(i) for the longest run of leading keys
+// keys[0..i] routed to it within the ttl.
+func (rt *routes) match(keys []uint64, now time.Time, out []prefixHit, units func(i int) int) []prefixHit {
+	base := len(out)
+	nowNs := now.UnixNano()
+	for i, k := range keys {
+		v, ok := rt.cache.Peek(k)
+		if !ok {
+			break
+		}
+		live := false
+		for j := range v.exp {
+			if v.exp[j] > nowNs {
+				live = true
+				out = addHit(out, base, v.r[j], units(i))
+			}
+		}
+		if !live {
+			break
+		}
+	}
+	return out
+}
+
+func (rt *routes) record(keys []uint64, r kvindex.Replica, now time.Time) {
+	exp := now.Add(rt.ttl).UnixNano()
+	for _, k := range keys {
+		v, _ := rt.cache.Peek(k)
+		v.put(r, exp)
+		rt.cache.Add(k, v)
+	}
+}
+
+// approximate is the text-based prefix matcher used when a request has no
+// tokens: the prompt is hashed in fixed-size chunks, each chained to the
+// previous, and the chains' routes are remembered.
+type approximate struct {
+	chunk int
+	*routes
+}
+
+func newApproximate(chunk, maxNodes int, ttl time.Duration) (*approximate, error) {
+	rt, err := newRoutes(maxNodes, ttl)
+	if err != nil {
+		return nil, err
+	}
+	return &approximate{chunk: chunk, routes: rt}, nil
 }
 
 // chunkHashes appends the chained hash of every chunk of text (the last one
@@ -191,39 +237,30 @@ func (a *approximate) chunkHashes(dst []uint64, text []byte) []uint64 {
 	return dst
 }
 
-// match appends, per replica, how many leading bytes of the prompt were
+// matchText appends, per replica, how many leading bytes of the prompt were
 // routed to it within the ttl. textLen is the prompt length (the last chunk
 // may be partial).
-func (a *approximate) match(hashes []uint64, textLen int, now time.Time, out []prefixHit) []prefixHit {
-	base := len(out)
-	nowNs := now.UnixNano()
-	for i, h := range hashes {
-		v, ok := a.cache.Peek(h)
-		if !ok {
-			break
-		}
-		live := false
-		for j := range v.exp {
-			if v.exp[j] > nowNs {
-				live = true
-				out = addHit(out, base, v.r[j], min((i+1)*a.chunk, textLen))
-			}
-		}
-		if !live {
-			break
-		}
-	}
-	return out
+func (a *approximate) matchText(hashes []uint64, textLen int, now time.Time, out []prefixHit) []prefixHit {
+	return a.match(hashes, now, out, func(i int) int { return min((i+1)*a.chunk, textLen) })
 }
 
-func (a *approximate) record(hashes []uint64, r kvindex.Replica, now time.Time) {
-	exp := now.Add(a.ttl).UnixNano()
-	for _, h := range hashes {
-		v, _ := a.cache.Peek(h)
-		v.put(r, exp)
-		a.cache.Add(h, v)
+// strideKeys appends the block keys the speculative credit and the recall
+// record (every specStride-th and the last), as plain uint64s.
+func strideKeys(dst []uint64, keys []kvindex.Key) []uint64 {
+	for i := specStride - 1; len(keys) > 0; i += specStride {
+		if i >= len(keys) {
+			i = len(keys) - 1
+		}
+		dst = append(dst, uint64(keys[i]))
+		if i == len(keys)-1 {
+			break
+		}
 	}
+	return dst
 }
+
+// strideBlocks is how many blocks the i-th stride key covers, of n.
+func strideBlocks(i, n int) int { return min((i+1)*specStride, n) }
 
 // sessions remembers the replica of each session key.
 type sessions struct {

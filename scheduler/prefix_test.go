@@ -23,19 +23,19 @@ func TestApproximateKeepsEveryCopy(t *testing.T) {
 	a.record(a.chunkHashes(nil, long), 1, now)
 	a.record(a.chunkHashes(nil, short), 2, now.Add(30*time.Second))
 	probe := append(append([]byte(nil), shared...), " and another question"...)
-	hits := a.match(a.chunkHashes(nil, probe), len(probe), now.Add(40*time.Second), nil)
+	hits := a.matchText(a.chunkHashes(nil, probe), len(probe), now.Add(40*time.Second), nil)
 	common := len(shared) + len(" and ") // long and probe agree this far
 	require.ElementsMatch(t, []prefixHit{{r: 1, n: common / 4 * 4}, {r: 2, n: 20}}, hits)
 
 	// Replica 1's records expire first; replica 2's prefix is still known.
-	hits = a.match(a.chunkHashes(nil, probe), len(probe), now.Add(61*time.Second), nil)
+	hits = a.matchText(a.chunkHashes(nil, probe), len(probe), now.Add(61*time.Second), nil)
 	require.Equal(t, []prefixHit{{r: 2, n: 20}}, hits)
 
 	// More replicas than slots: the ones recorded longest ago give way.
 	for r := kvindex.Replica(3); r < 3+specSlots; r++ {
 		a.record(a.chunkHashes(nil, short), r, now.Add(time.Duration(r)*time.Second+30*time.Second))
 	}
-	hits = a.match(a.chunkHashes(nil, short), len(short), now.Add(40*time.Second), nil)
+	hits = a.matchText(a.chunkHashes(nil, short), len(short), now.Add(40*time.Second), nil)
 	require.Len(t, hits, specSlots)
 	for _, h := range hits {
 		require.GreaterOrEqual(t, h.r, kvindex.Replica(3))

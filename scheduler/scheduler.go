@@ -40,6 +40,7 @@ type Scheduler struct {
 	mu sync.Mutex
 
 	spec    *speculative
+	recall  *routes // the precise policy's routing memory
 	approx  *approximate
 	sess    *sessions
 	flow    *flow
@@ -108,6 +109,10 @@ func New(cfg Config, ix *kvindex.Index, reg prometheus.Registerer, log *zap.Logg
 	if err != nil {
 		return nil, fmt.Errorf("cannot build approximate prefix index: %w", err)
 	}
+	recall, err := newRoutes(cfg.Prefix.MaxNodes, cfg.Prefix.TTL)
+	if err != nil {
+		return nil, fmt.Errorf("cannot build the routing memory: %w", err)
+	}
 	sess, err := newSessions(cfg.Prefix.MaxNodes, *cfg.Scoring.SessionTTL)
 	if err != nil {
 		return nil, fmt.Errorf("cannot build session table: %w", err)
@@ -127,6 +132,7 @@ func New(cfg Config, ix *kvindex.Index, reg prometheus.Registerer, log *zap.Logg
 			return src.Float64()
 		},
 		spec:    newSpeculative(*cfg.Prefix.SpeculativeTTL),
+		recall:  recall,
 		approx:  approx,
 		sess:    sess,
 		tenants: label.NewSet(maxTenantSeries, otherTenant),
@@ -453,6 +459,8 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 		primary = s.pickPrimary(cands)
 		c := &cands[primary]
 		switch {
+		case c.prefixOK && c.prefixScore > 0 && c.recalled:
+			reason = ReasonRecall
 		case c.prefixOK && c.prefixScore > 0:
 			reason = ReasonPrefix
 		case c.sessionHit:
@@ -474,12 +482,16 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 	for _, i := range sc.order {
 		d.Endpoints = append(d.Endpoints, &cands[i].r.ep)
 	}
+	held := p.prefixUnits // what the replica is expected to hold
+	if p.recalled {
+		held = p.heldUnits
+	}
 	if d.Mode == ModePrecise {
 		d.PromptBlocks = len(sc.keys)
-		d.PrefixBlocks = p.prefixUnits / s.cfg.BlockSize
+		d.PrefixBlocks = held / s.cfg.BlockSize
 	}
 	if promptUnits > 0 {
-		s.m.hitRatio.Observe(float64(p.prefixUnits) / float64(promptUnits))
+		s.m.hitRatio.Observe(float64(held) / float64(promptUnits))
 	}
 	s.m.decision(reason, d.Mode)
 
@@ -491,6 +503,7 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 	switch d.Mode {
 	case ModePrecise:
 		s.spec.credit(r.id, sc.keys, now)
+		s.recall.record(sc.hashes, r.id, now)
 	case ModeApproximate:
 		s.approx.record(sc.hashes, r.id, now)
 	}

@@ -510,12 +510,56 @@ func TestSpeculativeCredit(t *testing.T) {
 		require.Equal(t, ReasonPrefix, d.Reason)
 		require.GreaterOrEqual(t, d.PrefixBlocks, len(prompt)/16-specStride)
 	}
-	// After the TTL the credit is gone.
+	// After the TTL the credit is gone: the index shows the prefix nowhere,
+	// so the routing memory recalls the replica it went to, and promises no
+	// cached blocks there.
 	e.clock.Add(3 * *e.s.cfg.Prefix.SpeculativeTTL)
 	e.freshAll()
 	d, err := e.s.admitPick(ctx, &Request{Model: testModel, Tokens: prompt})
 	require.NoError(t, err)
+	require.Equal(t, ReasonRecall, d.Reason)
+	require.Equal(t, primary(first), primary(d))
+	require.Zero(t, d.PrefixBlocks)
+	// Past the routing memory's TTL too, the prefix is cold.
+	e.clock.Add(e.s.cfg.Prefix.TTL + time.Second)
+	e.freshAll()
+	d, err = e.s.admitPick(ctx, &Request{Model: testModel, Tokens: prompt})
+	require.NoError(t, err)
 	require.Equal(t, ReasonCold, d.Reason)
+}
+
+// The routing memory credits the replica a prefix went to beside what the
+// index shows: a longer match held elsewhere still wins, a shorter one does
+// not move the prefix.
+func TestRecallBesideIndex(t *testing.T) {
+	e := newEnv(t, 4, nil)
+	e.freshAll()
+	prompt := tokens(640, 9)
+	first, err := e.s.admitPick(ctx, &Request{Model: testModel, Tokens: prompt})
+	require.NoError(t, err)
+	e.clock.Add(3 * *e.s.cfg.Prefix.SpeculativeTTL)
+	e.freshAll()
+	others := []int{}
+	for i := range 4 {
+		if addr(i) != primary(first) {
+			others = append(others, i)
+		}
+	}
+	e.store(others[0], prompt[:320]) // half the prompt elsewhere
+	d, err := e.s.admitPick(ctx, &Request{Model: testModel, Tokens: prompt})
+	require.NoError(t, err)
+	require.Equal(t, ReasonRecall, d.Reason)
+	require.Equal(t, primary(first), primary(d))
+	require.Zero(t, d.PrefixBlocks)
+
+	e.clock.Add(3 * *e.s.cfg.Prefix.SpeculativeTTL)
+	e.freshAll()
+	longer := append(append([]uint32(nil), prompt...), tokens(640, 10)...)
+	e.store(others[1], longer) // more than was ever routed anywhere
+	d, err = e.s.admitPick(ctx, &Request{Model: testModel, Tokens: longer})
+	require.NoError(t, err)
+	require.Equal(t, ReasonPrefix, d.Reason)
+	require.Equal(t, addr(others[1]), primary(d))
 }
 
 func TestApproximateRouting(t *testing.T) {

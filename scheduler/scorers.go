@@ -115,11 +115,30 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 				}
 			}
 		}
+		// The routing memory: where the prefix was routed, for as long as
+		// approximate records last. A replica that evicted it is still
+		// credited, so it recomputes the prefix rather than see the group
+		// copied by load onto another replica, where the copy would evict
+		// what that one holds: under cache pressure copies that chase each
+		// other cost more hits than the recomputation.
+		sc.hashes = strideKeys(sc.hashes, sc.keys)
+		sc.hits = s.recall.match(sc.hashes, now, sc.hits[:0], func(i int) int { return strideBlocks(i, len(sc.keys)) })
+		for _, h := range sc.hits {
+			if j := candOf(byID, h.r); j > 0 {
+				c := &cands[j-1]
+				if u := h.n * bs; u > c.prefixUnits {
+					c.heldUnits = c.prefixUnits
+					c.prefixUnits = u
+					c.prefixShare = float64(u) / float64(n)
+					c.recalled = true
+				}
+			}
+		}
 		return ModePrecise, n
 	}
 	n := len(req.PromptText)
 	sc.hashes = s.approx.chunkHashes(sc.hashes, req.PromptText)
-	sc.hits = s.approx.match(sc.hashes, n, now, sc.hits)
+	sc.hits = s.approx.matchText(sc.hashes, n, now, sc.hits)
 	for _, h := range sc.hits {
 		if j := candOf(byID, h.r); j > 0 {
 			c := &cands[j-1]

@@ -145,6 +145,10 @@ type SharedPrefixOptions struct {
 	// WarmupStages leading stages seat the caches and are left out of the
 	// summary across stages (inference-perf's warm-up convention).
 	WarmupStages int
+	// GroupSkew draws groups from a Zipf distribution with this exponent
+	// (group g with weight 1/(g+1)^GroupSkew); 0 (default) draws them
+	// uniformly. Ignored with Cycle.
+	GroupSkew float64
 	// Cycle sends the groups' prompts in one shuffled order, over and over,
 	// as inference-perf's shared_prefix data does; false (default) draws
 	// each request's group and prompt at random.
@@ -287,6 +291,9 @@ func (o Options) Validate() error {
 			if d <= 0 {
 				errs = append(errs, fmt.Errorf("shared-prefix: stage duration %v: want > 0", d))
 			}
+		}
+		if sp.GroupSkew < 0 {
+			errs = append(errs, fmt.Errorf("shared-prefix: group skew %v: want >= 0", sp.GroupSkew))
 		}
 		if sp.WarmupStages < 0 || sp.WarmupStages >= len(sp.QPS) {
 			errs = append(errs, fmt.Errorf("shared-prefix: %d warm-up stages of %d: want 0..%d", sp.WarmupStages, len(sp.QPS), len(sp.QPS)-1))

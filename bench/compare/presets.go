@@ -24,24 +24,21 @@ func Preset(name string) (Options, error) {
 	return Options{}, fmt.Errorf("unknown scenario %q: want %s or %s", name, PresetDemo, PresetLLMD73)
 }
 
-// capacityFor is the per-replica KV capacity, in blocks, at which the
-// workload's distinct prompt tokens fill `share` of the fleet's KV cache.
-func capacityFor(distinctTokens, replicas int, share float64, blockSize int) int {
-	return int(float64(distinctTokens)/(share*float64(replicas))/float64(blockSize)) + 1
-}
-
-// DemoOptions is the bundled `make demo` scenario: 4 simulated replicas, 16
-// groups of 2,000-token system prompts whose distinct tokens fill 73% of the
-// fleet's KV cache (so no replica can hold them all, and scattering them
-// costs hits), on a 3-step QPS ladder at time scale 4. About 20 s per policy
-// on 2 cores.
+// DemoOptions is the bundled `make demo` scenario: 4 simulated replicas
+// whose caches are under eviction pressure at a load the fleet can serve,
+// the condition prefix routing earns its keep in and precise routing sees
+// more than approximate: 40 groups of 1,000-token system prompts with Zipf
+// popularity (exponent 1), 5 questions of 200 tokens each, 50-token
+// answers, and 16,000 KV tokens per replica, so the 80,000 distinct prompt
+// tokens are five replicas' caches (the popular groups fit the fleet, the
+// tail does not). A 3-step QPS ladder (8, 16, 24) at time scale 4; about
+// 15 s per policy on 2 cores.
 func DemoOptions() Options {
-	sp := SharedPrefixOptions{NumGroups: 16, PromptsPerGroup: 5, SystemPromptLen: 2000, QuestionLen: 200, OutputLen: 50,
-		QPS: []float64{8, 20, 40}, StageDuration: 10 * time.Second}
-	distinct := sp.NumGroups*sp.SystemPromptLen + sp.NumGroups*sp.PromptsPerGroup*sp.QuestionLen
+	sp := SharedPrefixOptions{NumGroups: 40, PromptsPerGroup: 5, SystemPromptLen: 1000, QuestionLen: 200, OutputLen: 50,
+		GroupSkew: 1, QPS: []float64{8, 16, 24}, StageDuration: 10 * time.Second}
+	const blockSize = 16
 	return Options{Scenario: PresetDemo,
-		Fleet: FleetOptions{Replicas: 4, TimeScale: 4, BlockSize: 16,
-			NumGPUBlocks: capacityFor(distinct, 4, 0.73, 16)},
+		Fleet:    FleetOptions{Replicas: 4, TimeScale: 4, BlockSize: blockSize, NumGPUBlocks: 16000 / blockSize},
 		Workload: WorkloadOptions{Kind: WorkloadSharedPrefix, SharedPrefix: sp}}
 }
 

@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -407,6 +408,19 @@ func sharedPrefix(o Options) *Workload {
 		}
 		rng.Shuffle(len(cycle), func(i, j int) { cycle[i], cycle[j] = cycle[j], cycle[i] })
 	}
+	group := func() int { return rng.IntN(sp.NumGroups) }
+	if sp.GroupSkew > 0 {
+		cum := make([]float64, sp.NumGroups)
+		total := 0.0
+		for g := range cum {
+			total += math.Pow(float64(g+1), -sp.GroupSkew)
+			cum[g] = total
+		}
+		group = func() int {
+			g, _ := slices.BinarySearch(cum, rng.Float64()*total)
+			return min(g, sp.NumGroups-1)
+		}
+	}
 	n := 0
 	for s, at := range arrivals {
 		for _, t := range at {
@@ -414,7 +428,7 @@ func sharedPrefix(o Options) *Workload {
 			if sp.Cycle {
 				g, p = cycle[n%len(cycle)][0], cycle[n%len(cycle)][1]
 			} else {
-				g, p = rng.IntN(sp.NumGroups), rng.IntN(sp.PromptsPerGroup)
+				g, p = group(), rng.IntN(sp.PromptsPerGroup)
 			}
 			n++
 			w.Requests = append(w.Requests, Request{At: t, Stage: s, MaxTokens: sp.OutputLen,

@@ -45,6 +45,7 @@ type workloadFlags struct {
 	text, tools                            bool
 	groups, perGroup, sysLen, qLen, outLen int
 	qps                                    string
+	groupSkew                              float64
 	stageDur                               time.Duration
 	sessions, turns                        int
 	sessionRate                            float64
@@ -105,6 +106,7 @@ func (f *workloadFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.qLen, "question-len", 0, "shared-prefix: question tokens")
 	fs.IntVar(&f.outLen, "output-len", 0, "output tokens per request (shared-prefix, chat)")
 	fs.StringVar(&f.qps, "qps", "", "shared-prefix: QPS ladder in model time, e.g. 3,10,20")
+	fs.Float64Var(&f.groupSkew, "group-skew", 0, "shared-prefix: Zipf exponent of group popularity (0: uniform)")
 	fs.DurationVar(&f.stageDur, "stage-duration", 0, "shared-prefix: model time per QPS stage")
 	fs.IntVar(&f.sessions, "sessions", 0, "chat: sessions")
 	fs.IntVar(&f.turns, "turns", 0, "chat: turns per session")
@@ -255,6 +257,13 @@ func (f *workloadFlags) apply(w *compare.WorkloadOptions, set map[string]bool) e
 	setInt("output-len", f.outLen, &sp.OutputLen, &ch.OutputLen)
 	setInt("sessions", f.sessions, &ch.Sessions)
 	setInt("turns", f.turns, &ch.Turns)
+	if set["qps"] || set["stage-duration"] {
+		// A ladder of its own replaces the preset's stage lengths and warm-up.
+		sp.StageDurations, sp.WarmupStages = nil, 0
+	}
+	if set["group-skew"] {
+		sp.GroupSkew = f.groupSkew
+	}
 	if set["qps"] {
 		sp.QPS = nil
 		for _, s := range splitList(f.qps) {
