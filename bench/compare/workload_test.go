@@ -164,7 +164,9 @@ func BenchmarkTraceTokens(b *testing.B) {
 }
 
 func TestPresets(t *testing.T) {
-	for _, name := range []string{PresetDemo, PresetLLMD73} {
+	// Distinct prompt tokens over the fleet's KV cache: llmd-73 fills 73%
+	// of it as published; the demo's working set is five replicas' caches.
+	for name, fill := range map[string]float64{PresetDemo: 1.25, PresetLLMD73: 0.73} {
 		o, err := Preset(name)
 		require.NoError(t, err)
 		o = o.WithDefaults()
@@ -175,10 +177,13 @@ func TestPresets(t *testing.T) {
 		sp := o.Workload.SharedPrefix
 		distinct := sp.NumGroups*sp.SystemPromptLen + sp.NumGroups*sp.PromptsPerGroup*sp.QuestionLen
 		capacity := o.Fleet.Replicas * o.Fleet.NumGPUBlocks * o.Fleet.BlockSize
-		// The distinct prompt tokens fill 73% of the fleet's KV cache.
-		require.InDelta(t, 0.73, float64(distinct)/float64(capacity), 0.01, name)
+		require.InDelta(t, fill, float64(distinct)/float64(capacity), 0.01, name)
 	}
 	o := LLMD73Options(0.1)
+	require.Equal(t, []float64{15, 3, 10, 15, 20, 22, 25, 30, 35, 40, 43, 46, 49, 52, 55, 57, 60}, o.Workload.SharedPrefix.QPS)
+	require.Equal(t, 1, o.Workload.SharedPrefix.WarmupStages)
+	require.Equal(t, 400, o.MaxInFlight)
+	require.Equal(t, 3072, o.Fleet.NumGPUBlocks*o.Fleet.BlockSize/10, "307,328 tokens per pod, scaled")
 	require.Equal(t, 600, o.Workload.SharedPrefix.SystemPromptLen)
 	require.Equal(t, 120, o.Workload.SharedPrefix.QuestionLen)
 	require.Equal(t, 100, o.Workload.SharedPrefix.OutputLen)
@@ -248,4 +253,46 @@ func TestLRUBound(t *testing.T) {
 	require.InDelta(t, w.Bound, w.LRUBound(1<<40), 1e-12)
 	require.InDelta(t, (512.0+88)/1624, w.Bound, 1e-12)
 	require.True(t, math.IsNaN((&Workload{}).LRUBound(10)))
+}
+
+func TestSharedPrefixOrder(t *testing.T) {
+	base := SharedPrefixOptions{NumGroups: 10, PromptsPerGroup: 3, SystemPromptLen: 4, QuestionLen: 2, OutputLen: 1,
+		QPS: []float64{200}, StageDuration: 10 * time.Second}
+	groupsOf := func(sp SharedPrefixOptions) []int {
+		o := Options{Workload: WorkloadOptions{Kind: WorkloadSharedPrefix, SharedPrefix: sp}}.WithDefaults()
+		require.NoError(t, o.Validate())
+		w, err := BuildWorkload(o)
+		require.NoError(t, err)
+		var g []int
+		for _, p := range w.pieces {
+			g = append(g, int(p[0].key>>1))
+		}
+		return g
+	}
+
+	// Zipf: group g drawn with weight 1/(g+1); over ~2,000 draws group 0
+	// comes about 10/H(10) = 3.4 times as often as the uniform tenth.
+	sp := base
+	sp.GroupSkew = 1
+	counts := make([]int, 10)
+	gs := groupsOf(sp)
+	for _, g := range gs {
+		counts[g]++
+	}
+	require.InDelta(t, 1/2.929, float64(counts[0])/float64(len(gs)), 0.04)
+	require.Greater(t, counts[0], counts[4])
+	require.Greater(t, counts[4], 0)
+
+	// Cycle: every prompt once per round of 30, in one shuffled order.
+	sp = base
+	sp.Cycle = true
+	o := Options{Workload: WorkloadOptions{Kind: WorkloadSharedPrefix, SharedPrefix: sp}}.WithDefaults()
+	w, err := BuildWorkload(o)
+	require.NoError(t, err)
+	seen := map[uint64]bool{}
+	for i := range 30 {
+		seen[w.pieces[i][1].key] = true
+		require.Equal(t, w.pieces[i][1].key, w.pieces[i+30][1].key)
+	}
+	require.Len(t, seen, 30)
 }
