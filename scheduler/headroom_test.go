@@ -43,7 +43,7 @@ func TestHeadroom(t *testing.T) {
 			e.setSignals(1, metrics.Signals{Waiting: 3.6})
 		}, []probe{
 			{testModel, "gold", nil, HeadroomSaturated}, // 0.9 >= 0.85
-			{testModel, "platinum", nil, HeadroomOK},   // 0.9 < 1.0
+			{testModel, "platinum", nil, HeadroomOK},    // 0.9 < 1.0
 			{testModel, "unknown-band", nil, HeadroomSaturated},
 			{"other", "bronze", nil, HeadroomOK}, // the pool's mean (0.45) is past bronze's 0.30; other's own is 0
 		}},
