@@ -179,7 +179,7 @@ func (f *fallbackFleet) observe(url string, waiting float64, err error) {
 // routed is what one request through the fleet came to.
 type routed struct {
 	dest, body, reason, model string // reason: the response's HeaderReason; model: as the client sees it
-	rejected                      *extprocv3.ImmediateResponse
+	rejected                  *extprocv3.ImmediateResponse
 }
 
 // send runs one chat request for model (headers kv added) through a
