@@ -33,7 +33,7 @@ type Objective struct {
 // for some models to weighted target models.
 type Rewrite struct {
 	Name  string `yaml:"name"`
-	Rules []Rule `yaml:"rules"`
+	Rules []Rule `yaml:"rules" json:"rules"`
 	// Created orders rewrites for precedence, oldest first (the object's
 	// creationTimestamp; zero for a file's entries, which keep file order).
 	Created time.Time `yaml:"-"`
@@ -42,20 +42,20 @@ type Rewrite struct {
 // Rule matches requests by their body's model and sends them to one of its
 // targets. A rule without matches matches every model.
 type Rule struct {
-	Matches []Match  `yaml:"matches"`
-	Targets []Target `yaml:"targets"`
+	Matches []Match  `yaml:"matches" json:"matches"`
+	Targets []Target `yaml:"targets" json:"targets"`
 }
 
 // Match is one criterion of a rule (any one matching is enough).
 type Match struct {
-	Model *ModelMatch `yaml:"model"`
+	Model *ModelMatch `yaml:"model" json:"model"`
 }
 
 // ModelMatch compares the request body's model with Value.
 type ModelMatch struct {
 	// Type is "Exact", the only kind the API defines; "" means Exact.
-	Type  string `yaml:"type"`
-	Value string `yaml:"value"`
+	Type  string `yaml:"type" json:"type"`
+	Value string `yaml:"value" json:"value"`
 }
 
 // MatchExact is the one ModelMatch type.
@@ -64,10 +64,10 @@ const MatchExact = "Exact"
 // Target is a weighted destination model.
 type Target struct {
 	// ModelRewrite is the model the engine is asked for.
-	ModelRewrite string `yaml:"modelRewrite"`
+	ModelRewrite string `yaml:"modelRewrite" json:"modelRewrite"`
 	// Weight is the target's share relative to its siblings, 1..1000000;
 	// set on every target of a rule or on none (then all are equal).
-	Weight *int32 `yaml:"weight"`
+	Weight *int32 `yaml:"weight" json:"weight"`
 }
 
 // MaxWeight is the largest target weight the API accepts.
