@@ -142,3 +142,21 @@ func TestFileRulesClashAtStart(t *testing.T) {
 	err = src.Run(context.Background(), func([]endpoint.Endpoint) { t.Fatal("no update for a file whose rules are refused at start") })
 	require.ErrorContains(t, err, `"llama" is already the name of models[0]`)
 }
+
+// TestExampleFileRules: the example file's rule sections apply as its
+// comments say.
+func TestExampleFileRules(t *testing.T) {
+	data, err := readLimited(filepath.Join("..", "deploy", "config", "endpoints.example.yaml"))
+	require.NoError(t, err)
+	spec, err := ParseFileRules(data)
+	require.NoError(t, err)
+	store := rules.NewStore([]rules.Band{{Name: "platinum", Priority: 400}, {Name: "gold", Priority: 300}, {Name: "silver", Priority: 200}, {Name: "bronze", Priority: 100}}, "gold")
+	require.NoError(t, store.Set("file", spec))
+	tbl := store.Load()
+	b, _ := tbl.Band("batch")
+	require.Equal(t, "bronze", b)
+	target, _, _ := tbl.Rewrite("meta-llama/Llama-3-8B-Instruct")
+	require.Equal(t, "meta-llama/Llama-3.1-8B-Instruct", target)
+	require.Equal(t, "Qwen/Qwen3-32B", tbl.Canonical("qwen"))
+	require.Equal(t, []string{"Qwen/Qwen3-32B"}, tbl.Fallbacks(tbl.Canonical("llama")))
+}
