@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/rules"
@@ -86,17 +84,7 @@ func TestFileRulesReload(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "endpoints.yaml")
 	writeAtomic(t, path, rulesFile)
 	store := rules.NewStore([]rules.Band{{Name: "gold", Priority: 300}, {Name: "bronze", Priority: 100}}, "gold")
-	core, logs := observer.New(zap.InfoLevel)
-	src, err := NewFile(FileConfig{Path: path, PollInterval: 10 * time.Millisecond, Rules: store}, zap.New(core))
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	u := newUpdates()
-	go func() { done <- src.Run(ctx, u.update) }()
-	defer func() {
-		cancel()
-		require.NoError(t, <-done)
-	}()
+	u, logs := runFile(t, FileConfig{Path: path, Rules: store})
 	u.waitFor(t, "initial set", func(eps []endpoint.Endpoint) bool { return len(eps) == 2 })
 	band := func(o string) string { b, _ := store.Load().Band(o); return b }
 	require.Equal(t, "bronze", band("batch"))

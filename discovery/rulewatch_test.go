@@ -52,15 +52,7 @@ func TestObjectiveOf(t *testing.T) {
 	}
 	for _, tt := range tests {
 		got, ours, err := objectiveOf(object(t, objectiveJSON("o", tt.spec)), "pool")
-		require.Equal(t, tt.ours, ours, tt.name)
-		if tt.err != "" {
-			require.ErrorContains(t, err, tt.err, tt.name)
-			continue
-		}
-		require.NoError(t, err, tt.name)
-		if ours {
-			require.Equal(t, tt.want, got, tt.name)
-		}
+		checkConverted(t, tt.name, tt.want, tt.ours, tt.err, got, ours, err)
 	}
 	_, ours, err := objectiveOf(object(t, `{"apiVersion":"llm-d.ai/v1alpha2","kind":"InferenceObjective","metadata":{"name":"o"}}`), "pool")
 	require.True(t, ours)
@@ -91,15 +83,23 @@ func TestRewriteOf(t *testing.T) {
 	}
 	for _, tt := range tests {
 		got, ours, err := rewriteOf(object(t, rewriteJSON("rw", created, tt.spec)), "pool")
-		require.Equal(t, tt.ours, ours, tt.name)
-		if tt.err != "" {
-			require.ErrorContains(t, err, tt.err, tt.name)
-			continue
-		}
-		require.NoError(t, err, tt.name)
-		if ours {
-			require.Equal(t, rules.Rewrite{Name: "rw", Rules: tt.want, Created: must(time.Parse(time.RFC3339, created)).Local()}, got, tt.name)
-		}
+		want := rules.Rewrite{Name: "rw", Rules: tt.want, Created: must(time.Parse(time.RFC3339, created)).Local()}
+		checkConverted(t, tt.name, want, tt.ours, tt.err, got, ours, err)
+	}
+}
+
+// checkConverted compares one conversion's result with a table row: an
+// error containing wantErr, or none and, for the pool's objects, want.
+func checkConverted[T any](t *testing.T, name string, want T, wantOurs bool, wantErr string, got T, ours bool, err error) {
+	t.Helper()
+	require.Equal(t, wantOurs, ours, name)
+	if wantErr != "" {
+		require.ErrorContains(t, err, wantErr, name)
+		return
+	}
+	require.NoError(t, err, name)
+	if ours {
+		require.Equal(t, want, got, name)
 	}
 }
 

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,12 +12,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/omnious/provider-node/engines/sim"
 	"github.com/omnious/provider-node/engines/sim/simtest"
-	"github.com/omnious/provider-node/extproc/testgw"
 )
 
 // TestEPPModelRules runs cmd/epp with model rules in its endpoint file in
@@ -63,12 +59,7 @@ models:
 		"-grpc-addr", grpcAddr, "-health-addr", fmt.Sprintf("127.0.0.1:%d", simtest.FreePort(t)),
 		"-metrics-addr", metricsAddr, "-admin-addr", fmt.Sprintf("127.0.0.1:%d", simtest.FreePort(t)))
 	simtest.WaitOK(t, "http://"+metricsAddr+"/metrics")
-	gw, err := testgw.New(testgw.Config{EPP: grpcAddr}, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	gwDone := make(chan error, 1)
-	go func() { gwDone <- gw.Run(ctx) }()
-	defer func() { cancel(); require.NoError(t, <-gwDone) }()
+	base := startGateway(t, grpcAddr)
 
 	type answer struct {
 		status          int
@@ -82,7 +73,7 @@ models:
 	}
 	chat := func(model string, header ...string) answer {
 		b0, s0 := served()
-		req, err := http.NewRequest(http.MethodPost, "http://"+gw.Addr()+"/v1/chat/completions",
+		req, err := http.NewRequest(http.MethodPost, base+"/v1/chat/completions",
 			strings.NewReader(`{"model":"`+model+`","max_tokens":4,"messages":[{"role":"user","content":"hello"}]}`))
 		require.NoError(t, err)
 		req.Header.Set("content-type", "application/json")
