@@ -134,7 +134,8 @@ type ruleWatch struct {
 	p     *Pool
 	dirty chan struct{}
 
-	mu        sync.Mutex // guards the informer lists below, written by start
+	waits     sync.WaitGroup // the goroutines waiting for an informer's sync
+	mu        sync.Mutex     // guards the informer lists below, written by start
 	synced    []cache.InformerSynced
 	objStore  cache.Store // nil until the kind is found
 	rwStore   cache.Store
@@ -162,7 +163,7 @@ func (w *ruleWatch) signal() {
 
 // run finds the served group of each kind (looking again every
 // CRDRecheck for a kind not installed), watches it, and publishes the
-// rules whenever they change, until stop is closed.
+// rules whenever they change, until ctx is done.
 func (w *ruleWatch) run(ctx context.Context) {
 	defer func() {
 		w.mu.Lock()
@@ -170,6 +171,7 @@ func (w *ruleWatch) run(ctx context.Context) {
 		for _, f := range w.factories {
 			f.Shutdown()
 		}
+		w.waits.Wait()
 	}()
 	missing := []ruleKind{objectiveKind, rewriteKind}
 	missing = w.find(ctx, missing)
@@ -274,11 +276,11 @@ func (w *ruleWatch) start(ctx context.Context, k ruleKind, gvr schema.GroupVersi
 	w.factories = append(w.factories, f)
 	w.mu.Unlock()
 	f.Start(ctx.Done())
-	go func() {
+	w.waits.Go(func() {
 		if cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 			w.signal()
 		}
-	}()
+	})
 }
 
 // publish rebuilds the rules from the caches once every started informer
