@@ -146,6 +146,7 @@ type ruleWatch struct {
 	last       *rules.Spec
 	set        bool
 	missing    map[string]string // kind -> why it was not found, as last logged
+	refused    string            // the store's last logged refusal
 }
 
 func newRuleWatch(p *Pool) *ruleWatch {
@@ -310,10 +311,13 @@ func (w *ruleWatch) publish() {
 	if err := w.p.cfg.Rules.Set(RulesSource, spec); err != nil {
 		// Objects are valid one by one and names are unique per kind and
 		// namespace; a clash can only be with another source.
-		w.p.log.Error("model rules from the API refused, keeping the last good ones", zap.Error(err))
+		if msg := err.Error(); msg != w.refused {
+			w.refused = msg
+			w.p.log.Error("model rules from the API refused, keeping the last good ones", zap.Error(err))
+		}
 		return
 	}
-	w.last, w.set = spec, true
+	w.last, w.set, w.refused = spec, true, ""
 	w.p.log.Info("model rules updated", zap.Int("objectives", len(spec.Objectives)), zap.Int("rewrites", len(spec.Rewrites)))
 }
 
