@@ -3,7 +3,7 @@
 #   - helm lint + helm template for every value combination that matters,
 #     with assertions on the rendered objects, and renders that must fail;
 #   - kubeconform -strict against local schemas only (generated from the
-#     vendored InferencePool CRD, the KEDA / Prometheus Operator / Gateway API
+#     vendored InferencePool and model rule CRDs, the KEDA / Prometheus Operator / Gateway API
 #     CRDs and the Kubernetes OpenAPI document in the Go module cache);
 #   - promtool check rules / test rules, and the rendered KEDA queries;
 #   - the Go test in deploy/ (PromQL parses; metric names in metrics.txt;
@@ -48,6 +48,7 @@ schemas="$work/schemas"
 (cd "$root" && GOFLAGS=-mod=mod go run ./deploy/schemagen -out "$schemas" -swagger "$k8s" \
 	-kinds apps/v1/Deployment,v1/Service,v1/ServiceAccount,v1/ConfigMap,v1/Pod,batch/v1/CronJob,rbac.authorization.k8s.io/v1/Role,rbac.authorization.k8s.io/v1/RoleBinding,networking.k8s.io/v1/NetworkPolicy,policy/v1/PodDisruptionBudget \
 	-crd "$here/crds/inference.networking.k8s.io_inferencepools.yaml" -crd "$keda" \
+	-crd "$here/crds/llm-d.ai_inferenceobjectives.yaml" -crd "$here/crds/llm-d.ai_inferencemodelrewrites.yaml" \
 	-crd "$promop/monitoring.coreos.com_servicemonitors.yaml" -crd "$promop/monitoring.coreos.com_prometheusrules.yaml" \
 	-crd "$gwapi") >"$work/schemas.txt"
 pass "$(wc -l <"$work/schemas.txt") schemas generated"
@@ -146,6 +147,8 @@ for engine in vllm sglang; do
 				block=16
 				[[ $engine == sglang ]] && block=32
 				expect "$name" "InferencePool v1 with endpointPickerRef" has "$name" "apiVersion: inference.networking.k8s.io/v1"
+				expect "$name" "EPP Role reads the model rule CRDs" \
+					eval 'doc "$name" Role pn-provider-node-epp | grep -A1 "apiGroups: \[\"llm-d.ai\"\]" | grep -q "resources: \[\"inferenceobjectives\", \"inferencemodelrewrites\"\]"'
 				expect "$name" "EPP --block-size=$block" has "$name" "--block-size=$block"
 				if [[ $engine == vllm ]]; then
 					expect "$name" "vLLM --block-size and EPP --block-size from blockSize, KV events, tool parser, defaults" \
@@ -346,7 +349,7 @@ dry() { # LABEL expected-rc pattern env... -- args...
 }
 dry "good input" 0 "^\+ helm test provider-node-mainnet --namespace omnious-mainnet" "${good_env[@]}" --
 expect "install.sh" "dry run prints CRD, Secrets via stdin, helm upgrade --install --wait" \
-	eval 'grep -q "^+ kubectl apply --server-side .*crds/inference.networking.k8s.io_inferencepools.yaml" "$work/dry.out" && grep -q "^+ kubectl create secret generic provider-node-mainnet-quoter-key .*--from-file=key=.* | kubectl apply" "$work/dry.out" && grep -q "^+ kubectl create secret generic provider-node-mainnet-hf-token" "$work/dry.out" && grep -q "^+ helm upgrade --install provider-node-mainnet .* --wait" "$work/dry.out" && grep -q "toolParser: {name: \"hermes\"" "$work/dry.out" && grep -q "existingSecret: \"provider-node-mainnet-quoter-key\"" "$work/dry.out"'
+	eval 'grep -q "^+ kubectl apply --server-side .*crds/inference.networking.k8s.io_inferencepools.yaml" "$work/dry.out" && grep -q "^+ kubectl apply --server-side .*crds/llm-d.ai_inferenceobjectives.yaml" "$work/dry.out" && grep -q "^+ kubectl wait .*crd/inferencemodelrewrites.llm-d.ai" "$work/dry.out" && grep -q "^+ kubectl create secret generic provider-node-mainnet-quoter-key .*--from-file=key=.* | kubectl apply" "$work/dry.out" && grep -q "^+ kubectl create secret generic provider-node-mainnet-hf-token" "$work/dry.out" && grep -q "^+ helm upgrade --install provider-node-mainnet .* --wait" "$work/dry.out" && grep -q "toolParser: {name: \"hermes\"" "$work/dry.out" && grep -q "existingSecret: \"provider-node-mainnet-quoter-key\"" "$work/dry.out"'
 dry "--env staging" 0 "^\+ helm upgrade --install provider-node-staging .*--namespace omnious-staging" "${good_env[@]}" -- --env staging
 dry_stdin="$work/provider.key"
 dry "key on stdin (-)" 0 "quoter-key .*--from-file=key=/" "${good_env[@]}" PROVIDER_KEY=- --

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs or upgrades one Omnious Provider Node release: validates the
-# inputs, resolves the tool-call parser, applies the pinned InferencePool CRD,
+# inputs, resolves the tool-call parser, applies the pinned CRDs (InferencePool,
+# InferenceObjective, InferenceModelRewrite),
 # creates the Secrets with kubectl (keys never pass through Helm values or any
 # process's command line), runs `helm upgrade --install --wait`, then
 # `helm test`. Safe to re-run. See deploy/README.md.
@@ -48,9 +49,13 @@ EOF
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 chart="$here/helm/provider-node"
-crd="$here/crds/inference.networking.k8s.io_inferencepools.yaml"
-crd_name="inferencepools.inference.networking.k8s.io"
-crd_version="v1.0.0"
+# The pinned CRDs: file, CRD name, the annotation its bundle version is
+# published under, and the pinned version.
+crds=(
+	"inference.networking.k8s.io_inferencepools.yaml inferencepools.inference.networking.k8s.io inference\.networking\.k8s\.io/bundle-version v1.0.0"
+	"llm-d.ai_inferenceobjectives.yaml inferenceobjectives.llm-d.ai llm-d\.ai/bundle-version v0.10.0"
+	"llm-d.ai_inferencemodelrewrites.yaml inferencemodelrewrites.llm-d.ai llm-d\.ai/bundle-version v0.10.0"
+)
 profiles="${TOOL_PROFILES_FILE:-$here/config/tool-profiles.tsv}"
 
 dry_run=0 env_name="mainnet" namespace="" release="" extra_values="" skip_test=0
@@ -267,28 +272,34 @@ echo "install.sh: tool family '${tool_family}', parser '${tool_parser}'${reasoni
 printf '+ kubectl create namespace %q --dry-run=client -o yaml | kubectl apply -f -\n' "$namespace"
 ((dry_run)) || kubectl create namespace "$namespace" --dry-run=client -o yaml | kubectl apply -f -
 
-# 2. The pinned InferencePool CRD. auto: install it when absent, upgrade it
-# when this installer put it there, and keep one installed by someone else (a
-# Gateway vendor's upstream bundle); always: replace whatever is there.
-install_crd=1 crd_flags=(--server-side --field-manager=omnious-provider-node)
-case "$INSTALL_CRDS" in
-never) install_crd=0 ;;
-always) crd_flags+=(--force-conflicts) ;;
-auto)
-	if ((!dry_run)) && kubectl get crd "$crd_name" >/dev/null 2>&1; then
-		ours="$(kubectl get crd "$crd_name" -o jsonpath='{.metadata.annotations.omnious\.io/crd-revision}')"
-		if [[ -z "$ours" ]]; then
-			have="$(kubectl get crd "$crd_name" -o jsonpath='{.metadata.annotations.inference\.networking\.k8s\.io/bundle-version}')"
-			echo "install.sh: keeping the cluster's own InferencePool CRD (bundle ${have:-unknown}; pinned here: $crd_version; INSTALL_CRDS=always replaces it)"
-			install_crd=0
+# 2. The pinned CRDs: the InferencePool, and the InferenceObjective and
+# InferenceModelRewrite the EPP reads its model rules from. For each, auto:
+# install it when absent, upgrade it when this installer put it there, and
+# keep one installed by someone else (a Gateway vendor's or llm-d's upstream
+# bundle); always: replace whatever is there.
+crd_flags=(--server-side --field-manager=omnious-provider-node)
+[[ "$INSTALL_CRDS" == always ]] && crd_flags+=(--force-conflicts)
+for entry in "${crds[@]}"; do
+	read -r crd_file crd_name crd_bundle crd_version <<<"$entry"
+	install_crd=1
+	case "$INSTALL_CRDS" in
+	never) install_crd=0 ;;
+	auto)
+		if ((!dry_run)) && kubectl get crd "$crd_name" >/dev/null 2>&1; then
+			ours="$(kubectl get crd "$crd_name" -o jsonpath='{.metadata.annotations.omnious\.io/crd-revision}')"
+			if [[ -z "$ours" ]]; then
+				have="$(kubectl get crd "$crd_name" -o jsonpath="{.metadata.annotations.$crd_bundle}")"
+				echo "install.sh: keeping the cluster's own $crd_name CRD (bundle ${have:-unknown}; pinned here: $crd_version; INSTALL_CRDS=always replaces it)"
+				install_crd=0
+			fi
 		fi
+		;;
+	esac
+	if ((install_crd)); then
+		run kubectl apply "${crd_flags[@]}" -f "$here/crds/$crd_file"
+		run kubectl wait --for=condition=Established --timeout=60s "crd/$crd_name"
 	fi
-	;;
-esac
-if ((install_crd)); then
-	run kubectl apply "${crd_flags[@]}" -f "$crd"
-	run kubectl wait --for=condition=Established --timeout=60s "crd/$crd_name"
-fi
+done
 
 # 3. Secrets (content from files, via stdin).
 key_secret="$release-quoter-key"

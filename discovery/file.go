@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/omnious/provider-node/endpoint"
+	"github.com/omnious/provider-node/rules"
 	"go.uber.org/zap"
 	"go.yaml.in/yaml/v3"
 )
@@ -25,9 +26,11 @@ const MaxFileSize = 4 << 20
 
 // fileDoc is the endpoint file. Endpoints is a pointer so that a missing key
 // (a truncated or mistyped file) is told apart from an explicit empty list.
+// The model rules (objectives, rewrites, models) sit beside the endpoints.
 type fileDoc struct {
-	Defaults  fileFields   `yaml:"defaults"`
-	Endpoints *[]fileEntry `yaml:"endpoints"`
+	Defaults   fileFields   `yaml:"defaults"`
+	Endpoints  *[]fileEntry `yaml:"endpoints"`
+	rules.Spec `yaml:",inline"`
 }
 
 // fileFields are the settings an entry may take from the defaults block.
@@ -52,37 +55,51 @@ type fileEntry struct {
 // ParseFile parses and validates an endpoint file (format in README.md) and
 // returns its endpoints sorted by Addr. Errors name the offending entry by
 // index, address and line.
-func ParseFile(data []byte) (eps []endpoint.Endpoint, err error) {
+func ParseFile(data []byte) ([]endpoint.Endpoint, error) {
+	eps, _, err := parseFile(data)
+	return eps, err
+}
+
+// ParseFileRules parses and validates an endpoint file as ParseFile does
+// and returns its model rules (nil when it has none).
+func ParseFileRules(data []byte) (*rules.Spec, error) {
+	_, spec, err := parseFile(data)
+	return spec, err
+}
+
+// parseFile returns the file's endpoints and its model rules, or an error
+// for the whole file: a file is applied entirely or not at all.
+func parseFile(data []byte) (eps []endpoint.Endpoint, spec *rules.Spec, err error) {
 	// The YAML decoder is third-party code fed with operator input; a panic
 	// inside it must not take the EPP down on a bad edit.
 	defer func() {
 		if r := recover(); r != nil {
-			eps, err = nil, fmt.Errorf("cannot parse endpoint file: yaml decoder panic: %v", r)
+			eps, spec, err = nil, nil, fmt.Errorf("cannot parse endpoint file: yaml decoder panic: %v", r)
 		}
 	}()
 	if len(data) > MaxFileSize {
-		return nil, fmt.Errorf("endpoint file is %d bytes, over the %d byte limit", len(data), MaxFileSize)
+		return nil, nil, fmt.Errorf("endpoint file is %d bytes, over the %d byte limit", len(data), MaxFileSize)
 	}
 	var doc fileDoc
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&doc); err != nil {
 		if errors.Is(err, io.EOF) {
-			return nil, errors.New("endpoint file is empty")
+			return nil, nil, errors.New("endpoint file is empty")
 		}
-		return nil, fmt.Errorf("cannot parse endpoint file: %w", err)
+		return nil, nil, fmt.Errorf("cannot parse endpoint file: %w", err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return nil, errors.New("endpoint file holds more than one YAML document")
+		return nil, nil, errors.New("endpoint file holds more than one YAML document")
 	}
 	if doc.Endpoints == nil {
-		return nil, errors.New("endpoint file has no \"endpoints\" list")
+		return nil, nil, errors.New("endpoint file has no \"endpoints\" list")
 	}
 	lines := entryLines(data)
 	d := doc.Defaults
 	if err := checkFields(&d); err != nil {
-		return nil, fmt.Errorf("defaults: %w", err)
+		return nil, nil, fmt.Errorf("defaults: %w", err)
 	}
 	entries := *doc.Endpoints
 	eps = make([]endpoint.Endpoint, 0, len(entries))
@@ -96,10 +113,10 @@ func ParseFile(data []byte) (eps []endpoint.Endpoint, err error) {
 		}
 		ep, err := buildEntry(e, &d)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", name, err)
+			return nil, nil, fmt.Errorf("%s: %w", name, err)
 		}
 		if j, dup := addrs[ep.Addr]; dup {
-			return nil, fmt.Errorf("%s: duplicate address %s (also endpoints[%d])", name, ep.Addr, j)
+			return nil, nil, fmt.Errorf("%s: duplicate address %s (also endpoints[%d])", name, ep.Addr, j)
 		}
 		addrs[ep.Addr] = i
 		// Two engines cannot bind the same ZMQ port on one host; a shared
@@ -110,14 +127,20 @@ func ParseFile(data []byte) (eps []endpoint.Endpoint, err error) {
 				continue
 			}
 			if j, dup := zmq[z]; dup {
-				return nil, fmt.Errorf("%s (%s): ZMQ endpoint %s already used by endpoints[%d]", name, ep.Addr, z, j)
+				return nil, nil, fmt.Errorf("%s (%s): ZMQ endpoint %s already used by endpoints[%d]", name, ep.Addr, z, j)
 			}
 			zmq[z] = i
 		}
 		eps = append(eps, ep)
 	}
 	sortEndpoints(eps)
-	return eps, nil
+	if err := doc.Spec.Validate(); err != nil {
+		return nil, nil, err
+	}
+	if !doc.Spec.Empty() {
+		spec = &doc.Spec
+	}
+	return eps, spec, nil
 }
 
 // entryLines returns the source line of each endpoints entry, for error
@@ -280,6 +303,10 @@ type FileConfig struct {
 	// Default 1s. Polling the content (not the mtime or inotify) also
 	// catches ConfigMap symlink swaps and edits within one second.
 	PollInterval time.Duration
+	// Rules receives the file's model rules (objectives, rewrites,
+	// models) as source "file" whenever the file is loaded. Default none:
+	// the rules are validated with the file but applied nowhere.
+	Rules *rules.Store
 }
 
 // WithDefaults returns c with every unset field at its default.
@@ -314,17 +341,24 @@ func NewFile(cfg FileConfig, log *zap.Logger) (*File, error) {
 // calls update again whenever the parsed set changes. An initial load
 // failure is returned; later failures (a bad edit, a missing file) are
 // logged once per distinct content or error and keep the last good set.
+//
+// The file's model rules go to FileConfig.Rules each time its content
+// changes and it is valid: an edit that only changes the rules applies
+// them without an endpoint update.
 func (f *File) Run(ctx context.Context, update func([]endpoint.Endpoint)) error {
 	data, err := readLimited(f.cfg.Path)
 	if err != nil {
 		return err
 	}
-	last, err := ParseFile(data)
+	last, spec, err := parseFile(data)
+	if err == nil {
+		err = f.setRules(spec)
+	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", f.cfg.Path, err)
 	}
 	lastHash := sha256.Sum256(data)
-	f.log.Info("endpoint file loaded", zap.Int("endpoints", len(last)))
+	f.log.Info("endpoint file loaded", zap.Int("endpoints", len(last)), zap.Bool("rules", spec != nil))
 	update(last)
 
 	var lastReadErr string
@@ -350,10 +384,15 @@ func (f *File) Run(ctx context.Context, update func([]endpoint.Endpoint)) error 
 			continue
 		}
 		lastHash = h
-		eps, err := ParseFile(data)
+		eps, spec, err := parseFile(data)
 		if err != nil {
 			f.log.Error("endpoint file invalid, keeping the last good set", zap.Error(err))
 			continue
+		}
+		if err := f.setRules(spec); err != nil {
+			// Valid alone but in conflict with the rules of another source
+			// (the EPP config's models): the endpoints still apply.
+			f.log.Error("endpoint file rules refused, keeping the last good rules", zap.Error(err))
 		}
 		if equalEndpoints(eps, last) {
 			continue
@@ -362,4 +401,11 @@ func (f *File) Run(ctx context.Context, update func([]endpoint.Endpoint)) error 
 		f.log.Info("endpoint file reloaded", zap.Int("endpoints", len(eps)))
 		update(eps)
 	}
+}
+
+func (f *File) setRules(spec *rules.Spec) error {
+	if f.cfg.Rules == nil {
+		return nil
+	}
+	return f.cfg.Rules.Set("file", spec)
 }

@@ -210,6 +210,25 @@ type updates struct {
 
 func newUpdates() *updates { return &updates{ch: make(chan struct{}, 1000)} }
 
+// runFile runs a File source polling every 10 ms until the test ends (it
+// must then return nil) and returns its updates and logs.
+func runFile(t *testing.T, cfg FileConfig) (*updates, *observer.ObservedLogs) {
+	t.Helper()
+	core, logs := observer.New(zap.InfoLevel)
+	cfg.PollInterval = 10 * time.Millisecond
+	src, err := NewFile(cfg, zap.New(core))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	u := newUpdates()
+	go func() { done <- src.Run(ctx, u.update) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	return u, logs
+}
+
 func (u *updates) update(eps []endpoint.Endpoint) {
 	u.mu.Lock()
 	u.got = append(u.got, eps)
@@ -273,17 +292,7 @@ func TestFileReload(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "endpoints.yaml")
 	writeAtomic(t, path, "defaults: {model: m}\nendpoints:\n  - {ip: 127.0.0.1, port: 8000}\n")
 
-	core, logs := observer.New(zap.InfoLevel)
-	src, err := NewFile(FileConfig{Path: path, PollInterval: 10 * time.Millisecond}, zap.New(core))
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	u := newUpdates()
-	go func() { done <- src.Run(ctx, u.update) }()
-	defer func() {
-		cancel()
-		require.NoError(t, <-done)
-	}()
+	u, logs := runFile(t, FileConfig{Path: path})
 
 	u.waitFor(t, "initial set", func(eps []endpoint.Endpoint) bool {
 		return len(eps) == 1 && eps[0].Addr == "127.0.0.1:8000"

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/omnious/provider-node/rules"
 )
 
 // FuzzStaticFile checks that the endpoint file parser never panics and that
@@ -44,6 +46,66 @@ func FuzzStaticFile(f *testing.F) {
 			require.NotEmpty(t, ep.Model)
 			for _, z := range []string{ep.KVEvents, ep.KVReplay} {
 				require.True(t, z == "" || strings.HasPrefix(z, "tcp://"), z)
+			}
+		}
+	})
+}
+
+// FuzzStaticFileRules checks that the endpoint file's rule sections never
+// panic the parser and that whatever it accepts is valid, compiles in a
+// store on its own, and answers every lookup within what it defines: a
+// rewrite picks one of its rule's targets, a fallback is never the model
+// itself.
+func FuzzStaticFileRules(f *testing.F) {
+	f.Add([]byte(rulesFile))
+	f.Add([]byte("endpoints: []\nobjectives: [{name: o, priority: -2147483648}, {name: p}]\n"))
+	f.Add([]byte("endpoints: []\nrewrites: [{name: r, rules: [{targets: [{modelRewrite: x, weight: 1000000}, {modelRewrite: y, weight: 1}]}]}]\n"))
+	f.Add([]byte("endpoints: []\nrewrites: [{name: r, rules: [{matches: [{model: {value: m}}, {model: {type: Exact, value: n}}], targets: [{modelRewrite: m}]}]}]\n"))
+	f.Add([]byte("endpoints: []\nmodels: [{name: a, aliases: [b], fallbacks: [c, d]}, {name: c, aliases: [e], fallbacks: [b]}]\n"))
+	f.Add([]byte("endpoints: []\nmodels: &m [{name: a, fallbacks: *m}]\n"))
+	f.Add([]byte("endpoints: []\nrewrites: [{name: r, rules: [{targets: []}]}]\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		spec, err := ParseFileRules(data)
+		if err != nil {
+			require.Nil(t, spec)
+			require.NotEmpty(t, err.Error())
+			return
+		}
+		if spec == nil {
+			return
+		}
+		require.NoError(t, spec.Validate())
+		store := rules.NewStore([]rules.Band{{Name: "hi", Priority: 10}, {Name: "lo", Priority: -10}}, "hi")
+		require.NoError(t, store.Set("file", spec))
+		tbl := store.Load()
+		for _, o := range spec.Objectives {
+			b, ok := tbl.Band(o.Name)
+			require.True(t, ok)
+			require.Contains(t, []string{"hi", "lo"}, b)
+		}
+		targets := map[string]bool{}
+		for _, rw := range spec.Rewrites {
+			for _, r := range rw.Rules {
+				for _, tg := range r.Targets {
+					targets[tg.ModelRewrite] = true
+				}
+			}
+		}
+		for _, rw := range spec.Rewrites {
+			for _, r := range rw.Rules {
+				for _, m := range r.Matches {
+					target, _, ok := tbl.Rewrite(m.Model.Value)
+					require.True(t, ok, "a model a rule matches is rewritten")
+					require.True(t, targets[target], target)
+				}
+			}
+		}
+		for _, m := range spec.Models {
+			for _, a := range m.Aliases {
+				require.Equal(t, m.Name, tbl.Canonical(a))
+			}
+			for _, fb := range tbl.Fallbacks(m.Name) {
+				require.NotEqual(t, m.Name, fb)
 			}
 		}
 	})

@@ -14,6 +14,7 @@ import (
 
 	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/internal/opt"
+	"github.com/omnious/provider-node/rules"
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -78,6 +79,14 @@ type PoolConfig struct {
 	// Resync is the informers' periodic resync. Default 0 (none): the
 	// set only changes on watch events.
 	Resync time.Duration
+	// Rules, when set, receives the pool's model rules as source
+	// "kubernetes": the InferenceObjectives and InferenceModelRewrites of
+	// the pool's namespace whose spec.poolRef names the pool. Default
+	// none: the CRDs are not read.
+	Rules *rules.Store
+	// CRDRecheck is how often a rule CRD that is not installed is looked
+	// for again. Default 1m.
+	CRDRecheck time.Duration
 }
 
 // WithDefaults returns c with every unset (empty) field at its default.
@@ -91,6 +100,7 @@ func (c PoolConfig) WithDefaults() PoolConfig {
 	opt.Zero(&c.KVConnectAnnotation, "omnious.io/kv-events-connect")
 	opt.Zero(&c.MetricsPortAnnotation, "omnious.io/metrics-port")
 	opt.Zero(&c.MetricsPath, "/metrics")
+	opt.Zero(&c.CRDRecheck, time.Minute)
 	return c
 }
 
@@ -105,6 +115,9 @@ func (c *PoolConfig) fill() error {
 	}
 	if !strings.HasPrefix(c.MetricsPath, "/") {
 		return fmt.Errorf("metrics path %q must start with /", c.MetricsPath)
+	}
+	if c.CRDRecheck < 0 {
+		return fmt.Errorf("CRD recheck interval %v must be positive", c.CRDRecheck)
 	}
 	return nil
 }
@@ -145,7 +158,8 @@ func NewPoolForConfig(cfg PoolConfig, rc *rest.Config, log *zap.Logger) (*Pool, 
 	return NewPool(cfg, kube, dyn, log)
 }
 
-// Run watches the pool and its Pods until ctx is done. The first update
+// Run watches the pool and its Pods (and, with PoolConfig.Rules, the
+// model rule CRDs) until ctx is done. The first update
 // comes once the pool informer has synced and, if the pool exists, the Pod
 // informer too; a missing pool is an empty set. A pool that is never
 // listable (CRD absent, RBAC) gives no update; the informer's errors are
@@ -174,6 +188,11 @@ func (p *Pool) Run(ctx context.Context, update func([]endpoint.Endpoint)) error 
 		wg.Wait()
 	}()
 	wg.Go(func() { poolInf.Run(stop) })
+	if p.cfg.Rules != nil {
+		rctx, cancel := context.WithCancel(ctx)
+		defer cancel() // runs before the deferred wg.Wait above
+		wg.Go(func() { newRuleWatch(p).run(rctx) })
+	}
 	wg.Go(func() {
 		if cache.WaitForCacheSync(stop, poolInf.HasSynced) {
 			r.signal()

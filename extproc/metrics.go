@@ -21,6 +21,8 @@ type metrics struct {
 	streams       *prometheus.CounterVec
 	promptMode    *prometheus.CounterVec
 	route         prometheus.Histogram
+	rewrites      *prometheus.CounterVec
+	fallbacks     *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -69,13 +71,19 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			// the upper buckets catch flow-control queueing.
 			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 16),
 		}),
+		rewrites: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inference_extension_model_rewrite_decisions_total", Help: "Requests whose model a rewrite rule (InferenceModelRewrite, or the endpoint file's rewrites) replaced, by rewrite, client model and target.",
+		}, []string{"model_rewrite_name", "model_name", "target_model"}),
+		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "omnious_extproc_model_fallbacks_total", Help: "Requests sent to one of their model's fallbacks, by the model that could not serve, the fallback, and why (no_endpoint, saturated).",
+		}, []string{"model_name", "target_model_name", "reason"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	var errs []error
 	for _, c := range []prometheus.Collector{m.requests, m.errors, m.duration, m.requestSizes, m.responseSizes,
-		m.inputTokens, m.outputTokens, m.cachedTokens, m.running, m.streams, m.promptMode, m.route} {
+		m.inputTokens, m.outputTokens, m.cachedTokens, m.running, m.streams, m.promptMode, m.route, m.rewrites, m.fallbacks} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}

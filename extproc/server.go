@@ -30,6 +30,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/omnious/provider-node/internal/label"
+	"github.com/omnious/provider-node/rules"
 	"github.com/omnious/provider-node/scheduler"
 )
 
@@ -77,6 +78,9 @@ type Server struct {
 	models       *label.Set   // target models on metric labels
 	aliases      *label.Set   // the client's model names a rewrite replaced
 	tracer       trace.Tracer // nil: no tracing
+	rules        *rules.Store // nil: no model rules (SetRules)
+	prober       Prober       // nil: fallbacks are never taken
+	rewriteNames *label.Set   // rewrite names on metric labels
 }
 
 // Bounds of the client-controlled names the server keeps: model names
@@ -301,6 +305,7 @@ type stream struct {
 
 	rejected     int // status of the EPP's own error response, 0 if none
 	rejectReason string
+	fallback     string // HeaderReason of a request sent to a fallback model, "" if none
 }
 
 func (st *stream) handle(req *extprocv3.ProcessingRequest) error {
@@ -534,6 +539,7 @@ func (st *stream) route(headersOnly, eos bool) error {
 	if st.rewriteHdr != "" && st.clientModel != "" {
 		st.targetModel = st.rewriteHdr
 	}
+	st.applyRules()
 	var edits [2]edit
 	ne := 0
 	if st.targetModel != st.clientModel {
@@ -748,8 +754,8 @@ func (st *stream) responseHeaders(h *extprocv3.HttpHeaders) error {
 	r := &st.resp
 	r.sse = strings.Contains(ctype, "text/event-stream")
 	r.buffer = !r.sse && strings.Contains(ctype, "json")
-	if st.targetModel != st.clientModel {
-		r.rewrite = quoteJSON(st.clientModel)
+	if m := st.replyModel(); m != "" {
+		r.rewrite = quoteJSON(m)
 	}
 	r.strip = st.injected && r.sse
 	common := &extprocv3.CommonResponse{}
@@ -757,6 +763,7 @@ func (st *stream) responseHeaders(h *extprocv3.HttpHeaders) error {
 		// The body changes size; Envoy re-frames it.
 		common.HeaderMutation = &extprocv3.HeaderMutation{RemoveHeaders: []string{headerContentLen}}
 	}
+	st.fallbackHeader(common)
 	if err := st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
 		ResponseHeaders: &extprocv3.HeadersResponse{Response: common}}}); err != nil {
 		return err

@@ -79,15 +79,28 @@ func (f *flow) band(name string) *bandQueue {
 }
 
 func (f *flow) saturation() float64 {
+	sum, n := f.load(f.s.snap.Load().all, f.s.now(), nil)
+	if n == 0 {
+		return 0
+	}
+	f.mu.Lock()
+	reserved := f.reserved
+	f.mu.Unlock()
+	return (sum + float64(reserved)/f.s.cfg.Admission.TargetInflight) / float64(n)
+}
+
+// load sums the saturation terms of the candidate replicas among reps
+// (those keep accepts, nil: all) and counts them: the replicas whose
+// breaker is not open, or all of them when every breaker is open.
+func (f *flow) load(reps []*replica, now time.Time, keep func(*replica) bool) (sum float64, n int) {
 	s := f.s
-	snap := s.snap.Load()
-	now := s.now()
 	cfg := &s.cfg.Scoring
 	target := s.cfg.Admission.TargetInflight
-	var sum float64
-	n := 0
 	for pass := 0; pass < 2 && n == 0; pass++ {
-		for _, r := range snap.all {
+		for _, r := range reps {
+			if keep != nil && !keep(r) {
+				continue
+			}
 			if pass == 0 && r.br.state.Load() == BreakerOpen && r.br.current(now, s.cfg.Breaker.Cooldown) == BreakerOpen {
 				continue
 			}
@@ -103,13 +116,7 @@ func (f *flow) saturation() float64 {
 			n++
 		}
 	}
-	if n == 0 {
-		return 0
-	}
-	f.mu.Lock()
-	reserved := f.reserved
-	f.mu.Unlock()
-	return (sum + float64(reserved)/target) / float64(n)
+	return sum, n
 }
 
 // Ticket is a request's admission through flow control, handed from Admit

@@ -25,6 +25,7 @@ import (
 	"github.com/omnious/provider-node/discovery"
 	"github.com/omnious/provider-node/internal/cli"
 	"github.com/omnious/provider-node/internal/epp"
+	"github.com/omnious/provider-node/rules"
 )
 
 func main() {
@@ -100,11 +101,15 @@ func run(args []string) error {
 	}
 	defer func() { _ = log.Sync() }()
 
-	src, err := source(cfg, *kubeconfig, log)
+	rs, err := epp.NewRules(cfg)
 	if err != nil {
 		return err
 	}
-	e, err := epp.New(cfg, src, log)
+	src, err := source(cfg, rs, *kubeconfig, log)
+	if err != nil {
+		return err
+	}
+	e, err := epp.New(cfg, src, log, epp.WithRules(rs))
 	if err != nil {
 		return err
 	}
@@ -113,13 +118,14 @@ func run(args []string) error {
 	return e.Run(ctx)
 }
 
-// source picks the discovery source the config names.
-func source(cfg epp.Config, kubeconfig string, log *zap.Logger) (discovery.Source, error) {
+// source picks the discovery source the config names; it feeds rs the
+// model rules it finds (the endpoint file's, or the API server's CRDs).
+func source(cfg epp.Config, rs *rules.Store, kubeconfig string, log *zap.Logger) (discovery.Source, error) {
 	switch {
 	case cfg.EndpointsFile != "" && cfg.PoolName != "":
 		return nil, errors.New("-endpoints-file and -pool-name exclude each other")
 	case cfg.EndpointsFile != "":
-		return discovery.NewFile(discovery.FileConfig{Path: cfg.EndpointsFile}, log.Named("discovery"))
+		return discovery.NewFile(discovery.FileConfig{Path: cfg.EndpointsFile, Rules: rs}, log.Named("discovery"))
 	case cfg.PoolName != "":
 		rc, err := kubeConfig(kubeconfig)
 		if err != nil {
@@ -128,7 +134,7 @@ func source(cfg epp.Config, kubeconfig string, log *zap.Logger) (discovery.Sourc
 		// client-go logs through klog (reflector and watch errors); send
 		// them to the same structured log instead of klog's stderr format.
 		klog.SetLogger(zapr.NewLogger(log.Named("client-go")))
-		return discovery.NewPoolForConfig(discovery.PoolConfig{Name: cfg.PoolName, Namespace: cfg.PoolNamespace}, rc, log.Named("discovery"))
+		return discovery.NewPoolForConfig(discovery.PoolConfig{Name: cfg.PoolName, Namespace: cfg.PoolNamespace, Rules: rs}, rc, log.Named("discovery"))
 	}
 	return nil, errors.New("one of -endpoints-file and -pool-name is required")
 }

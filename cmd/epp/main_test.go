@@ -87,6 +87,19 @@ func startFleet(t *testing.T, simBin, dir, model, kvEvents string) (addrs []stri
 	return addrs, endpoints
 }
 
+// startGateway runs the test gateway in front of the EPP at eppAddr until
+// the test ends and returns its base URL.
+func startGateway(t *testing.T, eppAddr string) string {
+	t.Helper()
+	gw, err := testgw.New(testgw.Config{EPP: eppAddr}, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- gw.Run(ctx) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	return "http://" + gw.Addr()
+}
+
 // buildEPP builds this command into dir.
 func buildEPP(t *testing.T, dir string) string {
 	t.Helper()
@@ -122,13 +135,7 @@ func TestEPPRoutesThroughGateway(t *testing.T) {
 		"-otlp-endpoint", col.addr, "-otlp-insecure", "-trace-sample-ratio", "0")
 	simtest.WaitOK(t, "http://"+metricsAddr+"/metrics")
 
-	gw, err := testgw.New(testgw.Config{EPP: grpcAddr}, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	gwDone := make(chan error, 1)
-	go func() { gwDone <- gw.Run(ctx) }()
-	defer func() { cancel(); require.NoError(t, <-gwDone) }()
-	base := "http://" + gw.Addr()
+	base := startGateway(t, grpcAddr)
 
 	// The EPP has its endpoints once it scrapes them; until then requests
 	// may still be served (stale replicas are scored down, not dropped).

@@ -19,6 +19,7 @@ import (
 	"github.com/omnious/provider-node/internal/opt"
 	"github.com/omnious/provider-node/kvindex"
 	"github.com/omnious/provider-node/kvindex/ingest"
+	"github.com/omnious/provider-node/rules"
 	"github.com/omnious/provider-node/scheduler"
 )
 
@@ -64,6 +65,11 @@ type Config struct {
 	// StandInTokenizer tokenizes every model as the engine simulator does.
 	// For simulated fleets only. Default false.
 	StandInTokenizer bool `yaml:"standin_tokenizer"`
+
+	// Models are llmgw's per-model aliases and fallbacks (rules.Model), in
+	// force beside the endpoint file's or the API server's rules (source
+	// "config"). Default none.
+	Models []rules.Model `yaml:"models"`
 
 	Tracing TracingConfig `yaml:"tracing"`
 
@@ -166,6 +172,12 @@ func (c Config) Validate() error {
 	}
 	if c.StandInTokenizer && len(c.Tokenizers) > 0 {
 		errs = append(errs, errors.New("standin_tokenizer and tokenizers exclude each other"))
+	}
+	if len(c.Models) > 0 {
+		spec := rules.Spec{Models: c.Models}
+		if err := spec.Validate(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := c.Tracing.validate(); err != nil {
 		errs = append(errs, err)

@@ -30,6 +30,7 @@ import (
 	"github.com/omnious/provider-node/extproc"
 	"github.com/omnious/provider-node/kvindex"
 	"github.com/omnious/provider-node/kvindex/ingest"
+	"github.com/omnious/provider-node/rules"
 	"github.com/omnious/provider-node/scheduler"
 )
 
@@ -66,6 +67,7 @@ type Option func(*options)
 
 type options struct {
 	observePick func(time.Duration)
+	rules       *rules.Store
 }
 
 // WithPickObserver calls f with the duration of every scheduling decision,
@@ -73,6 +75,29 @@ type options struct {
 // report decision latency.
 func WithPickObserver(f func(time.Duration)) Option {
 	return func(o *options) { o.observePick = f }
+}
+
+// WithRules makes the EPP apply the model rules in rs, a store from
+// NewRules that the discovery source also feeds (FileConfig.Rules,
+// PoolConfig.Rules). Without it the EPP applies the config's models alone.
+func WithRules(rs *rules.Store) Option {
+	return func(o *options) { o.rules = rs }
+}
+
+// NewRules returns the model rule store of an EPP with cfg: objectives map
+// onto cfg's flow-control bands, and cfg's models are in it as source
+// "config".
+func NewRules(cfg Config) (*rules.Store, error) {
+	a := cfg.Scheduler.WithDefaults().Admission
+	bands := make([]rules.Band, len(a.Bands))
+	for i, b := range a.Bands {
+		bands[i] = rules.Band{Name: b.Name, Priority: b.Priority}
+	}
+	rs := rules.NewStore(bands, a.DefaultBand)
+	if err := rs.Set("config", &rules.Spec{Models: cfg.Models}); err != nil {
+		return nil, fmt.Errorf("models: %w", err)
+	}
+	return rs, nil
 }
 
 // timedPicker reports each Pick's duration.
@@ -145,6 +170,12 @@ func (e *EPP) build(o options) error {
 		picker = timedPicker{picker, o.observePick}
 	}
 	xp := extproc.NewServer(cfg.ExtProc, picker, prompter, e.reg, log.Named("extproc"))
+	if o.rules == nil {
+		if o.rules, err = NewRules(cfg); err != nil {
+			return err
+		}
+	}
+	xp.SetRules(o.rules, e.sched)
 	if e.tracer, err = newTracerProvider(cfg.Tracing); err != nil {
 		return err
 	}
