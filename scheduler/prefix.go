@@ -204,10 +204,25 @@ func (rt *routes) record(keys []uint64, r kvindex.Replica, now time.Time) {
 
 // approximate is the text-based prefix matcher used when a request has no
 // tokens: the prompt is hashed in fixed-size chunks, each chained to the
-// previous, and the chains' routes are remembered.
+// previous, and the chains' routes are remembered. A record stands for the
+// whole prefix up to it, so past the first approxDense chunks only every
+// approxStride-th (and the last) is recorded: a long prompt then costs a
+// record per approxStride chunks, and max_nodes records cover as much text
+// as a radix tree of that many nodes would, while short prefixes (system
+// prompts, chat turns) keep the chunk's granularity.
 type approximate struct {
 	chunk int
 	*routes
+}
+
+const (
+	approxDense  = 16
+	approxStride = 8
+)
+
+// approxRecorded reports whether chunk i of n is recorded.
+func approxRecorded(i, n int) bool {
+	return i < approxDense || (i+1)%approxStride == 0 || i == n-1
 }
 
 func newApproximate(chunk, maxNodes int, ttl time.Duration) (*approximate, error) {
@@ -220,18 +235,23 @@ func newApproximate(chunk, maxNodes int, ttl time.Duration) (*approximate, error
 
 // chunkHashes appends the chained hash of every chunk of text (the last one
 // may be partial).
+// chunkHashes appends the chained hash of every recorded chunk of text (the
+// last one may be partial).
 func (a *approximate) chunkHashes(dst []uint64, text []byte) []uint64 {
 	var prev uint64
 	var d xxhash.Digest
 	var seed [8]byte
-	for len(text) > 0 {
+	chunks := (len(text) + a.chunk - 1) / a.chunk
+	for i := 0; len(text) > 0; i++ {
 		n := min(a.chunk, len(text))
 		d.Reset()
 		binary.LittleEndian.PutUint64(seed[:], prev)
 		_, _ = d.Write(seed[:])
 		_, _ = d.Write(text[:n])
 		prev = d.Sum64()
-		dst = append(dst, prev)
+		if approxRecorded(i, chunks) {
+			dst = append(dst, prev)
+		}
 		text = text[n:]
 	}
 	return dst
@@ -241,7 +261,15 @@ func (a *approximate) chunkHashes(dst []uint64, text []byte) []uint64 {
 // routed to it within the ttl. textLen is the prompt length (the last chunk
 // may be partial).
 func (a *approximate) matchText(hashes []uint64, textLen int, now time.Time, out []prefixHit) []prefixHit {
-	return a.match(hashes, now, out, func(i int) int { return min((i+1)*a.chunk, textLen) })
+	return a.match(hashes, now, out, func(k int) int { return min(approxChunks(k)*a.chunk, textLen) })
+}
+
+// approxChunks is how many chunks the k-th recorded hash covers.
+func approxChunks(k int) int {
+	if k < approxDense {
+		return k + 1
+	}
+	return approxDense + (k-approxDense+1)*approxStride
 }
 
 // strideKeys appends the block keys the speculative credit and the recall

@@ -41,3 +41,29 @@ func TestApproximateKeepsEveryCopy(t *testing.T) {
 		require.GreaterOrEqual(t, h.r, kvindex.Replica(3))
 	}
 }
+
+// Past the dense part only every approxStride-th chunk is recorded: a long
+// shared prefix still matches, to the last stride boundary inside it.
+func TestApproximateStride(t *testing.T) {
+	a, err := newApproximate(4, 1000, time.Minute)
+	require.NoError(t, err)
+	now := time.Unix(1_700_000_000, 0)
+	doc := make([]byte, 4*100) // 100 chunks of 4 bytes
+	for i := range doc {
+		doc[i] = byte('a' + i%23)
+	}
+	first := append(append([]byte(nil), doc...), "question one, which is long"...)
+	hashes := a.chunkHashes(nil, first)
+	chunks := (len(first) + 3) / 4
+	require.Len(t, hashes, approxDense+(chunks-approxDense)/approxStride+1, "dense part, every stride-th, and the last")
+	a.record(hashes, 1, now)
+
+	second := append(append([]byte(nil), doc...), "another question"...)
+	hits := a.matchText(a.chunkHashes(nil, second), len(second), now, nil)
+	// The shared 100 chunks end between the stride boundaries 96 and 104.
+	require.Equal(t, []prefixHit{{r: 1, n: 96 * 4}}, hits)
+
+	for k, want := range map[int]int{0: 1, 15: 16, 16: 24, 17: 32} {
+		require.Equal(t, want, approxChunks(k), k)
+	}
+}
