@@ -210,12 +210,12 @@ func replayPublished(tb testing.TB, k float64, route func(g, n int) int) (StageS
 // (what precise prefix routing converges to on this workload) and
 // uniformly random. It reports the summary across stages, to set beside
 // the published one (precise 0.542 s and 8,730 tok/s, random 92.6 s and
-// 4,429 tok/s), at two scales, so that a scaling error shows as a
+// 4,429 tok/s), at three scales, so that a scaling error shows as a
 // difference between them:
 //
 //	go test ./bench/compare -run '^$' -bench PublishedLLMD73 -benchtime 1x -v
 func BenchmarkPublishedLLMD73(b *testing.B) {
-	for _, k := range []float64{0.1, 0.25} {
+	for _, k := range []float64{0.1, 0.25, 1} {
 		rr := rand.New(rand.NewPCG(1, 2))
 		routers := []struct {
 			name  string
