@@ -268,6 +268,7 @@ func writeEndpointFile(path string, eps []endpoint.Endpoint) error {
 		if err != nil {
 			return err
 		}
+		host = loopbackIP(host)
 		en := entry{IP: host, Port: port, Model: ep.Model, Engine: ep.Engine, Labels: ep.Labels}
 		if en.KVPort, err = zmqPort(ep.KVEvents); err != nil {
 			return err
@@ -626,6 +627,15 @@ func procCPU(pid int) (time.Duration, error) {
 		return 0, fmt.Errorf("cannot parse /proc/<pid>/stat: %w", err)
 	}
 	return time.Duration(ut+st) * time.Second / clockTicks, nil
+}
+
+// loopbackIP is host with localhost spelt as 127.0.0.1: endpoint files
+// take IP addresses only.
+func loopbackIP(host string) string {
+	if host == "localhost" {
+		return "127.0.0.1"
+	}
+	return host
 }
 
 func splitPort(hostport string) (string, int, error) {

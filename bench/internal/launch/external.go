@@ -233,9 +233,7 @@ func WriteGIEEndpointFile(path string, eps []endpoint.Endpoint) error {
 		if err != nil {
 			return err
 		}
-		if host == "localhost" {
-			host = "127.0.0.1"
-		}
+		host = loopbackIP(host)
 		if ip := net.ParseIP(host); ip == nil || ip.To4() == nil {
 			return fmt.Errorf("endpoint %s: the Inference Extension's file discovery takes IPv4 addresses only", ep.Addr)
 		}

@@ -86,40 +86,63 @@ func (c *child) signal(sig syscall.Signal) error {
 	return nil
 }
 
-// reapGroup kills what is left of a group whose leader has ended: a
-// member that outlived the shell would otherwise keep its ports.
-func (c *child) reapGroup() {
-	if c.group {
-		_ = c.signal(syscall.SIGKILL)
+// groupGone waits until no member of the child's group is left, or until
+// deadline; it reports whether none is. A process without a group is gone
+// once it has exited.
+func (c *child) groupGone(deadline time.Time) bool {
+	if !c.group {
+		return true
+	}
+	for {
+		// Signal 0 checks for members without signalling them; ESRCH: none
+		// (a member that died is reaped by init at once, so a zombie does
+		// not hold the wait for long).
+		if err := syscall.Kill(-c.cmd.Process.Pid, 0); errors.Is(err, syscall.ESRCH) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
-// stop sends SIGTERM and waits up to grace for the process to end, then
-// sends SIGKILL; killed reports the latter.
+// stop sends SIGTERM and waits up to grace for the process (and every
+// member of its group) to end, then sends SIGKILL; killed reports the
+// latter.
 func (c *child) stop(grace time.Duration) (killed bool) {
-	defer c.reapGroup()
+	deadline := time.Now().Add(grace)
 	select {
 	case <-c.exited:
-		return false
+		if c.groupGone(time.Now()) {
+			return false
+		}
 	default:
 	}
 	_ = c.signal(syscall.SIGTERM)
 	select {
 	case <-c.exited:
-		return false
+		if c.groupGone(deadline) {
+			return false
+		}
 	case <-time.After(grace):
-		_ = c.signal(syscall.SIGKILL)
-		<-c.exited
-		return true
 	}
+	_ = c.signal(syscall.SIGKILL)
+	<-c.exited
+	c.groupGone(time.Now().Add(5 * time.Second))
+	return true
 }
 
-// kill ends the process with SIGKILL, as a crash: no clean shutdown.
+// kill ends the process (and its group) with SIGKILL, as a crash: no
+// clean shutdown.
 func (c *child) kill() error {
 	if err := c.signal(syscall.SIGKILL); err != nil {
 		return err
 	}
 	<-c.exited
+	if !c.groupGone(time.Now().Add(5 * time.Second)) {
+		return fmt.Errorf("process group %d still has members 5s after SIGKILL", c.cmd.Process.Pid)
+	}
 	return nil
 }
 
