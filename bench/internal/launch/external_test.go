@@ -181,3 +181,13 @@ func TestExternalBadInput(t *testing.T) {
 	_, err = StartExternal(ExternalConfig{Command: "x {nope}", Dir: t.TempDir()})
 	require.ErrorContains(t, err, "unknown placeholder {nope}")
 }
+
+// TestPlaceholdersInREADME keeps bench/README.md's placeholder table the
+// one users read: every placeholder has its row, with its description.
+func TestPlaceholdersInREADME(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	require.NoError(t, err)
+	for _, p := range Placeholders {
+		require.Contains(t, string(readme), "| `{"+p.Name+"}` | "+p.Value+" |", p.Name)
+	}
+}
