@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -262,44 +261,39 @@ func TestRaceAddrEPP(t *testing.T) {
 
 func isNaN(f float64) bool { return f != f }
 
-// echoStream adds to the routing reply a mutation that sets every request
-// header back, pseudo-headers and host included, as llm-d-router's EPP
-// does with the headers Envoy sent it.
-type echoStream struct {
-	extprocv3.ExternalProcessor_ProcessServer
-	mu   sync.Mutex
+// echoHeaders is a stream interceptor that makes an ext_proc server set
+// every request header back in its routing reply, pseudo-headers and host
+// included, as llm-d-router's EPP does with the headers Envoy sent it.
+func echoHeaders(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	return handler(srv, &echoing{ServerStream: ss})
+}
+
+// echoing is one stream of echoHeaders; the Floor receives and sends on
+// one goroutine.
+type echoing struct {
+	grpc.ServerStream
 	seen []*corev3.HeaderValue
 }
 
-func (s *echoStream) Recv() (*extprocv3.ProcessingRequest, error) {
-	req, err := s.ExternalProcessor_ProcessServer.Recv()
-	if h := req.GetRequestHeaders(); h != nil {
-		s.mu.Lock()
-		s.seen = h.GetHeaders().GetHeaders()
-		s.mu.Unlock()
+func (e *echoing) RecvMsg(m any) error {
+	err := e.ServerStream.RecvMsg(m)
+	if req, ok := m.(*extprocv3.ProcessingRequest); ok && err == nil && req.GetRequestHeaders() != nil {
+		e.seen = req.GetRequestHeaders().GetHeaders().GetHeaders()
 	}
-	return req, err
+	return err
 }
 
-func (s *echoStream) Send(resp *extprocv3.ProcessingResponse) error {
-	if hr := resp.GetRequestHeaders(); hr != nil {
-		m := hr.GetResponse().GetHeaderMutation()
-		s.mu.Lock()
-		for _, h := range s.seen {
-			m.SetHeaders = append(m.SetHeaders, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: h.Key, RawValue: h.RawValue}})
+func (e *echoing) SendMsg(m any) error {
+	resp, _ := m.(*extprocv3.ProcessingResponse)
+	if hm := resp.GetRequestHeaders().GetResponse().GetHeaderMutation(); hm != nil {
+		for _, h := range e.seen {
+			hm.SetHeaders = append(hm.SetHeaders, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: h.Key, RawValue: h.RawValue}})
 			if h.Key == ":authority" {
-				m.SetHeaders = append(m.SetHeaders, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "host", RawValue: h.RawValue}})
+				hm.SetHeaders = append(hm.SetHeaders, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "host", RawValue: h.RawValue}})
 			}
 		}
-		s.mu.Unlock()
 	}
-	return s.ExternalProcessor_ProcessServer.Send(resp)
-}
-
-type echoEPP struct{ *testgw.Floor }
-
-func (e echoEPP) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
-	return e.Floor.Process(&echoStream{ExternalProcessor_ProcessServer: st})
+	return e.ServerStream.SendMsg(m)
 }
 
 // TestRaceEchoingEPP: an EPP that echoes the request's headers in its
@@ -314,8 +308,8 @@ func TestRaceEchoingEPP(t *testing.T) {
 	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	srv := grpc.NewServer()
-	extprocv3.RegisterExternalProcessorServer(srv, echoEPP{&testgw.Floor{Dests: dests}})
+	srv := grpc.NewServer(grpc.StreamInterceptor(echoHeaders))
+	extprocv3.RegisterExternalProcessorServer(srv, &testgw.Floor{Dests: dests})
 	hs := health.NewServer()
 	hs.SetServingStatus(testgw.HealthService, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(srv, hs)
