@@ -1,8 +1,10 @@
 package sim
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"sort"
 	"strings"
@@ -306,4 +308,36 @@ func TestTokenizeContinueFinalMessage(t *testing.T) {
 	code, body = post(t, r, "/tokenize", map[string]any{"prompt": "x", "return_token_strs": true})
 	require.Equal(t, http.StatusBadRequest, code)
 	require.Contains(t, string(body), "no token strings")
+}
+
+// FuzzTokenizerEndpoints: any body to the tokenize, detokenize and render
+// endpoints gets a JSON answer, a 200 or a client error in vLLM's error
+// body, never a 500 or a panic.
+func FuzzTokenizerEndpoints(f *testing.F) {
+	r := startReplica(f, nil)
+	h := r.routes()
+	paths := []string{"/tokenize", "/detokenize", "/v1/chat/completions/render", "/v1/completions/render"}
+	for i, body := range []string{`{"prompt":"hi"}`, `{"tokens":[151644,3]}`,
+		`{"messages":[{"role":"user","content":"x"}],"temperature":0,"n":2}`, `{"prompt":[[1,2],"a b"],"stop":["",1]}`,
+		`{"messages":[{"role":"assistant","content":"a"}],"continue_final_message":true,"add_generation_prompt":false}`,
+		`{"prompt":"x","max_tokens":-1,"min_tokens":5}`} {
+		f.Add(uint8(i), []byte(body))
+	}
+	f.Fuzz(func(t *testing.T, which uint8, body []byte) {
+		path := paths[int(which)%len(paths)]
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body)))
+		if rec.Code != http.StatusOK && (rec.Code < 400 || rec.Code >= 500) {
+			t.Fatalf("%s %q: status %d: %s", path, body, rec.Code, rec.Body)
+		}
+		if !json.Valid(rec.Body.Bytes()) {
+			t.Fatalf("%s %q: not JSON: %s", path, body, rec.Body)
+		}
+		if rec.Code != http.StatusOK {
+			var e openai.ErrorResponse
+			if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil || e.Error.Message == "" || e.Error.Code != rec.Code {
+				t.Fatalf("%s %q: error body %s", path, body, rec.Body)
+			}
+		}
+	})
 }

@@ -25,7 +25,7 @@ import (
 const testModel = "Qwen/Qwen3-32B"
 
 // startReplica runs one rank on free loopback ports until the test ends.
-func startReplica(t *testing.T, mutate func(*Config)) *Replica {
+func startReplica(t testing.TB, mutate func(*Config)) *Replica {
 	t.Helper()
 	c := Config{Listen: "127.0.0.1:0", Seed: 7}
 	c.KVEvents.Endpoint = "tcp://127.0.0.1:0"

@@ -191,3 +191,28 @@ func TestPlaceholdersInREADME(t *testing.T) {
 		require.Contains(t, string(readme), "| `{"+p.Name+"}` | "+p.Value+" |", p.Name)
 	}
 }
+
+// FuzzExpand: any command expands or fails with an error; an expansion
+// leaves no known placeholder behind and does not touch text without
+// placeholders.
+func FuzzExpand(f *testing.F) {
+	x, err := newExpander(f.TempDir(), twoEndpoints)
+	require.NoError(f, err)
+	for _, s := range []string{"epp --grpc-port {grpc_port}", "{file:/nonexistent}", "${HOME} {a,b} {}", "{{grpc_addr}}", "{nope}", "{file:{dir}}"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, cmd string) {
+		out, err := x.expand(cmd, false)
+		if err != nil {
+			return
+		}
+		if !placeholderRE.MatchString(cmd) && out != cmd {
+			t.Fatalf("%q changed to %q without a placeholder", cmd, out)
+		}
+		for _, p := range Placeholders {
+			if !strings.HasPrefix(p.Name, "file:") && strings.Contains(out, "{"+p.Name+"}") && !strings.Contains(cmd, "{{"+p.Name+"}") {
+				t.Fatalf("%q: %q left in %q", cmd, p.Name, out)
+			}
+		}
+	})
+}
