@@ -512,10 +512,17 @@ func (e *EPP) waitServing(ctx context.Context, limit time.Duration, anyService b
 		resp, err := hc.Check(cctx, &healthpb.HealthCheckRequest{Service: service})
 		return resp.GetStatus(), err
 	}
+	var fatal error
 	err = poll(ctx, limit, r, func() (bool, string) {
 		st, err := check(testgw.HealthService)
 		if anyService && status.Code(err) == codes.NotFound {
 			st, err = check("")
+		}
+		if status.Code(err) == codes.Unimplemented {
+			// Nothing to wait for: the gateway health-checks the ext_proc
+			// port, as Envoy checks its ext_proc cluster.
+			fatal = fmt.Errorf("%s serves no gRPC health (grpc.health.v1) on its ext_proc port %s", e.name, e.grpcAddr)
+			return true, ""
 		}
 		if err != nil || st != healthpb.HealthCheckResponse_SERVING {
 			return false, fmt.Sprintf("%s is not SERVING on %s (%s, %v)", e.name, e.grpcAddr, st, err)
@@ -525,6 +532,9 @@ func (e *EPP) waitServing(ctx context.Context, limit time.Duration, anyService b
 		}
 		return ready()
 	})
+	if err == nil {
+		err = fatal
+	}
 	return e.withLog(err)
 }
 

@@ -2,6 +2,7 @@ package launch
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,11 +12,14 @@ import (
 	"testing"
 	"time"
 
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
+	"google.golang.org/grpc"
 
 	"github.com/omnious/provider-node/discovery"
 	"github.com/omnious/provider-node/endpoint"
+	"github.com/omnious/provider-node/extproc/testgw"
 )
 
 var twoEndpoints = []endpoint.Endpoint{
@@ -215,4 +219,19 @@ func FuzzExpand(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestExternalWithoutHealth: an ext_proc server without gRPC health is
+// refused at once, not after the whole wait.
+func TestExternalWithoutHealth(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(srv, &testgw.Floor{Dests: []string{"127.0.0.1:1"}})
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	start := time.Now()
+	err = Attach("peer", lis.Addr().String(), "").WaitServing(context.Background(), time.Minute)
+	require.ErrorContains(t, err, "peer serves no gRPC health (grpc.health.v1) on its ext_proc port")
+	require.Less(t, time.Since(start), 30*time.Second)
 }
