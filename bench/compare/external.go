@@ -173,6 +173,11 @@ type EPPInfo struct {
 	// DecisionHistogram is the histogram the decision percentiles were read
 	// from (bucket-interpolated), "" when it exposes none the bench knows.
 	DecisionHistogram string
+	// KVEventsBind is the socket it bound for the fleet's KV events
+	// ({kv_events_bind}; "" when none), and KVBatchesRelayed how many
+	// batches the bench relayed to it.
+	KVEventsBind     string
+	KVBatchesRelayed int64
 	// Requests is what its request counter (RequestsCounter) grew by during
 	// the run; NaN when unknown.
 	Requests        float64
@@ -210,14 +215,19 @@ func launchExternal(ctx context.Context, x external, fleet []endpoint.Endpoint, 
 	if err := t.epp.WaitServing(ctx, externalWait); err != nil {
 		return nil, errors.Join(err, t.epp.Stop())
 	}
+	if bind := t.epp.KVEventsBind(); bind != "" {
+		if t.relay, err = launch.StartKVRelay(fleet, bind); err != nil {
+			return nil, errors.Join(err, t.epp.Stop())
+		}
+	}
 	select {
 	case <-time.After(settle):
 	case <-ctx.Done():
-		return nil, errors.Join(ctx.Err(), t.epp.Stop())
+		return nil, errors.Join(ctx.Err(), t.stopEPP())
 	}
 	t.before = t.scrape(ctx)
 	if t.gw, err = launch.StartGateway(testgw.Config{EPP: t.epp.GRPCAddr()}, log); err != nil {
-		return nil, errors.Join(err, t.epp.Stop())
+		return nil, errors.Join(err, t.stopEPP())
 	}
 	return t, nil
 }
@@ -225,6 +235,7 @@ func launchExternal(ctx context.Context, x external, fleet []endpoint.Endpoint, 
 // externalTarget is an external EPP behind the test gateway.
 type externalTarget struct {
 	epp    *launch.EPP
+	relay  *launch.KVRelay // nil unless the EPP binds for KV events
 	gw     *launch.Gateway
 	before []byte // its metrics page after start-up (nil: none)
 	info   EPPInfo
@@ -236,7 +247,17 @@ func (t *externalTarget) URL() string { return t.gw.URL() }
 // histogram, if any, stands in (eppInfo).
 func (t *externalTarget) DecisionLatencies() []time.Duration { return nil }
 
-func (t *externalTarget) Close() error { return errors.Join(t.gw.Close(), t.epp.Stop()) }
+func (t *externalTarget) Close() error { return errors.Join(t.gw.Close(), t.stopEPP()) }
+
+// stopEPP stops the relay, then the EPP (an addr: EPP is not the bench's
+// to stop: its Stop does nothing).
+func (t *externalTarget) stopEPP() error {
+	var err error
+	if t.relay != nil {
+		err = t.relay.Close()
+	}
+	return errors.Join(err, t.epp.Stop())
+}
 
 // scrape reads the EPP's metrics page; nil when it has none or fails (the
 // error is kept for the report).
@@ -260,6 +281,9 @@ func (t *externalTarget) scrape(ctx context.Context) []byte {
 func (t *externalTarget) eppInfo(ctx context.Context) *EPPInfo {
 	info := t.info
 	info.Requests, info.decP50, info.decP99 = math.NaN(), math.NaN(), math.NaN()
+	if t.relay != nil {
+		info.KVEventsBind, info.KVBatchesRelayed = t.epp.KVEventsBind(), t.relay.Relayed()
+	}
 	after := t.scrape(ctx)
 	info.MetricsError = t.info.MetricsError
 	if after == nil {

@@ -115,16 +115,19 @@ func TestRaceExecEPP(t *testing.T) {
 	bin := launchtest.EPPBinary(t)
 	dir := t.TempDir()
 	o := raceOptions(t)
-	o.Policies = []string{"precise", "exec:ours=" + eppCommand(bin, "precise"), "exec:" + eppCommand(bin, "round-robin")}
+	// bound takes the fleet's KV events on a socket it binds, relayed by
+	// the bench, as engines publish in vLLM's centralized mode.
+	o.Policies = []string{"precise", "exec:ours=" + eppCommand(bin, "precise"), "exec:" + eppCommand(bin, "round-robin"),
+		"exec:bound=" + eppCommand(bin, "precise") + " -kv-events-bind {kv_events_bind}"}
 	settle := 500 * time.Millisecond
 	rep, err := Run(context.Background(), o, EPPLauncher(o.Log, ExternalOptions{Dir: dir, Settle: &settle}))
 	require.NoError(t, err)
-	require.Len(t, rep.Results, 3)
-	inproc, ours, rr := rep.Results[0], rep.Results[1], rep.Results[2]
-	require.Equal(t, []string{"precise", "ours", "exec:epp"}, rep.policyNames())
+	require.Len(t, rep.Results, 4)
+	inproc, ours, rr, bound := rep.Results[0], rep.Results[1], rep.Results[2], rep.Results[3]
+	require.Equal(t, []string{"precise", "ours", "exec:epp", "bound"}, rep.policyNames())
 	require.Equal(t, KindPolicy, inproc.Kind)
 	require.Nil(t, inproc.EPP)
-	for _, pr := range []PolicyResult{ours, rr} {
+	for _, pr := range []PolicyResult{ours, rr, bound} {
 		require.Equal(t, KindExec, pr.Kind)
 		require.Zero(t, pr.Errors, pr.FirstError)
 		require.Equal(t, rep.Requests, pr.Requests)
@@ -144,9 +147,18 @@ func TestRaceExecEPP(t *testing.T) {
 	require.Greater(t, ours.HitRate, rr.HitRate)
 	require.Greater(t, ours.HitRate, 0.8*rep.Bound)
 	require.Greater(t, inproc.HitRate, 0.8*rep.Bound)
+	require.Greater(t, bound.HitRate, rr.HitRate)
+	require.Greater(t, bound.HitRate, 0.8*rep.Bound)
+	require.Empty(t, ours.EPP.KVEventsBind)
+	require.Regexp(t, `^tcp://127\.0\.0\.1:[0-9]+$`, bound.EPP.KVEventsBind)
+	require.Positive(t, bound.EPP.KVBatchesRelayed, "its index was fed through the relay")
+	eps, err := os.ReadFile(filepath.Join(dir, "bound", "endpoints.yaml"))
+	require.NoError(t, err)
+	require.Contains(t, string(eps), "kv_events_connect: true")
+	require.NotContains(t, string(eps), "kv_events_port")
 
 	// Every process the bench started is gone: its ext_proc port is free.
-	for _, label := range []string{"ours", "exec-epp"} {
+	for _, label := range []string{"ours", "exec-epp", "bound"} {
 		cmd, err := os.ReadFile(filepath.Join(dir, label, "command"))
 		require.NoError(t, err)
 		m := grpcAddrRE.FindStringSubmatch(string(cmd))

@@ -170,6 +170,9 @@ func (e *EPPInfo) describe() string {
 	if e.Log != "" {
 		parts = append(parts, "output in "+e.Log)
 	}
+	if e.KVEventsBind != "" {
+		parts = append(parts, fmt.Sprintf("%d KV-event batches relayed to its socket %s", e.KVBatchesRelayed, e.KVEventsBind))
+	}
 	switch {
 	case e.MetricsURL == "":
 		parts = append(parts, "metrics not known (name {metrics_addr} or {metrics_port} in the command)")

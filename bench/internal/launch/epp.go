@@ -50,7 +50,10 @@ type EPP struct {
 	grpcAddr, metricsURL, adminURL string
 	// logPath is the child's log, quoted when it fails to start.
 	logPath string
-	http    *http.Client
+	// kvBind is where an external EPP takes the fleet's KV events
+	// ({kv_events_bind}), "" when it does not.
+	kvBind string
+	http   *http.Client
 	// start runs it (again) on its ports and returns how to stop it.
 	start func() (*run, error)
 
@@ -240,9 +243,9 @@ func (c ProcessConfig) writeFiles(addrs [4]string) (string, error) {
 }
 
 // writeEndpointFile writes eps as a static endpoint file (discovery's
-// format): each entry's model and engine, its KV event and replay ports,
-// and its metrics port and path when they are not the defaults (port 0
-// when it has no metrics URL: not scraped).
+// format): each entry's model and engine, its KV event and replay ports
+// (or kv_events_connect), and its metrics port and path when they are not
+// the defaults (port 0 when it has no metrics URL: not scraped).
 func writeEndpointFile(path string, eps []endpoint.Endpoint) error {
 	type entry struct {
 		IP          string            `yaml:"ip"`
@@ -251,6 +254,7 @@ func writeEndpointFile(path string, eps []endpoint.Endpoint) error {
 		Engine      string            `yaml:"engine,omitempty"`
 		KVPort      int               `yaml:"kv_events_port,omitempty"`
 		ReplayPort  int               `yaml:"replay_port,omitempty"`
+		KVConnect   bool              `yaml:"kv_events_connect,omitempty"`
 		MetricsPort *int              `yaml:"metrics_port,omitempty"`
 		MetricsPath string            `yaml:"metrics_path,omitempty"`
 		Labels      map[string]string `yaml:"labels,omitempty"`
@@ -269,7 +273,7 @@ func writeEndpointFile(path string, eps []endpoint.Endpoint) error {
 			return err
 		}
 		host = loopbackIP(host)
-		en := entry{IP: host, Port: port, Model: ep.Model, Engine: ep.Engine, Labels: ep.Labels}
+		en := entry{IP: host, Port: port, Model: ep.Model, Engine: ep.Engine, Labels: ep.Labels, KVConnect: ep.KVConnect}
 		if en.KVPort, err = zmqPort(ep.KVEvents); err != nil {
 			return err
 		}

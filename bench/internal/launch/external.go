@@ -49,6 +49,7 @@ var Placeholders = []struct{ Name, Value string }{
 	{"health_port", "its port"},
 	{"admin_addr", "a spare address for an admin or debug port"},
 	{"admin_port", "its port"},
+	{"kv_events_bind", "a ZMQ endpoint (tcp://127.0.0.1:port) for the EPP to bind: named, the bench relays every replica's KV events to it, as engines in vLLM's centralized mode publish them (topic kv@ip:port@model), and the endpoint files say so"},
 	{"model", "the served model name"},
 	{"engine_url", "the first replica's base URL (a tokenizer endpoint: every replica serves the same model)"},
 	{"dir", "the EPP's directory"},
@@ -88,7 +89,12 @@ func StartExternal(c ExternalConfig) (*EPP, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("cannot create the directory of %s: %w", c.Name, err)
 	}
-	x, err := newExpander(dir, c.Endpoints)
+	eps := c.Endpoints
+	relayed := NamesPlaceholder(c.Command, "kv_events_bind")
+	if relayed {
+		eps = ConnectView(eps)
+	}
+	x, err := newExpander(dir, eps)
 	if err != nil {
 		return nil, err
 	}
@@ -105,6 +111,9 @@ func StartExternal(c ExternalConfig) (*EPP, error) {
 		metrics = x.vars["metrics_addr"]
 	}
 	e.setAddrs(x.vars["grpc_addr"], metrics, "")
+	if relayed {
+		e.kvBind = x.vars["kv_events_bind"]
+	}
 	if err := e.Start(); err != nil {
 		return nil, err
 	}
@@ -125,7 +134,7 @@ type expander struct {
 
 // newExpander reserves the ports and writes both endpoint files into dir.
 func newExpander(dir string, eps []endpoint.Endpoint) (*expander, error) {
-	ports, err := loopback.FreePorts(4)
+	ports, err := loopback.FreePorts(5)
 	if err != nil {
 		return nil, err
 	}
@@ -135,6 +144,7 @@ func newExpander(dir string, eps []endpoint.Endpoint) (*expander, error) {
 		x.vars[name+"_port"] = strconv.Itoa(ports[i])
 		x.vars[name+"_addr"] = "127.0.0.1:" + strconv.Itoa(ports[i])
 	}
+	x.vars["kv_events_bind"] = "tcp://127.0.0.1:" + strconv.Itoa(ports[4])
 	if len(eps) > 0 {
 		x.vars["model"] = eps[0].Model
 		x.vars["engine_url"] = "http://" + eps[0].Addr
@@ -251,6 +261,29 @@ func Attach(name, grpcAddr, metricsAddr string) *EPP {
 	e.setAddrs(grpcAddr, metricsAddr, "")
 	return e
 }
+
+// NamesPlaceholder reports whether command, or a {file:PATH} template it
+// names, names the placeholder {name}. A template that cannot be read
+// does not (expanding it reports why).
+func NamesPlaceholder(command, name string) bool {
+	want := "{" + name + "}"
+	if strings.Contains(command, want) {
+		return true
+	}
+	for _, m := range placeholderRE.FindAllStringSubmatch(command, -1) {
+		if path, ok := strings.CutPrefix(m[1], "file:"); ok {
+			if data, err := os.ReadFile(path); err == nil && strings.Contains(string(data), want) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// KVEventsBind is the endpoint an external EPP's command bound for KV
+// events ({kv_events_bind}), "" when it names none: the caller relays the
+// fleet's events to it (StartKVRelay) once the EPP listens.
+func (e *EPP) KVEventsBind() string { return e.kvBind }
 
 // LogPath is a child EPP's log file ("" in this process or attached).
 func (e *EPP) LogPath() string { return e.logPath }

@@ -3,6 +3,7 @@ package launch
 import (
 	"context"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -13,12 +14,16 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/go-zeromq/zmq4"
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc"
 
+	"github.com/omnious/provider-node/bench/internal/loopback"
 	"github.com/omnious/provider-node/discovery"
 	"github.com/omnious/provider-node/endpoint"
+	"github.com/omnious/provider-node/engines/kvevents"
+	"github.com/omnious/provider-node/engines/sim/simtest"
 	"github.com/omnious/provider-node/extproc/testgw"
 )
 
@@ -192,7 +197,8 @@ func TestPlaceholdersInREADME(t *testing.T) {
 	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
 	require.NoError(t, err)
 	for _, p := range Placeholders {
-		require.Contains(t, string(readme), "| `{"+p.Name+"}` | "+p.Value+" |", p.Name)
+		row := "| `{" + p.Name + "}` | " + p.Value + " |"
+		require.True(t, strings.Contains(string(readme), row), "bench/README.md lacks the row\n%s", row)
 	}
 }
 
@@ -234,4 +240,55 @@ func TestExternalWithoutHealth(t *testing.T) {
 	err = Attach("peer", lis.Addr().String(), "").WaitServing(context.Background(), time.Minute)
 	require.ErrorContains(t, err, "peer serves no gRPC health (grpc.health.v1) on its ext_proc port")
 	require.Less(t, time.Since(start), 30*time.Second)
+}
+
+// TestKVRelay: a replica's events reach a router's bound socket under the
+// replica's topic, sequence and payload unchanged; the fleet as the
+// router sees it publishes by connecting.
+func TestKVRelay(t *testing.T) {
+	r := simtest.Start(t, nil)
+	pub, _ := r.KVEndpoints()
+	ep := endpoint.Endpoint{Addr: r.Addr(), Model: "Qwen/Qwen3-32B", KVEvents: pub}
+	ports, err := loopback.FreePorts(1)
+	require.NoError(t, err)
+	router := "tcp://127.0.0.1:" + strconv.Itoa(ports[0])
+	sub := zmq4.NewSub(context.Background())
+	defer sub.Close()
+	require.NoError(t, sub.Listen(router))
+	require.NoError(t, sub.SetOption(zmq4.OptionSubscribe, "kv@"))
+
+	relay, err := StartKVRelay([]endpoint.Endpoint{ep, {Addr: "127.0.0.1:1"}}, router)
+	require.NoError(t, err)
+	got := make(chan zmq4.Msg, 1)
+	go func() {
+		if m, err := sub.Recv(); err == nil {
+			got <- m
+		}
+	}()
+	var msg zmq4.Msg
+	require.Eventually(t, func() bool {
+		// Until the subscriptions are through, a prompt's events are lost;
+		// each try caches a new prompt.
+		resp, err := http.Post("http://"+r.Addr()+"/v1/completions", "application/json",
+			strings.NewReader(`{"model":"Qwen/Qwen3-32B","prompt":"`+strings.Repeat("relay "+time.Now().String()+" ", 20)+`","max_tokens":1}`))
+		if err == nil {
+			resp.Body.Close()
+		}
+		select {
+		case msg = <-got:
+			return true
+		case <-time.After(100 * time.Millisecond):
+			return false
+		}
+	}, 10*time.Second, 10*time.Millisecond)
+	topic, _, payload, err := kvevents.ParseMessage(msg.Frames)
+	require.NoError(t, err)
+	require.Equal(t, "kv@"+r.Addr()+"@Qwen/Qwen3-32B", string(topic))
+	require.NotEmpty(t, payload)
+	require.NoError(t, relay.Close())
+	require.Positive(t, relay.Relayed())
+
+	view := ConnectView([]endpoint.Endpoint{ep, {Addr: "127.0.0.1:1"}})
+	require.Equal(t, endpoint.Endpoint{Addr: r.Addr(), Model: "Qwen/Qwen3-32B", KVConnect: true}, view[0])
+	require.False(t, view[1].KVConnect, "a replica without KV events has none to relay")
 }
