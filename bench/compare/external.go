@@ -225,7 +225,9 @@ func launchExternal(ctx context.Context, x external, fleet []endpoint.Endpoint, 
 	case <-ctx.Done():
 		return nil, errors.Join(ctx.Err(), t.stopEPP())
 	}
-	t.before = t.scrape(ctx)
+	// A page that cannot be read now counts as zeros: every counter of a
+	// fresh EPP starts there.
+	t.before, _ = t.scrape(ctx)
 	if t.gw, err = launch.StartGateway(testgw.Config{EPP: t.epp.GRPCAddr()}, log); err != nil {
 		return nil, errors.Join(err, t.stopEPP())
 	}
@@ -237,7 +239,7 @@ type externalTarget struct {
 	epp    *launch.EPP
 	relay  *launch.KVRelay // nil unless the EPP binds for KV events
 	gw     *launch.Gateway
-	before []byte // its metrics page after start-up (nil: none)
+	before []byte // its metrics page after start-up (nil: none, or unreadable)
 	info   EPPInfo
 }
 
@@ -259,33 +261,34 @@ func (t *externalTarget) stopEPP() error {
 	return errors.Join(err, t.epp.Stop())
 }
 
-// scrape reads the EPP's metrics page; nil when it has none or fails (the
-// error is kept for the report).
-func (t *externalTarget) scrape(ctx context.Context) []byte {
-	t.info.MetricsURL = t.epp.MetricsURL()
-	if t.info.MetricsURL == "" {
-		return nil
+// scrape reads the EPP's metrics page: nil without an error when its
+// metrics are not known.
+func (t *externalTarget) scrape(ctx context.Context) ([]byte, error) {
+	if t.epp.MetricsURL() == "" {
+		return nil, nil
 	}
 	r, err := t.epp.Metrics(ctx)
 	if err != nil {
-		t.info.MetricsError = err.Error()
-		return nil
+		return nil, err
 	}
 	var b bytes.Buffer
-	_, _ = b.ReadFrom(r)
-	return b.Bytes()
+	_, err = b.ReadFrom(r)
+	return b.Bytes(), err
 }
 
 // eppInfo scrapes the EPP once more and reads what the run changed in the
 // metrics the bench knows.
 func (t *externalTarget) eppInfo(ctx context.Context) *EPPInfo {
 	info := t.info
+	info.MetricsURL = t.epp.MetricsURL()
 	info.Requests, info.decP50, info.decP99 = math.NaN(), math.NaN(), math.NaN()
 	if t.relay != nil {
 		info.KVEventsBind, info.KVBatchesRelayed = t.epp.KVEventsBind(), t.relay.Relayed()
 	}
-	after := t.scrape(ctx)
-	info.MetricsError = t.info.MetricsError
+	after, err := t.scrape(ctx)
+	if err != nil {
+		info.MetricsError = err.Error()
+	}
 	if after == nil {
 		return &info
 	}
