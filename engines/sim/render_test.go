@@ -70,11 +70,7 @@ func TestChatRender(t *testing.T) {
 	require.NoError(t, json.Unmarshal(body, &resp))
 	require.Equal(t, n, resp.Usage.PromptTokens)
 	_, body = get(t, r, "/admin/blocks")
-	var view struct {
-		Blocks []struct {
-			TokenIDs []uint32 `json:"token_ids"`
-		} `json:"blocks"`
-	}
+	var view residentView
 	require.NoError(t, json.Unmarshal(body, &view))
 	cached := 0
 	for i := 0; i+16 <= n; i += 16 {

@@ -549,9 +549,9 @@ func subscribe(t *testing.T, r *Replica) *collector {
 type residentView struct {
 	BlockSize int `json:"block_size"`
 	Blocks    []struct {
-		Hash     uint64   `json:"Hash"`
-		TokenIDs []uint32 `json:"TokenIDs"`
-		Medium   string   `json:"Medium"`
+		Hash     uint64   `json:"hash"`
+		TokenIDs []uint32 `json:"token_ids"`
+		Medium   string   `json:"medium"`
 	} `json:"blocks"`
 }
 
