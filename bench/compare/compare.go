@@ -11,7 +11,8 @@
 //
 // A Launcher puts each policy in front of the fleet: EPPLauncher runs the
 // real EPP in this process behind the test gateway (through
-// bench/internal/launch, which assembles internal/epp), DirectLauncher a
+// bench/internal/launch, which assembles internal/epp), or another
+// EndpointPicker (exec:, addr:) behind the same gateway; DirectLauncher a
 // plain reverse proxy with no EPP at all.
 package compare
 
@@ -35,8 +36,8 @@ type Target interface {
 }
 
 // Launcher starts a Target for a named policy ("random", "round-robin",
-// "least-queue", "approximate", "precise", or a path to a user EPP config
-// file) over the fleet's replicas. A replica's KVEvents and KVReplay are
+// "least-queue", "approximate", "precise", a path to a user EPP config
+// file, or an exec:/addr: external EPP) over the fleet's replicas. A replica's KVEvents and KVReplay are
 // empty for real endpoints the bench did not start.
 type Launcher func(ctx context.Context, policy string, fleet []endpoint.Endpoint) (Target, error)
 

@@ -26,9 +26,18 @@ const scrapeInterval = 250 * time.Millisecond
 // with the test gateway in front of it: client -> gateway -> ext_proc ->
 // replica, the path production takes through Envoy. policy is a scheduler
 // policy name or the path of a scheduler config file (the `scheduler:`
-// section of an EPP config, as bench sweep writes them).
-func EPPLauncher(log *zap.Logger) Launcher {
+// section of an EPP config, as bench sweep writes them); an exec: or addr:
+// policy is another EndpointPicker behind the same gateway, run as ext
+// says.
+func EPPLauncher(log *zap.Logger, ext ExternalOptions) Launcher {
+	ext = ext.WithDefaults()
 	return func(ctx context.Context, policy string, fleet []endpoint.Endpoint) (Target, error) {
+		if x, ok, err := parseExternal(policy); ok {
+			if err != nil {
+				return nil, err
+			}
+			return launchExternal(ctx, x, fleet, ext.Dir, *ext.Settle, log)
+		}
 		sc, err := schedulerConfig(policy)
 		if err != nil {
 			return nil, err

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -173,8 +172,7 @@ func (f *fleet) attach(ctx context.Context, o FleetOptions) error {
 		if err != nil || u.Host == "" {
 			return fmt.Errorf("bad endpoint URL %q", raw)
 		}
-		host := u.Hostname()
-		if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		if !isLoopbackHost(u.Hostname()) {
 			return fmt.Errorf("endpoint %q is not on loopback", raw)
 		}
 		base := u.Scheme + "://" + u.Host

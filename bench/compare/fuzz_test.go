@@ -32,3 +32,40 @@ func FuzzParseTrace(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseExternal: any policy string is a built-in or config policy, an
+// error, or an external EPP with a label and, for addr:, a loopback
+// address.
+func FuzzParseExternal(f *testing.F) {
+	for _, s := range []string{"precise", "exec:bin/epp -x", "exec:l=a,b", "exec:", "addr:127.0.0.1:9002",
+		"addr:p=localhost:1+127.0.0.1:2", "addr:10.0.0.1:1", "addr:[::1]:80", "exec:FOO=1 x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, policy string) {
+		x, ok, err := parseExternal(policy)
+		if !ok {
+			if err != nil || policyLabel(policy) != policy {
+				t.Fatalf("%q: not external but %v / %q", policy, err, policyLabel(policy))
+			}
+			return
+		}
+		if err != nil {
+			return
+		}
+		if x.label == "" || policyLabel(policy) != x.label {
+			t.Fatalf("%q: label %q", policy, x.label)
+		}
+		switch x.kind {
+		case KindExec:
+			if x.command == "" {
+				t.Fatalf("%q: empty command", policy)
+			}
+		case KindAddr:
+			if requireLoopback(x.addr) != nil || (x.metrics != "" && requireLoopback(x.metrics) != nil) {
+				t.Fatalf("%q: address %q / %q not checked", policy, x.addr, x.metrics)
+			}
+		default:
+			t.Fatalf("%q: kind %q", policy, x.kind)
+		}
+	})
+}

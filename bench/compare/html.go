@@ -243,7 +243,7 @@ var reportTmpl = template.Must(template.New("report").Parse(`<!DOCTYPE html>
 <p>{{.TimeNote}}</p>
 <p>Infinite-cache bound: {{.Bound}} <small>({{.R.BoundNote}})</small>. Fleet bound: {{.FleetBound}} <small>(the same pieces in one LRU cache as large as the whole fleet's KV cache: the best a router can do with this capacity)</small></p>
 <table>{{range $i, $row := .Rows}}<tr>{{range $row}}{{if eq $i 0}}<th>{{.}}</th>{{else}}<td>{{.}}</td>{{end}}{{end}}</tr>{{end}}</table>
-{{range .Errors}}<p><small>{{.}}</small></p>{{end}}
+{{range .Notes}}<p><small>{{.}}</small></p>{{end}}
 {{if .Stages}}<h2>Per QPS stage: TTFT p90 ms / output tok/s</h2><table>{{range $i, $row := .Stages}}<tr>{{range $row}}{{if eq $i 0}}<th>{{.}}</th>{{else}}<td>{{.}}</td>{{end}}{{end}}</tr>{{end}}</table>{{end}}
 {{if .Sweep}}<h2>Sweep</h2><table><tr><th>#</th><th>overrides</th><th>TTFT p90</th><th>tok/s</th><th>front</th></tr>{{range .Sweep}}<tr><td>{{.I}}</td><td>{{.Label}}</td><td>{{.TTFT}}</td><td>{{.TokPS}}</td><td>{{if .Front}}*{{end}}</td></tr>{{end}}</table>{{end}}
 <div class="charts">{{range .Charts}}{{.}}{{end}}</div>
@@ -265,7 +265,7 @@ func (r *Report) WriteHTML(w io.Writer) error {
 		Wall, TimeNote, Bound string
 		FleetBound            string
 		Rows, Stages          [][]string
-		Errors                []string
+		Notes                 []string
 		Charts                []template.HTML
 		Sweep                 []sweepRow
 	}{R: r, Wall: r.Wall.Round(1e9).String(), Bound: fmtPct(r.Bound), Rows: r.tableRows(), FleetBound: fmtPct(r.FleetBound)}
@@ -273,14 +273,7 @@ func (r *Report) WriteHTML(w io.Writer) error {
 	if r.Simulated {
 		data.TimeNote = fmt.Sprintf("Simulated fleet: latencies and tokens/s are in model time (wall time x time scale %g).", r.TimeScale)
 	}
-	for _, p := range r.Results {
-		if p.FirstError != "" {
-			data.Errors = append(data.Errors, p.Policy+": first error: "+p.FirstError)
-		}
-		if p.Warning != "" {
-			data.Errors = append(data.Errors, p.Policy+": warning: "+p.Warning)
-		}
-	}
+	data.Notes = r.notes()
 	ladder := len(r.Results) > 0 && len(r.Results[0].Stages) > 1
 	if ladder {
 		data.Stages = [][]string{append([]string{"QPS"}, r.policyNames()...)}

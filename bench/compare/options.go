@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/omnious/provider-node/engines/sim/engine"
+	"github.com/omnious/provider-node/internal/opt"
 )
 
 // Fleet modes.
@@ -29,11 +30,13 @@ const (
 type Options struct {
 	// Scenario names the run in the report. Default: the workload kind.
 	Scenario string
-	// Policies are run one after another, each on a fresh fleet.
+	// Policies are run one after another, each on a fresh fleet: policy
+	// names, EPP config files, or external EPPs (PolicyExec, PolicyAddr).
 	// Default DefaultPolicies().
 	Policies []string
 	// Labels, when set, name Policies in the results (one per policy); the
-	// sweep uses them for generated config files. Default: the policy itself.
+	// sweep uses them for generated config files. Default: the policy
+	// itself, an external EPP's label.
 	Labels []string
 	// Seed seeds the workload and the replicas. Default 1.
 	Seed int64
@@ -180,6 +183,25 @@ type ChatOptions struct {
 	Tools bool
 }
 
+// ExternalOptions are how EPPLauncher runs exec: and addr: policies.
+type ExternalOptions struct {
+	// Dir receives one directory per exec: policy, named after its label:
+	// the fleet's endpoint files, rendered templates, the command as run
+	// and the EPP's output (epp.log). Default "out/bench-epp".
+	Dir string
+	// Settle is how long the bench waits after an external EPP answers
+	// gRPC health SERVING before it sends traffic. nil:
+	// DefaultExternalSettle (2s); 0 sends at once.
+	Settle *time.Duration
+}
+
+// WithDefaults fills every unset field.
+func (o ExternalOptions) WithDefaults() ExternalOptions {
+	def(&o.Dir, "out/bench-epp")
+	o.Settle = opt.Or(o.Settle, DefaultExternalSettle)
+	return o
+}
+
 // WithDefaults fills every unset field.
 func (o Options) WithDefaults() Options {
 	if len(o.Policies) == 0 {
@@ -240,6 +262,7 @@ func (o Options) Validate() error {
 	if len(o.Labels) != 0 && len(o.Labels) != len(o.Policies) {
 		errs = append(errs, fmt.Errorf("%d labels for %d policies", len(o.Labels), len(o.Policies)))
 	}
+	errs = append(errs, o.validatePolicies()...)
 	f := o.Fleet
 	switch f.Mode {
 	case FleetInProcess, FleetProcess:
@@ -307,4 +330,31 @@ func (o Options) Validate() error {
 		errs = append(errs, fmt.Errorf("workload %q: want trace, shared-prefix or chat", w.Kind))
 	}
 	return errors.Join(errs...)
+}
+
+// validatePolicies checks the exec: and addr: policies and that every
+// result has its own name.
+func (o Options) validatePolicies() []error {
+	var errs []error
+	seen := map[string]bool{}
+	for i, p := range o.Policies {
+		x, ext, err := parseExternal(p)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if ext && x.kind == KindAddr && o.Fleet.Mode != FleetURLs {
+			errs = append(errs, fmt.Errorf("policy %q: an EPP already running routes to the endpoints it was given, "+
+				"but a simulated fleet starts afresh, on new ports, for each policy: race it with -urls on a fleet you started, or start it with exec:", p))
+		}
+		label := policyLabel(p)
+		if len(o.Labels) == len(o.Policies) {
+			label = o.Labels[i]
+		}
+		if seen[label] {
+			errs = append(errs, fmt.Errorf("two policies are named %q: give each exec:/addr: policy its own label (exec:LABEL=COMMAND)", label))
+		}
+		seen[label] = true
+	}
+	return errs
 }

@@ -26,7 +26,8 @@ func (f jsonFloat) MarshalJSON() ([]byte, error) {
 // ContractJSON is the document -json writes, and scripts compare runs by:
 // per policy, its requests, errors, TTFT and ITL percentiles, output
 // tokens/s, cache-hit rate, max/mean load and decision p99, next to the
-// workload's bound hit rate. Its keys and their meaning do not change.
+// workload's bound hit rate. Its keys and their meaning do not change;
+// keys are only added.
 type ContractJSON struct {
 	Scenario     string           `json:"scenario"`
 	Replicas     int              `json:"replicas"`
@@ -36,8 +37,15 @@ type ContractJSON struct {
 
 // ContractResult is one policy in ContractJSON. max_mean_load is over
 // requests per replica; latencies are in model time for simulated fleets.
+// kind is how the policy ran (policy, config, exec, addr). For an external
+// EPP (exec:, addr:) hit rate, TTFT, ITL and throughput are measured by
+// the engines and the client as for any policy; decision_p99_us comes from
+// its own histogram named by decision_source (null when it exposes none
+// the bench knows), and epp_requests is what its request counter grew by
+// (null when unknown).
 type ContractResult struct {
 	Policy        string    `json:"policy"`
+	Kind          string    `json:"kind"`
 	Requests      int       `json:"requests"`
 	Errors        int       `json:"errors"`
 	TTFTP50ms     jsonFloat `json:"ttft_p50_ms"`
@@ -49,16 +57,24 @@ type ContractResult struct {
 	HitRate       jsonFloat `json:"hit_rate"`
 	MaxMeanLoad   jsonFloat `json:"max_mean_load"`
 	DecisionP99us jsonFloat `json:"decision_p99_us"`
+	// External EPPs only.
+	DecisionSource *string    `json:"decision_source,omitempty"`
+	EPPRequests    *jsonFloat `json:"epp_requests,omitempty"`
 }
 
 // Contract converts the report to the JSON contract.
 func (r *Report) Contract() ContractJSON {
 	c := ContractJSON{Scenario: r.Scenario, Replicas: r.Replicas, BoundHitRate: jsonFloat(r.Bound), Results: []ContractResult{}}
 	for _, p := range r.Results {
-		c.Results = append(c.Results, ContractResult{Policy: p.Policy, Requests: p.Requests, Errors: p.Errors,
+		cr := ContractResult{Policy: p.Policy, Kind: p.Kind, Requests: p.Requests, Errors: p.Errors,
 			TTFTP50ms: jsonFloat(p.TTFTP50), TTFTP90ms: jsonFloat(p.TTFTP90), TTFTP99ms: jsonFloat(p.TTFTP99),
 			ITLP50ms: jsonFloat(p.ITLP50), ITLP99ms: jsonFloat(p.ITLP99), OutputTokPS: jsonFloat(p.OutputTokPS),
-			HitRate: jsonFloat(p.HitRate), MaxMeanLoad: jsonFloat(p.MaxMeanLoad), DecisionP99us: jsonFloat(p.DecisionP99us)})
+			HitRate: jsonFloat(p.HitRate), MaxMeanLoad: jsonFloat(p.MaxMeanLoad), DecisionP99us: jsonFloat(p.DecisionP99us)}
+		if p.EPP != nil {
+			src, n := p.EPP.DecisionHistogram, jsonFloat(p.EPP.Requests)
+			cr.DecisionSource, cr.EPPRequests = &src, &n
+		}
+		c.Results = append(c.Results, cr)
 	}
 	return c
 }
@@ -100,6 +116,7 @@ func (r *Report) tableRows() [][]string {
 		f    func(p PolicyResult) string
 	}
 	rows := []row{
+		{"kind", func(p PolicyResult) string { return p.Kind }},
 		{"requests", func(p PolicyResult) string { return strconv.Itoa(p.Requests) }},
 		{"errors", func(p PolicyResult) string { return strconv.Itoa(p.Errors) }},
 		{"TTFT p50 " + unit, func(p PolicyResult) string { return fmtNum(p.TTFTP50, 1) }},
@@ -127,6 +144,51 @@ func (r *Report) tableRows() [][]string {
 		out = append(out, line)
 	}
 	return out
+}
+
+// notes are the lines under the table: each policy's first error and
+// warning, and what is known about each external EPP.
+func (r *Report) notes() []string {
+	var out []string
+	for _, p := range r.Results {
+		if p.FirstError != "" {
+			out = append(out, p.Policy+": first error: "+p.FirstError)
+		}
+		if p.Warning != "" {
+			out = append(out, p.Policy+": WARNING: "+p.Warning)
+		}
+		if p.EPP != nil {
+			out = append(out, p.Policy+": "+p.EPP.describe())
+		}
+	}
+	return out
+}
+
+// describe says what the bench knows about an external EPP's run.
+func (e *EPPInfo) describe() string {
+	parts := []string{"external EPP on " + e.Addr + " (hit rate, latencies and throughput measured by the engines and the client)"}
+	if e.Log != "" {
+		parts = append(parts, "output in "+e.Log)
+	}
+	if e.KVEventsBind != "" {
+		parts = append(parts, fmt.Sprintf("%d KV-event batches relayed to its socket %s", e.KVBatchesRelayed, e.KVEventsBind))
+	}
+	switch {
+	case e.MetricsURL == "":
+		parts = append(parts, "metrics not known (name {metrics_addr} or {metrics_port} in the command)")
+	case e.MetricsError != "":
+		parts = append(parts, "metrics at "+e.MetricsURL+" could not be read: "+e.MetricsError)
+	default:
+		if e.RequestsCounter != "" {
+			parts = append(parts, fmt.Sprintf("%s requests counted by its %s", fmtNum(e.Requests, 0), e.RequestsCounter))
+		}
+		if e.DecisionHistogram != "" {
+			parts = append(parts, "decision latencies from its "+e.DecisionHistogram+" histogram (interpolated within buckets)")
+		} else {
+			parts = append(parts, "no decision-latency histogram the bench knows at "+e.MetricsURL)
+		}
+	}
+	return strings.Join(parts, "; ")
 }
 
 func (r *Report) policyNames() []string {
@@ -174,13 +236,8 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	for _, p := range r.Results {
-		if p.FirstError != "" {
-			fmt.Fprintf(w, "%s: first error: %s\n", p.Policy, p.FirstError)
-		}
-		if p.Warning != "" {
-			fmt.Fprintf(w, "%s: WARNING: %s\n", p.Policy, p.Warning)
-		}
+	for _, n := range r.notes() {
+		fmt.Fprintln(w, n)
 	}
 	if r.Sweep != nil {
 		fmt.Fprintf(w, "Pareto front (TTFT p90 vs output tok/s): %s\n", strings.Join(r.Sweep.frontLabels(r), "; "))

@@ -64,7 +64,7 @@ func Run(ctx context.Context, opts Options, launch Launcher) (*Report, error) {
 	prog := newProgress(opts.Progress, len(opts.Policies)*rep.Requests)
 	defer prog.finish()
 	for i, policy := range opts.Policies {
-		label := policy
+		label := policyLabel(policy)
 		if len(opts.Labels) > 0 {
 			label = opts.Labels[i]
 		}
@@ -124,7 +124,7 @@ func runPolicy(ctx context.Context, opts Options, w *Workload, policy, label str
 	target, lerr := launch(ctx, policy, f.Endpoints())
 	if lerr != nil {
 		log.Error("cannot launch policy", zap.Error(lerr))
-		pr = PolicyResult{Policy: label, Requests: countRequests(opts, w), Errors: countRequests(opts, w),
+		pr = PolicyResult{Policy: label, Kind: policyKind(policy), Requests: countRequests(opts, w), Errors: countRequests(opts, w),
 			FirstError: "launch: " + lerr.Error(), HitRate: math.NaN(), MaxMeanLoad: math.NaN(), MaxMeanPromptLoad: math.NaN(),
 			TTFTP50: math.NaN(), TTFTP90: math.NaN(), TTFTP99: math.NaN(), ITLP50: math.NaN(), ITLP99: math.NaN(),
 			E2EP50: math.NaN(), E2EP90: math.NaN(), E2EP99: math.NaN(), DecisionP50us: math.NaN(), DecisionP99us: math.NaN()}
@@ -152,6 +152,13 @@ func runPolicy(ctx context.Context, opts Options, w *Workload, policy, label str
 		scale = opts.Fleet.TimeScale
 	}
 	pr = summarise(label, w, res, delta, target.DecisionLatencies(), scale)
+	pr.Kind = policyKind(policy)
+	if x, ok := target.(*externalTarget); ok {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		pr.EPP = x.eppInfo(sctx)
+		cancel()
+		pr.DecisionP50us, pr.DecisionP99us = pr.EPP.decP50, pr.EPP.decP99
+	}
 	if f.simulated {
 		pr.Warning = lagWarning(pr, opts.Fleet)
 	} else {

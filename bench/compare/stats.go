@@ -23,7 +23,12 @@ type StageResult struct {
 // PolicyResult is every figure of one policy. Latencies are in model time
 // for simulated fleets (wall time * time scale).
 type PolicyResult struct {
-	Policy   string
+	Policy string
+	// Kind is how the policy ran: KindPolicy, KindConfig, KindExec or
+	// KindAddr.
+	Kind string
+	// EPP is an external EPP's run (exec:, addr:); nil otherwise.
+	EPP      *EPPInfo
 	Requests int
 	Errors   int
 	// FirstError is an example error message, for the report.
@@ -45,8 +50,11 @@ type PolicyResult struct {
 	LoadRequests, LoadPromptTokens []float64
 	// MaxMeanLoad is max/mean of LoadRequests.
 	MaxMeanLoad, MaxMeanPromptLoad float64
-	DecisionP50us, DecisionP99us   float64
-	Stages                         []StageResult
+	// DecisionP50us and DecisionP99us are the EPP's decision latencies, timed
+	// by the EPP in process at each pick, or read from an external EPP's
+	// histogram (EPP.DecisionHistogram); NaN when unknown.
+	DecisionP50us, DecisionP99us float64
+	Stages                       []StageResult
 	// AcrossStages is the summary across a ladder's stages the way
 	// inference-perf reports one (and llm-d publishes it): the mean over
 	// the non-warm-up stages of each stage's TTFT p90 and output tok/s.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -16,15 +17,18 @@ import (
 
 // compareFlags are the flags of the comparison and of bench sweep.
 type compareFlags struct {
-	scenario, policies string
-	direct             bool
-	seed               int64
-	jsonOut, htmlOut   string
-	logLevel           string
-	fleet              fleetFlags
-	workload           workloadFlags
-	sweep              sweepFlags
-	check              checkFlags
+	scenario         string
+	policies         listFlag
+	eppDir           string
+	eppSettle        time.Duration
+	direct           bool
+	seed             int64
+	jsonOut, htmlOut string
+	logLevel         string
+	fleet            fleetFlags
+	workload         workloadFlags
+	sweep            sweepFlags
+	check            checkFlags
 	// set holds the flags given on the command line: only those override
 	// a preset.
 	set map[string]bool
@@ -64,7 +68,10 @@ type checkFlags struct {
 
 func (f *compareFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.scenario, "scenario", "", "preset scenario: demo or llmd-73 (other flags override it)")
-	fs.StringVar(&f.policies, "policies", "", "comma-separated policies or EPP config files (default all five)")
+	fs.Var(&f.policies, "policies", "comma-separated policies or EPP config files (default all five); repeatable; "+
+		"exec:[LABEL=]COMMAND (the rest of the value, commas included) starts another EPP, addr:[LABEL=]HOST:PORT[+METRICS_HOST:PORT] races one already running")
+	fs.StringVar(&f.eppDir, "epp-dir", "out/bench-epp", "exec: policies: one directory per label for the fleet files, the command and the EPP's output")
+	fs.DurationVar(&f.eppSettle, "epp-settle", compare.DefaultExternalSettle, "exec:/addr: policies: wait after the EPP answers gRPC health SERVING, before traffic")
 	fs.BoolVar(&f.direct, "direct", false, "use a plain reverse proxy (round-robin, random) instead of the EPP")
 	fs.Int64Var(&f.seed, "seed", 1, "workload and replica seed")
 	fs.StringVar(&f.jsonOut, "json", "", "write the JSON contract to this file")
@@ -151,7 +158,8 @@ func runCompare(args []string, sweep bool) error {
 	if st, err := os.Stderr.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
 		opts.Progress = os.Stderr
 	}
-	rep, err := f.report(ctx, opts, sweep, launcher(f.direct, f.seed, log))
+	rep, err := f.report(ctx, opts, sweep, launcher(f.direct, f.seed, log,
+		compare.ExternalOptions{Dir: f.eppDir, Settle: &f.eppSettle}))
 	if rep == nil {
 		return err
 	}
@@ -165,11 +173,11 @@ func runCompare(args []string, sweep bool) error {
 }
 
 // launcher is the one place the bench gets its Launcher.
-func launcher(direct bool, seed int64, log *zap.Logger) compare.Launcher {
+func launcher(direct bool, seed int64, log *zap.Logger, ext compare.ExternalOptions) compare.Launcher {
 	if direct {
 		return compare.DirectLauncher(seed)
 	}
-	return compare.EPPLauncher(log)
+	return compare.EPPLauncher(log, ext)
 }
 
 // options are a preset's (or the defaults') options with the flags given
@@ -183,7 +191,10 @@ func (f *compareFlags) options(sweep bool) (compare.Options, error) {
 		}
 	}
 	if f.set["policies"] {
-		opts.Policies = splitList(f.policies)
+		opts.Policies = nil
+		for _, v := range f.policies {
+			opts.Policies = append(opts.Policies, splitPolicies(v)...)
+		}
 	} else if f.direct && !sweep {
 		opts.Policies = []string{"random", "round-robin"}
 	}
@@ -364,4 +375,21 @@ func (c *checkFlags) run(rep *compare.Report) error {
 		return fmt.Errorf("%d acceptance checks failed for %s", failed, c.policy)
 	}
 	return nil
+}
+
+// splitPolicies splits one -policies value at its commas, except that an
+// exec: policy takes the rest of the value: its command may hold commas.
+func splitPolicies(v string) []string {
+	var out []string
+	for v != "" {
+		item, rest, _ := strings.Cut(v, ",")
+		if t := strings.TrimSpace(v); strings.HasPrefix(t, compare.PolicyExec) {
+			item, rest = t, ""
+		}
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+		v = rest
+	}
+	return out
 }

@@ -16,6 +16,9 @@
 //	      -time-scale 8 -fleet process -json out.json -check precise
 //	bench -workload chat -sessions 40 -turns 5 -tools
 //	bench -urls http://127.0.0.1:8000,http://127.0.0.1:8001 -policies precise,random
+//	bench -policies precise -policies 'exec:peer=./epp --config-file {file:peer.yaml} --grpc-port {grpc_port}'
+//	                                                      another EPP, same gateway, fleet and workload
+//	bench -urls http://127.0.0.1:8000 -policies 'addr:127.0.0.1:9002'   an EPP already running
 //	bench sweep -grid grid.yaml [flags]                   sweep EPP config keys, report the Pareto front
 //	bench sweep -base precise -set scoring.weights.prefix=1,3,5 -set prefix.balance_rel=1.25,2
 //	bench chaos [-scenarios engine-kill,...]             scripted faults, expected vs observed (make chaos)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"flag"
 	"os"
 	"path/filepath"
 	"testing"
@@ -84,4 +85,36 @@ func TestCheckFails(t *testing.T) {
 	err = run([]string{"-direct", "-policies", "round-robin", "-replicas", "1", "-groups", "1", "-system-len", "10",
 		"-question-len", "5", "-output-len", "2", "-qps", "5", "-stage-duration", "1s", "-html", "", "-check", "precise"})
 	require.ErrorContains(t, err, "not in the report")
+}
+
+func TestSplitPolicies(t *testing.T) {
+	tests := []struct {
+		in   string
+		want []string
+	}{
+		{"precise, random", []string{"precise", "random"}},
+		{"precise,exec:llmd=./epp --a 1,2 --b", []string{"precise", "exec:llmd=./epp --a 1,2 --b"}},
+		{" exec:./epp -x,y ", []string{"exec:./epp -x,y"}},
+		{"addr:127.0.0.1:9002,precise", []string{"addr:127.0.0.1:9002", "precise"}},
+		{",,", nil},
+	}
+	for _, tc := range tests {
+		require.Equal(t, tc.want, splitPolicies(tc.in), tc.in)
+	}
+}
+
+// TestExternalPolicyFlags: -policies is repeatable and an exec: policy
+// keeps its commas; a bad one is refused before anything starts.
+func TestExternalPolicyFlags(t *testing.T) {
+	f := &compareFlags{}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	f.register(fs)
+	require.NoError(t, fs.Parse([]string{"-policies", "precise,random", "-policies", "exec:peer=./epp --ports 1,2"}))
+	f.set = map[string]bool{"policies": true}
+	opts, err := f.options(false)
+	require.NoError(t, err)
+	require.Equal(t, []string{"precise", "random", "exec:peer=./epp --ports 1,2"}, opts.Policies)
+
+	require.ErrorContains(t, run([]string{"-policies", "exec:", "-html", ""}), "exec: needs a command")
+	require.ErrorContains(t, run([]string{"-policies", "addr:127.0.0.1:9002", "-html", ""}), "race it with -urls")
 }

@@ -3,10 +3,12 @@ package sim
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -39,41 +41,22 @@ type generation struct {
 
 func (r *Replica) handleChat(w http.ResponseWriter, req *http.Request) {
 	var body openai.ChatRequest
-	if !r.readBody(w, req, &body) {
+	var opts chatOptions
+	if !r.readBody(w, req, &body, &opts) {
 		return
 	}
 	if !r.checkModel(w, body.Model) {
-		return
-	}
-	if len(body.Messages) == 0 {
-		writeError(w, http.StatusBadRequest, "Field required: messages")
 		return
 	}
 	faults, ok := r.injectFaults(w, req)
 	if !ok {
 		return
 	}
-	choice, named, err := openai.ParseToolChoice(body.ToolChoice, len(body.Tools) > 0)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+	p, ok := r.chatPrompt(w, &body, opts, faults.RejectAutoToolChoice)
+	if !ok {
 		return
 	}
-	if choice == openai.ToolChoiceAuto && len(body.Tools) > 0 && (!*r.cfg.EnableAutoToolChoice || faults.RejectAutoToolChoice) {
-		// vLLM's exact refusal when auto tool choice is not enabled.
-		writeError(w, http.StatusBadRequest, "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set")
-		return
-	}
-	if (choice == openai.ToolChoiceRequired || choice == openai.ToolChoiceNamed) && len(body.Tools) == 0 {
-		writeError(w, http.StatusBadRequest, "When using `tool_choice`, `tools` must be set.")
-		return
-	}
-	addGen := body.AddGenerationPrompt == nil || *body.AddGenerationPrompt
-	text, err := tokenizer.RenderStandInChat(body.Messages, body.Tools, addGen)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
-	prompt := r.tok.Encode(nil, text)
+	prompt, choice, named := p.ids, p.choice, p.named
 	maxTokens := body.MaxTokens
 	if body.MaxCompletionTokens != nil {
 		maxTokens = body.MaxCompletionTokens
@@ -83,7 +66,7 @@ func (r *Replica) handleChat(w http.ResponseWriter, req *http.Request) {
 	if body.StreamOptions != nil {
 		g.usage, g.contUse = body.StreamOptions.IncludeUsage, body.StreamOptions.ContinuousUsageStats
 	}
-	if !r.admitLength(w, g, maxTokens) {
+	if !r.admitLength(w, len(g.prompt), maxTokens) {
 		return
 	}
 	seed := seedFor(r.cfg.Seed, body.Seed, prompt)
@@ -110,6 +93,85 @@ func (r *Replica) handleChat(w http.ResponseWriter, req *http.Request) {
 		g.out = r.vocab.textOutput(r.tok, seed, r.outputLimit(g, naturalLength(seed, body.MinTokens, body.IgnoreEOS), maxTokens))
 	}
 	r.generate(w, req, g, faults)
+}
+
+// chatOptions are the chat request's rendering fields that ChatRequest
+// leaves in the raw body.
+type chatOptions struct {
+	ContinueFinalMessage bool `json:"continue_final_message"`
+}
+
+// chatPrompt is a chat request's prompt as the chat endpoint renders and
+// tokenizes it (the render and tokenize endpoints too, so all three agree
+// on the tokens): its tool choice checked as vLLM checks it (rejectAuto: a
+// fault refuses auto tool choice), its messages rendered with the stand-in
+// ChatML template. A bad request is answered (400) and ok is false.
+func (r *Replica) chatPrompt(w http.ResponseWriter, body *openai.ChatRequest, opts chatOptions, rejectAuto bool) (p chatTokens, ok bool) {
+	if len(body.Messages) == 0 {
+		writeError(w, http.StatusBadRequest, "Field required: messages")
+		return p, false
+	}
+	var err error
+	p.choice, p.named, err = openai.ParseToolChoice(body.ToolChoice, len(body.Tools) > 0)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return p, false
+	}
+	if p.choice == openai.ToolChoiceAuto && len(body.Tools) > 0 && (!*r.cfg.EnableAutoToolChoice || rejectAuto) {
+		// vLLM's exact refusal when auto tool choice is not enabled.
+		writeError(w, http.StatusBadRequest, "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set")
+		return p, false
+	}
+	if (p.choice == openai.ToolChoiceRequired || p.choice == openai.ToolChoiceNamed) && len(body.Tools) == 0 {
+		writeError(w, http.StatusBadRequest, "When using `tool_choice`, `tools` must be set.")
+		return p, false
+	}
+	text, err := renderChat(body.Messages, body.Tools, body.AddGenerationPrompt, opts.ContinueFinalMessage)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return p, false
+	}
+	p.ids = r.tok.Encode(nil, text)
+	return p, true
+}
+
+// chatTokens is a rendered and tokenized chat prompt and its tool choice.
+type chatTokens struct {
+	ids    []uint32
+	choice openai.ToolChoiceKind
+	named  string
+}
+
+// renderChat renders messages with the stand-in ChatML template. The
+// generation prompt is added unless addGeneration is false; with
+// continueFinal the text ends with the final message's content, left open
+// for the model to continue, as Hugging Face templates cut it.
+func renderChat(msgs []openai.Message, tools []openai.Tool, addGeneration *bool, continueFinal bool) (string, error) {
+	addGen := addGeneration == nil || *addGeneration
+	if continueFinal && addGen {
+		if addGeneration != nil {
+			return "", errors.New("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+		}
+		return "", errors.New("continue_final_message and add_generation_prompt are not compatible. Use continue_final_message " +
+			"when you want the model to continue the final message, and add_generation_prompt when you want to add a header " +
+			"that will prompt it to start a new assistant message instead.")
+	}
+	text, err := tokenizer.RenderStandInChat(msgs, tools, addGen)
+	if err != nil || !continueFinal {
+		return text, err
+	}
+	final, err := msgs[len(msgs)-1].ContentText()
+	if err != nil {
+		return "", err
+	}
+	// The template may trim the content; the cut looks for it as written,
+	// then trimmed.
+	for _, c := range []string{final, strings.TrimSpace(final)} {
+		if i := strings.LastIndex(text, c); i >= 0 && c != "" {
+			return text[:i+len(c)], nil
+		}
+	}
+	return "", errors.New("continue_final_message is set but the final message does not appear in the chat after applying the chat template")
 }
 
 // pickTool returns the function the model calls, or nil for a text answer.
@@ -170,7 +232,7 @@ func (r *Replica) handleCompletion(w http.ResponseWriter, req *http.Request) {
 		sixteen := 16 // the completions API's default max_tokens
 		maxTokens = &sixteen
 	}
-	if !r.admitLength(w, g, maxTokens) {
+	if !r.admitLength(w, len(g.prompt), maxTokens) {
 		return
 	}
 	seed := seedFor(r.cfg.Seed, body.Seed, prompt)
@@ -181,33 +243,64 @@ func (r *Replica) handleCompletion(w http.ResponseWriter, req *http.Request) {
 // completionPrompt accepts a string, a list of token ids, or a one-element
 // list of either, as vLLM does for a single prompt.
 func (r *Replica) completionPrompt(raw json.RawMessage) ([]uint32, error) {
-	var s string
-	if err := json.Unmarshal(raw, &s); err == nil {
-		if s == "" {
-			return nil, fmt.Errorf("prompt cannot be empty")
-		}
-		return r.tok.Encode(nil, s), nil
+	prompts, err := r.completionPrompts(raw)
+	if err != nil {
+		return nil, err
 	}
-	var ids []uint32
-	if err := json.Unmarshal(raw, &ids); err == nil {
-		if len(ids) == 0 {
-			return nil, fmt.Errorf("prompt cannot be empty")
+	if len(prompts) != 1 {
+		return nil, fmt.Errorf("prompt must be a string, a list of token ids, or a one-element list of either")
+	}
+	return prompts[0], nil
+}
+
+// completionPrompts accepts a string, a list of token ids, or a list of
+// either, as vLLM's completions API does, and tokenizes each prompt.
+func (r *Replica) completionPrompts(raw json.RawMessage) ([][]uint32, error) {
+	one := func(raw json.RawMessage) ([]uint32, bool, error) {
+		var s string
+		if err := json.Unmarshal(raw, &s); err == nil {
+			if s == "" {
+				return nil, true, fmt.Errorf("prompt cannot be empty")
+			}
+			return r.tok.Encode(nil, s), true, nil
 		}
-		return ids, nil
+		var ids []uint32
+		if err := json.Unmarshal(raw, &ids); err == nil {
+			if len(ids) == 0 {
+				return nil, true, fmt.Errorf("prompt cannot be empty")
+			}
+			return ids, true, nil
+		}
+		return nil, false, nil
+	}
+	if ids, ok, err := one(raw); ok {
+		return [][]uint32{ids}, err
 	}
 	var list []json.RawMessage
-	if err := json.Unmarshal(raw, &list); err == nil && len(list) == 1 {
-		return r.completionPrompt(list[0])
+	if err := json.Unmarshal(raw, &list); err == nil && len(list) > 0 {
+		out := make([][]uint32, 0, len(list))
+		for _, item := range list {
+			ids, ok, err := one(item)
+			if !ok {
+				break
+			}
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, ids)
+		}
+		if len(out) == len(list) {
+			return out, nil
+		}
 	}
 	if len(raw) == 0 {
 		return nil, fmt.Errorf("Field required: prompt")
 	}
-	return nil, fmt.Errorf("prompt must be a string, a list of token ids, or a one-element list of either")
+	return nil, fmt.Errorf("prompt must be a string, a list of token ids, or a list of either")
 }
 
-// admitLength applies vLLM's context-length checks.
-func (r *Replica) admitLength(w http.ResponseWriter, g *generation, maxTokens *int) bool {
-	n := len(g.prompt)
+// admitLength applies vLLM's context-length checks to a prompt of n tokens.
+func (r *Replica) admitLength(w http.ResponseWriter, n int, maxTokens *int) bool {
 	switch {
 	case n >= r.cfg.MaxModelLen:
 		writeError(w, http.StatusBadRequest, fmt.Sprintf(

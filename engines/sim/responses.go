@@ -51,7 +51,7 @@ func (r *Replica) handleResponses(w http.ResponseWriter, req *http.Request) {
 	}
 	g := &generation{id: r.newID("resp_"), responses: true, prompt: r.tok.Encode(nil, text), stream: body.Stream,
 		salt: body.CacheSalt, finish: "stop"}
-	if !r.admitLength(w, g, body.MaxOutputTokens) {
+	if !r.admitLength(w, len(g.prompt), body.MaxOutputTokens) {
 		return
 	}
 	seed := seedFor(r.cfg.Seed, nil, g.prompt)

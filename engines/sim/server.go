@@ -31,8 +31,10 @@ type Replica struct {
 	log   *zap.Logger
 	tok   tokenizer.Tokenizer
 	vocab *vocabulary
-	eng   *engine.Engine
-	pub   *kvevents.Publisher // nil when events are off
+	// decode is /detokenize's table (decodeTable).
+	decode map[uint32]string
+	eng    *engine.Engine
+	pub    *kvevents.Publisher // nil when events are off
 
 	faultsMu sync.Mutex
 	faults   Faults
@@ -60,7 +62,7 @@ func NewReplica(cfg Config, rank int, log *zap.Logger) (*Replica, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Replica{cfg: cfg, rank: rank, log: log, tok: tok, vocab: vocab,
+	r := &Replica{cfg: cfg, rank: rank, log: log, tok: tok, vocab: vocab, decode: decodeTable(tok, vocab),
 		faults: cfg.Faults, faultRNG: splitmix(uint64(cfg.Seed) + uint64(rank)), created: time.Now().Unix()}
 
 	var sink engine.EventSink = discardSink{}
@@ -241,6 +243,9 @@ func (r *Replica) routes() http.Handler {
 	mux.HandleFunc("POST /v1/completions", r.handleCompletion)
 	mux.HandleFunc("POST /v1/responses", r.handleResponses)
 	mux.HandleFunc("POST /tokenize", r.handleTokenize)
+	mux.HandleFunc("POST /detokenize", r.handleDetokenize)
+	mux.HandleFunc("POST /v1/chat/completions/render", r.handleChatRender)
+	mux.HandleFunc("POST /v1/completions/render", r.handleCompletionRender)
 	mux.Handle("GET /metrics", r.hangWhenFaulty(promhttp.HandlerFor(r.eng.Registry(), promhttp.HandlerOpts{})))
 	mux.HandleFunc("GET /admin/blocks", r.handleBlocks)
 	mux.HandleFunc("GET /admin/stats", r.handleStats)
@@ -270,8 +275,9 @@ func (r *Replica) handleModels(w http.ResponseWriter, _ *http.Request) {
 	})
 }
 
-// readBody reads a JSON request body under the configured limit.
-func (r *Replica) readBody(w http.ResponseWriter, req *http.Request, v any) bool {
+// readBody reads a JSON request body under the configured limit and
+// decodes it into each of vs (several views of one body).
+func (r *Replica) readBody(w http.ResponseWriter, req *http.Request, vs ...any) bool {
 	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, r.cfg.MaxBodyBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
@@ -283,9 +289,11 @@ func (r *Replica) readBody(w http.ResponseWriter, req *http.Request, v any) bool
 		writeError(w, http.StatusBadRequest, "cannot read request body: "+err.Error())
 		return false
 	}
-	if err := json.Unmarshal(body, v); err != nil {
-		writeError(w, http.StatusBadRequest, "JSON decode error: "+err.Error())
-		return false
+	for _, v := range vs {
+		if err := json.Unmarshal(body, v); err != nil {
+			writeError(w, http.StatusBadRequest, "JSON decode error: "+err.Error())
+			return false
+		}
 	}
 	return true
 }
@@ -348,41 +356,6 @@ func (r *Replica) injectFaults(w http.ResponseWriter, req *http.Request) (Faults
 		return f, false
 	}
 	return f, true
-}
-
-func (r *Replica) handleTokenize(w http.ResponseWriter, req *http.Request) {
-	var body struct {
-		Model               string           `json:"model"`
-		Prompt              *string          `json:"prompt"`
-		Messages            []openai.Message `json:"messages"`
-		Tools               []openai.Tool    `json:"tools"`
-		AddGenerationPrompt *bool            `json:"add_generation_prompt"`
-	}
-	if !r.readBody(w, req, &body) {
-		return
-	}
-	if body.Model != "" && !r.checkModel(w, body.Model) {
-		return
-	}
-	var text string
-	switch {
-	case body.Prompt != nil:
-		text = *body.Prompt
-	case body.Messages != nil:
-		var err error
-		text, err = tokenizer.RenderStandInChat(body.Messages, body.Tools, body.AddGenerationPrompt == nil || *body.AddGenerationPrompt)
-		if err != nil {
-			writeError(w, http.StatusBadRequest, err.Error())
-			return
-		}
-	default:
-		writeError(w, http.StatusBadRequest, "Either prompt or messages is required.")
-		return
-	}
-	ids := r.tok.Encode(nil, text)
-	writeJSON(w, http.StatusOK, map[string]any{
-		"count": len(ids), "max_model_len": r.cfg.MaxModelLen, "tokens": ids, "token_strs": nil,
-	})
 }
 
 func (r *Replica) handleBlocks(w http.ResponseWriter, _ *http.Request) {

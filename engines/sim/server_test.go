@@ -25,7 +25,7 @@ import (
 const testModel = "Qwen/Qwen3-32B"
 
 // startReplica runs one rank on free loopback ports until the test ends.
-func startReplica(t *testing.T, mutate func(*Config)) *Replica {
+func startReplica(t testing.TB, mutate func(*Config)) *Replica {
 	t.Helper()
 	c := Config{Listen: "127.0.0.1:0", Seed: 7}
 	c.KVEvents.Endpoint = "tcp://127.0.0.1:0"
@@ -549,9 +549,9 @@ func subscribe(t *testing.T, r *Replica) *collector {
 type residentView struct {
 	BlockSize int `json:"block_size"`
 	Blocks    []struct {
-		Hash     uint64   `json:"Hash"`
-		TokenIDs []uint32 `json:"TokenIDs"`
-		Medium   string   `json:"Medium"`
+		Hash     uint64   `json:"hash"`
+		TokenIDs []uint32 `json:"token_ids"`
+		Medium   string   `json:"medium"`
 	} `json:"blocks"`
 }
 

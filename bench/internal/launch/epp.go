@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -20,8 +21,10 @@ import (
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/omnious/provider-node/bench/internal/loopback"
 	"github.com/omnious/provider-node/capacity"
@@ -47,7 +50,10 @@ type EPP struct {
 	grpcAddr, metricsURL, adminURL string
 	// logPath is the child's log, quoted when it fails to start.
 	logPath string
-	http    *http.Client
+	// kvBind is where an external EPP takes the fleet's KV events
+	// ({kv_events_bind}), "" when it does not.
+	kvBind string
+	http   *http.Client
 	// start runs it (again) on its ports and returns how to stop it.
 	start func() (*run, error)
 
@@ -208,7 +214,7 @@ func StartProcess(c ProcessConfig) (*EPP, error) {
 	}
 	// A graceful stop drains for up to DrainTimeout; past that and a
 	// margin, it is killed (and reported).
-	e := startChildEPP(c.Name, c.Bin, c.Dir, []string{"-config", cfgFile, "-log-level", c.LogLevel}, c.DrainTimeout+5*time.Second)
+	e := startChildEPP(c.Name, c.Dir, startChild, c.Bin, []string{"-config", cfgFile, "-log-level", c.LogLevel}, c.DrainTimeout+5*time.Second)
 	e.setAddrs(addrs[0], addrs[2], addrs[3])
 	if err := e.Start(); err != nil {
 		return nil, err
@@ -237,9 +243,9 @@ func (c ProcessConfig) writeFiles(addrs [4]string) (string, error) {
 }
 
 // writeEndpointFile writes eps as a static endpoint file (discovery's
-// format): each entry's model and engine, its KV event and replay ports,
-// and its metrics port and path when they are not the defaults (port 0
-// when it has no metrics URL: not scraped).
+// format): each entry's model and engine, its KV event and replay ports
+// (or kv_events_connect), and its metrics port and path when they are not
+// the defaults (port 0 when it has no metrics URL: not scraped).
 func writeEndpointFile(path string, eps []endpoint.Endpoint) error {
 	type entry struct {
 		IP          string            `yaml:"ip"`
@@ -248,6 +254,7 @@ func writeEndpointFile(path string, eps []endpoint.Endpoint) error {
 		Engine      string            `yaml:"engine,omitempty"`
 		KVPort      int               `yaml:"kv_events_port,omitempty"`
 		ReplayPort  int               `yaml:"replay_port,omitempty"`
+		KVConnect   bool              `yaml:"kv_events_connect,omitempty"`
 		MetricsPort *int              `yaml:"metrics_port,omitempty"`
 		MetricsPath string            `yaml:"metrics_path,omitempty"`
 		Labels      map[string]string `yaml:"labels,omitempty"`
@@ -265,7 +272,8 @@ func writeEndpointFile(path string, eps []endpoint.Endpoint) error {
 		if err != nil {
 			return err
 		}
-		en := entry{IP: host, Port: port, Model: ep.Model, Engine: ep.Engine, Labels: ep.Labels}
+		host = loopbackIP(host)
+		en := entry{IP: host, Port: port, Model: ep.Model, Engine: ep.Engine, Labels: ep.Labels, KVConnect: ep.KVConnect}
 		if en.KVPort, err = zmqPort(ep.KVEvents); err != nil {
 			return err
 		}
@@ -304,7 +312,7 @@ func StartFloor(ctx context.Context, bin, dir string, dests []string) (*EPP, err
 		return nil, err
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(ports[0])
-	e := startChildEPP("the floor server", bin, dir, []string{"floor", "-grpc-addr", addr, "-dest", strings.Join(dests, ",")}, 5*time.Second)
+	e := startChildEPP("the floor server", dir, startChild, bin, []string{"floor", "-grpc-addr", addr, "-dest", strings.Join(dests, ",")}, 5*time.Second)
 	e.setAddrs(addr, "", "")
 	if err := e.Start(); err != nil {
 		return nil, err
@@ -316,17 +324,18 @@ func StartFloor(ctx context.Context, bin, dir string, dests []string) (*EPP, err
 	return e, nil
 }
 
-// startChildEPP is an EPP whose start runs bin with args, its output in
-// dir's epp.log; a graceful stop waits grace before it kills. name names
-// it in errors.
-func startChildEPP(name, bin, dir string, args []string, grace time.Duration) *EPP {
+// startChildEPP is an EPP whose start runs bin with args (through
+// spawn: startChild or startGroup), its output in dir's epp.log; a graceful stop
+// waits grace before it kills. name names it in errors.
+func startChildEPP(name, dir string, spawn func(bin string, args []string, stdout, stderr io.Writer) (*child, error),
+	bin string, args []string, grace time.Duration) *EPP {
 	e := &EPP{name: name, logPath: filepath.Join(dir, "epp.log"), http: loopback.Client(10 * time.Second)}
 	e.start = func() (*run, error) {
 		logf, err := os.OpenFile(e.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {
 			return nil, fmt.Errorf("cannot create the log of %s: %w", name, err)
 		}
-		c, err := startChild(bin, args, logf, logf)
+		c, err := spawn(bin, args, logf, logf)
 		if err != nil {
 			_ = logf.Close()
 			return nil, fmt.Errorf("cannot start %s %s: %w", name, bin, err)
@@ -457,27 +466,7 @@ func (e *EPP) current() *run {
 // drops what is published before a subscriber is connected).
 func (e *EPP) WaitReady(ctx context.Context, replicas int) (time.Duration, error) {
 	start := time.Now()
-	var r *running
-	if cur := e.current(); cur != nil {
-		r = cur.running
-	}
-	// A connection refused while it starts is tried again within a poll
-	// or two, not after grpc-go's default 1 s backoff.
-	conn, err := grpc.NewClient(e.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1,
-			MaxDelay: 20 * time.Millisecond}, MinConnectTimeout: time.Second}))
-	if err != nil {
-		return 0, fmt.Errorf("cannot health-check %s: %w", e.name, err)
-	}
-	defer conn.Close()
-	hc := healthpb.NewHealthClient(conn)
-	err = poll(ctx, 30*time.Second, r, func() (bool, string) {
-		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		resp, err := hc.Check(cctx, &healthpb.HealthCheckRequest{Service: testgw.HealthService})
-		cancel()
-		if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-			return false, fmt.Sprintf("%s is not SERVING (%s, %v)", e.name, resp.GetStatus(), err)
-		}
+	err := e.waitServing(ctx, 30*time.Second, false, func() (bool, string) {
 		healthy := 0
 		if snap, err := e.Capacity(ctx); err == nil {
 			for _, m := range snap.Models {
@@ -488,10 +477,69 @@ func (e *EPP) WaitReady(ctx context.Context, replicas int) (time.Duration, error
 	})
 	took := time.Since(start)
 	if err != nil {
-		return took, e.withLog(err)
+		return took, err
 	}
 	time.Sleep(300 * time.Millisecond)
 	return took, nil
+}
+
+// WaitServing waits up to limit until the ext_proc port answers gRPC
+// health SERVING for the ext_proc service, or, from a server that does not
+// know that service, for the server as a whole (service ""). It is all the
+// bench can ask of an EndpointPicker it did not build.
+func (e *EPP) WaitServing(ctx context.Context, limit time.Duration) error {
+	return e.waitServing(ctx, limit, true, nil)
+}
+
+// waitServing polls gRPC health on the ext_proc port, as the gateway checks
+// it, until SERVING and then until ready (nil: at once) reports true;
+// anyService accepts the whole server's status where the ext_proc service
+// is unknown. A run that ends, ctx or limit stop the wait.
+func (e *EPP) waitServing(ctx context.Context, limit time.Duration, anyService bool, ready func() (bool, string)) error {
+	var r *running
+	if cur := e.current(); cur != nil {
+		r = cur.running
+	}
+	// A connection refused while it starts is tried again within a poll
+	// or two, not after grpc-go's default 1 s backoff.
+	conn, err := grpc.NewClient(e.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1,
+			MaxDelay: 20 * time.Millisecond}, MinConnectTimeout: time.Second}))
+	if err != nil {
+		return fmt.Errorf("cannot health-check %s: %w", e.name, err)
+	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	check := func(service string) (healthpb.HealthCheckResponse_ServingStatus, error) {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		resp, err := hc.Check(cctx, &healthpb.HealthCheckRequest{Service: service})
+		return resp.GetStatus(), err
+	}
+	var fatal error
+	err = poll(ctx, limit, r, func() (bool, string) {
+		st, err := check(testgw.HealthService)
+		if anyService && status.Code(err) == codes.NotFound {
+			st, err = check("")
+		}
+		if status.Code(err) == codes.Unimplemented {
+			// Nothing to wait for: the gateway health-checks the ext_proc
+			// port, as Envoy checks its ext_proc cluster.
+			fatal = fmt.Errorf("%s serves no gRPC health (grpc.health.v1) on its ext_proc port %s", e.name, e.grpcAddr)
+			return true, ""
+		}
+		if err != nil || st != healthpb.HealthCheckResponse_SERVING {
+			return false, fmt.Sprintf("%s is not SERVING on %s (%s, %v)", e.name, e.grpcAddr, st, err)
+		}
+		if ready == nil {
+			return true, ""
+		}
+		return ready()
+	})
+	if err == nil {
+		err = fatal
+	}
+	return e.withLog(err)
 }
 
 // WaitListening waits until the server accepts connections.
@@ -593,6 +641,15 @@ func procCPU(pid int) (time.Duration, error) {
 		return 0, fmt.Errorf("cannot parse /proc/<pid>/stat: %w", err)
 	}
 	return time.Duration(ut+st) * time.Second / clockTicks, nil
+}
+
+// loopbackIP is host with localhost spelt as 127.0.0.1: endpoint files
+// take IP addresses only.
+func loopbackIP(host string) string {
+	if host == "localhost" {
+		return "127.0.0.1"
+	}
+	return host
 }
 
 func splitPort(hostport string) (string, int, error) {

@@ -1,0 +1,324 @@
+package compare
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/omnious/provider-node/bench/internal/launch"
+	"github.com/omnious/provider-node/bench/internal/promtext"
+	"github.com/omnious/provider-node/endpoint"
+	"github.com/omnious/provider-node/extproc/testgw"
+)
+
+// Policies that name an EndpointPicker the bench does not assemble: it
+// puts the same gateway, fleet and workload in front of it.
+const (
+	// PolicyExec starts one from a shell command: exec:[LABEL=]COMMAND,
+	// with the placeholders of launch.Placeholders substituted.
+	PolicyExec = "exec:"
+	// PolicyAddr races one already running (and configured for the fleet):
+	// addr:[LABEL=]HOST:PORT[+METRICS_HOST:PORT], loopback only.
+	PolicyAddr = "addr:"
+)
+
+// Policy kinds, as the report names them.
+const (
+	KindPolicy = "policy" // a built-in policy name, run by the EPP in process
+	KindConfig = "config" // an EPP config file, run by the EPP in process
+	KindExec   = "exec"
+	KindAddr   = "addr"
+)
+
+// DefaultExternalSettle is how long the bench waits after an external EPP
+// answers SERVING before it sends traffic: its discovery, scrapes and
+// KV-event subscriptions start in the background, and the bench cannot ask
+// an EPP it did not build when they are done.
+const DefaultExternalSettle = 2 * time.Second
+
+// externalWait bounds the wait for an external EPP's gRPC health.
+const externalWait = 60 * time.Second
+
+// labelRE is what an exec:/addr: label may be: one word, no path.
+var labelRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]*$`)
+
+// external is a parsed exec: or addr: policy.
+type external struct {
+	kind  string // KindExec or KindAddr
+	label string
+	// command is the exec: shell command.
+	command string
+	// addr and metrics are the addr: EPP's ext_proc and metrics addresses.
+	addr, metrics string
+}
+
+// parseExternal parses policy when it is an exec: or addr: policy; ok is
+// false for any other policy.
+func parseExternal(policy string) (x external, ok bool, err error) {
+	var rest string
+	switch {
+	case strings.HasPrefix(policy, PolicyExec):
+		x.kind, rest = KindExec, policy[len(PolicyExec):]
+	case strings.HasPrefix(policy, PolicyAddr):
+		x.kind, rest = KindAddr, policy[len(PolicyAddr):]
+	default:
+		return x, false, nil
+	}
+	if l, r, found := strings.Cut(rest, "="); found && labelRE.MatchString(l) {
+		x.label, rest = l, r
+	}
+	rest = strings.TrimSpace(rest)
+	if x.kind == KindExec {
+		if rest == "" {
+			return x, true, fmt.Errorf("policy %q: exec: needs a command", policy)
+		}
+		x.command = rest
+		if x.label == "" {
+			x.label = PolicyExec + filepath.Base(strings.Fields(rest)[0])
+		}
+		return x, true, nil
+	}
+	x.addr, x.metrics, _ = strings.Cut(rest, "+")
+	if err := requireLoopback(x.addr); err != nil {
+		return x, true, fmt.Errorf("policy %q: %w", policy, err)
+	}
+	if x.metrics != "" {
+		if err := requireLoopback(x.metrics); err != nil {
+			return x, true, fmt.Errorf("policy %q: metrics %w", policy, err)
+		}
+	}
+	if x.label == "" {
+		x.label = PolicyAddr + x.addr
+	}
+	return x, true, nil
+}
+
+// requireLoopback accepts host:port on 127.0.0.0/8, ::1 or localhost: the
+// bench sends traffic nowhere else.
+func requireLoopback(hostport string) error {
+	host, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return fmt.Errorf("address %q: want host:port", hostport)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return fmt.Errorf("address %q: bad port", hostport)
+	}
+	if !isLoopbackHost(host) {
+		return fmt.Errorf("address %q is not on loopback", hostport)
+	}
+	return nil
+}
+
+// isLoopbackHost reports whether host is localhost or a loopback IP.
+func isLoopbackHost(host string) bool {
+	ip := net.ParseIP(host)
+	return host == "localhost" || ip != nil && ip.IsLoopback()
+}
+
+// policyLabel is how a policy is named in the results: an exec:/addr:
+// policy by its label, any other by itself.
+func policyLabel(policy string) string {
+	if x, ok, err := parseExternal(policy); ok && err == nil {
+		return x.label
+	}
+	return policy
+}
+
+// policyKind is how a policy is run (KindPolicy, KindConfig, KindExec or
+// KindAddr).
+func policyKind(policy string) string {
+	switch {
+	case strings.HasPrefix(policy, PolicyExec):
+		return KindExec
+	case strings.HasPrefix(policy, PolicyAddr):
+		return KindAddr
+	case isPolicyName(policy):
+		return KindPolicy
+	}
+	return KindConfig
+}
+
+// dirName turns a label into a directory name.
+func dirName(label string) string {
+	return strings.Map(func(r rune) rune {
+		if r == ':' || r == '/' || r == '\\' {
+			return '-'
+		}
+		return r
+	}, label)
+}
+
+// EPPInfo is what the bench knows about an external EPP's run besides what
+// the gateway and the engines measure: where it ran, what its own metrics
+// said.
+type EPPInfo struct {
+	// Addr is its ext_proc address.
+	Addr string
+	// Log is an exec: EPP's output (stdout and stderr); its directory holds
+	// the endpoint files and the command as run.
+	Log string
+	// MetricsURL is where it was scraped ("" when not known); MetricsError
+	// why the scrape failed.
+	MetricsURL, MetricsError string
+	// DecisionHistogram is the histogram the decision percentiles were read
+	// from (bucket-interpolated), "" when it exposes none the bench knows.
+	DecisionHistogram string
+	// KVEventsBind is the socket it bound for the fleet's KV events
+	// ({kv_events_bind}; "" when none), and KVBatchesRelayed how many
+	// batches the bench relayed to it.
+	KVEventsBind     string
+	KVBatchesRelayed int64
+	// Requests is what its request counter (RequestsCounter) grew by during
+	// the run; NaN when unknown.
+	Requests        float64
+	RequestsCounter string
+	decP50, decP99  float64 // µs, NaN when unknown
+}
+
+// decisionHistograms are the scheduling-latency histograms the bench knows,
+// first match wins: this project's EPP (routing share, flow control
+// included), llm-d-router's and the Inference Extension's scheduler.
+var decisionHistograms = []string{"omnious_extproc_route_duration_seconds",
+	"llm_d_epp_scheduler_e2e_duration_seconds", "inference_extension_scheduler_e2e_duration_seconds"}
+
+// requestCounters are the routed-request counters the bench knows: the
+// Inference Extension's (this project's EPP serves it too) and llm-d-router's.
+var requestCounters = []string{"inference_objective_request_total", "llm_d_epp_request_total"}
+
+// launchExternal starts (exec:) or attaches to (addr:) an external EPP,
+// waits for its gRPC health and the settle time, and puts the test gateway
+// in front of it.
+func launchExternal(ctx context.Context, x external, fleet []endpoint.Endpoint, dir string, settle time.Duration, log *zap.Logger) (Target, error) {
+	t := &externalTarget{}
+	var err error
+	if x.kind == KindExec {
+		t.epp, err = launch.StartExternal(launch.ExternalConfig{Command: x.command, Dir: filepath.Join(dir, dirName(x.label)),
+			Name: x.label, Endpoints: fleet})
+		if err != nil {
+			return nil, err
+		}
+		t.info.Log = t.epp.LogPath()
+	} else {
+		t.epp = launch.Attach(x.label, x.addr, x.metrics)
+	}
+	t.info.Addr = t.epp.GRPCAddr()
+	if err := t.epp.WaitServing(ctx, externalWait); err != nil {
+		return nil, errors.Join(err, t.epp.Stop())
+	}
+	if bind := t.epp.KVEventsBind(); bind != "" {
+		if t.relay, err = launch.StartKVRelay(fleet, bind); err != nil {
+			return nil, errors.Join(err, t.epp.Stop())
+		}
+	}
+	select {
+	case <-time.After(settle):
+	case <-ctx.Done():
+		return nil, errors.Join(ctx.Err(), t.stopEPP())
+	}
+	// A page that cannot be read now counts as zeros: every counter of a
+	// fresh EPP starts there.
+	t.before, _ = t.scrape(ctx)
+	if t.gw, err = launch.StartGateway(testgw.Config{EPP: t.epp.GRPCAddr()}, log); err != nil {
+		return nil, errors.Join(err, t.stopEPP())
+	}
+	return t, nil
+}
+
+// externalTarget is an external EPP behind the test gateway.
+type externalTarget struct {
+	epp    *launch.EPP
+	relay  *launch.KVRelay // nil unless the EPP binds for KV events
+	gw     *launch.Gateway
+	before []byte // its metrics page after start-up (nil: none, or unreadable)
+	info   EPPInfo
+}
+
+func (t *externalTarget) URL() string { return t.gw.URL() }
+
+// DecisionLatencies are not observable from outside the EPP: its own
+// histogram, if any, stands in (eppInfo).
+func (t *externalTarget) DecisionLatencies() []time.Duration { return nil }
+
+func (t *externalTarget) Close() error { return errors.Join(t.gw.Close(), t.stopEPP()) }
+
+// stopEPP stops the relay, then the EPP (an addr: EPP is not the bench's
+// to stop: its Stop does nothing).
+func (t *externalTarget) stopEPP() error {
+	var err error
+	if t.relay != nil {
+		err = t.relay.Close()
+	}
+	return errors.Join(err, t.epp.Stop())
+}
+
+// scrape reads the EPP's metrics page: nil without an error when its
+// metrics are not known.
+func (t *externalTarget) scrape(ctx context.Context) ([]byte, error) {
+	if t.epp.MetricsURL() == "" {
+		return nil, nil
+	}
+	r, err := t.epp.Metrics(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
+	_, err = b.ReadFrom(r)
+	return b.Bytes(), err
+}
+
+// eppInfo scrapes the EPP once more and reads what the run changed in the
+// metrics the bench knows.
+func (t *externalTarget) eppInfo(ctx context.Context) *EPPInfo {
+	info := t.info
+	info.MetricsURL = t.epp.MetricsURL()
+	info.Requests, info.decP50, info.decP99 = math.NaN(), math.NaN(), math.NaN()
+	if t.relay != nil {
+		info.KVEventsBind, info.KVBatchesRelayed = t.epp.KVEventsBind(), t.relay.Relayed()
+	}
+	after, err := t.scrape(ctx)
+	if err != nil {
+		info.MetricsError = err.Error()
+	}
+	if after == nil {
+		return &info
+	}
+	for _, name := range requestCounters {
+		a, seen, err := promtext.Sum(bytes.NewReader(after), name)
+		if err != nil || !seen[0] {
+			continue
+		}
+		b, _, _ := promtext.Sum(bytes.NewReader(t.before), name)
+		info.Requests, info.RequestsCounter = a[0]-b[0], name
+		break
+	}
+	for _, name := range decisionHistograms {
+		a, err := promtext.Buckets(bytes.NewReader(after), name)
+		if err != nil {
+			continue
+		}
+		b, err := promtext.Buckets(bytes.NewReader(t.before), name)
+		if err != nil || len(b) != len(a) {
+			// Not observed yet at start-up: a vector histogram has no
+			// series before its first sample.
+			b = make([]promtext.Bucket, len(a))
+			for i := range a {
+				b[i].LE = a[i].LE
+			}
+		}
+		info.DecisionHistogram = name
+		info.decP50 = promtext.Quantile(0.5, b, a) * 1e6
+		info.decP99 = promtext.Quantile(0.99, b, a) * 1e6
+		break
+	}
+	return &info
+}
