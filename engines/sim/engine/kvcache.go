@@ -16,6 +16,11 @@ const (
 	MediumCPUPinned = "CPU_PINNED"
 )
 
+// specKindFull is the KV cache spec kind vLLM names in every BlockStored of
+// a model whose layers are all full attention (one KV cache group);
+// routers match prefixes on such groups only.
+const specKindFull = "full_attention"
+
 // block is one GPU KV block. A block is cached when it holds a full,
 // hashed run of tokens that later requests may reuse.
 type block struct {
@@ -227,6 +232,7 @@ func (c *kvCache) offload(b *block) {
 		LoraName:    cb.lora,
 		CacheSalt:   cb.salt,
 		Medium:      c.cpuMedium,
+		SpecKind:    specKindFull,
 	})
 }
 

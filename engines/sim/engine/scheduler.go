@@ -337,6 +337,7 @@ func (e *Engine) registerFullLocked(r *request) {
 			LoraName:    r.LoraName,
 			CacheSalt:   r.CacheSalt,
 			Medium:      MediumGPU,
+			SpecKind:    specKindFull,
 		})
 		run = len(e.pending) - 1
 	}
