@@ -140,10 +140,19 @@ type entry struct {
 	// more is the first overflow chunk, -1 if none.
 	more int32
 	n    uint32 // residencies
-	// ref is set (atomically, under the read lock) by Match; see package comment.
+	// ref holds refBit, set (atomically, under the read lock) by Match,
+	// see package comment; and sameBit: Match found this entry to hold the
+	// same residencies as the slab entry before it, which stays true
+	// until either changes (changedLocked clears it).
 	ref uint32
 	res [inlineRes]residency
 }
+
+// Bits of entry.ref.
+const (
+	refBit  = 1
+	sameBit = 2
+)
 
 type chunk struct {
 	res  [chunkRes]residency
@@ -256,16 +265,16 @@ func (ix *Index) Store(r Replica, t Tier, keys []Key) {
 			ix.moveToTailLocked(idx)
 		}
 		e := ix.entries.at(idx)
-		atomic.StoreUint32(&e.ref, 0)
+		e.ref &^= refBit
 		pos, mask := ix.findRes(e, r)
 		switch {
 		case pos < 0:
-			ix.appendResLocked(e, residency(r)<<8|residency(bit))
+			ix.appendResLocked(idx, e, residency(r)<<8|residency(bit))
 			cnt.blocks++
 			cnt.byTier[t]++
 			ix.residencies++
 		case mask&bit == 0:
-			ix.setResLocked(e, pos, residency(r)<<8|residency(mask|bit))
+			ix.setResLocked(idx, e, pos, residency(r)<<8|residency(mask|bit))
 			cnt.byTier[t]++
 		}
 	}
@@ -300,7 +309,7 @@ func (ix *Index) Remove(r Replica, t Tier, keys []Key) {
 		if mask == bit {
 			ix.removeResLocked(idx, e, pos)
 		} else {
-			ix.setResLocked(e, pos, residency(r)<<8|residency(mask&^bit))
+			ix.setResLocked(idx, e, pos, residency(r)<<8|residency(mask&^bit))
 			ix.counts[r].byTier[t]--
 		}
 	}
@@ -346,13 +355,19 @@ func (ix *Index) Match(keys []Key, out []Match) []Match {
 	for i := 1; i < len(keys) && !st.done; i++ {
 		k := keys[i]
 		// The common case, inline: k is the entry after the previous
-		// one (see lookupAfter) and has the same residencies.
+		// one (see lookupAfter) and has the same residencies, which an
+		// earlier walk may have recorded in its sameBit.
 		if next := st.idx + 1; next < used && k != 0 {
-			if e := ix.entries.at(next); e.key == k && ix.sameRes(e, &st) {
-				touch(e)
-				st.idx = next
-				st.run++
-				continue
+			if e := ix.entries.at(next); e.key == k {
+				ref := atomic.LoadUint32(&e.ref)
+				if ref&sameBit != 0 || ix.sameRes(e, &st) {
+					if ref != refBit|sameBit {
+						atomic.OrUint32(&e.ref, refBit|sameBit)
+					}
+					st.idx = next
+					st.run++
+					continue
+				}
 			}
 		}
 		ix.matchNext(&st, k)
@@ -602,8 +617,17 @@ func (ix *Index) accountedBytes() int64 {
 // touch marks e as used by a lookup. Loading first keeps hot entries' cache
 // lines shared between readers.
 func touch(e *entry) {
-	if atomic.LoadUint32(&e.ref) == 0 {
-		atomic.StoreUint32(&e.ref, 1)
+	if atomic.LoadUint32(&e.ref)&refBit == 0 {
+		atomic.OrUint32(&e.ref, refBit)
+	}
+}
+
+// changedLocked records that entry idx's residencies changed: whatever
+// Match learned about it and its successor being equal no longer holds.
+func (ix *Index) changedLocked(idx int32, e *entry) {
+	e.ref &^= sameBit
+	if next := idx + 1; next < ix.entries.used {
+		ix.entries.at(next).ref &^= sameBit
 	}
 }
 
@@ -628,8 +652,8 @@ func (ix *Index) evictLocked() {
 	for ix.head >= 0 && ix.accountedBytes() > ix.cfg.MemoryBudget {
 		idx := ix.head
 		e := ix.entries.at(idx)
-		if e.ref != 0 {
-			atomic.StoreUint32(&e.ref, 0)
+		if e.ref&refBit != 0 {
+			e.ref &^= refBit
 			ix.moveToTailLocked(idx)
 			continue
 		}
@@ -681,7 +705,8 @@ func (ix *Index) findRes(e *entry, r Replica) (int32, uint8) {
 	return -1, 0
 }
 
-func (ix *Index) appendResLocked(e *entry, v residency) {
+func (ix *Index) appendResLocked(idx int32, e *entry, v residency) {
+	ix.changedLocked(idx, e)
 	pos := int32(e.n)
 	if pos >= inlineRes && (pos-inlineRes)%chunkRes == 0 {
 		ci := ix.chunks.alloc()
@@ -713,7 +738,8 @@ func (ix *Index) appendResLocked(e *entry, v residency) {
 
 // setResLocked replaces the residency at pos (a tier mask change), keeping
 // the signature.
-func (ix *Index) setResLocked(e *entry, pos int32, v residency) {
+func (ix *Index) setResLocked(idx int32, e *entry, pos int32, v residency) {
+	ix.changedLocked(idx, e)
 	p := ix.resPtr(e, pos)
 	if e.more >= 0 {
 		ix.chunks.at(e.more).sig ^= resSig(*p) ^ resSig(v)
@@ -724,6 +750,7 @@ func (ix *Index) setResLocked(e *entry, pos int32, v residency) {
 // removeResLocked removes the residency at pos (moving the last one into its
 // place), updates the replica's counts and drops the entry when it is empty.
 func (ix *Index) removeResLocked(idx int32, e *entry, pos int32) {
+	ix.changedLocked(idx, e)
 	v := *ix.resPtr(e, pos)
 	cnt := &ix.counts[v.replica()]
 	cnt.blocks--

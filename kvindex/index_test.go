@@ -324,7 +324,8 @@ func refMatch(ix *Index, keys []Key) []Match {
 }
 
 // TestMatchEqualsReference checks Match's walk (runs of equal residencies,
-// the entry-after guess, resolving through replica ids) against refMatch on
+// the entry-after guess and its recorded sameBit, resolving through
+// replica ids) against refMatch on
 // random indexes: prompts branching from shared prefixes, stored by up to
 // 80 replicas (residencies in overflow chunks) on random tiers, removed in
 // random ranges, and with a budget small enough that eviction recycles
@@ -377,6 +378,9 @@ func TestMatchEqualsReference(t *testing.T) {
 				q := prompts[rng.IntN(len(prompts))]
 				out = ix.Match(q, out)
 				require.Equal(t, norm(refMatch(ix, q)), norm(out), "step %d", step)
+				if step%100 == 0 {
+					checkInvariants(t, ix)
+				}
 			}
 			checkInvariants(t, ix)
 			if tc.budget > 0 {
@@ -479,6 +483,14 @@ func checkInvariants(t *testing.T, ix *Index) {
 		}
 		if e.more >= 0 {
 			require.Equal(t, sig, ix.chunks.at(e.more).sig, "residency signature of key %x", e.key)
+		}
+		if e.ref&sameBit != 0 {
+			require.Positive(t, i, "sameBit on the first entry")
+			prev := ix.entries.at(i - 1)
+			require.NotZero(t, prev.key, "sameBit after a free entry")
+			var st matchState
+			ix.setPrev(&st, i-1, prev)
+			require.True(t, ix.sameRes(e, &st), "sameBit on an entry unlike the one before it")
 		}
 	}
 	n := 0
