@@ -82,6 +82,7 @@ func (f *flow) saturation() float64 {
 	s := f.s
 	snap := s.snap.Load()
 	now := s.now()
+	staleBefore := s.staleBefore(now)
 	cfg := &s.cfg.Scoring
 	target := s.cfg.Admission.TargetInflight
 	var sum float64
@@ -93,7 +94,7 @@ func (f *flow) saturation() float64 {
 			}
 			own := float64(r.inflight.Load())
 			v := own / target
-			if sm, stale := s.signals(r, now); sm != nil && !stale {
+			if sm, stale := s.signals(r, staleBefore); sm != nil && !stale {
 				sig := &sm.Signals
 				engine := (sig.Running + sig.Waiting) / float64(max(r.sharing.Load(), 1))
 				busy := engine + max(own-float64(r.inflightAtSample.Load()), 0)
