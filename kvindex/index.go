@@ -352,26 +352,32 @@ func (ix *Index) Match(keys []Key, out []Match) []Match {
 	defer ix.mu.RUnlock()
 	ix.matchFirst(&st, keys[0])
 	used := ix.entries.used
+	// idx and run are st.idx and st.run, kept in registers on the fast
+	// path and written back for the slow one.
+	idx, run := st.idx, 0
 	for i := 1; i < len(keys) && !st.done; i++ {
 		k := keys[i]
 		// The common case, inline: k is the entry after the previous
 		// one (see lookupAfter) and has the same residencies, which an
 		// earlier walk may have recorded in its sameBit.
-		if next := st.idx + 1; next < used && k != 0 {
+		if next := idx + 1; next < used && k != 0 {
 			if e := ix.entries.at(next); e.key == k {
 				ref := atomic.LoadUint32(&e.ref)
 				if ref&sameBit != 0 || ix.sameRes(e, &st) {
 					if ref != refBit|sameBit {
 						atomic.OrUint32(&e.ref, refBit|sameBit)
 					}
-					st.idx = next
-					st.run++
+					idx = next
+					run++
 					continue
 				}
 			}
 		}
+		st.idx, st.run = idx, run
 		ix.matchNext(&st, k)
+		idx, run = st.idx, st.run
 	}
+	st.run = run
 	ix.releaseIDs(&st)
 	return st.finish()
 }
@@ -414,31 +420,25 @@ func (ix *Index) matchFirst(st *matchState, k Key) {
 	}
 	e := ix.entries.at(idx)
 	touch(e)
-	ix.eachRes(e, func(p int32, v residency) {
-		t := uint8(bits.TrailingZeros8(v.mask()))
-		m := Match{Replica: v.replica(), Blocks: 1, pos: p, tier: t}
-		m.ByTier[t]++
-		st.out = append(st.out, m)
-	})
-	st.active = len(st.out)
-	ix.setPrev(st, idx, e)
-}
-
-// eachRes calls f with every residency of e and its position, in order.
-func (ix *Index) eachRes(e *entry, f func(p int32, v residency)) {
-	n := int32(e.n)
-	p := int32(0)
-	for ; p < min(n, inlineRes); p++ {
-		f(p, e.res[p])
-	}
-	for ci := e.more; ci >= 0 && p < n; {
-		c := ix.chunks.at(ci)
-		for _, v := range c.res[:min(n-p, chunkRes)] {
-			f(p, v)
+	out := st.out
+	// The residencies in order: the inline ones, then chunk by chunk.
+	n, p, res, ci := int32(e.n), int32(0), e.res[:min(e.n, inlineRes)], e.more
+	for {
+		for _, v := range res {
+			t := uint8(bits.TrailingZeros8(v.mask()))
+			m := Match{Replica: v.replica(), Blocks: 1, pos: p, tier: t}
+			m.ByTier[t]++
+			out = append(out, m)
 			p++
 		}
-		ci = c.next
+		if ci < 0 || p >= n {
+			break
+		}
+		c := ix.chunks.at(ci)
+		res, ci = c.res[:min(n-p, chunkRes)], c.next
 	}
+	st.out, st.active = out, len(out)
+	ix.setPrev(st, idx, e)
 }
 
 func (ix *Index) setPrev(st *matchState, idx int32, e *entry) {
@@ -505,11 +505,21 @@ func (ix *Index) resolveByID(st *matchState, e *entry) {
 		}
 	}
 	ids := *st.ids
-	ix.eachRes(e, func(p int32, v residency) {
-		if j := int(ids[v.replica()]) - 1; j >= 0 && j < active {
-			out[j].seen, out[j].pos = v.mask(), p
+	// e's residencies in order, as in matchFirst.
+	n, p, res, ci := int32(e.n), int32(0), e.res[:min(e.n, inlineRes)], e.more
+	for {
+		for _, v := range res {
+			if j := int(ids[v.replica()]) - 1; j >= 0 && j < active {
+				out[j].seen, out[j].pos = v.mask(), p
+			}
+			p++
 		}
-	})
+		if ci < 0 || p >= n {
+			break
+		}
+		c := ix.chunks.at(ci)
+		res, ci = c.res[:min(n-p, chunkRes)], c.next
+	}
 	for j := 0; j < active; {
 		m := &out[j]
 		if m.seen == 0 {
