@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -87,6 +88,8 @@ type Server struct {
 	seriesMu    sync.Mutex
 	streamEnds  map[string]prometheus.Counter
 	promptModes map[string]prometheus.Counter
+	// streams hands a new stream to an idle receive loop (see receiver).
+	streams chan *watch
 }
 
 // series are the metric children of one (client, target) model label pair,
@@ -202,6 +205,7 @@ func NewServer(cfg Config, picker Picker, prompter Prompter, reg prometheus.Regi
 		aliases:      label.NewSet(maxAliasLabels, unknownLabel),
 		streamEnds:   children(m.streams, streamEndValues),
 		promptModes:  children(m.promptMode, promptModeValues),
+		streams:      make(chan *watch),
 	}
 }
 
@@ -221,73 +225,119 @@ func (s *Server) Process(srv grpc.BidiStreamingServer[extprocv3.ProcessingReques
 			}
 		}
 	}
-	// Messages are received and handled on one goroutine, without a hand-off
-	// per message; this one only wakes when a timer fires, to end a stream
-	// that has been idle too long. Recv cannot be interrupted, but
-	// returning ends the RPC, and then Recv fails.
-	w := &watch{done: make(chan error, 1), kick: make(chan struct{}, 1)}
+	// Messages are received and handled by a receive loop (see receiver),
+	// without a hand-off per message; this goroutine waits for the loop's
+	// end, or for an idle timer's, which ends a stream that has been quiet
+	// too long. Recv cannot be interrupted, but returning ends the RPC, and
+	// then Recv fails.
+	w := &watch{srv: srv, st: st, done: make(chan error, 1)}
 	w.last.Store(time.Now().UnixNano())
-	go func() {
-		for {
-			req, err := srv.Recv()
-			w.last.Store(time.Now().UnixNano())
-			w.mu.Lock()
-			if w.ended {
-				w.mu.Unlock()
-				return
-			}
-			before := st.idleTimeout()
-			done, err := st.step(req, err)
-			w.ended = done
-			if after := st.idleTimeout(); !done && after > 0 && (before <= 0 || after < before) {
-				// The new phase's timeout is shorter than the one the
-				// timer was armed for (the defaults only grow).
-				select {
-				case w.kick <- struct{}{}:
-				default:
-				}
-			}
-			w.mu.Unlock()
-			if done {
-				w.done <- err
-				return
-			}
-		}
-	}()
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
+	w.mu.Lock()
+	w.timer = time.AfterFunc(armFor(st.idleTimeout()), w.fire)
+	w.mu.Unlock()
+	defer w.timer.Stop()
+	select {
+	case s.streams <- w: // an idle receive loop takes it
+	default:
+		go s.receiver(w)
+	}
+	return <-w.done
+}
+
+// receiverKeep is how long a receive loop waits for another stream before
+// its goroutine exits.
+const receiverKeep = time.Second
+
+// receiver runs receive loops, one stream after another, on one
+// goroutine. A fresh goroutine's stack is small, and receiving, routing
+// and sending a request need a larger one: growing it copied the stack on
+// every stream, a tenth of a 1 KB exchange's cost (BenchmarkExtProcRoundTrip).
+// A goroutine that finds no stream for receiverKeep exits.
+func (s *Server) receiver(w *watch) {
+	var keep *time.Timer
 	for {
-		w.mu.Lock()
-		d := st.idleTimeout()
-		wait := time.Hour
-		if d > 0 {
-			quiet := time.Duration(time.Now().UnixNano() - w.last.Load())
-			if quiet >= d {
-				w.ended = true
-				err := st.idle()
-				w.mu.Unlock()
-				return err
-			}
-			wait = d - quiet
+		w.receive()
+		if keep == nil {
+			keep = time.NewTimer(receiverKeep)
+		} else {
+			keep.Reset(receiverKeep)
 		}
-		w.mu.Unlock()
-		timer.Reset(wait) // Go 1.23+: no stale tick survives a Reset
 		select {
-		case err := <-w.done:
-			return err
-		case <-timer.C:
-		case <-w.kick:
+		case w = <-s.streams:
+		case <-keep.C:
+			return
 		}
 	}
 }
 
 // watch is what a stream's receive loop and its idle timer share.
 type watch struct {
+	srv   grpc.BidiStreamingServer[extprocv3.ProcessingRequest, extprocv3.ProcessingResponse]
+	st    *stream
 	mu    sync.Mutex // held while a message is handled or the stream is ended for idleness
 	ended bool       // under mu: the stream is over, nothing more is handled
-	last  atomic.Int64
-	done  chan error    // the receive loop's final error
-	kick  chan struct{} // the idle timeout got shorter: re-arm the timer
+	timer *time.Timer
+	last  atomic.Int64 // unix nanos of the last message
+	done  chan error   // Process's result: the receive loop's or the idle timer's
+}
+
+// armFor is how long the idle timer waits for a phase whose timeout is d
+// (<= 0: none; the timer is re-armed when a phase with one begins).
+func armFor(d time.Duration) time.Duration {
+	if d <= 0 {
+		return time.Hour
+	}
+	return d
+}
+
+// receive is a stream's receive loop.
+func (w *watch) receive() {
+	st := w.st
+	for {
+		req, err := w.srv.Recv()
+		w.last.Store(time.Now().UnixNano())
+		w.mu.Lock()
+		if w.ended {
+			w.mu.Unlock()
+			return
+		}
+		before := st.idleTimeout()
+		done, err := st.step(req, err)
+		w.ended = done
+		if after := st.idleTimeout(); !done && after > 0 && (before <= 0 || after < before) {
+			// The new phase's timeout is shorter than the one the
+			// timer was armed for (the defaults only grow).
+			w.timer.Reset(after)
+		}
+		w.mu.Unlock()
+		if done {
+			w.done <- err
+			return
+		}
+	}
+}
+
+// fire ends the stream if it has been quiet for its phase's timeout, else
+// re-arms the timer for the rest of it.
+func (w *watch) fire() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ended {
+		return
+	}
+	st := w.st
+	d := st.idleTimeout()
+	if d <= 0 {
+		w.timer.Reset(armFor(d))
+		return
+	}
+	quiet := time.Duration(time.Now().UnixNano() - w.last.Load())
+	if quiet < d {
+		w.timer.Reset(d - quiet)
+		return
+	}
+	w.ended = true
+	w.done <- st.idle()
 }
 
 // step handles one received message or receive error; done says the
@@ -655,55 +705,9 @@ func (st *stream) route(headersOnly, eos bool) error {
 		edits[0], edits[1] = edits[1], edits[0]
 	}
 
-	req := &st.req
-	*req = scheduler.Request{
-		ID: st.id, Model: st.targetModel, CacheSalt: st.rb.cacheSalt, SessionKey: st.session,
-		Band: st.band, Tenant: st.tenant, Subset: st.subset, Arrived: st.arrived,
-	}
-	if req.SessionKey == "" {
-		req.SessionKey = st.rb.user
-	}
-	mode := "none" // no prompt: GET /v1/models and the like
-	if parsed {
-		req.PromptText = approximateText(body, &st.rb)
-		if req.PromptText != nil {
-			mode = "approximate"
-		}
-		if s.prompter != nil && inference {
-			in := promptInput(api, body, &st.rb)
-			if toks, ok := s.prompter.Prompt(st.targetModel, &in); ok {
-				req.Tokens, mode = toks, "precise"
-			} else if s.firstApprox(st.targetModel) {
-				s.log.Warn("no exact prompt tokens for model (no tokenizer or chat template, or a request the engine completes from its own state): routing such requests in approximate mode (mode=approximate in metrics)",
-					zap.String("model", st.targetModel))
-			}
-		}
-	}
-	t, err := s.picker.Admit(st.ctx, req)
-	var d *scheduler.Decision
-	if err == nil {
-		d, err = s.picker.Pick(req, t)
-	}
-	req.PromptText = nil // it aliases the body; the scheduler must not keep it
-	if err != nil {
-		var se *scheduler.Error
-		if errors.As(err, &se) {
-			return st.reject(se.Status, se.Reason, se.Msg)
-		}
-		if st.ctx.Err() != nil {
-			return st.ctx.Err()
-		}
-		st.end = "error"
-		cl, tl := st.modelLabels()
-		s.m.errors.WithLabelValues(cl, tl, "pick_failed").Inc()
-		s.log.Warn("cannot pick an endpoint", zap.String("id", st.id), zap.String("model", st.targetModel), zap.Error(err))
-		return status.Errorf(codes.Internal, "cannot pick an endpoint: %v", err)
-	}
-	if d == nil || len(d.Endpoints) == 0 {
-		if d != nil {
-			d.Done(scheduler.DoneInfo{Err: errors.New("decision without endpoints")})
-		}
-		return st.reject(scheduler.ErrNoEndpoint.Status, scheduler.ErrNoEndpoint.Reason, scheduler.ErrNoEndpoint.Msg)
+	d, mode, err := st.pick(api, body, parsed, inference)
+	if d == nil {
+		return err // answered, or the stream fails
 	}
 	st.decision = d
 	st.phase = phaseRouted
@@ -737,9 +741,7 @@ func (st *stream) route(headersOnly, eos bool) error {
 	}
 	dest := st.destination(d)
 	if ce := s.log.Check(zap.DebugLevel, "routed"); ce != nil {
-		ce.Write(zap.String("id", st.id), zap.String("model", st.targetModel), zap.String("destination", dest),
-			zap.String("reason", d.Reason), zap.String("mode", mode), zap.Int("prefix_blocks", d.PrefixBlocks),
-			zap.Int("prompt_blocks", d.PromptBlocks), zap.Duration("queued", d.Queued), zap.Int("bytes", len(body)))
+		st.logRouted(ce, d, dest, mode, len(body))
 	}
 
 	r := &st.reply
@@ -785,6 +787,84 @@ func (st *stream) route(headersOnly, eos bool) error {
 		return nil
 	}
 	return st.sendBody(out, eos, true)
+}
+
+// pick asks the picker where the request goes. A nil decision means the
+// request got its answer (a rejection) or the stream fails with err. It is
+// a function of its own so that its frame (the request, the prompt input,
+// the error paths) is off the stack while route sends the replies.
+func (st *stream) pick(api API, body []byte, parsed, inference bool) (*scheduler.Decision, string, error) {
+	s := st.s
+	req := &st.req
+	*req = scheduler.Request{
+		ID: st.id, Model: st.targetModel, CacheSalt: st.rb.cacheSalt, SessionKey: st.session,
+		Band: st.band, Tenant: st.tenant, Subset: st.subset, Arrived: st.arrived,
+	}
+	if req.SessionKey == "" {
+		req.SessionKey = st.rb.user
+	}
+	mode := "none" // no prompt: GET /v1/models and the like
+	if parsed {
+		req.PromptText = approximateText(body, &st.rb)
+		if req.PromptText != nil {
+			mode = "approximate"
+		}
+		if s.prompter != nil && inference {
+			in := promptInput(api, body, &st.rb)
+			if toks, ok := s.prompter.Prompt(st.targetModel, &in); ok {
+				req.Tokens, mode = toks, "precise"
+			} else if s.firstApprox(st.targetModel) {
+				st.logApproximate()
+			}
+		}
+	}
+	t, err := s.picker.Admit(st.ctx, req)
+	var d *scheduler.Decision
+	if err == nil {
+		d, err = s.picker.Pick(req, t)
+	}
+	req.PromptText = nil // it aliases the body; the scheduler must not keep it
+	if err != nil {
+		var se *scheduler.Error
+		if errors.As(err, &se) {
+			return nil, "", st.reject(se.Status, se.Reason, se.Msg)
+		}
+		if st.ctx.Err() != nil {
+			return nil, "", st.ctx.Err()
+		}
+		st.end = "error"
+		cl, tl := st.modelLabels()
+		s.m.errors.WithLabelValues(cl, tl, "pick_failed").Inc()
+		st.logPickFailed(err)
+		return nil, "", status.Errorf(codes.Internal, "cannot pick an endpoint: %v", err)
+	}
+	if d == nil || len(d.Endpoints) == 0 {
+		if d != nil {
+			d.Done(scheduler.DoneInfo{Err: errors.New("decision without endpoints")})
+		}
+		return nil, "", st.reject(scheduler.ErrNoEndpoint.Status, scheduler.ErrNoEndpoint.Reason, scheduler.ErrNoEndpoint.Msg)
+	}
+	return d, mode, nil
+}
+
+// The log lines of route are written by functions of their own: their
+// fields are arrays on the stack, which in route would enlarge the frame
+// under every Send of the request's replies past the goroutine's first
+// stack, to be copied into a larger one on every stream.
+
+func (st *stream) logRouted(ce *zapcore.CheckedEntry, d *scheduler.Decision, dest, mode string, bytes int) {
+	ce.Write(zap.String("id", st.id), zap.String("model", st.targetModel), zap.String("destination", dest),
+		zap.String("reason", d.Reason), zap.String("mode", mode), zap.Int("prefix_blocks", d.PrefixBlocks),
+		zap.Int("prompt_blocks", d.PromptBlocks), zap.Duration("queued", d.Queued), zap.Int("bytes", bytes))
+}
+
+func (st *stream) logApproximate() {
+	st.s.log.Warn("no exact prompt tokens for model (no tokenizer or chat template, or a request the engine completes from its own state): routing such requests in approximate mode (mode=approximate in metrics)",
+		zap.String("model", st.targetModel))
+}
+
+func (st *stream) logPickFailed(err error) {
+	st.s.log.Warn("cannot pick an endpoint", zap.String("id", st.id), zap.String("model", st.targetModel), zap.Error(err))
 }
 
 // routeReply is the routing reply's messages: a ProcessingResponse
