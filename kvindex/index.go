@@ -351,31 +351,42 @@ func (ix *Index) Match(keys []Key, out []Match) []Match {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	ix.matchFirst(&st, keys[0])
-	used := ix.entries.used
+	pages := ix.entries.pages
 	// idx and run are st.idx and st.run, kept in registers on the fast
 	// path and written back for the slow one.
 	idx, run := st.idx, 0
-	for i := 1; i < len(keys) && !st.done; i++ {
-		k := keys[i]
-		// The common case, inline: k is the entry after the previous
-		// one (see lookupAfter) and has the same residencies, which an
-		// earlier walk may have recorded in its sameBit.
-		if next := idx + 1; next < used && k != 0 {
-			if e := ix.entries.at(next); e.key == k {
-				ref := atomic.LoadUint32(&e.ref)
-				if ref&sameBit != 0 || ix.sameRes(e, &st) {
-					if ref != refBit|sameBit {
-						atomic.OrUint32(&e.ref, refBit|sameBit)
-					}
-					idx = next
-					run++
-					continue
+	for i := 1; i < len(keys) && !st.done; {
+		// The common case, inline, through a page of entries at a time:
+		// the next key is in the entry after the previous one (see
+		// lookupAfter) and that entry has the same residencies, which an
+		// earlier walk may have recorded in its sameBit. Entries past
+		// the slab's end are zero, and no key is 0.
+		if p := int(idx+1) >> pageShift; p < len(pages) {
+			page, base := pages[p], int32(p)<<pageShift
+			j := int(idx+1) & pageMask
+			for ; j < pageSize && i < len(keys); i, j = i+1, j+1 {
+				e := &page[j]
+				if k := keys[i]; e.key != k || k == 0 {
+					break
 				}
+				ref := atomic.LoadUint32(&e.ref)
+				if ref&sameBit == 0 && !ix.sameRes(e, &st) {
+					break
+				}
+				if ref != refBit|sameBit {
+					atomic.OrUint32(&e.ref, refBit|sameBit)
+				}
+				run++
+			}
+			idx = base + int32(j) - 1
+			if j == pageSize || i == len(keys) {
+				continue
 			}
 		}
 		st.idx, st.run = idx, run
-		ix.matchNext(&st, k)
+		ix.matchNext(&st, keys[i])
 		idx, run = st.idx, st.run
+		i++
 	}
 	st.run = run
 	ix.releaseIDs(&st)
