@@ -10,9 +10,6 @@ import (
 type cand struct {
 	r       *replica
 	sig     *metrics.Sample // nil when never scraped
-	stale   bool
-	probe   bool // breaker half-open: routing here claims the probe
-	admit   bool // the breaker lets it be a candidate
 	waiting float64
 	kv      float64
 	infl    float64
@@ -20,10 +17,14 @@ type cand struct {
 
 	prefixUnits int     // matched tokens (precise) or bytes (approximate)
 	prefixShare float64 // tier-weighted share of the prompt, 0..1
-	prefixOK    bool    // above min_match and match_ratio, not overridden
 	prefixScore float64
-	sessionHit  bool
 	score       float64
+
+	stale      bool
+	probe      bool // breaker half-open: routing here claims the probe
+	admit      bool // the breaker lets it be a candidate
+	prefixOK   bool // above min_match and match_ratio, not overridden
+	sessionHit bool
 }
 
 // filter builds the candidate list in sc.cands: the replicas serving the

@@ -371,13 +371,13 @@ func (s *Scheduler) Pick(req *Request, t *Ticket) (*Decision, error) {
 		s.failed(err.Reason)
 		return nil, err
 	}
-	s.m.attempts.WithLabelValues("success").Inc()
+	s.m.succeeded.Inc()
 	d.Queued = t.queued()
 	return d, nil
 }
 
 func (s *Scheduler) failed(reason string) {
-	s.m.attempts.WithLabelValues("failure").Inc()
+	s.m.failedAttempts.Inc()
 	s.m.errors.WithLabelValues(reason).Inc()
 }
 
