@@ -48,15 +48,12 @@ func AppendBlockKeys(dst []Key, parent Key, tokens []uint32, blockSize int) []Ke
 		return dst
 	}
 	for len(tokens) >= blockSize {
-		parent = nextKey(parent, tokens[:blockSize:blockSize])
+		parent = nonZero(chainMix(uint64(parent), contentSum(tokens[:blockSize:blockSize])))
 		dst = append(dst, parent)
 		tokens = tokens[blockSize:]
 	}
 	return dst
 }
-
-// nextKey is the key of block blk after parent.
-func nextKey(parent Key, blk []uint32) Key { return nonZero(chainMix(uint64(parent), contentSum(blk))) }
 
 // contentSeed seeds the block content hash for the life of the process.
 var contentSeed = maphash.MakeSeed()
