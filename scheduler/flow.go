@@ -96,9 +96,14 @@ func (f *flow) saturation() float64 {
 			v := own / target
 			if sm, stale := s.signals(r, staleBefore); sm != nil && !stale {
 				sig := &sm.Signals
-				engine := (sig.Running + sig.Waiting) / float64(max(r.sharing.Load(), 1))
+				engine := sig.Running + sig.Waiting
+				if sh := r.sharing.Load(); sh > 1 {
+					engine /= float64(sh)
+				}
 				busy := engine + max(own-float64(r.inflightAtSample.Load()), 0)
-				v = max(v, busy/target, sig.Waiting/cfg.TargetWaiting, sig.KVUsage/cfg.KVCeiling)
+				// max(own, busy)/target is max(own/target, busy/target):
+				// division by a positive number keeps the order.
+				v = max(max(own, busy)/target, sig.Waiting/cfg.TargetWaiting, sig.KVUsage/cfg.KVCeiling)
 			}
 			sum += v
 			n++
