@@ -16,11 +16,14 @@
 //     Unexported Index methods run with the lock held; those ending in
 //     Locked mutate and need the write lock.
 //   - A lookup must not serialise readers, so Match does not reorder the LRU
-//     list. It only sets a per-entry reference flag with an atomic store
-//     (skipped when already set). The writer, when it must evict, gives a
-//     flagged entry at the head of the list a second chance: it clears the flag
-//     and moves the entry to the tail. This is CLOCK-style approximate LRU:
-//     stores are ordered exactly, matches promote lazily.
+//     list. It only sets bits of a per-entry word with an atomic OR (skipped
+//     when already set): a reference bit, and a bit recording that the
+//     entry holds the same residencies as the slab entry before it, which
+//     lets later walks along a chain skip comparing them (writers clear it
+//     on any change to either entry). The writer, when it must evict, gives
+//     a referenced entry at the head of the list a second chance: it clears
+//     the reference bit and moves the entry to the tail. This is CLOCK-style
+//     approximate LRU: stores are ordered exactly, matches promote lazily.
 //   - ReplicaState is not safe for concurrent use: one goroutine applies the
 //     events of one replica (events of one replica are ordered anyway).
 package kvindex
