@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/experimental"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/scheduler"
@@ -324,5 +325,31 @@ func (floorServer) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
 					Body: rb.GetBody(), EndOfStream: rb.GetEndOfStream()}}}}}}}); err != nil {
 			return err
 		}
+	}
+}
+
+// BenchmarkDecodeReply is the client's (Envoy's) share of the reply to the
+// request headers: decoding the EPP's routing reply (destination and
+// content-length headers, envoy.lb metadata) against floorServer's empty
+// answer.
+func BenchmarkDecodeReply(b *testing.B) {
+	routed := expRouted("127.0.0.1:8000", "1024")
+	floor := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
+		RequestHeaders: &extprocv3.HeadersResponse{}}}
+	for _, c := range []struct {
+		name string
+		msg  *extprocv3.ProcessingResponse
+	}{{"routed", routed}, {"floor", floor}} {
+		wire, err := proto.Marshal(c.msg)
+		require.NoError(b, err)
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				var m extprocv3.ProcessingResponse
+				if err := proto.Unmarshal(wire, &m); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
