@@ -60,7 +60,7 @@ type Target struct {
 
 // replica is one endpoint's live state. ep never changes after creation
 // (decisions hand out &ep); everything else is atomic or locked. What every
-// decision reads of every replica comes first, in one cache line.
+// decision reads of every replica comes first, together.
 type replica struct {
 	inflight atomic.Int64
 	sample   atomic.Pointer[metrics.Sample]
