@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/experimental"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/scheduler"
@@ -100,50 +102,7 @@ func roundTrips(b *testing.B, register func(*grpc.Server, Config)) {
 	for _, size := range []int{1 << 10, 32 << 10, 200 << 10} {
 		body := chatRequest(size)
 		b.Run(fmt.Sprintf("%dKB", size>>10), func(b *testing.B) {
-			c := startTCPServer(b, register)
-			headers := reqHeaders(false, ":method", "POST", ":path", "/v1/chat/completions",
-				"content-type", "application/json", "content-length", strconv.Itoa(len(body)))
-			var chunks []*extprocv3.ProcessingRequest
-			for off := 0; off < len(body); off += 64 << 10 {
-				end := min(off+64<<10, len(body))
-				chunks = append(chunks, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
-					RequestBody: &extprocv3.HttpBody{Body: body[off:end], EndOfStream: end == len(body)}}})
-			}
-			exchange := func() {
-				st, err := c.Process(context.Background())
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := st.Send(headers); err != nil {
-					b.Fatal(err)
-				}
-				for _, ch := range chunks {
-					if err := st.Send(ch); err != nil {
-						b.Fatal(err)
-					}
-				}
-				got := 0
-				for {
-					r, err := st.Recv()
-					if err != nil {
-						b.Fatal(err)
-					}
-					if rb := r.GetRequestBody(); rb != nil {
-						sr := rb.GetResponse().GetBodyMutation().GetStreamedResponse()
-						got += len(sr.GetBody())
-						if sr.GetEndOfStream() {
-							break
-						}
-					}
-				}
-				if got != len(body) {
-					b.Fatalf("got %d body bytes back, want %d", got, len(body))
-				}
-				_ = st.CloseSend()
-				if _, err := st.Recv(); err != io.EOF {
-					b.Fatalf("stream end: %v", err)
-				}
-			}
+			exchange := newExchange(b, startTCPServer(b, register), body)
 			exchange()
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
@@ -162,6 +121,97 @@ func roundTrips(b *testing.B, register func(*grpc.Server, Config)) {
 			// process CPU time per exchange (client and server) is the
 			// stable figure.
 			b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
+		})
+	}
+}
+
+// newExchange returns one request's exchange with c as Envoy drives it in
+// FULL_DUPLEX_STREAMED mode: the headers, body in 64 KiB chunks, then the
+// replies until the re-emitted body ends, then the stream's end.
+func newExchange(b *testing.B, c extprocv3.ExternalProcessorClient, body []byte) func() {
+	headers := reqHeaders(false, ":method", "POST", ":path", "/v1/chat/completions",
+		"content-type", "application/json", "content-length", strconv.Itoa(len(body)))
+	var chunks []*extprocv3.ProcessingRequest
+	for off := 0; off < len(body); off += 64 << 10 {
+		end := min(off+64<<10, len(body))
+		chunks = append(chunks, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+			RequestBody: &extprocv3.HttpBody{Body: body[off:end], EndOfStream: end == len(body)}}})
+	}
+	return func() {
+		st, err := c.Process(context.Background())
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := st.Send(headers); err != nil {
+			b.Fatal(err)
+		}
+		for _, ch := range chunks {
+			if err := st.Send(ch); err != nil {
+				b.Fatal(err)
+			}
+		}
+		got := 0
+		for {
+			r, err := st.Recv()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if rb := r.GetRequestBody(); rb != nil {
+				sr := rb.GetResponse().GetBodyMutation().GetStreamedResponse()
+				got += len(sr.GetBody())
+				if sr.GetEndOfStream() {
+					break
+				}
+			}
+		}
+		if got != len(body) {
+			b.Fatalf("got %d body bytes back, want %d", got, len(body))
+		}
+		_ = st.CloseSend()
+		if _, err := st.Recv(); err != io.EOF {
+			b.Fatalf("stream end: %v", err)
+		}
+	}
+}
+
+// BenchmarkExtProcVsFloor alternates BenchmarkExtProcRoundTrip's exchange
+// with the EPP and with floorServer in one loop and reports the ratio of
+// their median wall times (and of the first quartiles): on a shared
+// machine the two benchmarks run minutes apart under different loads, and
+// only a ratio measured side by side is stable.
+func BenchmarkExtProcVsFloor(b *testing.B) {
+	for _, size := range []int{1 << 10, 32 << 10, 200 << 10} {
+		body := chatRequest(size)
+		b.Run(fmt.Sprintf("%dKB", size>>10), func(b *testing.B) {
+			epp := newExchange(b, startTCPServer(b, func(g *grpc.Server, cfg Config) {
+				NewServer(cfg, onePicker{[]*endpoint.Endpoint{{Addr: "127.0.0.1:8000"}}}, nil, nil, zap.NewNop()).Register(g)
+			}), body)
+			floor := newExchange(b, startTCPServer(b, func(g *grpc.Server, _ Config) {
+				extprocv3.RegisterExternalProcessorServer(g, floorServer{})
+			}), body)
+			epp()
+			floor()
+			timed := func(f func()) time.Duration {
+				start := time.Now()
+				f()
+				return time.Since(start)
+			}
+			te, tf := make([]time.Duration, 0, b.N), make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for i := range b.N {
+				// Either order in turn, so neither always follows the other.
+				if i%2 == 0 {
+					te, tf = append(te, timed(epp)), append(tf, timed(floor))
+				} else {
+					tf, te = append(tf, timed(floor)), append(te, timed(epp))
+				}
+			}
+			slices.Sort(te)
+			slices.Sort(tf)
+			b.ReportMetric(float64(te[len(te)/2])/float64(tf[len(tf)/2]), "median-ratio")
+			b.ReportMetric(float64(te[len(te)/4])/float64(tf[len(tf)/4]), "p25-ratio")
+			b.ReportMetric(float64(te[len(te)/2]), "epp-ns")
+			b.ReportMetric(float64(tf[len(tf)/2]), "floor-ns")
 		})
 	}
 }
@@ -275,5 +325,31 @@ func (floorServer) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
 					Body: rb.GetBody(), EndOfStream: rb.GetEndOfStream()}}}}}}}); err != nil {
 			return err
 		}
+	}
+}
+
+// BenchmarkDecodeReply is the client's (Envoy's) share of the reply to the
+// request headers: decoding the EPP's routing reply (destination and
+// content-length headers, envoy.lb metadata) against floorServer's empty
+// answer.
+func BenchmarkDecodeReply(b *testing.B) {
+	routed := expRouted("127.0.0.1:8000", "1024")
+	floor := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
+		RequestHeaders: &extprocv3.HeadersResponse{}}}
+	for _, c := range []struct {
+		name string
+		msg  *extprocv3.ProcessingResponse
+	}{{"routed", routed}, {"floor", floor}} {
+		wire, err := proto.Marshal(c.msg)
+		require.NoError(b, err)
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				var m extprocv3.ProcessingResponse
+				if err := proto.Unmarshal(wire, &m); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

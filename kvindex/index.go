@@ -16,11 +16,14 @@
 //     Unexported Index methods run with the lock held; those ending in
 //     Locked mutate and need the write lock.
 //   - A lookup must not serialise readers, so Match does not reorder the LRU
-//     list. It only sets a per-entry reference flag with an atomic store
-//     (skipped when already set). The writer, when it must evict, gives a
-//     flagged entry at the head of the list a second chance: it clears the flag
-//     and moves the entry to the tail. This is CLOCK-style approximate LRU:
-//     stores are ordered exactly, matches promote lazily.
+//     list. It only sets bits of a per-entry word with an atomic OR (skipped
+//     when already set): a reference bit, and a bit recording that the
+//     entry holds the same residencies as the slab entry before it, which
+//     lets later walks along a chain skip comparing them (writers clear it
+//     on any change to either entry). The writer, when it must evict, gives
+//     a referenced entry at the head of the list a second chance: it clears
+//     the reference bit and moves the entry to the tail. This is CLOCK-style
+//     approximate LRU: stores are ordered exactly, matches promote lazily.
 //   - ReplicaState is not safe for concurrent use: one goroutine applies the
 //     events of one replica (events of one replica are ordered anyway).
 package kvindex
@@ -90,6 +93,9 @@ type Match struct {
 	pos int32
 	// tier is the replica's best tier on the last key examined.
 	tier uint8
+	// seen is the replica's tier mask in the key being examined, while a
+	// change of residencies is resolved through matchState.ids.
+	seen uint8
 }
 
 // Stats is a snapshot of the index's counters.
@@ -137,10 +143,19 @@ type entry struct {
 	// more is the first overflow chunk, -1 if none.
 	more int32
 	n    uint32 // residencies
-	// ref is set (atomically, under the read lock) by Match; see package comment.
+	// ref holds refBit, set (atomically, under the read lock) by Match,
+	// see package comment; and sameBit: Match found this entry to hold the
+	// same residencies as the slab entry before it, which stays true
+	// until either changes (changedLocked clears it).
 	ref uint32
 	res [inlineRes]residency
 }
+
+// Bits of entry.ref.
+const (
+	refBit  = 1
+	sameBit = 2
+)
 
 type chunk struct {
 	res  [chunkRes]residency
@@ -206,6 +221,8 @@ type Index struct {
 	liveChunks  int
 	evictions   uint64
 	lookups     atomic.Uint64
+	// idPool holds replica-id tables for Match (see resolveByID).
+	idPool sync.Pool
 }
 
 // New returns an empty index.
@@ -251,16 +268,16 @@ func (ix *Index) Store(r Replica, t Tier, keys []Key) {
 			ix.moveToTailLocked(idx)
 		}
 		e := ix.entries.at(idx)
-		atomic.StoreUint32(&e.ref, 0)
+		e.ref &^= refBit
 		pos, mask := ix.findRes(e, r)
 		switch {
 		case pos < 0:
-			ix.appendResLocked(e, residency(r)<<8|residency(bit))
+			ix.appendResLocked(idx, e, residency(r)<<8|residency(bit))
 			cnt.blocks++
 			cnt.byTier[t]++
 			ix.residencies++
 		case mask&bit == 0:
-			ix.setResLocked(e, pos, residency(r)<<8|residency(mask|bit))
+			ix.setResLocked(idx, e, pos, residency(r)<<8|residency(mask|bit))
 			cnt.byTier[t]++
 		}
 	}
@@ -295,7 +312,7 @@ func (ix *Index) Remove(r Replica, t Tier, keys []Key) {
 		if mask == bit {
 			ix.removeResLocked(idx, e, pos)
 		} else {
-			ix.setResLocked(e, pos, residency(r)<<8|residency(mask&^bit))
+			ix.setResLocked(idx, e, pos, residency(r)<<8|residency(mask&^bit))
 			ix.counts[r].byTier[t]--
 		}
 	}
@@ -337,12 +354,45 @@ func (ix *Index) Match(keys []Key, out []Match) []Match {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	ix.matchFirst(&st, keys[0])
-	for _, k := range keys[1:] {
-		if st.done {
-			break
+	pages := ix.entries.pages
+	// idx and run are st.idx and st.run, kept in registers on the fast
+	// path and written back for the slow one.
+	idx, run := st.idx, 0
+	for i := 1; i < len(keys) && !st.done; {
+		// The common case, inline, through a page of entries at a time:
+		// the next key is in the entry after the previous one (see
+		// lookupAfter) and that entry has the same residencies, which an
+		// earlier walk may have recorded in its sameBit. Entries past
+		// the slab's end are zero, and no key is 0.
+		if p := int(idx+1) >> pageShift; p < len(pages) {
+			page, base := pages[p], int32(p)<<pageShift
+			j := int(idx+1) & pageMask
+			for ; j < pageSize && i < len(keys); i, j = i+1, j+1 {
+				e := &page[j]
+				if k := keys[i]; e.key != k || k == 0 {
+					break
+				}
+				ref := atomic.LoadUint32(&e.ref)
+				if ref&sameBit == 0 && !ix.sameRes(e, &st) {
+					break
+				}
+				if ref != refBit|sameBit {
+					atomic.OrUint32(&e.ref, refBit|sameBit)
+				}
+				run++
+			}
+			idx = base + int32(j) - 1
+			if j == pageSize || i == len(keys) {
+				continue
+			}
 		}
-		ix.matchNext(&st, k)
+		st.idx, st.run = idx, run
+		ix.matchNext(&st, keys[i])
+		idx, run = st.idx, st.run
+		i++
 	}
+	st.run = run
+	ix.releaseIDs(&st)
 	return st.finish()
 }
 
@@ -351,14 +401,30 @@ func (ix *Index) Match(keys []Key, out []Match) []Match {
 type matchState struct {
 	out    []Match
 	active int
-	// run counts keys since prev whose residency lists equal prev's: every
-	// active replica extends over them at the tier it had at prev, so they
+	// idx is the entry of the last key examined, and n, res and sig its
+	// residency count, inline residencies and set signature (n >
+	// inlineRes), copied so that comparing the next entry with it reads
+	// the next entry only.
+	idx int32
+	n   uint32
+	res [inlineRes]residency
+	sig uint64
+	// run counts keys since idx whose residency lists equal its: every
+	// active replica extends over them at the tier it had there, so they
 	// are credited in one step. Chains stored by the same replicas in the
 	// same order (the common case) cost one comparison per key this way.
-	prev *entry
 	run  int
 	done bool
+	// ids maps a replica id to 1 + its index in out (0: none), built on
+	// the first change of residencies too large to resolve by scanning
+	// (see matchNext); nil until then.
+	ids *[]int32
 }
+
+// scanLimit bounds active replicas times residencies for resolving a change
+// of residencies by scanning; above it matchNext goes through ids, which
+// costs a pass over both lists instead of one over the entry per replica.
+const scanLimit = 64
 
 func (ix *Index) matchFirst(st *matchState, k Key) {
 	idx := ix.lookup(k)
@@ -368,31 +434,54 @@ func (ix *Index) matchFirst(st *matchState, k Key) {
 	}
 	e := ix.entries.at(idx)
 	touch(e)
-	for p := int32(0); p < int32(e.n); p++ {
-		v := *ix.resPtr(e, p)
-		t := uint8(bits.TrailingZeros8(v.mask()))
-		m := Match{Replica: v.replica(), Blocks: 1, pos: p, tier: t}
-		m.ByTier[t]++
-		st.out = append(st.out, m)
+	out := st.out
+	// The residencies in order: the inline ones, then chunk by chunk.
+	n, p, res, ci := int32(e.n), int32(0), e.res[:min(e.n, inlineRes)], e.more
+	for {
+		for _, v := range res {
+			t := uint8(bits.TrailingZeros8(v.mask()))
+			m := Match{Replica: v.replica(), Blocks: 1, pos: p, tier: t}
+			m.ByTier[t]++
+			out = append(out, m)
+			p++
+		}
+		if ci < 0 || p >= n {
+			break
+		}
+		c := ix.chunks.at(ci)
+		res, ci = c.res[:min(n-p, chunkRes)], c.next
 	}
-	st.active = len(st.out)
-	st.prev = e
+	st.out, st.active = out, len(out)
+	ix.setPrev(st, idx, e)
+}
+
+func (ix *Index) setPrev(st *matchState, idx int32, e *entry) {
+	st.idx, st.n, st.res = idx, e.n, e.res
+	if e.more >= 0 {
+		st.sig = ix.chunks.at(e.more).sig
+	}
 }
 
 func (ix *Index) matchNext(st *matchState, k Key) {
-	idx := ix.lookup(k)
+	idx := ix.lookupAfter(k, st.idx)
 	if idx < 0 {
 		st.done = true
 		return
 	}
 	e := ix.entries.at(idx)
 	touch(e)
-	if ix.sameRes(e, st.prev) {
+	if ix.sameRes(e, st) {
+		st.idx = idx
 		st.run++
 		return
 	}
 	st.credit()
-	st.prev = e
+	ix.setPrev(st, idx, e)
+	// Once built, ids must follow every reordering of out: keep using it.
+	if st.ids != nil || st.active*int(e.n) > scanLimit {
+		ix.resolveByID(st, e)
+		return
+	}
 	n := int32(e.n)
 	out, active := st.out, st.active
 	for j := 0; j < active; {
@@ -418,6 +507,73 @@ func (ix *Index) matchNext(st *matchState, k Key) {
 	st.done = active == 0
 }
 
+// resolveByID is matchNext's step for a large change of residencies: one
+// pass over e marks the active replicas it holds, found through st.ids, and
+// one pass over them extends those and drops the others.
+func (ix *Index) resolveByID(st *matchState, e *entry) {
+	out, active := st.out, st.active
+	if st.ids == nil {
+		st.ids = ix.getIDs()
+		for j := range out[:active] {
+			(*st.ids)[out[j].Replica] = int32(j + 1)
+		}
+	}
+	ids := *st.ids
+	// e's residencies in order, as in matchFirst.
+	n, p, res, ci := int32(e.n), int32(0), e.res[:min(e.n, inlineRes)], e.more
+	for {
+		for _, v := range res {
+			if j := int(ids[v.replica()]) - 1; j >= 0 && j < active {
+				out[j].seen, out[j].pos = v.mask(), p
+			}
+			p++
+		}
+		if ci < 0 || p >= n {
+			break
+		}
+		c := ix.chunks.at(ci)
+		res, ci = c.res[:min(n-p, chunkRes)], c.next
+	}
+	for j := 0; j < active; {
+		m := &out[j]
+		if m.seen == 0 {
+			active--
+			out[j], out[active] = out[active], out[j]
+			ids[out[j].Replica], ids[out[active].Replica] = int32(j+1), int32(active+1)
+			continue
+		}
+		m.tier = uint8(bits.TrailingZeros8(m.seen))
+		m.seen = 0
+		m.Blocks++
+		m.ByTier[m.tier]++
+		j++
+	}
+	st.active = active
+	st.done = active == 0
+}
+
+// getIDs returns a zeroed replica-id table for every replica id the index
+// has seen; releaseIDs zeroes the entries a walk set and pools it again.
+func (ix *Index) getIDs() *[]int32 {
+	if p, ok := ix.idPool.Get().(*[]int32); ok && len(*p) >= len(ix.counts) {
+		return p
+	}
+	ids := make([]int32, len(ix.counts))
+	return &ids
+}
+
+func (ix *Index) releaseIDs(st *matchState) {
+	if st.ids == nil {
+		return
+	}
+	ids := *st.ids
+	for _, m := range st.out {
+		ids[m.Replica] = 0
+	}
+	ix.idPool.Put(st.ids)
+	st.ids = nil
+}
+
 func (st *matchState) finish() []Match {
 	st.credit()
 	return st.out
@@ -436,19 +592,19 @@ func (st *matchState) credit() {
 	st.run = 0
 }
 
-// sameRes reports whether a and b hold the same residencies: for up to
-// inlineRes, listed in the same order (compared with XOR/OR rather than
-// array equality, which the compiler turns into a memequal call); beyond,
-// as the same set, by signature.
-func (ix *Index) sameRes(a, b *entry) bool {
-	if a.n != b.n {
+// sameRes reports whether e holds the same residencies as the entry st
+// last recorded: for up to inlineRes, listed in the same order (compared
+// with XOR/OR rather than array equality, which the compiler turns into a
+// memequal call); beyond, as the same set, by signature.
+func (ix *Index) sameRes(e *entry, st *matchState) bool {
+	if e.n != st.n {
 		return false
 	}
-	if a.more >= 0 {
-		return ix.chunks.at(a.more).sig == ix.chunks.at(b.more).sig
+	if e.more >= 0 {
+		return ix.chunks.at(e.more).sig == st.sig
 	}
-	return (a.res[0]^b.res[0])|(a.res[1]^b.res[1])|(a.res[2]^b.res[2])|
-		(a.res[3]^b.res[3])|(a.res[4]^b.res[4]) == 0
+	return (e.res[0]^st.res[0])|(e.res[1]^st.res[1])|(e.res[2]^st.res[2])|
+		(e.res[3]^st.res[3])|(e.res[4]^st.res[4]) == 0
 }
 
 // Resident returns how many blocks replica r holds on any tier.
@@ -485,8 +641,17 @@ func (ix *Index) accountedBytes() int64 {
 // touch marks e as used by a lookup. Loading first keeps hot entries' cache
 // lines shared between readers.
 func touch(e *entry) {
-	if atomic.LoadUint32(&e.ref) == 0 {
-		atomic.StoreUint32(&e.ref, 1)
+	if atomic.LoadUint32(&e.ref)&refBit == 0 {
+		atomic.OrUint32(&e.ref, refBit)
+	}
+}
+
+// changedLocked records that entry idx's residencies changed: whatever
+// Match learned about it and its successor being equal no longer holds.
+func (ix *Index) changedLocked(idx int32, e *entry) {
+	e.ref &^= sameBit
+	if next := idx + 1; next < ix.entries.used {
+		ix.entries.at(next).ref &^= sameBit
 	}
 }
 
@@ -511,8 +676,8 @@ func (ix *Index) evictLocked() {
 	for ix.head >= 0 && ix.accountedBytes() > ix.cfg.MemoryBudget {
 		idx := ix.head
 		e := ix.entries.at(idx)
-		if e.ref != 0 {
-			atomic.StoreUint32(&e.ref, 0)
+		if e.ref&refBit != 0 {
+			e.ref &^= refBit
 			ix.moveToTailLocked(idx)
 			continue
 		}
@@ -564,7 +729,8 @@ func (ix *Index) findRes(e *entry, r Replica) (int32, uint8) {
 	return -1, 0
 }
 
-func (ix *Index) appendResLocked(e *entry, v residency) {
+func (ix *Index) appendResLocked(idx int32, e *entry, v residency) {
+	ix.changedLocked(idx, e)
 	pos := int32(e.n)
 	if pos >= inlineRes && (pos-inlineRes)%chunkRes == 0 {
 		ci := ix.chunks.alloc()
@@ -596,7 +762,8 @@ func (ix *Index) appendResLocked(e *entry, v residency) {
 
 // setResLocked replaces the residency at pos (a tier mask change), keeping
 // the signature.
-func (ix *Index) setResLocked(e *entry, pos int32, v residency) {
+func (ix *Index) setResLocked(idx int32, e *entry, pos int32, v residency) {
+	ix.changedLocked(idx, e)
 	p := ix.resPtr(e, pos)
 	if e.more >= 0 {
 		ix.chunks.at(e.more).sig ^= resSig(*p) ^ resSig(v)
@@ -607,6 +774,7 @@ func (ix *Index) setResLocked(e *entry, pos int32, v residency) {
 // removeResLocked removes the residency at pos (moving the last one into its
 // place), updates the replica's counts and drops the entry when it is empty.
 func (ix *Index) removeResLocked(idx int32, e *entry, pos int32) {
+	ix.changedLocked(idx, e)
 	v := *ix.resPtr(e, pos)
 	cnt := &ix.counts[v.replica()]
 	cnt.blocks--
@@ -708,6 +876,19 @@ func tagOf(k Key) uint32 { return uint32((uint64(k) * 0x9E3779B97F4A7C15) >> 32)
 
 // home is the slot a tag hashes to: its top log2(len(slots)) bits.
 func (ix *Index) home(tag uint32) int { return int(tag >> ix.shift) }
+
+// lookupAfter is lookup for the key that follows entry prev in a chain.
+// Store allocates the new keys of a chain one after the other, so the
+// entry after prev is tried first: a hit there costs one read of memory
+// the walk is about to need anyway, instead of a probe of the table. The
+// key comparison makes it exact (free entries hold key 0, which no lookup
+// asks for).
+func (ix *Index) lookupAfter(k Key, prev int32) int32 {
+	if next := prev + 1; next < ix.entries.used && k != 0 && ix.entries.at(next).key == k {
+		return next
+	}
+	return ix.lookup(k)
+}
 
 // lookup returns k's entry index or -1.
 func (ix *Index) lookup(k Key) int32 {
@@ -813,7 +994,7 @@ const (
 // slab is a paged array addressed by int32: pages never move, so growth
 // copies no entries and pointers into it stay valid; freed slots are reused.
 type slab[T any] struct {
-	pages [][]T
+	pages []*[pageSize]T
 	used  int32 // slots ever handed out
 	free  []int32
 }
@@ -827,7 +1008,7 @@ func (s *slab[T]) alloc() int32 {
 		return i
 	}
 	if int(s.used) == len(s.pages)<<pageShift {
-		s.pages = append(s.pages, make([]T, pageSize))
+		s.pages = append(s.pages, new([pageSize]T))
 	}
 	s.used++
 	return s.used - 1
@@ -840,5 +1021,5 @@ func (s *slab[T]) release(i int32) {
 }
 
 func (s *slab[T]) allocatedBytes(elem int64) int64 {
-	return int64(len(s.pages))*pageSize*elem + int64(cap(s.free))*4 + int64(cap(s.pages))*24
+	return int64(len(s.pages))*pageSize*elem + int64(cap(s.free))*4 + int64(cap(s.pages))*8
 }

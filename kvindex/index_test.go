@@ -1,6 +1,7 @@
 package kvindex
 
 import (
+	"math/bits"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -18,7 +19,7 @@ func m(r Replica, gpu, cpu, storage int) Match {
 func norm(ms []Match) []Match {
 	out := slices.Clone(ms)
 	for i := range out {
-		out[i].pos, out[i].tier = 0, 0
+		out[i].pos, out[i].tier, out[i].seen = 0, 0, 0
 	}
 	slices.SortFunc(out, func(a, b Match) int { return int(a.Replica) - int(b.Replica) })
 	if out == nil {
@@ -294,6 +295,101 @@ func TestAgainstModel(t *testing.T) {
 	require.Equal(t, len(model), ix.Stats().Residencies)
 }
 
+// refMatch is Match the plain way, for TestMatchEqualsReference: for every
+// replica id, count the leading keys whose entry lists it, one key and one
+// replica at a time.
+func refMatch(ix *Index, keys []Key) []Match {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	out := []Match{}
+	for r := range ix.counts {
+		mm := Match{Replica: Replica(r)}
+		for _, k := range keys {
+			idx := ix.lookup(k)
+			if idx < 0 {
+				break
+			}
+			_, mask := ix.findRes(ix.entries.at(idx), Replica(r))
+			if mask == 0 {
+				break
+			}
+			mm.Blocks++
+			mm.ByTier[bits.TrailingZeros8(mask)]++
+		}
+		if mm.Blocks > 0 {
+			out = append(out, mm)
+		}
+	}
+	return out
+}
+
+// TestMatchEqualsReference checks Match's walk (runs of equal residencies,
+// the entry-after guess and its recorded sameBit, resolving through
+// replica ids) against refMatch on
+// random indexes: prompts branching from shared prefixes, stored by up to
+// 80 replicas (residencies in overflow chunks) on random tiers, removed in
+// random ranges, and with a budget small enough that eviction recycles
+// entries, so chains lose their allocation order.
+func TestMatchEqualsReference(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		replicas int
+		budget   int64
+	}{
+		{"few", 3, 0},
+		{"many", 80, 0},
+		{"evicting", 80, int64(minSlots)*slotBytes + 80*countBytes + 400*entryBytes + 300*chunkBytes},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(tc.replicas), uint64(tc.budget)))
+			root := RootKey("m", "", "")
+			// Prompts of up to 60 blocks of 4 tokens, each continuing a
+			// random earlier one from a random block.
+			prompts := [][]Key{nil}
+			toks := [][]uint32{nil}
+			for len(prompts) < 60 {
+				from := rng.IntN(len(toks))
+				base := toks[from][:4*rng.IntN(len(toks[from])/4+1)]
+				tail := make([]uint32, 4*(1+rng.IntN(30)))
+				for i := range tail {
+					tail[i] = rng.Uint32N(1000)
+				}
+				tt := append(slices.Clone(base), tail...)
+				tt = tt[:min(len(tt), 240)]
+				toks = append(toks, tt)
+				prompts = append(prompts, AppendBlockKeys(nil, root, tt, 4))
+			}
+			prompts = prompts[1:]
+			ix := New(Config{MemoryBudget: tc.budget})
+			out := make([]Match, 0, tc.replicas)
+			for step := 0; step < 3000; step++ {
+				keys := prompts[rng.IntN(len(prompts))]
+				r := Replica(rng.IntN(tc.replicas))
+				tier := Tier(rng.IntN(NumTiers))
+				switch x := rng.IntN(100); {
+				case x < 70: // engines store prefixes
+					ix.Store(r, tier, keys[:1+rng.IntN(len(keys))])
+				case x < 98:
+					from := rng.IntN(len(keys))
+					ix.Remove(r, tier, keys[from:from+1+rng.IntN(len(keys)-from)])
+				default:
+					ix.ClearReplica(r)
+				}
+				q := prompts[rng.IntN(len(prompts))]
+				out = ix.Match(q, out)
+				require.Equal(t, norm(refMatch(ix, q)), norm(out), "step %d", step)
+				if step%100 == 0 {
+					checkInvariants(t, ix)
+				}
+			}
+			checkInvariants(t, ix)
+			if tc.budget > 0 {
+				require.NotZero(t, ix.Stats().Evictions)
+			}
+		})
+	}
+}
+
 func TestConcurrentReadersAndWriters(t *testing.T) {
 	keys := chain(512)
 	ix := New(Config{MemoryBudget: int64(minSlots)*slotBytes + 8*countBytes + 300*entryBytes})
@@ -387,6 +483,14 @@ func checkInvariants(t *testing.T, ix *Index) {
 		}
 		if e.more >= 0 {
 			require.Equal(t, sig, ix.chunks.at(e.more).sig, "residency signature of key %x", e.key)
+		}
+		if e.ref&sameBit != 0 {
+			require.Positive(t, i, "sameBit on the first entry")
+			prev := ix.entries.at(i - 1)
+			require.NotZero(t, prev.key, "sameBit after a free entry")
+			var st matchState
+			ix.setPrev(&st, i-1, prev)
+			require.True(t, ix.sameRes(e, &st), "sameBit on an entry unlike the one before it")
 		}
 	}
 	n := 0

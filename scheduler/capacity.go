@@ -13,6 +13,7 @@ import (
 func (s *Scheduler) Capacity() capacity.Snapshot {
 	snap := s.snap.Load()
 	now := s.now()
+	staleBefore := s.staleBefore(now)
 	byModel := make(map[string]*capacity.Model)
 	var hits, queries map[string]float64
 	hits, queries = make(map[string]float64), make(map[string]float64)
@@ -24,7 +25,7 @@ func (s *Scheduler) Capacity() capacity.Snapshot {
 		}
 		m.Replicas++
 		m.InFlight += int(r.inflight.Load())
-		sm, stale := s.signals(r, now)
+		sm, stale := s.signals(r, staleBefore)
 		if stale {
 			m.Stale++
 		}

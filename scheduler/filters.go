@@ -10,9 +10,6 @@ import (
 type cand struct {
 	r       *replica
 	sig     *metrics.Sample // nil when never scraped
-	stale   bool
-	probe   bool // breaker half-open: routing here claims the probe
-	admit   bool // the breaker lets it be a candidate
 	waiting float64
 	kv      float64
 	infl    float64
@@ -20,12 +17,16 @@ type cand struct {
 
 	prefixUnits int     // matched tokens (precise) or bytes (approximate)
 	prefixShare float64 // tier-weighted share of the prompt, 0..1
-	prefixOK    bool    // above min_match and match_ratio, not overridden
-	recalled    bool    // the match is the routing memory's, longer than the index's
 	heldUnits   int     // the index's (and speculative) match when recalled
 	prefixScore float64
-	sessionHit  bool
 	score       float64
+
+	stale      bool
+	probe      bool // breaker half-open: routing here claims the probe
+	admit      bool // the breaker lets it be a candidate
+	prefixOK   bool // above min_match and match_ratio, not overridden
+	recalled   bool // the match is the routing memory's, longer than the index's
+	sessionHit bool
 }
 
 // filter builds the candidate list in sc.cands: the replicas serving the
@@ -34,73 +35,79 @@ type cand struct {
 // stages is skipped when it would leave nothing (relaxed reports that the
 // breaker stage was): a pool that looks entirely bad still routes.
 func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.Time) (cands []cand, relaxed bool, err *Error) {
+	// One pass builds the candidates and tallies both stages, for the
+	// admitted candidates and for all of them (the KV stage runs on
+	// whichever list the breaker stage leaves); a second pass, only when a
+	// stage removes something, compacts.
 	cands = sc.cands[:0]
+	staleBefore := s.staleBefore(now)
+	cooldown, ceiling, targetWaiting := s.cfg.Breaker.Cooldown, s.cfg.Scoring.KVCeiling, s.cfg.Scoring.TargetWaiting
+	var all, kept stageTally
 	for _, r := range reps {
 		if req.Subset != nil && !inSubset(req.Subset, r.ep.Addr) {
 			continue
 		}
-		c := cand{r: r}
-		c.sig, c.stale = s.signals(r, now)
+		cands = append(cands, cand{r: r})
+		c := &cands[len(cands)-1]
+		c.sig, c.stale = s.signals(r, staleBefore)
 		if c.sig != nil {
 			c.waiting, c.kv = c.sig.Signals.Waiting, c.sig.Signals.KVUsage
 		}
 		c.infl = float64(r.inflight.Load())
-		c.load = loadOf(&c)
-		cands = append(cands, c)
+		c.load = loadOf(c)
+		c.admit, c.probe = r.br.admit(now, cooldown)
+		over, ready := kvOver(c, ceiling), c.waiting < targetWaiting
+		all.add(over, ready)
+		if c.admit {
+			kept.add(over, ready)
+		}
 	}
 	sc.cands = cands
 	if len(cands) == 0 {
 		return nil, false, ErrNoEndpoint
 	}
 
-	// Breaker stage.
-	kept := 0
-	for i := range cands {
-		c := &cands[i]
-		c.admit, c.probe = c.r.br.admit(now, s.cfg.Breaker.Cooldown)
-		if c.admit {
-			kept++
-		}
+	// Breaker stage: without open breakers, unless that leaves nothing.
+	relaxed = kept.n == 0
+	stage := kept
+	if relaxed {
+		stage = all
 	}
-	if kept == 0 {
-		relaxed = true
-	} else if kept < len(cands) {
-		n := 0
-		for i := range cands {
-			if cands[i].admit {
-				cands[n] = cands[i]
-				n++
-			}
-		}
-		cands = cands[:n]
-	}
-
 	// KV ceiling stage: stale signals are not trusted to exclude. It only
 	// applies while some replica under the ceiling can also start the
 	// request soon (engine queue below target_waiting): a replica whose
 	// requests wait for prefill holds little KV, and under load it would
 	// otherwise become the only candidate and take every request (bench
 	// llmd-73: max/mean load 3.0).
-	over, ready := 0, false
+	kvStage := stage.over > 0 && stage.over < stage.n && stage.ready
+	if stage.n == len(cands) && !kvStage {
+		return cands, relaxed, nil
+	}
+	n := 0
 	for i := range cands {
 		c := &cands[i]
-		if kvOver(c, s.cfg.Scoring.KVCeiling) {
-			over++
-		} else if c.waiting < s.cfg.Scoring.TargetWaiting {
-			ready = true
+		if (relaxed || c.admit) && !(kvStage && kvOver(c, ceiling)) {
+			cands[n] = *c
+			n++
 		}
 	}
-	if over > 0 && over < len(cands) && ready {
-		n := 0
-		for i := range cands {
-			if !kvOver(&cands[i], s.cfg.Scoring.KVCeiling) {
-				cands[n] = cands[i]
-				n++
-			}
-		}
-		cands = cands[:n]
+	return cands[:n], relaxed, nil
+}
+
+// stageTally counts candidates for filter: how many, how many above the
+// KV ceiling, and whether one below it has a short queue.
+type stageTally struct {
+	n, over int
+	ready   bool
+}
+
+func (t *stageTally) add(over, ready bool) {
+	t.n++
+	if over {
+		t.over++
+	} else if ready {
+		t.ready = true
 	}
-	return cands, relaxed, nil
 }
 
 func kvOver(c *cand, ceiling float64) bool { return !c.stale && c.sig != nil && c.kv > ceiling }

@@ -42,6 +42,8 @@ type schedMetrics struct {
 	// its own attempts and failures.
 	attempts *prometheus.CounterVec
 	errors   *prometheus.CounterVec
+	// succeeded and failedAttempts are attempts' two children.
+	succeeded, failedAttempts prometheus.Counter
 
 	decisions    *prometheus.CounterVec
 	decided      map[[2]string]prometheus.Counter
@@ -135,6 +137,7 @@ func newSchedMetrics(reg prometheus.Registerer, pool string) (*schedMetrics, err
 	for o, name := range outcomeNames {
 		m.outcomes[o] = outcomes.WithLabelValues(name)
 	}
+	m.succeeded, m.failedAttempts = m.attempts.WithLabelValues("success"), m.attempts.WithLabelValues("failure")
 	m.decided = make(map[[2]string]prometheus.Counter)
 	for _, r := range allReasons {
 		for _, mode := range []string{ModePrecise, ModeApproximate, ""} {

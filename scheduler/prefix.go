@@ -34,10 +34,9 @@ type prefixHit struct {
 type speculative struct {
 	ttl time.Duration
 
-	mu      sync.Mutex
-	cur     map[kvindex.Key]specVal
-	prev    map[kvindex.Key]specVal
-	rotated time.Time
+	mu        sync.Mutex
+	cur, prev *specTable
+	rotated   time.Time
 }
 
 type specVal struct {
@@ -46,7 +45,7 @@ type specVal struct {
 }
 
 func newSpeculative(ttl time.Duration) *speculative {
-	return &speculative{ttl: ttl, cur: make(map[kvindex.Key]specVal), prev: make(map[kvindex.Key]specVal)}
+	return &speculative{ttl: ttl, cur: newSpecTable(0), prev: newSpecTable(0)}
 }
 
 func specRecorded(i, n int) bool { return (i+1)%specStride == 0 || i == n-1 }
@@ -60,7 +59,7 @@ func (sp *speculative) credit(r kvindex.Replica, keys []kvindex.Key, now time.Ti
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	if now.Sub(sp.rotated) >= sp.ttl {
-		sp.prev, sp.cur = sp.cur, make(map[kvindex.Key]specVal, len(sp.cur))
+		sp.prev, sp.cur = sp.cur, newSpecTable(sp.cur.n)
 		sp.rotated = now
 	}
 	for i := specStride - 1; ; i += specStride {
@@ -68,12 +67,14 @@ func (sp *speculative) credit(r kvindex.Replica, keys []kvindex.Key, now time.Ti
 			i = len(keys) - 1
 		}
 		k := keys[i]
-		v, ok := sp.cur[k]
-		if !ok {
-			v = sp.prev[k]
+		v := sp.cur.get(k)
+		if v == nil {
+			v = sp.cur.insert(k)
+			if pv := sp.prev.get(k); pv != nil {
+				*v = *pv
+			}
 		}
 		v.put(r, exp)
-		sp.cur[k] = v
 		if i == len(keys)-1 {
 			break
 		}
@@ -114,13 +115,15 @@ func (sp *speculative) match(keys []kvindex.Key, now time.Time, out []prefixHit)
 		if i >= len(keys) {
 			i = len(keys) - 1
 		}
-		v, ok := sp.cur[keys[i]]
-		pv, pok := sp.prev[keys[i]]
-		if !ok && !pok {
+		v, pv := sp.cur.get(keys[i]), sp.prev.get(keys[i])
+		if v == nil && pv == nil {
 			break
 		}
 		live := false
-		for _, val := range [2]*specVal{&v, &pv} {
+		for _, val := range [2]*specVal{v, pv} {
+			if val == nil {
+				continue
+			}
 			for j := range val.exp {
 				if val.exp[j] <= nowNs {
 					continue

@@ -60,20 +60,23 @@ type Target struct {
 }
 
 // replica is one endpoint's live state. ep never changes after creation
-// (decisions hand out &ep); everything else is atomic or locked.
+// (decisions hand out &ep); everything else is atomic or locked. What every
+// decision reads of every replica comes first, together.
 type replica struct {
-	ep       endpoint.Endpoint
-	id       kvindex.Replica
 	inflight atomic.Int64
 	sample   atomic.Pointer[metrics.Sample]
-	br       breaker
-	score    atomic.Uint64 // math.Float64bits of the last total score
-	// sharing is how many replicas report through the same metrics URL
-	// (their engine counts are split evenly between them), and
-	// inflightAtSample this EPP's in-flight count when the last good
+	// inflightAtSample is this EPP's in-flight count when the last good
 	// sample arrived: what it routed since is not in the engine's counts.
-	sharing          atomic.Int32
 	inflightAtSample atomic.Int64
+	score            atomic.Uint64 // math.Float64bits of the last total score
+	// sharing is how many replicas report through the same metrics URL
+	// (their engine counts are split evenly between them).
+	sharing atomic.Int32
+	id      kvindex.Replica
+	metered bool // ep.MetricsURL != ""
+	br      breaker
+
+	ep endpoint.Endpoint
 
 	queueGauge, breakerGauge, scoreGauge, staleGauge prometheus.Gauge
 }
@@ -166,7 +169,7 @@ func (s *Scheduler) SetEndpoints(eps []Target) {
 		}
 		r := old.byAddr[ep.Addr]
 		if r == nil || r.id != ep.Replica || !sameEndpoint(&r.ep, &ep.Endpoint) {
-			nr := &replica{ep: ep.Endpoint, id: ep.Replica}
+			nr := &replica{ep: ep.Endpoint, id: ep.Replica, metered: ep.MetricsURL != ""}
 			nr.ep.Labels = cloneLabels(ep.Labels)
 			if r != nil {
 				// In-flight counts stay with the old replica, whose
@@ -271,10 +274,11 @@ func b2f(b bool) float64 {
 func (s *Scheduler) refreshGauges() {
 	snap := s.snap.Load()
 	now := s.now()
+	staleBefore := s.staleBefore(now)
 	var kv, q, run float64
 	var ready, stale, n int
 	for _, r := range snap.all {
-		sig, isStale := s.signals(r, now)
+		sig, isStale := s.signals(r, staleBefore)
 		state := r.br.current(now, s.cfg.Breaker.Cooldown)
 		r.breakerGauge.Set(float64(state))
 		r.scoreGauge.Set(float64frombits(r.score.Load()))
@@ -301,17 +305,22 @@ func (s *Scheduler) refreshGauges() {
 	s.m.stale.Set(float64(stale))
 }
 
-// signals returns r's last sample (nil if none) and whether it is stale. A
-// replica without a metrics URL is never stale: there is nothing to wait for.
-func (s *Scheduler) signals(r *replica, now time.Time) (*metrics.Sample, bool) {
+// staleBefore is the sample time before which signals are stale at now
+// (older than signals.stale_after), computed once per pass over the pool.
+func (s *Scheduler) staleBefore(now time.Time) time.Time { return now.Add(-s.cfg.Signals.StaleAfter) }
+
+// signals returns r's last sample (nil if none) and whether it is stale,
+// that is taken before staleBefore. A replica without a metrics URL is
+// never stale: there is nothing to wait for.
+func (s *Scheduler) signals(r *replica, staleBefore time.Time) (*metrics.Sample, bool) {
 	sm := r.sample.Load()
-	if r.ep.MetricsURL == "" {
+	if !r.metered {
 		return sm, false
 	}
 	if sm == nil || sm.At.IsZero() {
 		return nil, true
 	}
-	return sm, now.Sub(sm.At) > s.cfg.Signals.StaleAfter
+	return sm, sm.At.Before(staleBefore)
 }
 
 // Tenant ids come from a client header: the first maxTenantSeries
@@ -368,13 +377,13 @@ func (s *Scheduler) Pick(req *Request, t *Ticket) (*Decision, error) {
 		s.failed(err.Reason)
 		return nil, err
 	}
-	s.m.attempts.WithLabelValues("success").Inc()
+	s.m.succeeded.Inc()
 	d.Queued = t.queued()
 	return d, nil
 }
 
 func (s *Scheduler) failed(reason string) {
-	s.m.attempts.WithLabelValues("failure").Inc()
+	s.m.failedAttempts.Inc()
 	s.m.errors.WithLabelValues(reason).Inc()
 }
 

@@ -149,8 +149,9 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 	return ModeApproximate, n
 }
 
-// scoreAll applies the thresholds, the imbalance guard and every scorer;
-// it reports whether the guard overrode an affinity.
+// scoreAll applies the thresholds, the imbalance guard (guardTrips) and
+// every scorer, in two passes over the candidates; it reports whether the
+// guard overrode an affinity.
 func (s *Scheduler) scoreAll(cands []cand, req *Request, adapter string, promptUnits int, mode string, now time.Time) bool {
 	sc := &s.cfg.Scoring
 	minMatch := *s.cfg.Prefix.MinMatch
@@ -158,14 +159,17 @@ func (s *Scheduler) scoreAll(cands []cand, req *Request, adapter string, promptU
 		minMatch = *s.cfg.Prefix.MinMatchBytes
 	}
 	var meanLoad float64
+	minLoad := math.Inf(1)
 	for i := range cands {
 		c := &cands[i]
 		c.prefixOK = promptUnits > 0 && c.prefixUnits > 0 && c.prefixUnits >= minMatch &&
 			float64(c.prefixUnits) >= *s.cfg.Prefix.MatchRatio*float64(promptUnits)
 		meanLoad += c.load
+		minLoad = min(minLoad, c.load)
 	}
 	meanLoad /= float64(len(cands))
-	override := s.guard(cands)
+	balanceAbs, balanceRel := *s.cfg.Prefix.BalanceAbs, s.cfg.Prefix.BalanceRel
+	override := false
 
 	sessR, hasSess := s.sess.get(req.SessionKey, now)
 	w := weights{
@@ -174,6 +178,9 @@ func (s *Scheduler) scoreAll(cands []cand, req *Request, adapter string, promptU
 	}
 	for i := range cands {
 		c := &cands[i]
+		if c.prefixOK && guardTrips(c.load, minLoad, balanceAbs, balanceRel) {
+			c.prefixOK, override = false, true
+		}
 		c.prefixScore = prefixScorer(c)
 		sess := sessionScorer(hasSess && c.r.id == sessR, c.load, meanLoad, sc.SessionLoadFactor)
 		c.sessionHit = sess > 0 && w.session > 0
