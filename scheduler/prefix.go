@@ -7,6 +7,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/hashicorp/golang-lru/v2/simplelru"
 
 	"github.com/omnious/provider-node/kvindex"
 )
@@ -79,6 +80,16 @@ func (sp *speculative) credit(r kvindex.Replica, keys []kvindex.Key, now time.Ti
 			break
 		}
 	}
+}
+
+// expOf is r's expiry in v, 0 when v does not hold r.
+func (v *specVal) expOf(r kvindex.Replica) int64 {
+	for i := range v.exp {
+		if v.exp[i] != 0 && v.r[i] == r {
+			return v.exp[i]
+		}
+	}
+	return 0
 }
 
 func (v *specVal) put(r kvindex.Replica, exp int64) {
@@ -160,12 +171,14 @@ func addHit(out []prefixHit, base int, r kvindex.Replica, n int) []prefixHit {
 // cached on both: remembering only the last one would forget the first, and
 // the next request would miss a copy it could have used.
 type routes struct {
-	ttl   time.Duration
-	cache *lru.Cache[uint64, specVal]
+	ttl time.Duration
+
+	mu    sync.Mutex // one lock per match or record, not per key
+	cache *simplelru.LRU[uint64, specVal]
 }
 
 func newRoutes(maxNodes int, ttl time.Duration) (*routes, error) {
-	c, err := lru.New[uint64, specVal](maxNodes)
+	c, err := simplelru.NewLRU[uint64, specVal](maxNodes, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -177,6 +190,8 @@ func newRoutes(maxNodes int, ttl time.Duration) (*routes, error) {
 func (rt *routes) match(keys []uint64, now time.Time, out []prefixHit, units func(i int) int) []prefixHit {
 	base := len(out)
 	nowNs := now.UnixNano()
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
 	for i, k := range keys {
 		v, ok := rt.cache.Peek(k)
 		if !ok {
@@ -196,10 +211,19 @@ func (rt *routes) match(keys []uint64, now time.Time, out []prefixHit, units fun
 	return out
 }
 
+// record notes that keys were routed to r. A record already good for most
+// of the ttl is only moved to the front: a hot prefix routed again and
+// again costs a lookup per key, not a rewrite.
 func (rt *routes) record(keys []uint64, r kvindex.Replica, now time.Time) {
 	exp := now.Add(rt.ttl).UnixNano()
+	fresh := exp - int64(rt.ttl/8)
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
 	for _, k := range keys {
-		v, _ := rt.cache.Peek(k)
+		v, _ := rt.cache.Get(k)
+		if v.expOf(r) >= fresh {
+			continue
+		}
 		v.put(r, exp)
 		rt.cache.Add(k, v)
 	}
