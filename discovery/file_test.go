@@ -224,9 +224,14 @@ func (u *updates) all() [][]endpoint.Endpoint {
 }
 
 // waitFor waits until the latest update satisfies ok, and returns it.
-func (u *updates) waitFor(t *testing.T, what string, ok func([]endpoint.Endpoint) bool) []endpoint.Endpoint {
+func (u *updates) waitFor(t testing.TB, what string, ok func([]endpoint.Endpoint) bool) []endpoint.Endpoint {
 	t.Helper()
-	deadline := time.After(10 * time.Second)
+	return u.waitWithin(t, 10*time.Second, what, ok)
+}
+
+func (u *updates) waitWithin(t testing.TB, timeout time.Duration, what string, ok func([]endpoint.Endpoint) bool) []endpoint.Endpoint {
+	t.Helper()
+	deadline := time.After(timeout)
 	for {
 		if all := u.all(); len(all) > 0 && ok(all[len(all)-1]) {
 			return all[len(all)-1]
@@ -254,7 +259,7 @@ func addrs(eps []endpoint.Endpoint) []string {
 
 // requireDistinct checks that no two consecutive updates carry the same set:
 // sources only call update on a change.
-func requireDistinct(t *testing.T, all [][]endpoint.Endpoint) {
+func requireDistinct(t testing.TB, all [][]endpoint.Endpoint) {
 	t.Helper()
 	for i := 1; i < len(all); i++ {
 		require.False(t, equalEndpoints(all[i-1], all[i]), "update %d repeats update %d: %v", i, i-1, addrs(all[i]))

@@ -19,10 +19,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/restmapper"
 )
 
@@ -99,21 +101,27 @@ func (e *Env) applyOne(ctx context.Context, obj *unstructured.Unstructured, opts
 	if err != nil {
 		return nil, err
 	}
-	ao := metav1.ApplyOptions{FieldManager: FieldManager, Force: true}
+	// Strict: a field the schema does not know is an error, not a warning.
+	po := metav1.PatchOptions{FieldManager: FieldManager, Force: ptr(true), FieldValidation: "Strict"}
 	if opts.DryRun {
-		ao.DryRun = []string{metav1.DryRunAll}
+		po.DryRun = []string{metav1.DryRunAll}
 	}
-	if mapping.Scope.Name() == meta.RESTScopeNameRoot {
-		return e.Dynamic.Resource(mapping.Resource).Apply(ctx, obj.GetName(), obj, ao)
+	var client dynamic.ResourceInterface = e.Dynamic.Resource(mapping.Resource)
+	if mapping.Scope.Name() != meta.RESTScopeNameRoot {
+		if obj.GetNamespace() == "" {
+			obj = obj.DeepCopy()
+			obj.SetNamespace(opts.Namespace)
+		}
+		client = e.Dynamic.Resource(mapping.Resource).Namespace(obj.GetNamespace())
 	}
-	ns := obj.GetNamespace()
-	if ns == "" {
-		ns = opts.Namespace
-		obj = obj.DeepCopy()
-		obj.SetNamespace(ns)
+	data, err := json.Marshal(obj.Object)
+	if err != nil {
+		return nil, err
 	}
-	return e.Dynamic.Resource(mapping.Resource).Namespace(ns).Apply(ctx, obj.GetName(), obj, ao)
+	return client.Patch(ctx, obj.GetName(), types.ApplyPatchType, data, po)
 }
+
+func ptr[T any](v T) *T { return &v }
 
 func (e *Env) mapper() *restMapper {
 	e.mu.Lock()

@@ -32,16 +32,24 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
 
-// Options adjust a control plane started by Start or New.
+// Options adjust a control plane started by Start, New or Main.
 type Options struct {
 	// APIServerArgs are extra kube-apiserver flags; a later flag wins over
 	// the harness's own (--watch-cache=false, --feature-gates=...).
 	APIServerArgs []string
+	// ControllerManager also runs kube-controller-manager with the
+	// controllers a Deployment needs to get Pods (deployment, replicaset,
+	// garbage collector) and those of namespaces and their default
+	// ServiceAccount. No scheduler or kubelet runs: ReadyPods plays the
+	// kubelet's part.
+	ControllerManager bool
 }
 
 // Env is one running control plane.
@@ -61,6 +69,7 @@ type Env struct {
 	pki     *pki
 	etcd    *proc
 	api     *proc
+	kcm     *proc
 	apiArgs []string
 	bins    string
 
@@ -68,28 +77,35 @@ type Env struct {
 	stopped   bool
 	restmaps  *restMapper
 	nsCreated map[string]bool
+	podIPs    int
 }
 
 var shared struct {
 	once sync.Once
+	opts Options
 	env  *Env
 	err  error
 }
 
-// Shared returns the test binary's control plane, starting it on first use.
-// The package's TestMain must call Main, which stops it.
+// Shared returns the test binary's control plane, starting it on first use
+// with the options given to Main. The package's TestMain must call Main,
+// which stops it.
 func Shared(t testing.TB) *Env {
 	t.Helper()
-	shared.once.Do(func() { shared.env, shared.err = New(Options{}) })
+	shared.once.Do(func() { shared.env, shared.err = New(shared.opts) })
 	if shared.err != nil {
 		t.Fatalf("kubetest: %v", shared.err)
 	}
 	return shared.env
 }
 
-// Main runs the package's tests and stops the control plane Shared started;
-// call it from TestMain. It exits the process with the tests' status.
-func Main(m *testing.M) {
+// Main runs the package's tests and stops the control plane Shared started
+// (with opts, if given); call it from TestMain. It exits the process with
+// the tests' status.
+func Main(m *testing.M, opts ...Options) {
+	if len(opts) > 0 {
+		shared.opts = opts[0]
+	}
 	code := m.Run()
 	if shared.env != nil {
 		if err := shared.env.Stop(); err != nil {
@@ -153,7 +169,7 @@ func BinDir() (string, error) {
 		}
 		dir = filepath.Join(root, ".cache", "controlplane", key)
 	}
-	for _, b := range []string{"etcd", "kube-apiserver", "kubectl"} {
+	for _, b := range binaries {
 		if st, err := os.Stat(filepath.Join(dir, b)); err != nil || st.Mode()&0o111 == 0 {
 			return "", fmt.Errorf("%s is missing: run scripts/controlplane.sh (make test runs it) to build the test control plane", filepath.Join(dir, b))
 		}
@@ -212,6 +228,9 @@ func cacheKey(gomod string) (string, error) {
 	}
 	return "kube-" + kube + "-etcd-" + etcd, nil
 }
+
+// binaries are what scripts/controlplane.sh builds.
+var binaries = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kubectl"}
 
 var errPortTaken = errors.New("port taken")
 
@@ -283,7 +302,38 @@ func start(bins string, opts Options) (_ *Env, err error) {
 	if e.Dynamic, err = dynamic.NewForConfig(e.Config); err != nil {
 		return nil, err
 	}
+	if opts.ControllerManager {
+		if err := e.startControllerManager(); err != nil {
+			return nil, err
+		}
+	}
 	return e, nil
+}
+
+func (e *Env) startControllerManager() error {
+	kubeconfig := filepath.Join(e.dir, "kube-controller-manager.kubeconfig")
+	if err := WriteKubeconfig(e.pki.clientConfig(e.Host, "system:kube-controller-manager", "system:masters"), kubeconfig); err != nil {
+		return err
+	}
+	var err error
+	e.kcm, err = startProc("kube-controller-manager", filepath.Join(e.bins, "kube-controller-manager"),
+		filepath.Join(e.dir, "kube-controller-manager.log"),
+		"--kubeconfig="+kubeconfig, "--leader-elect=false", "--secure-port=0",
+		"--controllers=deployment-controller,replicaset-controller,garbage-collector-controller,namespace-controller,serviceaccount-controller")
+	if err != nil {
+		return err
+	}
+	// Ready when its ServiceAccount controller gives a new namespace its
+	// "default" ServiceAccount.
+	probe := "kubetest-controller-manager"
+	if _, err := e.Kube.CoreV1().Namespaces().Create(context.Background(),
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: probe}}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	return waitFor(e.kcm, 2*time.Minute, func(ctx context.Context) error {
+		_, err := e.Kube.CoreV1().ServiceAccounts(probe).Get(ctx, "default", metav1.GetOptions{})
+		return err
+	})
 }
 
 func (e *Env) startAPIServer() (*proc, error) {
@@ -348,7 +398,7 @@ func (e *Env) Stop() error {
 	}
 	e.stopped = true
 	var errs []error
-	for _, p := range []*proc{e.api, e.etcd} {
+	for _, p := range []*proc{e.kcm, e.api, e.etcd} {
 		if p != nil {
 			errs = append(errs, p.stop())
 		}
@@ -377,4 +427,11 @@ func freePorts(n int) ([]int, error) {
 		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
+}
+
+// LogFiles are the control-plane processes' logs, for a test that searches
+// them (for a secret that must never be logged).
+func (e *Env) LogFiles() []string {
+	files, _ := filepath.Glob(filepath.Join(e.dir, "*.log"))
+	return files
 }

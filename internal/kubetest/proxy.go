@@ -14,11 +14,11 @@ import (
 // keeps running, then give it back (Restore). TLS passes through: the
 // serving certificate names 127.0.0.1.
 type Proxy struct {
-	ln     net.Listener
+	addr   string
 	target string
 
 	mu    sync.Mutex
-	down  bool
+	ln    net.Listener // nil while cut
 	conns map[net.Conn]struct{}
 	wg    sync.WaitGroup
 }
@@ -30,60 +30,74 @@ func (e *Env) Proxy(t testing.TB) *Proxy {
 	if err != nil {
 		t.Fatalf("kubetest: proxy: %v", err)
 	}
-	p := &Proxy{ln: ln, target: e.Host[len("https://"):], conns: map[net.Conn]struct{}{}}
-	p.wg.Go(p.accept)
-	t.Cleanup(p.close)
+	p := &Proxy{addr: ln.Addr().String(), target: e.Host[len("https://"):], conns: map[net.Conn]struct{}{}}
+	p.serve(ln)
+	t.Cleanup(func() {
+		p.Cut()
+		p.wg.Wait()
+	})
 	return p
 }
 
 // Config is a copy of rc that reaches the API server through the relay.
 func (p *Proxy) Config(rc *rest.Config) *rest.Config {
 	c := rest.CopyConfig(rc)
-	c.Host = "https://" + p.ln.Addr().String()
+	c.Host = "https://" + p.addr
 	return c
 }
 
-// Cut closes every relayed connection (a client's open watches end with a
-// connection error) and refuses new ones until Restore.
+// Cut closes every relayed connection (a client's open watches end as if
+// the server had closed them) and the listening socket, so new connections
+// are refused, as by an API server that is down, until Restore.
 func (p *Proxy) Cut() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.down = true
+	if p.ln != nil {
+		_ = p.ln.Close()
+		p.ln = nil
+	}
 	for c := range p.conns {
 		_ = c.Close()
 	}
 }
 
-// Restore relays new connections again.
-func (p *Proxy) Restore() {
-	p.mu.Lock()
-	p.down = false
-	p.mu.Unlock()
+// Restore listens on the same address again.
+func (p *Proxy) Restore() error {
+	ln, err := net.Listen("tcp", p.addr)
+	if err != nil {
+		return err
+	}
+	p.serve(ln)
+	return nil
 }
 
-func (p *Proxy) accept() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		if p.down {
+func (p *Proxy) serve(ln net.Listener) {
+	p.mu.Lock()
+	p.ln = ln
+	p.mu.Unlock()
+	p.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", p.target)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			p.mu.Lock()
+			if p.ln != ln { // cut while this one was accepted
+				p.mu.Unlock()
+				_, _ = c.Close(), up.Close()
+				continue
+			}
+			p.conns[c], p.conns[up] = struct{}{}, struct{}{}
 			p.mu.Unlock()
-			_ = c.Close()
-			continue
+			p.wg.Go(func() { p.pipe(c, up) })
+			p.wg.Go(func() { p.pipe(up, c) })
 		}
-		up, err := net.Dial("tcp", p.target)
-		if err != nil {
-			p.mu.Unlock()
-			_ = c.Close()
-			continue
-		}
-		p.conns[c], p.conns[up] = struct{}{}, struct{}{}
-		p.mu.Unlock()
-		p.wg.Go(func() { p.pipe(c, up) })
-		p.wg.Go(func() { p.pipe(up, c) })
-	}
+	})
 }
 
 // pipe copies one direction; when it ends, both sides close.
@@ -95,10 +109,4 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 	delete(p.conns, dst)
 	delete(p.conns, src)
 	p.mu.Unlock()
-}
-
-func (p *Proxy) close() {
-	_ = p.ln.Close()
-	p.Cut()
-	p.wg.Wait()
 }
