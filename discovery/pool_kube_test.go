@@ -1,9 +1,9 @@
 package discovery
 
 import (
-	"flag"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"path/filepath"
 	"regexp"
