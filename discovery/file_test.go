@@ -205,16 +205,21 @@ func TestLoadFileMissing(t *testing.T) {
 type updates struct {
 	mu  sync.Mutex
 	got [][]endpoint.Endpoint
+	at  []time.Time // when each update arrived
 	ch  chan struct{}
 }
 
-func newUpdates() *updates { return &updates{ch: make(chan struct{}, 1000)} }
+func newUpdates() *updates { return &updates{ch: make(chan struct{}, 1)} }
 
 func (u *updates) update(eps []endpoint.Endpoint) {
 	u.mu.Lock()
 	u.got = append(u.got, eps)
+	u.at = append(u.at, time.Now())
 	u.mu.Unlock()
-	u.ch <- struct{}{}
+	select {
+	case u.ch <- struct{}{}:
+	default: // a wake-up is already pending; waitFor reads the latest
+	}
 }
 
 func (u *updates) all() [][]endpoint.Endpoint {

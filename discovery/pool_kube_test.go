@@ -430,7 +430,9 @@ func TestPoolWatchResumesAndExpires(t *testing.T) {
 	c.setStatus("p5", "127.0.0.5", true)
 	_, err := c.env.Compact(c.ctx)
 	require.NoError(t, err)
+	restart := time.Now()
 	c.env.RestartAPIServer(t)
+	t.Logf("API server restarted in %s", time.Since(restart).Round(time.Millisecond))
 	require.NoError(t, proxy.Restore())
 	// client-go retries a refused watch with a backoff that doubles up to
 	// 30 s: the set stays as last known until the retry after Restore.
