@@ -173,7 +173,7 @@ func NewPoolForConfig(cfg PoolConfig, rc *rest.Config, log *zap.Logger) (*Pool, 
 // events coalesce.
 func (p *Pool) Run(ctx context.Context, update func([]endpoint.Endpoint)) error {
 	if !p.skipAccessCheck {
-		if err := rbac.Require(ctx, p.kube.AuthorizationV1(), p.cfg.Namespace, poolAccess...); err != nil {
+		if err := rbac.Require(ctx, p.kube.AuthorizationV1(), p.log, p.cfg.Namespace, poolAccess...); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}

@@ -53,7 +53,7 @@ func BenchmarkPoolChangeLatency(b *testing.B) {
 	}{
 		{
 			name:  "pod ready",
-			setup: func(c *cluster) { c.createPod("p", "", app("a")); c.setStatus("p", ip, false) },
+			setup: func(c *cluster) { c.pod("p", ip, false, app("a")) },
 			step: func(b *testing.B, c *cluster, w *watcher, _ int) time.Duration {
 				d := w.changeLatency(b, "ready", func() { c.setStatus("p", ip, true) }, ep)
 				w.changeLatency(b, "not ready", func() { c.setStatus("p", ip, false) })
@@ -62,7 +62,7 @@ func BenchmarkPoolChangeLatency(b *testing.B) {
 		},
 		{
 			name:  "pod not ready",
-			setup: func(c *cluster) { c.runningPod("p", ip, app("a")) },
+			setup: func(c *cluster) { c.pod("p", ip, true, app("a")) },
 			step: func(b *testing.B, c *cluster, w *watcher, _ int) time.Duration {
 				d := w.changeLatency(b, "not ready", func() { c.setStatus("p", ip, false) })
 				w.changeLatency(b, "ready", func() { c.setStatus("p", ip, true) }, ep)
@@ -74,7 +74,7 @@ func BenchmarkPoolChangeLatency(b *testing.B) {
 			setup: func(*cluster) {},
 			step: func(b *testing.B, c *cluster, w *watcher, i int) time.Duration {
 				name := fmt.Sprintf("p%d", i)
-				d := w.changeLatency(b, "added", func() { c.runningPod(name, ip, app("a")) }, ep)
+				d := w.changeLatency(b, "added", func() { c.pod(name, ip, true, app("a")) }, ep)
 				w.changeLatency(b, "deleted", func() { c.deletePod(name) })
 				return d
 			},
@@ -84,13 +84,13 @@ func BenchmarkPoolChangeLatency(b *testing.B) {
 			setup: func(*cluster) {},
 			step: func(b *testing.B, c *cluster, w *watcher, i int) time.Duration {
 				name := fmt.Sprintf("p%d", i)
-				w.changeLatency(b, "added", func() { c.runningPod(name, ip, app("a")) }, ep)
+				w.changeLatency(b, "added", func() { c.pod(name, ip, true, app("a")) }, ep)
 				return w.changeLatency(b, "deleted", func() { c.deletePod(name) })
 			},
 		},
 		{
 			name:  "pod relabelled out of the selector",
-			setup: func(c *cluster) { c.runningPod("p", ip, app("a")) },
+			setup: func(c *cluster) { c.pod("p", ip, true, app("a")) },
 			step: func(b *testing.B, c *cluster, w *watcher, _ int) time.Duration {
 				d := w.changeLatency(b, "out", func() { c.relabel("p", map[string]string{"app": "b"}) })
 				w.changeLatency(b, "in", func() { c.relabel("p", map[string]string{"app": "a"}) }, ep)
@@ -99,7 +99,7 @@ func BenchmarkPoolChangeLatency(b *testing.B) {
 		},
 		{
 			name:  "pod relabelled into the selector",
-			setup: func(c *cluster) { c.runningPod("p", ip, app("b")) },
+			setup: func(c *cluster) { c.pod("p", ip, true, app("b")) },
 			step: func(b *testing.B, c *cluster, w *watcher, _ int) time.Duration {
 				d := w.changeLatency(b, "in", func() { c.relabel("p", map[string]string{"app": "a"}) }, ep)
 				w.changeLatency(b, "out", func() { c.relabel("p", map[string]string{"app": "b"}) })
@@ -109,8 +109,8 @@ func BenchmarkPoolChangeLatency(b *testing.B) {
 		{
 			name: "pool selector changed (new Pod watch)",
 			setup: func(c *cluster) {
-				c.runningPod("p", ip, app("a"))
-				c.runningPod("q", "127.0.0.2", app("b"))
+				c.pod("p", ip, true, app("a"))
+				c.pod("q", "127.0.0.2", true, app("b"))
 			},
 			step: func(b *testing.B, c *cluster, w *watcher, _ int) time.Duration {
 				d := w.changeLatency(b, "to b", func() { c.setPool(map[string]string{"app": "b"}, 8000) }, "127.0.0.2:8000")
@@ -120,7 +120,7 @@ func BenchmarkPoolChangeLatency(b *testing.B) {
 		},
 		{
 			name:  "pool targetPorts 1 → 2 (data-parallel ranks)",
-			setup: func(c *cluster) { c.runningPod("p", ip, app("a")) },
+			setup: func(c *cluster) { c.pod("p", ip, true, app("a")) },
 			step: func(b *testing.B, c *cluster, w *watcher, _ int) time.Duration {
 				d := w.changeLatency(b, "2 ports", func() { c.setPool(map[string]string{"app": "a"}, 8000, 8001) }, ep, ip+":8001")
 				w.changeLatency(b, "1 port", func() { c.setPool(map[string]string{"app": "a"}, 8000) }, ep)

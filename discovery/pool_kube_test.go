@@ -159,29 +159,17 @@ func (c *cluster) createPod(name, node string, labels map[string]string, annotat
 	require.NoError(c.t, err)
 }
 
-// setStatus patches a Pod's status as the kubelet reports it: its IP and
-// its Ready condition.
+// setStatus reports a Pod's IP and readiness as its kubelet would.
 func (c *cluster) setStatus(name, ip string, ready bool) {
 	c.t.Helper()
-	s := corev1.ConditionFalse
-	if ready {
-		s = corev1.ConditionTrue
-	}
-	patch, err := json.Marshal(map[string]any{"status": map[string]any{
-		"podIP":      ip,
-		"podIPs":     []map[string]string{{"ip": ip}},
-		"conditions": []map[string]any{{"type": "Ready", "status": s}, {"type": "ContainersReady", "status": s}},
-	}})
-	require.NoError(c.t, err)
-	_, err = c.pods().Patch(c.ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}, "status")
-	require.NoError(c.t, err)
+	c.env.SetPodStatus(c.t, c.ns, name, ip, ready)
 }
 
-// runningPod creates a Pod and reports it ready at ip.
-func (c *cluster) runningPod(name, ip string, labels map[string]string, annotations ...string) {
+// pod creates a Pod and reports it at ip, ready or not.
+func (c *cluster) pod(name, ip string, ready bool, labels map[string]string, annotations ...string) {
 	c.t.Helper()
 	c.createPod(name, "", labels, annotations...)
-	c.setStatus(name, ip, true)
+	c.setStatus(name, ip, ready)
 }
 
 func (c *cluster) relabel(name string, labels map[string]string) {
@@ -271,13 +259,12 @@ func app(v string) map[string]string { return map[string]string{"app": v, "omnio
 func TestPoolLifecycle(t *testing.T) {
 	c := newCluster(t)
 	c.setPool(map[string]string{"app": "a"}, 8000)
-	c.runningPod("p1", "127.0.0.1", app("a"))
-	c.createPod("p2", "", app("a"))
-	c.setStatus("p2", "127.0.0.2", false)
-	c.runningPod("p3", "127.0.0.3", app("b"), "omnious.io/kv-events-port=5557")
+	c.pod("p1", "127.0.0.1", true, app("a"))
+	c.pod("p2", "127.0.0.2", false, app("a"))
+	c.pod("p3", "127.0.0.3", true, app("b"), "omnious.io/kv-events-port=5557")
 	// Same labels in another namespace: never part of the pool.
 	other := &cluster{t: t, env: c.env, ns: testNamespace(t, c.env), ctx: c.ctx}
-	other.runningPod("elsewhere", "127.0.0.9", app("a"))
+	other.pod("elsewhere", "127.0.0.9", true, app("a"))
 
 	w := c.watch(watchOpts{})
 	w.waitAddrs(t, "initial ready pod", "127.0.0.1:8000")
@@ -313,7 +300,7 @@ func TestPoolLifecycle(t *testing.T) {
 	require.Equal(t, "tcp://127.0.0.3:5558", got[1].KVEvents)
 	require.Equal(t, "http://127.0.0.3:8001/metrics", got[1].MetricsURL)
 
-	c.runningPod("p5", "127.0.0.6", app("b"))
+	c.pod("p5", "127.0.0.6", true, app("b"))
 	w.waitAddrs(t, "p5 added", "127.0.0.3:8000", "127.0.0.3:8001", "127.0.0.6:8000", "127.0.0.6:8001")
 	c.deletePod("p3")
 	w.waitAddrs(t, "p3 deleted", "127.0.0.6:8000", "127.0.0.6:8001")
@@ -340,8 +327,7 @@ func TestPoolRejectedSpecs(t *testing.T) {
 
 func TestPoolMissingAtStart(t *testing.T) {
 	c := newCluster(t)
-	c.createPod("p1", "", map[string]string{"app": "a"})
-	c.setStatus("p1", "127.0.0.1", true)
+	c.pod("p1", "127.0.0.1", true, map[string]string{"app": "a"})
 	w := c.watch(watchOpts{cfg: PoolConfig{DefaultModel: "m"}})
 	w.waitAddrs(t, "no pool yet", []string{}...)
 
@@ -357,7 +343,7 @@ func TestPoolOtherPoolIgnored(t *testing.T) {
 	obj.SetName("not-ours")
 	_, err := c.pools().Create(c.ctx, obj, metav1.CreateOptions{})
 	require.NoError(t, err)
-	c.runningPod("p1", "127.0.0.1", app("a"))
+	c.pod("p1", "127.0.0.1", true, app("a"))
 	w := c.watch(watchOpts{})
 	w.waitAddrs(t, "other pool is not ours", []string{}...)
 	require.Len(t, w.u.all(), 1)
@@ -395,11 +381,9 @@ func logged(logs *observer.ObservedLogs, text string) bool {
 func TestPoolWatchResumesAndExpires(t *testing.T) {
 	c := newCluster(t)
 	c.setPool(map[string]string{"app": "a"}, 8000)
-	c.runningPod("p1", "127.0.0.1", app("a"))
-	c.createPod("p2", "", app("a"))
-	c.setStatus("p2", "127.0.0.2", false)
-	c.createPod("p3", "", app("a"))
-	c.setStatus("p3", "127.0.0.3", false)
+	c.pod("p1", "127.0.0.1", true, app("a"))
+	c.pod("p2", "127.0.0.2", false, app("a"))
+	c.pod("p3", "127.0.0.3", false, app("a"))
 	proxy := c.env.Proxy(t)
 	klogs := captureKlog(t)
 	t.Cleanup(func() {
@@ -425,9 +409,8 @@ func TestPoolWatchResumesAndExpires(t *testing.T) {
 
 	proxy.Cut()
 	c.deletePod("p2")
-	c.runningPod("p4", "127.0.0.4", app("a"))
-	c.createPod("p5", "", app("a"))
-	c.setStatus("p5", "127.0.0.5", true)
+	c.pod("p4", "127.0.0.4", true, app("a"))
+	c.pod("p5", "127.0.0.5", true, app("a"))
 	_, err := c.env.Compact(c.ctx)
 	require.NoError(t, err)
 	restart := time.Now()

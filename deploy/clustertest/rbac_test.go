@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -19,7 +20,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/omnious/provider-node/internal/kubetest"
 )
@@ -162,20 +162,28 @@ func buildEPP(t testing.TB) string {
 
 // eppProcess is cmd/epp running as the chart's ServiceAccount.
 type eppProcess struct {
-	cmd    *exec.Cmd
-	admin  string
-	stderr *syncBuffer
-	done   chan error
+	cmd   *exec.Cmd
+	admin string
+	log   string // its stdout and stderr
+	done  chan error
+}
+
+func (p *eppProcess) output(t testing.TB) string {
+	data, err := os.ReadFile(p.log)
+	require.NoError(t, err)
+	return string(data)
 }
 
 func startEPP(t testing.TB, bin, kubeconfig, pool, ns string) *eppProcess {
 	t.Helper()
-	p := &eppProcess{admin: freeAddr(t), stderr: &syncBuffer{}, done: make(chan error, 1)}
+	p := &eppProcess{admin: freeAddr(t), log: filepath.Join(t.TempDir(), "epp.log"), done: make(chan error, 1)}
+	out, err := os.Create(p.log)
+	require.NoError(t, err)
+	defer out.Close() // the child has its own copy
 	p.cmd = exec.Command(bin, "--kubeconfig", kubeconfig, "--pool-name", pool, "--pool-namespace", ns,
 		"--standin-tokenizer", "--log-level", "info", "--drain-delay", "0s",
 		"--grpc-addr", freeAddr(t), "--health-addr", freeAddr(t), "--metrics-addr", freeAddr(t), "--admin-addr", p.admin)
-	p.cmd.Stderr = p.stderr
-	p.cmd.Stdout = p.stderr
+	p.cmd.Stdout, p.cmd.Stderr = out, out
 	require.NoError(t, p.cmd.Start())
 	go func() { p.done <- p.cmd.Wait() }()
 	t.Cleanup(func() {
@@ -185,7 +193,7 @@ func startEPP(t testing.TB, bin, kubeconfig, pool, ns string) *eppProcess {
 		case <-time.After(10 * time.Second):
 		}
 		if t.Failed() {
-			t.Logf("epp output:\n%s", p.stderr.String())
+			t.Logf("epp output:\n%s", p.output(t))
 		}
 	})
 	return p
@@ -256,7 +264,7 @@ func TestEPPRoleIsTheCharts(t *testing.T) {
 		}
 		_, err = env.Kube.CoreV1().Pods(ns).Create(context.Background(), pod, metav1.CreateOptions{})
 		require.NoError(t, err)
-		setReady(t, env, ns, "engine-0", "127.0.0.87", true)
+		env.SetPodStatus(t, ns, "engine-0", "127.0.0.87", true)
 		return setup{ns: ns, pool: pools[0].GetName(), access: a,
 			kubeconfig: env.Kubeconfig(t, env.ServiceAccountConfig(t, ns, saName)),
 			addr:       fmt.Sprintf("127.0.0.87:%v", port)}
@@ -281,12 +289,12 @@ func TestEPPRoleIsTheCharts(t *testing.T) {
 		}
 		p := startEPP(t, bin, s.kubeconfig, s.pool, s.ns)
 		waitEndpoints(t, p, s.addr)
-		setReady(t, env, s.ns, "engine-0", "127.0.0.87", false)
+		env.SetPodStatus(t, s.ns, "engine-0", "127.0.0.87", false)
 		waitEndpoints(t, p)
-		setReady(t, env, s.ns, "engine-0", "127.0.0.87", true)
+		env.SetPodStatus(t, s.ns, "engine-0", "127.0.0.87", true)
 		waitEndpoints(t, p, s.addr)
-		require.NotContains(t, strings.ToLower(p.stderr.String()), "forbidden")
-		require.NotContains(t, p.stderr.String(), "RBAC")
+		require.NotContains(t, strings.ToLower(p.output(t)), "forbidden")
+		require.NotContains(t, p.output(t), "RBAC")
 	})
 	require.NotEmpty(t, all, "the working case did not run")
 
@@ -302,7 +310,7 @@ func TestEPPRoleIsTheCharts(t *testing.T) {
 				eps, _ := p.endpoints()
 				t.Fatalf("the EPP runs without %s (endpoints %v): the chart's Role grants more than it needs", g, eps)
 			}
-			out := p.stderr.String()
+			out := p.output(t)
 			for _, res := range g.resources {
 				name := res
 				if g.groups[0] != "" {
@@ -325,21 +333,6 @@ func waitEndpoints(t *testing.T, p *eppProcess, want ...string) {
 		got, err = p.endpoints()
 		return err == nil && slices.Equal(got, want)
 	}, 15*time.Second, 50*time.Millisecond, "EPP endpoints %v (%v), want %v", &got, &err, want)
-}
-
-func setReady(t testing.TB, env *kubetest.Env, ns, pod, ip string, ready bool) {
-	t.Helper()
-	s := corev1.ConditionFalse
-	if ready {
-		s = corev1.ConditionTrue
-	}
-	patch, err := json.Marshal(map[string]any{"status": map[string]any{
-		"podIP": ip, "podIPs": []map[string]string{{"ip": ip}},
-		"conditions": []map[string]any{{"type": "Ready", "status": s}},
-	}})
-	require.NoError(t, err)
-	_, err = env.Kube.CoreV1().Pods(ns).Patch(context.Background(), pod, types.MergePatchType, patch, metav1.PatchOptions{}, "status")
-	require.NoError(t, err)
 }
 
 // TestQuoterNeedsNoAccess: the quoter never talks to the API server (it

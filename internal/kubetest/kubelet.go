@@ -48,22 +48,42 @@ func (e *Env) readyPods(ctx context.Context, ns string) error {
 		e.podIPs++
 		n := e.podIPs
 		e.mu.Unlock()
-		ip := fmt.Sprintf("127.0.%d.%d", 1+n/250, 1+n%250)
-		now := metav1.Now()
-		conds := []map[string]any{}
-		for _, c := range []corev1.PodConditionType{corev1.PodScheduled, corev1.PodInitialized, corev1.ContainersReady, corev1.PodReady} {
-			conds = append(conds, map[string]any{"type": c, "status": corev1.ConditionTrue, "lastTransitionTime": now})
-		}
-		patch, err := json.Marshal(map[string]any{"status": map[string]any{
-			"phase": corev1.PodRunning, "podIP": ip, "podIPs": []map[string]string{{"ip": ip}},
-			"startTime": now, "conditions": conds,
-		}})
-		if err != nil {
+		if err := e.patchPodStatus(ctx, ns, pod.Name, fmt.Sprintf("127.0.%d.%d", 1+n/250, 1+n%250), true); err != nil {
 			return err
 		}
-		if _, err := e.Kube.CoreV1().Pods(ns).Patch(ctx, pod.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
-			return fmt.Errorf("pod %s: %w", pod.Name, err)
-		}
+	}
+	return nil
+}
+
+// SetPodStatus reports Pod ns/name as its kubelet would: Running at ip,
+// Ready or not.
+func (e *Env) SetPodStatus(t testing.TB, ns, name, ip string, ready bool) {
+	t.Helper()
+	if err := e.patchPodStatus(context.Background(), ns, name, ip, ready); err != nil {
+		t.Fatalf("kubetest: %v", err)
+	}
+}
+
+func (e *Env) patchPodStatus(ctx context.Context, ns, name, ip string, ready bool) error {
+	s := corev1.ConditionFalse
+	if ready {
+		s = corev1.ConditionTrue
+	}
+	now := metav1.Now()
+	conds := []map[string]any{{"type": corev1.PodScheduled, "status": corev1.ConditionTrue, "lastTransitionTime": now}}
+	for _, c := range []corev1.PodConditionType{corev1.PodInitialized, corev1.ContainersReady, corev1.PodReady} {
+		conds = append(conds, map[string]any{"type": c, "status": s, "lastTransitionTime": now})
+	}
+	patch, err := json.Marshal(map[string]any{"status": map[string]any{
+		"phase": corev1.PodRunning, "podIP": ip, "podIPs": []map[string]string{{"ip": ip}},
+		"startTime": now, "conditions": conds,
+	}})
+	if err != nil {
+		return err
+	}
+	// A strategic merge patch merges conditions by type.
+	if _, err := e.Kube.CoreV1().Pods(ns).Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
+		return fmt.Errorf("pod %s/%s status: %w", ns, name, err)
 	}
 	return nil
 }

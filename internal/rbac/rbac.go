@@ -10,10 +10,10 @@ import (
 	"strings"
 	"time"
 
+	"go.uber.org/zap"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	authzclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
 )
 
@@ -48,12 +48,13 @@ func (e *DeniedError) Error() string {
 // Require asks the API server, with one SelfSubjectAccessReview per need
 // (which every authenticated identity may create), whether the caller holds
 // each need in namespace. It returns a *DeniedError listing every refused
-// need. A review that cannot be made (API server unreachable) is retried
-// until ctx ends; then ctx's error is returned.
-func Require(ctx context.Context, c authzclient.SelfSubjectAccessReviewsGetter, namespace string, needs ...Need) error {
+// need. A review that cannot be made (API server unreachable) is logged and
+// retried, backing off from 0.5 s to 30 s, until ctx ends; then ctx's error
+// is returned.
+func Require(ctx context.Context, c authzclient.SelfSubjectAccessReviewsGetter, log *zap.Logger, namespace string, needs ...Need) error {
 	var denied []Need
 	for _, n := range needs {
-		allowed, err := review(ctx, c, namespace, n)
+		allowed, err := review(ctx, c, log, namespace, n)
 		if err != nil {
 			return err
 		}
@@ -67,23 +68,28 @@ func Require(ctx context.Context, c authzclient.SelfSubjectAccessReviewsGetter, 
 	return nil
 }
 
-func review(ctx context.Context, c authzclient.SelfSubjectAccessReviewsGetter, namespace string, n Need) (bool, error) {
+func review(ctx context.Context, c authzclient.SelfSubjectAccessReviewsGetter, log *zap.Logger, namespace string, n Need) (bool, error) {
 	req := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
 		ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: namespace, Verb: n.Verb, Group: n.Group, Resource: n.Resource},
 	}}
-	var allowed bool
-	err := wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+	delay := 500 * time.Millisecond
+	for {
 		resp, err := c.SelfSubjectAccessReviews().Create(ctx, req, metav1.CreateOptions{})
 		switch {
 		case err == nil:
-			allowed = resp.Status.Allowed
-			return true, nil
+			return resp.Status.Allowed, nil
 		case apierrors.IsUnauthorized(err) || apierrors.IsForbidden(err):
 			// Bad credentials, or even self-review refused: nothing to wait for.
 			return false, fmt.Errorf("cannot review access to %s: %w", n, err)
-		default:
-			return false, nil // unreachable or overloaded: try again
+		case ctx.Err() != nil:
+			return false, ctx.Err()
 		}
-	})
-	return allowed, err
+		log.Warn("cannot review access, retrying", zap.Stringer("need", n), zap.Duration("retry_in", delay), zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 30*time.Second)
+	}
 }
