@@ -225,7 +225,9 @@ func (p *eppProcess) endpoints() ([]string, error) {
 // sufficient and minimal.
 func TestEPPRoleIsTheCharts(t *testing.T) {
 	env := kubetest.Shared(t)
-	env.InstallCRDs(t, "../crds/inference.networking.k8s.io_inferencepools.yaml")
+	own, err := filepath.Glob("../crds/*.yaml") // every CRD the EPP may watch
+	require.NoError(t, err)
+	env.InstallCRDs(t, own...)
 	bin := buildEPP(t)
 
 	// setup renders the chart for a fresh namespace, stores the EPP's
@@ -239,8 +241,8 @@ func TestEPPRoleIsTheCharts(t *testing.T) {
 		ns := namespace(t, env, "epp-rbac")
 		objs, err := kubetest.Decode(render(t, ns))
 		require.NoError(t, err)
-		sa := component(t, objs, "epp").Object
-		saName, _, _ := unstructured.NestedString(sa, "spec", "template", "spec", "serviceAccountName")
+		dep := component(t, objs, "epp").Object
+		saName, _, _ := unstructured.NestedString(dep, "spec", "template", "spec", "serviceAccountName")
 		require.NotEmpty(t, saName, "the EPP Deployment names no ServiceAccount")
 		a := grantsOf(t, objs, saName)
 		require.NotEmpty(t, a.roles, "the chart binds no role to the EPP's ServiceAccount %s", saName)
@@ -306,7 +308,7 @@ func TestEPPRoleIsTheCharts(t *testing.T) {
 			select {
 			case err := <-p.done:
 				require.Error(t, err, "the EPP exited 0 without %s", g)
-			case <-time.After(60 * time.Second):
+			case <-time.After(30 * time.Second):
 				eps, _ := p.endpoints()
 				t.Fatalf("the EPP runs without %s (endpoints %v): the chart's Role grants more than it needs", g, eps)
 			}
