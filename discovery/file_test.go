@@ -205,10 +205,11 @@ func TestLoadFileMissing(t *testing.T) {
 type updates struct {
 	mu  sync.Mutex
 	got [][]endpoint.Endpoint
+	at  []time.Time // when each update arrived
 	ch  chan struct{}
 }
 
-func newUpdates() *updates { return &updates{ch: make(chan struct{}, 1000)} }
+func newUpdates() *updates { return &updates{ch: make(chan struct{}, 1)} }
 
 // runFile runs a File source polling every 10 ms until the test ends (it
 // must then return nil) and returns its updates and logs.
@@ -232,8 +233,12 @@ func runFile(t *testing.T, cfg FileConfig) (*updates, *observer.ObservedLogs) {
 func (u *updates) update(eps []endpoint.Endpoint) {
 	u.mu.Lock()
 	u.got = append(u.got, eps)
+	u.at = append(u.at, time.Now())
 	u.mu.Unlock()
-	u.ch <- struct{}{}
+	select {
+	case u.ch <- struct{}{}:
+	default: // a wake-up is already pending; waitFor reads the latest
+	}
 }
 
 func (u *updates) all() [][]endpoint.Endpoint {
@@ -243,9 +248,14 @@ func (u *updates) all() [][]endpoint.Endpoint {
 }
 
 // waitFor waits until the latest update satisfies ok, and returns it.
-func (u *updates) waitFor(t *testing.T, what string, ok func([]endpoint.Endpoint) bool) []endpoint.Endpoint {
+func (u *updates) waitFor(t testing.TB, what string, ok func([]endpoint.Endpoint) bool) []endpoint.Endpoint {
 	t.Helper()
-	deadline := time.After(10 * time.Second)
+	return u.waitWithin(t, 10*time.Second, what, ok)
+}
+
+func (u *updates) waitWithin(t testing.TB, timeout time.Duration, what string, ok func([]endpoint.Endpoint) bool) []endpoint.Endpoint {
+	t.Helper()
+	deadline := time.After(timeout)
 	for {
 		if all := u.all(); len(all) > 0 && ok(all[len(all)-1]) {
 			return all[len(all)-1]
@@ -273,7 +283,7 @@ func addrs(eps []endpoint.Endpoint) []string {
 
 // requireDistinct checks that no two consecutive updates carry the same set:
 // sources only call update on a change.
-func requireDistinct(t *testing.T, all [][]endpoint.Endpoint) {
+func requireDistinct(t testing.TB, all [][]endpoint.Endpoint) {
 	t.Helper()
 	for i := 1; i < len(all); i++ {
 		require.False(t, equalEndpoints(all[i-1], all[i]), "update %d repeats update %d: %v", i, i-1, addrs(all[i]))

@@ -14,9 +14,11 @@ import (
 
 	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/internal/opt"
+	"github.com/omnious/provider-node/internal/rbac"
 	"github.com/omnious/provider-node/rules"
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
@@ -128,6 +130,30 @@ type Pool struct {
 	kube kubernetes.Interface
 	dyn  dynamic.Interface
 	log  *zap.Logger
+	// skipAccessCheck lets a test show what the informers do without a
+	// grant, which the check at start otherwise refuses first.
+	skipAccessCheck bool
+}
+
+// poolAccess is what a Pool's informers do, in the pool's namespace only:
+// list and watch Pods and InferencePools. The chart's Role grants exactly
+// this; Run checks it first.
+var poolAccess = []rbac.Need{
+	{Verb: "list", Resource: "pods"},
+	{Verb: "watch", Resource: "pods"},
+	{Verb: "list", Group: poolGVR.Group, Resource: poolGVR.Resource},
+	{Verb: "watch", Group: poolGVR.Group, Resource: poolGVR.Resource},
+}
+
+// ruleAccess is what the model-rule informers do (PoolConfig.Rules), on
+// the group the chart grants: the objective and rewrite CRDs as llm-d-router
+// serves them. A cluster with only the older group needs the same verbs
+// there.
+var ruleAccess = []rbac.Need{
+	{Verb: "list", Group: objectiveGVRs[0].Group, Resource: objectiveGVRs[0].Resource},
+	{Verb: "watch", Group: objectiveGVRs[0].Group, Resource: objectiveGVRs[0].Resource},
+	{Verb: "list", Group: rewriteGVRs[0].Group, Resource: rewriteGVRs[0].Resource},
+	{Verb: "watch", Group: rewriteGVRs[0].Group, Resource: rewriteGVRs[0].Resource},
 }
 
 var _ Source = (*Pool)(nil)
@@ -159,16 +185,30 @@ func NewPoolForConfig(cfg PoolConfig, rc *rest.Config, log *zap.Logger) (*Pool, 
 }
 
 // Run watches the pool and its Pods (and, with PoolConfig.Rules, the
-// model rule CRDs) until ctx is done. The first update
-// comes once the pool informer has synced and, if the pool exists, the Pod
-// informer too; a missing pool is an empty set. A pool that is never
-// listable (CRD absent, RBAC) gives no update; the informer's errors are
-// logged.
+// model rule CRDs) until ctx is done. It first asks the API server whether
+// it may list and watch Pods and InferencePools (and the rule resources)
+// in the namespace, and returns a *rbac.DeniedError naming each missing
+// verb and resource if not. The first update comes once the pool informer
+// has synced and, if the pool exists, the Pod informer too; a missing pool
+// is an empty set. A pool that is never listable (CRD absent) gives no
+// update; the informer's errors are logged.
 //
 // Informer callbacks only mark the state dirty; one loop rebuilds the whole
 // set from the caches, so update is never called concurrently and bursts of
 // events coalesce.
 func (p *Pool) Run(ctx context.Context, update func([]endpoint.Endpoint)) error {
+	if !p.skipAccessCheck {
+		needs := poolAccess
+		if p.cfg.Rules != nil {
+			needs = append(slices.Clip(needs), ruleAccess...)
+		}
+		if err := rbac.Require(ctx, p.kube.AuthorizationV1(), p.log, p.cfg.Namespace, needs...); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("inferencepool %s/%s: %w", p.cfg.Namespace, p.cfg.Name, err)
+		}
+	}
 	r := &poolRun{p: p, update: update, dirty: make(chan struct{}, 1), warned: map[string]string{}}
 	poolInf := dynamicinformer.NewFilteredDynamicInformer(p.dyn, poolGVR, p.cfg.Namespace, p.cfg.Resync, cache.Indexers{},
 		func(o *metav1.ListOptions) {
@@ -255,6 +295,12 @@ func (r *poolRun) handler() cache.ResourceEventHandler {
 func (r *poolRun) watchError(what string) cache.WatchErrorHandler {
 	log := r.p.log
 	return func(_ *cache.Reflector, err error) {
+		if apierrors.IsForbidden(err) {
+			// Granted at start, revoked since: the set is frozen until the
+			// grant returns. The API server's message names verb and resource.
+			log.Error("kubernetes access denied, endpoint set frozen until granted", zap.String("resource", what), zap.Error(err))
+			return
+		}
 		log.Warn("kubernetes watch failed, retrying", zap.String("resource", what), zap.Error(err))
 	}
 }
@@ -351,8 +397,8 @@ func (r *poolRun) emit(eps []endpoint.Endpoint) {
 func (r *poolRun) build() []endpoint.Endpoint {
 	var pods []*corev1.Pod
 	for _, o := range r.pods.store.List() {
-		// The fake clientset's watch ignores the label selector, and a
-		// real one may deliver a Pod just before it stopped matching.
+		// Defensive: a real watch delivers a Pod relabelled out of the
+		// selector as a delete, so the store holds only matching Pods.
 		if pod, ok := o.(*corev1.Pod); ok && r.pods.sel.Matches(labels.Set(pod.Labels)) {
 			pods = append(pods, pod)
 		}

@@ -1,22 +1,14 @@
 package discovery
 
 import (
-	"context"
-	"slices"
 	"testing"
-	"time"
 
 	"github.com/omnious/provider-node/endpoint"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	dynamicfake "k8s.io/client-go/dynamic/fake"
-	kubefake "k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
 )
 
 const testNS = "serving"
@@ -256,171 +248,6 @@ func TestNewPoolConfig(t *testing.T) {
 	require.ErrorContains(t, err, `default engine "tgi"`)
 	_, err = NewPool(PoolConfig{Name: "p", Namespace: "n", MetricsPath: "metrics"}, nil, nil, nil)
 	require.ErrorContains(t, err, "must start with /")
-}
-
-// poolEnv runs a Pool source over fake clientsets.
-type poolEnv struct {
-	t    *testing.T
-	ctx  context.Context
-	kube *kubefake.Clientset
-	dyn  *dynamicfake.FakeDynamicClient
-	u    *updates
-}
-
-func startPool(t *testing.T, cfg PoolConfig, pool *unstructured.Unstructured, pods ...*corev1.Pod) *poolEnv {
-	t.Helper()
-	objs := make([]runtime.Object, len(pods))
-	for i, p := range pods {
-		objs[i] = p
-	}
-	var dynObjs []runtime.Object
-	if pool != nil {
-		dynObjs = append(dynObjs, pool)
-	}
-	e := &poolEnv{
-		t:    t,
-		kube: kubefake.NewClientset(objs...),
-		dyn: dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-			map[schema.GroupVersionResource]string{poolGVR: "InferencePoolList"}, dynObjs...),
-		u: newUpdates(),
-	}
-	cfg.Name, cfg.Namespace = "pool", testNS
-	src, err := NewPool(cfg, e.kube, e.dyn, nil)
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	e.ctx = ctx
-	done := make(chan error, 1)
-	go func() { done <- src.Run(ctx, e.u.update) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-		case <-time.After(10 * time.Second):
-			t.Error("Pool.Run did not return after cancel")
-		}
-		requireDistinct(t, e.u.all())
-	})
-	return e
-}
-
-func (e *poolEnv) waitAddrs(what string, want ...string) []endpoint.Endpoint {
-	e.t.Helper()
-	if want == nil {
-		want = []string{}
-	}
-	return e.u.waitFor(e.t, what, func(eps []endpoint.Endpoint) bool { return slices.Equal(addrs(eps), want) })
-}
-
-func (e *poolEnv) putPod(p *corev1.Pod) {
-	e.t.Helper()
-	_, err := e.kube.CoreV1().Pods(p.Namespace).Update(e.ctx, p, metav1.UpdateOptions{})
-	require.NoError(e.t, err)
-}
-
-func (e *poolEnv) createPod(p *corev1.Pod) {
-	e.t.Helper()
-	_, err := e.kube.CoreV1().Pods(p.Namespace).Create(e.ctx, p, metav1.CreateOptions{})
-	require.NoError(e.t, err)
-}
-
-func (e *poolEnv) putPool(pool *unstructured.Unstructured) {
-	e.t.Helper()
-	_, err := e.dyn.Resource(poolGVR).Namespace(testNS).Update(e.ctx, pool, metav1.UpdateOptions{})
-	require.NoError(e.t, err)
-}
-
-// podWatches lists the label selectors of the Pod watches opened so far.
-func (e *poolEnv) podWatches() []string {
-	var sels []string
-	for _, a := range e.kube.Actions() {
-		if w, ok := a.(k8stesting.WatchAction); ok && a.GetResource().Resource == "pods" {
-			sels = append(sels, w.GetWatchRestrictions().Labels.String())
-		}
-	}
-	return sels
-}
-
-func TestPoolLifecycle(t *testing.T) {
-	app := func(v string) podOpt { return withLabels("app", v, "omnious.io/model", "m") }
-	e := startPool(t, PoolConfig{}, testPool(map[string]any{"app": "a"}, 8000),
-		testPod("p1", app("a"), ready(true), withIP("127.0.0.1")),
-		testPod("p2", app("a"), ready(false), withIP("127.0.0.2")),
-		testPod("p3", app("b"), ready(true), withIP("127.0.0.3"), withAnnotations("omnious.io/kv-events-port", "5557")),
-		// Same labels, other namespace: never part of the pool.
-		&corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: "elsewhere", Namespace: "other", Labels: map[string]string{"app": "a", "omnious.io/model": "m"}},
-			Status:     corev1.PodStatus{PodIP: "127.0.0.9", Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
-		},
-	)
-	e.waitAddrs("initial ready pod", "127.0.0.1:8000")
-
-	e.putPod(testPod("p2", app("a"), ready(true), withIP("127.0.0.2")))
-	e.waitAddrs("p2 ready", "127.0.0.1:8000", "127.0.0.2:8000")
-
-	e.putPod(testPod("p1", app("a"), ready(false), withIP("127.0.0.1")))
-	e.waitAddrs("p1 unready", "127.0.0.2:8000")
-
-	e.putPod(testPod("p2", app("a"), ready(true), withIP("127.0.0.4")))
-	e.waitAddrs("p2 new ip", "127.0.0.4:8000")
-
-	e.createPod(testPod("p4", app("a"), ready(true), withIP("127.0.0.5")))
-	e.waitAddrs("p4 created", "127.0.0.4:8000", "127.0.0.5:8000")
-
-	e.putPod(testPod("p4", app("a"), ready(true), withIP("127.0.0.5"), terminating()))
-	e.waitAddrs("p4 terminating", "127.0.0.4:8000")
-
-	// A pod relabelled out of the selector leaves the set.
-	e.putPod(testPod("p2", app("c"), ready(true), withIP("127.0.0.4")))
-	e.waitAddrs("p2 relabelled", []string{}...)
-	e.putPod(testPod("p2", app("a"), ready(true), withIP("127.0.0.4")))
-	e.waitAddrs("p2 back", "127.0.0.4:8000")
-
-	// Several target ports: one endpoint per port.
-	e.putPool(testPool(map[string]any{"app": "a"}, 8000, 8001))
-	e.waitAddrs("two ports", "127.0.0.4:8000", "127.0.0.4:8001")
-
-	// Selector change: the Pod watch is re-created with the new selector.
-	e.putPool(testPool(map[string]any{"app": "b"}, 8000, 8001))
-	got := e.waitAddrs("selector app=b", "127.0.0.3:8000", "127.0.0.3:8001")
-	require.Equal(t, "tcp://127.0.0.3:5557", got[0].KVEvents)
-	require.Equal(t, "tcp://127.0.0.3:5558", got[1].KVEvents)
-	require.Equal(t, []string{"app=a", "app=b"}, e.podWatches())
-
-	// An invalid spec keeps the last valid one: pod changes still apply.
-	e.putPool(testPool(map[string]any{"app": "b"}, 0))
-	e.createPod(testPod("p5", app("b"), ready(true), withIP("127.0.0.6")))
-	e.waitAddrs("p5 under the kept spec", "127.0.0.3:8000", "127.0.0.3:8001", "127.0.0.6:8000", "127.0.0.6:8001")
-
-	// Pool deleted: empty set, and the Pod watch stops.
-	require.NoError(t, e.dyn.Resource(poolGVR).Namespace(testNS).Delete(e.ctx, "pool", metav1.DeleteOptions{}))
-	e.waitAddrs("pool deleted", []string{}...)
-
-	// Pool re-created.
-	_, err := e.dyn.Resource(poolGVR).Namespace(testNS).Create(e.ctx, testPool(map[string]any{"app": "a"}, 9000), metav1.CreateOptions{})
-	require.NoError(t, err)
-	e.waitAddrs("pool re-created", "127.0.0.4:9000")
-	require.Equal(t, []string{"app=a", "app=b", "app=a"}, e.podWatches())
-}
-
-func TestPoolMissingAtStart(t *testing.T) {
-	e := startPool(t, PoolConfig{DefaultModel: "m"}, nil, testPod("p1", withLabels("app", "a"), ready(true), withIP("127.0.0.1")))
-	e.waitAddrs("no pool yet", []string{}...)
-	require.Empty(t, e.podWatches())
-
-	_, err := e.dyn.Resource(poolGVR).Namespace(testNS).Create(e.ctx, testPool(map[string]any{"app": "a"}, 8000), metav1.CreateOptions{})
-	require.NoError(t, err)
-	eps := e.waitAddrs("pool created", "127.0.0.1:8000")
-	require.Equal(t, "m", eps[0].Model)
-	require.Equal(t, "vllm", eps[0].Engine)
-}
-
-func TestPoolOtherPoolIgnored(t *testing.T) {
-	other := testPool(map[string]any{"app": "a"}, 8000)
-	other.SetName("not-ours")
-	e := startPool(t, PoolConfig{DefaultModel: "m"}, other, testPod("p1", withLabels("app", "a"), ready(true), withIP("127.0.0.1")))
-	e.waitAddrs("other pool is not ours", []string{}...)
-	require.Len(t, e.u.all(), 1)
 }
 
 func TestSlimPod(t *testing.T) {
