@@ -26,13 +26,12 @@ func Preset(name string) (Options, error) {
 
 // DemoOptions is the bundled `make demo` scenario: 4 simulated replicas
 // whose caches are under eviction pressure at a load the fleet can serve,
-// the condition prefix routing earns its keep in and precise routing sees
-// more than approximate: 40 groups of 1,000-token system prompts with Zipf
+// the condition prefix routing earns its keep in: 40 groups of 1,000-token system prompts with Zipf
 // popularity (exponent 1), 5 questions of 200 tokens each, 50-token
 // answers, and 16,000 KV tokens per replica, so the 80,000 distinct prompt
 // tokens are five replicas' caches (the popular groups fit the fleet, the
 // tail does not). A 3-step QPS ladder (8, 16, 24) at time scale 4; about
-// 15 s per policy on 2 cores.
+// 8 s per policy on 2 cores.
 func DemoOptions() Options {
 	sp := SharedPrefixOptions{NumGroups: 40, PromptsPerGroup: 5, SystemPromptLen: 1000, QuestionLen: 200, OutputLen: 50,
 		GroupSkew: 1, QPS: []float64{8, 16, 24}, StageDuration: 10 * time.Second}
