@@ -55,27 +55,44 @@ func NewStandIn() StandIn { return StandIn{} }
 func (StandIn) Name() string { return "standin" }
 
 // Encode implements Tokenizer.
-func (t StandIn) Encode(dst []uint32, text string) []uint32 { return t.encode(dst, text, nil) }
+func (t StandIn) Encode(dst []uint32, text string) []uint32 {
+	return t.encode(dst, text, false, nil, nil)
+}
 
 // encode implements Restarting. Every '<' starts a piece (it is neither a
 // letter, a digit nor a space), so an added token is matched wherever it
-// occurs and the pieces after it do not depend on the text before it.
-func (StandIn) encode(dst []uint32, text string, cut func(end, n int)) []uint32 {
+// occurs and the pieces after it do not depend on the text before it. The
+// text is cut at mids and each part encoded on its own, as if the text
+// ended there: nextCut's cuts are where that changes nothing.
+func (StandIn) encode(dst []uint32, text string, _ bool, mids []int, cut func(end, n int)) []uint32 {
 	total := len(text)
+	part := text // text up to the next mid cut
+	if len(mids) > 0 {
+		part = text[:mids[0]]
+	}
 	for len(text) > 0 {
-		if text[0] == '<' {
-			if id, n := matchStandInSpecial(text); n > 0 {
+		if len(part) == 0 {
+			at := total - len(text)
+			cut(at, len(dst))
+			if mids = mids[1:]; len(mids) > 0 {
+				part = text[:mids[0]-at]
+			} else {
+				part = text
+			}
+		}
+		if part[0] == '<' {
+			if id, n := matchStandInSpecial(part); n > 0 {
 				dst = append(dst, id)
-				text = text[n:]
+				text, part = text[n:], part[n:]
 				if cut != nil {
 					cut(total-len(text), len(dst))
 				}
 				continue
 			}
 		}
-		n := standInPieceLen(text)
-		dst = append(dst, standInPieceID(text[:n]))
-		text = text[n:]
+		n := standInPieceLen(part)
+		dst = append(dst, standInPieceID(part[:n]))
+		text, part = text[n:], part[n:]
 	}
 	return dst
 }
