@@ -27,8 +27,8 @@ type PrefixCacheConfig struct {
 	// the least recently used are dropped beyond it, and a text whose new
 	// ids alone would take more than a sixteenth of it is not cached.
 	// Entries hold only the ids after their parent's, so a parent dropped
-	// from the cache lives on while a cached later turn needs it. Default
-	// 64 MiB.
+	// from the cache lives on while a cached later prefix needs it, and
+	// counts against MaxBytes until none does. Default 64 MiB.
 	MaxBytes int64
 }
 
@@ -45,7 +45,7 @@ type PrefixCache struct {
 	every    int
 	maxBytes int64
 	cache    *lru.Cache[uint64, *prefixEntry]
-	bytes    atomic.Int64 // ids bytes of the cached entries
+	bytes    atomic.Int64 // size of the entries alive: cached, or a cached entry's ancestor
 
 	lookups, hits, reused atomic.Uint64
 }
@@ -66,11 +66,35 @@ func (c *PrefixCache) Stats() PrefixCacheStats {
 type prefixEntry struct {
 	n      int          // byte length of the prefix
 	parent *prefixEntry // nil for a prefix encoded from the start
-	ids    []uint32     // ids after the parent's; never written after insertion
+	ids    []uint32     // ids after the parent's, its own allocation; never written after insertion
 	total  int          // ids in the whole prefix
+	refs   atomic.Int32 // the cache's and each child's
 }
 
-func (e *prefixEntry) size() int64 { return 4*int64(len(e.ids)) + 64 }
+func (e *prefixEntry) size() int64 { return 4*int64(cap(e.ids)) + 96 }
+
+// hold takes a reference to e. An entry nothing referred to any more is
+// alive again (a request found it just before it was dropped): it counts
+// again and takes its parent back.
+func (c *PrefixCache) hold(e *prefixEntry) {
+	for ; e != nil; e = e.parent {
+		if e.refs.Add(1) != 1 {
+			return
+		}
+		c.bytes.Add(e.size())
+	}
+}
+
+// release drops a reference to e; with the last one e no longer counts and
+// lets go of its parent.
+func (c *PrefixCache) release(e *prefixEntry) {
+	for ; e != nil; e = e.parent {
+		if e.refs.Add(-1) != 0 {
+			return
+		}
+		c.bytes.Add(-e.size())
+	}
+}
 
 func (e *prefixEntry) appendTo(dst []uint32) []uint32 {
 	if e.parent != nil {
@@ -118,7 +142,7 @@ func NewPrefixCache(tok Restarting, cfg PrefixCacheConfig) *PrefixCache {
 		cfg.CutEvery = 4096
 	}
 	pc := &PrefixCache{tok: tok, cuts: cfg.CutsPerText, every: cfg.CutEvery, maxBytes: cfg.MaxBytes}
-	c, err := lru.NewWithEvict(cfg.MaxEntries, func(_ uint64, e *prefixEntry) { pc.bytes.Add(-e.size()) })
+	c, err := lru.NewWithEvict(cfg.MaxEntries, func(_ uint64, e *prefixEntry) { pc.release(e) })
 	if err != nil {
 		panic(err) // unreachable: size is positive
 	}
@@ -199,16 +223,13 @@ func (c *PrefixCache) Encode(dst []uint32, text string) []uint32 {
 	if len(ends) != len(newCuts) || len(newCuts) == 0 {
 		return dst // a mismatch cannot happen: both are the same scan
 	}
-	lastCut := ends[len(ends)-1]
-	if 4*int64(lastCut-start) > c.maxBytes/16 {
+	if 4*int64(ends[len(ends)-1]-start) > c.maxBytes/16 {
 		return dst // one huge text would flush everything else
 	}
-	// Keep a private copy of the new ids up to the last cut (the caller owns
-	// dst; what follows the last cut is never cached). Each cached cut
-	// stores the ids since the previous one and points to it; the first one
-	// chains to the prefix that was reused. Every mid cut is cached, and the
-	// last CutsPerText after added tokens.
-	own := append([]uint32(nil), dst[start:lastCut]...)
+	// Each cached cut stores a private copy (the caller owns dst) of the
+	// ids since the previous one and points to it; the first one chains to
+	// the prefix that was reused. Every mid cut is cached, and the last
+	// CutsPerText after added tokens; what follows the last cut never is.
 	parent, hitTotal := hit, 0
 	if hit != nil {
 		hitTotal = hit.total
@@ -216,21 +237,19 @@ func (c *PrefixCache) Encode(dst []uint32, text string) []uint32 {
 	base := 0
 	skipAdded := added - c.cuts
 	for i, p := range newCuts {
-		if !p.mid {
-			if skipAdded > 0 {
-				skipAdded--
-				continue
-			}
+		if !p.mid && skipAdded > 0 {
+			skipAdded--
+			continue
 		}
 		n := ends[i] - start
-		e := &prefixEntry{n: p.end, parent: parent, ids: own[base:n:n], total: hitTotal + n}
-		// Counted before it is added, so that the eviction callback can
-		// never take the count below zero.
-		c.bytes.Add(e.size())
+		e := &prefixEntry{n: p.end, parent: parent, ids: slices.Clone(dst[start+base : start+n]), total: hitTotal + n}
+		// Counted (and its parent held) before it is added, so that the
+		// eviction callback can never take the count below zero.
+		c.hold(e)
 		if old, found, _ := c.cache.PeekOrAdd(p.hash, e); found {
 			// Cached meanwhile (another request), or a hash collision,
 			// which the byte length check on lookup tells apart.
-			c.bytes.Add(-e.size())
+			c.release(e)
 			if old.n == e.n {
 				e = old
 			}
