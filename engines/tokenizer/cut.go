@@ -1,5 +1,7 @@
 package tokenizer
 
+import "strings"
+
 // Cut points inside a text between added tokens.
 //
 // The prefix cache may reuse the ids it holds for a prefix P of a new text
@@ -61,8 +63,9 @@ package tokenizer
 // SentencePiece-style BPE (Llama 2) has no pre-tokenizer: the whole segment
 // is one word, and b is safe where no merge can cross it. With spmSplit no
 // token has "▁" right after another character, so no merge joins a
-// character other than "▁" to the "▁" after it: a space after any other
-// byte is a cut.
+// character other than "▁" to the "▁" after it: a space is a cut after any
+// character that does not normalize to "▁", which is a space or a "▁"
+// written in the text (FuzzPrefixCacheEdit found the latter).
 //
 // The cache only ever probes and stores cuts these functions return, and
 // its results are checked against plain encoding by TestCutsRestart (every
@@ -106,15 +109,17 @@ func asciiCut(seg string, from int, nfc bool, added *bigramSet) int {
 }
 
 // spmCut returns the first b in [max(from, 1), len(seg)) holding a space
-// after any other byte, where a segment normalized "▁" by "▁" cannot be
-// merged across (see spmSplit), or -1. In the normalized text the space is
-// "▁" (E2 96 81), after the same byte as in seg.
+// after a character other than a space or "▁", where a segment normalized
+// "▁" by "▁" cannot be merged across (see spmSplit), or -1. In the
+// normalized text the space is "▁" (E2 96 81), after the same byte as in
+// seg.
 func spmCut(seg string, from int, raw, normalized *bigramSet) int {
+	const space = "▁"
 	for i := max(from, 1); i < len(seg); i++ {
-		if seg[i] != ' ' || seg[i-1] == ' ' {
+		if seg[i] != ' ' || seg[i-1] == ' ' || strings.HasSuffix(seg[:i], space) {
 			continue
 		}
-		if p := seg[i-1]; !raw.has(p, ' ') && !normalized.has(p, "▁"[0]) {
+		if p := seg[i-1]; !raw.has(p, ' ') && !normalized.has(p, space[0]) {
 			return i
 		}
 	}

@@ -1,7 +1,9 @@
 package tokenizer
 
 import (
+	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -128,6 +130,7 @@ func TestCutRules(t *testing.T) {
 		{"none around non-ASCII", qwen, "東京 é ok", nil},
 		{"stand-in alike", NewStandIn(), "hello world\nnext", []int{5, 12}},
 		{"llama2: a space after any other byte", llama2, "a b  c\nd é f", []int{1, 3, 8, 11}},
+		{"llama2: not after a written ▁, which normalizes to one", llama2, "a\u2581 b ▁x y", []int{6, 11}},
 		{"added token bytes are never cut apart", withSpaceToken, "qa bq a x\nYz", []int{5}},
 	}
 	for _, tc := range tests {
@@ -222,37 +225,177 @@ func editDocs(tb testing.TB, corpus string) []string {
 	return docs
 }
 
-// FuzzPrefixCacheEdit edits cached texts at random: a tokenizer (the
-// stand-in or a family) and one of its corpus documents are picked, the
-// document goes through the prefix cache (cut every 16 bytes, so nearly
-// every cut is cached), then del bytes at pos are replaced by ins and the
-// result goes through the same cache, which now holds prefixes that end
-// right before, at and after the edit. Each must equal encoding from
-// scratch. The caches live as long as the fuzzing process, so earlier
-// inputs' prefixes are there too.
+// editTarget is a tokenizer, a prefix cache over it that caches nearly
+// every cut (every 16 bytes) and the documents whose edits are checked.
+type editTarget struct {
+	name string
+	tok  Restarting
+	pc   *PrefixCache
+	docs []string
+}
+
+func newEditTarget(tb testing.TB, name, corpus string, tok Restarting) editTarget {
+	return editTarget{name, tok, NewPrefixCache(tok, PrefixCacheConfig{CutEvery: 16, MaxEntries: 1 << 14}), editDocs(tb, corpus)}
+}
+
+// checkEdit puts a document through the cache, then the document with
+// del bytes at pos replaced by ins, which the cache holds prefixes of
+// that end right before, at and after the edit; then both again, now
+// cached. Each must equal encoding from scratch.
+func (tg editTarget) checkEdit(t *testing.T, doc, pos, del int, ins string) {
+	base := tg.docs[doc%len(tg.docs)]
+	p := pos % (len(base) + 1)
+	edited := base[:p] + ins + base[min(len(base), p+del):]
+	for _, text := range []string{base, edited, edited, base} {
+		require.Equal(t, tg.tok.Encode(nil, text), tg.pc.Encode(nil, text), "%s: %q at %d (del %d) of %q", tg.name, ins, p, del, trunc(base))
+	}
+}
+
+// editInserts are what the random edits insert: the bytes the cut rules
+// look at, what NFC composes, added tokens, and text of each kind.
+var editInserts = []string{" ", "\n", "/", "x", "\u0301", "'s", " 123", "<|im_end|>", "\n\n  ", "é", "東", ".\n/", "", "\xff",
+	"\r\n", "\t", "\u00a0", "x y", "q\nZ", "<|a|>", "'re", "ſ", "A\u030a", "\u212b", "▁", "▁ "}
+
+// TestPrefixCacheRandomEdits is FuzzPrefixCacheEdit's check on the real
+// vocabularies (the stand-in and every family), with 300 edits each drawn
+// from a fixed seed: random positions, deletions and inserts.
+func TestPrefixCacheRandomEdits(t *testing.T) {
+	for _, r := range restarters(t) {
+		t.Run(r.name, func(t *testing.T) {
+			tg := newEditTarget(t, r.name, r.corpus, r.tok)
+			rng := rand.New(rand.NewPCG(11, uint64(len(r.name))))
+			for range 300 {
+				ins := editInserts[rng.IntN(len(editInserts))]
+				if rng.IntN(4) == 0 {
+					ins += string(rune(rng.IntN(0x3100)))
+				}
+				tg.checkEdit(t, rng.IntN(len(tg.docs)), rng.IntN(4<<10), rng.IntN(4), ins)
+			}
+		})
+	}
+}
+
+// FuzzPrefixCacheEdit edits cached texts at random: a tokenizer and one of
+// its corpus documents are picked, and checkEdit replaces del bytes at pos
+// with ins. The caches live as long as the fuzzing process, so earlier
+// inputs' prefixes are there too. The tokenizers are the stand-in and
+// synthetic vocabularies with each family's exact split pattern (Qwen's
+// with NFC), added tokens holding a space and a newline, and a
+// SentencePiece-style one with byte fallback. What a cut must not change
+// is where the pre-tokenizer splits words, which does not depend on the
+// vocabulary; a word split in two shows in the ids when a merge would
+// have joined its halves, so every pair of ASCII bytes merges. These load
+// in milliseconds, where the real vocabularies take seconds in every
+// fuzzing process (TestPrefixCacheRandomEdits edits with those).
 func FuzzPrefixCacheEdit(f *testing.F) {
-	type target struct {
-		r    restarter
-		pc   *PrefixCache
-		docs []string
+	var targets []editTarget
+	targets = append(targets, newEditTarget(f, "standin", "qwen3", NewStandIn()))
+	for _, sy := range syntheticFamilies(f) {
+		targets = append(targets, newEditTarget(f, sy.name, sy.corpus, sy.tok))
 	}
-	var targets []target
-	for _, r := range restarters(f) {
-		targets = append(targets, target{r, NewPrefixCache(r.tok, PrefixCacheConfig{CutEvery: 16, MaxEntries: 1 << 14}), editDocs(f, r.corpus)})
-	}
-	for i, ins := range []string{" ", "\n", "/", "x", "\u0301", "'s", " 123", "<|im_end|>", "\n\n  ", "é", "東", ".\n/", "", "\xff"} {
+	for i, ins := range editInserts {
 		f.Add(uint8(i), uint16(i*7), uint16(100+i*37), uint8(i%3), ins)
 	}
 	f.Fuzz(func(t *testing.T, which uint8, doc, pos uint16, del uint8, ins string) {
-		tg := targets[int(which)%len(targets)]
-		base := tg.docs[int(doc)%len(tg.docs)]
-		p := int(pos) % (len(base) + 1)
-		edited := base[:p] + ins + base[min(len(base), p+int(del)):]
-		for _, text := range []string{base, edited, edited, base} {
-			want := tg.r.tok.Encode(nil, text)
-			require.Equal(t, want, tg.pc.Encode(nil, text), "%s: %q at %d (del %d) of %q", tg.r.name, ins, p, del, trunc(base))
-		}
+		targets[int(which)%len(targets)].checkEdit(t, int(doc), int(pos), int(del), ins)
 	})
+}
+
+type syntheticFamily struct {
+	name, corpus string
+	tok          *HF
+}
+
+// syntheticFamilies are byte-level vocabularies with each family's split
+// pattern and normalizer, and a SentencePiece-style one.
+func syntheticFamilies(tb testing.TB) []syntheticFamily {
+	split := func(pats ...string) []map[string]any {
+		var steps []map[string]any
+		for _, p := range pats {
+			steps = append(steps, map[string]any{"type": "Split", "pattern": map[string]string{"Regex": p}, "behavior": "Isolated", "invert": false})
+		}
+		return append(steps, map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false})
+	}
+	added := []map[string]any{
+		{"id": 20000, "content": "<|im_end|>", "special": true},
+		{"id": 20001, "content": "x y", "special": true},
+		{"id": 20002, "content": "q\nZ", "special": false, "normalized": true},
+	}
+	// Every pair of ASCII bytes merges, at ranks in a shuffled order, so
+	// that splitting a word in two mostly changes its ids.
+	vocab := map[string]int{}
+	for b := 0; b < 256; b++ {
+		vocab[byteLevelEncode(string([]byte{byte(b)}))] = b
+	}
+	var merges [][2]string
+	for a := 0; a < 128; a++ {
+		for b := 0; b < 128; b++ {
+			l, r := byteLevelEncode(string([]byte{byte(a)})), byteLevelEncode(string([]byte{byte(b)}))
+			merges = append(merges, [2]string{l, r})
+			vocab[l+r] = len(vocab)
+		}
+	}
+	rand.New(rand.NewPCG(5, 6)).Shuffle(len(merges), func(i, j int) { merges[i], merges[j] = merges[j], merges[i] })
+	byteLevel := func(nfc bool, steps []map[string]any) *HF {
+		tok, err := Parse("synthetic", syntheticJSON(tb, func(m map[string]any) {
+			m["pre_tokenizer"].(map[string]any)["pretokenizers"] = steps
+			m["added_tokens"] = added
+			m["model"] = map[string]any{"type": "BPE", "vocab": vocab, "merges": merges}
+			if nfc {
+				m["normalizer"] = map[string]any{"type": "NFC"}
+			}
+		}), nil)
+		require.NoError(tb, err)
+		return tok
+	}
+	spm, err := Parse("synthetic-spm", syntheticSPMJSON(tb), nil)
+	require.NoError(tb, err)
+	require.True(tb, spm.spmSplit)
+	return []syntheticFamily{
+		{"qwen-split", "qwen3", byteLevel(true, split(patQwen))},
+		{"llama3-split", "llama3_1", byteLevel(false, split(patLlama3))},
+		{"o200k-split", "gptoss", byteLevel(false, split(patO200k))},
+		{"deepseek-split", "deepseek_v3", byteLevel(false, split(patDSDigits, patDSCJK, patDSMain))},
+		{"spm", "llama2", spm},
+	}
+}
+
+// syntheticSPMJSON is a small SentencePiece-style tokenizer.json: byte
+// fallback, "▁", the lowercase letters, and merges of every pair of them,
+// of "▁" before each and of "▁▁" in a shuffled order (none with "▁" after
+// another character); added tokens as the byte-level ones have.
+func syntheticSPMJSON(tb testing.TB) []byte {
+	vocab := map[string]int{"<unk>": 0}
+	for b := 0; b < 256; b++ {
+		vocab[fmt.Sprintf("<0x%02X>", b)] = len(vocab)
+	}
+	vocab["▁"] = len(vocab)
+	for c := 'a'; c <= 'z'; c++ {
+		vocab[string(c)] = len(vocab)
+	}
+	merges := [][2]string{{"▁", "▁"}}
+	for a := 'a'; a <= 'z'; a++ {
+		merges = append(merges, [2]string{"▁", string(a)})
+		for b := 'a'; b <= 'z'; b++ {
+			merges = append(merges, [2]string{string(a), string(b)})
+		}
+	}
+	rand.New(rand.NewPCG(7, 8)).Shuffle(len(merges), func(i, j int) { merges[i], merges[j] = merges[j], merges[i] })
+	for _, m := range merges {
+		vocab[m[0]+m[1]] = len(vocab)
+	}
+	m := map[string]any{
+		"added_tokens": []map[string]any{{"id": 1000, "content": "<|im_end|>", "special": true}, {"id": 1001, "content": "x y", "special": true}},
+		"normalizer": map[string]any{"type": "Sequence", "normalizers": []map[string]any{
+			{"type": "Prepend", "prepend": "▁"},
+			{"type": "Replace", "pattern": map[string]string{"String": " "}, "content": "▁"},
+		}},
+		"pre_tokenizer": nil,
+		"model":         map[string]any{"type": "BPE", "vocab": vocab, "merges": merges, "byte_fallback": true, "unk_token": "<unk>", "fuse_unk": true},
+	}
+	b, err := json.Marshal(m)
+	require.NoError(tb, err)
+	return b
 }
 
 // TestPrefixCacheSharedDocument sends requests that share one long
