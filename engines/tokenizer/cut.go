@@ -16,7 +16,7 @@ import "strings"
 //     position j < b only if some token continues P[j:] past b, and such a
 //     token contains the two bytes P[b-1], S[0] side by side. So the bytes
 //     on either side of b must not be adjacent in any added token
-//     (addedBigrams, raw and normalized ones).
+//     (rawBigrams, normBigrams).
 //  2. The normalizer. NFC (Qwen) leaves ASCII alone, ASCII is never the
 //     second half of a canonical composition and is a starter that stops
 //     reordering, so NFC(P+S) = NFC(P) + NFC(S) when the bytes on both sides
@@ -61,15 +61,19 @@ import "strings"
 // boundary of the main pattern on that gap, which the argument above gives
 // (its digit and CJK matches stop before a space and before a newline).
 // SentencePiece-style BPE (Llama 2) has no pre-tokenizer: the whole segment
-// is one word, and b is safe where no merge can cross it. With spmSplit no
-// token has "▁" right after another character, so no merge joins a
-// character other than "▁" to the "▁" after it: a space is a cut after any
-// character that does not normalize to "▁", which is a space or a "▁"
-// written in the text (FuzzPrefixCacheEdit found the latter).
+// is one word, and b is safe where no merge can cross it: BPE then merges
+// each side in the order it would alone (the lowest-ranked pair first, and
+// no pair straddles b). With spmSplit no token has "▁" right after another
+// character, so no merge joins a character other than "▁" to the "▁" after
+// it: a space is a cut after any character that does not normalize to
+// "▁", which is a space or a "▁" written in the text (FuzzPrefixCacheEdit
+// found the latter). "▁" is in such a vocabulary, so no run of unknown
+// characters (fused into one unknown token) spans b either.
 //
-// The cache only ever probes and stores cuts these functions return, and
-// its results are checked against plain encoding by TestCutsRestart (every
-// cut of the golden corpora) and FuzzPrefixCacheEdit.
+// The cache only ever probes and stores cuts these functions return; its
+// results are checked against plain encoding by TestCutsRestart (every cut
+// of the golden corpora), TestPrefixCacheRandomEdits and
+// FuzzPrefixCacheEdit.
 
 // bigramSet holds the byte pairs that occur next to each other in a set of
 // strings: 64 Ki bits.
