@@ -29,9 +29,9 @@ func allCuts(tok Restarting, text string) []int {
 	return out
 }
 
-// cutCorpus is what TestCutsRestart and FuzzPrefixCacheEdit cut: every
-// golden text and chat prompt of a family, and each text joined to the
-// next (a boundary between two kinds of text).
+// cutCorpus is what TestCutsRestart cuts: every golden text and chat
+// prompt of a family, and each text joined to the next (a boundary between
+// two kinds of text).
 func cutCorpus(tb testing.TB, fam string) []string {
 	var texts []string
 	for _, v := range readJSONL[textVector](tb, filepath.Join("testdata", "golden", fam+".text.jsonl")) {
@@ -41,6 +41,12 @@ func cutCorpus(tb testing.TB, fam string) []string {
 	for i := 0; i+1 < n; i++ {
 		texts = append(texts, texts[i]+texts[i+1])
 	}
+	return append(texts, chatPrompts(tb, fam)...)
+}
+
+// chatPrompts are a family's golden chat prompts, if it has a template.
+func chatPrompts(tb testing.TB, fam string) []string {
+	var texts []string
 	for _, cf := range chatFamilies {
 		if cf == fam {
 			for _, v := range readJSONL[chatVector](tb, filepath.Join("testdata", "golden", fam+".chat.jsonl")) {
@@ -215,14 +221,7 @@ func editDocs(tb testing.TB, corpus string) []string {
 			b.Reset()
 		}
 	}
-	for _, cf := range chatFamilies {
-		if cf == corpus {
-			for _, v := range readJSONL[chatVector](tb, filepath.Join("testdata", "golden", corpus+".chat.jsonl")) {
-				docs = append(docs, v.Text)
-			}
-		}
-	}
-	return docs
+	return append(docs, chatPrompts(tb, corpus)...)
 }
 
 // editTarget is a tokenizer, a prefix cache over it that caches nearly
