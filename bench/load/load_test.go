@@ -22,13 +22,16 @@ func TestLoadWorkload(t *testing.T) {
 	cases := []struct {
 		name        string
 		promptBytes int
+		document    bool
+		shared      float64
 	}{
-		{"8k-token chat", 32 << 10},
-		{"200 KB prompt", 200 << 10},
+		{"8k-token chat", 32 << 10, false, 0},
+		{"200 KB prompt", 200 << 10, false, 0},
+		{"200 KB message, 96% a shared document", 200 << 10, true, 0.96},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			o := Options{PromptBytes: tc.promptBytes, Groups: 4}.WithDefaults()
+			o := Options{PromptBytes: tc.promptBytes, Groups: 4, SharedDocument: tc.document, SharedFraction: tc.shared}.WithDefaults()
 			w, err := newWorkload(o)
 			require.NoError(t, err)
 			require.InDelta(t, tc.promptBytes, w.bytes, 0.02*float64(tc.promptBytes), "body size")
@@ -43,14 +46,22 @@ func TestLoadWorkload(t *testing.T) {
 				}
 				require.NoError(t, json.Unmarshal(b, &v))
 				require.Equal(t, o.Model, v.Model)
-				require.Len(t, v.Messages, 2)
+				if tc.document {
+					require.Len(t, v.Messages, 1)
+					require.Equal(t, "user", v.Messages[0].Role)
+				} else {
+					require.Len(t, v.Messages, 2)
+				}
 				require.False(t, seen[string(b)], "bodies are unique")
 				seen[string(b)] = true
 			}
 			for g, sys := range w.system {
-				// The system prompt is most of the prompt and whole blocks of it
+				// The shared text is most of the prompt and whole blocks of it
 				// reach the index.
 				require.Greater(t, len(sys), w.tokens/2, "group %d", g)
+				if tc.document {
+					require.InDelta(t, tc.shared*float64(w.tokens), len(sys), 0.02*float64(w.tokens), "group %d: the document's share", g)
+				}
 			}
 		})
 	}

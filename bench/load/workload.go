@@ -13,13 +13,13 @@ import (
 	"github.com/omnious/provider-node/extproc"
 )
 
-// workload is the request bodies: per group, a template whose user turn
+// workload is the request bodies: per group, a template whose question
 // starts with a 16-digit counter, so every request is unique past its
-// group's system prompt.
+// group's system prompt (or document, at the head of the same message).
 type workload struct {
 	templates [][]byte
 	counterAt []int
-	system    [][]uint32 // per group: the system prompt's tokens as the EPP renders them
+	system    [][]uint32 // per group: the shared prefix's tokens as the EPP renders them
 	bytes     int
 	tokens    int
 	next      atomic.Uint64
@@ -48,20 +48,29 @@ func newWorkload(o Options) (*workload, error) {
 	for g := range o.Groups {
 		// JSON and role overhead is small; fill the rest with text.
 		textBytes := o.PromptBytes - 160
-		sysText := loadText(uint64(g)<<32, int(float64(textBytes)*o.SharedFraction))
-		userText := loadText(uint64(g)<<32|1, textBytes-len(sysText)-counterDigits-1)
-		sys, _ := json.Marshal(sysText)
-		user, _ := json.Marshal(strings.Repeat("0", counterDigits) + " " + userText)
+		sharedText := loadText(uint64(g)<<32, int(float64(textBytes)*o.SharedFraction))
+		userText := loadText(uint64(g)<<32|1, textBytes-len(sharedText)-counterDigits-1)
+		shared, _ := json.Marshal(sharedText)
+		question := strings.Repeat("0", counterDigits) + " " + userText
+		// sharedOnly is the shared text's own message, to find its tokens.
+		var messages, sharedOnly string
+		if o.SharedDocument {
+			user, _ := json.Marshal(sharedText + "\n\n" + question)
+			messages = `[{"role":"user","content":` + string(user) + `}]`
+			sharedOnly = `[{"role":"user","content":` + string(shared) + `}]`
+		} else {
+			user, _ := json.Marshal(question)
+			messages = `[{"role":"system","content":` + string(shared) + `},{"role":"user","content":` + string(user) + `}]`
+			sharedOnly = `[{"role":"system","content":` + string(shared) + `}]`
+		}
 		var b bytes.Buffer
 		b.WriteString(`{"model":`)
 		m, _ := json.Marshal(o.Model)
 		b.Write(m)
-		b.WriteString(`,"max_tokens":1,"messages":[{"role":"system","content":`)
-		b.Write(sys)
-		b.WriteString(`},{"role":"user","content":`)
-		at := b.Len() + 1
-		b.Write(user)
-		b.WriteString(`}]}`)
+		b.WriteString(`,"max_tokens":1,"messages":`)
+		at := b.Len() + strings.Index(messages, strings.Repeat("0", counterDigits))
+		b.WriteString(messages)
+		b.WriteString(`}`)
 		w.templates = append(w.templates, b.Bytes())
 		w.counterAt = append(w.counterAt, at)
 
@@ -69,15 +78,13 @@ func newWorkload(o Options) (*workload, error) {
 		if prompter == nil {
 			continue // no tokens: nothing to put in the index
 		}
-		msgs := b.Bytes()[bytes.Index(b.Bytes(), []byte(`[{"role"`)) : b.Len()-1]
-		full, ok := prompter.Prompt(o.Model, &extproc.PromptInput{API: extproc.APIChat, Messages: msgs, AddGenerationPrompt: true})
-		sysOnly, ok2 := prompter.Prompt(o.Model, &extproc.PromptInput{API: extproc.APIChat,
-			Messages: []byte(`[{"role":"system","content":` + string(sys) + `}]`), AddGenerationPrompt: false})
+		full, ok := prompter.Prompt(o.Model, &extproc.PromptInput{API: extproc.APIChat, Messages: []byte(messages), AddGenerationPrompt: true})
+		sharedToks, ok2 := prompter.Prompt(o.Model, &extproc.PromptInput{API: extproc.APIChat, Messages: []byte(sharedOnly), AddGenerationPrompt: false})
 		if !ok || !ok2 {
 			return nil, errors.New("the tokenizer cannot render the load workload")
 		}
 		n := 0
-		for n < len(sysOnly) && n < len(full) && sysOnly[n] == full[n] {
+		for n < len(sharedToks) && n < len(full) && sharedToks[n] == full[n] {
 			n++
 		}
 		w.system = append(w.system, full[:n])

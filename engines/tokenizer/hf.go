@@ -44,6 +44,10 @@ type HF struct {
 	added      map[string]uint32
 	cache      *wordCache
 
+	// Byte pairs adjacent in a raw or normalized added token: a cut
+	// between two such bytes could split a token (see cut.go).
+	rawBigrams, normBigrams bigramSet
+
 	chatTemplate string
 	bosToken     string
 	eosToken     string
@@ -169,8 +173,10 @@ func Parse(name string, tokenizerJSON, configJSON []byte) (*HF, error) {
 		}
 		if a.Normalized {
 			normed = append(normed, a)
+			t.normBigrams.addAll(a.Content)
 		} else {
 			raw = append(raw, a)
+			t.rawBigrams.addAll(a.Content)
 		}
 	}
 	t.raw, t.normalized = newAddedTrie(raw), newAddedTrie(normed)
@@ -533,44 +539,67 @@ func (t *HF) AddedToken(content string) (uint32, bool) {
 // Encode appends the ids of text, matching added tokens first, as the
 // reference does with add_special_tokens=False.
 func (t *HF) Encode(dst []uint32, text string) []uint32 {
-	return t.encode(dst, text, nil)
+	return t.encode(dst, text, false, nil, nil)
 }
 
-// encode is Encode that also reports, after each added token matched before
-// normalization, the byte offset where it ends and len(dst) there. Encoding
-// never looks across such a token, so the ids of text[:end] are exactly
-// dst[:n]: a safe point to cache a prefix.
+// splitAdded implements Restarting: the added tokens matched before
+// normalization are the ones encoding never looks across.
 func (t *HF) splitAdded(s string, emit func(seg string, id int32)) { t.raw.split(s, emit) }
 
-func (t *HF) encode(dst []uint32, text string, cut func(end, n int)) []uint32 {
+// encode implements Restarting. Each segment between added tokens is
+// encoded in pieces split at mids, each piece on its own (a continuation
+// of its segment after the first): the cuts nextCut gives are exactly the
+// points where that changes nothing.
+func (t *HF) encode(dst []uint32, text string, cont bool, mids []int, cut func(end, n int)) []uint32 {
 	pos := 0
 	t.raw.split(text, func(seg string, id int32) {
+		start := pos
 		pos += len(seg)
 		if id >= 0 {
 			dst = append(dst, uint32(id))
+			cont = false
 			if cut != nil {
 				cut(pos, len(dst))
 			}
 			return
 		}
-		if t.nfc && !norm.NFC.IsNormalString(seg) {
-			seg = norm.NFC.String(seg)
+		for len(mids) > 0 && mids[0] < pos {
+			k := mids[0] - start
+			dst = t.encodeSegment(dst, seg[:k], cont)
+			cut(mids[0], len(dst))
+			seg, start, cont, mids = seg[k:], mids[0], true, mids[1:]
 		}
-		if t.spm {
+		dst = t.encodeSegment(dst, seg, cont)
+		cont = false
+	})
+	return dst
+}
+
+// encodeSegment encodes text between added tokens; cont says it continues
+// a segment cut at a cut point, so the SentencePiece-style normalizer
+// prepends nothing.
+func (t *HF) encodeSegment(dst []uint32, seg string, cont bool) []uint32 {
+	if t.nfc && !norm.NFC.IsNormalString(seg) {
+		seg = norm.NFC.String(seg)
+	}
+	if t.spm {
+		if cont {
+			seg = strings.ReplaceAll(seg, " ", "▁")
+		} else {
 			seg = "▁" + strings.ReplaceAll(seg, " ", "▁")
 		}
-		t.normalized.split(seg, func(seg string, id int32) {
-			if id >= 0 {
-				dst = append(dst, uint32(id))
-				return
-			}
-			if t.spm {
-				dst = t.encodeSPM(dst, seg)
-				return
-			}
-			t.split.preTokenize(seg, func(word string) {
-				dst = t.encodeWord(dst, word)
-			})
+	}
+	t.normalized.split(seg, func(seg string, id int32) {
+		if id >= 0 {
+			dst = append(dst, uint32(id))
+			return
+		}
+		if t.spm {
+			dst = t.encodeSPM(dst, seg)
+			return
+		}
+		t.split.preTokenize(seg, func(word string) {
+			dst = t.encodeWord(dst, word)
 		})
 	})
 	return dst

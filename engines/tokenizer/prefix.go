@@ -12,29 +12,40 @@ import (
 type PrefixCacheConfig struct {
 	// MaxEntries bounds the cached prefixes. Default 4096.
 	MaxEntries int
-	// CutsPerText is how many of a text's last safe points are cached; a
-	// conversation's next request usually shares one of them. Default 16.
+	// CutsPerText is how many of a text's last added (special) tokens
+	// are cached as prefix ends; a conversation's next request usually
+	// shares one of them. Default 16.
 	CutsPerText int
+	// CutEvery is the spacing, in bytes, of the prefixes cached inside
+	// text between added tokens (one long message: a shared document, long
+	// instructions): the first safe cut at or after every multiple of it
+	// from the text's start. A request sharing a document re-tokenizes
+	// about half of it past the document's last cached cut; each cut costs
+	// an entry. Default 4096.
+	CutEvery int
 	// MaxBytes bounds the ids the cached prefixes hold (4 bytes an id):
 	// the least recently used are dropped beyond it, and a text whose new
 	// ids alone would take more than a sixteenth of it is not cached.
 	// Entries hold only the ids after their parent's, so a parent dropped
-	// from the cache lives on while a cached later turn needs it. Default
-	// 64 MiB.
+	// from the cache lives on while a cached later prefix needs it, and
+	// counts against MaxBytes until none does. Default 64 MiB.
 	MaxBytes int64
 }
 
 // PrefixCache is a Tokenizer that reuses the ids of the longest previously
-// seen prefix, so a multi-turn conversation only tokenizes its new turns.
-// Prefixes are cut only right after an added (special) token, where
-// tokenization provably restarts, so its output always equals the
-// underlying tokenizer's. Safe for concurrent use.
+// seen prefix, so a multi-turn conversation only tokenizes its new turns
+// and requests that share a long document only the text after it.
+// Prefixes are cut only where tokenization provably restarts: right after
+// an added (special) token, and inside text at the points the tokenizer's
+// family allows (cut.go), so its output always equals the underlying
+// tokenizer's. Safe for concurrent use.
 type PrefixCache struct {
 	tok      Restarting
 	cuts     int
+	every    int
 	maxBytes int64
 	cache    *lru.Cache[uint64, *prefixEntry]
-	bytes    atomic.Int64 // ids bytes of the cached entries
+	bytes    atomic.Int64 // size of the entries alive: cached, or a cached entry's ancestor
 
 	lookups, hits, reused atomic.Uint64
 }
@@ -55,11 +66,35 @@ func (c *PrefixCache) Stats() PrefixCacheStats {
 type prefixEntry struct {
 	n      int          // byte length of the prefix
 	parent *prefixEntry // nil for a prefix encoded from the start
-	ids    []uint32     // ids after the parent's; never written after insertion
+	ids    []uint32     // ids after the parent's, its own allocation; never written after insertion
 	total  int          // ids in the whole prefix
+	refs   atomic.Int32 // the cache's and each child's
 }
 
-func (e *prefixEntry) size() int64 { return 4*int64(len(e.ids)) + 64 }
+func (e *prefixEntry) size() int64 { return 4*int64(cap(e.ids)) + 96 }
+
+// hold takes a reference to e. An entry nothing referred to any more is
+// alive again (a request found it just before it was dropped): it counts
+// again and takes its parent back.
+func (c *PrefixCache) hold(e *prefixEntry) {
+	for ; e != nil; e = e.parent {
+		if e.refs.Add(1) != 1 {
+			return
+		}
+		c.bytes.Add(e.size())
+	}
+}
+
+// release drops a reference to e; with the last one e no longer counts and
+// lets go of its parent.
+func (c *PrefixCache) release(e *prefixEntry) {
+	for ; e != nil; e = e.parent {
+		if e.refs.Add(-1) != 0 {
+			return
+		}
+		c.bytes.Add(-e.size())
+	}
+}
 
 func (e *prefixEntry) appendTo(dst []uint32) []uint32 {
 	if e.parent != nil {
@@ -69,18 +104,27 @@ func (e *prefixEntry) appendTo(dst []uint32) []uint32 {
 }
 
 // Restarting is a Tokenizer whose tokenization restarts after every added
-// (special) token: the ids of a text are those of its pieces between added
-// tokens, encoded alone, with the added tokens' ids between them. HF
-// tokenizers and the stand-in are; the methods are unexported because the
-// property has to be proven for each, not asserted by a caller.
+// (special) token and at the cut points it names inside the text between
+// them: the ids of a text are those of its pieces, encoded alone, with the
+// added tokens' ids between them. HF tokenizers and the stand-in are; the
+// methods are unexported because the property has to be proven for each,
+// not asserted by a caller.
 type Restarting interface {
 	Tokenizer
 	// splitAdded calls emit for each piece of s in order, with the added
 	// token's id, or -1 for text between added tokens.
 	splitAdded(s string, emit func(seg string, id int32))
-	// encode is Encode calling cut(end, n) after each added token: its
-	// end offset in text and len(dst) at that point.
-	encode(dst []uint32, text string, cut func(end, n int)) []uint32
+	// nextCut returns the first offset b >= from in seg, a text between
+	// added tokens as splitAdded gives it, with 0 < b < len(seg), where
+	// tokenization restarts (the ids of seg are those of seg[:b] then
+	// those of seg[b:] as a continuation), or -1.
+	nextCut(seg string, from int) int
+	// encode is Encode of text, a continuation of a segment when cont
+	// (text starts at a cut nextCut gave), cut there at the offsets mids
+	// (ascending, each from nextCut): it calls cut(end, n) after each
+	// added token and at each mid, with the end offset in text and
+	// len(dst) at that point.
+	encode(dst []uint32, text string, cont bool, mids []int, cut func(end, n int)) []uint32
 }
 
 // NewPrefixCache wraps tok with a prefix cache.
@@ -94,8 +138,11 @@ func NewPrefixCache(tok Restarting, cfg PrefixCacheConfig) *PrefixCache {
 	if cfg.MaxBytes <= 0 {
 		cfg.MaxBytes = 64 << 20
 	}
-	pc := &PrefixCache{tok: tok, cuts: cfg.CutsPerText, maxBytes: cfg.MaxBytes}
-	c, err := lru.NewWithEvict(cfg.MaxEntries, func(_ uint64, e *prefixEntry) { pc.bytes.Add(-e.size()) })
+	if cfg.CutEvery <= 0 {
+		cfg.CutEvery = 4096
+	}
+	pc := &PrefixCache{tok: tok, cuts: cfg.CutsPerText, every: cfg.CutEvery, maxBytes: cfg.MaxBytes}
+	c, err := lru.NewWithEvict(cfg.MaxEntries, func(_ uint64, e *prefixEntry) { pc.release(e) })
 	if err != nil {
 		panic(err) // unreachable: size is positive
 	}
@@ -109,6 +156,7 @@ func (c *PrefixCache) Name() string { return c.tok.Name() }
 type cutPoint struct {
 	end  int
 	hash uint64
+	mid  bool // inside text, not after an added token
 }
 
 // Encode appends the ids of text, reusing a cached prefix when one matches.
@@ -119,63 +167,89 @@ func (c *PrefixCache) Encode(dst []uint32, text string) []uint32 {
 	if len(text) > 0 {
 		dst = slices.Grow(dst, len(text)/3+16)
 	}
-	// Hash every prefix that ends at a safe point, in one pass.
+	// Hash every prefix that ends at a cut, in one pass: after each added
+	// token, and inside text at the first cut at or after each multiple of
+	// CutEvery. Those depend only on the text up to them, so a later text
+	// with the same prefix has the same cuts there.
 	var cuts []cutPoint
 	d := xxhash.New()
-	last := 0
-	pos := 0
+	last, pos, nextAt := 0, 0, c.every
+	mark := func(end int, mid bool) {
+		_, _ = d.WriteString(text[last:end])
+		last = end
+		cuts = append(cuts, cutPoint{end: end, hash: d.Sum64(), mid: mid})
+	}
 	c.tok.splitAdded(text, func(seg string, id int32) {
+		start := pos
 		pos += len(seg)
-		if id < 0 {
+		if id >= 0 {
+			mark(pos, false)
 			return
 		}
-		_, _ = d.WriteString(text[last:pos])
-		last = pos
-		cuts = append(cuts, cutPoint{end: pos, hash: d.Sum64()})
+		for nextAt < pos {
+			k := c.tok.nextCut(seg, nextAt-start)
+			if k < 0 {
+				break
+			}
+			mark(start+k, true)
+			nextAt = (start+k)/c.every*c.every + c.every
+		}
 	})
 	var hit *prefixEntry
-	from, skip := 0, 0
+	from, skip, cont := 0, 0, false
 	c.lookups.Add(1)
 	for i := len(cuts) - 1; i >= 0; i-- {
 		if e, ok := c.cache.Get(cuts[i].hash); ok && e.n == cuts[i].end {
 			c.hits.Add(1)
 			c.reused.Add(uint64(e.total))
 			dst = e.appendTo(dst)
-			hit, from, skip = e, cuts[i].end, i+1
+			hit, from, skip, cont = e, cuts[i].end, i+1, cuts[i].mid
 			break
+		}
+	}
+	newCuts := cuts[skip:]
+	var mids []int // offsets in text[from:] of the new mid cuts
+	added := 0
+	for _, p := range newCuts {
+		if p.mid {
+			mids = append(mids, p.end-from)
+		} else {
+			added++
 		}
 	}
 	start := len(dst)
 	var ends []int // len(dst) at each new cut, in order
-	dst = c.tok.encode(dst, text[from:], func(_, n int) { ends = append(ends, n) })
-	newCuts := cuts[skip:]
+	dst = c.tok.encode(dst, text[from:], cont, mids, func(_, n int) { ends = append(ends, n) })
 	if len(ends) != len(newCuts) || len(newCuts) == 0 {
-		return dst // a mismatch cannot happen: both are the same added-token scan
+		return dst // a mismatch cannot happen: both are the same scan
 	}
-	lastCut := ends[len(ends)-1]
-	if 4*int64(lastCut-start) > c.maxBytes/16 {
+	if 4*int64(ends[len(ends)-1]-start) > c.maxBytes/16 {
 		return dst // one huge text would flush everything else
 	}
-	// Keep a private copy of the new ids up to the last cut (the caller owns
-	// dst; what follows the last cut is never cached). Each cached cut
-	// stores the ids since the previous one and points to it; the first one
-	// chains to the prefix that was reused.
-	own := append([]uint32(nil), dst[start:lastCut]...)
+	// Each cached cut stores a private copy (the caller owns dst) of the
+	// ids since the previous one and points to it; the first one chains to
+	// the prefix that was reused. Every mid cut is cached, and the last
+	// CutsPerText after added tokens; what follows the last cut never is.
 	parent, hitTotal := hit, 0
 	if hit != nil {
 		hitTotal = hit.total
 	}
 	base := 0
-	for i := max(0, len(newCuts)-c.cuts); i < len(newCuts); i++ {
+	skipAdded := added - c.cuts
+	for i, p := range newCuts {
+		if !p.mid && skipAdded > 0 {
+			skipAdded--
+			continue
+		}
 		n := ends[i] - start
-		e := &prefixEntry{n: newCuts[i].end, parent: parent, ids: own[base:n:n], total: hitTotal + n}
-		// Counted before it is added, so that the eviction callback can
-		// never take the count below zero.
-		c.bytes.Add(e.size())
-		if old, found, _ := c.cache.PeekOrAdd(newCuts[i].hash, e); found {
+		e := &prefixEntry{n: p.end, parent: parent, ids: slices.Clone(dst[start+base : start+n]), total: hitTotal + n}
+		// Counted (and its parent held) before it is added, so that the
+		// eviction callback can never take the count below zero.
+		c.hold(e)
+		if old, found, _ := c.cache.PeekOrAdd(p.hash, e); found {
 			// Cached meanwhile (another request), or a hash collision,
 			// which the byte length check on lookup tells apart.
-			c.bytes.Add(-e.size())
+			c.release(e)
 			if old.n == e.n {
 				e = old
 			}

@@ -212,10 +212,11 @@ func BenchmarkChatRender(b *testing.B) {
 }
 
 // TestConcurrentEncode shares one tokenizer and one prefix cache between
-// goroutines (run with -race).
+// goroutines (run with -race); its entries, cut every 64 bytes, leave it
+// while others chain to them, and the count still ends exact.
 func TestConcurrentEncode(t *testing.T) {
 	tok := loadFamily(t, "qwen3")
-	pc := NewPrefixCache(tok, PrefixCacheConfig{MaxEntries: 64})
+	pc := NewPrefixCache(tok, PrefixCacheConfig{MaxEntries: 64, CutEvery: 64})
 	vecs := readJSONL[chatVector](t, filepath.Join("testdata", "golden", "qwen3.chat.jsonl"))
 	errs := make(chan error, 4)
 	for g := range 4 {
@@ -239,6 +240,7 @@ func TestConcurrentEncode(t *testing.T) {
 	for range 4 {
 		require.NoError(t, <-errs)
 	}
+	require.Equal(t, retained(pc), pc.bytes.Load())
 }
 
 // TestPrefixCacheStandIn replays growing conversations and random texts
@@ -305,4 +307,61 @@ func TestPrefixCacheBoundsBytes(t *testing.T) {
 	huge := "<|im_start|>user\n" + strings.Repeat("word ", maxBytes/16) + "<|im_end|>"
 	require.Equal(t, tok.Encode(nil, huge), pc.Encode(nil, huge))
 	require.Equal(t, before, pc.bytes.Load(), "a text over a sixteenth of the budget is not cached")
+}
+
+// TestPrefixCacheCountsAncestors: documents cut every 256 bytes, each
+// shared by requests that end differently, make chains a dozen entries
+// deep, and more of them than MaxBytes holds: the least recently used
+// entries leave first, often before their descendants. The count is
+// exactly what the cached entries and their ancestors hold, and stays
+// within MaxBytes.
+func TestPrefixCacheCountsAncestors(t *testing.T) {
+	tok := NewStandIn()
+	const maxBytes = 64 << 10
+	pc := NewPrefixCache(tok, PrefixCacheConfig{MaxBytes: maxBytes, CutEvery: 256})
+	rng := rand.New(rand.NewPCG(7, 8))
+	words := strings.Fields("alpha beta gamma delta epsilon zeta eta theta iota kappa")
+	say := func(n int) string {
+		var b strings.Builder
+		for range n {
+			b.WriteString(words[rng.IntN(len(words))] + " ")
+		}
+		return b.String()
+	}
+	docs := make([]string, 30)
+	for i := range docs {
+		docs[i] = fmt.Sprintf("Document %d\n", i) + say(400)
+	}
+	var docIDs, reused uint64
+	full := false
+	for i := range 600 {
+		doc := docs[rng.IntN(len(docs))]
+		text := "<|im_start|>user\n" + doc + say(1+rng.IntN(60)) + "<|im_end|>\n<|im_start|>assistant\n"
+		before := pc.Stats().ReusedIDs
+		require.Equal(t, tok.Encode(nil, text), pc.Encode(nil, text), "request %d", i)
+		require.Equal(t, retained(pc), pc.bytes.Load(), "request %d", i)
+		require.LessOrEqual(t, pc.bytes.Load(), int64(maxBytes), "request %d", i)
+		full = full || pc.bytes.Load() > maxBytes*7/8
+		docIDs += uint64(len(tok.Encode(nil, doc)))
+		reused += pc.Stats().ReusedIDs - before
+	}
+	require.True(t, full, "the documents do not all fit")
+	require.Greater(t, reused, docIDs/3, "requests reuse their document")
+	pc.cache.Purge()
+	require.Zero(t, pc.bytes.Load(), "nothing is alive once nothing is cached")
+}
+
+// retained sums the sizes of the entries alive: those in the cache and
+// their ancestors, each once.
+func retained(pc *PrefixCache) int64 {
+	seen := map[*prefixEntry]bool{}
+	var n int64
+	for _, k := range pc.cache.Keys() {
+		e, _ := pc.cache.Peek(k)
+		for ; e != nil && !seen[e]; e = e.parent {
+			seen[e] = true
+			n += e.size()
+		}
+	}
+	return n
 }

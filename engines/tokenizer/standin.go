@@ -55,20 +55,37 @@ func NewStandIn() StandIn { return StandIn{} }
 func (StandIn) Name() string { return "standin" }
 
 // Encode implements Tokenizer.
-func (t StandIn) Encode(dst []uint32, text string) []uint32 { return t.encode(dst, text, nil) }
+func (t StandIn) Encode(dst []uint32, text string) []uint32 {
+	return t.encode(dst, text, false, nil, nil)
+}
 
-// encode implements Restarting. Every '<' starts a piece (it is neither a
-// letter, a digit nor a space), so an added token is matched wherever it
-// occurs and the pieces after it do not depend on the text before it.
-func (StandIn) encode(dst []uint32, text string, cut func(end, n int)) []uint32 {
-	total := len(text)
+// encode implements Restarting. The text is cut at mids and each part
+// encoded on its own, as if the text ended there: nextCut's cuts are where
+// that changes nothing.
+func (StandIn) encode(dst []uint32, text string, _ bool, mids []int, cut func(end, n int)) []uint32 {
+	at := 0
+	for _, m := range mids {
+		dst = encodeStandIn(dst, text[at:m], at, cut)
+		cut(m, len(dst))
+		at = m
+	}
+	return encodeStandIn(dst, text[at:], at, cut)
+}
+
+// encodeStandIn appends the pieces of text, calling cut after each added
+// token with its end offset plus off. Every '<' starts a piece (it is
+// neither a letter, a digit nor a space), so an added token is matched
+// wherever it occurs and the pieces after it do not depend on the text
+// before it.
+func encodeStandIn(dst []uint32, text string, off int, cut func(end, n int)) []uint32 {
+	end := off + len(text)
 	for len(text) > 0 {
 		if text[0] == '<' {
 			if id, n := matchStandInSpecial(text); n > 0 {
 				dst = append(dst, id)
 				text = text[n:]
 				if cut != nil {
-					cut(total-len(text), len(dst))
+					cut(end-len(text), len(dst))
 				}
 				continue
 			}
