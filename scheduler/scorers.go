@@ -64,7 +64,8 @@ func clamp01(v float64) float64 {
 // matchPrefix fills each candidate's prefix match and returns the mode and
 // the prompt size in the mode's units (tokens or bytes; 0 when unknown).
 // Precise matching keys the tokens under the (base model, adapter, salt)
-// root the KV-event ingestion uses, then adds speculative credits.
+// root the KV-event ingestion uses, then adds speculative credits and the
+// routing memory.
 func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *Request, base, adapter string, now time.Time) (string, int) {
 	sc.keys, sc.matches, sc.hits, sc.hashes = sc.keys[:0], sc.matches[:0], sc.hits[:0], sc.hashes[:0]
 	precise := s.cfg.Policy == PolicyPrecise && s.ix != nil && req.Tokens != nil
