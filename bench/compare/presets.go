@@ -63,8 +63,8 @@ const llmd73KVTokens = 307328
 // the concurrency; 400 is what both of its plateaus imply by Little's law
 // (precise: 10.5k tok/s of 1,000-token answers, 10.5 requests/s at about
 // 38 s each; random: 4.8 requests/s at about 83 s, a TTFT mean of about
-// 55 s plus 1,000 tokens at 25 ms). BenchmarkPublishedLLMD73
-// (engines/sim/engine) replays the run on the engines alone.
+// 55 s plus 1,000 tokens at 25 ms). BenchmarkPublishedLLMD73 replays the
+// run on the engines alone.
 const (
 	llmd73Concurrency   = 400
 	llmd73ClientTimeout = 5 * time.Minute
