@@ -82,24 +82,26 @@ func (sp *speculative) credit(r kvindex.Replica, keys []kvindex.Key, now time.Ti
 	}
 }
 
-// expOf is r's expiry in v, 0 when v does not hold r.
-func (v *specVal) expOf(r kvindex.Replica) int64 {
+// slotOf is the slot holding r, -1 when none does.
+func (v *specVal) slotOf(r kvindex.Replica) int {
 	for i := range v.exp {
 		if v.exp[i] != 0 && v.r[i] == r {
-			return v.exp[i]
+			return i
 		}
+	}
+	return -1
+}
+
+// expOf is r's expiry in v, 0 when v does not hold r.
+func (v *specVal) expOf(r kvindex.Replica) int64 {
+	if i := v.slotOf(r); i >= 0 {
+		return v.exp[i]
 	}
 	return 0
 }
 
 func (v *specVal) put(r kvindex.Replica, exp int64) {
-	slot := -1
-	for i := range v.exp {
-		if v.exp[i] != 0 && v.r[i] == r {
-			slot = i
-			break
-		}
-	}
+	slot := v.slotOf(r)
 	if slot < 0 {
 		// Replace the slot that expires first (empty and expired slots first).
 		slot = 0
