@@ -1,8 +1,11 @@
 // Package capacity owns the read-only capacity snapshot the EPP serves on its
 // admin port (GET /v1/capacity) and the quoter reads: per model, how much
 // headroom the pool has right now, computed from the same KV index and engine
-// metrics the scheduler uses. It is deliberately narrow so the quoter never
-// depends on scheduler internals.
+// metrics the scheduler uses, and per replica the curve of its latency
+// against its batch size (Curve, learnt from the engines' own histograms)
+// from which the quoter reads the load it can sell within its objectives.
+// It is deliberately narrow so the quoter never depends on scheduler
+// internals.
 package capacity
 
 import "time"
@@ -49,4 +52,33 @@ type Model struct {
 	// PrefixHitRate is prefix-cache hits over queries (tokens) over the
 	// window, 0..1.
 	PrefixHitRate float64 `json:"prefix_hit_rate"`
+	// ReplicaCapacity has one entry per endpoint, with what was learnt of
+	// its capacity, for the quoter to read at its objectives.
+	ReplicaCapacity []Replica `json:"replica_capacity,omitempty"`
+}
+
+// Replica is one endpoint's load now and its learnt capacity curve.
+type Replica struct {
+	Addr string `json:"addr"`
+	// Healthy is breaker closed and metrics fresh; Stale is metrics older
+	// than the staleness limit. Only a healthy replica has capacity to sell.
+	Healthy bool `json:"healthy"`
+	Stale   bool `json:"stale"`
+	// Running and Waiting are the engine's counts at its last scrape;
+	// InFlight what this EPP routed there and has not seen finish.
+	Running  int `json:"running"`
+	Waiting  int `json:"waiting"`
+	InFlight int `json:"in_flight"`
+	// MaxRunning is the scheduler's admission.target_inflight, the batch
+	// size it will fill a replica to.
+	MaxRunning int `json:"max_running"`
+	// OutputTokensPerSec is the engine's output rate over its last scrape
+	// window.
+	OutputTokensPerSec float64 `json:"output_tokens_per_sec"`
+	// FreeKVTokens and TotalKVTokens are its KV cache (healthy only).
+	FreeKVTokens  int64 `json:"free_kv_tokens"`
+	TotalKVTokens int64 `json:"total_kv_tokens"`
+	// Curve is the replica's latency against batch size, learnt from its
+	// scrapes.
+	Curve Curve `json:"curve"`
 }

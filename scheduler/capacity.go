@@ -2,9 +2,43 @@ package scheduler
 
 import (
 	"sort"
+	"sync"
 
 	"github.com/omnious/provider-node/capacity"
+	"github.com/omnious/provider-node/engines/metrics"
 )
+
+// curveLearner is a replica's capacity curve; the scraper feeds it and the
+// admin handler reads it.
+type curveLearner struct {
+	mu sync.Mutex
+	l  *capacity.Learner
+}
+
+// learn adds the sample's window to the replica's capacity curve. An
+// engine shared by several replicas (data parallel behind one metrics URL)
+// has its counts split evenly between them, as the scorers do.
+func (r *replica) learn(sm *metrics.Sample) {
+	w := &sm.Window
+	share := float64(max(r.sharing.Load(), 1))
+	cw := capacity.Window{Seconds: w.Seconds, Running: w.Running / share, Waiting: w.Waiting / share, KVUsage: w.KVUsage,
+		OutputTokensPerSec: sm.GenerationTokensPerSec / share, PromptTokensPerSec: sm.PromptTokensPerSec / share}
+	cw.TTFTBounds, cw.TTFT = curveHistogram(&w.TTFT)
+	cw.ITLBounds, cw.ITL = curveHistogram(&w.ITL)
+	r.curve.mu.Lock()
+	r.curve.l.Add(cw)
+	r.curve.mu.Unlock()
+}
+
+func curveHistogram(h *metrics.Histogram) ([]float64, capacity.Histogram) {
+	return h.Bounds[:h.N], capacity.Histogram{Counts: h.Counts[:h.N], Count: h.Count, Sum: h.Sum}
+}
+
+func (r *replica) curveCopy() capacity.Curve {
+	r.curve.mu.Lock()
+	defer r.curve.mu.Unlock()
+	return r.curve.l.Curve()
+}
 
 // Capacity summarises the pool per base model from the same signals the
 // scheduler routes on. Free KV is counted over healthy replicas only
@@ -24,12 +58,20 @@ func (s *Scheduler) Capacity() capacity.Snapshot {
 			byModel[r.ep.Model] = m
 		}
 		m.Replicas++
-		m.InFlight += int(r.inflight.Load())
+		inflight := int(r.inflight.Load())
+		m.InFlight += inflight
 		sm, stale := s.signals(r, staleBefore)
 		if stale {
 			m.Stale++
 		}
 		healthy := !stale && r.br.current(now, s.cfg.Breaker.Cooldown) == BreakerClosed
+		rc := capacity.Replica{Addr: r.ep.Addr, Healthy: healthy, Stale: stale, InFlight: inflight,
+			MaxRunning: int(s.cfg.Admission.TargetInflight), Curve: r.curveCopy()}
+		if sm != nil && !stale {
+			rc.Running, rc.Waiting = int(sm.Signals.Running), int(sm.Signals.Waiting)
+			rc.OutputTokensPerSec = sm.GenerationTokensPerSec
+		}
+		m.ReplicaCapacity = append(m.ReplicaCapacity, rc)
 		if sm != nil && !stale {
 			sig := &sm.Signals
 			m.Waiting += int(sig.Waiting)
@@ -54,6 +96,8 @@ func (s *Scheduler) Capacity() capacity.Snapshot {
 		total := sig.KVCapacityTokens()
 		m.TotalKVTokens += total
 		m.FreeKVTokens += int64(float64(total) * free)
+		last := &m.ReplicaCapacity[len(m.ReplicaCapacity)-1]
+		last.TotalKVTokens, last.FreeKVTokens = total, int64(float64(total)*free)
 		m.FreeKVBlocks += int64(float64(sig.NumGPUBlocks) * free)
 	}
 	out := capacity.Snapshot{Taken: now, Models: make([]capacity.Model, 0, len(byModel))}

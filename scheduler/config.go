@@ -67,6 +67,11 @@ type SignalsConfig struct {
 	// ScrapeFailuresTrip makes scrape failures feed the breaker. Default
 	// true.
 	ScrapeFailuresTrip *bool `yaml:"scrape_failures_trip"`
+	// CapacityHalfLife is how fast each replica's capacity curve (latency
+	// against batch size, learnt from its scrapes) forgets, counted in busy
+	// time so an idle replica keeps what it learnt; 0s never forgets.
+	// Default 30m.
+	CapacityHalfLife *time.Duration `yaml:"capacity_half_life"`
 }
 
 // PrefixConfig is prefix affinity and its imbalance guard.
@@ -215,6 +220,7 @@ func (c Config) WithDefaults() Config {
 	opt.Zero(&sg.ScrapeTimeout, time.Second)
 	opt.Zero(&sg.StaleAfter, 10*time.Second)
 	sg.ScrapeFailuresTrip = opt.Or(sg.ScrapeFailuresTrip, true)
+	sg.CapacityHalfLife = opt.Or(sg.CapacityHalfLife, 30*time.Minute)
 
 	p := &c.Prefix
 	p.MinMatch = opt.Or(p.MinMatch, 64)

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/omnious/provider-node/capacity"
 	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/engines/metrics"
 	"github.com/omnious/provider-node/internal/label"
@@ -77,6 +78,10 @@ type replica struct {
 	br      breaker
 
 	ep endpoint.Endpoint
+
+	// curve learns the replica's latency against its batch size from its
+	// scrapes (Observe) for the capacity snapshot.
+	curve *curveLearner
 
 	queueGauge, breakerGauge, scoreGauge, staleGauge prometheus.Gauge
 }
@@ -173,8 +178,12 @@ func (s *Scheduler) SetEndpoints(eps []Target) {
 			nr.ep.Labels = cloneLabels(ep.Labels)
 			if r != nil {
 				// In-flight counts stay with the old replica, whose
-				// decisions decrement them; signals carry over.
+				// decisions decrement them; signals and what was learnt
+				// of its capacity carry over.
 				nr.sample.Store(r.sample.Load())
+				nr.curve = r.curve
+			} else {
+				nr.curve = &curveLearner{l: capacity.NewLearner(*s.cfg.Signals.CapacityHalfLife)}
 			}
 			nr.queueGauge = s.m.perPodQ.WithLabelValues(s.cfg.PoolName, ep.Addr)
 			nr.breakerGauge = s.m.breakerState.WithLabelValues(ep.Addr)
@@ -238,6 +247,9 @@ func (s *Scheduler) Observe(sm *metrics.Sample) {
 			r.inflightAtSample.Store(r.inflight.Load())
 		}
 		r.sample.Store(sm)
+		if sm.Err == nil && sm.Window.Seconds > 0 {
+			r.learn(sm)
+		}
 		if trip {
 			r.br.scrape(sm.Err == nil, now, s.cfg.Breaker.FailureThreshold)
 		}

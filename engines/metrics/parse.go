@@ -38,6 +38,9 @@ const (
 	HasCacheConfig
 	HasMaxTotalTokens
 	HasLoRA
+	HasTTFT
+	HasITL
+	HasRequestsFinished
 )
 
 // Signals is what one scrape of one engine says.
@@ -65,8 +68,16 @@ type Signals struct {
 	// vllm:lora_requests_info series; the adapter lists are comma-joined.
 	MaxLoRA                  int
 	RunningLoRA, WaitingLoRA string
+	// TTFT and ITL are the engines' time-to-first-token and inter-token
+	// latency histograms, cumulative since the engine started.
+	TTFT, ITL Histogram
+	// RequestsFinished counts finished requests (vLLM
+	// request_success_total over all reasons, SGLang num_requests_total).
+	RequestsFinished float64
 	// Has says which fields were present (Has* bits).
 	Has uint32
+
+	tpot Histogram
 
 	kvSeries int
 	loraTS   float64
@@ -121,6 +132,7 @@ const (
 	mCacheConfig
 	mMaxTotalTokens
 	mLoRA
+	mRequestsFinished
 )
 
 // lookup maps a series name (without labels) to the metric it feeds.
@@ -147,6 +159,10 @@ func lookup(name []byte) (metric, string) {
 		return mCacheConfig, EngineVLLM
 	case "vllm:lora_requests_info":
 		return mLoRA, EngineVLLM
+	case "vllm:request_success_total", "vllm:request_success":
+		return mRequestsFinished, EngineVLLM
+	case "sglang:num_requests_total", "sglang:num_requests":
+		return mRequestsFinished, EngineSGLang
 	case "sglang:num_running_reqs":
 		return mRunning, EngineSGLang
 	case "sglang:num_queue_reqs":
@@ -184,6 +200,16 @@ func Parse(data []byte, s *Signals) error {
 			return fmt.Errorf("cannot parse metrics line %d: %w", lineNo, err)
 		}
 	}
+	if s.ITL.Empty() && s.ITL.N == 0 {
+		s.ITL = s.tpot
+	}
+	s.tpot = Histogram{}
+	if s.TTFT.N > 0 {
+		s.Has |= HasTTFT
+	}
+	if s.ITL.N > 0 {
+		s.Has |= HasITL
+	}
 	if s.Has == 0 {
 		return ErrNoSignals
 	}
@@ -207,8 +233,12 @@ func parseLine(line []byte, s *Signals) error {
 		end++
 	}
 	m, engine := lookup(line[:end])
+	var hist *Histogram
+	var part histPart
 	if m == mNone {
-		return nil
+		if hist, part, engine = lookupHistogram(s, line[:end]); hist == nil {
+			return nil
+		}
 	}
 	if s.Engine == EngineUnknown {
 		s.Engine = engine
@@ -234,6 +264,9 @@ func parseLine(line []byte, s *Signals) error {
 	if err != nil {
 		return err
 	}
+	if hist != nil {
+		return addHistogramLine(hist, part, labels, v)
+	}
 	switch m {
 	case mRunning:
 		s.Running += v
@@ -257,6 +290,9 @@ func parseLine(line []byte, s *Signals) error {
 	case mGenerationTokens:
 		s.GenerationTokens += v
 		s.Has |= HasGenerationTokens
+	case mRequestsFinished:
+		s.RequestsFinished += v
+		s.Has |= HasRequestsFinished
 	case mMaxTotalTokens:
 		s.MaxTotalTokens += int64(v)
 		s.Has |= HasMaxTotalTokens

@@ -29,6 +29,20 @@ type Sample struct {
 	// scrapes (0 until there are two, or after a counter reset).
 	PromptTokensPerSec, GenerationTokensPerSec float64
 	PrefixQueriesPerSec, PrefixHitsPerSec      float64
+	RequestsFinishedPerSec                     float64
+	// Window is what the engine did between the last two good scrapes,
+	// the capacity model's input.
+	Window Window
+}
+
+// Window is one scrape interval of one engine: the gauges averaged over
+// its two ends and the latency observations made in it. A window across an
+// engine restart (counters went down) has Seconds 0 and says nothing.
+type Window struct {
+	Seconds                   float64
+	Running, Waiting, KVUsage float64
+	// TTFT and ITL hold only the observations made in the window.
+	TTFT, ITL Histogram
 }
 
 // ScraperConfig configures a Scraper.
@@ -212,6 +226,14 @@ func setRates(next, prev *Sample) {
 	next.GenerationTokensPerSec = rate(n.GenerationTokens, p.GenerationTokens)
 	next.PrefixQueriesPerSec = rate(n.PrefixQueries, p.PrefixQueries)
 	next.PrefixHitsPerSec = rate(n.PrefixHits, p.PrefixHits)
+	next.RequestsFinishedPerSec = rate(n.RequestsFinished, p.RequestsFinished)
+	ttft, ok1 := n.TTFT.Delta(&p.TTFT)
+	itl, ok2 := n.ITL.Delta(&p.ITL)
+	if !ok1 || !ok2 || n.GenerationTokens < p.GenerationTokens {
+		return
+	}
+	next.Window = Window{Seconds: dt, Running: (n.Running + p.Running) / 2, Waiting: (n.Waiting + p.Waiting) / 2,
+		KVUsage: (n.KVUsage + p.KVUsage) / 2, TTFT: ttft, ITL: itl}
 }
 
 func (s *Scraper) fetch(ctx context.Context, t *target, sig *Signals) error {

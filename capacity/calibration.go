@@ -1,0 +1,183 @@
+package capacity
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"sort"
+	"time"
+)
+
+// CalibrationVersion is the calibration document's format version.
+const CalibrationVersion = 1
+
+// Calibration is what `quoter calibrate` measured through a serving URL:
+// the client's view of each concurrency level it drove, and the engines'
+// curve over the same traffic pooled into one replica's share. An idle
+// pool is quoted from Curve until its replicas have measured their own.
+type Calibration struct {
+	Version int `json:"version"`
+	// Model and URL are what was calibrated.
+	Model string `json:"model"`
+	URL   string `json:"url"`
+	// Taken is when the run ended.
+	Taken time.Time `json:"taken"`
+	// Replicas is how many healthy replicas served the run.
+	Replicas int `json:"replicas"`
+	// Objectives are those the run stopped at.
+	Objectives ObjectivesJSON `json:"objectives"`
+	// Mix is the traffic driven.
+	Mix Mix `json:"mix"`
+	// Levels are the concurrency ladder as the client measured it.
+	Levels []Level `json:"levels"`
+	// Curve is the engines' curve over the run, one replica's share.
+	Curve Curve `json:"curve"`
+}
+
+// ObjectivesJSON is Objectives with durations in seconds.
+type ObjectivesJSON struct {
+	TTFTSeconds float64 `json:"ttft_seconds"`
+	ITLSeconds  float64 `json:"itl_seconds"`
+	Quantile    float64 `json:"quantile"`
+}
+
+// Mix is a calibration's traffic: prompts of PromptTokens of which the
+// first SharedPrefixTokens are common to one of Groups groups, answers of
+// OutputTokens.
+type Mix struct {
+	PromptTokens       int `json:"prompt_tokens"`
+	SharedPrefixTokens int `json:"shared_prefix_tokens"`
+	Groups             int `json:"groups"`
+	OutputTokens       int `json:"output_tokens"`
+}
+
+// Level is one step of the ladder, measured by the client.
+type Level struct {
+	Concurrency        int     `json:"concurrency"`
+	Requests           int     `json:"requests"`
+	Errors             int     `json:"errors"`
+	TTFTP95Seconds     float64 `json:"ttft_p95_seconds"`
+	ITLP95Seconds      float64 `json:"itl_p95_seconds"`
+	OutputTokensPerSec float64 `json:"output_tokens_per_sec"`
+	// Within is whether both objectives held.
+	Within bool `json:"within"`
+}
+
+// Pool adds curves of replicas of one kind into one replica's share:
+// bins of the same batch size are summed, so their latency observations
+// add up and their means are weighted by window time. Curves with other
+// histogram buckets than the first non-empty one are left out and counted
+// in skipped.
+func Pool(curves []Curve) (out Curve, skipped int) {
+	bins := map[int]*Bin{}
+	for _, c := range curves {
+		if len(c.Bins) == 0 {
+			continue
+		}
+		if out.TTFTBounds == nil && out.ITLBounds == nil {
+			out.TTFTBounds = append([]float64{}, c.TTFTBounds...)
+			out.ITLBounds = append([]float64{}, c.ITLBounds...)
+		} else if !equalBounds(out.TTFTBounds, c.TTFTBounds) || !equalBounds(out.ITLBounds, c.ITLBounds) {
+			skipped++
+			continue
+		}
+		for _, b := range c.Bins {
+			k := binIndex(b.Running)
+			p := bins[k]
+			if p == nil {
+				nb := cloneBin(b)
+				bins[k] = &nb
+				continue
+			}
+			t := p.Seconds + b.Seconds
+			if t <= 0 {
+				continue
+			}
+			mean := func(x, y float64) float64 { return (x*p.Seconds + y*b.Seconds) / t }
+			p.Running = mean(p.Running, b.Running)
+			p.Waiting = mean(p.Waiting, b.Waiting)
+			p.KVUsage = mean(p.KVUsage, b.KVUsage)
+			p.OutputTokensPerSec = mean(p.OutputTokensPerSec, b.OutputTokensPerSec)
+			p.PromptTokensPerSec = mean(p.PromptTokensPerSec, b.PromptTokensPerSec)
+			p.Seconds = t
+			p.TTFT.add(&b.TTFT, 1)
+			p.ITL.add(&b.ITL, 1)
+		}
+	}
+	for _, b := range bins {
+		out.Bins = append(out.Bins, *b)
+	}
+	sort.Slice(out.Bins, func(i, j int) bool { return out.Bins[i].Running < out.Bins[j].Running })
+	return out, skipped
+}
+
+// maxCalibrationBytes bounds a calibration document: a curve is a few
+// kilobytes per batch-size bin.
+const maxCalibrationBytes = 8 << 20
+
+// ReadCalibration decodes and validates a calibration document.
+func ReadCalibration(r io.Reader) (*Calibration, error) {
+	var c Calibration
+	dec := json.NewDecoder(io.LimitReader(r, maxCalibrationBytes+1))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return nil, fmt.Errorf("cannot decode calibration: %w", err)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// LoadCalibration reads a calibration file.
+func LoadCalibration(path string) (*Calibration, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("cannot open calibration: %w", err)
+	}
+	defer f.Close()
+	c, err := ReadCalibration(f)
+	if err != nil {
+		return nil, fmt.Errorf("calibration %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Validate reports what makes a calibration unusable.
+func (c *Calibration) Validate() error {
+	if c.Version != CalibrationVersion {
+		return fmt.Errorf("calibration version %d is not %d", c.Version, CalibrationVersion)
+	}
+	if c.Model == "" {
+		return errors.New("calibration names no model")
+	}
+	if c.Replicas <= 0 {
+		return errors.New("calibration has no replica count")
+	}
+	o := c.Objectives
+	for _, v := range []float64{o.TTFTSeconds, o.ITLSeconds, o.Quantile} {
+		if !(v > 0) || math.IsInf(v, 0) {
+			return errors.New("calibration objectives are not positive numbers")
+		}
+	}
+	if len(c.Curve.Bins) == 0 {
+		return errors.New("calibration has an empty curve")
+	}
+	if err := c.Curve.Validate(); err != nil {
+		return fmt.Errorf("calibration curve: %w", err)
+	}
+	return nil
+}
+
+// Write encodes the calibration, indented.
+func (c *Calibration) Write(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(c); err != nil {
+		return fmt.Errorf("cannot encode calibration: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,434 @@
+package capacity
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"time"
+)
+
+// Histogram is a cumulative latency histogram on the curve's shared
+// bounds: Counts[i] observations at or below the i-th bound, Count all of
+// them (observations above the last bound are Count minus the last
+// cumulative count).
+type Histogram struct {
+	Counts []float64 `json:"counts"`
+	Count  float64   `json:"count"`
+	Sum    float64   `json:"sum"`
+}
+
+// Within is the share of observations at or below x, interpolating
+// linearly inside the bucket that holds x (as Prometheus'
+// histogram_quantile does). 1 for an empty histogram.
+func (h *Histogram) Within(bounds []float64, x float64) float64 {
+	if h.Count <= 0 {
+		return 1
+	}
+	lo, below := 0.0, 0.0
+	for i, b := range bounds {
+		if i >= len(h.Counts) {
+			break
+		}
+		c := h.Counts[i]
+		if x <= b {
+			if b > lo {
+				below += (c - below) * (x - lo) / (b - lo)
+			}
+			return math.Min(below/h.Count, 1)
+		}
+		lo, below = b, c
+	}
+	// Past the last bound: the +Inf bucket has no width to interpolate in,
+	// so only what is known to be below counts.
+	return math.Min(below/h.Count, 1)
+}
+
+func (h *Histogram) add(o *Histogram, scale float64) {
+	if len(h.Counts) < len(o.Counts) {
+		h.Counts = append(h.Counts, make([]float64, len(o.Counts)-len(h.Counts))...)
+	}
+	for i, c := range o.Counts {
+		h.Counts[i] += c * scale
+	}
+	h.Count += o.Count * scale
+	h.Sum += o.Sum * scale
+}
+
+// Bin is the engine's behaviour at one batch size: every scrape window
+// whose mean running-request count fell in the bin, accumulated. Means are
+// weighted by window time.
+type Bin struct {
+	// Running is the mean number of running requests (the batch size).
+	Running float64 `json:"running"`
+	// Seconds is the window time accumulated (decayed with age).
+	Seconds float64 `json:"seconds"`
+	// Waiting and KVUsage are the mean queue depth and KV usage (0..1).
+	Waiting float64 `json:"waiting"`
+	KVUsage float64 `json:"kv_usage"`
+	// OutputTokensPerSec and PromptTokensPerSec are the mean token rates.
+	OutputTokensPerSec float64 `json:"output_tokens_per_sec"`
+	PromptTokensPerSec float64 `json:"prompt_tokens_per_sec"`
+	// TTFT and ITL are the latencies observed in the windows.
+	TTFT Histogram `json:"ttft"`
+	ITL  Histogram `json:"itl"`
+}
+
+// Curve is what one engine (or, for calibration, one replica's share of a
+// fleet) did at each batch size it ran: its latency against its load, the
+// data the capacity at an objective is read from.
+type Curve struct {
+	// TTFTBounds and ITLBounds are the histograms' finite bucket bounds in
+	// seconds, the engine's own.
+	TTFTBounds []float64 `json:"ttft_bounds"`
+	ITLBounds  []float64 `json:"itl_bounds"`
+	// Bins are ascending by Running; only bins with data are present.
+	Bins []Bin `json:"bins"`
+}
+
+// Window is one scrape interval of one engine, the unit a Learner takes.
+type Window struct {
+	Seconds                   float64
+	Running, Waiting, KVUsage float64
+	OutputTokensPerSec        float64
+	PromptTokensPerSec        float64
+	TTFTBounds, ITLBounds     []float64
+	TTFT, ITL                 Histogram
+}
+
+// binIndex maps a batch size to its bin: one bin per request up to 16,
+// then bins 1/16 wide (about 6%), so a capacity is read to within a few
+// percent at any size.
+func binIndex(running float64) int {
+	if running < 16 {
+		return int(running)
+	}
+	return 16 + int(math.Log(running/16)/math.Log1p(1.0/16))
+}
+
+// Learner accumulates an engine's windows into a Curve, forgetting with a
+// half-life counted in busy time, so the curve follows the current
+// prompt/output mix and an idle engine keeps what it last learnt. It is
+// not safe for concurrent use.
+type Learner struct {
+	halfLife time.Duration
+	curve    Curve
+	idx      []int // bin index of curve.Bins[i]
+}
+
+// NewLearner returns a learner whose data halves every halfLife of busy
+// time (0: never forgets).
+func NewLearner(halfLife time.Duration) *Learner {
+	return &Learner{halfLife: halfLife}
+}
+
+// Add records one window. Idle windows (no running request) carry no
+// latency-versus-load information and are dropped, as are windows whose
+// histogram buckets differ from the curve's (the engine was replaced): the
+// curve then starts over.
+func (l *Learner) Add(w Window) {
+	if w.Seconds <= 0 || w.Running <= 0 || math.IsNaN(w.Running) || math.IsInf(w.Running, 0) {
+		return
+	}
+	if !equalBounds(l.curve.TTFTBounds, w.TTFTBounds) || !equalBounds(l.curve.ITLBounds, w.ITLBounds) {
+		l.curve = Curve{TTFTBounds: append([]float64(nil), w.TTFTBounds...), ITLBounds: append([]float64(nil), w.ITLBounds...)}
+		l.idx = l.idx[:0]
+	}
+	if l.halfLife > 0 {
+		f := math.Exp2(-w.Seconds / l.halfLife.Seconds())
+		for i := range l.curve.Bins {
+			scaleBin(&l.curve.Bins[i], f)
+		}
+	}
+	k := binIndex(w.Running)
+	i := sort.SearchInts(l.idx, k)
+	if i == len(l.idx) || l.idx[i] != k {
+		l.idx = append(l.idx, 0)
+		copy(l.idx[i+1:], l.idx[i:])
+		l.idx[i] = k
+		l.curve.Bins = append(l.curve.Bins, Bin{})
+		copy(l.curve.Bins[i+1:], l.curve.Bins[i:])
+		l.curve.Bins[i] = Bin{}
+	}
+	addWindow(&l.curve.Bins[i], &w)
+}
+
+// Curve returns a copy of what has been learnt.
+func (l *Learner) Curve() Curve { return l.curve.Clone() }
+
+// Clone returns a deep copy.
+func (c Curve) Clone() Curve {
+	out := Curve{TTFTBounds: append([]float64(nil), c.TTFTBounds...), ITLBounds: append([]float64(nil), c.ITLBounds...),
+		Bins: make([]Bin, len(c.Bins))}
+	for i, b := range c.Bins {
+		b.TTFT.Counts = append([]float64(nil), b.TTFT.Counts...)
+		b.ITL.Counts = append([]float64(nil), b.ITL.Counts...)
+		out.Bins[i] = b
+	}
+	return out
+}
+
+func addWindow(b *Bin, w *Window) {
+	t := b.Seconds + w.Seconds
+	mean := func(old, v float64) float64 { return (old*b.Seconds + v*w.Seconds) / t }
+	b.Running = mean(b.Running, w.Running)
+	b.Waiting = mean(b.Waiting, w.Waiting)
+	b.KVUsage = mean(b.KVUsage, w.KVUsage)
+	b.OutputTokensPerSec = mean(b.OutputTokensPerSec, w.OutputTokensPerSec)
+	b.PromptTokensPerSec = mean(b.PromptTokensPerSec, w.PromptTokensPerSec)
+	b.Seconds = t
+	b.TTFT.add(&w.TTFT, 1)
+	b.ITL.add(&w.ITL, 1)
+}
+
+func scaleBin(b *Bin, f float64) {
+	b.Seconds *= f
+	b.TTFT.scale(f)
+	b.ITL.scale(f)
+}
+
+func (h *Histogram) scale(f float64) {
+	for i := range h.Counts {
+		h.Counts[i] *= f
+	}
+	h.Count *= f
+	h.Sum *= f
+}
+
+func equalBounds(a, b []float64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// Objectives are latency objectives at a quantile.
+type Objectives struct {
+	// TTFT and ITL bound time to first token and inter-token latency.
+	TTFT, ITL time.Duration
+	// Quantile is the share of observations that must be within them,
+	// 0.95 for p95 objectives.
+	Quantile float64
+}
+
+// AtObjectives is a curve read at objectives: the most an engine can run
+// while the objectives hold.
+type AtObjectives struct {
+	// Running is the batch size (running requests) at which the first
+	// objective stops holding, interpolated between the bins either side.
+	Running float64 `json:"running"`
+	// OutputTokensPerSec and PromptTokensPerSec are the engine's token
+	// rates at that batch size.
+	OutputTokensPerSec float64 `json:"output_tokens_per_sec"`
+	PromptTokensPerSec float64 `json:"prompt_tokens_per_sec"`
+	// Limit names what bounds it: "ttft" or "itl" (that objective breaks
+	// there), or "measured" (no measured batch size broke an objective, so
+	// the capacity stops at the largest one measured: never extrapolated).
+	Limit string `json:"limit"`
+	// MaxMeasured is the largest batch size with enough data.
+	MaxMeasured float64 `json:"max_measured"`
+}
+
+// Limits reported by At.
+const (
+	LimitTTFT     = "ttft"
+	LimitITL      = "itl"
+	LimitMeasured = "measured"
+)
+
+// MinSamples is the inter-token observations a bin needs before it is
+// read; fewer say too little about a 95th percentile.
+const MinSamples = 100
+
+// ErrNoData means the curve has no bin with enough observations.
+var ErrNoData = errors.New("no batch size measured with enough observations")
+
+// At reads the curve at the objectives. A bin counts once it has
+// MinSamples inter-token observations; the share within each objective is
+// made non-increasing in batch size (weighted pool-adjacent-violators), so
+// one noisy bin cannot make capacity jump. The answer is where the first
+// share falls through the quantile, interpolated linearly between the two
+// bins either side; below the smallest measured batch nothing is assumed,
+// so a curve whose first bin already breaks an objective has capacity 0.
+func (c *Curve) At(o Objectives) (AtObjectives, error) {
+	var bins []*Bin
+	for i := range c.Bins {
+		if c.Bins[i].ITL.Count >= MinSamples {
+			bins = append(bins, &c.Bins[i])
+		}
+	}
+	if len(bins) == 0 {
+		return AtObjectives{}, ErrNoData
+	}
+	if o.Quantile <= 0 || o.Quantile >= 1 {
+		return AtObjectives{}, fmt.Errorf("quantile %v is not in (0, 1)", o.Quantile)
+	}
+	n := len(bins)
+	itl, ttft := make([]float64, n), make([]float64, n)
+	wi, wt := make([]float64, n), make([]float64, n)
+	for i, b := range bins {
+		itl[i], wi[i] = b.ITL.Within(c.ITLBounds, o.ITL.Seconds()), b.ITL.Count
+		ttft[i], wt[i] = b.TTFT.Within(c.TTFTBounds, o.TTFT.Seconds()), b.TTFT.Count
+	}
+	nonIncreasing(itl, wi)
+	nonIncreasing(ttft, wt)
+	out := AtObjectives{MaxMeasured: bins[n-1].Running}
+	for i := range n {
+		if ttft[i] >= o.Quantile && itl[i] >= o.Quantile {
+			continue
+		}
+		limit := LimitITL
+		if ttft[i] < itl[i] {
+			limit = LimitTTFT
+		}
+		out.Limit = limit
+		if i == 0 {
+			return out, nil
+		}
+		// Interpolate each share to where it crosses the quantile and take
+		// the nearer crossing.
+		a, b := bins[i-1], bins[i]
+		x := 1.0
+		for _, s := range [][]float64{itl, ttft} {
+			if s[i] < o.Quantile && s[i-1] > s[i] {
+				x = math.Min(x, (s[i-1]-o.Quantile)/(s[i-1]-s[i]))
+			}
+		}
+		x = math.Max(x, 0)
+		out.Running = a.Running + x*(b.Running-a.Running)
+		out.OutputTokensPerSec = a.OutputTokensPerSec + x*(b.OutputTokensPerSec-a.OutputTokensPerSec)
+		out.PromptTokensPerSec = a.PromptTokensPerSec + x*(b.PromptTokensPerSec-a.PromptTokensPerSec)
+		return out, nil
+	}
+	last := bins[n-1]
+	out.Limit, out.Running = LimitMeasured, last.Running
+	out.OutputTokensPerSec, out.PromptTokensPerSec = last.OutputTokensPerSec, last.PromptTokensPerSec
+	return out, nil
+}
+
+// nonIncreasing replaces v by its weighted least-squares non-increasing
+// fit (pool adjacent violators).
+func nonIncreasing(v, w []float64) {
+	type block struct {
+		sum, w float64
+		n      int
+	}
+	var st []block
+	for i := range v {
+		wi := math.Max(w[i], 1e-9)
+		st = append(st, block{v[i] * wi, wi, 1})
+		for len(st) > 1 {
+			a, b := st[len(st)-2], st[len(st)-1]
+			if a.sum/a.w >= b.sum/b.w {
+				break
+			}
+			st = append(st[:len(st)-2], block{a.sum + b.sum, a.w + b.w, a.n + b.n})
+		}
+	}
+	i := 0
+	for _, b := range st {
+		for range b.n {
+			v[i] = b.sum / b.w
+			i++
+		}
+	}
+}
+
+// Merge returns c with o's bins added where c has too few observations of
+// its own: a replica's live curve over a calibration, so what the engine
+// does now wins wherever it has been measured. Bounds must match; a curve
+// with other bounds (another engine) is not merged and the error says so.
+func (c Curve) Merge(o Curve) (Curve, error) {
+	if len(o.Bins) == 0 {
+		return c.Clone(), nil
+	}
+	if len(c.Bins) == 0 {
+		return o.Clone(), nil
+	}
+	if !equalBounds(c.TTFTBounds, o.TTFTBounds) || !equalBounds(c.ITLBounds, o.ITLBounds) {
+		return c.Clone(), errors.New("curves have different histogram buckets (another engine)")
+	}
+	out := c.Clone()
+	have := make(map[int]int, len(out.Bins))
+	for i, b := range out.Bins {
+		have[binIndex(b.Running)] = i
+	}
+	for _, b := range o.Bins {
+		k := binIndex(b.Running)
+		if i, ok := have[k]; ok {
+			if out.Bins[i].ITL.Count >= MinSamples {
+				continue
+			}
+			// Too little live data to stand alone: replace it by the
+			// other curve's bin rather than mixing two regimes.
+			out.Bins[i] = cloneBin(b)
+			continue
+		}
+		out.Bins = append(out.Bins, cloneBin(b))
+	}
+	sort.Slice(out.Bins, func(i, j int) bool { return out.Bins[i].Running < out.Bins[j].Running })
+	return out, nil
+}
+
+func cloneBin(b Bin) Bin {
+	b.TTFT.Counts = append([]float64(nil), b.TTFT.Counts...)
+	b.ITL.Counts = append([]float64(nil), b.ITL.Counts...)
+	return b
+}
+
+// Validate reports whether a curve read from outside (a calibration
+// file, the EPP) is well formed: ascending positive bounds, bins ascending
+// with finite non-negative values and cumulative counts that do not
+// decrease or exceed their totals.
+func (c *Curve) Validate() error {
+	for _, bs := range [][]float64{c.TTFTBounds, c.ITLBounds} {
+		for i, b := range bs {
+			if !(b > 0) || math.IsInf(b, 0) || (i > 0 && b <= bs[i-1]) {
+				return fmt.Errorf("histogram bounds %v are not ascending positive numbers", bs)
+			}
+		}
+	}
+	prev := -1.0
+	for i, b := range c.Bins {
+		for _, v := range []float64{b.Running, b.Seconds, b.Waiting, b.KVUsage, b.OutputTokensPerSec, b.PromptTokensPerSec} {
+			if !(v >= 0) || math.IsInf(v, 0) {
+				return fmt.Errorf("bin %d has a negative or non-finite value", i)
+			}
+		}
+		if b.Running <= prev {
+			return fmt.Errorf("bin %d: batch sizes are not ascending", i)
+		}
+		prev = b.Running
+		for name, h := range map[string]struct {
+			h      *Histogram
+			bounds []float64
+		}{"ttft": {&c.Bins[i].TTFT, c.TTFTBounds}, "itl": {&c.Bins[i].ITL, c.ITLBounds}} {
+			if err := h.h.validate(h.bounds); err != nil {
+				return fmt.Errorf("bin %d %s: %w", i, name, err)
+			}
+		}
+	}
+	return nil
+}
+
+func (h *Histogram) validate(bounds []float64) error {
+	if len(h.Counts) > len(bounds) {
+		return errors.New("more counts than bounds")
+	}
+	last := 0.0
+	for _, c := range h.Counts {
+		if !(c >= last) || math.IsInf(c, 0) {
+			return errors.New("cumulative counts decrease or are not finite")
+		}
+		last = c
+	}
+	if !(h.Count >= last) || math.IsInf(h.Count, 0) || math.IsNaN(h.Sum) || math.IsInf(h.Sum, 0) {
+		return errors.New("count is below the buckets or not finite")
+	}
+	return nil
+}
