@@ -255,7 +255,7 @@ var ErrNoData = errors.New("no batch size measured with enough observations")
 // share falls through the quantile, interpolated linearly between the two
 // bins either side; below the smallest measured batch nothing is assumed,
 // so a curve whose first bin already breaks an objective has capacity 0.
-func (c *Curve) At(o Objectives) (AtObjectives, error) {
+func (c Curve) At(o Objectives) (AtObjectives, error) {
 	var bins []*Bin
 	for i := range c.Bins {
 		if c.Bins[i].ITL.Count >= MinSamples {
@@ -385,7 +385,7 @@ func cloneBin(b Bin) Bin {
 // file, the EPP) is well formed: ascending positive bounds, bins ascending
 // with finite non-negative values and cumulative counts that do not
 // decrease or exceed their totals.
-func (c *Curve) Validate() error {
+func (c Curve) Validate() error {
 	for _, bs := range [][]float64{c.TTFTBounds, c.ITLBounds} {
 		for i, b := range bs {
 			if !(b > 0) || math.IsInf(b, 0) || (i > 0 && b <= bs[i-1]) {

@@ -62,33 +62,103 @@ type Headroom struct {
 	Concurrency  uint32
 }
 
-// ComputeHeadroom derives quote headroom from one model's snapshot entry,
-// conservatively:
+// Assessment is how a headroom was reached, for the log, /v1/capacity of
+// the quoter and the bench.
+type Assessment struct {
+	// Replicas has one entry per replica of the model.
+	Replicas []ReplicaAssessment `json:"replicas"`
+	// Running and OutputTokensPerSec are the pool's capacity within the
+	// objectives (healthy replicas only); Busy and BusyTokensPerSec its
+	// load now.
+	Running            float64 `json:"running"`
+	OutputTokensPerSec float64 `json:"output_tokens_per_sec"`
+	Busy               int     `json:"busy"`
+	BusyTokensPerSec   float64 `json:"busy_tokens_per_sec"`
+}
+
+// ReplicaAssessment is one replica's share of an Assessment.
+type ReplicaAssessment struct {
+	Addr string `json:"addr"`
+	// Capacity is its curve read at the objectives (zero when it has
+	// none to sell) and Source where the curve came from: "live",
+	// "live+calibration", "calibration" or "" (nothing).
+	Capacity capacity.AtObjectives `json:"capacity"`
+	Source   string                `json:"source"`
+	// Busy is max(running + waiting, in flight).
+	Busy int `json:"busy"`
+	// Why is set when the replica contributes nothing.
+	Why string `json:"why,omitempty"`
+}
+
+// ComputeHeadroom is what the model's pool can take on top of its load
+// while the objectives hold. Per healthy replica:
 //
-//	busy        = max(Running+Waiting, InFlight)
-//	concurrency = max(0, MaxConcurrency - busy)
-//	tokens/s    = floor(OutputTokensPerSec * concurrency / MaxConcurrency)
+//	capacity     = its curve (live, over the calibration where live has
+//	               too little) read at the objectives, capped at max_running
+//	busy         = max(running + waiting, in_flight)
+//	concurrency  = max(0, capacity.running - busy)
+//	tokens/s     = max(0, min(capacity.tokens/s - output tokens/s now,
+//	                          capacity.tokens/s * concurrency / capacity.running))
 //
-// Queued requests count as busy because they take the next free slot.
-// InFlight (what the EPP routed but has not seen finish) covers requests
-// the engines have not reported yet. Tokens/s is the free share of the
-// output rate actually measured over the last window: it never
-// extrapolates beyond observed throughput (per-request decode speed falls
-// as batches grow, so scaling the per-slot rate up would over-promise). An
-// idle pool therefore quotes 0 tokens/s until load has been measured.
-func ComputeHeadroom(m capacity.Model) Headroom {
-	if m.Healthy <= 0 || m.MaxConcurrency <= 0 {
-		return Headroom{}
+// summed over healthy replicas, rounded down. A replica with an open
+// breaker or stale metrics contributes nothing; one with no curve either
+// (nothing measured, no calibration), and the curve is never read beyond
+// the largest batch size measured. The second bound on tokens/s keeps the
+// promise per stream: a stream at capacity runs at the capacity's per-stream
+// rate, slower than one at today's lighter load.
+func ComputeHeadroom(m capacity.Model, cal *capacity.Calibration, o capacity.Objectives) (Headroom, Assessment) {
+	var a Assessment
+	var conc, tps float64
+	for _, r := range m.ReplicaCapacity {
+		ra := ReplicaAssessment{Addr: r.Addr, Busy: max(r.Running+r.Waiting, r.InFlight, 0)}
+		switch {
+		case !r.Healthy:
+			ra.Why = "not healthy (breaker not closed or metrics stale)"
+		default:
+			curve, source := r.Curve, "live"
+			if cal != nil {
+				merged, err := r.Curve.Merge(cal.Curve)
+				switch {
+				case err != nil:
+					ra.Why = "calibration not used: " + err.Error()
+				case len(r.Curve.Bins) == 0:
+					curve, source = merged, "calibration"
+				default:
+					curve, source = merged, "live+calibration"
+				}
+			}
+			at, err := curve.At(o)
+			if err != nil {
+				ra.Why = "no capacity measured: " + err.Error()
+				break
+			}
+			if r.MaxRunning > 0 && at.Running > float64(r.MaxRunning) {
+				at.OutputTokensPerSec = at.OutputTokensPerSec * float64(r.MaxRunning) / at.Running
+				at.PromptTokensPerSec = at.PromptTokensPerSec * float64(r.MaxRunning) / at.Running
+				at.Running = float64(r.MaxRunning)
+			}
+			ra.Capacity, ra.Source = at, source
+			a.Running += at.Running
+			a.OutputTokensPerSec += at.OutputTokensPerSec
+			a.Busy += ra.Busy
+			a.BusyTokensPerSec += finite(r.OutputTokensPerSec)
+			if free := at.Running - float64(ra.Busy); free > 0 {
+				conc += free
+				rate := min(at.OutputTokensPerSec-finite(r.OutputTokensPerSec), at.OutputTokensPerSec*free/at.Running)
+				tps += max(rate, 0)
+			}
+		}
+		a.Replicas = append(a.Replicas, ra)
 	}
-	busy := max(m.Running+m.Waiting, m.InFlight, 0)
-	free := max(m.MaxConcurrency-busy, 0)
-	h := Headroom{Concurrency: uint32(min(free, math.MaxUint32))}
-	rate := m.OutputTokensPerSec
-	if rate > 0 && !math.IsInf(rate, 0) && !math.IsNaN(rate) && free > 0 {
-		tps := math.Floor(rate * float64(free) / float64(m.MaxConcurrency))
-		h.TokensPerSec = uint64(min(tps, float64(math.MaxInt64)))
+	return Headroom{Concurrency: uint32(min(math.Floor(conc), math.MaxUint32)),
+		TokensPerSec: uint64(min(math.Floor(tps), float64(math.MaxInt64)))}, a
+}
+
+func finite(v float64) float64 {
+	if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+		return 0
 	}
-	return h
+	return v
 }
 
 // FindModel returns the snapshot entry for model.

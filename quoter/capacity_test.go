@@ -2,6 +2,7 @@ package quoter
 
 import (
 	"context"
+	"math"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -13,26 +14,59 @@ import (
 	"github.com/omnious/provider-node/capacity"
 )
 
+// curveBin is a capacity bin at running whose shares within 50 ms ITL
+// and 2 s TTFT are itl and ttft.
+func curveBin(running, itl, ttft, tps float64) capacity.Bin {
+	const n = 1000
+	return capacity.Bin{Running: running, Seconds: 10, OutputTokensPerSec: tps,
+		ITL:  capacity.Histogram{Counts: []float64{0, itl * n, n}, Count: n},
+		TTFT: capacity.Histogram{Counts: []float64{0, ttft * n, n}, Count: n}}
+}
+
+func curve(bins ...capacity.Bin) capacity.Curve {
+	return capacity.Curve{ITLBounds: []float64{0.025, 0.05, 0.1}, TTFTBounds: []float64{1, 2, 4}, Bins: bins}
+}
+
 func TestComputeHeadroom(t *testing.T) {
+	obj := capacity.Objectives{TTFT: 2 * time.Second, ITL: 50 * time.Millisecond, Quantile: 0.95}
+	// Capacity 25 running requests at 210 tokens/s per replica.
+	full := curve(curveBin(10, 0.99, 1, 100), curveBin(20, 0.97, 1, 180), curveBin(30, 0.93, 1, 240))
+	cal := &capacity.Calibration{Curve: full}
+	rep := func(healthy bool, running, waiting, inflight int, tps float64, c capacity.Curve) capacity.Replica {
+		return capacity.Replica{Addr: "r", Healthy: healthy, Running: running, Waiting: waiting, InFlight: inflight,
+			OutputTokensPerSec: tps, MaxRunning: 256, Curve: c}
+	}
 	for _, tc := range []struct {
 		name string
-		m    capacity.Model
+		reps []capacity.Replica
+		cal  *capacity.Calibration
 		want Headroom
 	}{
-		{"idle pool: slots free, no measured rate", capacity.Model{Healthy: 2, MaxConcurrency: 64}, Headroom{Concurrency: 64}},
-		{"half busy", capacity.Model{Healthy: 2, MaxConcurrency: 64, Running: 30, Waiting: 2, OutputTokensPerSec: 1000},
-			Headroom{Concurrency: 32, TokensPerSec: 500}},
-		{"in-flight exceeds engine view", capacity.Model{Healthy: 1, MaxConcurrency: 10, Running: 2, InFlight: 6, OutputTokensPerSec: 100},
-			Headroom{Concurrency: 4, TokensPerSec: 40}},
-		{"overloaded clamps at zero", capacity.Model{Healthy: 1, MaxConcurrency: 8, Running: 8, Waiting: 5, OutputTokensPerSec: 900},
-			Headroom{}},
-		{"rounds down", capacity.Model{Healthy: 1, MaxConcurrency: 3, Running: 1, OutputTokensPerSec: 100},
-			Headroom{Concurrency: 2, TokensPerSec: 66}},
-		{"no healthy replica", capacity.Model{Healthy: 0, MaxConcurrency: 8, OutputTokensPerSec: 100}, Headroom{}},
-		{"negative counts", capacity.Model{Healthy: 1, MaxConcurrency: 4, Running: -3, OutputTokensPerSec: -5}, Headroom{Concurrency: 4}},
+		{"idle, live curves", []capacity.Replica{rep(true, 0, 0, 0, 0, full), rep(true, 0, 0, 0, 0, full)}, nil,
+			Headroom{Concurrency: 50, TokensPerSec: 420}},
+		{"idle, calibration only", []capacity.Replica{rep(true, 0, 0, 0, 0, capacity.Curve{})}, cal,
+			Headroom{Concurrency: 25, TokensPerSec: 210}},
+		{"nothing measured, no calibration: nothing sold", []capacity.Replica{rep(true, 0, 0, 0, 0, capacity.Curve{})}, nil, Headroom{}},
+		{"capacity below the load", []capacity.Replica{rep(true, 30, 0, 0, 250, full)}, nil, Headroom{}},
+		{"live curve never broke: sold up to the largest batch measured", []capacity.Replica{rep(true, 0, 0, 0, 0, curve(curveBin(8, 1, 1, 90)))}, nil,
+			Headroom{Concurrency: 8, TokensPerSec: 90}},
+		{"half loaded", []capacity.Replica{rep(true, 12, 1, 5, 120, full)}, nil,
+			// 25-13 = 12 slots; min(210-120, 210*12/25) = 90.
+			Headroom{Concurrency: 12, TokensPerSec: 90}},
+		{"in flight beyond the engine's view", []capacity.Replica{rep(true, 2, 0, 20, 30, full)}, nil,
+			Headroom{Concurrency: 5, TokensPerSec: 42}},
+		{"overloaded clamps at zero", []capacity.Replica{rep(true, 30, 4, 0, 260, full)}, nil, Headroom{}},
+		{"unhealthy replica contributes nothing", []capacity.Replica{rep(true, 0, 0, 0, 0, full), rep(false, 0, 0, 0, 0, full)}, cal,
+			Headroom{Concurrency: 25, TokensPerSec: 210}},
+		{"capped at max_running", []capacity.Replica{{Healthy: true, MaxRunning: 10, Curve: curve(curveBin(8, 1, 1, 80), curveBin(16, 1, 1, 160))}}, nil,
+			Headroom{Concurrency: 10, TokensPerSec: 100}},
+		{"negative and NaN counts", []capacity.Replica{rep(true, -3, 0, 0, math.NaN(), full)}, nil,
+			Headroom{Concurrency: 25, TokensPerSec: 210}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			require.Equal(t, tc.want, ComputeHeadroom(tc.m))
+			h, a := ComputeHeadroom(capacity.Model{ReplicaCapacity: tc.reps}, tc.cal, obj)
+			require.Equal(t, tc.want, h)
+			require.Len(t, a.Replicas, len(tc.reps))
 		})
 	}
 }

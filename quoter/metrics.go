@@ -18,6 +18,9 @@ type metrics struct {
 	headroomConc     prometheus.Gauge
 	headroomTPS      prometheus.Gauge
 	healthCheckFails *prometheus.CounterVec
+	capacityRunning  prometheus.Gauge
+	capacityTPS      prometheus.Gauge
+	calibrated       prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -47,9 +50,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Output tokens/s headroom in the last signed quote."}),
 		healthCheckFails: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "omnious_quoter_health_check_failures_total",
 			Help: "Failed health checks by reason."}, []string{"reason"}),
+		capacityRunning: prometheus.NewGauge(prometheus.GaugeOpts{Name: "omnious_quoter_capacity_running",
+			Help: "Running requests the healthy replicas can hold within the latency objectives, at the last quote."}),
+		capacityTPS: prometheus.NewGauge(prometheus.GaugeOpts{Name: "omnious_quoter_capacity_tokens_per_second",
+			Help: "Output tokens/s the healthy replicas can serve within the latency objectives, at the last quote."}),
+		calibrated: prometheus.NewGauge(prometheus.GaugeOpts{Name: "omnious_quoter_calibration_loaded",
+			Help: "1 while a valid calibration for the model is loaded."}),
 	}
 	reg.MustRegister(m.breakerState, m.transitions, m.signed, m.published, m.failed, m.lastExpiry, m.lastSeq,
-		m.canary, m.conformed, m.headroomConc, m.headroomTPS, m.healthCheckFails)
+		m.canary, m.conformed, m.headroomConc, m.headroomTPS, m.healthCheckFails,
+		m.capacityRunning, m.capacityTPS, m.calibrated)
 	for _, s := range []string{"sign", "publish", "dropped"} {
 		m.failed.WithLabelValues(s)
 	}

@@ -64,6 +64,21 @@ type Config struct {
 	// PublishBackoff and PublishMaxBackoff bound publish retries.
 	// Defaults 500ms and 10s.
 	PublishBackoff, PublishMaxBackoff time.Duration
+	// SLOTTFTP95 and SLOITLP95 are the latency objectives a quote's
+	// headroom must hold: the 95th percentile of time to first token and of
+	// inter-token latency (SLO_TTFT_P95, SLO_ITL_P95). Defaults 2s and 50ms,
+	// interactive chat.
+	SLOTTFTP95, SLOITLP95 time.Duration
+	// CalibrationFile is a `quoter calibrate` document; the quote loop
+	// re-reads it when it changes. An idle pool is quoted from it until
+	// the replicas have measured their own curves. Default "" (none: only
+	// what was measured online is sold).
+	CalibrationFile string
+}
+
+// objectives are the config's SLOs as the capacity package reads them.
+func (c Config) objectives() capacity.Objectives {
+	return capacity.Objectives{TTFT: c.SLOTTFTP95, ITL: c.SLOITLP95, Quantile: 0.95}
 }
 
 // WithDefaults fills unset fields.
@@ -88,6 +103,12 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.PublishMaxBackoff <= 0 {
 		c.PublishMaxBackoff = 10 * time.Second
+	}
+	if c.SLOTTFTP95 <= 0 {
+		c.SLOTTFTP95 = 2 * time.Second
+	}
+	if c.SLOITLP95 <= 0 {
+		c.SLOITLP95 = 50 * time.Millisecond
 	}
 	c.Conformance.URL, c.Conformance.Model = c.ServingURL, c.Model
 	c.Breaker = c.Breaker.WithDefaults()
@@ -156,7 +177,10 @@ type Service struct {
 	hc       *http.Client
 	onSigned func(*SignedQuote)
 
+	cal calibrationFile
+
 	mu         sync.Mutex
+	assessment Assessment
 	current    *SignedQuote
 	expiry     time.Time
 	conformed  bool
@@ -195,6 +219,7 @@ func New(cfg Config, key *ecdsa.PrivateKey, log *zap.Logger, opts Options) (*Ser
 	s := &Service{cfg: cfg, key: key, addr: crypto.PubkeyToAddress(key.PublicKey), log: log, now: opts.Now,
 		seq: seq, capacity: &CapacityClient{URL: cfg.CapacityURL, HTTP: opts.HTTP}, m: newMetrics(reg),
 		gatherer: gatherer, hc: opts.HTTP, onSigned: opts.OnSigned}
+	s.cal = calibrationFile{path: cfg.CalibrationFile, model: cfg.Model, log: log, loaded: s.m.calibrated}
 	s.breaker = NewBreaker(cfg.Breaker, opts.Now)
 	s.breaker.onChange = func(from, to BreakerState, reason string) {
 		s.m.breakerState.Set(float64(to))
@@ -367,7 +392,12 @@ func (s *Service) SignOnce(ctx context.Context) (*SignedQuote, error) {
 
 func (s *Service) sign(snap capacity.Snapshot) (*SignedQuote, error) {
 	m, _ := FindModel(snap, s.cfg.Model)
-	h := ComputeHeadroom(m)
+	h, a := ComputeHeadroom(m, s.cal.get(), s.cfg.objectives())
+	s.mu.Lock()
+	s.assessment = a
+	s.mu.Unlock()
+	s.m.capacityRunning.Set(a.Running)
+	s.m.capacityTPS.Set(a.OutputTokensPerSec)
 	seq, err := s.seq.Next(s.addr, s.cfg.Model)
 	if err != nil {
 		s.m.failed.WithLabelValues("sign").Inc()
@@ -411,7 +441,8 @@ func (s *Service) sign(snap capacity.Snapshot) (*SignedQuote, error) {
 }
 
 // Handler serves GET /v1/quote (the current quote; 503 with the breaker
-// state when there is no valid one), /metrics and /healthz (liveness of
+// state when there is no valid one), /v1/headroom (how the last quote's
+// headroom was reached, per replica), /metrics and /healthz (liveness of
 // the loop, with breaker state and gate status).
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
@@ -423,6 +454,12 @@ func (s *Service) Handler() http.Handler {
 			return
 		}
 		writeJSON(w, http.StatusOK, sq)
+	})
+	mux.HandleFunc("GET /v1/headroom", func(w http.ResponseWriter, _ *http.Request) {
+		s.mu.Lock()
+		a := s.assessment
+		s.mu.Unlock()
+		writeJSON(w, http.StatusOK, a)
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.gatherer, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {

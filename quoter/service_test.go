@@ -44,8 +44,13 @@ func (e *fakeEPP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := int(e.healthy.Load())
 	_ = json.NewEncoder(w).Encode(capacity.Snapshot{Taken: time.Now().Add(-time.Duration(e.age.Load())),
 		Models: []capacity.Model{{Model: simModel, Replicas: 1, Healthy: h, MaxConcurrency: 8 * h, Running: 2,
-			OutputTokensPerSec: 100}}})
+			OutputTokensPerSec: 100, ReplicaCapacity: []capacity.Replica{{Addr: "r", Healthy: h > 0, Running: 2,
+				OutputTokensPerSec: 100, MaxRunning: 256, Curve: testCurve}}}}})
 }
+
+// testCurve holds 25 running requests within the default objectives, at
+// 210 output tokens/s.
+var testCurve = curve(curveBin(10, 0.99, 1, 100), curveBin(20, 0.97, 1, 180), curveBin(30, 0.93, 1, 240))
 
 func startEPP(t *testing.T) (*fakeEPP, string) {
 	e := &fakeEPP{}
@@ -206,8 +211,8 @@ func TestBreakerAgainstSimulator(t *testing.T) {
 		_, err = Verify(served, VerifyOptions{Signer: crypto.PubkeyToAddress(key.PublicKey), ChainID: big.NewInt(8453)})
 		return err == nil
 	}, 5*time.Second, 20*time.Millisecond, "no valid quote served: %s", body)
-	require.Equal(t, "6", served.Message.HeadroomConcurrency) // 8 - 2 running
-	require.Equal(t, "75", served.Message.HeadroomTokensPerSec)
+	require.Equal(t, "23", served.Message.HeadroomConcurrency)  // 25 within the objectives - 2 running
+	require.Equal(t, "110", served.Message.HeadroomTokensPerSec) // 210 within the objectives - 100 now
 	require.Equal(t, EndpointHash(env.servingURL).Hex(), served.Message.EndpointHash)
 	require.Equal(t, "210000", served.Message.InputPricePerMTok)
 	// The live exposition carries what the dashboards and alerts use.

@@ -128,7 +128,8 @@ type serviceFlags struct {
 	floorIn, floorOut, chainID, stateFile                             string
 	keyFile, keystoreFile, passwordFile                               string
 	refresh, ttl, canaryInterval, maxSnapshotAge                      time.Duration
-	logLevel                                                          string
+	sloTTFT, sloITL                                                   time.Duration
+	calibrationFile, logLevel                                         string
 }
 
 func (f *serviceFlags) register(fs *flag.FlagSet) {
@@ -152,6 +153,9 @@ func (f *serviceFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.ttl, "ttl", envDuration("QUOTER_TTL", def.TTL), "quote validity (whole seconds)")
 	fs.DurationVar(&f.canaryInterval, "canary-interval", envDuration("QUOTER_CANARY_INTERVAL", def.CanaryInterval), "canary probe interval while healthy")
 	fs.DurationVar(&f.maxSnapshotAge, "max-snapshot-age", envDuration("QUOTER_MAX_SNAPSHOT_AGE", def.MaxSnapshotAge), "oldest trusted capacity snapshot")
+	fs.DurationVar(&f.sloTTFT, "slo-ttft-p95", envDuration("SLO_TTFT_P95", def.SLOTTFTP95), "objective for the 95th percentile of time to first token (env SLO_TTFT_P95)")
+	fs.DurationVar(&f.sloITL, "slo-itl-p95", envDuration("SLO_ITL_P95", def.SLOITLP95), "objective for the 95th percentile of inter-token latency (env SLO_ITL_P95)")
+	fs.StringVar(&f.calibrationFile, "calibration-file", env("QUOTER_CALIBRATION_FILE", ""), "quoter calibrate output to quote an idle pool from (env QUOTER_CALIBRATION_FILE)")
 	fs.StringVar(&f.logLevel, "log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error")
 }
 
@@ -177,7 +181,7 @@ func (f *serviceFlags) config() (quoter.Config, error) {
 	return quoter.Config{ProviderID: f.providerID, Model: f.model, ModelClass: f.modelClass, ServingURL: f.servingURL,
 		CapacityURL: f.capacityURL, MarketURL: f.marketURL, FloorIn: in, FloorOut: out, ChainID: chain,
 		StateFile: f.stateFile, Refresh: f.refresh, TTL: f.ttl, CanaryInterval: f.canaryInterval,
-		MaxSnapshotAge: f.maxSnapshotAge}, nil
+		MaxSnapshotAge: f.maxSnapshotAge, SLOTTFTP95: f.sloTTFT, SLOITLP95: f.sloITL, CalibrationFile: f.calibrationFile}, nil
 }
 
 func (f *serviceFlags) service(log *zap.Logger, skipConformance bool) (*quoter.Service, error) {
