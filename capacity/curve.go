@@ -248,13 +248,26 @@ const MinSamples = 100
 // ErrNoData means the curve has no bin with enough observations.
 var ErrNoData = errors.New("no batch size measured with enough observations")
 
-// At reads the curve at the objectives. A bin counts once it has
-// MinSamples inter-token observations; the share within each objective is
-// made non-increasing in batch size (weighted pool-adjacent-violators), so
-// one noisy bin cannot make capacity jump. The answer is where the first
-// share falls through the quantile, interpolated linearly between the two
-// bins either side; below the smallest measured batch nothing is assumed,
-// so a curve whose first bin already breaks an objective has capacity 0.
+// At reads the curve at the objectives: the largest mean batch size an
+// engine can run while the objectives hold for its traffic as a whole.
+//
+// A bin counts once it has MinSamples inter-token observations. The share
+// of observations within each objective is made non-increasing in batch
+// size (weighted pool-adjacent-violators), so one noisy bin cannot make
+// capacity jump, and interpolated linearly between bins.
+//
+// Traffic from many independent clients does not hold the batch at its
+// mean: a continuously batching engine below saturation serves every
+// request at once, so its batch size is the occupancy of an M/G/infinity
+// queue, Poisson distributed around the mean. The share within an
+// objective at mean m is therefore the Poisson(m) mixture of the bins'
+// shares, inter-token latencies weighted by batch size (a step of batch k
+// yields k of them) and times to first token by arrival. A batch size above
+// the largest measured bin counts as breaking both objectives: the curve is
+// never extrapolated, so a mean with real probability of reaching
+// unmeasured sizes is not sold. The answer is the largest mean at which
+// both mixtures reach the quantile, found by bisection (both are
+// non-increasing in the mean).
 func (c Curve) At(o Objectives) (AtObjectives, error) {
 	var bins []*Bin
 	for i := range c.Bins {
@@ -269,46 +282,119 @@ func (c Curve) At(o Objectives) (AtObjectives, error) {
 		return AtObjectives{}, fmt.Errorf("quantile %v is not in (0, 1)", o.Quantile)
 	}
 	n := len(bins)
+	x := make([]float64, n)
 	itl, ttft := make([]float64, n), make([]float64, n)
 	wi, wt := make([]float64, n), make([]float64, n)
 	for i, b := range bins {
+		x[i] = b.Running
 		itl[i], wi[i] = b.ITL.Within(c.ITLBounds, o.ITL.Seconds()), b.ITL.Count
 		ttft[i], wt[i] = b.TTFT.Within(c.TTFTBounds, o.TTFT.Seconds()), b.TTFT.Count
 	}
 	nonIncreasing(itl, wi)
 	nonIncreasing(ttft, wt)
-	out := AtObjectives{MaxMeasured: bins[n-1].Running}
-	for i := range n {
-		if ttft[i] >= o.Quantile && itl[i] >= o.Quantile {
-			continue
+	maxMeasured := x[n-1]
+	out := AtObjectives{MaxMeasured: maxMeasured}
+	// share(k) of a curve at batch size k; beyond the last bin it is
+	// unknown, which counts as 0 unless assumeBeyond says otherwise.
+	share := func(s []float64, k float64, beyond float64) float64 {
+		switch {
+		case k > maxMeasured:
+			return beyond
+		case k <= x[0]:
+			return s[0]
 		}
-		limit := LimitITL
-		if ttft[i] < itl[i] {
-			limit = LimitTTFT
+		j := sort.SearchFloat64s(x, k)
+		a, b := x[j-1], x[j]
+		return s[j-1] + (s[j]-s[j-1])*(k-a)/(b-a)
+	}
+	// mix is the Poisson(m) mixture of both shares.
+	mix := func(m, beyond float64) (fi, ft float64) {
+		var wI, wT float64
+		poisson(m, func(k int, p float64) {
+			kf := float64(k)
+			fi += p * kf * share(itl, kf, beyond)
+			ft += p * share(ttft, kf, beyond)
+			wI += p * kf
+			wT += p
+		})
+		if wI > 0 {
+			fi /= wI
+		} else {
+			fi = share(itl, 0, beyond)
 		}
-		out.Limit = limit
-		if i == 0 {
-			return out, nil
-		}
-		// Interpolate each share to where it crosses the quantile and take
-		// the nearer crossing.
-		a, b := bins[i-1], bins[i]
-		x := 1.0
-		for _, s := range [][]float64{itl, ttft} {
-			if s[i] < o.Quantile && s[i-1] > s[i] {
-				x = math.Min(x, (s[i-1]-o.Quantile)/(s[i-1]-s[i]))
-			}
-		}
-		x = math.Max(x, 0)
-		out.Running = a.Running + x*(b.Running-a.Running)
-		out.OutputTokensPerSec = a.OutputTokensPerSec + x*(b.OutputTokensPerSec-a.OutputTokensPerSec)
-		out.PromptTokensPerSec = a.PromptTokensPerSec + x*(b.PromptTokensPerSec-a.PromptTokensPerSec)
+		return fi, ft / wT
+	}
+	holds := func(m float64) bool {
+		fi, ft := mix(m, 0)
+		return fi >= o.Quantile && ft >= o.Quantile
+	}
+	const smallest = 1e-3
+	if !holds(smallest) {
+		out.Limit = limitAt(mix, smallest, o.Quantile)
 		return out, nil
 	}
-	last := bins[n-1]
-	out.Limit, out.Running = LimitMeasured, last.Running
-	out.OutputTokensPerSec, out.PromptTokensPerSec = last.OutputTokensPerSec, last.PromptTokensPerSec
+	lo, hi := smallest, maxMeasured
+	for hi-lo > 1e-3*max(1, hi) {
+		mid := (lo + hi) / 2
+		if holds(mid) {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	out.Running = lo
+	out.Limit = limitAt(mix, hi, o.Quantile)
+	out.OutputTokensPerSec = interpolate(bins, lo, func(b *Bin) float64 { return b.OutputTokensPerSec })
+	out.PromptTokensPerSec = interpolate(bins, lo, func(b *Bin) float64 { return b.PromptTokensPerSec })
 	return out, nil
+}
+
+// limitAt names what breaks at mean m: the measured region's ITL or TTFT,
+// or, when both would hold if the unmeasured sizes were fine, the end of
+// the measurements.
+func limitAt(mix func(m, beyond float64) (float64, float64), m, q float64) string {
+	fi, ft := mix(m, 1)
+	switch {
+	case fi >= q && ft >= q:
+		return LimitMeasured
+	case ft < fi:
+		return LimitTTFT
+	}
+	return LimitITL
+}
+
+// poisson calls f with each k whose Poisson(m) probability matters
+// (within 8 standard deviations of m) and that probability.
+func poisson(m float64, f func(k int, p float64)) {
+	if m <= 0 {
+		f(0, 1)
+		return
+	}
+	sd := math.Sqrt(m)
+	lo, hi := max(0, int(m-8*sd-1)), int(m+8*sd+2)
+	lg, _ := math.Lgamma(float64(lo) + 1)
+	logp := float64(lo)*math.Log(m) - m - lg
+	for k := lo; k <= hi; k++ {
+		if k > lo {
+			logp += math.Log(m) - math.Log(float64(k))
+		}
+		f(k, math.Exp(logp))
+	}
+}
+
+// interpolate reads v linearly between the bins either side of running
+// (the bins are ascending and running is within them).
+func interpolate(bins []*Bin, running float64, v func(*Bin) float64) float64 {
+	if running <= bins[0].Running {
+		return v(bins[0]) * running / bins[0].Running
+	}
+	for i := 1; i < len(bins); i++ {
+		if running <= bins[i].Running {
+			a, b := bins[i-1], bins[i]
+			return v(a) + (v(b)-v(a))*(running-a.Running)/(b.Running-a.Running)
+		}
+	}
+	return v(bins[len(bins)-1])
 }
 
 // nonIncreasing replaces v by its weighted least-squares non-increasing

@@ -241,6 +241,13 @@ func New(cfg Config, key *ecdsa.PrivateKey, log *zap.Logger, opts Options) (*Ser
 // Address is the provider address quotes are signed with.
 func (s *Service) Address() common.Address { return s.addr }
 
+// LastAssessment is how the last quote's headroom was reached.
+func (s *Service) LastAssessment() Assessment {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.assessment
+}
+
 // Breaker exposes the health breaker (state, reason).
 func (s *Service) Breaker() *Breaker { return s.breaker }
 
@@ -456,10 +463,7 @@ func (s *Service) Handler() http.Handler {
 		writeJSON(w, http.StatusOK, sq)
 	})
 	mux.HandleFunc("GET /v1/headroom", func(w http.ResponseWriter, _ *http.Request) {
-		s.mu.Lock()
-		a := s.assessment
-		s.mu.Unlock()
-		writeJSON(w, http.StatusOK, a)
+		writeJSON(w, http.StatusOK, s.LastAssessment())
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.gatherer, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {

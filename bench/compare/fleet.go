@@ -27,6 +27,9 @@ type fleet struct {
 	simulated bool
 	stop      func() error
 	http      *http.Client
+	// kills stop one in-process replica each (the capacity proof's lost
+	// replica); nil in other modes.
+	kills []context.CancelFunc
 }
 
 // Endpoints are the replicas, in a stable order.
@@ -104,10 +107,12 @@ func (f *fleet) startInProcess(o FleetOptions, seed int64, maxLen int, log *zap.
 		if err != nil {
 			return fmt.Errorf("cannot start replica %d: %w", i, err)
 		}
+		rctx, kill := context.WithCancel(runCtx)
+		f.kills = append(f.kills, kill)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := r.Run(runCtx); err != nil {
+			if err := r.Run(rctx); err != nil && rctx.Err() == nil {
 				errMu.Lock()
 				runErrs = append(runErrs, err)
 				errMu.Unlock()

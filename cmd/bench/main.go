@@ -61,6 +61,8 @@ func run(args []string) error {
 			return runFloor(args[1:])
 		case "sweep":
 			return runCompare(args[1:], true)
+		case "capacity":
+			return runCapacity(args[1:])
 		}
 	}
 	return runCompare(args, false)

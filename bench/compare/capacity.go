@@ -1,0 +1,516 @@
+package compare
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/ethereum/go-ethereum/crypto"
+	"go.uber.org/zap"
+
+	"github.com/omnious/provider-node/bench/internal/stat"
+	"github.com/omnious/provider-node/capacity"
+	"github.com/omnious/provider-node/quoter"
+)
+
+// CapacityOptions is one capacity proof: does a quote promise what the
+// fleet serves within its objectives? Base gives the fleet and the traffic
+// (a shared-prefix workload, whose QPS ladder the proof replaces by its
+// own); the EPP runs the precise policy.
+type CapacityOptions struct {
+	Base Options
+	// Objectives are the quoter's SLOs. Default p95 TTFT 2s, p95 ITL 50ms.
+	Objectives capacity.Objectives
+	// StageDuration is each measured step, in model time. Default 40s.
+	StageDuration time.Duration
+	// StartQPS is the ladder's first rate (model time); it doubles until a
+	// step breaks an objective, then Refine bisection steps narrow the
+	// edge. Defaults 2 and 3.
+	StartQPS float64
+	Refine   int
+	// Calibrate, when set, runs `quoter calibrate` against the fleet
+	// before anything else; the quoter is then given its document.
+	Calibrate func(ctx context.Context, servingURL, capacityURL, model string) (*capacity.Calibration, error)
+	// Dir receives the calibration document and the quoter's state.
+	// Default: a temporary directory.
+	Dir string
+}
+
+// CapacityStep is one measured load: client-side latencies in model time.
+type CapacityStep struct {
+	Label       string  `json:"label"`
+	QPS         float64 `json:"qps"`
+	Requests    int     `json:"requests"`
+	Errors      int     `json:"errors"`
+	TTFTP95ms   float64 `json:"ttft_p95_ms"`
+	ITLP95ms    float64 `json:"itl_p95_ms"`
+	OutputTokPS float64 `json:"output_tok_per_s"`
+	// Concurrency is the mean number of requests in flight (Little's law:
+	// the requests' summed latency over the step).
+	Concurrency float64 `json:"concurrency"`
+	Within      bool    `json:"within"`
+}
+
+// CapacityQuote is a quote the proof read, in model time.
+type CapacityQuote struct {
+	Label       string  `json:"label"`
+	TokensPerS  float64 `json:"tokens_per_s"`
+	Concurrency float64 `json:"concurrency"`
+	// Replicas is how many replicas the quote counted capacity for.
+	Replicas int `json:"replicas"`
+}
+
+// CapacityReport is the proof's result.
+type CapacityReport struct {
+	Scenario   string                  `json:"scenario"`
+	Objectives capacity.ObjectivesJSON `json:"objectives"`
+	Replicas   int                     `json:"replicas"`
+	// Calibration is the calibrated capacity of one replica, if run.
+	Calibration *capacity.AtObjectives `json:"calibration,omitempty"`
+	// Ladder is the search for the true capacity; True its highest step
+	// within the objectives.
+	Ladder []CapacityStep `json:"ladder"`
+	True   CapacityStep   `json:"true"`
+	// Quotes and Checks are the quotes read and the loads offered at them.
+	Quotes []CapacityQuote `json:"quotes"`
+	Checks []CapacityStep  `json:"checks"`
+	// HalfLoad is the background load of the half-loaded check.
+	HalfLoad CapacityStep `json:"half_load"`
+}
+
+// WithDefaults fills unset fields.
+func (o CapacityOptions) WithDefaults() CapacityOptions {
+	o.Base = o.Base.WithDefaults()
+	if o.Objectives.TTFT <= 0 {
+		o.Objectives.TTFT = 2 * time.Second
+	}
+	if o.Objectives.ITL <= 0 {
+		o.Objectives.ITL = 50 * time.Millisecond
+	}
+	if o.Objectives.Quantile <= 0 {
+		o.Objectives.Quantile = 0.95
+	}
+	if o.StageDuration <= 0 {
+		o.StageDuration = 40 * time.Second
+	}
+	if o.StartQPS <= 0 {
+		o.StartQPS = 2
+	}
+	if o.Refine <= 0 {
+		o.Refine = 3
+	}
+	return o
+}
+
+// capacityRun is the fleet, EPP and quoter of one proof.
+type capacityRun struct {
+	o      CapacityOptions
+	f      *fleet
+	t      *eppTarget
+	c      *client
+	q      *quoter.Service
+	log    *zap.Logger
+	seed   int64
+	rep    *CapacityReport
+	outLen int
+}
+
+// RunCapacity runs the proof: the true capacity by a ladder, the quote on
+// the idle fleet and the load it promises (1x and 1.25x), the same with the
+// fleet half loaded, and the quote after one replica is lost.
+func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error) {
+	o = o.WithDefaults()
+	if o.Base.Workload.Kind != WorkloadSharedPrefix {
+		return nil, fmt.Errorf("the capacity proof drives a shared-prefix workload, not %q", o.Base.Workload.Kind)
+	}
+	log := o.Base.Log
+	dir := o.Dir
+	if dir == "" {
+		d, err := os.MkdirTemp("", "bench-capacity-")
+		if err != nil {
+			return nil, fmt.Errorf("cannot make a work directory: %w", err)
+		}
+		defer os.RemoveAll(d)
+		dir = d
+	}
+	sp := o.Base.Workload.SharedPrefix
+	r := &capacityRun{o: o, log: log, seed: o.Base.Seed, outLen: sp.OutputLen,
+		rep: &CapacityReport{Scenario: o.Base.Scenario, Replicas: o.Base.Fleet.Replicas,
+			Objectives: capacity.ObjectivesJSON{TTFTSeconds: o.Objectives.TTFT.Seconds(), ITLSeconds: o.Objectives.ITL.Seconds(),
+				Quantile: o.Objectives.Quantile}}}
+	f, err := startFleet(ctx, o.Base.Fleet, o.Base.Seed, sp.SystemPromptLen+sp.QuestionLen+sp.OutputLen, log)
+	if err != nil {
+		return nil, fmt.Errorf("cannot start fleet: %w", err)
+	}
+	defer func() { _ = f.Stop() }()
+	r.f = f
+	target, err := EPPLauncher(log, ExternalOptions{})(ctx, "precise", f.Endpoints())
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = target.Close() }()
+	r.t = target.(*eppTarget)
+	r.c = newClient(r.t.URL(), f.Endpoints()[0].Model)
+	defer r.c.close()
+
+	calFile := ""
+	if o.Calibrate != nil {
+		cal, err := o.Calibrate(ctx, r.t.URL(), r.t.epp.AdminURL(), f.Endpoints()[0].Model)
+		if err != nil {
+			return nil, fmt.Errorf("calibration: %w", err)
+		}
+		if at, err := cal.Curve.At(o.Objectives); err == nil {
+			r.rep.Calibration = &at
+		}
+		calFile = filepath.Join(dir, "calibration.json")
+		w, err := os.Create(calFile)
+		if err != nil {
+			return nil, err
+		}
+		err = errors.Join(cal.Write(w), w.Close())
+		if err != nil {
+			return nil, err
+		}
+	}
+	if r.q, err = r.startQuoter(dir, calFile, f.Endpoints()[0].Model); err != nil {
+		return nil, err
+	}
+
+	if err := r.ladder(ctx); err != nil {
+		return nil, err
+	}
+	// Idle: the quote, then exactly its load and 1.25 times it.
+	r.idle(ctx)
+	idle, err := r.quote(ctx, "idle")
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range []float64{1, 1.25} {
+		st := r.step(ctx, fmt.Sprintf("%.2fx idle quote", k), r.qpsOf(idle.TokensPerS*k), 0)
+		r.rep.Checks = append(r.rep.Checks, st)
+	}
+	// Half loaded: a background at half the true capacity, the quote read
+	// under it, then the background plus the quoted headroom.
+	bgQPS := r.rep.True.QPS / 2
+	bgCtx, stopBG := context.WithCancel(ctx)
+	bgDone := make(chan CapacityStep, 1)
+	bgDur := 3 * o.StageDuration
+	go func() { bgDone <- r.stepFor(bgCtx, "half load", bgQPS, bgDur, 1) }()
+	r.sleepModel(ctx, o.StageDuration)
+	half, err := r.quote(ctx, "half loaded")
+	if err != nil {
+		stopBG()
+		<-bgDone
+		return nil, err
+	}
+	st := r.step(ctx, "half load + 1.00x quote", r.qpsOf(half.TokensPerS), 2)
+	stopBG()
+	r.rep.HalfLoad = <-bgDone
+	r.rep.Checks = append(r.rep.Checks, st)
+
+	// One replica lost: the next quote must drop by its share.
+	r.idle(ctx)
+	r.f.kills[len(r.f.kills)-1]()
+	r.awaitHealthy(ctx, len(r.f.kills)-1)
+	if _, err := r.quote(ctx, "one replica lost"); err != nil {
+		return nil, err
+	}
+	return r.rep, nil
+}
+
+// awaitHealthy waits until the EPP counts n healthy replicas: the lost
+// one's scrapes have failed enough to open its breaker.
+func (r *capacityRun) awaitHealthy(ctx context.Context, n int) {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		snap, err := r.t.epp.Capacity(ctx)
+		healthy := 0
+		for _, m := range snap.Models {
+			healthy += m.Healthy
+		}
+		if err == nil && healthy <= n {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (r *capacityRun) startQuoter(dir, calFile, model string) (*quoter.Service, error) {
+	key, err := crypto.GenerateKey()
+	if err != nil {
+		return nil, err
+	}
+	cfg := quoter.Config{ProviderID: "bench", Model: model, ModelClass: "bench", ServingURL: r.t.URL(),
+		CapacityURL: r.t.epp.AdminURL(), StateFile: filepath.Join(dir, "quoter-state.json"),
+		FloorIn: big.NewInt(1), FloorOut: big.NewInt(1), SkipConformance: true,
+		SLOTTFTP95: r.o.Objectives.TTFT, SLOITLP95: r.o.Objectives.ITL, CalibrationFile: calFile}
+	return quoter.New(cfg, key, r.log.Named("quoter"), quoter.Options{})
+}
+
+// quote signs one quote and reads its headroom in model time.
+func (r *capacityRun) quote(ctx context.Context, label string) (CapacityQuote, error) {
+	sq, err := r.q.SignOnce(ctx)
+	if err != nil {
+		return CapacityQuote{}, fmt.Errorf("quote %s: %w", label, err)
+	}
+	tps, _ := strconv.ParseFloat(sq.Message.HeadroomTokensPerSec, 64)
+	conc, _ := strconv.ParseFloat(sq.Message.HeadroomConcurrency, 64)
+	q := CapacityQuote{Label: label, TokensPerS: tps / max(r.o.Base.Fleet.TimeScale, 1), Concurrency: conc}
+	for _, ra := range r.q.LastAssessment().Replicas {
+		if ra.Capacity.Running > 0 {
+			q.Replicas++
+		}
+	}
+	r.rep.Quotes = append(r.rep.Quotes, q)
+	r.log.Info("quote", zap.String("label", label), zap.Float64("tokens_per_s", q.TokensPerS), zap.Float64("concurrency", conc))
+	return q, nil
+}
+
+// qpsOf is the request rate that asks for tps output tokens per second.
+func (r *capacityRun) qpsOf(tps float64) float64 { return tps / float64(max(r.outLen, 1)) }
+
+// ladder finds the highest rate whose step holds the objectives.
+func (r *capacityRun) ladder(ctx context.Context) error {
+	var pass, fail *CapacityStep
+	qps := r.o.StartQPS
+	for fail == nil {
+		st := r.step(ctx, "ladder", qps, 0)
+		r.rep.Ladder = append(r.rep.Ladder, st)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if st.Within {
+			pass = &r.rep.Ladder[len(r.rep.Ladder)-1]
+			qps *= 2
+		} else {
+			fail = &r.rep.Ladder[len(r.rep.Ladder)-1]
+		}
+		if qps > 1e4 {
+			return errors.New("the ladder never broke an objective")
+		}
+	}
+	if pass == nil {
+		return fmt.Errorf("the fleet breaks the objectives at %.2f QPS already", fail.QPS)
+	}
+	lo, hi := *pass, *fail
+	for range r.o.Refine {
+		st := r.step(ctx, "ladder", (lo.QPS+hi.QPS)/2, 0)
+		r.rep.Ladder = append(r.rep.Ladder, st)
+		if st.Within {
+			lo = st
+		} else {
+			hi = st
+		}
+	}
+	r.rep.True = lo
+	return ctx.Err()
+}
+
+func (r *capacityRun) step(ctx context.Context, label string, qps float64, stream int) CapacityStep {
+	return r.stepFor(ctx, label, qps, r.o.StageDuration, stream)
+}
+
+// stepFor offers qps (model time) for d (model time) and measures the
+// requests that arrived after the first fifth, when queues have formed.
+func (r *capacityRun) stepFor(ctx context.Context, label string, qps float64, d time.Duration, stream int) CapacityStep {
+	r.seed++
+	o := r.o.Base
+	o.Seed = r.seed*7919 + int64(stream)
+	o.Workload.SharedPrefix.QPS = []float64{qps}
+	o.Workload.SharedPrefix.StageDuration = d
+	o.Workload.SharedPrefix.StageDurations = nil
+	o.Workload.SharedPrefix.WarmupStages = 0
+	w := sharedPrefix(o)
+	res := replay(ctx, r.c, w, o.MaxInFlight, o.RequestTimeout, nil)
+	scale := max(o.Fleet.TimeScale, 1)
+	skip := time.Duration(float64(d) / scale / 5)
+	st := CapacityStep{Label: label, QPS: qps}
+	var ttft, itl []time.Duration
+	var out int
+	var inflight time.Duration
+	var first, last time.Time
+	start := startOf(res)
+	for _, x := range res {
+		if x.Start.IsZero() || x.Start.Sub(start) < skip {
+			continue
+		}
+		st.Requests++
+		if x.Err != nil {
+			st.Errors++
+			continue
+		}
+		ttft = append(ttft, x.TTFT)
+		itl = append(itl, x.ITL...)
+		out += x.Output
+		inflight += x.E2E
+		if first.IsZero() || x.Start.Before(first) {
+			first = x.Start
+		}
+		if end := x.Start.Add(x.E2E); end.After(last) {
+			last = end
+		}
+	}
+	wall := last.Sub(first)
+	if wall > 0 {
+		st.OutputTokPS = float64(out) / (wall.Seconds() * scale)
+		st.Concurrency = inflight.Seconds() / wall.Seconds()
+	}
+	st.TTFTP95ms = stat.Percentile(stat.SortedMillis(ttft, scale), 95)
+	st.ITLP95ms = stat.Percentile(stat.SortedMillis(itl, scale), 95)
+	st.Within = st.Requests > 0 && st.Errors == 0 &&
+		st.TTFTP95ms <= float64(r.o.Objectives.TTFT)/float64(time.Millisecond) &&
+		st.ITLP95ms <= float64(r.o.Objectives.ITL)/float64(time.Millisecond)
+	r.log.Info("capacity step", zap.String("label", label), zap.Float64("qps", qps), zap.Int("requests", st.Requests),
+		zap.Float64("ttft_p95_ms", st.TTFTP95ms), zap.Float64("itl_p95_ms", st.ITLP95ms),
+		zap.Float64("tok_per_s", st.OutputTokPS), zap.Float64("concurrency", st.Concurrency), zap.Bool("within", st.Within))
+	return st
+}
+
+func startOf(res []*result) time.Time {
+	var t time.Time
+	for _, x := range res {
+		if !x.Start.IsZero() && (t.IsZero() || x.Start.Before(t)) {
+			t = x.Start
+		}
+	}
+	return t
+}
+
+// idle waits until the fleet has drained and been scraped since.
+func (r *capacityRun) idle(ctx context.Context) {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		snap, err := r.t.epp.Capacity(ctx)
+		busy := 0
+		for _, m := range snap.Models {
+			busy += m.Running + m.Waiting + m.InFlight
+		}
+		if err == nil && busy == 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(3 * scrapeInterval)
+}
+
+// sleepModel waits d of model time.
+func (r *capacityRun) sleepModel(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(time.Duration(float64(d) / max(r.o.Base.Fleet.TimeScale, 1)))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// ratio is a/b, NaN when b is 0.
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return math.NaN()
+	}
+	return a / b
+}
+
+// Verdicts are the proof's acceptance figures.
+type Verdicts struct {
+	// IdleTokens and IdleConcurrency are the idle quote over the true
+	// capacity (tokens/s; mean concurrency).
+	IdleTokens, IdleConcurrency float64
+	// AtQuote and Over are whether the objectives held at 1.00x the idle
+	// quote and broke at 1.25x.
+	AtQuote, Over bool
+	// HalfTokens is the half-loaded quote over the true capacity minus the
+	// background's measured rate; HalfAtQuote whether background plus
+	// quote held the objectives.
+	HalfTokens  float64
+	HalfAtQuote bool
+	// LostTokens is the quote after one replica was lost over the idle
+	// quote times (n-1)/n.
+	LostTokens float64
+}
+
+// Verdicts computes the acceptance figures (NaN where a step is missing).
+func (r *CapacityReport) Verdicts() Verdicts {
+	v := Verdicts{IdleTokens: math.NaN(), IdleConcurrency: math.NaN(), HalfTokens: math.NaN(), LostTokens: math.NaN()}
+	quote := func(label string) *CapacityQuote {
+		for i := range r.Quotes {
+			if r.Quotes[i].Label == label {
+				return &r.Quotes[i]
+			}
+		}
+		return nil
+	}
+	check := func(i int) *CapacityStep {
+		if i < len(r.Checks) {
+			return &r.Checks[i]
+		}
+		return nil
+	}
+	if q := quote("idle"); q != nil {
+		v.IdleTokens = ratio(q.TokensPerS, r.True.OutputTokPS)
+		v.IdleConcurrency = ratio(q.Concurrency, r.True.Concurrency)
+		if l := quote("one replica lost"); l != nil && r.Replicas > 1 {
+			v.LostTokens = ratio(l.TokensPerS, q.TokensPerS*float64(r.Replicas-1)/float64(r.Replicas))
+		}
+	}
+	if c := check(0); c != nil {
+		v.AtQuote = c.Within
+	}
+	if c := check(1); c != nil {
+		v.Over = !c.Within
+	}
+	if q := quote("half loaded"); q != nil {
+		v.HalfTokens = ratio(q.TokensPerS, r.True.OutputTokPS-r.HalfLoad.OutputTokPS)
+	}
+	if c := check(2); c != nil {
+		v.HalfAtQuote = c.Within
+	}
+	return v
+}
+
+// WriteTable prints the ladder, the quotes, the checks and the verdicts.
+func (r *CapacityReport) WriteTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "capacity proof: %s, %d replicas, objectives p%.0f TTFT %.0f ms, ITL %.0f ms (model time)\n",
+		r.Scenario, r.Replicas, r.Objectives.Quantile*100, r.Objectives.TTFTSeconds*1000, r.Objectives.ITLSeconds*1000)
+	if c := r.Calibration; c != nil {
+		fmt.Fprintf(tw, "calibration: %.1f running, %.0f tok/s per replica (wall), limit %s\n", c.Running, c.OutputTokensPerSec, c.Limit)
+	}
+	fmt.Fprintln(tw, "step\tQPS\trequests\terrors\tTTFT p95 ms\tITL p95 ms\tout tok/s\tconcurrency\twithin\t")
+	row := func(s CapacityStep) {
+		fmt.Fprintf(tw, "%s\t%.2f\t%d\t%d\t%.0f\t%.1f\t%.0f\t%.1f\t%v\t\n", s.Label, s.QPS, s.Requests, s.Errors,
+			s.TTFTP95ms, s.ITLP95ms, s.OutputTokPS, s.Concurrency, s.Within)
+	}
+	for _, s := range r.Ladder {
+		row(s)
+	}
+	t := r.True
+	t.Label = "true capacity"
+	row(t)
+	row(r.HalfLoad)
+	for _, s := range r.Checks {
+		row(s)
+	}
+	fmt.Fprintln(tw, "quote\ttok/s\tconcurrency\treplicas\t")
+	for _, q := range r.Quotes {
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%d\t\n", q.Label, q.TokensPerS, q.Concurrency, q.Replicas)
+	}
+	v := r.Verdicts()
+	fmt.Fprintln(tw, "verdict\tvalue\ttarget\t")
+	fmt.Fprintf(tw, "idle quote / true capacity, tok/s\t%.3f\t0.90-1.00\t\n", v.IdleTokens)
+	fmt.Fprintf(tw, "idle quote / true capacity, concurrency\t%.3f\t0.90-1.00\t\n", v.IdleConcurrency)
+	fmt.Fprintf(tw, "objectives hold at 1.00x quote\t%v\ttrue\t\n", v.AtQuote)
+	fmt.Fprintf(tw, "an objective breaks at 1.25x quote\t%v\ttrue\t\n", v.Over)
+	fmt.Fprintf(tw, "half-loaded quote / (true - background), tok/s\t%.3f\t0.90-1.10\t\n", v.HalfTokens)
+	fmt.Fprintf(tw, "objectives hold at background + quote\t%v\ttrue\t\n", v.HalfAtQuote)
+	fmt.Fprintf(tw, "quote after a replica is lost / idle x (n-1)/n\t%.3f\t0.90-1.10\t\n", v.LostTokens)
+	return tw.Flush()
+}
