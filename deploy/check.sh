@@ -274,6 +274,7 @@ must_fail "blockSize out of range" "blockSize must be between 1 and 128" -f "$ci
 must_fail "bad failureMode" "inferencePool.failureMode must be FailOpen or FailClose" -f "$ci/base.yaml" --set inferencePool.failureMode=Open
 must_fail "bad keyFormat" "quoter.keyFormat must be file or keystore" -f "$ci/base.yaml" --set quoter.keyFormat=pem
 must_fail "SLO not a duration" "quoter.slo.itlP95 must be a Go duration such as 2s or 50ms" -f "$ci/base.yaml" --set quoter.slo.itlP95=50
+must_fail "SLO of zero" "quoter.slo.ttftP95 must be above zero" -f "$ci/base.yaml" --set quoter.slo.ttftP95=0s
 must_fail "SLO with a space" "quoter.slo.ttftP95 must be a Go duration" -f "$ci/base.yaml" --set-string "quoter.slo.ttftP95=2 s"
 if helm template pn "$chart" --kube-version "$kube" -f "$ci/base.yaml" --set quoter.enabled=false --set quoter.existingSecret= >/dev/null 2>&1; then
 	pass "quoter.enabled=false needs no key Secret"
@@ -393,6 +394,16 @@ dry "sglang" 0 "toolParser: \{name: \"qwen25\"" "${good_env[@]}" ENGINE=sglang -
 dry "custom parser" 0 "toolParser: \{name: \"my_parser\"" "${good_env[@]}" MODEL_ID=acme/new-model TOOL_PROFILE=custom VLLM_TOOL_CALL_PARSER=my_parser --
 dry "gateway" 0 "mode: \"gateway\"" "${good_env[@]}" MODE=gateway GATEWAY_NAME=gw SERVING_URL=https://llm.example.com --
 dry "missing inputs" 2 "PROVIDER_ID is required" --
+dry "SLO defaults" 0 "objectives p95 TTFT 2s, p95 ITL 50ms; the chart.s hook Job calibrates" "${good_env[@]}" --
+expect "install.sh" "dry run: SLO defaults 2s / 50ms and calibration on in the Helm values" \
+	eval 'grep -q "slo: {ttftP95: \"2s\", itlP95: \"50ms\"}" "$work/dry.out" && grep -q "calibration: {enabled: true}" "$work/dry.out"'
+dry "SLO values and SKIP_CALIBRATION=1" 0 "calibration skipped \(SKIP_CALIBRATION=1\)" "${good_env[@]}" SLO_TTFT_P95=1m30s SLO_ITL_P95=.5ms SKIP_CALIBRATION=1 --
+expect "install.sh" "dry run: SLO values and calibration off in the Helm values" \
+	eval 'grep -q "slo: {ttftP95: \"1m30s\", itlP95: \".5ms\"}" "$work/dry.out" && grep -q "calibration: {enabled: false}" "$work/dry.out"'
+dry "SLO not a duration" 2 "SLO_ITL_P95 '50' must be a Go duration" "${good_env[@]}" SLO_ITL_P95=50 --
+dry "SLO with a unit Go does not know" 2 "SLO_TTFT_P95 '2sec' must be a Go duration" "${good_env[@]}" SLO_TTFT_P95=2sec --
+dry "SLO of zero" 2 "SLO_TTFT_P95 '0s' must be above zero" "${good_env[@]}" SLO_TTFT_P95=0s --
+dry "bad SKIP_CALIBRATION" 2 "SKIP_CALIBRATION 'yes' must be 0 or 1" "${good_env[@]}" SKIP_CALIBRATION=yes --
 # The runbook's literal form: PROVIDER_KEY=0x... on the command line.
 dry "key inline (the runbook's PROVIDER_KEY=0x...)" 0 "note: PROVIDER_KEY holds the key itself;.*keeps it out of your shell history" "${good_env[@]}" "PROVIDER_KEY=$keyhex" --
 expect "install.sh" "inline key: the Secret still comes from a private file, via kubectl apply on stdin" \
