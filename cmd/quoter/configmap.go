@@ -33,13 +33,13 @@ var calibrationLabels = map[string]string{
 
 // podNamespaceFile is where the kubelet puts a Pod's namespace next to
 // its ServiceAccount token.
-var podNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+const podNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 // saveCalibrationConfigMap creates ConfigMap name in namespace, or
 // updates it, so that its only key is calibration.json = data. It talks
 // to the API server of $KUBECONFIG when that is set, else to the one of
 // the Pod it runs in; namespace "" is then the kubeconfig context's
-// namespace or the Pod's own.
+// namespace ("default" when it names none, as for kubectl) or the Pod's own.
 //
 // The RBAC it needs: create on configmaps in the namespace, and get and
 // update on that one ConfigMap.
