@@ -46,7 +46,7 @@ for f in "$k8s" "$keda" "$promop/monitoring.coreos.com_servicemonitors.yaml" "$g
 done
 schemas="$work/schemas"
 (cd "$root" && GOFLAGS=-mod=mod go run ./deploy/schemagen -out "$schemas" -swagger "$k8s" \
-	-kinds apps/v1/Deployment,v1/Service,v1/ServiceAccount,v1/ConfigMap,v1/Pod,batch/v1/CronJob,rbac.authorization.k8s.io/v1/Role,rbac.authorization.k8s.io/v1/RoleBinding,networking.k8s.io/v1/NetworkPolicy,policy/v1/PodDisruptionBudget \
+	-kinds apps/v1/Deployment,v1/Service,v1/ServiceAccount,v1/ConfigMap,v1/Pod,batch/v1/CronJob,batch/v1/Job,rbac.authorization.k8s.io/v1/Role,rbac.authorization.k8s.io/v1/RoleBinding,networking.k8s.io/v1/NetworkPolicy,policy/v1/PodDisruptionBudget \
 	-crd "$here/crds/inference.networking.k8s.io_inferencepools.yaml" -crd "$keda" \
 	-crd "$here/crds/llm-d.ai_inferenceobjectives.yaml" -crd "$here/crds/llm-d.ai_inferencemodelrewrites.yaml" \
 	-crd "$promop/monitoring.coreos.com_servicemonitors.yaml" -crd "$promop/monitoring.coreos.com_prometheusrules.yaml" \
@@ -133,6 +133,21 @@ doc() {
 	awk -v kind="$2" -v obj="$3" 'BEGIN { RS = "\n---\n" } $0 ~ ("\nkind: " kind "\n") && $0 ~ ("\n  name: " obj "\n") { print }' "$work/$1.yaml"
 }
 
+# calibration_checks NAME: the quoter gets the objectives and the optional
+# calibration ConfigMap; the calibration hook Job drives the quoter's own
+# serving URL as its own ServiceAccount, mounts no Secret, and its Role
+# creates ConfigMaps and reads or changes only the calibration's.
+calibration_checks() {
+	local name="$1" url
+	url="$(doc "$name" Deployment pn-provider-node-quoter | sed -n 's/^ *- --serving-url=//p')"
+	expect "$name" "quoter env SLO_TTFT_P95=2s SLO_ITL_P95=50ms QUOTER_CALIBRATION_FILE, calibration ConfigMap optional" \
+		eval 'doc "$name" Deployment pn-provider-node-quoter | grep -A1 "name: SLO_TTFT_P95" | grep -q "value: \"2s\"" && doc "$name" Deployment pn-provider-node-quoter | grep -A1 "name: SLO_ITL_P95" | grep -q "value: \"50ms\"" && docHas "$name" Deployment pn-provider-node-quoter "value: /etc/omnious-quoter/calibration/calibration.json" && doc "$name" Deployment pn-provider-node-quoter | grep -A2 "name: pn-provider-node-calibration" | grep -q "optional: true"'
+	expect "$name" "calibration hook Job: post-install/upgrade, the quoter's serving URL, own ServiceAccount, no Secret" \
+		eval '[[ -n "$url" ]] && docHas "$name" Job pn-provider-node-calibrate "helm.sh/hook: post-install,post-upgrade" && docHas "$name" Job pn-provider-node-calibrate "helm.sh/hook-delete-policy: before-hook-creation" && docHas "$name" Job pn-provider-node-calibrate "- --url=$url" && docHas "$name" Job pn-provider-node-calibrate "- --configmap=pn-provider-node-calibration" && docHas "$name" Job pn-provider-node-calibrate "- --slo-ttft-p95=2s" && docHas "$name" Job pn-provider-node-calibrate "serviceAccountName: pn-provider-node-calibration" && ! doc "$name" Job pn-provider-node-calibrate | grep -qi "secret"'
+	expect "$name" "calibration Role: create configmaps; get, update, patch only on the calibration ConfigMap" \
+		eval '[[ "$(doc "$name" Role pn-provider-node-calibration | sed -n "/^rules:/,\$p" | tr -d " \n")" == "rules:-apiGroups:[\"\"]resources:[\"configmaps\"]verbs:[\"create\"]-apiGroups:[\"\"]resources:[\"configmaps\"]resourceNames:[\"pn-provider-node-calibration\"]verbs:[\"get\",\"update\",\"patch\"]" ]]'
+}
+
 if helm lint --strict --kube-version "$kube" "$chart" -f "$ci/base.yaml" >"$work/lint.out" 2>&1; then pass "helm lint --strict (base)"; else bad "helm lint --strict"; cat "$work/lint.out" >&2; fi
 
 for engine in vllm sglang; do
@@ -183,6 +198,7 @@ for engine in vllm sglang; do
 				expect "$name" "$want ServiceMonitor and PrometheusRule" eval 'eq "$(count "$name" ServiceMonitor)" "$want" && eq "$(count "$name" PrometheusRule)" "$want"'
 				expect "$name" "quoter key from the Secret, read-only, 0400; canary and test run conformance" \
 					eval 'has "$name" "secretName: pn-quoter-key" && has "$name" "defaultMode: 0400" && has "$name" "--key-file=/var/run/secrets/omnious/key" && has "$name" "- --quick" && has "$name" "helm.sh/hook: test" && eq "$(count "$name" CronJob)" 1'
+				calibration_checks "$name"
 			done
 		done
 	done
@@ -207,6 +223,8 @@ render netpol && {
 	kubeconform_check "$work/netpol.yaml" netpol
 	expect netpol "3 NetworkPolicies; KV ports only from the EPP, admin only from the quoter and the EPP's siblings" \
 		eval 'eq "$(count netpol NetworkPolicy)" 3 && doc netpol NetworkPolicy pn-provider-node-engine | grep -A8 "port: kv-events" | grep -q "app.kubernetes.io/component: epp" && doc netpol NetworkPolicy pn-provider-node-epp | grep -A8 "port: admin" | grep -q "app.kubernetes.io/component: quoter" && doc netpol NetworkPolicy pn-provider-node-epp | grep -A14 "port: admin" | grep -q "app.kubernetes.io/component: epp"'
+	expect netpol "the calibration Job reaches the serving ports and the EPP admin port" \
+		eval 'doc netpol NetworkPolicy pn-provider-node-epp | grep -q "values: \[quoter, canary, test, calibration\]" && doc netpol NetworkPolicy pn-provider-node-epp | sed -n "/port: admin/,/port: metrics/p" | grep -q "app.kubernetes.io/component: calibration"'
 }
 render peers &&
 	expect peers "headless Service of the EPPs' admin port, named by the EPP's --peer-service" \
@@ -224,6 +242,12 @@ render epp1 &&
 		eval 'eq "$(count epp1 PodDisruptionBudget)" 0 && ! docHas epp1 Deployment pn-provider-node-epp podAntiAffinity'
 render nokv &&
 	expect nokv "KV events off" eval 'hasnt nokv "kv-events-config" && hasnt nokv "name: kv-events"'
+render nocal &&
+	expect nocal "calibration off: no Job, no calibration identity, no calibration file" \
+		eval 'eq "$(count nocal Job)" 0 && hasnt nocal "calibration" && has nocal "name: SLO_TTFT_P95"'
+render slo &&
+	expect slo "SLO values reach the quoter and the calibration Job" \
+		eval 'doc slo Deployment pn-provider-node-quoter | grep -A1 "name: SLO_TTFT_P95" | grep -q "value: \"1500ms\"" && doc slo Deployment pn-provider-node-quoter | grep -A1 "name: SLO_ITL_P95" | grep -q "value: \"40ms\"" && docHas slo Job pn-provider-node-calibrate "- --slo-ttft-p95=1500ms" && docHas slo Job pn-provider-node-calibrate "- --slo-itl-p95=40ms" && docHas slo Job pn-provider-node-calibrate "- \"--prompt-tokens=2048\""'
 
 # Key material never reaches a manifest: the chart references Secrets by
 # name and never renders one.
@@ -249,6 +273,9 @@ must_fail "unknown engine" "engine must be vllm or sglang" -f "$ci/base.yaml" --
 must_fail "blockSize out of range" "blockSize must be between 1 and 128" -f "$ci/base.yaml" --set blockSize=0
 must_fail "bad failureMode" "inferencePool.failureMode must be FailOpen or FailClose" -f "$ci/base.yaml" --set inferencePool.failureMode=Open
 must_fail "bad keyFormat" "quoter.keyFormat must be file or keystore" -f "$ci/base.yaml" --set quoter.keyFormat=pem
+must_fail "SLO not a duration" "quoter.slo.itlP95 must be a Go duration such as 2s or 50ms" -f "$ci/base.yaml" --set quoter.slo.itlP95=50
+must_fail "SLO of zero" "quoter.slo.ttftP95 must be above zero" -f "$ci/base.yaml" --set quoter.slo.ttftP95=0s
+must_fail "SLO with a space" "quoter.slo.ttftP95 must be a Go duration" -f "$ci/base.yaml" --set-string "quoter.slo.ttftP95=2 s"
 if helm template pn "$chart" --kube-version "$kube" -f "$ci/base.yaml" --set quoter.enabled=false --set quoter.existingSecret= >/dev/null 2>&1; then
 	pass "quoter.enabled=false needs no key Secret"
 else
@@ -367,6 +394,16 @@ dry "sglang" 0 "toolParser: \{name: \"qwen25\"" "${good_env[@]}" ENGINE=sglang -
 dry "custom parser" 0 "toolParser: \{name: \"my_parser\"" "${good_env[@]}" MODEL_ID=acme/new-model TOOL_PROFILE=custom VLLM_TOOL_CALL_PARSER=my_parser --
 dry "gateway" 0 "mode: \"gateway\"" "${good_env[@]}" MODE=gateway GATEWAY_NAME=gw SERVING_URL=https://llm.example.com --
 dry "missing inputs" 2 "PROVIDER_ID is required" --
+dry "SLO defaults" 0 "objectives p95 TTFT 2s, p95 ITL 50ms; the chart.s hook Job calibrates" "${good_env[@]}" --
+expect "install.sh" "dry run: SLO defaults 2s / 50ms and calibration on in the Helm values" \
+	eval 'grep -q "slo: {ttftP95: \"2s\", itlP95: \"50ms\"}" "$work/dry.out" && grep -q "calibration: {enabled: true}" "$work/dry.out"'
+dry "SLO values and SKIP_CALIBRATION=1" 0 "calibration skipped \(SKIP_CALIBRATION=1\)" "${good_env[@]}" SLO_TTFT_P95=1m30s SLO_ITL_P95=.5ms SKIP_CALIBRATION=1 --
+expect "install.sh" "dry run: SLO values and calibration off in the Helm values" \
+	eval 'grep -q "slo: {ttftP95: \"1m30s\", itlP95: \".5ms\"}" "$work/dry.out" && grep -q "calibration: {enabled: false}" "$work/dry.out"'
+dry "SLO not a duration" 2 "SLO_ITL_P95 '50' must be a Go duration" "${good_env[@]}" SLO_ITL_P95=50 --
+dry "SLO with a unit Go does not know" 2 "SLO_TTFT_P95 '2sec' must be a Go duration" "${good_env[@]}" SLO_TTFT_P95=2sec --
+dry "SLO of zero" 2 "SLO_TTFT_P95 '0s' must be above zero" "${good_env[@]}" SLO_TTFT_P95=0s --
+dry "bad SKIP_CALIBRATION" 2 "SKIP_CALIBRATION 'yes' must be 0 or 1" "${good_env[@]}" SKIP_CALIBRATION=yes --
 # The runbook's literal form: PROVIDER_KEY=0x... on the command line.
 dry "key inline (the runbook's PROVIDER_KEY=0x...)" 0 "note: PROVIDER_KEY holds the key itself;.*keeps it out of your shell history" "${good_env[@]}" "PROVIDER_KEY=$keyhex" --
 expect "install.sh" "inline key: the Secret still comes from a private file, via kubectl apply on stdin" \

@@ -4,7 +4,9 @@
 # InferenceObjective, InferenceModelRewrite),
 # creates the Secrets with kubectl (keys never pass through Helm values or any
 # process's command line), runs `helm upgrade --install --wait`, then
-# `helm test`. Safe to re-run. See deploy/README.md.
+# `helm test`; the chart's post-install hook calibrates the quoter against the
+# latency objectives (SLO_TTFT_P95, SLO_ITL_P95). Safe to re-run. See
+# deploy/README.md.
 #
 #   PROVIDER_ID=acme-qwen PROVIDER_KEY=/secure/acme.key \
 #   (or PROVIDER_KEY=0x<64 hex digits>, the key itself, as the runbook shows)
@@ -45,6 +47,10 @@ Optional environment:
   KEDA=1        enable the KEDA ScaledObject; MONITORING=1 the ServiceMonitor
                 and PrometheusRule
   INSTALL_CRDS  auto (default), always or never
+  SLO_TTFT_P95  p95 time-to-first-token objective, a Go duration (default 2s)
+  SLO_ITL_P95   p95 inter-token latency objective, a Go duration (default 50ms)
+  SKIP_CALIBRATION=1
+                no calibration Job: the quoter runs without a calibration
 Flags:
   --env NAME    environment (default mainnet): release provider-node-NAME in
                 namespace omnious-NAME, Secrets and identity per environment
@@ -95,6 +101,9 @@ BLOCK_SIZE="${BLOCK_SIZE:-16}"
 MODE="${MODE:-standalone}"
 FAILURE_MODE="${FAILURE_MODE:-FailClose}"
 INSTALL_CRDS="${INSTALL_CRDS:-auto}"
+SLO_TTFT_P95="${SLO_TTFT_P95:-2s}"
+SLO_ITL_P95="${SLO_ITL_P95:-50ms}"
+SKIP_CALIBRATION="${SKIP_CALIBRATION:-0}"
 
 [[ -n "${PROVIDER_ID:-}" ]] || fail "PROVIDER_ID is required (the market provider id)"
 [[ -z "${PROVIDER_ID:-}" || "$PROVIDER_ID" =~ ^[a-z0-9][a-z0-9-]{0,62}$ ]] || fail "PROVIDER_ID '$PROVIDER_ID' must match [a-z0-9][a-z0-9-]* (at most 63 characters)"
@@ -123,6 +132,17 @@ esac
 [[ -z "${MARKET_URL:-}" || "$MARKET_URL" =~ ^https?://[^[:space:]]+$ ]] || fail "MARKET_URL '$MARKET_URL' must be an http(s) URL"
 case "$FAILURE_MODE" in FailOpen|FailClose) ;; *) fail "FAILURE_MODE '$FAILURE_MODE' must be FailOpen or FailClose" ;; esac
 case "$INSTALL_CRDS" in auto|always|never) ;; *) fail "INSTALL_CRDS '$INSTALL_CRDS' must be auto, always or never" ;; esac
+# Go durations (what time.ParseDuration reads, without a sign), above zero.
+go_duration='^([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|ms|s|m|h)(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|ms|s|m|h))*$'
+for v in SLO_TTFT_P95 SLO_ITL_P95; do
+	val="${!v}"
+	if ! [[ "$val" =~ $go_duration ]]; then
+		fail "$v '$val' must be a Go duration such as 2s, 50ms or 1m30s"
+	elif ! [[ "$val" =~ [1-9] ]]; then
+		fail "$v '$val' must be above zero"
+	fi
+done
+case "$SKIP_CALIBRATION" in 0|1) ;; *) fail "SKIP_CALIBRATION '$SKIP_CALIBRATION' must be 0 or 1" ;; esac
 if ! [[ "$BLOCK_SIZE" =~ ^[0-9]+$ ]] || ((BLOCK_SIZE < 1 || BLOCK_SIZE > 128)); then
 	fail "BLOCK_SIZE '$BLOCK_SIZE' must be an integer from 1 to 128"
 elif [[ "$ENGINE" == vllm ]] && ! [[ "$BLOCK_SIZE" =~ ^(16|32|64|128)$ ]]; then
@@ -273,6 +293,11 @@ apply_secret() {
 
 echo "install.sh: release $release in namespace $namespace (env $env_name), $ENGINE, block size $BLOCK_SIZE, $MODE mode"
 echo "install.sh: tool family '${tool_family}', parser '${tool_parser}'${reasoning_parser:+, reasoning parser '$reasoning_parser'}"
+if [[ "$SKIP_CALIBRATION" == 1 ]]; then
+	echo "install.sh: objectives p95 TTFT $SLO_TTFT_P95, p95 ITL $SLO_ITL_P95; calibration skipped (SKIP_CALIBRATION=1)"
+else
+	echo "install.sh: objectives p95 TTFT $SLO_TTFT_P95, p95 ITL $SLO_ITL_P95; the chart's hook Job calibrates the quoter after the rollout"
+fi
 
 # 1. Namespace.
 printf '+ kubectl create namespace %q --dry-run=client -o yaml | kubectl apply -f -\n' "$namespace"
@@ -341,6 +366,8 @@ yamlstr() { printf '"%s"' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g')"; 
 	echo "  floorIn: $(yamlstr "$FLOOR_IN")"
 	echo "  floorOut: $(yamlstr "$FLOOR_OUT")"
 	echo "  marketUrl: $(yamlstr "${MARKET_URL:-}")"
+	echo "  slo: {ttftP95: $(yamlstr "$SLO_TTFT_P95"), itlP95: $(yamlstr "$SLO_ITL_P95")}"
+	echo "  calibration: {enabled: $([[ "$SKIP_CALIBRATION" == 1 ]] && echo false || echo true)}"
 	echo "autoscaling: {keda: {enabled: $([[ "${KEDA:-0}" == 1 ]] && echo true || echo false)}}"
 	m=$([[ "${MONITORING:-0}" == 1 ]] && echo true || echo false)
 	echo "monitoring: {serviceMonitor: {enabled: $m}, prometheusRule: {enabled: $m}}"

@@ -15,11 +15,15 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/omnious/provider-node/internal/kubetest"
@@ -145,13 +149,17 @@ func requireAvailable(t *testing.T, env *kubetest.Env, ns string) []appsv1.Deplo
 func TestInstall(t *testing.T) {
 	env := kubetest.Shared(t)
 	ctx := context.Background()
+	jobs := map[string]*seenJobs{}
 	for _, ns := range []string{"omnious-mainnet", "omnious-staging"} {
 		env.ReadyPods(t, ns)
+		jobs[ns] = completeJobs(t, env, ns)
 	}
 	in := newInstaller(t, env)
 	key, stagingKey := randomKey(t), randomKey(t)
 
-	in.run("", []string{"PROVIDER_KEY=0x" + key})
+	in.run("", []string{"PROVIDER_KEY=0x" + key, "SLO_TTFT_P95=3s", "SLO_ITL_P95=40ms"})
+	require.Len(t, jobs["omnious-mainnet"].all(), 1, "one calibration Job after the install")
+	requireCalibration(t, env, "omnious-mainnet", "provider-node-mainnet", "3s", "40ms", jobs["omnious-mainnet"].all()[0])
 	secret, err := env.Kube.CoreV1().Secrets("omnious-mainnet").Get(ctx, "provider-node-mainnet-quoter-key", metav1.GetOptions{})
 	require.NoError(t, err)
 	require.Equal(t, "0x"+key+"\n", string(secret.Data["key"]))
@@ -164,8 +172,11 @@ func TestInstall(t *testing.T) {
 	require.Equal(t, 1, version)
 	deployments := requireAvailable(t, env, "omnious-mainnet")
 
-	// Re-run: an upgrade to revision 2 that changes nothing stored.
-	in.run("", []string{"PROVIDER_KEY=0x" + key})
+	// Re-run: an upgrade to revision 2 that changes nothing stored, and
+	// calibrates again.
+	in.run("", []string{"PROVIDER_KEY=0x" + key, "SLO_TTFT_P95=3s", "SLO_ITL_P95=40ms"})
+	require.Len(t, jobs["omnious-mainnet"].all(), 2, "a calibration Job after the upgrade")
+	requireCalibration(t, env, "omnious-mainnet", "provider-node-mainnet", "3s", "40ms", jobs["omnious-mainnet"].all()[1])
 	again, err := env.Kube.CoreV1().Secrets("omnious-mainnet").Get(ctx, "provider-node-mainnet-quoter-key", metav1.GetOptions{})
 	require.NoError(t, err)
 	require.Equal(t, secret.ResourceVersion, again.ResourceVersion, "re-run rewrote the key Secret")
@@ -181,6 +192,8 @@ func TestInstall(t *testing.T) {
 
 	// Another environment: its own namespace, release and key, from stdin.
 	in.run("0x"+stagingKey+"\n", []string{"PROVIDER_KEY=-"}, "--env", "staging")
+	require.Len(t, jobs["omnious-staging"].all(), 1)
+	requireCalibration(t, env, "omnious-staging", "provider-node-staging", "2s", "50ms", jobs["omnious-staging"].all()[0])
 	staging, err := env.Kube.CoreV1().Secrets("omnious-staging").Get(ctx, "provider-node-staging-quoter-key", metav1.GetOptions{})
 	require.NoError(t, err)
 	require.Equal(t, "0x"+stagingKey+"\n", string(staging.Data["key"]))
@@ -237,5 +250,138 @@ func TestInstall(t *testing.T) {
 				t.Errorf("the %s is in %s, at byte %d", what, where, i)
 			}
 		}
+	}
+}
+
+// completeJobs plays the Job controller for the Helm hook Jobs of ns
+// until the test ends: each Job is reported finished, as its controller
+// would once its Pod succeeded (no kubelet runs it here), so
+// `helm upgrade --install --wait` gets past its post-install hook. Each
+// Job is recorded, as the API server stored it, before it is completed.
+func completeJobs(t *testing.T, env *kubetest.Env, ns string) *seenJobs {
+	t.Helper()
+	seen := &seenJobs{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			if err := completeJobsOnce(ctx, env, ns, seen); err != nil && ctx.Err() == nil {
+				t.Logf("job controller stand-in in %s: %v", ns, err)
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	return seen
+}
+
+type seenJobs struct {
+	mu   sync.Mutex
+	jobs []batchv1.Job
+}
+
+func (s *seenJobs) all() []batchv1.Job {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.jobs)
+}
+
+func completeJobsOnce(ctx context.Context, env *kubetest.Env, ns string, seen *seenJobs) error {
+	jobs, err := env.Kube.BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	for _, j := range jobs.Items {
+		if j.DeletionTimestamp != nil || j.Status.CompletionTime != nil {
+			continue
+		}
+		seen.mu.Lock()
+		seen.jobs = append(seen.jobs, *j.DeepCopy())
+		seen.mu.Unlock()
+		start := metav1.NewTime(time.Now().Add(-time.Second))
+		now := metav1.Now()
+		j.Status = batchv1.JobStatus{
+			StartTime: &start, CompletionTime: &now, Succeeded: 1,
+			Conditions: []batchv1.JobCondition{
+				{Type: batchv1.JobSuccessCriteriaMet, Status: corev1.ConditionTrue, LastTransitionTime: now, LastProbeTime: now},
+				{Type: batchv1.JobComplete, Status: corev1.ConditionTrue, LastTransitionTime: now, LastProbeTime: now},
+			},
+		}
+		if _, err := env.Kube.BatchV1().Jobs(ns).UpdateStatus(ctx, &j, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("complete job %s: %w", j.Name, err)
+		}
+	}
+	return nil
+}
+
+// requireCalibration checks what the installer's release runs in ns: the
+// quoter gets the objectives and the calibration file, and the calibration
+// hook Job (one per install or upgrade) calibrates against the same
+// objectives as its own ServiceAccount, bound to a Role that may create
+// ConfigMaps and read or change only the calibration's, with no Secret
+// mounted and no environment taken from one.
+func requireCalibration(t *testing.T, env *kubetest.Env, ns, release, ttft, itl string, job batchv1.Job) {
+	t.Helper()
+	ctx := context.Background()
+	quoter, err := env.Kube.AppsV1().Deployments(ns).Get(ctx, release+"-quoter", metav1.GetOptions{})
+	require.NoError(t, err)
+	qenv := map[string]string{}
+	for _, e := range quoter.Spec.Template.Spec.Containers[0].Env {
+		qenv[e.Name] = e.Value
+	}
+	require.Equal(t, ttft, qenv["SLO_TTFT_P95"])
+	require.Equal(t, itl, qenv["SLO_ITL_P95"])
+	require.Equal(t, "/etc/omnious-quoter/calibration/calibration.json", qenv["QUOTER_CALIBRATION_FILE"])
+	cmName := release + "-calibration"
+	i := slices.IndexFunc(quoter.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool { return v.ConfigMap != nil && v.ConfigMap.Name == cmName })
+	require.GreaterOrEqual(t, i, 0, "the quoter does not mount ConfigMap %s", cmName)
+	require.True(t, *quoter.Spec.Template.Spec.Volumes[i].ConfigMap.Optional, "the quoter needs the calibration to start")
+
+	require.Equal(t, "post-install,post-upgrade", job.Annotations["helm.sh/hook"])
+	spec := job.Spec.Template.Spec
+	for _, v := range spec.Volumes {
+		require.Nil(t, v.Secret, "the calibration Job mounts Secret volume %s", v.Name)
+		require.Nil(t, v.Projected, "the calibration Job mounts projected volume %s", v.Name)
+	}
+	require.Len(t, spec.Containers, 1)
+	require.Empty(t, spec.InitContainers)
+	c := spec.Containers[0]
+	for _, e := range c.Env {
+		require.Nil(t, e.ValueFrom, "the calibration Job takes env %s from elsewhere", e.Name)
+	}
+	require.Empty(t, c.EnvFrom)
+	require.Equal(t, []string{"quoter"}, c.Command)
+	require.Equal(t, "calibrate", c.Args[0])
+	require.Subset(t, c.Args, []string{"--slo-ttft-p95=" + ttft, "--slo-itl-p95=" + itl, "--configmap=" + cmName,
+		"--url=http://" + release + "-proxy." + ns + ".svc:80", "--capacity-url=http://" + release + "-epp." + ns + ".svc:9091"})
+
+	require.NotEqual(t, "", spec.ServiceAccountName)
+	require.NotEqual(t, "default", spec.ServiceAccountName)
+	bindings, err := env.Kube.RbacV1().RoleBindings(ns).List(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	var roles []string
+	for _, b := range bindings.Items {
+		if slices.ContainsFunc(b.Subjects, func(s rbacv1.Subject) bool { return s.Kind == "ServiceAccount" && s.Name == spec.ServiceAccountName }) {
+			require.Equal(t, "Role", b.RoleRef.Kind)
+			roles = append(roles, b.RoleRef.Name)
+		}
+	}
+	require.Len(t, roles, 1, "the calibration ServiceAccount's roles")
+	role, err := env.Kube.RbacV1().Roles(ns).Get(ctx, roles[0], metav1.GetOptions{})
+	require.NoError(t, err)
+	require.Equal(t, []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"create"}},
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{cmName}, Verbs: []string{"get", "update", "patch"}},
+	}, role.Rules)
+	crbs, err := env.Kube.RbacV1().ClusterRoleBindings().List(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	for _, b := range crbs.Items {
+		require.False(t, slices.ContainsFunc(b.Subjects, func(s rbacv1.Subject) bool {
+			return s.Kind == "ServiceAccount" && s.Name == spec.ServiceAccountName && s.Namespace == ns
+		}), "ClusterRoleBinding %s names the calibration ServiceAccount", b.Name)
 	}
 }

@@ -340,14 +340,16 @@ func waitEndpoints(t *testing.T, p *eppProcess, want ...string) {
 	}, 15*time.Second, 50*time.Millisecond, "EPP endpoints %v (%v), want %v", &got, &err, want)
 }
 
-// TestQuoterNeedsNoAccess: the quoter never talks to the API server (it
-// links no Kubernetes client), so the chart grants it nothing: no token is
-// mounted, no role names its ServiceAccount, and that ServiceAccount may
-// not even read the quoter's own key Secret.
+// TestQuoterNeedsNoAccess: the quote loop never talks to the API server
+// (the quoter package links no Kubernetes client; only cmd/quoter's
+// calibrate command does, to write its ConfigMap from the calibration Job
+// under an identity of its own), so the chart grants the quoter nothing:
+// no token is mounted, no role names its ServiceAccount, and that
+// ServiceAccount may not even read the quoter's own key Secret.
 func TestQuoterNeedsNoAccess(t *testing.T) {
-	out, err := exec.Command("go", "list", "-deps", "../../cmd/quoter").Output()
+	out, err := exec.Command("go", "list", "-deps", "../../quoter").Output()
 	require.NoError(t, err)
-	require.NotContains(t, string(out), "k8s.io/client-go", "cmd/quoter links a Kubernetes client")
+	require.NotContains(t, string(out), "k8s.io/client-go", "the quoter package links a Kubernetes client")
 
 	env := kubetest.Shared(t)
 	ns := namespace(t, env, "quoter-rbac")

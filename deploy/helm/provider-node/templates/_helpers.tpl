@@ -80,3 +80,24 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "pn.hasAPI" -}}
 {{- if or .force (.ctx.Capabilities.APIVersions.Has .api) -}}true{{- end -}}
 {{- end -}}
+
+{{/* A Go duration value, checked: (dict "name" "quoter.slo.ttftP95" "value" "2s"). */}}
+{{- define "pn.duration" -}}
+{{- $v := toString .value -}}
+{{- if not (regexMatch "^(([0-9]+(\\.[0-9]*)?|\\.[0-9]+)(ns|us|µs|ms|s|m|h))+$" $v) -}}
+{{- fail (printf "%s must be a Go duration such as 2s or 50ms, not %q" .name $v) -}}
+{{- end -}}
+{{- if not (regexMatch "[1-9]" $v) -}}
+{{- fail (printf "%s must be above zero, not %q" .name $v) -}}
+{{- end -}}
+{{- $v -}}
+{{- end -}}
+
+{{/* The calibration ConfigMap, written by `quoter calibrate` and mounted into the quoter. */}}
+{{- define "pn.calibrationConfigMap" -}}
+{{- include "pn.fullname" . }}-calibration
+{{- end -}}
+
+{{- define "pn.calibrationEnabled" -}}
+{{- if and .Values.quoter.enabled .Values.quoter.calibration.enabled -}}true{{- end -}}
+{{- end -}}
