@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -95,6 +96,9 @@ func TestCalibrateCommand(t *testing.T) {
 		want []string // in stdout+stderr
 		// written: the --out file holds a calibration afterwards.
 		written bool
+		// cancelAfter, when set, cancels the run then: it must end within
+		// a few seconds, every worker with it.
+		cancelAfter time.Duration
 	}{
 		{name: "calibrates", args: append(append([]string{"--slo-itl-p95", "25ms", "--slo-ttft-p95", "1s", "--level-duration", "2s"}, quick...), fleet...),
 			code: exitOK, want: []string{"concurrency", "itl p95", "false", "engines' curve (one of 2 replicas)", "wrote "}, written: true},
@@ -106,6 +110,8 @@ func TestCalibrateCommand(t *testing.T) {
 			code: exitFail, want: []string{`model "other/model" is not in the EPP's capacity snapshot`}},
 		{name: "unreachable EPP", args: append(append([]string{"--level-duration", "1s"}, fleet...), "--capacity-url", closed),
 			code: exitFail, want: []string{"cannot read the capacity snapshot", "unreachable"}},
+		{name: "cancelled", args: append(append([]string{"--level-duration", "1m", "--start-concurrency", "6"}, quick...), fleet...),
+			cancelAfter: 1500 * time.Millisecond, code: exitFail, want: []string{"calibration stopped at concurrency 6: context deadline exceeded"}},
 		{name: "no output", args: fleet, code: exitUsage, want: []string{"usage: quoter calibrate"}},
 		{name: "both outputs", args: append([]string{"--configmap", "cal"}, fleet...), code: exitUsage, want: []string{"usage: quoter calibrate"}},
 	} {
@@ -115,10 +121,23 @@ func TestCalibrateCommand(t *testing.T) {
 			if tc.name != "no output" {
 				args = append(args, "--out", out)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			timeout := 2 * time.Minute
+			if tc.cancelAfter > 0 {
+				timeout = tc.cancelAfter
+			}
+			goroutines := runtime.NumGoroutine()
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			defer cancel()
 			code, stdout, stderr := invoke(ctx, args...)
 			t.Log(stdout + stderr)
+			if tc.cancelAfter > 0 {
+				require.Less(t, time.Until(deadline(ctx)), 0*time.Second)
+				require.Less(t, -time.Until(deadline(ctx)), 10*time.Second, "the run ends soon after it is cancelled")
+				// Its workers and their connections end with it (a little
+				// slack for the fleet's own scrapes).
+				require.Eventually(t, func() bool { return runtime.NumGoroutine() <= goroutines+2 }, 10*time.Second, 50*time.Millisecond,
+					"goroutines before %d, now %d", goroutines, runtime.NumGoroutine())
+			}
 			require.Equal(t, tc.code, code, stdout+stderr)
 			for _, w := range tc.want {
 				require.Contains(t, stdout+stderr, w)
@@ -153,6 +172,11 @@ func TestCalibrateCommand(t *testing.T) {
 			require.Greater(t, last.ITLP95Seconds, obj.ITL.Seconds())
 		})
 	}
+}
+
+func deadline(ctx context.Context) time.Time {
+	d, _ := ctx.Deadline()
+	return d
 }
 
 // TestWriteAtomic: the file is replaced whole or not at all, and no

@@ -1,6 +1,7 @@
 package calibration
 
 import (
+	"errors"
 	"math"
 	"strings"
 	"testing"
@@ -145,4 +146,44 @@ func TestREADMEDefaults(t *testing.T) {
 func TestZeroIsASetting(t *testing.T) {
 	zero := time.Duration(0)
 	require.Equal(t, time.Duration(0), *Config{Warmup: &zero}.WithDefaults().Warmup)
+}
+
+func TestSummarise(t *testing.T) {
+	o := capacity.Objectives{TTFT: time.Second, ITL: 50 * time.Millisecond, Quantile: 0.95}
+	many := func(n int, v float64) []float64 {
+		xs := make([]float64, n)
+		for i := range xs {
+			xs[i] = v
+		}
+		return xs
+	}
+	fail := errors.New("status 503: overloaded")
+	for _, tc := range []struct {
+		name    string
+		s       stats
+		want    capacity.Level
+		wantErr string
+	}{
+		{name: "within", s: stats{ttft: many(20, 0.2), itl: many(400, 0.02), requests: 20, tokens: 4000},
+			want: capacity.Level{Concurrency: 4, Requests: 20, TTFTP95Seconds: 0.2, ITLP95Seconds: 0.02, OutputTokensPerSec: 400, Within: true}},
+		{name: "itl outside", s: stats{ttft: many(20, 0.2), itl: append(many(90, 0.02), many(10, 0.06)...), requests: 20, tokens: 4000},
+			want: capacity.Level{Concurrency: 4, Requests: 20, TTFTP95Seconds: 0.2, ITLP95Seconds: 0.06, OutputTokensPerSec: 400}},
+		{name: "ttft at the objective is within", s: stats{ttft: many(20, 1), itl: many(100, 0.05), requests: 20, tokens: 10},
+			want: capacity.Level{Concurrency: 4, Requests: 20, TTFTP95Seconds: 1, ITLP95Seconds: 0.05, OutputTokensPerSec: 1, Within: true}},
+		{name: "5% errors pass", s: stats{ttft: many(20, 0.2), itl: many(100, 0.02), requests: 20, errors: 1, firstErr: fail},
+			want: capacity.Level{Concurrency: 4, Requests: 20, Errors: 1, TTFTP95Seconds: 0.2, ITLP95Seconds: 0.02, Within: true}},
+		{name: "more fail", s: stats{ttft: many(20, 0.2), itl: many(100, 0.02), requests: 20, errors: 2, firstErr: fail},
+			wantErr: "2 of 20 requests failed at concurrency 4 (more than 5%); the first: status 503: overloaded"},
+		{name: "nothing measured", s: stats{requests: 0}, wantErr: "concurrency 4 measured no first token or no inter-token gap in 10s: lengthen the level duration"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lv, err := summarise(4, tc.s, 10*time.Second, o)
+			if tc.wantErr != "" {
+				require.EqualError(t, err, tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want, lv)
+		})
+	}
 }

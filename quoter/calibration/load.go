@@ -76,27 +76,31 @@ func (g *generator) ladder(ctx context.Context) ([]capacity.Level, error) {
 // summarises what the recorder saw.
 func (g *generator) level(ctx context.Context, c int) (capacity.Level, error) {
 	if err := sleep(ctx, *g.cfg.Warmup); err != nil {
-		return capacity.Level{}, err
+		return capacity.Level{}, fmt.Errorf("calibration stopped at concurrency %d: %w", c, err)
 	}
 	g.rec.start()
 	err := sleep(ctx, g.cfg.LevelDuration)
 	s := g.rec.stop()
 	if err != nil {
-		return capacity.Level{}, err
+		return capacity.Level{}, fmt.Errorf("calibration stopped at concurrency %d: %w", c, err)
 	}
+	return summarise(c, s, g.cfg.LevelDuration, g.cfg.Objectives)
+}
+
+// summarise is a level from what was measured in it.
+func summarise(c int, s stats, d time.Duration, o capacity.Objectives) (capacity.Level, error) {
 	lv := capacity.Level{Concurrency: c, Requests: s.requests, Errors: s.errors,
-		OutputTokensPerSec: float64(s.tokens) / g.cfg.LevelDuration.Seconds()}
+		OutputTokensPerSec: float64(s.tokens) / d.Seconds()}
 	if float64(s.errors) > MaxErrorShare*float64(s.requests) {
 		return lv, fmt.Errorf("%d of %d requests failed at concurrency %d (more than %.0f%%); the first: %w",
 			s.errors, s.requests, c, 100*MaxErrorShare, s.firstErr)
 	}
 	if len(s.ttft) == 0 || len(s.itl) == 0 {
-		return lv, fmt.Errorf("concurrency %d measured no first token or no inter-token gap in %v: lengthen the level duration",
-			c, g.cfg.LevelDuration)
+		return lv, fmt.Errorf("concurrency %d measured no first token or no inter-token gap in %v: lengthen the level duration", c, d)
 	}
-	lv.TTFTP95Seconds = quantile(s.ttft, g.cfg.Objectives.Quantile)
-	lv.ITLP95Seconds = quantile(s.itl, g.cfg.Objectives.Quantile)
-	lv.Within = lv.TTFTP95Seconds <= g.cfg.Objectives.TTFT.Seconds() && lv.ITLP95Seconds <= g.cfg.Objectives.ITL.Seconds()
+	lv.TTFTP95Seconds = quantile(s.ttft, o.Quantile)
+	lv.ITLP95Seconds = quantile(s.itl, o.Quantile)
+	lv.Within = lv.TTFTP95Seconds <= o.TTFT.Seconds() && lv.ITLP95Seconds <= o.ITL.Seconds()
 	return lv, nil
 }
 
