@@ -8,10 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"text/tabwriter"
-	"time"
 
-	"github.com/omnious/provider-node/capacity"
 	"github.com/omnious/provider-node/quoter/calibration"
 )
 
@@ -67,7 +64,7 @@ func cmdCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		fmt.Fprintln(stderr, "quoter calibrate:", err)
 		return exitFail
 	}
-	printLevels(stdout, cal)
+	calibration.WriteTable(stdout, cal)
 	if *out != "" {
 		err = writeAtomic(*out, doc.Bytes())
 	} else {
@@ -83,32 +80,6 @@ func cmdCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		fmt.Fprintf(stdout, "wrote ConfigMap %s/%s\n", *namespace, *configMap)
 	}
 	return exitOK
-}
-
-// printLevels prints the ladder as measured, and the engines' curve read
-// at the objectives.
-func printLevels(w io.Writer, cal *capacity.Calibration) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "concurrency\trequests\terrors\tttft p95\titl p95\toutput tok/s\twithin\t")
-	for _, l := range cal.Levels {
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%s\t%s\t%.1f\t%v\t\n", l.Concurrency, l.Requests, l.Errors,
-			roundSeconds(l.TTFTP95Seconds), roundSeconds(l.ITLP95Seconds), l.OutputTokensPerSec, l.Within)
-	}
-	_ = tw.Flush()
-	o := cal.Objectives
-	if at, err := cal.Curve.At(capacity.Objectives{TTFT: time.Duration(o.TTFTSeconds * float64(time.Second)),
-		ITL: time.Duration(o.ITLSeconds * float64(time.Second)), Quantile: o.Quantile}); err == nil {
-		fmt.Fprintf(w, "engines' curve (one of %d replicas): batch %.1f, %.0f output tok/s at the objectives (limit %s, largest batch measured %.1f)\n",
-			cal.Replicas, at.Running, at.OutputTokensPerSec, at.Limit, at.MaxMeasured)
-	}
-}
-
-func roundSeconds(s float64) time.Duration {
-	d := time.Duration(s * float64(time.Second))
-	if d >= time.Second {
-		return d.Round(10 * time.Millisecond)
-	}
-	return d.Round(100 * time.Microsecond)
 }
 
 // writeAtomic replaces path with data, or leaves it as it was: a temporary

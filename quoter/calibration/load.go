@@ -117,7 +117,8 @@ func broken(lv capacity.Level, o capacity.Objectives) string {
 	return strings.Join(out, ", ")
 }
 
-// seconds prints a latency to about three significant digits.
+// seconds is a latency rounded to two or three significant digits, for
+// messages and the table.
 func seconds(s float64) time.Duration {
 	d := time.Duration(s * float64(time.Second))
 	for _, r := range []time.Duration{100 * time.Millisecond, 10 * time.Millisecond, time.Millisecond, 10 * time.Microsecond} {
