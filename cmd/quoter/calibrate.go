@@ -47,6 +47,10 @@ func cmdCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return exitUsage
 	}
 	cfg.Warmup = warmup
+	if err := cfg.WithDefaults().Validate(); err != nil {
+		fmt.Fprintf(stderr, "quoter calibrate: %v\n%s\n", err, calibrateUsage)
+		return exitUsage
+	}
 	log, err := newLogger(stderr, *logLevel)
 	if err != nil {
 		fmt.Fprintln(stderr, "quoter calibrate:", err)

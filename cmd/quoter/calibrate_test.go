@@ -113,6 +113,8 @@ func TestCalibrateCommand(t *testing.T) {
 		{name: "cancelled", args: append(append([]string{"--level-duration", "1m", "--start-concurrency", "6"}, quick...), fleet...),
 			cancelAfter: 1500 * time.Millisecond, code: exitFail, want: []string{"calibration stopped at concurrency 6: context deadline exceeded"}},
 		{name: "no output", args: fleet, code: exitUsage, want: []string{"usage: quoter calibrate"}},
+		{name: "bad mix", args: append([]string{"--prompt-tokens", "10", "--shared-prefix-tokens", "20"}, fleet...), code: exitUsage,
+			want: []string{"shared prefix of 20 tokens is longer than the 10-token prompt", "usage: quoter calibrate"}},
 		{name: "both outputs", args: append([]string{"--configmap", "cal"}, fleet...), code: exitUsage, want: []string{"usage: quoter calibrate"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

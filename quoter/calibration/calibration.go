@@ -100,8 +100,8 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// validate reports every unusable setting of a defaulted config.
-func (c *Config) validate() error {
+// Validate reports every unusable setting of a defaulted config.
+func (c Config) Validate() error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 	if c.URL == "" {
@@ -153,7 +153,7 @@ func next(prev int, factor float64, maxC int) int {
 // made. Nothing is written.
 func Run(ctx context.Context, cfg Config) (*capacity.Calibration, error) {
 	cfg = cfg.WithDefaults()
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("bad calibration config: %w", err)
 	}
 	snapClient := quoter.CapacityClient{URL: cfg.CapacityURL, HTTP: cfg.HTTP}

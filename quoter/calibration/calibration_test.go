@@ -120,7 +120,7 @@ func TestValidate(t *testing.T) {
 			c := ok
 			tc.mutate(&c)
 			c = c.WithDefaults()
-			err := c.validate()
+			err := c.Validate()
 			if tc.want == "" {
 				require.NoError(t, err)
 				return
