@@ -6,6 +6,8 @@
 //	quoter verify [flags] FILE         verify a quote ("-" reads stdin)
 //	quoter run [flags]                 the quote loop with /v1/quote, /metrics, /healthz
 //	quoter conformance --url URL --model ID [--quick] [--json]
+//	quoter calibrate --url URL --model ID --capacity-url URL (--out FILE | --configmap NAME)
+//	                                   measure the fleet's latency against load into a calibration
 //	quoter tool-profile [flags]        resolve TOOL_PROFILE for MODEL_ID
 //	quoter tool-profiles-json [--check] regenerate deploy/config/omnious-model-tool-profiles.json
 //
@@ -59,6 +61,8 @@ commands:
   verify FILE          verify a quote (signature, signer, expiry, skew)
   run                  sign every refresh, publish, serve /v1/quote /metrics /healthz
   conformance          check a serving URL (--url URL --model ID)
+  calibrate            drive a serving URL up a concurrency ladder to its latency
+                       objectives; write the calibration (--out FILE | --configmap NAME)
   tool-profile         resolve the tool-call parser (TOOL_PROFILE, MODEL_ID, ENGINE)
   tool-profiles-json   regenerate the tool contract JSON from tool-profiles.tsv
 
@@ -82,6 +86,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdRun(ctx, rest, stderr)
 	case "conformance":
 		return cmdConformance(ctx, rest, stdout, stderr)
+	case "calibrate":
+		return cmdCalibrate(ctx, rest, stdout, stderr)
 	case "tool-profile":
 		return cmdToolProfile(rest, stdout, stderr)
 	case "tool-profiles-json":

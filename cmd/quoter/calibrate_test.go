@@ -1,0 +1,221 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/omnious/provider-node/capacity"
+	"github.com/omnious/provider-node/discovery"
+	"github.com/omnious/provider-node/endpoint"
+	"github.com/omnious/provider-node/engines/sim"
+	"github.com/omnious/provider-node/engines/sim/simtest"
+	"github.com/omnious/provider-node/extproc/testgw"
+	"github.com/omnious/provider-node/internal/epp"
+	"github.com/omnious/provider-node/quoter"
+	"github.com/omnious/provider-node/scheduler"
+)
+
+// calibrationFleet is what `quoter calibrate` runs against in the tests:
+// enginesim replicas behind the real EPP and the test gateway, all on
+// 127.0.0.1 and stopped when the test ends.
+type calibrationFleet struct {
+	url, adminURL string
+}
+
+// durationOf is a pointer to d, for the configs' optional durations.
+func durationOf(d time.Duration) *time.Duration { return &d }
+
+// startCalibrationFleet runs two simulated replicas in real time (time
+// scale 1, so the client and the engines measure the same latencies),
+// with a decode step that grows 6ms per running request: their inter-token
+// latency is about 11ms alone, 17ms at two and 29ms at four, so a 25ms
+// objective (one of vLLM's ITL bucket bounds, where the engines' curve is
+// read without interpolating inside a bucket) breaks within a few levels
+// of the ladder.
+func startCalibrationFleet(t *testing.T) calibrationFleet {
+	t.Helper()
+	var eps []endpoint.Endpoint
+	for range 2 {
+		r := simtest.Start(t, func(c *sim.Config) {
+			c.Engine.TimeScale = 1
+			tm := &c.Engine.Timing
+			tm.PrefillBase, tm.PrefillPerToken = durationOf(time.Millisecond), durationOf(10*time.Microsecond)
+			tm.DecodeBase, tm.DecodePerSeq, tm.KVTerm = durationOf(5*time.Millisecond), durationOf(6*time.Millisecond), durationOf(0)
+		})
+		eps = append(eps, endpoint.Endpoint{Addr: r.Addr(), Model: model, Engine: "vllm", MetricsURL: "http://" + r.Addr() + "/metrics"})
+	}
+	cfg := epp.Config{GRPCAddr: "127.0.0.1:0", HealthAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0",
+		StandInTokenizer: true, DrainDelay: durationOf(0), DrainTimeout: durationOf(0),
+		Scheduler: scheduler.Config{Signals: scheduler.SignalsConfig{ScrapeInterval: 250 * time.Millisecond}}}.WithDefaults()
+	e, err := epp.New(cfg, discovery.Fixed(eps), zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	gw, err := testgw.New(testgw.Config{EPP: e.GRPCAddr()}, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	require.NoError(t, err)
+	gdone := make(chan error, 1)
+	go func() { gdone <- gw.Run(ctx) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-gdone) })
+	f := calibrationFleet{url: "http://" + gw.Addr(), adminURL: "http://" + e.AdminAddr()}
+	// Both replicas healthy (scraped) before the ladder starts.
+	cc := quoter.CapacityClient{URL: f.adminURL}
+	require.Eventually(t, func() bool {
+		snap, err := cc.Fetch(context.Background())
+		m, _ := quoter.FindModel(snap, model)
+		return err == nil && m.Healthy == 2
+	}, 20*time.Second, 50*time.Millisecond)
+	return f
+}
+
+func TestCalibrateCommand(t *testing.T) {
+	f := startCalibrationFleet(t)
+	dir := t.TempDir()
+	fleet := []string{"--url", f.url, "--model", model, "--capacity-url", f.adminURL, "--log-level", "warn"}
+	// Short prompts and answers: a request takes a few hundred ms, so a
+	// 2s level measures several per worker.
+	quick := []string{"--prompt-tokens", "64", "--shared-prefix-tokens", "16", "--groups", "2", "--output-tokens", "32",
+		"--factor", "2", "--warmup", "500ms"}
+	closed := fmt.Sprintf("http://127.0.0.1:%d", simtest.FreePort(t))
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want []string // in stdout+stderr
+		// written: the --out file holds a calibration afterwards.
+		written bool
+		// cancelAfter, when set, cancels the run then: it must end within
+		// a few seconds, every worker with it.
+		cancelAfter time.Duration
+	}{
+		{name: "calibrates", args: append(append([]string{"--slo-itl-p95", "25ms", "--slo-ttft-p95", "1s", "--level-duration", "2s"}, quick...), fleet...),
+			code: exitOK, want: []string{"concurrency", "itl p95", "false", "engines' curve (one of 2 replicas)", "wrote "}, written: true},
+		{name: "breaks at once", args: append(append([]string{"--slo-itl-p95", "1ms", "--level-duration", "1s", "--warmup", "0s"}, quick...), fleet...),
+			code: exitFail, want: []string{"breaks its objectives at concurrency 1: ITL p95 ", " > 1ms"}},
+		{name: "unreachable URL", args: append(append([]string{"--level-duration", "1s"}, fleet...), "--url", closed),
+			code: exitFail, want: []string{closed + " cannot serve a calibration request", "connection refused"}},
+		{name: "unknown model", args: append(append([]string{"--level-duration", "1s"}, fleet...), "--model", "other/model"),
+			code: exitFail, want: []string{`model "other/model" is not in the EPP's capacity snapshot`}},
+		{name: "unreachable EPP", args: append(append([]string{"--level-duration", "1s"}, fleet...), "--capacity-url", closed),
+			code: exitFail, want: []string{"cannot read the capacity snapshot", "unreachable"}},
+		{name: "cancelled", args: append(append([]string{"--level-duration", "1m", "--start-concurrency", "6"}, quick...), fleet...),
+			cancelAfter: 1500 * time.Millisecond, code: exitFail, want: []string{"calibration stopped at concurrency 6: context deadline exceeded"}},
+		{name: "no output", args: fleet, code: exitUsage, want: []string{"usage: quoter calibrate"}},
+		{name: "bad mix", args: append([]string{"--prompt-tokens", "10", "--shared-prefix-tokens", "20"}, fleet...), code: exitUsage,
+			want: []string{"shared prefix of 20 tokens is longer than the 10-token prompt", "usage: quoter calibrate"}},
+		{name: "both outputs", args: append([]string{"--configmap", "cal"}, fleet...), code: exitUsage, want: []string{"usage: quoter calibrate"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-")+".json")
+			args := append([]string{"calibrate"}, tc.args...)
+			if tc.name != "no output" {
+				args = append(args, "--out", out)
+			}
+			timeout := 2 * time.Minute
+			if tc.cancelAfter > 0 {
+				timeout = tc.cancelAfter
+			}
+			goroutines := runtime.NumGoroutine()
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			code, stdout, stderr := invoke(ctx, args...)
+			t.Log(stdout + stderr)
+			if tc.cancelAfter > 0 {
+				require.Less(t, time.Until(deadline(ctx)), 0*time.Second)
+				require.Less(t, -time.Until(deadline(ctx)), 10*time.Second, "the run ends soon after it is cancelled")
+				// Its workers and their connections end with it (a little
+				// slack for the fleet's own scrapes).
+				require.Eventually(t, func() bool { return runtime.NumGoroutine() <= goroutines+2 }, 10*time.Second, 50*time.Millisecond,
+					"goroutines before %d, now %d", goroutines, runtime.NumGoroutine())
+			}
+			require.Equal(t, tc.code, code, stdout+stderr)
+			for _, w := range tc.want {
+				require.Contains(t, stdout+stderr, w)
+			}
+			if !tc.written {
+				require.NoFileExists(t, out)
+				return
+			}
+			cal, err := capacity.LoadCalibration(out)
+			require.NoError(t, err)
+			require.Equal(t, model, cal.Model)
+			require.Equal(t, f.url, cal.URL)
+			require.Equal(t, 2, cal.Replicas)
+			require.Equal(t, capacity.Mix{PromptTokens: 64, SharedPrefixTokens: 16, Groups: 2, OutputTokens: 32}, cal.Mix)
+			obj := capacity.Objectives{TTFT: time.Second, ITL: 25 * time.Millisecond, Quantile: 0.95}
+			require.Equal(t, capacity.ObjectivesJSON{TTFTSeconds: 1, ITLSeconds: 0.025, Quantile: 0.95}, cal.Objectives)
+			at, err := cal.Curve.At(obj)
+			require.NoError(t, err)
+			require.Positive(t, at.Running, "the engines hold the objectives at the first level, as the client saw")
+			require.GreaterOrEqual(t, len(cal.Levels), 2)
+			last := cal.Levels[len(cal.Levels)-1]
+			require.False(t, last.Within, "the ladder ends at the first level outside the objectives")
+			for i, l := range cal.Levels {
+				require.Equal(t, i < len(cal.Levels)-1, l.Within, "level %d", i)
+				require.Positive(t, l.Requests)
+				require.Zero(t, l.Errors)
+				require.Positive(t, l.OutputTokensPerSec)
+				if i > 0 {
+					require.Equal(t, max(cal.Levels[i-1].Concurrency+1, 2*cal.Levels[i-1].Concurrency), l.Concurrency)
+				}
+			}
+			require.Greater(t, last.ITLP95Seconds, obj.ITL.Seconds())
+		})
+	}
+}
+
+func deadline(ctx context.Context) time.Time {
+	d, _ := ctx.Deadline()
+	return d
+}
+
+// TestWriteAtomic: the file is replaced whole or not at all, and no
+// temporary file is left behind.
+func TestWriteAtomic(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "cal.json")
+	for _, tc := range []struct {
+		name    string
+		path    string
+		data    string
+		wantErr string
+		want    string // path's content afterwards
+	}{
+		{name: "new", path: path, data: "one", want: "one"},
+		{name: "replaced", path: path, data: "two", want: "two"},
+		{name: "missing directory", path: filepath.Join(dir, "none", "cal.json"), data: "x", wantErr: "cannot write"},
+		{name: "over a directory", path: dir, data: "x", wantErr: "cannot replace"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := writeAtomic(tc.path, []byte(tc.data))
+			if tc.wantErr != "" {
+				require.ErrorContains(t, err, tc.wantErr)
+			} else {
+				require.NoError(t, err)
+				got, err := os.ReadFile(tc.path)
+				require.NoError(t, err)
+				require.Equal(t, tc.want, string(got))
+			}
+			entries, err := os.ReadDir(dir)
+			require.NoError(t, err)
+			for _, e := range entries {
+				require.False(t, strings.HasPrefix(e.Name(), "."), "temporary file %s left behind", e.Name())
+			}
+		})
+	}
+	got, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Equal(t, "two", string(got), "a failed write leaves the file as it was")
+}

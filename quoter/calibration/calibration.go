@@ -1,0 +1,259 @@
+// Package calibration owns `quoter calibrate`: a closed-loop load
+// generator that drives a serving URL up a ladder of concurrency levels
+// with a fixed prompt/output mix, measures each level as a client sees it
+// (p95 time to first token, p95 inter-token latency, output tokens/s), stops
+// at the first level that breaks the latency objectives, and then pools
+// the curves the EPP learnt from the engines over the same traffic into
+// the capacity.Calibration document the quoter reads when a pool is idle.
+package calibration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/http"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/omnious/provider-node/capacity"
+	"github.com/omnious/provider-node/internal/opt"
+	"github.com/omnious/provider-node/quoter"
+)
+
+// Header marks every calibration request, so gateways, logs and the EPP
+// can tell the synthetic load from customers' traffic.
+const Header = "x-omnious-calibration"
+
+// MaxErrorShare is the share of a level's requests that may fail before
+// the run is a failure: a ladder that errors measures the errors, not the
+// capacity.
+const MaxErrorShare = 0.05
+
+// Config configures one calibration run. Zero values take the defaults
+// (WithDefaults); pointer fields are those where 0 is a setting.
+type Config struct {
+	// URL is the serving base URL requests are sent to (e.g.
+	// "http://127.0.0.1:8080"; /v1/chat/completions is appended).
+	// Required.
+	URL string
+	// Model is the model id sent and looked up in the snapshot. Required.
+	Model string
+	// CapacityURL is the EPP admin base URL serving capacity.Path.
+	// Required.
+	CapacityURL string
+	// Objectives are the latency objectives the ladder stops at. TTFT
+	// default 2s, ITL default 50ms, Quantile default 0.95.
+	Objectives capacity.Objectives
+	// Mix is the traffic. PromptTokens default 1000, OutputTokens default
+	// 200, Groups default 1, SharedPrefixTokens default 0 (must not exceed
+	// PromptTokens). A prompt is PromptTokens words: one token per word for
+	// the engine simulator's stand-in tokenizer, somewhat more for a real
+	// tokenizer (the engine's own counts are what the curve holds).
+	Mix capacity.Mix
+	// StartConcurrency is the first level. Default 1.
+	StartConcurrency int
+	// Factor grows the ladder: the next level is max(prev+1,
+	// ceil(prev*Factor)). Default 1.25.
+	Factor float64
+	// MaxConcurrency is the last level. Default (0): the sum over the
+	// model's healthy replicas of their MaxRunning (the batch size the EPP
+	// fills a replica to).
+	MaxConcurrency int
+	// LevelDuration is how long each level is measured, after its warmup.
+	// Default 30s.
+	LevelDuration time.Duration
+	// Warmup is how long each level runs before it is measured; what
+	// happens in it (the change of concurrency settling) is discarded.
+	// Default 5s; 0s measures at once.
+	Warmup *time.Duration
+	// RequestTimeout bounds one request. Default 5m.
+	RequestTimeout time.Duration
+	// Seed seeds the prompts' words, so two runs send the same traffic.
+	// Default 0 (a seed like any other).
+	Seed int64
+	// HTTP sends the load and reads the snapshot. Default: a client whose
+	// connection pool keeps a connection per worker.
+	HTTP *http.Client
+	// Log receives a line per level. Default: none.
+	Log *zap.Logger
+}
+
+// WithDefaults returns c with every unset field at its default.
+func (c Config) WithDefaults() Config {
+	opt.Zero(&c.Objectives.TTFT, 2*time.Second)
+	opt.Zero(&c.Objectives.ITL, 50*time.Millisecond)
+	opt.Zero(&c.Objectives.Quantile, 0.95)
+	opt.Zero(&c.Mix.PromptTokens, 1000)
+	opt.Zero(&c.Mix.OutputTokens, 200)
+	opt.Zero(&c.Mix.Groups, 1)
+	opt.Zero(&c.StartConcurrency, 1)
+	opt.Zero(&c.Factor, 1.25)
+	opt.Zero(&c.LevelDuration, 30*time.Second)
+	c.Warmup = opt.Or(c.Warmup, 5*time.Second)
+	opt.Zero(&c.RequestTimeout, 5*time.Minute)
+	if c.Log == nil {
+		c.Log = zap.NewNop()
+	}
+	return c
+}
+
+// Validate reports every unusable setting of a defaulted config.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	if c.URL == "" {
+		bad("no serving URL")
+	}
+	if c.Model == "" {
+		bad("no model")
+	}
+	if c.CapacityURL == "" {
+		bad("no EPP admin URL (the capacity snapshot)")
+	}
+	if c.Objectives.TTFT < 0 || c.Objectives.ITL < 0 {
+		bad("objectives must be positive")
+	}
+	if !(c.Objectives.Quantile > 0 && c.Objectives.Quantile < 1) {
+		bad("quantile %v is not in (0, 1)", c.Objectives.Quantile)
+	}
+	m := c.Mix
+	if m.PromptTokens < 1 || m.OutputTokens < 1 || m.Groups < 1 || m.SharedPrefixTokens < 0 {
+		bad("mix %+v: tokens and groups must be positive", m)
+	}
+	if m.SharedPrefixTokens > m.PromptTokens {
+		bad("shared prefix of %d tokens is longer than the %d-token prompt", m.SharedPrefixTokens, m.PromptTokens)
+	}
+	if c.StartConcurrency < 1 || c.MaxConcurrency < 0 {
+		bad("concurrency must be positive")
+	}
+	if c.MaxConcurrency > 0 && c.StartConcurrency > c.MaxConcurrency {
+		bad("start concurrency %d is above the maximum %d", c.StartConcurrency, c.MaxConcurrency)
+	}
+	if !(c.Factor > 1) || math.IsInf(c.Factor, 0) {
+		bad("factor %v: want > 1", c.Factor)
+	}
+	if c.LevelDuration < 0 || *c.Warmup < 0 || c.RequestTimeout < 0 {
+		bad("durations must not be negative")
+	}
+	return errors.Join(errs...)
+}
+
+// next is the level after prev: max(prev+1, ceil(prev*factor)), and the
+// maximum itself rather than a level past it.
+func next(prev int, factor float64, maxC int) int {
+	n := max(prev+1, int(math.Ceil(float64(prev)*factor)))
+	return min(n, maxC)
+}
+
+// Run calibrates cfg.URL: it reads the EPP's snapshot, drives the ladder,
+// and returns the calibration, or an error that says why none could be
+// made. Nothing is written.
+func Run(ctx context.Context, cfg Config) (*capacity.Calibration, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("bad calibration config: %w", err)
+	}
+	snapClient := quoter.CapacityClient{URL: cfg.CapacityURL, HTTP: cfg.HTTP}
+	healthy, maxRunning, err := healthyReplicas(ctx, &snapClient, cfg.Model)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.MaxConcurrency == 0 {
+		if maxRunning <= 0 {
+			return nil, fmt.Errorf("the EPP reports no batch size for %q's replicas: set the maximum concurrency", cfg.Model)
+		}
+		cfg.MaxConcurrency = maxRunning
+	}
+	cfg.StartConcurrency = min(cfg.StartConcurrency, cfg.MaxConcurrency)
+	if cfg.HTTP == nil {
+		cfg.HTTP = loadClient(cfg.MaxConcurrency)
+		defer cfg.HTTP.CloseIdleConnections()
+	}
+	cfg.Log.Info("calibrating", zap.String("url", cfg.URL), zap.String("model", cfg.Model), zap.Int("healthy_replicas", healthy),
+		zap.Int("max_concurrency", cfg.MaxConcurrency))
+
+	g := newGenerator(&cfg)
+	// One request first: a URL that cannot serve the stream fails with
+	// its own error at once, not after a level of them.
+	if res := g.request(ctx, g.prompts.next()); res.err != nil {
+		return nil, fmt.Errorf("%s cannot serve a calibration request: %w", cfg.URL, res.err)
+	}
+	levels, err := g.ladder(ctx)
+	if err != nil {
+		return nil, err
+	}
+
+	snap, err := snapClient.Fetch(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read the engines' curves after the run: %w", err)
+	}
+	m, _ := quoter.FindModel(snap, cfg.Model)
+	var curves []capacity.Curve
+	for _, r := range m.ReplicaCapacity {
+		if r.Healthy {
+			curves = append(curves, r.Curve)
+		}
+	}
+	if len(curves) != healthy {
+		cfg.Log.Warn("healthy replicas changed during the run", zap.Int("before", healthy), zap.Int("after", len(curves)))
+	}
+	curve, skipped := capacity.Pool(curves)
+	if skipped > 0 {
+		cfg.Log.Warn("replicas with other histogram buckets left out of the curve", zap.Int("replicas", skipped))
+	}
+	if len(curve.Bins) == 0 {
+		return nil, fmt.Errorf("the EPP learnt no curve for %q from the run (are its engines' latency histograms scraped?)", cfg.Model)
+	}
+	if _, err := curve.At(cfg.Objectives); err != nil {
+		if errors.Is(err, capacity.ErrNoData) {
+			return nil, fmt.Errorf("the engines' curve for %q is too thin to read (%w): lengthen the level duration", cfg.Model, err)
+		}
+		return nil, fmt.Errorf("cannot read the engines' curve at the objectives: %w", err)
+	}
+	return &capacity.Calibration{Version: capacity.CalibrationVersion, Model: cfg.Model, URL: cfg.URL,
+		Taken: time.Now().UTC(), Replicas: healthy,
+		Objectives: capacity.ObjectivesJSON{TTFTSeconds: cfg.Objectives.TTFT.Seconds(), ITLSeconds: cfg.Objectives.ITL.Seconds(),
+			Quantile: cfg.Objectives.Quantile},
+		Mix: cfg.Mix, Levels: levels, Curve: curve}, nil
+}
+
+// healthyReplicas reads the snapshot: the model's healthy replicas and the
+// sum of their batch-size targets.
+func healthyReplicas(ctx context.Context, c *quoter.CapacityClient, model string) (healthy, maxRunning int, err error) {
+	snap, err := c.Fetch(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("cannot read the capacity snapshot: %w", err)
+	}
+	m, ok := quoter.FindModel(snap, model)
+	if !ok {
+		return 0, 0, fmt.Errorf("%w: model %q is not in the EPP's capacity snapshot", quoter.ErrNoHealthyReplica, model)
+	}
+	for _, r := range m.ReplicaCapacity {
+		if r.Healthy {
+			healthy++
+			maxRunning += r.MaxRunning
+		}
+	}
+	if healthy == 0 {
+		return 0, 0, fmt.Errorf("%w: 0 of %d replicas of %q are healthy", quoter.ErrNoHealthyReplica, m.Replicas, model)
+	}
+	return healthy, maxRunning, nil
+}
+
+// loadClient is a client for n workers: a kept-alive connection each, so
+// the ladder measures the server and not connection set-up.
+func loadClient(n int) *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          n + 4,
+		MaxIdleConnsPerHost:   n + 4,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		ForceAttemptHTTP2:     true,
+	}}
+}

@@ -1,0 +1,401 @@
+package calibration
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/omnious/provider-node/capacity"
+)
+
+// generator is the ladder's load: workers sending streamed chat
+// completions over one client, each measured into the recorder while it
+// is on.
+type generator struct {
+	cfg      *Config
+	endpoint string
+	prompts  *prompts // the preflight's
+	rec      recorder
+}
+
+func newGenerator(cfg *Config) *generator {
+	return &generator{cfg: cfg, endpoint: strings.TrimSuffix(cfg.URL, "/") + "/v1/chat/completions",
+		prompts: newPrompts(cfg.Mix, cfg.Seed, math.MaxUint64)}
+}
+
+// ladder runs the levels and returns them, the last being the first
+// outside the objectives or the maximum concurrency. Workers are only
+// added between levels, so the requests in flight carry over and a level
+// starts loaded; its warmup absorbs the step.
+func (g *generator) ladder(ctx context.Context) ([]capacity.Level, error) {
+	wctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel() // before Wait: the workers end on it
+	var levels []capacity.Level
+	workers := 0
+	for c := g.cfg.StartConcurrency; ; c = next(c, g.cfg.Factor, g.cfg.MaxConcurrency) {
+		for ; workers < c; workers++ {
+			wg.Add(1)
+			go func(p *prompts) { defer wg.Done(); g.work(wctx, p) }(newPrompts(g.cfg.Mix, g.cfg.Seed, uint64(workers)))
+		}
+		lv, err := g.level(ctx, c)
+		if err != nil {
+			return levels, err
+		}
+		levels = append(levels, lv)
+		g.cfg.Log.Info("level measured", zap.Int("concurrency", c), zap.Int("requests", lv.Requests), zap.Int("errors", lv.Errors),
+			zap.Float64("ttft_p95_seconds", lv.TTFTP95Seconds), zap.Float64("itl_p95_seconds", lv.ITLP95Seconds),
+			zap.Float64("output_tokens_per_sec", lv.OutputTokensPerSec), zap.Bool("within", lv.Within))
+		if !lv.Within {
+			if len(levels) == 1 {
+				return nil, fmt.Errorf("%s breaks its objectives at concurrency %d: %s", g.cfg.URL, c, broken(lv, g.cfg.Objectives))
+			}
+			return levels, nil
+		}
+		if c >= g.cfg.MaxConcurrency {
+			return levels, nil
+		}
+	}
+}
+
+// level waits out the warmup, measures for the level duration and
+// summarises what the recorder saw.
+func (g *generator) level(ctx context.Context, c int) (capacity.Level, error) {
+	if err := sleep(ctx, *g.cfg.Warmup); err != nil {
+		return capacity.Level{}, fmt.Errorf("calibration stopped at concurrency %d: %w", c, err)
+	}
+	g.rec.start()
+	err := sleep(ctx, g.cfg.LevelDuration)
+	s := g.rec.stop()
+	if err != nil {
+		return capacity.Level{}, fmt.Errorf("calibration stopped at concurrency %d: %w", c, err)
+	}
+	return summarise(c, s, g.cfg.LevelDuration, g.cfg.Objectives)
+}
+
+// summarise is a level from what was measured in it.
+func summarise(c int, s stats, d time.Duration, o capacity.Objectives) (capacity.Level, error) {
+	lv := capacity.Level{Concurrency: c, Requests: s.requests, Errors: s.errors,
+		OutputTokensPerSec: float64(s.tokens) / d.Seconds()}
+	if float64(s.errors) > MaxErrorShare*float64(s.requests) {
+		return lv, fmt.Errorf("%d of %d requests failed at concurrency %d (more than %.0f%%); the first: %w",
+			s.errors, s.requests, c, 100*MaxErrorShare, s.firstErr)
+	}
+	if len(s.ttft) == 0 || len(s.itl) == 0 {
+		return lv, fmt.Errorf("concurrency %d measured no first token or no inter-token gap in %v: lengthen the level duration", c, d)
+	}
+	lv.TTFTP95Seconds = quantile(s.ttft, o.Quantile)
+	lv.ITLP95Seconds = quantile(s.itl, o.Quantile)
+	lv.Within = lv.TTFTP95Seconds <= o.TTFT.Seconds() && lv.ITLP95Seconds <= o.ITL.Seconds()
+	return lv, nil
+}
+
+// broken says which objectives a level broke, with the numbers.
+func broken(lv capacity.Level, o capacity.Objectives) string {
+	var out []string
+	p := fmt.Sprintf("p%g", 100*o.Quantile)
+	if lv.TTFTP95Seconds > o.TTFT.Seconds() {
+		out = append(out, fmt.Sprintf("TTFT %s %s > %s", p, seconds(lv.TTFTP95Seconds), o.TTFT))
+	}
+	if lv.ITLP95Seconds > o.ITL.Seconds() {
+		out = append(out, fmt.Sprintf("ITL %s %s > %s", p, seconds(lv.ITLP95Seconds), o.ITL))
+	}
+	return strings.Join(out, ", ")
+}
+
+// seconds is a latency rounded to two or three significant digits, for
+// messages and the table.
+func seconds(s float64) time.Duration {
+	d := time.Duration(s * float64(time.Second))
+	for _, r := range []time.Duration{100 * time.Millisecond, 10 * time.Millisecond, time.Millisecond, 10 * time.Microsecond} {
+		if d >= 10*r {
+			return d.Round(r)
+		}
+	}
+	return d.Round(time.Microsecond)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// errorPause is how long a worker waits after a failed request, so a URL
+// that fails at once is not hammered in a tight loop.
+const errorPause = 100 * time.Millisecond
+
+// work sends requests back to back until ctx ends: the closed loop.
+func (g *generator) work(ctx context.Context, p *prompts) {
+	for ctx.Err() == nil {
+		if res := g.request(ctx, p.next()); res.err != nil && ctx.Err() == nil {
+			_ = sleep(ctx, errorPause)
+		}
+	}
+}
+
+// result is one request as the client saw it.
+type result struct {
+	tokens int // the usage's completion tokens
+	err    error
+}
+
+// maxErrorBody bounds what an error response contributes to the error.
+const maxErrorBody = 512
+
+// request sends one streamed completion and measures it into the
+// recorder: the time to the first chunk with content, and the gap before
+// every later one.
+func (g *generator) request(ctx context.Context, prompt string) (res result) {
+	defer func() {
+		if ctx.Err() == nil { // a cancelled run's requests are not the server's failures
+			g.rec.done(res.tokens, res.err)
+		}
+	}()
+	rctx, cancel := context.WithTimeout(ctx, g.cfg.RequestTimeout)
+	defer cancel()
+	n := g.cfg.Mix.OutputTokens
+	body, err := json.Marshal(map[string]any{"model": g.cfg.Model, "stream": true,
+		"stream_options": map[string]any{"include_usage": true},
+		"messages":       []any{map[string]any{"role": "user", "content": prompt}},
+		// vLLM's extra sampling parameters hold the output length fixed.
+		"max_tokens": n, "min_tokens": n, "ignore_eos": true})
+	if err != nil {
+		return result{err: fmt.Errorf("cannot encode the request: %w", err)}
+	}
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, g.endpoint, bytes.NewReader(body))
+	if err != nil {
+		return result{err: fmt.Errorf("cannot build the request: %w", err)}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set(Header, "1")
+	sent := time.Now()
+	resp, err := g.cfg.HTTP.Do(req)
+	if err != nil {
+		return result{err: err}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		return result{err: fmt.Errorf("status %d: %s", resp.StatusCode, strings.TrimSpace(string(b)))}
+	}
+	// A stream is about a hundred bytes per token; the bound leaves room
+	// for an engine that sends much more and stops one that never ends.
+	sc := bufio.NewScanner(io.LimitReader(resp.Body, 1<<20+int64(n)*4096))
+	sc.Buffer(make([]byte, 0, 4096), 1<<20)
+	last := time.Time{}
+	usage := -1
+	for sc.Scan() {
+		data, ok := bytes.CutPrefix(sc.Bytes(), []byte("data:"))
+		if !ok {
+			continue // blank separators, comments, event names
+		}
+		data = bytes.TrimSpace(data)
+		if string(data) == "[DONE]" {
+			if usage < 0 {
+				return result{err: errors.New("the stream carried no usage (stream_options.include_usage)")}
+			}
+			return result{tokens: usage}
+		}
+		var ch chunk
+		if err := json.Unmarshal(data, &ch); err != nil {
+			return result{err: fmt.Errorf("bad stream chunk: %w", err)}
+		}
+		if ch.Error != nil {
+			return result{err: fmt.Errorf("the stream failed: %s", ch.Error.Message)}
+		}
+		if ch.Usage != nil {
+			usage = ch.Usage.CompletionTokens
+		}
+		if !ch.hasContent() {
+			continue
+		}
+		now := time.Now()
+		if last.IsZero() {
+			g.rec.firstToken(now.Sub(sent))
+		} else {
+			g.rec.gap(now.Sub(last))
+		}
+		last = now
+	}
+	if err := sc.Err(); err != nil {
+		return result{err: fmt.Errorf("cannot read the stream: %w", err)}
+	}
+	return result{err: errors.New("the stream ended before [DONE]")}
+}
+
+// chunk is what the load reads of a chat.completion.chunk.
+type chunk struct {
+	Choices []struct {
+		Delta struct {
+			Content          string `json:"content"`
+			ReasoningContent string `json:"reasoning_content"`
+			Reasoning        string `json:"reasoning"`
+		} `json:"delta"`
+	} `json:"choices"`
+	Usage *struct {
+		CompletionTokens int `json:"completion_tokens"`
+	} `json:"usage"`
+	Error *struct {
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// hasContent is whether the chunk carries generated text (a reasoning
+// model's thinking is generated tokens too).
+func (c *chunk) hasContent() bool {
+	for _, ch := range c.Choices {
+		if d := ch.Delta; d.Content != "" || d.ReasoningContent != "" || d.Reasoning != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// recorder collects what the workers measure while a level is measured,
+// and drops it otherwise (warmups, the preflight).
+type recorder struct {
+	mu sync.Mutex
+	on bool
+	s  stats
+}
+
+type stats struct {
+	ttft, itl                []float64
+	requests, errors, tokens int
+	firstErr                 error
+}
+
+func (r *recorder) start() {
+	r.mu.Lock()
+	r.on, r.s = true, stats{}
+	r.mu.Unlock()
+}
+
+func (r *recorder) stop() stats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.on = false
+	s := r.s
+	r.s = stats{}
+	return s
+}
+
+func (r *recorder) firstToken(d time.Duration) {
+	r.mu.Lock()
+	if r.on {
+		r.s.ttft = append(r.s.ttft, d.Seconds())
+	}
+	r.mu.Unlock()
+}
+
+func (r *recorder) gap(d time.Duration) {
+	r.mu.Lock()
+	if r.on {
+		r.s.itl = append(r.s.itl, d.Seconds())
+	}
+	r.mu.Unlock()
+}
+
+func (r *recorder) done(tokens int, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.on {
+		return
+	}
+	r.s.requests++
+	if err != nil {
+		r.s.errors++
+		if r.s.firstErr == nil {
+			r.s.firstErr = err
+		}
+		return
+	}
+	r.s.tokens += tokens
+}
+
+// quantile is the nearest-rank q-quantile of xs (the smallest value with
+// at least q of the observations at or below it); it sorts xs. NaN for
+// none.
+func quantile(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	slices.Sort(xs)
+	i := int(math.Ceil(q*float64(len(xs)))) - 1
+	return xs[min(max(i, 0), len(xs)-1)]
+}
+
+// prompts makes one worker's prompts: Mix.PromptTokens words, the first
+// SharedPrefixTokens of them one group's prefix (a group drawn per
+// prompt), the rest random words, so only the prefix can hit a cache.
+type prompts struct {
+	rng      *rand.Rand
+	prefixes []string
+	words    int // after the prefix
+	b        strings.Builder
+}
+
+// newPrompts seeds the group prefixes from seed alone, so every worker
+// shares them, and the rest from (seed, stream), so no two workers send
+// the same words.
+func newPrompts(m capacity.Mix, seed int64, stream uint64) *prompts {
+	p := &prompts{rng: rand.New(rand.NewPCG(uint64(seed), stream)), words: m.PromptTokens - m.SharedPrefixTokens}
+	if m.SharedPrefixTokens > 0 {
+		rng := rand.New(rand.NewPCG(uint64(seed), math.MaxUint64-1))
+		for range m.Groups {
+			var b strings.Builder
+			for i := range m.SharedPrefixTokens {
+				if i > 0 {
+					b.WriteByte(' ')
+				}
+				word(&b, rng)
+			}
+			p.prefixes = append(p.prefixes, b.String())
+		}
+	}
+	return p
+}
+
+func (p *prompts) next() string {
+	p.b.Reset()
+	if len(p.prefixes) > 0 {
+		p.b.WriteString(p.prefixes[p.rng.IntN(len(p.prefixes))])
+	}
+	for range p.words {
+		if p.b.Len() > 0 {
+			p.b.WriteByte(' ')
+		}
+		word(&p.b, p.rng)
+	}
+	return p.b.String()
+}
+
+// word writes a random lowercase word of 3 to 8 letters: 26^3 or more
+// choices per word, so two prompts' random parts differ from their first
+// word.
+func word(b *strings.Builder, rng *rand.Rand) {
+	for range 3 + rng.IntN(6) {
+		b.WriteByte(byte('a' + rng.IntN(26)))
+	}
+}
