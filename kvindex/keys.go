@@ -48,11 +48,16 @@ func AppendBlockKeys(dst []Key, parent Key, tokens []uint32, blockSize int) []Ke
 		return dst
 	}
 	for len(tokens) >= blockSize {
-		parent = nonZero(chainMix(uint64(parent), contentSum(tokens[:blockSize:blockSize])))
+		parent = blockKey(parent, tokens[:blockSize:blockSize])
 		dst = append(dst, parent)
 		tokens = tokens[blockSize:]
 	}
 	return dst
+}
+
+// blockKey is the key of the block blk after parent.
+func blockKey(parent Key, blk []uint32) Key {
+	return nonZero(chainMix(uint64(parent), contentSum(blk)))
 }
 
 // contentSeed seeds the block content hash for the life of the process.

@@ -21,6 +21,12 @@ const specStride = 16
 // specSlots is how many replicas one speculative key remembers.
 const specSlots = 4
 
+// keyCacheTokens is how many recent prompt tokens the key cache holds the
+// block keys of (about 6 MiB at block size 16: 4 bytes of token and half a
+// byte of key per token, plus the LRU's bookkeeping): a prompt sharing a
+// prefix with one of them is keyed by comparing tokens instead of hashing.
+const keyCacheTokens = 1 << 20
+
 // prefixHit is one replica's prefix match: blocks (precise) or bytes
 // (approximate).
 type prefixHit struct {

@@ -40,7 +40,8 @@ type Scheduler struct {
 	mu sync.Mutex
 
 	spec    *speculative
-	recall  *routes // the precise policy's routing memory
+	keys    *kvindex.KeyCache // recent prompts' block keys
+	recall  *routes           // the precise policy's routing memory
 	approx  *approximate
 	sess    *sessions
 	flow    *flow
@@ -116,6 +117,10 @@ func New(cfg Config, ix *kvindex.Index, reg prometheus.Registerer, log *zap.Logg
 	if err != nil {
 		return nil, fmt.Errorf("cannot build the routing memory: %w", err)
 	}
+	keys, err := kvindex.NewKeyCache(keyCacheTokens, cfg.BlockSize)
+	if err != nil {
+		return nil, fmt.Errorf("cannot build the key cache: %w", err)
+	}
 	sess, err := newSessions(cfg.Prefix.MaxNodes, *cfg.Scoring.SessionTTL)
 	if err != nil {
 		return nil, fmt.Errorf("cannot build session table: %w", err)
@@ -135,6 +140,7 @@ func New(cfg Config, ix *kvindex.Index, reg prometheus.Registerer, log *zap.Logg
 			return src.Float64()
 		},
 		spec:    newSpeculative(*cfg.Prefix.SpeculativeTTL),
+		keys:    keys,
 		recall:  recall,
 		approx:  approx,
 		sess:    sess,

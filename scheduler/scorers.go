@@ -93,7 +93,7 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 		n := len(req.Tokens)
 		root := kvindex.RootKey(base, adapter, req.CacheSalt)
 		lookupStart := time.Now()
-		sc.keys = kvindex.AppendBlockKeys(sc.keys, root, req.Tokens, bs)
+		sc.keys = s.keys.AppendBlockKeys(sc.keys, root, req.Tokens)
 		sc.matches = s.ix.Match(sc.keys, sc.matches)
 		s.m.lookup.Observe(time.Since(lookupStart).Seconds())
 		cpuW, storageW := *s.cfg.Prefix.CPUWeight, *s.cfg.Prefix.StorageWeight
