@@ -433,6 +433,7 @@ type scratch struct {
 	matches []kvindex.Match
 	hits    []prefixHit
 	hashes  []uint64
+	seen    []specVal // the routing records matchPrefix read
 	byID    []int32
 	order   []int
 }
@@ -518,9 +519,9 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 	switch d.Mode {
 	case ModePrecise:
 		s.spec.credit(r.id, sc.keys, now)
-		s.recall.record(sc.hashes, r.id, now)
+		s.recall.record(sc.hashes, sc.seen, r.id, now)
 	case ModeApproximate:
-		s.approx.record(sc.hashes, r.id, now)
+		s.approx.record(sc.hashes, sc.seen, r.id, now)
 	}
 	s.sess.set(req.SessionKey, r.id, now)
 	tenant := req.Tenant
