@@ -48,7 +48,9 @@ func AppendBlockKeys(dst []Key, parent Key, tokens []uint32, blockSize int) []Ke
 		return dst
 	}
 	for len(tokens) >= blockSize {
-		parent = blockKey(parent, tokens[:blockSize:blockSize])
+		// blockKey, written out: it is too large to be inlined, and a
+		// call per block costs more than the chain step.
+		parent = nonZero(chainMix(uint64(parent), contentSum(tokens[:blockSize:blockSize])))
 		dst = append(dst, parent)
 		tokens = tokens[blockSize:]
 	}
