@@ -48,11 +48,18 @@ func AppendBlockKeys(dst []Key, parent Key, tokens []uint32, blockSize int) []Ke
 		return dst
 	}
 	for len(tokens) >= blockSize {
+		// blockKey, written out: it is too large to be inlined, and a
+		// call per block costs more than the chain step.
 		parent = nonZero(chainMix(uint64(parent), contentSum(tokens[:blockSize:blockSize])))
 		dst = append(dst, parent)
 		tokens = tokens[blockSize:]
 	}
 	return dst
+}
+
+// blockKey is the key of the block blk after parent.
+func blockKey(parent Key, blk []uint32) Key {
+	return nonZero(chainMix(uint64(parent), contentSum(blk)))
 }
 
 // contentSeed seeds the block content hash for the life of the process.

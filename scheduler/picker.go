@@ -62,28 +62,27 @@ func (s *Scheduler) rankByLoad(cands []cand) {
 }
 
 // fallbacks sets sc.order to the primary followed by up to cfg.Fallbacks
-// other candidates, best score first.
+// other candidates, best score first (the lower index first among equal
+// scores), in one pass that keeps the best so far in order.
 func (s *Scheduler) fallbacks(sc *scratch, cands []cand, primary int) {
-	sc.order = append(sc.order[:0], primary)
-	for len(sc.order) <= *s.cfg.Fallbacks && len(sc.order) < len(cands) {
-		best := -1
-		for i := range cands {
-			if used(sc.order, i) {
-				continue
-			}
-			if best < 0 || cands[i].score > cands[best].score {
-				best = i
-			}
+	n := min(*s.cfg.Fallbacks, len(cands)-1)
+	order := append(sc.order[:0], primary)
+	for i := range cands {
+		if i == primary || n == 0 {
+			continue
 		}
-		sc.order = append(sc.order, best)
-	}
-}
-
-func used(order []int, i int) bool {
-	for _, j := range order {
-		if j == i {
-			return true
+		v := cands[i].score
+		if len(order) > n && !(v > cands[order[n]].score) {
+			continue
 		}
+		if len(order) <= n {
+			order = append(order, i)
+		}
+		j := len(order) - 1
+		for ; j > 1 && v > cands[order[j-1]].score; j-- {
+			order[j] = order[j-1]
+		}
+		order[j] = i
 	}
-	return false
+	sc.order = order
 }

@@ -21,6 +21,12 @@ const specStride = 16
 // specSlots is how many replicas one speculative key remembers.
 const specSlots = 4
 
+// keyCacheTokens is how many recent prompt tokens the key cache holds the
+// block keys of (about 6 MiB at block size 16: 4 bytes of token and half a
+// byte of key per token, plus the LRU's bookkeeping): a prompt sharing a
+// prefix with one of them is keyed by comparing tokens instead of hashing.
+const keyCacheTokens = 1 << 20
+
 // prefixHit is one replica's prefix match: blocks (precise) or bytes
 // (approximate).
 type prefixHit struct {
@@ -188,17 +194,19 @@ func newRoutes(maxNodes int, ttl time.Duration) (*routes, error) {
 }
 
 // match appends, per replica, units(i) for the longest run of leading keys
-// keys[0..i] routed to it within the ttl.
-func (rt *routes) match(keys []uint64, now time.Time, out []prefixHit, units func(i int) int) []prefixHit {
+// keys[0..i] routed to it within the ttl. The records it reads are moved to
+// the front of the LRU and appended to seen, for record.
+func (rt *routes) match(keys []uint64, now time.Time, out []prefixHit, seen []specVal, units func(i int) int) ([]prefixHit, []specVal) {
 	base := len(out)
 	nowNs := now.UnixNano()
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	for i, k := range keys {
-		v, ok := rt.cache.Peek(k)
+		v, ok := rt.cache.Get(k)
 		if !ok {
 			break
 		}
+		seen = append(seen, v)
 		live := false
 		for j := range v.exp {
 			if v.exp[j] > nowNs {
@@ -210,18 +218,26 @@ func (rt *routes) match(keys []uint64, now time.Time, out []prefixHit, units fun
 			break
 		}
 	}
-	return out
+	return out, seen
 }
 
-// record notes that keys were routed to r. A record already good for most
-// of the ttl is only moved to the front: a hot prefix routed again and
-// again costs a lookup per key, not a rewrite.
-func (rt *routes) record(keys []uint64, r kvindex.Replica, now time.Time) {
+// record notes that keys were routed to r. seen holds the records match
+// read for the leading keys, already moved to the front: one of them
+// already good for most of the ttl is left as it is, so a hot prefix
+// routed again and again costs no map operation beyond match's. Past
+// seen, a fresh record is only moved to the front.
+func (rt *routes) record(keys []uint64, seen []specVal, r kvindex.Replica, now time.Time) {
 	exp := now.Add(rt.ttl).UnixNano()
 	fresh := exp - int64(rt.ttl/8)
+	i := 0
+	for ; i < len(keys) && i < len(seen) && seen[i].expOf(r) >= fresh; i++ {
+	}
+	if i == len(keys) {
+		return
+	}
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	for _, k := range keys {
+	for _, k := range keys[i:] {
 		v, _ := rt.cache.Get(k)
 		if v.expOf(r) >= fresh {
 			continue
@@ -289,8 +305,8 @@ func (a *approximate) chunkHashes(dst []uint64, text []byte) []uint64 {
 // matchText appends, per replica, how many leading bytes of the prompt were
 // routed to it within the ttl. textLen is the prompt length (the last chunk
 // may be partial).
-func (a *approximate) matchText(hashes []uint64, textLen int, now time.Time, out []prefixHit) []prefixHit {
-	return a.match(hashes, now, out, func(k int) int { return min(approxChunks(k)*a.chunk, textLen) })
+func (a *approximate) matchText(hashes []uint64, textLen int, now time.Time, out []prefixHit, seen []specVal) ([]prefixHit, []specVal) {
+	return a.match(hashes, now, out, seen, func(k int) int { return min(approxChunks(k)*a.chunk, textLen) })
 }
 
 // approxChunks is how many chunks the k-th recorded hash covers.

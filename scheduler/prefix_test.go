@@ -20,22 +20,22 @@ func TestApproximateKeepsEveryCopy(t *testing.T) {
 	long := append(append([]byte(nil), shared...), " and question one"...)
 	short := shared[:20]
 
-	a.record(a.chunkHashes(nil, long), 1, now)
-	a.record(a.chunkHashes(nil, short), 2, now.Add(30*time.Second))
+	a.record(a.chunkHashes(nil, long), nil, 1, now)
+	a.record(a.chunkHashes(nil, short), nil, 2, now.Add(30*time.Second))
 	probe := append(append([]byte(nil), shared...), " and another question"...)
-	hits := a.matchText(a.chunkHashes(nil, probe), len(probe), now.Add(40*time.Second), nil)
+	hits, _ := a.matchText(a.chunkHashes(nil, probe), len(probe), now.Add(40*time.Second), nil, nil)
 	common := len(shared) + len(" and ") // long and probe agree this far
 	require.ElementsMatch(t, []prefixHit{{r: 1, n: common / 4 * 4}, {r: 2, n: 20}}, hits)
 
 	// Replica 1's records expire first; replica 2's prefix is still known.
-	hits = a.matchText(a.chunkHashes(nil, probe), len(probe), now.Add(61*time.Second), nil)
+	hits, _ = a.matchText(a.chunkHashes(nil, probe), len(probe), now.Add(61*time.Second), nil, nil)
 	require.Equal(t, []prefixHit{{r: 2, n: 20}}, hits)
 
 	// More replicas than slots: the ones recorded longest ago give way.
 	for r := kvindex.Replica(3); r < 3+specSlots; r++ {
-		a.record(a.chunkHashes(nil, short), r, now.Add(time.Duration(r)*time.Second+30*time.Second))
+		a.record(a.chunkHashes(nil, short), nil, r, now.Add(time.Duration(r)*time.Second+30*time.Second))
 	}
-	hits = a.matchText(a.chunkHashes(nil, short), len(short), now.Add(40*time.Second), nil)
+	hits, _ = a.matchText(a.chunkHashes(nil, short), len(short), now.Add(40*time.Second), nil, nil)
 	require.Len(t, hits, specSlots)
 	for _, h := range hits {
 		require.GreaterOrEqual(t, h.r, kvindex.Replica(3))
@@ -56,10 +56,10 @@ func TestApproximateStride(t *testing.T) {
 	hashes := a.chunkHashes(nil, first)
 	chunks := (len(first) + 3) / 4
 	require.Len(t, hashes, approxDense+(chunks-approxDense)/approxStride+1, "dense part, every stride-th, and the last")
-	a.record(hashes, 1, now)
+	a.record(hashes, nil, 1, now)
 
 	second := append(append([]byte(nil), doc...), "another question"...)
-	hits := a.matchText(a.chunkHashes(nil, second), len(second), now, nil)
+	hits, _ := a.matchText(a.chunkHashes(nil, second), len(second), now, nil, nil)
 	// The shared 100 chunks end between the stride boundaries 96 and 104.
 	require.Equal(t, []prefixHit{{r: 1, n: 96 * 4}}, hits)
 

@@ -41,7 +41,8 @@ type Scheduler struct {
 	mu sync.Mutex
 
 	spec    *speculative
-	recall  *routes // the precise policy's routing memory
+	keys    *kvindex.KeyCache // recent prompts' block keys
+	recall  *routes           // the precise policy's routing memory
 	approx  *approximate
 	sess    *sessions
 	flow    *flow
@@ -121,6 +122,10 @@ func New(cfg Config, ix *kvindex.Index, reg prometheus.Registerer, log *zap.Logg
 	if err != nil {
 		return nil, fmt.Errorf("cannot build the routing memory: %w", err)
 	}
+	keys, err := kvindex.NewKeyCache(keyCacheTokens, cfg.BlockSize)
+	if err != nil {
+		return nil, fmt.Errorf("cannot build the key cache: %w", err)
+	}
 	sess, err := newSessions(cfg.Prefix.MaxNodes, *cfg.Scoring.SessionTTL)
 	if err != nil {
 		return nil, fmt.Errorf("cannot build session table: %w", err)
@@ -140,6 +145,7 @@ func New(cfg Config, ix *kvindex.Index, reg prometheus.Registerer, log *zap.Logg
 			return src.Float64()
 		},
 		spec:    newSpeculative(*cfg.Prefix.SpeculativeTTL),
+		keys:    keys,
 		recall:  recall,
 		approx:  approx,
 		sess:    sess,
@@ -439,6 +445,7 @@ type scratch struct {
 	matches []kvindex.Match
 	hits    []prefixHit
 	hashes  []uint64
+	seen    []specVal // the routing records matchPrefix read
 	byID    []int32
 	order   []int
 }
@@ -524,9 +531,9 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 	switch d.Mode {
 	case ModePrecise:
 		s.spec.credit(r.id, sc.keys, now)
-		s.recall.record(sc.hashes, r.id, now)
+		s.recall.record(sc.hashes, sc.seen, r.id, now)
 	case ModeApproximate:
-		s.approx.record(sc.hashes, r.id, now)
+		s.approx.record(sc.hashes, sc.seen, r.id, now)
 	}
 	s.sess.set(req.SessionKey, r.id, now)
 	tenant := req.Tenant

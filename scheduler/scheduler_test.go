@@ -3,6 +3,8 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -434,6 +436,35 @@ func TestFallbacks(t *testing.T) {
 			}
 			d.Done(DoneInfo{})
 		})
+	}
+}
+
+// TestFallbackOrder checks the one-pass fallback selection against the
+// definition: repeatedly the best-scored candidate not yet taken, the
+// lowest index among equal scores, on random scores with many ties.
+func TestFallbackOrder(t *testing.T) {
+	rng := rand.New(rand.NewPCG(21, 22))
+	s := &Scheduler{}
+	var sc scratch
+	for range 2000 {
+		cands := make([]cand, 1+rng.IntN(20))
+		for i := range cands {
+			cands[i].score = float64(rng.IntN(6)) / 4
+		}
+		primary, fb := rng.IntN(len(cands)), rng.IntN(18)
+		s.cfg.Fallbacks = &fb
+		s.fallbacks(&sc, cands, primary)
+		want := []int{primary}
+		for len(want) <= fb && len(want) < len(cands) {
+			best := -1
+			for i := range cands {
+				if !slices.Contains(want, i) && (best < 0 || cands[i].score > cands[best].score) {
+					best = i
+				}
+			}
+			want = append(want, best)
+		}
+		require.Equal(t, want, sc.order, "scores %v, primary %d, fallbacks %d", cands, primary, fb)
 	}
 }
 

@@ -67,7 +67,7 @@ func clamp01(v float64) float64 {
 // root the KV-event ingestion uses, then adds speculative credits and the
 // routing memory.
 func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *Request, base, adapter string, now time.Time) (string, int) {
-	sc.keys, sc.matches, sc.hits, sc.hashes = sc.keys[:0], sc.matches[:0], sc.hits[:0], sc.hashes[:0]
+	sc.keys, sc.matches, sc.hits, sc.hashes, sc.seen = sc.keys[:0], sc.matches[:0], sc.hits[:0], sc.hashes[:0], sc.seen[:0]
 	precise := s.cfg.Policy == PolicyPrecise && s.ix != nil && req.Tokens != nil
 	if !precise && len(req.PromptText) == 0 {
 		if req.Tokens != nil {
@@ -93,7 +93,7 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 		n := len(req.Tokens)
 		root := kvindex.RootKey(base, adapter, req.CacheSalt)
 		lookupStart := time.Now()
-		sc.keys = kvindex.AppendBlockKeys(sc.keys, root, req.Tokens, bs)
+		sc.keys = s.keys.AppendBlockKeys(sc.keys, root, req.Tokens)
 		sc.matches = s.ix.Match(sc.keys, sc.matches)
 		s.m.lookup.Observe(time.Since(lookupStart).Seconds())
 		cpuW, storageW := *s.cfg.Prefix.CPUWeight, *s.cfg.Prefix.StorageWeight
@@ -123,7 +123,7 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 		// what that one holds: under cache pressure copies that chase each
 		// other cost more hits than the recomputation.
 		sc.hashes = strideKeys(sc.hashes, sc.keys)
-		sc.hits = s.recall.match(sc.hashes, now, sc.hits[:0], func(i int) int { return strideBlocks(i, len(sc.keys)) })
+		sc.hits, sc.seen = s.recall.match(sc.hashes, now, sc.hits[:0], sc.seen, func(i int) int { return strideBlocks(i, len(sc.keys)) })
 		for _, h := range sc.hits {
 			if j := candOf(byID, h.r); j > 0 {
 				c := &cands[j-1]
@@ -139,7 +139,7 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 	}
 	n := len(req.PromptText)
 	sc.hashes = s.approx.chunkHashes(sc.hashes, req.PromptText)
-	sc.hits = s.approx.matchText(sc.hashes, n, now, sc.hits)
+	sc.hits, sc.seen = s.approx.matchText(sc.hashes, n, now, sc.hits, sc.seen)
 	for _, h := range sc.hits {
 		if j := candOf(byID, h.r); j > 0 {
 			c := &cands[j-1]
