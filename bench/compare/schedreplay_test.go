@@ -43,18 +43,25 @@ type replayStage struct {
 	home, away, cold int
 	why              map[string]int
 	queued           []time.Duration
+	// held counts the passes admission held the queue; kvTerm and
+	// waitTerm sum the pool means of the saturation's KV and queue terms
+	// at those passes.
+	held             int
+	kvTerm, waitTerm float64
 	prompt, cached   int64
 }
 
-// Causes of an away decision, judged from the signals the scheduler was
-// given: every holder was above the KV ceiling (kv-filter), its load
-// tripped the imbalance guard (guard), the scheduler credited the primary
-// with the prefix (memory: speculative credit or routing memory), or the
-// load scores outweighed the prefix score (score).
+// Causes of an away decision, from the decision's reason and the signals
+// the scheduler was given: the routing memory credited the primary with
+// more than the index showed there (recall), speculative credit or a
+// shorter indexed match won (credit), the imbalance guard dropped the
+// holder's affinity (guard), every holder was above the KV ceiling
+// (kv-filter), or the load scores outweighed the prefix score (score).
 const (
-	whyKVFilter = "kv-filter"
+	whyRecall   = "recall"
+	whyCredit   = "credit"
 	whyGuard    = "guard"
-	whyMemory   = "memory"
+	whyKVFilter = "kv-filter"
 	whyScore    = "score"
 )
 
@@ -89,6 +96,7 @@ func replayScheduler(tb testing.TB, k float64, policy string, tune func(*schedul
 		addr string
 		live int
 		h    http.Handler
+		sig  metrics.Signals // the last scrape's
 	}
 	reps := make([]*replica, f.Replicas)
 	byAddr := map[string]int{}
@@ -111,6 +119,7 @@ func replayScheduler(tb testing.TB, k float64, policy string, tune func(*schedul
 			sm := &metrics.Sample{URL: "http://" + r.addr + "/metrics", At: now}
 			require.NoError(tb, metrics.Parse(rec.Body.Bytes(), &sm.Signals))
 			s.Observe(sm)
+			r.sig = sm.Signals
 		}
 	}
 
@@ -183,7 +192,7 @@ func replayScheduler(tb testing.TB, k float64, policy string, tune func(*schedul
 			st.cold++
 		default:
 			st.away++
-			st.why[awayCause(s, reps[p].addr, holders, d, cfg, func(i int) (string, int) { return reps[i].addr, reps[i].live })]++
+			st.why[awayCause(holders, d, cfg, func(i int) *metrics.Signals { return &reps[i].sig })]++
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		ch, err := reps[p].e.Submit(ctx, &engine.Request{ID: fmt.Sprint(q.n), Prompt: toks, Output: output[:rq.MaxTokens]})
@@ -311,6 +320,13 @@ func replayScheduler(tb testing.TB, k float64, policy string, tune func(*schedul
 				continue
 			}
 			if *cfg.Admission.Enabled && s.Headroom(sc.Model, "", nil) != scheduler.HeadroomOK {
+				st := &stages[w.Requests[q.n].Stage]
+				st.held++
+				for _, r := range reps {
+					kv, wt := r.sig.KVUsage/cfg.Scoring.KVCeiling, r.sig.Waiting/cfg.Scoring.TargetWaiting
+					st.kvTerm += kv / float64(len(reps))
+					st.waitTerm += wt / float64(len(reps))
+				}
 				break
 			}
 			route(q, now)
@@ -340,19 +356,24 @@ func replayScheduler(tb testing.TB, k float64, policy string, tune func(*schedul
 	return stages, float64(cached) / float64(prompt) / w.Bound
 }
 
-// awayCause says why a request went to primary while holders held its
-// group's system prompt (see the why* constants). live(i) is replica i's
-// address and the requests routed to it and not finished.
-func awayCause(s *scheduler.Scheduler, primary string, holders map[int]bool, d *scheduler.Decision, cfg scheduler.Config,
-	live func(int) (string, int)) string {
-	if d.Reason == scheduler.ReasonPrefix || d.Reason == scheduler.ReasonRecall {
-		return whyMemory
-	}
-	if d.Reason == scheduler.ReasonOverride {
+// awayCause says why a request went elsewhere while holders held its
+// group's system prompt (see the why* constants); sig(i) is replica i's
+// last scrape.
+func awayCause(holders map[int]bool, d *scheduler.Decision, cfg scheduler.Config, sig func(int) *metrics.Signals) string {
+	switch d.Reason {
+	case scheduler.ReasonRecall:
+		return whyRecall
+	case scheduler.ReasonPrefix:
+		return whyCredit
+	case scheduler.ReasonOverride:
 		return whyGuard
 	}
-	_, _, _ = s, primary, live
-	return d.Reason
+	for h := range holders {
+		if sig(h).KVUsage <= cfg.Scoring.KVCeiling {
+			return whyScore
+		}
+	}
+	return whyKVFilter
 }
 
 func minTime(a, b time.Time) time.Time {
@@ -369,28 +390,42 @@ func maxTime(a, b time.Time) time.Time {
 	return a
 }
 
-// TestReplaySchedulerLLMD73 prints the scheduler replay per stage for
-// each policy.
-func TestReplaySchedulerLLMD73(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a replay of the whole ladder")
-	}
-	for _, policy := range []string{"precise", "approximate", "random"} {
-		start := time.Now()
-		stages, hitBound := replayScheduler(t, 0.1, policy, nil)
-		var lines []string
-		var srs []StageResult
-		for _, st := range stages {
-			srs = append(srs, st.StageResult)
-			n := st.home + st.away + st.cold
-			qs := stat.SortedMillis(st.queued, 4)
-			lines = append(lines, fmt.Sprintf("QPS %2.0f: TTFT p90 %7.0f ms  %5.0f tok/s  hit %.2f  home %4.2f away %4.2f cold %4.2f  queued p90 %6.0f ms  err %3d  %v",
-				st.QPS, st.TTFTP90ms, st.OutputTokPS, st.CachedTokens, frac(st.home, n), frac(st.away, n), frac(st.cold, n),
-				stat.Percentile(qs, 90), st.Errors, st.why))
-		}
-		sum := acrossStages(srs)
-		t.Logf("%s (%v): TTFT p90 %.0f ms, %.0f tok/s, hit/bound %.1f%%\n%s", policy, time.Since(start).Round(time.Second),
-			sum.TTFTP90ms, sum.OutputTokPS, 100*hitBound, strings.Join(lines, "\n"))
+// BenchmarkReplaySchedulerLLMD73 replays the llmd-73 preset (k = 0.1)
+// through the real scheduler for precise, approximate and random
+// (replayScheduler) and reports inference-perf's summary across stages,
+// the engines' hit rate against the workload's bound and the share of
+// requests routed to a replica holding their group's system prompt; -v
+// logs each stage with the causes of the requests sent elsewhere.
+//
+//	go test ./bench/compare -run '^$' -bench ReplaySchedulerLLMD73 -benchtime 1x -v
+func BenchmarkReplaySchedulerLLMD73(b *testing.B) {
+	for _, policy := range []string{scheduler.PolicyPrecise, scheduler.PolicyApproximate, scheduler.PolicyRandom} {
+		b.Run(policy, func(b *testing.B) {
+			var stages []replayStage
+			var hitBound float64
+			for range b.N {
+				stages, hitBound = replayScheduler(b, 0.1, policy, nil)
+			}
+			var lines []string
+			var srs []StageResult
+			home, n := 0, 0
+			for _, st := range stages {
+				srs = append(srs, st.StageResult)
+				sn := st.home + st.away + st.cold
+				home, n = home+st.home, n+sn
+				qs := stat.SortedMillis(st.queued, 4)
+				held := float64(max(st.held, 1))
+				lines = append(lines, fmt.Sprintf("QPS %2.0f: TTFT p90 %6.0f ms, %5.0f tok/s, hit %.2f, home %.2f away %.2f cold %.2f, admission wait p90 %5.0f ms (kv term %.2f, queue term %.2f), %d failed, away: %v",
+					st.QPS, st.TTFTP90ms, st.OutputTokPS, st.CachedTokens, frac(st.home, sn), frac(st.away, sn), frac(st.cold, sn),
+					stat.Percentile(qs, 90), st.kvTerm/held, st.waitTerm/held, st.Errors, st.why))
+			}
+			sum := acrossStages(srs)
+			b.ReportMetric(sum.TTFTP90ms, "ttft_p90_ms")
+			b.ReportMetric(sum.OutputTokPS, "out_tok/s")
+			b.ReportMetric(hitBound, "hit/bound")
+			b.ReportMetric(frac(home, n), "home")
+			b.Logf("\n%s", strings.Join(lines, "\n"))
+		})
 	}
 }
 
