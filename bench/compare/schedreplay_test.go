@@ -230,17 +230,10 @@ func replayScheduler(tb testing.TB, k float64, policy string, tune func(*schedul
 				l.cancel()
 			}
 			done := false
-			for more := timedOut || ready(l.rep); more && !done; {
-				var u engine.Update
-				if timedOut {
-					u = <-l.ch
-				} else {
-					select {
-					case u = <-l.ch:
-					default:
-						more = false
-						continue
-					}
+			for read := timedOut || ready(l.rep); read && !done; {
+				u, ok := nextUpdate(l.ch, timedOut)
+				if !ok {
+					break
 				}
 				if u.Generated > 0 && l.first.IsZero() {
 					l.first = now
