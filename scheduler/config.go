@@ -85,14 +85,17 @@ type PrefixConfig struct {
 	// the ratio test. Default 0.3.
 	MatchRatio *float64 `yaml:"match_ratio"`
 	// BalanceAbs and BalanceRel are the imbalance guard: affinity to a
-	// replica is abandoned only when its load exceeds the least loaded
-	// candidate's by at least BalanceAbs requests AND by a factor of at
-	// least BalanceRel. Defaults 4 and 1.25 (llmgw's are 8 and 1.5): on the
-	// Mooncake trace at 8 replicas they measured max/mean load 1.12
-	// (requests) and 1.18 (prompt tokens) at 98% of the hit-rate bound, and
-	// on bench llmd-73 kept precise ahead of every baseline (bench sweep
-	// over {4,8} x {1.25,1.5}; README). BalanceAbs 0 leaves the relative
-	// test alone; BalanceRel is at least 1.
+	// replica is abandoned only when its queued requests (the engine's
+	// waiting queue plus what was routed since the last scrape) exceed
+	// the least queued candidate's by at least BalanceAbs AND by a factor
+	// of at least BalanceRel. Running requests do not count: a batching
+	// engine serves them in one step. Defaults 4 and 1.25 (llmgw's are 8
+	// and 1.5, whose engines run a few requests at once, so that their
+	// load is mostly queue): on the Mooncake trace at 8 replicas they
+	// measured max/mean load 1.12 (requests) and 1.18 (prompt tokens) at
+	// 98% of the hit-rate bound when the guard still counted running
+	// requests (bench sweep over {4,8} x {1.25,1.5}; README). BalanceAbs 0
+	// leaves the relative test alone; BalanceRel is at least 1.
 	BalanceAbs *float64 `yaml:"balance_abs"`
 	BalanceRel float64  `yaml:"balance_rel"`
 	// SpeculativeTTL is how long the chosen replica is credited with a

@@ -14,6 +14,7 @@ type cand struct {
 	kv      float64
 	infl    float64
 	load    float64
+	queued  float64 // requests not started yet, see queuedOf
 
 	prefixUnits int     // matched tokens (precise) or bytes (approximate)
 	prefixShare float64 // tier-weighted share of the prompt, 0..1
@@ -54,7 +55,7 @@ func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.
 			c.waiting, c.kv = c.sig.Signals.Waiting, c.sig.Signals.KVUsage
 		}
 		c.infl = float64(r.inflight.Load())
-		c.load = loadOf(c)
+		c.load, c.queued = loadOf(c), queuedOf(c)
 		c.admit, c.probe = r.br.admit(now, cooldown)
 		over, ready := kvOver(c, ceiling), c.waiting < targetWaiting
 		all.add(over, ready)
@@ -122,6 +123,19 @@ func loadOf(c *cand) float64 {
 		load = max(load, c.sig.Signals.Running+c.sig.Signals.Waiting)
 	}
 	return load
+}
+
+// queuedOf is how many of a replica's requests have not started: the
+// engine's waiting queue plus what the EPP routed since that sample (not
+// yet seen either running or waiting), or the EPP's in-flight count when
+// there is no fresh sample. A batching engine runs up to max_num_seqs
+// requests in one step, so its running requests share the GPU rather than
+// wait for it: only the queue is a hot spot.
+func queuedOf(c *cand) float64 {
+	if c.sig == nil || c.stale {
+		return c.infl
+	}
+	return c.waiting + max(c.infl-float64(c.r.inflightAtSample.Load()), 0)
 }
 
 func inSubset(subset []string, addr string) bool {

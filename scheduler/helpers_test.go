@@ -122,6 +122,12 @@ func (e *testEnv) store(i int, toks []uint32) {
 	e.ix.Store(e.rep(i).id, kvindex.TierGPU, keys)
 }
 
+// remove takes the first blocks of toks off endpoint i in the index.
+func (e *testEnv) remove(i int, toks []uint32) {
+	keys := kvindex.AppendBlockKeys(nil, kvindex.RootKey(testModel, "", ""), toks, e.s.cfg.BlockSize)
+	e.ix.Remove(e.rep(i).id, kvindex.TierGPU, keys)
+}
+
 func primary(d *Decision) string { return d.Endpoints[0].Addr }
 
 // admitPick admits and picks as the ext_proc server does.

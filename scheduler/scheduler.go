@@ -96,10 +96,19 @@ type snapshot struct {
 	maxID  int
 }
 
+// Option changes how a Scheduler is built beyond its Config.
+type Option func(*Scheduler)
+
+// WithClock makes the scheduler read the time from now instead of
+// time.Now for its decisions, scrapes' staleness, breakers and routing
+// records: a replay on a simulated clock drives Pick and Headroom with it.
+// Admit's queue still waits in real time.
+func WithClock(now func() time.Time) Option { return func(s *Scheduler) { s.now = now } }
+
 // New builds a scheduler. ix may be nil when the policy never uses the
 // index (the precise policy then behaves as approximate); reg nil registers
 // nowhere; log nil logs nowhere.
-func New(cfg Config, ix *kvindex.Index, reg prometheus.Registerer, log *zap.Logger) (*Scheduler, error) {
+func New(cfg Config, ix *kvindex.Index, reg prometheus.Registerer, log *zap.Logger, opts ...Option) (*Scheduler, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -150,6 +159,9 @@ func New(cfg Config, ix *kvindex.Index, reg prometheus.Registerer, log *zap.Logg
 		approx:  approx,
 		sess:    sess,
 		tenants: label.NewSet(maxTenantSeries, otherTenant),
+	}
+	for _, o := range opts {
+		o(s)
 	}
 	s.scratch.New = func() any { return new(scratch) }
 	s.snap.Store(&snapshot{byAddr: map[string]*replica{}, byURL: map[string][]*replica{}, models: map[string][]*replica{}})

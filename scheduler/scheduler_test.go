@@ -483,6 +483,19 @@ func TestPreciseRouting(t *testing.T) {
 			e.store(2, prompt)
 			e.rep(2).inflight.Add(20)
 		}, -1, ReasonOverride},
+		{"engine queue loses affinity to the guard", func(e *testEnv) {
+			e.store(2, prompt)
+			e.setSignals(2, metrics.Signals{Engine: metrics.EngineVLLM, Running: 40, Waiting: 20})
+		}, -1, ReasonOverride},
+		{"a batch running without a queue keeps affinity", func(e *testEnv) {
+			// A batching engine serves its running requests in one step:
+			// 60 against 10 is no hot spot while nothing waits.
+			e.store(2, prompt)
+			for i := range 4 {
+				e.setSignals(i, metrics.Signals{Engine: metrics.EngineVLLM, Running: 10})
+			}
+			e.setSignals(2, metrics.Signals{Engine: metrics.EngineVLLM, Running: 60})
+		}, 2, ReasonPrefix},
 		{"moderately busy replica keeps affinity", func(e *testEnv) {
 			e.store(2, prompt)
 			e.rep(2).inflight.Add(4)
@@ -559,9 +572,10 @@ func TestSpeculativeCredit(t *testing.T) {
 	require.Equal(t, ReasonCold, d.Reason)
 }
 
-// The routing memory credits the replica a prefix went to beside what the
-// index shows: a longer match held elsewhere still wins, a shorter one does
-// not move the prefix.
+// The routing memory extends only the longest match the index shows: a
+// replica holding part of the prompt wins over the one the prompt went to
+// and that the index shows without it; a longer match held elsewhere wins
+// too; with the part gone again, the memory recalls its replica.
 func TestRecallBesideIndex(t *testing.T) {
 	e := newEnv(t, 4, nil)
 	e.freshAll()
@@ -579,8 +593,18 @@ func TestRecallBesideIndex(t *testing.T) {
 	e.store(others[0], prompt[:320]) // half the prompt elsewhere
 	d, err := e.s.admitPick(ctx, &Request{Model: testModel, Tokens: prompt})
 	require.NoError(t, err)
+	require.Equal(t, ReasonPrefix, d.Reason)
+	require.Equal(t, addr(others[0]), primary(d))
+	require.Equal(t, 320/16, d.PrefixBlocks)
+	d.Done(DoneInfo{Status: 200})
+
+	e.clock.Add(3 * *e.s.cfg.Prefix.SpeculativeTTL)
+	e.remove(others[0], prompt[:320])
+	e.freshAll()
+	d, err = e.s.admitPick(ctx, &Request{Model: testModel, Tokens: prompt})
+	require.NoError(t, err)
 	require.Equal(t, ReasonRecall, d.Reason)
-	require.Equal(t, primary(first), primary(d))
+	require.Contains(t, []string{primary(first), addr(others[0])}, primary(d))
 	require.Zero(t, d.PrefixBlocks)
 
 	e.clock.Add(3 * *e.s.cfg.Prefix.SpeculativeTTL)

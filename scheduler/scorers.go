@@ -121,13 +121,22 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 		// credited, so it recomputes the prefix rather than see the group
 		// copied by load onto another replica, where the copy would evict
 		// what that one holds: under cache pressure copies that chase each
-		// other cost more hits than the recomputation.
+		// other cost more hits than the recomputation. It extends only the
+		// longest match any candidate has (none at all: the index shows the
+		// prefix nowhere): a replica the index shows holding part of the
+		// prompt wins over one the memory recalls but the index shows
+		// without it, which would have to recompute the part held
+		// elsewhere, a copy made by routing there.
+		longest := 0
+		for i := range cands {
+			longest = max(longest, cands[i].prefixUnits)
+		}
 		sc.hashes = strideKeys(sc.hashes, sc.keys)
 		sc.hits, sc.seen = s.recall.match(sc.hashes, now, sc.hits[:0], sc.seen, func(i int) int { return strideBlocks(i, len(sc.keys)) })
 		for _, h := range sc.hits {
 			if j := candOf(byID, h.r); j > 0 {
 				c := &cands[j-1]
-				if u := h.n * bs; u > c.prefixUnits {
+				if u := h.n * bs; c.prefixUnits == longest && u > c.prefixUnits {
 					c.heldUnits = c.prefixUnits
 					c.prefixUnits = u
 					c.prefixShare = float64(u) / float64(n)
@@ -160,13 +169,13 @@ func (s *Scheduler) scoreAll(cands []cand, req *Request, adapter string, promptU
 		minMatch = *s.cfg.Prefix.MinMatchBytes
 	}
 	var meanLoad float64
-	minLoad := math.Inf(1)
+	minQueued := math.Inf(1)
 	for i := range cands {
 		c := &cands[i]
 		c.prefixOK = promptUnits > 0 && c.prefixUnits > 0 && c.prefixUnits >= minMatch &&
 			float64(c.prefixUnits) >= *s.cfg.Prefix.MatchRatio*float64(promptUnits)
 		meanLoad += c.load
-		minLoad = min(minLoad, c.load)
+		minQueued = min(minQueued, c.queued)
 	}
 	meanLoad /= float64(len(cands))
 	balanceAbs, balanceRel := *s.cfg.Prefix.BalanceAbs, s.cfg.Prefix.BalanceRel
@@ -179,7 +188,7 @@ func (s *Scheduler) scoreAll(cands []cand, req *Request, adapter string, promptU
 	}
 	for i := range cands {
 		c := &cands[i]
-		if c.prefixOK && guardTrips(c.load, minLoad, balanceAbs, balanceRel) {
+		if c.prefixOK && guardTrips(c.queued, minQueued, balanceAbs, balanceRel) {
 			c.prefixOK, override = false, true
 		}
 		c.prefixScore = prefixScorer(c)

@@ -44,6 +44,21 @@ type fleetResult struct {
 	failed         bool
 }
 
+// nextUpdate reads ch's next update: waiting for it when wait (an
+// aborted request's final update follows at once), else only when one is
+// there.
+func nextUpdate(ch <-chan engine.Update, wait bool) (engine.Update, bool) {
+	if wait {
+		return <-ch, true
+	}
+	select {
+	case u := <-ch:
+		return u, true
+	default:
+		return engine.Update{}, false
+	}
+}
+
 // replayPublished replays the llmd-73 preset at scale k straight on its
 // simulated engines, without the EPP, the gateway or HTTP: 8 engines with
 // fake clocks, each request sent to route(group, arrival index), the
@@ -143,17 +158,10 @@ func replayPublished(tb testing.TB, k float64, route func(g, n int) int) (StageS
 					l.cancel() // the abort's final update follows at once
 				}
 				done := false
-				for drained := false; !drained && !done; {
-					var u engine.Update
-					if timedOut {
-						u = <-l.ch
-					} else {
-						select {
-						case u = <-l.ch:
-						default:
-							drained = true
-							continue
-						}
+				for !done {
+					u, ok := nextUpdate(l.ch, timedOut)
+					if !ok {
+						break
 					}
 					if u.Generated > 0 && l.res.first < 0 {
 						l.res.first = now
