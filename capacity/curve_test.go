@@ -41,49 +41,100 @@ func TestHistogramWithin(t *testing.T) {
 	require.Equal(t, 1.0, (&Histogram{}).Within(testITLBounds, 0.01), "an empty histogram breaks nothing")
 }
 
-func TestCurveAt(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		curve   Curve
-		running float64
-		tps     float64
-		limit   string
-		err     bool
-	}{
-		{"itl breaks between two bins", testCurve(testBin(10, 0.99, 1, 100, 500), testBin(20, 0.97, 1, 180, 500), testBin(30, 0.93, 1, 240, 500)),
-			25, 210, LimitITL, false},
-		{"ttft breaks first", testCurve(testBin(10, 0.99, 0.99, 100, 500), testBin(20, 0.99, 0.90, 180, 500)),
-			10 + 10*0.04/0.09, 100 + 80*0.04/0.09, LimitTTFT, false},
-		{"never breaks: stops at the largest measured batch", testCurve(testBin(4, 1, 1, 50, 500), testBin(8, 0.99, 1, 90, 500)),
-			8, 90, LimitMeasured, false},
-		{"first bin breaks: nothing to sell", testCurve(testBin(4, 0.5, 1, 50, 500), testBin(8, 0.4, 1, 90, 500)),
-			0, 0, LimitITL, false},
-		{"a noisy good bin past a bad one does not raise capacity", testCurve(testBin(10, 0.99, 1, 100, 500), testBin(20, 0.90, 1, 180, 500), testBin(30, 0.99, 1, 240, 100)),
-			0, 0, LimitITL, false},
-		{"bins with too few samples are not read", testCurve(testBin(10, 0.99, 1, 100, MinSamples-1)), 0, 0, "", true},
-		{"no bins", testCurve(), 0, 0, "", true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			at, err := tc.curve.At(testObjectives)
-			if tc.err {
-				require.ErrorIs(t, err, ErrNoData)
-				return
-			}
-			require.NoError(t, err)
-			require.Equal(t, tc.limit, at.Limit)
-			if tc.name == "a noisy good bin past a bad one does not raise capacity" {
-				// Pooled with the noisy bin, the 20-bin still breaks; the
-				// crossing stays between 10 and 20.
-				require.Greater(t, at.Running, 10.0)
-				require.Less(t, at.Running, 20.0)
-				return
-			}
-			require.InDelta(t, tc.running, at.Running, 1e-9)
-			require.InDelta(t, tc.tps, at.OutputTokensPerSec, 1e-9)
-		})
+// linearCurve has one bin per batch size 1..n whose ITL share within the
+// objective falls linearly from 1 to 0.95 at cross, and whose TTFT share
+// is ttft(k).
+func linearCurve(n int, cross float64, ttft func(k float64) float64) Curve {
+	c := testCurve()
+	for k := 1; k <= n; k++ {
+		kf := float64(k)
+		itl := 1 - 0.05*kf/cross
+		c.Bins = append(c.Bins, testBin(kf, max(itl, 0), ttft(kf), 10*kf, 1000))
 	}
-	_, err := testCurve(testBin(1, 1, 1, 1, 500)).At(Objectives{TTFT: time.Second, ITL: time.Second})
-	require.ErrorContains(t, err, "quantile")
+	return c
+}
+
+// mixture is the definition At implements, written out directly: the
+// Poisson(m) mixture of f, weighted by batch size when byBatch.
+func mixture(m float64, f func(k float64) float64, byBatch bool) float64 {
+	var num, den float64
+	for k := 0; k < 400; k++ {
+		lg, _ := math.Lgamma(float64(k) + 1)
+		p := math.Exp(float64(k)*math.Log(m) - m - lg)
+		w := p
+		if byBatch {
+			w *= float64(k)
+		}
+		num += w * f(float64(k))
+		den += w
+	}
+	return num / den
+}
+
+func TestCurveAt(t *testing.T) {
+	one := func(float64) float64 { return 1 }
+	t.Run("itl: the Poisson mixture reaches the quantile", func(t *testing.T) {
+		c := linearCurve(60, 25, one)
+		at, err := c.At(testObjectives)
+		require.NoError(t, err)
+		require.Equal(t, LimitITL, at.Limit)
+		f := func(k float64) float64 { return math.Max(1-0.05*max(k, 1)/25, 0) }
+		require.InDelta(t, 0.95, mixture(at.Running, f, true), 2e-3)
+		require.Less(t, mixture(at.Running+0.5, f, true), 0.95)
+		// The spread of the batch costs capacity: the mean is below the
+		// batch size whose own share is at the quantile.
+		require.Less(t, at.Running, 25.0)
+		require.Greater(t, at.Running, 15.0)
+		require.InDelta(t, 10*at.Running, at.OutputTokensPerSec, 1e-6)
+	})
+	t.Run("ttft breaks first", func(t *testing.T) {
+		ttft := func(k float64) float64 { return math.Max(1-0.05*k/10, 0) }
+		at, err := linearCurve(60, 25, ttft).At(testObjectives)
+		require.NoError(t, err)
+		require.Equal(t, LimitTTFT, at.Limit)
+		require.InDelta(t, 0.95, mixture(at.Running, ttft, false), 2e-3)
+	})
+	t.Run("never breaks: stops where unmeasured sizes would matter", func(t *testing.T) {
+		at, err := linearCurve(16, 1000, one).At(testObjectives)
+		require.NoError(t, err)
+		require.Equal(t, LimitMeasured, at.Limit)
+		beyond := func(k float64) float64 { return b2f(k <= 16) }
+		require.InDelta(t, 0.95, mixture(at.Running, beyond, true), 2e-3)
+		require.Less(t, at.Running, 16.0)
+	})
+	t.Run("first bin breaks: nothing to sell", func(t *testing.T) {
+		at, err := testCurve(testBin(4, 0.5, 1, 50, 500), testBin(8, 0.4, 1, 90, 500)).At(testObjectives)
+		require.NoError(t, err)
+		require.Zero(t, at.Running)
+		require.Zero(t, at.OutputTokensPerSec)
+		require.Equal(t, LimitITL, at.Limit)
+	})
+	t.Run("a noisy good bin past bad ones does not raise capacity", func(t *testing.T) {
+		c := linearCurve(20, 8, one)
+		base, err := c.At(testObjectives)
+		require.NoError(t, err)
+		c.Bins = append(c.Bins, testBin(30, 1, 1, 300, 100))
+		noisy, err := c.At(testObjectives)
+		require.NoError(t, err)
+		require.InDelta(t, base.Running, noisy.Running, 0.05*base.Running)
+	})
+	t.Run("bins with too few samples are not read", func(t *testing.T) {
+		_, err := testCurve(testBin(10, 0.99, 1, 100, MinSamples-1)).At(testObjectives)
+		require.ErrorIs(t, err, ErrNoData)
+		_, err = testCurve().At(testObjectives)
+		require.ErrorIs(t, err, ErrNoData)
+	})
+	t.Run("bad quantile", func(t *testing.T) {
+		_, err := testCurve(testBin(1, 1, 1, 1, 500)).At(Objectives{TTFT: time.Second, ITL: time.Second})
+		require.ErrorContains(t, err, "quantile")
+	})
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func TestLearner(t *testing.T) {
@@ -126,9 +177,6 @@ func TestMergeAndPool(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, m.Bins, 3)
 	require.Equal(t, 0.97*500, m.Bins[1].ITL.Counts[1], "a bin live has too little of is the calibration's")
-	at, err := m.At(testObjectives)
-	require.NoError(t, err)
-	require.InDelta(t, 25, at.Running, 1e-9)
 
 	_, err = live.Merge(Curve{ITLBounds: []float64{1, 2, 3}, TTFTBounds: testTTFTBounds, Bins: cal.Bins})
 	require.Error(t, err)

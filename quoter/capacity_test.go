@@ -29,43 +29,48 @@ func curve(bins ...capacity.Bin) capacity.Curve {
 
 func TestComputeHeadroom(t *testing.T) {
 	obj := capacity.Objectives{TTFT: 2 * time.Second, ITL: 50 * time.Millisecond, Quantile: 0.95}
-	// Capacity 25 running requests at 210 tokens/s per replica.
-	full := curve(curveBin(10, 0.99, 1, 100), curveBin(20, 0.97, 1, 180), curveBin(30, 0.93, 1, 240))
+	// Within the objectives up to about 25 running requests.
+	full := curve(curveBin(4, 1, 1, 40), curveBin(10, 0.99, 1, 100), curveBin(20, 0.97, 1, 180), curveBin(30, 0.93, 1, 240),
+		curveBin(40, 0.8, 1, 280))
+	at, err := full.At(obj)
+	require.NoError(t, err)
+	require.Greater(t, at.Running, 10.0)
+	c, v := at.Running, at.OutputTokensPerSec
 	cal := &capacity.Calibration{Curve: full}
 	rep := func(healthy bool, running, waiting, inflight int, tps float64, c capacity.Curve) capacity.Replica {
 		return capacity.Replica{Addr: "r", Healthy: healthy, Running: running, Waiting: waiting, InFlight: inflight,
 			OutputTokensPerSec: tps, MaxRunning: 256, Curve: c}
 	}
+	h := func(conc, tps float64) Headroom {
+		return Headroom{Concurrency: uint32(math.Floor(conc)), TokensPerSec: uint64(math.Floor(tps))}
+	}
+	small := curve(curveBin(8, 1, 1, 80), curveBin(16, 1, 1, 160))
+	atSmall, err := small.At(obj)
+	require.NoError(t, err)
+	require.Equal(t, capacity.LimitMeasured, atSmall.Limit)
 	for _, tc := range []struct {
 		name string
 		reps []capacity.Replica
 		cal  *capacity.Calibration
 		want Headroom
 	}{
-		{"idle, live curves", []capacity.Replica{rep(true, 0, 0, 0, 0, full), rep(true, 0, 0, 0, 0, full)}, nil,
-			Headroom{Concurrency: 50, TokensPerSec: 420}},
-		{"idle, calibration only", []capacity.Replica{rep(true, 0, 0, 0, 0, capacity.Curve{})}, cal,
-			Headroom{Concurrency: 25, TokensPerSec: 210}},
+		{"idle, live curves", []capacity.Replica{rep(true, 0, 0, 0, 0, full), rep(true, 0, 0, 0, 0, full)}, nil, h(2*c, 2*v)},
+		{"idle, calibration only", []capacity.Replica{rep(true, 0, 0, 0, 0, capacity.Curve{})}, cal, h(c, v)},
 		{"nothing measured, no calibration: nothing sold", []capacity.Replica{rep(true, 0, 0, 0, 0, capacity.Curve{})}, nil, Headroom{}},
-		{"capacity below the load", []capacity.Replica{rep(true, 30, 0, 0, 250, full)}, nil, Headroom{}},
-		{"live curve never broke: sold up to the largest batch measured", []capacity.Replica{rep(true, 0, 0, 0, 0, curve(curveBin(8, 1, 1, 90)))}, nil,
-			Headroom{Concurrency: 8, TokensPerSec: 90}},
-		{"half loaded", []capacity.Replica{rep(true, 12, 1, 5, 120, full)}, nil,
-			// 25-13 = 12 slots; min(210-120, 210*12/25) = 90.
-			Headroom{Concurrency: 12, TokensPerSec: 90}},
-		{"in flight beyond the engine's view", []capacity.Replica{rep(true, 2, 0, 20, 30, full)}, nil,
-			Headroom{Concurrency: 5, TokensPerSec: 42}},
+		{"live curve never broke: sold below the largest batch measured", []capacity.Replica{rep(true, 0, 0, 0, 0, small)}, nil,
+			h(atSmall.Running, atSmall.OutputTokensPerSec)},
+		{"half loaded", []capacity.Replica{rep(true, 6, 1, 3, 60, full)}, nil, h(c-7, min(v-60, v*(c-7)/c))},
+		{"in flight beyond the engine's view", []capacity.Replica{rep(true, 2, 0, 9, 20, full)}, nil, h(c-9, min(v-20, v*(c-9)/c))},
 		{"overloaded clamps at zero", []capacity.Replica{rep(true, 30, 4, 0, 260, full)}, nil, Headroom{}},
-		{"unhealthy replica contributes nothing", []capacity.Replica{rep(true, 0, 0, 0, 0, full), rep(false, 0, 0, 0, 0, full)}, cal,
-			Headroom{Concurrency: 25, TokensPerSec: 210}},
-		{"capped at max_running", []capacity.Replica{{Healthy: true, MaxRunning: 10, Curve: curve(curveBin(8, 1, 1, 80), curveBin(16, 1, 1, 160))}}, nil,
-			Headroom{Concurrency: 10, TokensPerSec: 100}},
-		{"negative and NaN counts", []capacity.Replica{rep(true, -3, 0, 0, math.NaN(), full)}, nil,
-			Headroom{Concurrency: 25, TokensPerSec: 210}},
+		{"capacity below the load", []capacity.Replica{rep(true, 0, 0, 40, 0, full)}, nil, Headroom{}},
+		{"unhealthy replica contributes nothing", []capacity.Replica{rep(true, 0, 0, 0, 0, full), rep(false, 0, 0, 0, 0, full)}, cal, h(c, v)},
+		{"capped at max_running", []capacity.Replica{{Healthy: true, MaxRunning: 5, Curve: full}}, nil, h(5, v*5/c)},
+		{"negative and NaN counts", []capacity.Replica{rep(true, -3, 0, 0, math.NaN(), full)}, nil, h(c, v)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h, a := ComputeHeadroom(capacity.Model{ReplicaCapacity: tc.reps}, tc.cal, obj)
-			require.Equal(t, tc.want, h)
+			got, a := ComputeHeadroom(capacity.Model{ReplicaCapacity: tc.reps}, tc.cal, obj)
+			require.Equal(t, tc.want.Concurrency, got.Concurrency)
+			require.InDelta(t, float64(tc.want.TokensPerSec), float64(got.TokensPerSec), 1)
 			require.Len(t, a.Replicas, len(tc.reps))
 		})
 	}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -48,9 +49,10 @@ func (e *fakeEPP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				OutputTokensPerSec: 100, MaxRunning: 256, Curve: testCurve}}}}})
 }
 
-// testCurve holds 25 running requests within the default objectives, at
-// 210 output tokens/s.
-var testCurve = curve(curveBin(10, 0.99, 1, 100), curveBin(20, 0.97, 1, 180), curveBin(30, 0.93, 1, 240))
+// testCurve holds about 20 running requests within the default
+// objectives.
+var testCurve = curve(curveBin(4, 1, 1, 40), curveBin(10, 0.99, 1, 100), curveBin(20, 0.97, 1, 180), curveBin(30, 0.93, 1, 240),
+	curveBin(40, 0.8, 1, 280))
 
 func startEPP(t *testing.T) (*fakeEPP, string) {
 	e := &fakeEPP{}
@@ -211,8 +213,13 @@ func TestBreakerAgainstSimulator(t *testing.T) {
 		_, err = Verify(served, VerifyOptions{Signer: crypto.PubkeyToAddress(key.PublicKey), ChainID: big.NewInt(8453)})
 		return err == nil
 	}, 5*time.Second, 20*time.Millisecond, "no valid quote served: %s", body)
-	require.Equal(t, "23", served.Message.HeadroomConcurrency)  // 25 within the objectives - 2 running
-	require.Equal(t, "110", served.Message.HeadroomTokensPerSec) // 210 within the objectives - 100 now
+	at, err := testCurve.Clone().At(Config{}.WithDefaults().objectives())
+	require.NoError(t, err)
+	// What the curve holds within the objectives minus the 2 running and
+	// the 100 tokens/s the snapshot shows.
+	require.Equal(t, strconv.Itoa(int(at.Running-2)), served.Message.HeadroomConcurrency)
+	require.Equal(t, strconv.Itoa(int(min(at.OutputTokensPerSec-100, at.OutputTokensPerSec*(at.Running-2)/at.Running))),
+		served.Message.HeadroomTokensPerSec)
 	require.Equal(t, EndpointHash(env.servingURL).Hex(), served.Message.EndpointHash)
 	require.Equal(t, "210000", served.Message.InputPricePerMTok)
 	// The live exposition carries what the dashboards and alerts use.

@@ -22,6 +22,7 @@ func runCapacity(args []string) error {
 	fs.DurationVar(&o.StageDuration, "stage", 40*time.Second, "length of each measured step, model time")
 	fs.Float64Var(&o.StartQPS, "start-qps", 2, "first rate of the ladder (model time); it doubles until an objective breaks")
 	fs.IntVar(&o.Refine, "refine", 3, "bisection steps at the edge")
+	fs.BoolVar(&o.SkipCalibration, "skip-calibration", false, "do not run quoter calibrate first")
 	jsonOut := fs.String("json", "", "write the report as JSON to this file")
 	logLevel := fs.String("log-level", "warn", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
