@@ -6,6 +6,8 @@ import (
 	"math"
 	"sort"
 	"time"
+
+	"github.com/omnious/provider-node/internal/isotonic"
 )
 
 // Histogram is a cumulative latency histogram on the curve's shared
@@ -290,8 +292,8 @@ func (c Curve) At(o Objectives) (AtObjectives, error) {
 		itl[i], wi[i] = b.ITL.Within(c.ITLBounds, o.ITL.Seconds()), b.ITL.Count
 		ttft[i], wt[i] = b.TTFT.Within(c.TTFTBounds, o.TTFT.Seconds()), b.TTFT.Count
 	}
-	nonIncreasing(itl, wi)
-	nonIncreasing(ttft, wt)
+	isotonic.NonIncreasing(itl, wi)
+	isotonic.NonIncreasing(ttft, wt)
 	maxMeasured := x[n-1]
 	out := AtObjectives{MaxMeasured: maxMeasured}
 	// share(k) of a curve at batch size k; beyond the last bin it is
@@ -395,34 +397,6 @@ func interpolate(bins []*Bin, running float64, v func(*Bin) float64) float64 {
 		}
 	}
 	return v(bins[len(bins)-1])
-}
-
-// nonIncreasing replaces v by its weighted least-squares non-increasing
-// fit (pool adjacent violators).
-func nonIncreasing(v, w []float64) {
-	type block struct {
-		sum, w float64
-		n      int
-	}
-	var st []block
-	for i := range v {
-		wi := math.Max(w[i], 1e-9)
-		st = append(st, block{v[i] * wi, wi, 1})
-		for len(st) > 1 {
-			a, b := st[len(st)-2], st[len(st)-1]
-			if a.sum/a.w >= b.sum/b.w {
-				break
-			}
-			st = append(st[:len(st)-2], block{a.sum + b.sum, a.w + b.w, a.n + b.n})
-		}
-	}
-	i := 0
-	for _, b := range st {
-		for range b.n {
-			v[i] = b.sum / b.w
-			i++
-		}
-	}
 }
 
 // Merge returns c with o's bins added where c has too few observations of

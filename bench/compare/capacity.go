@@ -9,7 +9,9 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 
 	"github.com/omnious/provider-node/bench/internal/stat"
 	"github.com/omnious/provider-node/capacity"
+	"github.com/omnious/provider-node/internal/isotonic"
 	"github.com/omnious/provider-node/quoter"
 	"github.com/omnious/provider-node/quoter/calibration"
 )
@@ -68,6 +71,12 @@ type CapacityQuote struct {
 	Concurrency float64 `json:"concurrency"`
 	// Replicas is how many replicas the quote counted capacity for.
 	Replicas int `json:"replicas"`
+	// CapacityTokensPerS and CapacityRunning are the pool's capacity the
+	// headroom was taken from, BusyTokensPerS and Busy its load then.
+	CapacityTokensPerS float64 `json:"capacity_tokens_per_s"`
+	CapacityRunning    float64 `json:"capacity_running"`
+	BusyTokensPerS     float64 `json:"busy_tokens_per_s"`
+	Busy               int     `json:"busy"`
 }
 
 // CapacityReport is the proof's result.
@@ -120,7 +129,7 @@ type capacityRun struct {
 	c      *client
 	q      *quoter.Service
 	log    *zap.Logger
-	seed   int64
+	seed   atomic.Int64
 	rep    *CapacityReport
 	outLen int
 }
@@ -144,7 +153,7 @@ func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error
 		dir = d
 	}
 	sp := o.Base.Workload.SharedPrefix
-	r := &capacityRun{o: o, log: log, seed: o.Base.Seed, outLen: sp.OutputLen,
+	r := &capacityRun{o: o, log: log, outLen: sp.OutputLen,
 		rep: &CapacityReport{Scenario: o.Base.Scenario, Replicas: o.Base.Fleet.Replicas,
 			Objectives: capacity.ObjectivesJSON{TTFTSeconds: o.Objectives.TTFT.Seconds(), ITLSeconds: o.Objectives.ITL.Seconds(),
 				Quantile: o.Objectives.Quantile}}}
@@ -153,6 +162,7 @@ func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error
 		return nil, fmt.Errorf("cannot start fleet: %w", err)
 	}
 	defer func() { _ = f.Stop() }()
+	r.seed.Store(o.Base.Seed)
 	r.f = f
 	target, err := EPPLauncher(log, ExternalOptions{})(ctx, "precise", f.Endpoints())
 	if err != nil {
@@ -289,14 +299,19 @@ func (r *capacityRun) quote(ctx context.Context, label string) (CapacityQuote, e
 	}
 	tps, _ := strconv.ParseFloat(sq.Message.HeadroomTokensPerSec, 64)
 	conc, _ := strconv.ParseFloat(sq.Message.HeadroomConcurrency, 64)
-	q := CapacityQuote{Label: label, TokensPerS: tps / max(r.o.Base.Fleet.TimeScale, 1), Concurrency: conc}
-	for _, ra := range r.q.LastAssessment().Replicas {
+	ts := max(r.o.Base.Fleet.TimeScale, 1)
+	a := r.q.LastAssessment()
+	q := CapacityQuote{Label: label, TokensPerS: tps / ts, Concurrency: conc, CapacityTokensPerS: a.OutputTokensPerSec / ts,
+		CapacityRunning: a.Running, BusyTokensPerS: a.BusyTokensPerSec / ts, Busy: a.Busy}
+	for _, ra := range a.Replicas {
 		if ra.Capacity.Running > 0 {
 			q.Replicas++
 		}
 	}
 	r.rep.Quotes = append(r.rep.Quotes, q)
-	r.log.Info("quote", zap.String("label", label), zap.Float64("tokens_per_s", q.TokensPerS), zap.Float64("concurrency", conc))
+	r.log.Info("quote", zap.String("label", label), zap.Float64("tokens_per_s", q.TokensPerS), zap.Float64("concurrency", conc),
+		zap.Float64("capacity_tokens_per_s", q.CapacityTokensPerS), zap.Float64("capacity_running", q.CapacityRunning),
+		zap.Float64("busy_tokens_per_s", q.BusyTokensPerS), zap.Int("busy", q.Busy))
 	return q, nil
 }
 
@@ -336,9 +351,47 @@ func (r *capacityRun) ladder(ctx context.Context) error {
 			hi = st
 		}
 	}
-	r.rep.True = lo
+	r.rep.True = r.edge(lo)
 	return ctx.Err()
 }
+
+// edge estimates where the objectives stop holding from every ladder step,
+// not only the two either side of it: a step's p95s are noisy, so its
+// load (p95 over objective, the worse of the two) is fitted non-decreasing
+// in QPS (pool adjacent violators) and the rate where the fit crosses 1
+// is interpolated between its neighbours, as are tokens/s and concurrency.
+// Without a crossing it is the highest step within the objectives.
+func (r *capacityRun) edge(lo CapacityStep) CapacityStep {
+	steps := append([]CapacityStep(nil), r.rep.Ladder...)
+	sort.Slice(steps, func(i, j int) bool { return steps[i].QPS < steps[j].QPS })
+	load := make([]float64, len(steps))
+	w := make([]float64, len(steps))
+	for i, s := range steps {
+		load[i] = max(s.TTFTP95ms/msOf(r.o.Objectives.TTFT), s.ITLP95ms/msOf(r.o.Objectives.ITL))
+		if s.Errors > 0 || math.IsNaN(load[i]) {
+			load[i] = 1e9 // an errored step is past any objective
+		}
+		w[i] = float64(max(s.Requests, 1))
+	}
+	isotonic.NonDecreasing(load, w)
+	for i := 1; i < len(steps); i++ {
+		if load[i-1] <= 1 && load[i] > 1 {
+			a, b := steps[i-1], steps[i]
+			x := 0.0
+			if load[i] < 1e9 {
+				x = (1 - load[i-1]) / (load[i] - load[i-1])
+			}
+			at := func(u, v float64) float64 { return u + x*(v-u) }
+			return CapacityStep{Label: "true capacity (fit)", QPS: at(a.QPS, b.QPS), OutputTokPS: at(a.OutputTokPS, b.OutputTokPS),
+				Concurrency: at(a.Concurrency, b.Concurrency), TTFTP95ms: at(a.TTFTP95ms, b.TTFTP95ms), ITLP95ms: at(a.ITLP95ms, b.ITLP95ms),
+				Requests: a.Requests, Within: true}
+		}
+	}
+	lo.Label = "true capacity"
+	return lo
+}
+
+func msOf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 func (r *capacityRun) step(ctx context.Context, label string, qps float64, stream int) CapacityStep {
 	return r.stepFor(ctx, label, qps, r.o.StageDuration, stream)
@@ -347,9 +400,12 @@ func (r *capacityRun) step(ctx context.Context, label string, qps float64, strea
 // stepFor offers qps (model time) for d (model time) and measures the
 // requests that arrived after the first fifth, when queues have formed.
 func (r *capacityRun) stepFor(ctx context.Context, label string, qps float64, d time.Duration, stream int) CapacityStep {
-	r.seed++
 	o := r.o.Base
-	o.Seed = r.seed*7919 + int64(stream)
+	// Every step sends the same prompts (one content seed), so the fleet's
+	// caches are in the steady state the ladder measured, whatever stream
+	// or step a request belongs to; arrivals and choices differ.
+	o.Workload.SharedPrefix.ContentSeed = r.o.Base.Seed + 1
+	o.Seed = r.seed.Add(1)*7919 + int64(stream)
 	o.Workload.SharedPrefix.QPS = []float64{qps}
 	o.Workload.SharedPrefix.StageDuration = d
 	o.Workload.SharedPrefix.StageDurations = nil
@@ -513,16 +569,15 @@ func (r *CapacityReport) WriteTable(w io.Writer) error {
 	for _, s := range r.Ladder {
 		row(s)
 	}
-	t := r.True
-	t.Label = "true capacity"
-	row(t)
+	row(r.True)
 	row(r.HalfLoad)
 	for _, s := range r.Checks {
 		row(s)
 	}
-	fmt.Fprintln(tw, "quote\ttok/s\tconcurrency\treplicas\t")
+	fmt.Fprintln(tw, "quote\ttok/s\tconcurrency\treplicas\tcapacity tok/s\tcapacity running\tbusy tok/s\tbusy\t")
 	for _, q := range r.Quotes {
-		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%d\t\n", q.Label, q.TokensPerS, q.Concurrency, q.Replicas)
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%d\t%.0f\t%.1f\t%.0f\t%d\t\n", q.Label, q.TokensPerS, q.Concurrency, q.Replicas,
+			q.CapacityTokensPerS, q.CapacityRunning, q.BusyTokensPerS, q.Busy)
 	}
 	v := r.Verdicts()
 	fmt.Fprintln(tw, "verdict\tvalue\ttarget\t")

@@ -152,6 +152,10 @@ type SharedPrefixOptions struct {
 	// (group g with weight 1/(g+1)^GroupSkew); 0 (default) draws them
 	// uniformly. Ignored with Cycle.
 	GroupSkew float64
+	// ContentSeed, when set, seeds the prompts' words apart from the
+	// arrivals and choices (Options.Seed), so differently seeded streams
+	// send the same prompts. Default 0: Options.Seed seeds both.
+	ContentSeed int64
 	// Cycle sends the groups' prompts in one shuffled order, over and over,
 	// as inference-perf's shared_prefix data does; false (default) draws
 	// each request's group and prompt at random.

@@ -388,9 +388,13 @@ func sharedPrefix(o Options) *Workload {
 		stages[i].Warmup = true
 	}
 	rng := rand.New(rand.NewPCG(uint64(o.Seed), 0x707265666978))
+	content := o.Seed
+	if sp.ContentSeed != 0 {
+		content = sp.ContentSeed
+	}
 	systems := make([]string, sp.NumGroups)
 	for g := range systems {
-		systems[g] = words(o.Seed, "system", g, 0, sp.SystemPromptLen)
+		systems[g] = words(content, "system", g, 0, sp.SystemPromptLen)
 	}
 	w := &Workload{Name: fmt.Sprintf("shared prefix: %d groups x %d prompts, %d+%d tokens, %d out",
 		sp.NumGroups, sp.PromptsPerGroup, sp.SystemPromptLen, sp.QuestionLen, sp.OutputLen), Stages: stages,
@@ -432,7 +436,7 @@ func sharedPrefix(o Options) *Workload {
 			}
 			n++
 			w.Requests = append(w.Requests, Request{At: t, Stage: s, MaxTokens: sp.OutputLen,
-				Text: systems[g] + words(o.Seed, "question", g, p, sp.QuestionLen)})
+				Text: systems[g] + words(content, "question", g, p, sp.QuestionLen)})
 			w.pieces = append(w.pieces, []piece{{key: uint64(g) << 1, n: sp.SystemPromptLen},
 				{key: uint64(g)<<32 | uint64(p)<<1 | 1, n: sp.QuestionLen}})
 			n := int64(sp.SystemPromptLen + sp.QuestionLen)
