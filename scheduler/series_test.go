@@ -15,7 +15,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -49,34 +48,12 @@ const (
 
 func ladderFile(flavour string) string { return "../capacity/testdata/" + flavour + "-ladder.txt.gz" }
 
-// modelClock is the engine's clock in model time: SleepUntil jumps.
-type modelClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *modelClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *modelClock) SleepUntil(_ context.Context, t time.Time) { c.set(t) }
-
-func (c *modelClock) set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if t.After(c.t) {
-		c.t = t
-	}
-}
-
 // recordLadder runs the default engine of flavour (the simulator's
 // Qwen3-32B on 2xH100 calibration) through the ladder in model time and
 // returns every scrape of its /metrics handler (the one the simulator's
 // server mounts) in the recording format.
 func recordLadder(t *testing.T, flavour string) []byte {
-	clock := &modelClock{t: time.Unix(1_800_000_000, 0)}
+	clock := newFakeClock() // as the engine's clock: model time
 	e, err := engine.New(engine.Config{Flavour: flavour}, nil, nil, engine.WithClock(clock))
 	require.NoError(t, err)
 	handler := promhttp.HandlerFor(e.Registry(), promhttp.HandlerOpts{})
@@ -96,20 +73,19 @@ func recordLadder(t *testing.T, flavour string) []byte {
 	for i := range output {
 		output[i] = uint32(1000 + i)
 	}
-	submit := func(out int) <-chan engine.Update {
+	submit := func(n int) <-chan engine.Update {
 		prompt := make([]uint32, ladderPrompt)
 		for i := range prompt {
 			prompt[i] = rng.Uint32N(150_000)
 		}
-		ch, err := e.Submit(context.Background(), &engine.Request{ID: "r", Prompt: prompt, Output: output[:out]})
+		ch, err := e.Submit(context.Background(), &engine.Request{ID: "r", Prompt: prompt, Output: output[:n]})
 		require.NoError(t, err)
 		return ch
 	}
 	var clients []<-chan engine.Update
 	start := clock.Now()
-	nextScrape := start
 	scrape()
-	nextScrape = nextScrape.Add(ladderScrape)
+	nextScrape := start.Add(ladderScrape)
 	for li, level := range ladderLevels {
 		// New clients start with a random output length so that they
 		// do not finish in lockstep.
@@ -138,8 +114,8 @@ func recordLadder(t *testing.T, flavour string) []byte {
 					}
 				}
 			}
-			// A scrape lands between steps, as a real one lands somewhere
-			// in a step: a request just resubmitted shows as waiting.
+			// Scrapes land between steps, after the clients whose request
+			// finished have sent the next one: it shows as waiting.
 			if !clock.Now().Before(nextScrape) {
 				scrape()
 				nextScrape = nextScrape.Add(ladderScrape)
