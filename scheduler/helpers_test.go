@@ -37,6 +37,18 @@ func (c *fakeClock) Add(d time.Duration) {
 	c.mu.Unlock()
 }
 
+// set moves the clock forward to t (never back).
+func (c *fakeClock) set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if t.After(c.t) {
+		c.t = t
+	}
+}
+
+// SleepUntil makes the clock an engine simulator's clock: sleeping jumps.
+func (c *fakeClock) SleepUntil(_ context.Context, t time.Time) { c.set(t) }
+
 type testEnv struct {
 	s     *Scheduler
 	ix    *kvindex.Index

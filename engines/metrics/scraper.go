@@ -194,7 +194,7 @@ func (s *Scraper) scrape(ctx context.Context, t *target) {
 	} else {
 		next.Signals, next.At = sig, now
 		if prev != nil && !prev.At.IsZero() {
-			setRates(next, prev)
+			next.DeriveFrom(prev)
 		}
 	}
 	t.last, t.busy = next, false
@@ -208,9 +208,14 @@ func (s *Scraper) scrape(ctx context.Context, t *target) {
 	}
 }
 
-// setRates derives per-second rates from two good samples. A counter that
-// went down (engine restart) yields 0 for the window.
-func setRates(next, prev *Sample) {
+// DeriveFrom sets next's rates and Window from prev, the previous good
+// sample of the same target (both with Signals and At set), as the scraper
+// does after every good scrape; a replay of recorded expositions calls it
+// to build the same windows. A counter that went down (engine restart)
+// yields 0 for the window, and histograms that went down or changed
+// buckets leave the Window empty. It must be called before next is
+// published.
+func (next *Sample) DeriveFrom(prev *Sample) {
 	dt := next.At.Sub(prev.At).Seconds()
 	if dt <= 0 {
 		return

@@ -1,0 +1,303 @@
+package scheduler
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omnious/provider-node/capacity"
+	"github.com/omnious/provider-node/engines/metrics"
+	"github.com/omnious/provider-node/engines/sim/engine"
+)
+
+// updateSeries re-records the ladder expositions from the engine simulator:
+//
+//	go test ./scheduler/ -run TestRecordedSeries -update
+var updateSeries = flag.Bool("update", false, "re-record ../capacity/testdata/*-ladder.txt.gz from the engine simulator")
+
+// The recorded ladder: closed-loop clients at each level for ladderHold of
+// model time, unique ladderPrompt-token prompts for ladderOutput tokens,
+// the engine's /metrics read every ladderScrape.
+var ladderLevels = []int{1, 2, 4, 8, 16, 32, 64}
+
+const (
+	ladderHold   = 60 * time.Second
+	ladderScrape = 2 * time.Second
+	ladderPrompt = 1000
+	ladderOutput = 100
+	// atPrefix starts the line before each exposition: the model time of
+	// the scrape as Unix nanoseconds.
+	atPrefix = "# AT "
+)
+
+func ladderFile(flavour string) string { return "../capacity/testdata/" + flavour + "-ladder.txt.gz" }
+
+// recordLadder runs the default engine of flavour (the simulator's
+// Qwen3-32B on 2xH100 calibration) through the ladder in model time and
+// returns every scrape of its /metrics handler (the one the simulator's
+// server mounts) in the recording format.
+func recordLadder(t *testing.T, flavour string) []byte {
+	clock := newFakeClock() // as the engine's clock: model time
+	e, err := engine.New(engine.Config{Flavour: flavour}, nil, nil, engine.WithClock(clock))
+	require.NoError(t, err)
+	handler := promhttp.HandlerFor(e.Registry(), promhttp.HandlerOpts{})
+	var out bytes.Buffer
+	scrape := func() {
+		req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+		req.Header.Set("Accept", "text/plain;version=0.0.4")
+		rec := httptest.NewRecorder()
+		handler.ServeHTTP(rec, req)
+		require.Equal(t, http.StatusOK, rec.Code)
+		fmt.Fprintf(&out, "%s%d\n", atPrefix, clock.Now().UnixNano())
+		out.Write(rec.Body.Bytes())
+	}
+
+	rng := rand.New(rand.NewPCG(uint64(len(flavour)), 11))
+	output := make([]uint32, ladderOutput)
+	for i := range output {
+		output[i] = uint32(1000 + i)
+	}
+	submit := func(n int) <-chan engine.Update {
+		prompt := make([]uint32, ladderPrompt)
+		for i := range prompt {
+			prompt[i] = rng.Uint32N(150_000)
+		}
+		ch, err := e.Submit(context.Background(), &engine.Request{ID: "r", Prompt: prompt, Output: output[:n]})
+		require.NoError(t, err)
+		return ch
+	}
+	var clients []<-chan engine.Update
+	start := clock.Now()
+	scrape()
+	nextScrape := start.Add(ladderScrape)
+	for li, level := range ladderLevels {
+		// New clients start with a random output length so that they
+		// do not finish in lockstep.
+		for len(clients) < level {
+			clients = append(clients, submit(1+rng.IntN(ladderOutput)))
+		}
+		end := start.Add(time.Duration(li+1) * ladderHold)
+		for clock.Now().Before(end) {
+			require.NotZero(t, e.Step(), "engine idle with clients waiting")
+			clock.set(e.WallTime(e.Snapshot().ModelTime))
+			for i, ch := range clients {
+				for drained := false; !drained; {
+					select {
+					case u, ok := <-ch:
+						if !ok {
+							drained = true
+							break
+						}
+						if u.Done {
+							require.NoError(t, u.Err)
+							clients[i] = submit(ladderOutput)
+							drained = true
+						}
+					default:
+						drained = true
+					}
+				}
+			}
+			// Scrapes land between steps, after the clients whose request
+			// finished have sent the next one: it shows as waiting.
+			if !clock.Now().Before(nextScrape) {
+				scrape()
+				nextScrape = nextScrape.Add(ladderScrape)
+			}
+		}
+	}
+	return out.Bytes()
+}
+
+// scrapeAt is one recorded exposition.
+type scrapeAt struct {
+	at   time.Time
+	text []byte
+}
+
+// readLadder reads a recording written by recordLadder.
+func readLadder(t *testing.T, path string) []scrapeAt {
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	require.NoError(t, err)
+	data, err := io.ReadAll(zr)
+	require.NoError(t, err)
+	var out []scrapeAt
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 0, 1<<16), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if ns, ok := strings.CutPrefix(line, atPrefix); ok {
+			v, err := strconv.ParseInt(ns, 10, 64)
+			require.NoError(t, err, "bad %q line", line)
+			out = append(out, scrapeAt{at: time.Unix(0, v)})
+			continue
+		}
+		require.NotEmpty(t, out, "exposition before the first %q line", atPrefix)
+		last := &out[len(out)-1]
+		last.text = append(append(last.text, line...), '\n')
+	}
+	require.NoError(t, sc.Err())
+	return out
+}
+
+func writeLadder(t *testing.T, path string, data []byte) {
+	var buf bytes.Buffer
+	zw, err := gzip.NewWriterLevel(&buf, gzip.BestCompression)
+	require.NoError(t, err)
+	_, err = zw.Write(data)
+	require.NoError(t, err)
+	require.NoError(t, zw.Close())
+	require.NoError(t, os.WriteFile(path, buf.Bytes(), 0o644))
+}
+
+// replayLadder feeds a recording through the EPP's own path: each
+// exposition parsed as a scrape at its model time, the window derived from
+// the previous scrape as the scraper derives it, and the sample handed to a
+// scheduler with one replica behind that metrics URL (Observe, which learns
+// the replica's curve). It returns the learnt curve.
+func replayLadder(t *testing.T, scrapes []scrapeAt) capacity.Curve {
+	env := newEnv(t, 1, nil)
+	url := env.rep(0).ep.MetricsURL
+	var prev *metrics.Sample
+	for i, sc := range scrapes {
+		next := &metrics.Sample{URL: url, At: sc.at}
+		require.NoError(t, metrics.Parse(sc.text, &next.Signals), "scrape %d", i)
+		require.NotZero(t, next.Signals.Has&metrics.HasTTFT, "scrape %d has no TTFT histogram", i)
+		require.NotZero(t, next.Signals.Has&metrics.HasITL, "scrape %d has no ITL histogram", i)
+		if prev != nil {
+			next.DeriveFrom(prev)
+			require.Positive(t, next.Window.Seconds, "scrape %d: no window from a steady engine", i)
+		}
+		env.s.Observe(next)
+		prev = next
+	}
+	snap := env.s.Capacity()
+	require.Len(t, snap.Models, 1)
+	require.Len(t, snap.Models[0].ReplicaCapacity, 1)
+	return snap.Models[0].ReplicaCapacity[0].Curve
+}
+
+// TestRecordedSeries replays the simulator's ladder, in vLLM's and
+// SGLang's metric names, through the EPP's scrape path and checks the
+// capacity curve it learns against the ladder and the simulator's
+// step-time model.
+func TestRecordedSeries(t *testing.T) {
+	// Tolerances, from what the ladder does rather than from one run:
+	//   - runningTol: a scrape lands between steps, so a client between two
+	//     requests (about level/100 of them with 100-token outputs) shows as
+	//     waiting, and the one window across each level change averages the
+	//     two levels; both pull a bin's mean by at most a few percent.
+	//   - itlTol: the step-time model below is bracketed (prefill steps'
+	//     fixed cost shared or not), and the decode batch is read from the
+	//     scrapes' running gauge; 5% either side of the bracket covers that
+	//     approximation (the recordings stay within 2.5%).
+	const runningTol, itlTol = 0.05, 0.05
+	ti := engine.DefaultTiming()
+	for _, flavour := range []string{engine.FlavourVLLM, engine.FlavourSGLang} {
+		t.Run(flavour, func(t *testing.T) {
+			if *updateSeries {
+				writeLadder(t, ladderFile(flavour), recordLadder(t, flavour))
+			}
+			scrapes := readLadder(t, ladderFile(flavour))
+			require.GreaterOrEqual(t, len(scrapes), len(ladderLevels)*int(ladderHold/ladderScrape))
+			c := replayLadder(t, scrapes)
+			require.NoError(t, c.Validate())
+
+			prevITL := 0.0
+			for _, level := range ladderLevels {
+				b := binAt(c, level)
+				lv := float64(level)
+				require.InDelta(t, lv, b.Running, runningTol*lv, "no bin at batch size %d", level)
+				require.Greater(t, b.Seconds, ladderHold.Seconds()/2, "batch size %d: most of its windows elsewhere", level)
+				require.GreaterOrEqual(t, b.ITL.Count, float64(capacity.MinSamples), "batch size %d", level)
+				itl := b.ITL.Sum / b.ITL.Count
+				require.Greater(t, itl, prevITL, "mean ITL does not grow at batch size %d", level)
+				prevITL = itl
+
+				// The step-time model: a decode step of the bin's batch and
+				// KV occupancy costs s; a decoding request also waits for
+				// the other clients' prefills (every prefill but its own),
+				// a share p*(n-1)/n of the engine's time, where p is the
+				// time spent prefilling: the prompt tokens' cost, plus one
+				// PrefillBase per prompt at most (prefills sharing a step
+				// share it), hence the bracket.
+				s := ti.DecodeBase.Seconds() + ti.DecodePerSeq.Seconds()*b.Running + ti.KVTerm.Seconds()*b.KVUsage
+				pLo := b.PromptTokensPerSec * ti.PrefillPerToken.Seconds()
+				pHi := pLo + b.PromptTokensPerSec/ladderPrompt*ti.PrefillBase.Seconds()
+				others := (b.Running - 1) / b.Running
+				lo, hi := s/(1-pLo*others), s/(1-pHi*others)
+				require.True(t, itl >= lo*(1-itlTol) && itl <= hi*(1+itlTol),
+					"batch size %d: mean ITL %.2fms, step-time model %.2f..%.2fms", level, 1000*itl, 1000*lo, 1000*hi)
+			}
+
+			// An ITL objective the lower of two levels meets with margin
+			// (below its (1+q)/2 quantile: at a Poisson mean the batch is
+			// above it half the time) and the upper one misses (above its q
+			// quantile) reads a capacity between them. Levels the engine's
+			// buckets cannot tell apart (vLLM's first ITL bucket holds
+			// every batch up to 8) are skipped; enough pairs must remain.
+			pairs := 0
+			for _, q := range []float64{0.5, 0.9, 0.95} {
+				for i := 0; i+1 < len(ladderLevels); i++ {
+					a, b := binAt(c, ladderLevels[i]), binAt(c, ladderLevels[i+1])
+					xa, xb := quantileOf(&a.ITL, c.ITLBounds, (1+q)/2), quantileOf(&b.ITL, c.ITLBounds, q)
+					if xa >= xb {
+						continue
+					}
+					pairs++
+					o := capacity.Objectives{ITL: time.Duration((xa + xb) / 2 * float64(time.Second)), TTFT: time.Hour, Quantile: q}
+					at, err := c.At(o)
+					require.NoError(t, err)
+					require.True(t, at.Running > a.Running && at.Running < b.Running,
+						"q%.2f ITL %v (between %d and %d clients): capacity %.2f", q, o.ITL, ladderLevels[i], ladderLevels[i+1], at.Running)
+				}
+			}
+			require.GreaterOrEqual(t, pairs, 4, "too few ladder levels told apart by the ITL histogram")
+		})
+	}
+}
+
+// binAt is the bin whose batch size is nearest level.
+func binAt(c capacity.Curve, level int) *capacity.Bin {
+	var best *capacity.Bin
+	for i := range c.Bins {
+		if best == nil || math.Abs(c.Bins[i].Running-float64(level)) < math.Abs(best.Running-float64(level)) {
+			best = &c.Bins[i]
+		}
+	}
+	return best
+}
+
+// quantileOf inverts Histogram.Within (the reading At makes): the latency
+// at which the share within reaches q.
+func quantileOf(h *capacity.Histogram, bounds []float64, q float64) float64 {
+	lo, hi := 0.0, bounds[len(bounds)-1]
+	for hi-lo > 1e-7 {
+		mid := (lo + hi) / 2
+		if h.Within(bounds, mid) >= q {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return hi
+}
