@@ -244,8 +244,13 @@ const (
 )
 
 // MinSamples is the inter-token observations a bin needs before it is
-// read; fewer say too little about a 95th percentile.
-const MinSamples = 100
+// read, fewer say too little about a 95th percentile; MinSeconds the
+// window time, so that one window straddling a change of load (its mean
+// batch between two levels, its first tokens a burst) is not read alone.
+const (
+	MinSamples = 100
+	MinSeconds = 5.0
+)
 
 // ErrNoData means the curve has no bin with enough observations.
 var ErrNoData = errors.New("no batch size measured with enough observations")
@@ -273,7 +278,7 @@ var ErrNoData = errors.New("no batch size measured with enough observations")
 func (c Curve) At(o Objectives) (AtObjectives, error) {
 	var bins []*Bin
 	for i := range c.Bins {
-		if c.Bins[i].ITL.Count >= MinSamples {
+		if c.Bins[i].ITL.Count >= MinSamples && c.Bins[i].Seconds >= MinSeconds {
 			bins = append(bins, &c.Bins[i])
 		}
 	}

@@ -133,8 +133,9 @@ func ComputeHeadroom(m capacity.Model, cal *capacity.Calibration, o capacity.Obj
 				break
 			}
 			if r.MaxRunning > 0 && at.Running > float64(r.MaxRunning) {
-				at.OutputTokensPerSec = at.OutputTokensPerSec * float64(r.MaxRunning) / at.Running
-				at.PromptTokensPerSec = at.PromptTokensPerSec * float64(r.MaxRunning) / at.Running
+				f := float64(r.MaxRunning) / at.Running
+				at.OutputTokensPerSec *= f
+				at.PromptTokensPerSec *= f
 				at.Running = float64(r.MaxRunning)
 			}
 			ra.Capacity, ra.Source = at, source

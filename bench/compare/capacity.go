@@ -359,8 +359,11 @@ func (r *capacityRun) ladder(ctx context.Context) error {
 // not only the two either side of it: a step's p95s are noisy, so its
 // load (p95 over objective, the worse of the two) is fitted non-decreasing
 // in QPS (pool adjacent violators) and the rate where the fit crosses 1
-// is interpolated between its neighbours, as are tokens/s and concurrency.
-// Without a crossing it is the highest step within the objectives.
+// is interpolated between its neighbours. Tokens/s and concurrency are the
+// step below's scaled by the rate (throughput follows arrivals while the
+// fleet keeps up, and Little's law gives concurrency; past the edge both
+// run away and say nothing about it). Without a crossing it is the highest
+// step within the objectives.
 func (r *capacityRun) edge(lo CapacityStep) CapacityStep {
 	steps := append([]CapacityStep(nil), r.rep.Ladder...)
 	sort.Slice(steps, func(i, j int) bool { return steps[i].QPS < steps[j].QPS })
@@ -382,8 +385,9 @@ func (r *capacityRun) edge(lo CapacityStep) CapacityStep {
 				x = (1 - load[i-1]) / (load[i] - load[i-1])
 			}
 			at := func(u, v float64) float64 { return u + x*(v-u) }
-			return CapacityStep{Label: "true capacity (fit)", QPS: at(a.QPS, b.QPS), OutputTokPS: at(a.OutputTokPS, b.OutputTokPS),
-				Concurrency: at(a.Concurrency, b.Concurrency), TTFTP95ms: at(a.TTFTP95ms, b.TTFTP95ms), ITLP95ms: at(a.ITLP95ms, b.ITLP95ms),
+			qps := at(a.QPS, b.QPS)
+			return CapacityStep{Label: "true capacity (fit)", QPS: qps, OutputTokPS: a.OutputTokPS * qps / a.QPS,
+				Concurrency: a.Concurrency * qps / a.QPS, TTFTP95ms: at(a.TTFTP95ms, b.TTFTP95ms), ITLP95ms: at(a.ITLP95ms, b.ITLP95ms),
 				Requests: a.Requests, Within: true}
 		}
 	}
