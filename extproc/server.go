@@ -56,6 +56,11 @@ const (
 	MetadataSubset    = "envoy.lb.subset_hint"
 	KeySubset         = "x-gateway-destination-endpoint-subset"
 	KeyServed         = "x-gateway-destination-endpoint-served"
+	// HeaderCalibration marks `quoter calibrate`'s requests ("1"): their
+	// tokens count under scheduler.CalibrationTenant, never as a
+	// customer's. It changes nothing else about a request (no band, no
+	// routing), so a client that sends it gains nothing.
+	HeaderCalibration = "x-omnious-calibration"
 	headerRequestID   = "x-request-id"
 	headerContentLen  = "content-length"
 	headerContentType = "content-type"
@@ -551,7 +556,16 @@ func (st *stream) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.
 				st.band = headerValue(hv)
 				st.strip = append(st.strip, k)
 			case cfg.TenantHeader:
-				st.tenant = headerValue(hv)
+				if t := headerValue(hv); t != scheduler.CalibrationTenant && st.tenant != scheduler.CalibrationTenant {
+					// The calibration tenant is only given by the
+					// calibration header, never claimed by name.
+					st.tenant = t
+				}
+				st.strip = append(st.strip, k)
+			case HeaderCalibration:
+				if headerValue(hv) == "1" {
+					st.tenant = scheduler.CalibrationTenant
+				}
 				st.strip = append(st.strip, k)
 			case cfg.SessionHeader:
 				st.session = headerValue(hv)

@@ -218,6 +218,34 @@ func TestProtocol(t *testing.T) {
 			require.False(t, r.Arrived.IsZero())
 		},
 	}, {
+		name:  "calibration traffic counts under its reserved tenant, whatever tenant it claims",
+		addrs: []string{ep1},
+		steps: []step{
+			{chatHeaders("x-gateway-inference-fairness-id", "t1", HeaderCalibration, "1"), nil},
+			{reqBody(chatBody, true), []*extprocv3.ProcessingResponse{
+				expRouted(ep1, strconv.Itoa(len(chatBody)), "x-gateway-inference-fairness-id", HeaderCalibration), expReqBody(chatBody, true)}},
+			{okHeaders("application/json"), []*extprocv3.ProcessingResponse{expRespHeaders(false)}},
+			{respBody(`{}`, true), []*extprocv3.ProcessingResponse{expRespBody(`{}`, true)}},
+		},
+		done: []wantDone{{status: 200, served: ep1}},
+		check: func(t *testing.T, reqs []scheduler.Request) {
+			require.Equal(t, scheduler.CalibrationTenant, reqs[0].Tenant)
+		},
+	}, {
+		name:  "the calibration tenant cannot be claimed by name",
+		addrs: []string{ep1},
+		steps: []step{
+			{chatHeaders("x-gateway-inference-fairness-id", scheduler.CalibrationTenant, HeaderCalibration, "yes"), nil},
+			{reqBody(chatBody, true), []*extprocv3.ProcessingResponse{
+				expRouted(ep1, strconv.Itoa(len(chatBody)), "x-gateway-inference-fairness-id", HeaderCalibration), expReqBody(chatBody, true)}},
+			{okHeaders("application/json"), []*extprocv3.ProcessingResponse{expRespHeaders(false)}},
+			{respBody(`{}`, true), []*extprocv3.ProcessingResponse{expRespBody(`{}`, true)}},
+		},
+		done: []wantDone{{status: 200, served: ep1}},
+		check: func(t *testing.T, reqs []scheduler.Request) {
+			require.Empty(t, reqs[0].Tenant)
+		},
+	}, {
 		name:  "request trailers end the body",
 		addrs: []string{ep1},
 		steps: []step{

@@ -42,7 +42,8 @@ type Request struct {
 	// Band is the flow-control priority band name ("" = the default band).
 	Band string
 	// Tenant is the fairness/usage key (extproc's tenant_header, default
-	// x-gateway-inference-fairness-id); "" = "default-flow".
+	// x-gateway-inference-fairness-id); "" = "default-flow";
+	// CalibrationTenant for `quoter calibrate`'s traffic.
 	Tenant string
 	// Subset, when non-nil, restricts candidates to these "ip:port" values
 	// (Envoy's subset hint); an empty non-nil slice matches nothing.

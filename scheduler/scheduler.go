@@ -357,6 +357,11 @@ func (s *Scheduler) signals(r *replica, staleBefore time.Time) (*metrics.Sample,
 // distinct ones get series of their own on omnious_epp_tenant_tokens_total,
 // later ones share otherTenant's.
 const (
+	// CalibrationTenant is the reserved tenant of `quoter calibrate`'s
+	// requests (marked x-omnious-calibration: 1), so their tokens are never
+	// counted as a customer's.
+	CalibrationTenant = "omnious-calibration"
+
 	defaultTenant   = "default-flow"
 	otherTenant     = "other"
 	maxTenantSeries = 100

@@ -33,11 +33,12 @@ type CapacityOptions struct {
 	Base Options
 	// Objectives are the quoter's SLOs. Default p95 TTFT 2s, p95 ITL 50ms.
 	Objectives capacity.Objectives
-	// StageDuration is each measured step, in model time. Default 40s.
+	// StageDuration is each measured step, in model time. Default 80s:
+	// shorter steps left the p95 ITL of one rate 20% apart between runs.
 	StageDuration time.Duration
 	// StartQPS is the ladder's first rate (model time); it doubles until a
 	// step breaks an objective, then Refine bisection steps narrow the
-	// edge. Defaults 2 and 5.
+	// edge. Defaults 2 and 4.
 	StartQPS float64
 	Refine   int
 	// SkipCalibration leaves out `quoter calibrate` (run by default before
@@ -110,28 +111,32 @@ func (o CapacityOptions) WithDefaults() CapacityOptions {
 		o.Objectives.Quantile = 0.95
 	}
 	if o.StageDuration <= 0 {
-		o.StageDuration = 40 * time.Second
+		o.StageDuration = 80 * time.Second
 	}
 	if o.StartQPS <= 0 {
 		o.StartQPS = 2
 	}
 	if o.Refine <= 0 {
-		o.Refine = 5
+		o.Refine = 4
 	}
 	return o
 }
 
 // capacityRun is the fleet, EPP and quoter of one proof.
 type capacityRun struct {
-	o      CapacityOptions
-	f      *fleet
-	t      *eppTarget
-	c      *client
-	q      *quoter.Service
-	log    *zap.Logger
-	seed   atomic.Int64
-	rep    *CapacityReport
-	outLen int
+	o    CapacityOptions
+	f    *fleet
+	t    *eppTarget
+	c    *client
+	q    *quoter.Service
+	log  *zap.Logger
+	seed atomic.Int64
+	rep  *CapacityReport
+	// outLen is the mean output length; trace, for a trace workload, its
+	// records, sent in order from next on across steps.
+	outLen float64
+	trace  []TraceRecord
+	next   atomic.Int64
 }
 
 // RunCapacity runs the proof: the true capacity by a ladder, the quote on
@@ -139,8 +144,17 @@ type capacityRun struct {
 // fleet half loaded, and the quote after one replica is lost.
 func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error) {
 	o = o.WithDefaults()
-	if o.Base.Workload.Kind != WorkloadSharedPrefix {
-		return nil, fmt.Errorf("the capacity proof drives a shared-prefix workload, not %q", o.Base.Workload.Kind)
+	var trace []TraceRecord
+	switch o.Base.Workload.Kind {
+	case WorkloadSharedPrefix:
+	case WorkloadTrace:
+		recs, err := readTrace(o.Base.Workload.Trace.Path)
+		if err != nil {
+			return nil, err
+		}
+		trace = recs
+	default:
+		return nil, fmt.Errorf("the capacity proof drives a shared-prefix or trace workload, not %q", o.Base.Workload.Kind)
 	}
 	log := o.Base.Log
 	dir := o.Dir
@@ -153,11 +167,21 @@ func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error
 		dir = d
 	}
 	sp := o.Base.Workload.SharedPrefix
-	r := &capacityRun{o: o, log: log, outLen: sp.OutputLen,
+	maxLen := sp.SystemPromptLen + sp.QuestionLen + sp.OutputLen
+	outLen := float64(sp.OutputLen)
+	if trace != nil {
+		maxLen, outLen = 0, 0
+		for _, t := range trace {
+			maxLen = max(maxLen, t.InputLength+t.OutputLength)
+			outLen += float64(t.OutputLength)
+		}
+		outLen /= float64(len(trace))
+	}
+	r := &capacityRun{o: o, log: log, outLen: outLen, trace: trace,
 		rep: &CapacityReport{Scenario: o.Base.Scenario, Replicas: o.Base.Fleet.Replicas,
 			Objectives: capacity.ObjectivesJSON{TTFTSeconds: o.Objectives.TTFT.Seconds(), ITLSeconds: o.Objectives.ITL.Seconds(),
 				Quantile: o.Objectives.Quantile}}}
-	f, err := startFleet(ctx, o.Base.Fleet, o.Base.Seed, sp.SystemPromptLen+sp.QuestionLen+sp.OutputLen, log)
+	f, err := startFleet(ctx, o.Base.Fleet, o.Base.Seed, maxLen, log)
 	if err != nil {
 		return nil, fmt.Errorf("cannot start fleet: %w", err)
 	}
@@ -211,7 +235,7 @@ func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error
 	if err != nil {
 		return nil, err
 	}
-	for _, k := range []float64{1, 1.25} {
+	for _, k := range []float64{0.5, 1, 1.25} {
 		st := r.step(ctx, fmt.Sprintf("%.2fx idle quote", k), r.qpsOf(idle.TokensPerS*k), 0)
 		r.rep.Checks = append(r.rep.Checks, st)
 	}
@@ -268,13 +292,21 @@ func (r *capacityRun) awaitHealthy(ctx context.Context, n int) {
 // durations it is given are the model-time ones over the time scale.
 func (r *capacityRun) calibrate(ctx context.Context, model string) (*capacity.Calibration, error) {
 	sp := r.o.Base.Workload.SharedPrefix
+	mix := capacity.Mix{PromptTokens: sp.SystemPromptLen + sp.QuestionLen, SharedPrefixTokens: sp.SystemPromptLen,
+		Groups: sp.NumGroups, OutputTokens: sp.OutputLen}
+	if r.trace != nil {
+		in := 0
+		for _, t := range r.trace {
+			in += t.InputLength
+		}
+		mix = capacity.Mix{PromptTokens: in / len(r.trace), OutputTokens: int(r.outLen), Groups: 1}
+	}
 	ts := max(r.o.Base.Fleet.TimeScale, 1)
 	wall := func(d time.Duration) time.Duration { return time.Duration(float64(d) / ts) }
 	warm := wall(5 * time.Second)
 	return calibration.Run(ctx, calibration.Config{URL: r.t.URL(), Model: model, CapacityURL: r.t.epp.AdminURL(),
-		Objectives: capacity.Objectives{TTFT: wall(r.o.Objectives.TTFT), ITL: wall(r.o.Objectives.ITL), Quantile: r.o.Objectives.Quantile},
-		Mix: capacity.Mix{PromptTokens: sp.SystemPromptLen + sp.QuestionLen, SharedPrefixTokens: sp.SystemPromptLen,
-			Groups: sp.NumGroups, OutputTokens: sp.OutputLen},
+		Objectives:       capacity.Objectives{TTFT: wall(r.o.Objectives.TTFT), ITL: wall(r.o.Objectives.ITL), Quantile: r.o.Objectives.Quantile},
+		Mix:              mix,
 		StartConcurrency: r.o.Base.Fleet.Replicas, LevelDuration: wall(r.o.StageDuration / 2), Warmup: &warm,
 		Log: r.log.Named("calibrate")})
 }
@@ -316,7 +348,7 @@ func (r *capacityRun) quote(ctx context.Context, label string) (CapacityQuote, e
 }
 
 // qpsOf is the request rate that asks for tps output tokens per second.
-func (r *capacityRun) qpsOf(tps float64) float64 { return tps / float64(max(r.outLen, 1)) }
+func (r *capacityRun) qpsOf(tps float64) float64 { return tps / max(r.outLen, 1) }
 
 // ladder finds the highest rate whose step holds the objectives.
 func (r *capacityRun) ladder(ctx context.Context) error {
@@ -410,11 +442,16 @@ func (r *capacityRun) stepFor(ctx context.Context, label string, qps float64, d 
 	// or step a request belongs to; arrivals and choices differ.
 	o.Workload.SharedPrefix.ContentSeed = r.o.Base.Seed + 1
 	o.Seed = r.seed.Add(1)*7919 + int64(stream)
-	o.Workload.SharedPrefix.QPS = []float64{qps}
-	o.Workload.SharedPrefix.StageDuration = d
-	o.Workload.SharedPrefix.StageDurations = nil
-	o.Workload.SharedPrefix.WarmupStages = 0
-	w := sharedPrefix(o)
+	var w *Workload
+	if r.trace != nil {
+		w = r.traceStep(o, qps, d)
+	} else {
+		o.Workload.SharedPrefix.QPS = []float64{qps}
+		o.Workload.SharedPrefix.StageDuration = d
+		o.Workload.SharedPrefix.StageDurations = nil
+		o.Workload.SharedPrefix.WarmupStages = 0
+		w = sharedPrefix(o)
+	}
 	res := replay(ctx, r.c, w, o.MaxInFlight, o.RequestTimeout, nil)
 	scale := max(o.Fleet.TimeScale, 1)
 	skip := time.Duration(float64(d) / scale / 5)
@@ -453,6 +490,36 @@ func (r *capacityRun) stepFor(ctx context.Context, label string, qps float64, d 
 		zap.Float64("ttft_p95_ms", st.TTFTP95ms), zap.Float64("itl_p95_ms", st.ITLP95ms),
 		zap.Float64("tok_per_s", st.OutputTokPS), zap.Float64("concurrency", st.Concurrency), zap.Bool("within", st.Within))
 	return st
+}
+
+// traceStep is the trace's mix at a chosen rate: Poisson arrivals at qps
+// carrying the trace's records in their order, continuing where the last
+// step stopped, so prompts share prefixes as the trace's do.
+func (r *capacityRun) traceStep(o Options, qps float64, d time.Duration) *Workload {
+	arrivals, stages := poissonLadder(o.Seed, []float64{qps}, []time.Duration{d}, o.Fleet.TimeScale)
+	w := &Workload{Stages: stages}
+	for _, at := range arrivals[0] {
+		rec := r.trace[int(r.next.Add(1)-1)%len(r.trace)]
+		w.Requests = append(w.Requests, Request{At: at, MaxTokens: rec.OutputLength, Tokens: TraceTokens(r.o.Base.Seed, rec)})
+	}
+	return w
+}
+
+func readTrace(path string) ([]TraceRecord, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("cannot open trace: %w", err)
+	}
+	defer f.Close()
+	recs, err := ParseTrace(f)
+	if err != nil {
+		return nil, err
+	}
+	if len(recs) == 0 {
+		return nil, fmt.Errorf("trace %s has no records", path)
+	}
+	sort.SliceStable(recs, func(i, j int) bool { return recs[i].Timestamp < recs[j].Timestamp })
+	return recs, nil
 }
 
 func startOf(res []*result) time.Time {
@@ -529,9 +596,11 @@ func (r *CapacityReport) Verdicts() Verdicts {
 		}
 		return nil
 	}
-	check := func(i int) *CapacityStep {
-		if i < len(r.Checks) {
-			return &r.Checks[i]
+	check := func(label string) *CapacityStep {
+		for i := range r.Checks {
+			if r.Checks[i].Label == label {
+				return &r.Checks[i]
+			}
 		}
 		return nil
 	}
@@ -542,16 +611,16 @@ func (r *CapacityReport) Verdicts() Verdicts {
 	if b, l := quote("idle, before the loss"), quote("one replica lost"); b != nil && l != nil && r.Replicas > 1 {
 		v.LostTokens = ratio(l.TokensPerS, b.TokensPerS*float64(r.Replicas-1)/float64(r.Replicas))
 	}
-	if c := check(0); c != nil {
+	if c := check("1.00x idle quote"); c != nil {
 		v.AtQuote = c.Within
 	}
-	if c := check(1); c != nil {
+	if c := check("1.25x idle quote"); c != nil {
 		v.Over = !c.Within
 	}
 	if q := quote("half loaded"); q != nil {
 		v.HalfTokens = ratio(q.TokensPerS, r.True.OutputTokPS-r.HalfLoad.OutputTokPS)
 	}
-	if c := check(2); c != nil {
+	if c := check("half load + 1.00x quote"); c != nil {
 		v.HalfAtQuote = c.Within && r.HalfLoad.Within
 	}
 	return v

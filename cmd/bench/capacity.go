@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"time"
 
 	"github.com/omnious/provider-node/bench/compare"
 )
@@ -15,15 +14,21 @@ import (
 func runCapacity(args []string) error {
 	fs := flag.NewFlagSet("bench capacity", flag.ContinueOnError)
 	var o compare.CapacityOptions
+	def := compare.CapacityOptions{}.WithDefaults()
 	scenario := fs.String("scenario", compare.PresetDemo, "fleet and traffic: a preset ("+compare.PresetDemo+")")
 	replicas := fs.Int("replicas", 0, "replicas (0: the scenario's)")
-	fs.DurationVar(&o.Objectives.TTFT, "slo-ttft-p95", 2*time.Second, "objective for p95 time to first token (model time)")
-	fs.DurationVar(&o.Objectives.ITL, "slo-itl-p95", 50*time.Millisecond, "objective for p95 inter-token latency (model time)")
-	fs.DurationVar(&o.StageDuration, "stage", 40*time.Second, "length of each measured step, model time")
-	fs.Float64Var(&o.StartQPS, "start-qps", 2, "first rate of the ladder (model time); it doubles until an objective breaks")
-	fs.IntVar(&o.Refine, "refine", 3, "bisection steps at the edge")
+	trace := fs.String("trace", "", "drive a Mooncake-format trace's mix (its records in order, Poisson arrivals at each step's rate) instead of the scenario's shared-prefix traffic")
+	timeScale := fs.Float64("time-scale", 0, "simulated replicas run this many times faster than real time (0: the scenario's)")
+	blocks := fs.Int("num-gpu-blocks", 0, "KV blocks per simulated replica (0: the scenario's)")
+	fleetMode := fs.String("fleet", "", "inproc or process (empty: the scenario's)")
+	fs.DurationVar(&o.Objectives.TTFT, "slo-ttft-p95", def.Objectives.TTFT, "objective for p95 time to first token (model time)")
+	fs.DurationVar(&o.Objectives.ITL, "slo-itl-p95", def.Objectives.ITL, "objective for p95 inter-token latency (model time)")
+	fs.DurationVar(&o.StageDuration, "stage", def.StageDuration, "length of each measured step, model time")
+	fs.Float64Var(&o.StartQPS, "start-qps", def.StartQPS, "first rate of the ladder (model time); it doubles until an objective breaks")
+	fs.IntVar(&o.Refine, "refine", def.Refine, "bisection steps at the edge")
 	fs.BoolVar(&o.SkipCalibration, "skip-calibration", false, "do not run quoter calibrate first")
 	jsonOut := fs.String("json", "", "write the report as JSON to this file")
+	htmlOut := fs.String("html", "", "write the report with its charts as HTML to this file")
 	logLevel := fs.String("log-level", "warn", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -37,6 +42,18 @@ func runCapacity(args []string) error {
 	}
 	if *replicas > 0 {
 		base.Fleet.Replicas = *replicas
+	}
+	if *timeScale > 0 {
+		base.Fleet.TimeScale = *timeScale
+	}
+	if *blocks > 0 {
+		base.Fleet.NumGPUBlocks = *blocks
+	}
+	if *fleetMode != "" {
+		base.Fleet.Mode = *fleetMode
+	}
+	if *trace != "" {
+		base.Workload = compare.WorkloadOptions{Kind: compare.WorkloadTrace, Trace: compare.TraceOptions{Path: *trace}}
 	}
 	o.Base = base
 	ctx, log, done, err := session(*logLevel)
@@ -56,6 +73,11 @@ func runCapacity(args []string) error {
 		}
 		if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
 			return fmt.Errorf("cannot write %s: %w", *jsonOut, err)
+		}
+	}
+	if *htmlOut != "" {
+		if err := rep.WriteHTMLFile(*htmlOut); err != nil {
+			return err
 		}
 	}
 	return rep.WriteTable(os.Stdout)

@@ -19,9 +19,11 @@ import (
 	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/engines/sim"
 	"github.com/omnious/provider-node/engines/sim/simtest"
+	"github.com/omnious/provider-node/extproc"
 	"github.com/omnious/provider-node/extproc/testgw"
 	"github.com/omnious/provider-node/internal/epp"
 	"github.com/omnious/provider-node/quoter"
+	"github.com/omnious/provider-node/quoter/calibration"
 	"github.com/omnious/provider-node/scheduler"
 )
 
@@ -218,4 +220,10 @@ func TestWriteAtomic(t *testing.T) {
 	got, err := os.ReadFile(path)
 	require.NoError(t, err)
 	require.Equal(t, "two", string(got), "a failed write leaves the file as it was")
+}
+
+// TestCalibrationHeaderIsTheEPPs: the mark calibrate sends is the one the
+// EPP counts under the calibration tenant.
+func TestCalibrationHeaderIsTheEPPs(t *testing.T) {
+	require.Equal(t, extproc.HeaderCalibration, calibration.Header)
 }
