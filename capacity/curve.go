@@ -86,16 +86,26 @@ type Curve struct {
 	ITLBounds  []float64 `json:"itl_bounds"`
 	// Bins are ascending by Running; only bins with data are present.
 	Bins []Bin `json:"bins"`
+	// Dispersion is the running count's variance over its mean, measured
+	// over the replica's recent busy scrapes: 1 for the Poisson occupancy
+	// of independent arrivals, less when a router balances load. 0 means
+	// not measured (read as 1). A merged curve keeps the live one's and a
+	// pooled one (calibration) has none: calibration's closed loop says
+	// nothing about the spread of the market's traffic.
+	Dispersion float64 `json:"dispersion,omitempty"`
 }
 
 // Window is one scrape interval of one engine, the unit a Learner takes.
 type Window struct {
 	Seconds                   float64
 	Running, Waiting, KVUsage float64
-	OutputTokensPerSec        float64
-	PromptTokensPerSec        float64
-	TTFTBounds, ITLBounds     []float64
-	TTFT, ITL                 Histogram
+	// RunningNow is the running count at the window's end, one sample of
+	// the batch's spread.
+	RunningNow            float64
+	OutputTokensPerSec    float64
+	PromptTokensPerSec    float64
+	TTFTBounds, ITLBounds []float64
+	TTFT, ITL             Histogram
 }
 
 // binIndex maps a batch size to its bin: one bin per request up to 16,
@@ -116,7 +126,15 @@ type Learner struct {
 	halfLife time.Duration
 	curve    Curve
 	idx      []int // bin index of curve.Bins[i]
+	// mean and sq are exponentially weighted moments of RunningNow over
+	// the last dispersionSamples busy scrapes; n counts them up to that.
+	mean, sq float64
+	n        int
 }
+
+// dispersionSamples is how many recent busy scrapes the batch's spread is
+// measured over: enough for a variance, few enough to follow the load.
+const dispersionSamples = 32
 
 // NewLearner returns a learner whose data halves every halfLife of busy
 // time (0: never forgets).
@@ -142,6 +160,12 @@ func (l *Learner) Add(w Window) {
 			scaleBin(&l.curve.Bins[i], f)
 		}
 	}
+	if x := w.RunningNow; x >= 0 && !math.IsNaN(x) && !math.IsInf(x, 0) {
+		l.n = min(l.n+1, dispersionSamples)
+		a := 1 / float64(l.n)
+		l.mean += a * (x - l.mean)
+		l.sq += a * (x*x - l.sq)
+	}
 	k := binIndex(w.Running)
 	i := sort.SearchInts(l.idx, k)
 	if i == len(l.idx) || l.idx[i] != k {
@@ -155,13 +179,20 @@ func (l *Learner) Add(w Window) {
 	addWindow(&l.curve.Bins[i], &w)
 }
 
-// Curve returns a copy of what has been learnt.
-func (l *Learner) Curve() Curve { return l.curve.Clone() }
+// Curve returns a copy of what has been learnt, with the dispersion of
+// the recent busy scrapes once there are enough of them.
+func (l *Learner) Curve() Curve {
+	c := l.curve.Clone()
+	if l.n >= dispersionSamples/2 && l.mean >= 1 {
+		c.Dispersion = max(l.sq-l.mean*l.mean, 0) / l.mean
+	}
+	return c
+}
 
 // Clone returns a deep copy.
 func (c Curve) Clone() Curve {
 	out := Curve{TTFTBounds: append([]float64(nil), c.TTFTBounds...), ITLBounds: append([]float64(nil), c.ITLBounds...),
-		Bins: make([]Bin, len(c.Bins))}
+		Bins: make([]Bin, len(c.Bins)), Dispersion: c.Dispersion}
 	for i, b := range c.Bins {
 		b.TTFT.Counts = append([]float64(nil), b.TTFT.Counts...)
 		b.ITL.Counts = append([]float64(nil), b.ITL.Counts...)
@@ -266,10 +297,13 @@ var ErrNoData = errors.New("no batch size measured with enough observations")
 // Traffic from many independent clients does not hold the batch at its
 // mean: a continuously batching engine below saturation serves every
 // request at once, so its batch size is the occupancy of an M/G/infinity
-// queue, Poisson distributed around the mean. The share within an
-// objective at mean m is therefore the Poisson(m) mixture of the bins'
-// shares, inter-token latencies weighted by batch size (a step of batch k
-// yields k of them) and times to first token by arrival. A batch size above
+// queue, Poisson distributed around the mean; a router that balances load
+// narrows that spread, so the batch is modelled as d times a Poisson(m/d)
+// count, d the dispersion measured on the replica (Curve.Dispersion, 1
+// when unknown). The share within an objective at mean m is the mixture of
+// the bins' shares over that distribution, inter-token latencies weighted
+// by batch size (a step of batch k yields k of them) and times to first
+// token by arrival. A batch size above
 // the largest measured bin counts as breaking both objectives: the curve is
 // never extrapolated, so a mean with real probability of reaching
 // unmeasured sizes is not sold. The answer is the largest mean at which
@@ -314,11 +348,19 @@ func (c Curve) At(o Objectives) (AtObjectives, error) {
 		a, b := x[j-1], x[j]
 		return s[j-1] + (s[j]-s[j-1])*(k-a)/(b-a)
 	}
-	// mix is the Poisson(m) mixture of both shares.
+	// The batch is d times a Poisson(m/d) count: mean m, variance d*m.
+	// Its spread is bounded, so a noisy estimate cannot make the batch
+	// look steadier than a router could hold it, or wilder than bursts.
+	d := c.Dispersion
+	if !(d > 0) || math.IsInf(d, 0) {
+		d = 1
+	}
+	d = min(max(d, 0.25), 4)
+	// mix is the mixture of both shares over that batch.
 	mix := func(m, beyond float64) (fi, ft float64) {
 		var wI, wT float64
-		poisson(m, func(k int, p float64) {
-			kf := float64(k)
+		poisson(m/d, func(j int, p float64) {
+			kf := d * float64(j)
 			fi += p * kf * share(itl, kf, beyond)
 			ft += p * share(ttft, kf, beyond)
 			wI += p * kf
@@ -413,7 +455,9 @@ func (c Curve) Merge(o Curve) (Curve, error) {
 		return c.Clone(), nil
 	}
 	if len(c.Bins) == 0 {
-		return o.Clone(), nil
+		out := o.Clone()
+		out.Dispersion = c.Dispersion
+		return out, nil
 	}
 	if !equalBounds(c.TTFTBounds, o.TTFTBounds) || !equalBounds(c.ITLBounds, o.ITLBounds) {
 		return c.Clone(), errors.New("curves have different histogram buckets (another engine)")
@@ -451,6 +495,9 @@ func cloneBin(b Bin) Bin {
 // with finite non-negative values and cumulative counts that do not
 // decrease or exceed their totals.
 func (c Curve) Validate() error {
+	if !(c.Dispersion >= 0) || math.IsInf(c.Dispersion, 0) {
+		return errors.New("dispersion is negative or not finite")
+	}
 	for _, bs := range [][]float64{c.TTFTBounds, c.ITLBounds} {
 		for i, b := range bs {
 			if !(b > 0) || math.IsInf(b, 0) || (i > 0 && b <= bs[i-1]) {

@@ -118,6 +118,32 @@ func TestCurveAt(t *testing.T) {
 		require.NoError(t, err)
 		require.InDelta(t, base.Running, noisy.Running, 0.05*base.Running)
 	})
+	t.Run("a measured dispersion below 1 reads the mixture of a narrower batch", func(t *testing.T) {
+		c := linearCurve(60, 25, one)
+		poisson, err := c.At(testObjectives)
+		require.NoError(t, err)
+		c.Dispersion = 0.5
+		narrow, err := c.At(testObjectives)
+		require.NoError(t, err)
+		require.Greater(t, narrow.Running, poisson.Running)
+		require.Less(t, narrow.Running, 25.0)
+		f := func(k float64) float64 { return math.Max(1-0.05*max(k, 1)/25, 0) }
+		// The batch is 0.5 x Poisson(2m): the same mixture written out.
+		var num, den float64
+		for j := 0; j < 400; j++ {
+			lg, _ := math.Lgamma(float64(j) + 1)
+			lam := narrow.Running / 0.5
+			p := math.Exp(float64(j)*math.Log(lam) - lam - lg)
+			k := 0.5 * float64(j)
+			num += p * k * f(k)
+			den += p * k
+		}
+		require.InDelta(t, 0.95, num/den, 2e-3)
+		c.Dispersion = math.NaN()
+		nan, err := c.At(testObjectives)
+		require.NoError(t, err)
+		require.InDelta(t, poisson.Running, nan.Running, 1e-9, "an unusable dispersion reads as Poisson")
+	})
 	t.Run("bins with too few samples are not read", func(t *testing.T) {
 		_, err := testCurve(testBin(10, 0.99, 1, 100, MinSamples-1)).At(testObjectives)
 		require.ErrorIs(t, err, ErrNoData)
@@ -163,6 +189,15 @@ func TestLearner(t *testing.T) {
 	other.ITLBounds = []float64{0.01, 0.02, 0.04}
 	l.Add(other)
 	require.Len(t, l.Curve().Bins, 1)
+
+	// Busy scrapes of a steady batch of 10 or so have little spread.
+	steady := NewLearner(0)
+	for i := range 40 {
+		x := w(10, 2)
+		x.RunningNow = float64(9 + i%3)
+		steady.Add(x)
+	}
+	require.InDelta(t, (2.0/3)/10, steady.Curve().Dispersion, 0.02)
 
 	// The copy is deep.
 	c = l.Curve()
