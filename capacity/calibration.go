@@ -92,19 +92,7 @@ func Pool(curves []Curve) (out Curve, skipped int) {
 				bins[k] = &nb
 				continue
 			}
-			t := p.Seconds + b.Seconds
-			if t <= 0 {
-				continue
-			}
-			mean := func(x, y float64) float64 { return (x*p.Seconds + y*b.Seconds) / t }
-			p.Running = mean(p.Running, b.Running)
-			p.Waiting = mean(p.Waiting, b.Waiting)
-			p.KVUsage = mean(p.KVUsage, b.KVUsage)
-			p.OutputTokensPerSec = mean(p.OutputTokensPerSec, b.OutputTokensPerSec)
-			p.PromptTokensPerSec = mean(p.PromptTokensPerSec, b.PromptTokensPerSec)
-			p.Seconds = t
-			p.TTFT.add(&b.TTFT, 1)
-			p.ITL.add(&b.ITL, 1)
+			addBin(p, &b)
 		}
 	}
 	for _, b := range bins {

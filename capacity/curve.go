@@ -202,16 +202,25 @@ func (c Curve) Clone() Curve {
 }
 
 func addWindow(b *Bin, w *Window) {
-	t := b.Seconds + w.Seconds
-	mean := func(old, v float64) float64 { return (old*b.Seconds + v*w.Seconds) / t }
-	b.Running = mean(b.Running, w.Running)
-	b.Waiting = mean(b.Waiting, w.Waiting)
-	b.KVUsage = mean(b.KVUsage, w.KVUsage)
-	b.OutputTokensPerSec = mean(b.OutputTokensPerSec, w.OutputTokensPerSec)
-	b.PromptTokensPerSec = mean(b.PromptTokensPerSec, w.PromptTokensPerSec)
+	addBin(b, &Bin{Running: w.Running, Seconds: w.Seconds, Waiting: w.Waiting, KVUsage: w.KVUsage,
+		OutputTokensPerSec: w.OutputTokensPerSec, PromptTokensPerSec: w.PromptTokensPerSec, TTFT: w.TTFT, ITL: w.ITL})
+}
+
+// addBin adds o's observations to b, its means weighted by window time.
+func addBin(b, o *Bin) {
+	t := b.Seconds + o.Seconds
+	if t <= 0 {
+		return
+	}
+	mean := func(x, y float64) float64 { return (x*b.Seconds + y*o.Seconds) / t }
+	b.Running = mean(b.Running, o.Running)
+	b.Waiting = mean(b.Waiting, o.Waiting)
+	b.KVUsage = mean(b.KVUsage, o.KVUsage)
+	b.OutputTokensPerSec = mean(b.OutputTokensPerSec, o.OutputTokensPerSec)
+	b.PromptTokensPerSec = mean(b.PromptTokensPerSec, o.PromptTokensPerSec)
 	b.Seconds = t
-	b.TTFT.add(&w.TTFT, 1)
-	b.ITL.add(&w.ITL, 1)
+	b.TTFT.add(&o.TTFT, 1)
+	b.ITL.add(&o.ITL, 1)
 }
 
 func scaleBin(b *Bin, f float64) {

@@ -152,6 +152,10 @@ func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error
 		if err != nil {
 			return nil, err
 		}
+		if len(recs) == 0 {
+			return nil, fmt.Errorf("trace %s has no records", o.Base.Workload.Trace.Path)
+		}
+		sort.SliceStable(recs, func(i, j int) bool { return recs[i].Timestamp < recs[j].Timestamp })
 		trace = recs
 	default:
 		return nil, fmt.Errorf("the capacity proof drives a shared-prefix or trace workload, not %q", o.Base.Workload.Kind)
@@ -503,23 +507,6 @@ func (r *capacityRun) traceStep(o Options, qps float64, d time.Duration) *Worklo
 		w.Requests = append(w.Requests, Request{At: at, MaxTokens: rec.OutputLength, Tokens: TraceTokens(r.o.Base.Seed, rec)})
 	}
 	return w
-}
-
-func readTrace(path string) ([]TraceRecord, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("cannot open trace: %w", err)
-	}
-	defer f.Close()
-	recs, err := ParseTrace(f)
-	if err != nil {
-		return nil, err
-	}
-	if len(recs) == 0 {
-		return nil, fmt.Errorf("trace %s has no records", path)
-	}
-	sort.SliceStable(recs, func(i, j int) bool { return recs[i].Timestamp < recs[j].Timestamp })
-	return recs, nil
 }
 
 func startOf(res []*result) time.Time {

@@ -300,14 +300,19 @@ func words(seed int64, kind string, a, b, n int) string {
 	return sb.String()
 }
 
-// loadTrace builds the trace workload.
-func loadTrace(o Options) (*Workload, error) {
-	f, err := os.Open(o.Workload.Trace.Path)
+// readTrace reads a trace file's records, in file order.
+func readTrace(path string) ([]TraceRecord, error) {
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("cannot open trace: %w", err)
 	}
 	defer f.Close()
-	recs, err := ParseTrace(f)
+	return ParseTrace(f)
+}
+
+// loadTrace builds the trace workload.
+func loadTrace(o Options) (*Workload, error) {
+	recs, err := readTrace(o.Workload.Trace.Path)
 	if err != nil {
 		return nil, err
 	}
