@@ -183,10 +183,23 @@ func (l *Learner) Add(w Window) {
 // the recent busy scrapes once there are enough of them.
 func (l *Learner) Curve() Curve {
 	c := l.curve.Clone()
-	if l.n >= dispersionSamples/2 && l.mean >= 1 {
-		c.Dispersion = max(l.sq-l.mean*l.mean, 0) / l.mean
-	}
+	_, c.Dispersion = l.Summary()
 	return c
+}
+
+// Summary is what the learner has without copying its curve: the largest
+// batch size a bin has enough data to be read at, and the dispersion
+// Curve would report (0 when not measured).
+func (l *Learner) Summary() (largest, dispersion float64) {
+	for _, b := range l.curve.Bins {
+		if b.ITL.Count >= MinSamples && b.Seconds >= MinSeconds {
+			largest = b.Running
+		}
+	}
+	if l.n >= dispersionSamples/2 && l.mean >= 1 {
+		dispersion = max(l.sq-l.mean*l.mean, 0) / l.mean
+	}
+	return largest, dispersion
 }
 
 // Clone returns a deep copy.

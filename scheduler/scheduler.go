@@ -85,6 +85,7 @@ type replica struct {
 	curve *curveLearner
 
 	queueGauge, breakerGauge, scoreGauge, staleGauge prometheus.Gauge
+	capBatchGauge, capDispersionGauge                prometheus.Gauge
 }
 
 // snapshot is the pool at one SetEndpoints call. It is immutable.
@@ -207,6 +208,8 @@ func (s *Scheduler) SetEndpoints(eps []Target) {
 			nr.breakerGauge = s.m.breakerState.WithLabelValues(ep.Addr)
 			nr.scoreGauge = s.m.score.WithLabelValues(ep.Addr)
 			nr.staleGauge = s.m.replicaStale.WithLabelValues(ep.Addr)
+			nr.capBatchGauge = s.m.capacityBatch.WithLabelValues(ep.Addr)
+			nr.capDispersionGauge = s.m.capacityDispersion.WithLabelValues(ep.Addr)
 			r = nr
 		}
 		next.all = append(next.all, r)
@@ -234,6 +237,8 @@ func (s *Scheduler) SetEndpoints(eps []Target) {
 		s.m.breakerState.DeleteLabelValues(addr)
 		s.m.score.DeleteLabelValues(addr)
 		s.m.replicaStale.DeleteLabelValues(addr)
+		s.m.capacityBatch.DeleteLabelValues(addr)
+		s.m.capacityDispersion.DeleteLabelValues(addr)
 	}
 }
 
@@ -313,6 +318,11 @@ func (s *Scheduler) refreshGauges() {
 		r.breakerGauge.Set(float64(state))
 		r.scoreGauge.Set(float64frombits(r.score.Load()))
 		r.staleGauge.Set(b2f(isStale))
+		r.curve.mu.Lock()
+		batch, dispersion := r.curve.l.Summary()
+		r.curve.mu.Unlock()
+		r.capBatchGauge.Set(batch)
+		r.capDispersionGauge.Set(dispersion)
 		if isStale {
 			stale++
 		} else if state == BreakerClosed {
