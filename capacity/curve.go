@@ -322,7 +322,7 @@ var ErrNoData = errors.New("no batch size measured with enough observations")
 // queue, Poisson distributed around the mean; a router that balances load
 // narrows that spread, so the batch is modelled as d times a Poisson(m/d)
 // count, d the dispersion measured on the replica (Curve.Dispersion, 1
-// when unknown). The share within an objective at mean m is the mixture of
+// when unknown, never above 1). The share within an objective at mean m is the mixture of
 // the bins' shares over that distribution, inter-token latencies weighted
 // by batch size (a step of batch k yields k of them) and times to first
 // token by arrival. A batch size above
@@ -371,13 +371,16 @@ func (c Curve) At(o Objectives) (AtObjectives, error) {
 		return s[j-1] + (s[j]-s[j-1])*(k-a)/(b-a)
 	}
 	// The batch is d times a Poisson(m/d) count: mean m, variance d*m.
-	// Its spread is bounded, so a noisy estimate cannot make the batch
-	// look steadier than a router could hold it, or wilder than bursts.
+	// d is at most 1: a measured spread wider than Poisson comes mostly
+	// from the load changing under the measurement (a step ending, a
+	// queue draining), and read as such it sold half the capacity in the
+	// bench's proof. It is at least 0.25, so a noisy estimate cannot make
+	// the batch look steadier than a router could hold it.
 	d := c.Dispersion
 	if !(d > 0) || math.IsInf(d, 0) {
 		d = 1
 	}
-	d = min(max(d, 0.25), 4)
+	d = min(max(d, 0.25), 1)
 	// mix is the mixture of both shares over that batch.
 	mix := func(m, beyond float64) (fi, ft float64) {
 		var wI, wT float64
