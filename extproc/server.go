@@ -51,11 +51,11 @@ const (
 	HeaderModelRewrite = "x-gateway-model-name-rewrite"
 	// HeaderReason carries the machine-readable cause of an EPP rejection
 	// (the scheduler.Error reason, or bad_request, body_too_large, ...).
-	HeaderReason      = "x-omnious-epp-reason"
-	MetadataLB        = "envoy.lb"
-	MetadataSubset    = "envoy.lb.subset_hint"
-	KeySubset         = "x-gateway-destination-endpoint-subset"
-	KeyServed         = "x-gateway-destination-endpoint-served"
+	HeaderReason   = "x-omnious-epp-reason"
+	MetadataLB     = "envoy.lb"
+	MetadataSubset = "envoy.lb.subset_hint"
+	KeySubset      = "x-gateway-destination-endpoint-subset"
+	KeyServed      = "x-gateway-destination-endpoint-served"
 	// HeaderCalibration marks `quoter calibrate`'s requests ("1"): their
 	// tokens count under scheduler.CalibrationTenant, never as a
 	// customer's. It changes nothing else about a request (no band, no

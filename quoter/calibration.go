@@ -65,4 +65,3 @@ func (f *calibrationFile) get() *capacity.Calibration {
 	f.loaded.Set(1)
 	return c
 }
-

@@ -2,8 +2,8 @@ package quoter
 
 import (
 	"context"
-	"math"
 	"encoding/json"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"testing"
