@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"github.com/omnious/provider-node/bench/compare"
 )
@@ -54,6 +55,7 @@ func runCapacity(args []string) error {
 	}
 	if *trace != "" {
 		base.Workload = compare.WorkloadOptions{Kind: compare.WorkloadTrace, Trace: compare.TraceOptions{Path: *trace}}
+		base.Scenario = "trace mix " + filepath.Base(*trace)
 	}
 	o.Base = base
 	ctx, log, done, err := session(*logLevel)
