@@ -76,8 +76,8 @@ type Config struct {
 	CalibrationFile string
 }
 
-// objectives are the config's SLOs as the capacity package reads them.
-func (c Config) objectives() capacity.Objectives {
+// Objectives are the config's SLOs as the capacity package reads them.
+func (c Config) Objectives() capacity.Objectives {
 	return capacity.Objectives{TTFT: c.SLOTTFTP95, ITL: c.SLOITLP95, Quantile: 0.95}
 }
 
@@ -399,7 +399,7 @@ func (s *Service) SignOnce(ctx context.Context) (*SignedQuote, error) {
 
 func (s *Service) sign(snap capacity.Snapshot) (*SignedQuote, error) {
 	m, _ := FindModel(snap, s.cfg.Model)
-	h, a := ComputeHeadroom(m, s.cal.get(), s.cfg.objectives())
+	h, a := ComputeHeadroom(m, s.cal.get(), s.cfg.Objectives())
 	s.mu.Lock()
 	s.assessment = a
 	s.mu.Unlock()

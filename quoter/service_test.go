@@ -213,7 +213,7 @@ func TestBreakerAgainstSimulator(t *testing.T) {
 		_, err = Verify(served, VerifyOptions{Signer: crypto.PubkeyToAddress(key.PublicKey), ChainID: big.NewInt(8453)})
 		return err == nil
 	}, 5*time.Second, 20*time.Millisecond, "no valid quote served: %s", body)
-	at, err := testCurve.Clone().At(Config{}.WithDefaults().objectives())
+	at, err := testCurve.Clone().At(Config{}.WithDefaults().Objectives())
 	require.NoError(t, err)
 	// What the curve holds within the objectives minus the 2 running and
 	// the 100 tokens/s the snapshot shows.

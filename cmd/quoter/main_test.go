@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -36,11 +37,27 @@ func startEPP(t *testing.T) string {
 			http.NotFound(w, r)
 			return
 		}
-		_ = json.NewEncoder(w).Encode(capacity.Snapshot{Taken: time.Now(), Models: []capacity.Model{
-			{Model: model, Replicas: 1, Healthy: 1, MaxConcurrency: 16, Running: 4, OutputTokensPerSec: 400}}})
+		snap := eppSnapshot()
+		snap.Taken = time.Now()
+		_ = json.NewEncoder(w).Encode(snap)
 	}))
 	t.Cleanup(srv.Close)
 	return srv.URL
+}
+
+// eppSnapshot is the fake EPP's pool: one replica running 4 requests whose
+// curve holds about 12 within the default objectives.
+func eppSnapshot() capacity.Snapshot {
+	bin := func(running, itl, tps float64) capacity.Bin {
+		return capacity.Bin{Running: running, Seconds: 10, OutputTokensPerSec: tps,
+			ITL:  capacity.Histogram{Counts: []float64{0, itl * 1000, 1000}, Count: 1000},
+			TTFT: capacity.Histogram{Counts: []float64{1000, 1000, 1000}, Count: 1000}}
+	}
+	c := capacity.Curve{ITLBounds: []float64{0.025, 0.05, 0.1}, TTFTBounds: []float64{1, 2, 4},
+		Bins: []capacity.Bin{bin(4, 1, 400), bin(10, 0.99, 900), bin(20, 0.9, 1500)}}
+	return capacity.Snapshot{Models: []capacity.Model{{Model: model, Replicas: 1, Healthy: 1, MaxConcurrency: 16, Running: 4,
+		OutputTokensPerSec: 400, ReplicaCapacity: []capacity.Replica{{Addr: "r", Healthy: true, Running: 4,
+			OutputTokensPerSec: 400, MaxRunning: 256, Curve: c}}}}}
 }
 
 func invoke(ctx context.Context, args ...string) (int, string, string) {
@@ -125,8 +142,10 @@ func TestKeyMaterialNeverPrinted(t *testing.T) {
 	v, err := quoter.Verify(sq, quoter.VerifyOptions{})
 	require.NoError(t, err)
 	require.Equal(t, crypto.PubkeyToAddress(key.PublicKey), v.Signer)
-	require.Equal(t, "12", sq.Message.HeadroomConcurrency)
-	require.Equal(t, "300", sq.Message.HeadroomTokensPerSec)
+	want, _ := quoter.ComputeHeadroom(eppSnapshot().Models[0], nil, quoter.Config{}.WithDefaults().Objectives())
+	require.Positive(t, want.Concurrency)
+	require.Equal(t, strconv.FormatUint(uint64(want.Concurrency), 10), sq.Message.HeadroomConcurrency)
+	require.Equal(t, strconv.FormatUint(want.TokensPerSec, 10), sq.Message.HeadroomTokensPerSec)
 	quoteFile := filepath.Join(dir, "quote.json")
 	require.NoError(t, os.WriteFile(quoteFile, []byte(out), 0o600))
 
