@@ -375,7 +375,7 @@ func requireCalibration(t *testing.T, env *kubetest.Env, ns, release, ttft, itl 
 	require.NoError(t, err)
 	require.Equal(t, []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"create"}},
-		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{cmName}, Verbs: []string{"get", "update", "patch"}},
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{cmName}, Verbs: []string{"get", "update"}},
 	}, role.Rules)
 	crbs, err := env.Kube.RbacV1().ClusterRoleBindings().List(ctx, metav1.ListOptions{})
 	require.NoError(t, err)
