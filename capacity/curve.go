@@ -191,9 +191,9 @@ func (l *Learner) Curve() Curve {
 // batch size a bin has enough data to be read at, and the dispersion
 // Curve would report (0 when not measured).
 func (l *Learner) Summary() (largest, dispersion float64) {
-	for _, b := range l.curve.Bins {
-		if b.ITL.Count >= MinSamples && b.Seconds >= MinSeconds {
-			largest = b.Running
+	for i := range l.curve.Bins {
+		if l.curve.Bins[i].readable() {
+			largest = l.curve.Bins[i].Running
 		}
 	}
 	if l.n >= dispersionSamples/2 && l.mean >= 1 {
@@ -305,6 +305,9 @@ const (
 	MinSeconds = 5.0
 )
 
+// readable reports whether the bin has enough data to be read.
+func (b *Bin) readable() bool { return b.ITL.Count >= MinSamples && b.Seconds >= MinSeconds }
+
 // ErrNoData means the curve has no bin with enough observations.
 var ErrNoData = errors.New("no batch size measured with enough observations")
 
@@ -334,7 +337,7 @@ var ErrNoData = errors.New("no batch size measured with enough observations")
 func (c Curve) At(o Objectives) (AtObjectives, error) {
 	var bins []*Bin
 	for i := range c.Bins {
-		if c.Bins[i].ITL.Count >= MinSamples && c.Bins[i].Seconds >= MinSeconds {
+		if c.Bins[i].readable() {
 			bins = append(bins, &c.Bins[i])
 		}
 	}

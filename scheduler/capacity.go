@@ -69,12 +69,9 @@ func (s *Scheduler) Capacity() capacity.Snapshot {
 		rc := capacity.Replica{Addr: r.ep.Addr, Healthy: healthy, Stale: stale, InFlight: inflight,
 			MaxRunning: int(s.cfg.Admission.TargetInflight), Curve: r.curveCopy()}
 		if sm != nil && !stale {
-			rc.Running, rc.Waiting = int(sm.Signals.Running), int(sm.Signals.Waiting)
-			rc.OutputTokensPerSec = sm.GenerationTokensPerSec
-		}
-		m.ReplicaCapacity = append(m.ReplicaCapacity, rc)
-		if sm != nil && !stale {
 			sig := &sm.Signals
+			rc.Running, rc.Waiting = int(sig.Running), int(sig.Waiting)
+			rc.OutputTokensPerSec = sm.GenerationTokensPerSec
 			m.Waiting += int(sig.Waiting)
 			m.Running += int(sig.Running)
 			m.OutputTokensPerSec += sm.GenerationTokensPerSec
@@ -82,6 +79,7 @@ func (s *Scheduler) Capacity() capacity.Snapshot {
 			hits[r.ep.Model] += sm.PrefixHitsPerSec
 			queries[r.ep.Model] += sm.PrefixQueriesPerSec
 		}
+		m.ReplicaCapacity = append(m.ReplicaCapacity, rc)
 		if !healthy {
 			continue
 		}

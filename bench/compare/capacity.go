@@ -277,19 +277,28 @@ func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error
 // awaitHealthy waits until the EPP counts n healthy replicas: the lost
 // one's scrapes have failed enough to open its breaker.
 func (r *capacityRun) awaitHealthy(ctx context.Context, n int) {
+	r.awaitSnapshot(ctx, func(m capacity.Model) int { return m.Healthy }, func(healthy int) bool { return healthy <= n })
+}
+
+// awaitSnapshot polls the EPP's capacity snapshot for up to a minute until
+// ok holds for v summed over its models.
+func (r *capacityRun) awaitSnapshot(ctx context.Context, v func(capacity.Model) int, ok func(int) bool) {
 	deadline := time.Now().Add(time.Minute)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		snap, err := r.t.epp.Capacity(ctx)
-		healthy := 0
+		sum := 0
 		for _, m := range snap.Models {
-			healthy += m.Healthy
+			sum += v(m)
 		}
-		if err == nil && healthy <= n {
+		if err == nil && ok(sum) {
 			return
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// timeScale is how much faster than wall time the fleet runs.
+func (r *capacityRun) timeScale() float64 { return max(r.o.Base.Fleet.TimeScale, 1) }
 
 // calibrate runs the quoter's calibration through the gateway with the
 // workload's mix. Its client measures wall time, so the objectives and
@@ -305,7 +314,7 @@ func (r *capacityRun) calibrate(ctx context.Context, model string) (*capacity.Ca
 		}
 		mix = capacity.Mix{PromptTokens: in / len(r.trace), OutputTokens: int(r.outLen), Groups: 1}
 	}
-	ts := max(r.o.Base.Fleet.TimeScale, 1)
+	ts := r.timeScale()
 	wall := func(d time.Duration) time.Duration { return time.Duration(float64(d) / ts) }
 	warm := wall(5 * time.Second)
 	return calibration.Run(ctx, calibration.Config{URL: r.t.URL(), Model: model, CapacityURL: r.t.epp.AdminURL(),
@@ -335,7 +344,7 @@ func (r *capacityRun) quote(ctx context.Context, label string) (CapacityQuote, e
 	}
 	tps, _ := strconv.ParseFloat(sq.Message.HeadroomTokensPerSec, 64)
 	conc, _ := strconv.ParseFloat(sq.Message.HeadroomConcurrency, 64)
-	ts := max(r.o.Base.Fleet.TimeScale, 1)
+	ts := r.timeScale()
 	a := r.q.LastAssessment()
 	q := CapacityQuote{Label: label, TokensPerS: tps / ts, Concurrency: conc, CapacityTokensPerS: a.OutputTokensPerSec / ts,
 		CapacityRunning: a.Running, BusyTokensPerS: a.BusyTokensPerSec / ts, Busy: a.Busy}
@@ -457,7 +466,7 @@ func (r *capacityRun) stepFor(ctx context.Context, label string, qps float64, d 
 		w = sharedPrefix(o)
 	}
 	res := replay(ctx, r.c, w, o.MaxInFlight, o.RequestTimeout, nil)
-	scale := max(o.Fleet.TimeScale, 1)
+	scale := r.timeScale()
 	skip := time.Duration(float64(d) / scale / 5)
 	st := CapacityStep{Label: label, QPS: qps}
 	var ttft, itl []time.Duration
@@ -521,24 +530,13 @@ func startOf(res []*result) time.Time {
 
 // idle waits until the fleet has drained and been scraped since.
 func (r *capacityRun) idle(ctx context.Context) {
-	deadline := time.Now().Add(time.Minute)
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		snap, err := r.t.epp.Capacity(ctx)
-		busy := 0
-		for _, m := range snap.Models {
-			busy += m.Running + m.Waiting + m.InFlight
-		}
-		if err == nil && busy == 0 {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	r.awaitSnapshot(ctx, func(m capacity.Model) int { return m.Running + m.Waiting + m.InFlight }, func(busy int) bool { return busy == 0 })
 	time.Sleep(3 * scrapeInterval)
 }
 
 // sleepModel waits d of model time.
 func (r *capacityRun) sleepModel(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(time.Duration(float64(d) / max(r.o.Base.Fleet.TimeScale, 1)))
+	t := time.NewTimer(time.Duration(float64(d) / r.timeScale()))
 	defer t.Stop()
 	select {
 	case <-ctx.Done():

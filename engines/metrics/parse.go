@@ -40,7 +40,6 @@ const (
 	HasLoRA
 	HasTTFT
 	HasITL
-	HasRequestsFinished
 )
 
 // Signals is what one scrape of one engine says.
@@ -71,9 +70,6 @@ type Signals struct {
 	// TTFT and ITL are the engines' time-to-first-token and inter-token
 	// latency histograms, cumulative since the engine started.
 	TTFT, ITL Histogram
-	// RequestsFinished counts finished requests (vLLM
-	// request_success_total over all reasons, SGLang num_requests_total).
-	RequestsFinished float64
 	// Has says which fields were present (Has* bits).
 	Has uint32
 
@@ -132,7 +128,6 @@ const (
 	mCacheConfig
 	mMaxTotalTokens
 	mLoRA
-	mRequestsFinished
 )
 
 // lookup maps a series name (without labels) to the metric it feeds.
@@ -159,10 +154,6 @@ func lookup(name []byte) (metric, string) {
 		return mCacheConfig, EngineVLLM
 	case "vllm:lora_requests_info":
 		return mLoRA, EngineVLLM
-	case "vllm:request_success_total", "vllm:request_success":
-		return mRequestsFinished, EngineVLLM
-	case "sglang:num_requests_total", "sglang:num_requests":
-		return mRequestsFinished, EngineSGLang
 	case "sglang:num_running_reqs":
 		return mRunning, EngineSGLang
 	case "sglang:num_queue_reqs":
@@ -290,9 +281,6 @@ func parseLine(line []byte, s *Signals) error {
 	case mGenerationTokens:
 		s.GenerationTokens += v
 		s.Has |= HasGenerationTokens
-	case mRequestsFinished:
-		s.RequestsFinished += v
-		s.Has |= HasRequestsFinished
 	case mMaxTotalTokens:
 		s.MaxTotalTokens += int64(v)
 		s.Has |= HasMaxTotalTokens

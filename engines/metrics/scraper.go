@@ -29,7 +29,6 @@ type Sample struct {
 	// scrapes (0 until there are two, or after a counter reset).
 	PromptTokensPerSec, GenerationTokensPerSec float64
 	PrefixQueriesPerSec, PrefixHitsPerSec      float64
-	RequestsFinishedPerSec                     float64
 	// Window is what the engine did between the last two good scrapes,
 	// the capacity model's input.
 	Window Window
@@ -231,7 +230,6 @@ func (next *Sample) DeriveFrom(prev *Sample) {
 	next.GenerationTokensPerSec = rate(n.GenerationTokens, p.GenerationTokens)
 	next.PrefixQueriesPerSec = rate(n.PrefixQueries, p.PrefixQueries)
 	next.PrefixHitsPerSec = rate(n.PrefixHits, p.PrefixHits)
-	next.RequestsFinishedPerSec = rate(n.RequestsFinished, p.RequestsFinished)
 	ttft, ok1 := n.TTFT.Delta(&p.TTFT)
 	itl, ok2 := n.ITL.Delta(&p.ITL)
 	if !ok1 || !ok2 || n.GenerationTokens < p.GenerationTokens {
