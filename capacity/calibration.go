@@ -12,7 +12,7 @@ import (
 )
 
 // CalibrationVersion is the calibration document's format version.
-const CalibrationVersion = 1
+const CalibrationVersion = 2
 
 // Calibration is what `quoter calibrate` measured through a serving URL:
 // the client's view of each concurrency level it drove, and the engines'
@@ -67,7 +67,7 @@ type Level struct {
 }
 
 // Pool adds curves of replicas of one kind into one replica's share:
-// bins of the same batch size are summed, so their latency observations
+// bins of the same load are summed, so their latency observations
 // add up and their means are weighted by window time. Curves with other
 // histogram buckets than the first non-empty one are left out and counted
 // in skipped.
@@ -85,7 +85,7 @@ func Pool(curves []Curve) (out Curve, skipped int) {
 			continue
 		}
 		for _, b := range c.Bins {
-			k := binIndex(b.Running)
+			k := binIndex(b.Concurrency)
 			p := bins[k]
 			if p == nil {
 				nb := cloneBin(b)
@@ -98,7 +98,7 @@ func Pool(curves []Curve) (out Curve, skipped int) {
 	for _, b := range bins {
 		out.Bins = append(out.Bins, *b)
 	}
-	sort.Slice(out.Bins, func(i, j int) bool { return out.Bins[i].Running < out.Bins[j].Running })
+	sort.Slice(out.Bins, func(i, j int) bool { return out.Bins[i].Concurrency < out.Bins[j].Concurrency })
 	return out, skipped
 }
 
@@ -137,7 +137,7 @@ func LoadCalibration(path string) (*Calibration, error) {
 // Validate reports what makes a calibration unusable.
 func (c *Calibration) Validate() error {
 	if c.Version != CalibrationVersion {
-		return fmt.Errorf("calibration version %d is not %d", c.Version, CalibrationVersion)
+		return fmt.Errorf("calibration version %d is not %d: run quoter calibrate again", c.Version, CalibrationVersion)
 	}
 	if c.Model == "" {
 		return errors.New("calibration names no model")

@@ -2,7 +2,7 @@
 // admin port (GET /v1/capacity) and the quoter reads: per model, how much
 // headroom the pool has right now, computed from the same KV index and engine
 // metrics the scheduler uses, and per replica the curve of its latency
-// against its batch size (Curve, learnt from the engines' own histograms)
+// against its load (Curve, learnt from the engines' own histograms)
 // from which the quoter reads the load it can sell within its objectives.
 // It is deliberately narrow so the quoter never depends on scheduler
 // internals.
@@ -78,7 +78,7 @@ type Replica struct {
 	// FreeKVTokens and TotalKVTokens are its KV cache (healthy only).
 	FreeKVTokens  int64 `json:"free_kv_tokens"`
 	TotalKVTokens int64 `json:"total_kv_tokens"`
-	// Curve is the replica's latency against batch size, learnt from its
+	// Curve is the replica's latency against its load, learnt from its
 	// scrapes.
 	Curve Curve `json:"curve"`
 }

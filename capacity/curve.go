@@ -57,14 +57,25 @@ func (h *Histogram) add(o *Histogram, scale float64) {
 	h.Sum += o.Sum * scale
 }
 
-// Bin is the engine's behaviour at one batch size: every scrape window
-// whose mean running-request count fell in the bin, accumulated. Means are
-// weighted by window time.
+// Bin is the engine's behaviour at one load: every scrape window whose
+// mean count of requests in the engine (running or waiting) fell in the
+// bin, accumulated. Means are weighted by window time.
+//
+// The key counts waiting requests as well as the batch because an engine
+// past what it can admit (KV full, its prefill budget spent) holds its
+// batch and grows its queue: keyed by the batch alone, the windows of an
+// overload would land among those of a light load and charge their times
+// to first token to it.
 type Bin struct {
+	// Concurrency is the mean number of requests in the engine, running
+	// plus waiting: the key.
+	Concurrency float64 `json:"concurrency"`
 	// Running is the mean number of running requests (the batch size).
 	Running float64 `json:"running"`
-	// Seconds is the window time accumulated (decayed with age).
+	// Seconds is the window time accumulated and Windows the number of
+	// scrape windows, both decayed with age.
 	Seconds float64 `json:"seconds"`
+	Windows float64 `json:"windows"`
 	// Waiting and KVUsage are the mean queue depth and KV usage (0..1).
 	Waiting float64 `json:"waiting"`
 	KVUsage float64 `json:"kv_usage"`
@@ -77,16 +88,16 @@ type Bin struct {
 }
 
 // Curve is what one engine (or, for calibration, one replica's share of a
-// fleet) did at each batch size it ran: its latency against its load, the
+// fleet) did at each load it ran: its latency against its load, the
 // data the capacity at an objective is read from.
 type Curve struct {
 	// TTFTBounds and ITLBounds are the histograms' finite bucket bounds in
 	// seconds, the engine's own.
 	TTFTBounds []float64 `json:"ttft_bounds"`
 	ITLBounds  []float64 `json:"itl_bounds"`
-	// Bins are ascending by Running; only bins with data are present.
+	// Bins are ascending by Concurrency; only bins with data are present.
 	Bins []Bin `json:"bins"`
-	// Dispersion is the running count's variance over its mean, measured
+	// Dispersion is the engine's request count's variance over its mean, measured
 	// over the replica's recent busy scrapes: 1 for the Poisson occupancy
 	// of independent arrivals, less when a router balances load. 0 means
 	// not measured (read as 1). A merged curve keeps the live one's and a
@@ -99,23 +110,23 @@ type Curve struct {
 type Window struct {
 	Seconds                   float64
 	Running, Waiting, KVUsage float64
-	// RunningNow is the running count at the window's end, one sample of
-	// the batch's spread.
-	RunningNow            float64
+	// ConcurrencyNow is the engine's running plus waiting count at the
+	// window's end, one sample of the load's spread.
+	ConcurrencyNow        float64
 	OutputTokensPerSec    float64
 	PromptTokensPerSec    float64
 	TTFTBounds, ITLBounds []float64
 	TTFT, ITL             Histogram
 }
 
-// binIndex maps a batch size to its bin: one bin per request up to 16,
+// binIndex maps a concurrency to its bin: one bin per request up to 16,
 // then bins 1/16 wide (about 6%), so a capacity is read to within a few
 // percent at any size.
-func binIndex(running float64) int {
-	if running < 16 {
-		return int(running)
+func binIndex(concurrency float64) int {
+	if concurrency < 16 {
+		return int(concurrency)
 	}
-	return 16 + int(math.Log(running/16)/math.Log1p(1.0/16))
+	return 16 + int(math.Log(concurrency/16)/math.Log1p(1.0/16))
 }
 
 // Learner accumulates an engine's windows into a Curve, forgetting with a
@@ -126,13 +137,13 @@ type Learner struct {
 	halfLife time.Duration
 	curve    Curve
 	idx      []int // bin index of curve.Bins[i]
-	// mean and sq are exponentially weighted moments of RunningNow over
+	// mean and sq are exponentially weighted moments of ConcurrencyNow over
 	// the last dispersionSamples busy scrapes; n counts them up to that.
 	mean, sq float64
 	n        int
 }
 
-// dispersionSamples is how many recent busy scrapes the batch's spread is
+// dispersionSamples is how many recent busy scrapes the load's spread is
 // measured over: enough for a variance, few enough to follow the load.
 const dispersionSamples = 32
 
@@ -142,12 +153,13 @@ func NewLearner(halfLife time.Duration) *Learner {
 	return &Learner{halfLife: halfLife}
 }
 
-// Add records one window. Idle windows (no running request) carry no
-// latency-versus-load information and are dropped, as are windows whose
+// Add records one window. Idle windows (no request in the engine) carry
+// no latency-versus-load information and are dropped, as are windows whose
 // histogram buckets differ from the curve's (the engine was replaced): the
 // curve then starts over.
 func (l *Learner) Add(w Window) {
-	if w.Seconds <= 0 || w.Running <= 0 || math.IsNaN(w.Running) || math.IsInf(w.Running, 0) {
+	conc := w.Running + w.Waiting
+	if w.Seconds <= 0 || w.Running < 0 || w.Waiting < 0 || !(conc > 0) || math.IsInf(conc, 0) {
 		return
 	}
 	if !equalBounds(l.curve.TTFTBounds, w.TTFTBounds) || !equalBounds(l.curve.ITLBounds, w.ITLBounds) {
@@ -160,13 +172,13 @@ func (l *Learner) Add(w Window) {
 			scaleBin(&l.curve.Bins[i], f)
 		}
 	}
-	if x := w.RunningNow; x >= 0 && !math.IsNaN(x) && !math.IsInf(x, 0) {
+	if x := w.ConcurrencyNow; x >= 0 && !math.IsNaN(x) && !math.IsInf(x, 0) {
 		l.n = min(l.n+1, dispersionSamples)
 		a := 1 / float64(l.n)
 		l.mean += a * (x - l.mean)
 		l.sq += a * (x*x - l.sq)
 	}
-	k := binIndex(w.Running)
+	k := binIndex(conc)
 	i := sort.SearchInts(l.idx, k)
 	if i == len(l.idx) || l.idx[i] != k {
 		l.idx = append(l.idx, 0)
@@ -188,13 +200,11 @@ func (l *Learner) Curve() Curve {
 }
 
 // Summary is what the learner has without copying its curve: the largest
-// batch size a bin has enough data to be read at, and the dispersion
+// concurrency a bin has enough data to be read at, and the dispersion
 // Curve would report (0 when not measured).
 func (l *Learner) Summary() (largest, dispersion float64) {
-	for i := range l.curve.Bins {
-		if l.curve.Bins[i].readable() {
-			largest = l.curve.Bins[i].Running
-		}
+	if bins := l.curve.pooled(); len(bins) > 0 {
+		largest = bins[len(bins)-1].Concurrency
 	}
 	if l.n >= dispersionSamples/2 && l.mean >= 1 {
 		dispersion = max(l.sq-l.mean*l.mean, 0) / l.mean
@@ -215,7 +225,7 @@ func (c Curve) Clone() Curve {
 }
 
 func addWindow(b *Bin, w *Window) {
-	addBin(b, &Bin{Running: w.Running, Seconds: w.Seconds, Waiting: w.Waiting, KVUsage: w.KVUsage,
+	addBin(b, &Bin{Concurrency: w.Running + w.Waiting, Running: w.Running, Seconds: w.Seconds, Windows: 1, Waiting: w.Waiting, KVUsage: w.KVUsage,
 		OutputTokensPerSec: w.OutputTokensPerSec, PromptTokensPerSec: w.PromptTokensPerSec, TTFT: w.TTFT, ITL: w.ITL})
 }
 
@@ -226,18 +236,21 @@ func addBin(b, o *Bin) {
 		return
 	}
 	mean := func(x, y float64) float64 { return (x*b.Seconds + y*o.Seconds) / t }
+	b.Concurrency = mean(b.Concurrency, o.Concurrency)
 	b.Running = mean(b.Running, o.Running)
 	b.Waiting = mean(b.Waiting, o.Waiting)
 	b.KVUsage = mean(b.KVUsage, o.KVUsage)
 	b.OutputTokensPerSec = mean(b.OutputTokensPerSec, o.OutputTokensPerSec)
 	b.PromptTokensPerSec = mean(b.PromptTokensPerSec, o.PromptTokensPerSec)
 	b.Seconds = t
+	b.Windows += o.Windows
 	b.TTFT.add(&o.TTFT, 1)
 	b.ITL.add(&o.ITL, 1)
 }
 
 func scaleBin(b *Bin, f float64) {
 	b.Seconds *= f
+	b.Windows *= f
 	b.TTFT.scale(f)
 	b.ITL.scale(f)
 }
@@ -274,18 +287,20 @@ type Objectives struct {
 // AtObjectives is a curve read at objectives: the most an engine can run
 // while the objectives hold.
 type AtObjectives struct {
-	// Running is the batch size (running requests) at which the first
-	// objective stops holding, interpolated between the bins either side.
-	Running float64 `json:"running"`
+	// Concurrency is the mean number of requests in the engine (running
+	// or waiting) at which the first objective stops holding,
+	// interpolated between the bins either side.
+	Concurrency float64 `json:"concurrency"`
 	// OutputTokensPerSec and PromptTokensPerSec are the engine's token
-	// rates at that batch size.
+	// rates at that concurrency.
 	OutputTokensPerSec float64 `json:"output_tokens_per_sec"`
 	PromptTokensPerSec float64 `json:"prompt_tokens_per_sec"`
 	// Limit names what bounds it: "ttft" or "itl" (that objective breaks
-	// there), or "measured" (no measured batch size broke an objective, so
-	// the capacity stops at the largest one measured: never extrapolated).
+	// there), or "measured" (no measured concurrency broke an objective,
+	// so the capacity stops where the measurements do: never
+	// extrapolated).
 	Limit string `json:"limit"`
-	// MaxMeasured is the largest batch size with enough data.
+	// MaxMeasured is the largest concurrency with enough data.
 	MaxMeasured float64 `json:"max_measured"`
 }
 
@@ -297,50 +312,51 @@ const (
 )
 
 // MinSamples is the inter-token observations a bin needs before it is
-// read, fewer say too little about a 95th percentile; MinSeconds the
-// window time, so that one window straddling a change of load (its mean
-// batch between two levels, its first tokens a burst) is not read alone.
+// read, fewer say too little about a 95th percentile; MinWindows the
+// scrape windows, so that one window straddling a change of load (its
+// mean load between two levels, its first tokens a burst) is not read
+// alone. Counted in windows, not seconds: how long a window is depends on
+// the scrape interval, and what a straddling window can spoil is its
+// share of the bin.
 const (
 	MinSamples = 100
-	MinSeconds = 5.0
+	MinWindows = 4
 )
 
 // readable reports whether the bin has enough data to be read.
-func (b *Bin) readable() bool { return b.ITL.Count >= MinSamples && b.Seconds >= MinSeconds }
+func (b *Bin) readable() bool { return b.ITL.Count >= MinSamples && b.Windows >= MinWindows }
 
 // ErrNoData means the curve has no bin with enough observations.
-var ErrNoData = errors.New("no batch size measured with enough observations")
+var ErrNoData = errors.New("no load measured with enough observations")
 
-// At reads the curve at the objectives: the largest mean batch size an
-// engine can run while the objectives hold for its traffic as a whole.
+// At reads the curve at the objectives: the largest mean concurrency an
+// engine can hold while the objectives hold for its traffic as a whole.
 //
-// A bin counts once it has MinSamples inter-token observations. The share
-// of observations within each objective is made non-increasing in batch
-// size (weighted pool-adjacent-violators), so one noisy bin cannot make
-// capacity jump, and interpolated linearly between bins.
+// A bin counts once it has MinSamples inter-token observations over
+// MinWindows scrape windows; adjacent thinner bins are pooled until they
+// do (Curve.pooled). The share of observations within each objective is
+// made non-increasing in concurrency (weighted pool-adjacent-violators),
+// so one noisy bin cannot make capacity jump, and interpolated linearly
+// between bins.
 //
-// Traffic from many independent clients does not hold the batch at its
+// Traffic from many independent clients does not hold the load at its
 // mean: a continuously batching engine below saturation serves every
-// request at once, so its batch size is the occupancy of an M/G/infinity
+// request at once, so its concurrency is the occupancy of an M/G/infinity
 // queue, Poisson distributed around the mean; a router that balances load
-// narrows that spread, so the batch is modelled as d times a Poisson(m/d)
-// count, d the dispersion measured on the replica (Curve.Dispersion, 1
-// when unknown, never above 1). The share within an objective at mean m is the mixture of
-// the bins' shares over that distribution, inter-token latencies weighted
-// by batch size (a step of batch k yields k of them) and times to first
-// token by arrival. A batch size above
-// the largest measured bin counts as breaking both objectives: the curve is
+// narrows that spread, so the concurrency is modelled as d times a
+// Poisson(m/d) count, d the dispersion measured on the replica
+// (Curve.Dispersion, 1 when unknown, never above 1). The share within an
+// objective at mean m is the mixture of the bins' shares over that
+// distribution, inter-token latencies weighted by concurrency (below
+// saturation nearly every request runs, and a step of batch k yields k of
+// them) and times to first token by arrival. A concurrency above the
+// largest measured bin counts as breaking both objectives: the curve is
 // never extrapolated, so a mean with real probability of reaching
-// unmeasured sizes is not sold. The answer is the largest mean at which
+// unmeasured loads is not sold. The answer is the largest mean at which
 // both mixtures reach the quantile, found by bisection (both are
 // non-increasing in the mean).
 func (c Curve) At(o Objectives) (AtObjectives, error) {
-	var bins []*Bin
-	for i := range c.Bins {
-		if c.Bins[i].readable() {
-			bins = append(bins, &c.Bins[i])
-		}
-	}
+	bins := c.pooled()
 	if len(bins) == 0 {
 		return AtObjectives{}, ErrNoData
 	}
@@ -352,7 +368,7 @@ func (c Curve) At(o Objectives) (AtObjectives, error) {
 	itl, ttft := make([]float64, n), make([]float64, n)
 	wi, wt := make([]float64, n), make([]float64, n)
 	for i, b := range bins {
-		x[i] = b.Running
+		x[i] = b.Concurrency
 		itl[i], wi[i] = b.ITL.Within(c.ITLBounds, o.ITL.Seconds()), b.ITL.Count
 		ttft[i], wt[i] = b.TTFT.Within(c.TTFTBounds, o.TTFT.Seconds()), b.TTFT.Count
 	}
@@ -360,7 +376,7 @@ func (c Curve) At(o Objectives) (AtObjectives, error) {
 	isotonic.NonIncreasing(ttft, wt)
 	maxMeasured := x[n-1]
 	out := AtObjectives{MaxMeasured: maxMeasured}
-	// share(k) of a curve at batch size k; beyond the last bin it is
+	// share(k) of a curve at concurrency k; beyond the last bin it is
 	// unknown, which counts as 0 unless assumeBeyond says otherwise.
 	share := func(s []float64, k float64, beyond float64) float64 {
 		switch {
@@ -373,18 +389,18 @@ func (c Curve) At(o Objectives) (AtObjectives, error) {
 		a, b := x[j-1], x[j]
 		return s[j-1] + (s[j]-s[j-1])*(k-a)/(b-a)
 	}
-	// The batch is d times a Poisson(m/d) count: mean m, variance d*m.
+	// The load is d times a Poisson(m/d) count: mean m, variance d*m.
 	// d is at most 1: a measured spread wider than Poisson comes mostly
 	// from the load changing under the measurement (a step ending, a
 	// queue draining), and read as such it sold half the capacity in the
 	// bench's proof. It is at least 0.25, so a noisy estimate cannot make
-	// the batch look steadier than a router could hold it.
+	// the load look steadier than a router could hold it.
 	d := c.Dispersion
 	if !(d > 0) || math.IsInf(d, 0) {
 		d = 1
 	}
 	d = min(max(d, 0.25), 1)
-	// mix is the mixture of both shares over that batch.
+	// mix is the mixture of both shares over that load.
 	mix := func(m, beyond float64) (fi, ft float64) {
 		var wI, wT float64
 		poisson(m/d, func(j int, p float64) {
@@ -419,11 +435,44 @@ func (c Curve) At(o Objectives) (AtObjectives, error) {
 			hi = mid
 		}
 	}
-	out.Running = lo
+	out.Concurrency = lo
 	out.Limit = limitAt(mix, hi, o.Quantile)
 	out.OutputTokensPerSec = interpolate(bins, lo, func(b *Bin) float64 { return b.OutputTokensPerSec })
 	out.PromptTokensPerSec = interpolate(bins, lo, func(b *Bin) float64 { return b.PromptTokensPerSec })
 	return out, nil
+}
+
+// pooled returns the curve's bins with each run of adjacent bins too thin
+// to be read alone added together until the sum can be: loads an
+// engine visits rarely (the top of its range, the tail of its spread) still
+// count with what was measured there rather than as unmeasured. What is
+// left at the top too thin even pooled joins the last readable group.
+func (c Curve) pooled() []*Bin {
+	var out []*Bin
+	var acc *Bin
+	for i := range c.Bins {
+		b := &c.Bins[i]
+		if acc == nil {
+			if b.readable() {
+				out = append(out, b)
+				continue
+			}
+			nb := cloneBin(*b)
+			acc = &nb
+		} else {
+			addBin(acc, b)
+		}
+		if acc.readable() {
+			out = append(out, acc)
+			acc = nil
+		}
+	}
+	if acc != nil && len(out) > 0 {
+		last := cloneBin(*out[len(out)-1])
+		addBin(&last, acc)
+		out[len(out)-1] = &last
+	}
+	return out
 }
 
 // limitAt names what breaks at mean m: the measured region's ITL or TTFT,
@@ -462,13 +511,13 @@ func poisson(m float64, f func(k int, p float64)) {
 // interpolate reads v linearly between the bins either side of running
 // (the bins are ascending and running is within them).
 func interpolate(bins []*Bin, running float64, v func(*Bin) float64) float64 {
-	if running <= bins[0].Running {
-		return v(bins[0]) * running / bins[0].Running
+	if running <= bins[0].Concurrency {
+		return v(bins[0]) * running / bins[0].Concurrency
 	}
 	for i := 1; i < len(bins); i++ {
-		if running <= bins[i].Running {
+		if running <= bins[i].Concurrency {
 			a, b := bins[i-1], bins[i]
-			return v(a) + (v(b)-v(a))*(running-a.Running)/(b.Running-a.Running)
+			return v(a) + (v(b)-v(a))*(running-a.Concurrency)/(b.Concurrency-a.Concurrency)
 		}
 	}
 	return v(bins[len(bins)-1])
@@ -493,12 +542,12 @@ func (c Curve) Merge(o Curve) (Curve, error) {
 	out := c.Clone()
 	have := make(map[int]int, len(out.Bins))
 	for i, b := range out.Bins {
-		have[binIndex(b.Running)] = i
+		have[binIndex(b.Concurrency)] = i
 	}
 	for _, b := range o.Bins {
-		k := binIndex(b.Running)
+		k := binIndex(b.Concurrency)
 		if i, ok := have[k]; ok {
-			if out.Bins[i].ITL.Count >= MinSamples {
+			if out.Bins[i].readable() {
 				continue
 			}
 			// Too little live data to stand alone: replace it by the
@@ -508,7 +557,7 @@ func (c Curve) Merge(o Curve) (Curve, error) {
 		}
 		out.Bins = append(out.Bins, cloneBin(b))
 	}
-	sort.Slice(out.Bins, func(i, j int) bool { return out.Bins[i].Running < out.Bins[j].Running })
+	sort.Slice(out.Bins, func(i, j int) bool { return out.Bins[i].Concurrency < out.Bins[j].Concurrency })
 	return out, nil
 }
 
@@ -535,15 +584,15 @@ func (c Curve) Validate() error {
 	}
 	prev := -1.0
 	for i, b := range c.Bins {
-		for _, v := range []float64{b.Running, b.Seconds, b.Waiting, b.KVUsage, b.OutputTokensPerSec, b.PromptTokensPerSec} {
+		for _, v := range []float64{b.Concurrency, b.Running, b.Seconds, b.Windows, b.Waiting, b.KVUsage, b.OutputTokensPerSec, b.PromptTokensPerSec} {
 			if !(v >= 0) || math.IsInf(v, 0) {
 				return fmt.Errorf("bin %d has a negative or non-finite value", i)
 			}
 		}
-		if b.Running <= prev {
-			return fmt.Errorf("bin %d: batch sizes are not ascending", i)
+		if b.Concurrency <= prev {
+			return fmt.Errorf("bin %d: concurrencies are not ascending", i)
 		}
-		prev = b.Running
+		prev = b.Concurrency
 		for name, h := range map[string]struct {
 			h      *Histogram
 			bounds []float64

@@ -18,7 +18,7 @@ var (
 // testBin is a bin at running whose shares within 50 ms ITL and 2 s TTFT
 // are itl and ttft, over n observations.
 func testBin(running, itl, ttft, tps, n float64) Bin {
-	return Bin{Running: running, Seconds: 10, OutputTokensPerSec: tps,
+	return Bin{Concurrency: running, Running: running, Seconds: 10, Windows: 5, OutputTokensPerSec: tps,
 		ITL:  Histogram{Counts: []float64{0, itl * n, n}, Count: n, Sum: n * 0.04},
 		TTFT: Histogram{Counts: []float64{0, ttft * n, n}, Count: n, Sum: n}}
 }
@@ -79,33 +79,33 @@ func TestCurveAt(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, LimitITL, at.Limit)
 		f := func(k float64) float64 { return math.Max(1-0.05*max(k, 1)/25, 0) }
-		require.InDelta(t, 0.95, mixture(at.Running, f, true), 2e-3)
-		require.Less(t, mixture(at.Running+0.5, f, true), 0.95)
+		require.InDelta(t, 0.95, mixture(at.Concurrency, f, true), 2e-3)
+		require.Less(t, mixture(at.Concurrency+0.5, f, true), 0.95)
 		// The spread of the batch costs capacity: the mean is below the
 		// batch size whose own share is at the quantile.
-		require.Less(t, at.Running, 25.0)
-		require.Greater(t, at.Running, 15.0)
-		require.InDelta(t, 10*at.Running, at.OutputTokensPerSec, 1e-6)
+		require.Less(t, at.Concurrency, 25.0)
+		require.Greater(t, at.Concurrency, 15.0)
+		require.InDelta(t, 10*at.Concurrency, at.OutputTokensPerSec, 1e-6)
 	})
 	t.Run("ttft breaks first", func(t *testing.T) {
 		ttft := func(k float64) float64 { return math.Max(1-0.05*k/10, 0) }
 		at, err := linearCurve(60, 25, ttft).At(testObjectives)
 		require.NoError(t, err)
 		require.Equal(t, LimitTTFT, at.Limit)
-		require.InDelta(t, 0.95, mixture(at.Running, ttft, false), 2e-3)
+		require.InDelta(t, 0.95, mixture(at.Concurrency, ttft, false), 2e-3)
 	})
 	t.Run("never breaks: stops where unmeasured sizes would matter", func(t *testing.T) {
 		at, err := linearCurve(16, 1000, one).At(testObjectives)
 		require.NoError(t, err)
 		require.Equal(t, LimitMeasured, at.Limit)
 		beyond := func(k float64) float64 { return b2f(k <= 16) }
-		require.InDelta(t, 0.95, mixture(at.Running, beyond, true), 2e-3)
-		require.Less(t, at.Running, 16.0)
+		require.InDelta(t, 0.95, mixture(at.Concurrency, beyond, true), 2e-3)
+		require.Less(t, at.Concurrency, 16.0)
 	})
 	t.Run("first bin breaks: nothing to sell", func(t *testing.T) {
 		at, err := testCurve(testBin(4, 0.5, 1, 50, 500), testBin(8, 0.4, 1, 90, 500)).At(testObjectives)
 		require.NoError(t, err)
-		require.Zero(t, at.Running)
+		require.Zero(t, at.Concurrency)
 		require.Zero(t, at.OutputTokensPerSec)
 		require.Equal(t, LimitITL, at.Limit)
 	})
@@ -116,7 +116,7 @@ func TestCurveAt(t *testing.T) {
 		c.Bins = append(c.Bins, testBin(30, 1, 1, 300, 100))
 		noisy, err := c.At(testObjectives)
 		require.NoError(t, err)
-		require.InDelta(t, base.Running, noisy.Running, 0.05*base.Running)
+		require.InDelta(t, base.Concurrency, noisy.Concurrency, 0.05*base.Concurrency)
 	})
 	t.Run("a measured dispersion below 1 reads the mixture of a narrower batch", func(t *testing.T) {
 		c := linearCurve(60, 25, one)
@@ -125,14 +125,14 @@ func TestCurveAt(t *testing.T) {
 		c.Dispersion = 0.5
 		narrow, err := c.At(testObjectives)
 		require.NoError(t, err)
-		require.Greater(t, narrow.Running, poisson.Running)
-		require.Less(t, narrow.Running, 25.0)
+		require.Greater(t, narrow.Concurrency, poisson.Concurrency)
+		require.Less(t, narrow.Concurrency, 25.0)
 		f := func(k float64) float64 { return math.Max(1-0.05*max(k, 1)/25, 0) }
 		// The batch is 0.5 x Poisson(2m): the same mixture written out.
 		var num, den float64
 		for j := 0; j < 400; j++ {
 			lg, _ := math.Lgamma(float64(j) + 1)
-			lam := narrow.Running / 0.5
+			lam := narrow.Concurrency / 0.5
 			p := math.Exp(float64(j)*math.Log(lam) - lam - lg)
 			k := 0.5 * float64(j)
 			num += p * k * f(k)
@@ -142,7 +142,23 @@ func TestCurveAt(t *testing.T) {
 		c.Dispersion = math.NaN()
 		nan, err := c.At(testObjectives)
 		require.NoError(t, err)
-		require.InDelta(t, poisson.Running, nan.Running, 1e-9, "an unusable dispersion reads as Poisson")
+		require.InDelta(t, poisson.Concurrency, nan.Concurrency, 1e-9, "an unusable dispersion reads as Poisson")
+	})
+	t.Run("thin bins at the top are pooled, not dropped", func(t *testing.T) {
+		// 1..10 measured well; 11..20 visited once each, every visit
+		// within the objectives: pooled, they extend what was measured.
+		c := linearCurve(10, 1000, one)
+		for k := 11.0; k <= 20; k++ {
+			b := testBin(k, 1, 1, 10*k, 50)
+			b.Windows = 1
+			c.Bins = append(c.Bins, b)
+		}
+		at, err := c.At(testObjectives)
+		require.NoError(t, err)
+		require.Greater(t, at.MaxMeasured, 11.0)
+		alone, err := linearCurve(10, 1000, one).At(testObjectives)
+		require.NoError(t, err)
+		require.Greater(t, at.Concurrency, alone.Concurrency)
 	})
 	t.Run("bins with too few samples are not read", func(t *testing.T) {
 		_, err := testCurve(testBin(10, 0.99, 1, 100, MinSamples-1)).At(testObjectives)
@@ -154,6 +170,32 @@ func TestCurveAt(t *testing.T) {
 		_, err := testCurve(testBin(1, 1, 1, 1, 500)).At(Objectives{TTFT: time.Second, ITL: time.Second})
 		require.ErrorContains(t, err, "quantile")
 	})
+}
+
+// An overloaded engine holds its batch and grows its queue: its windows
+// are keyed by both, so their times to first token do not land on the
+// batch size a light load also runs at.
+func TestLearnerKeysOverloadByQueue(t *testing.T) {
+	w := func(running, waiting, ttftWithin float64) Window {
+		return Window{Seconds: 1, Running: running, Waiting: waiting, OutputTokensPerSec: running * 30,
+			TTFTBounds: testTTFTBounds, ITLBounds: testITLBounds,
+			ITL:  Histogram{Counts: []float64{0, 100, 100}, Count: 100},
+			TTFT: Histogram{Counts: []float64{0, ttftWithin, 10}, Count: 10}}
+	}
+	l := NewLearner(0)
+	for range MinWindows {
+		l.Add(w(9, 0, 10))   // steady: every first token within 2 s
+		l.Add(w(9, 18, 0))   // overloaded: none within
+		l.Add(w(4.5, 0, 10)) // lighter
+	}
+	c := l.Curve()
+	require.Len(t, c.Bins, 3)
+	require.InDelta(t, 27, c.Bins[2].Concurrency, 1e-9)
+	require.InDelta(t, 9, c.Bins[2].Running, 1e-9)
+	at, err := c.At(testObjectives)
+	require.NoError(t, err)
+	require.Equal(t, LimitTTFT, at.Limit)
+	require.Greater(t, at.Concurrency, 4.5, "the overload's first tokens are not charged to a batch of 9 with no queue")
 }
 
 func b2f(b bool) float64 {
@@ -182,7 +224,17 @@ func TestLearner(t *testing.T) {
 	require.InDelta(t, (3.2*2*d+3.9*2)/(2*d+2), c.Bins[0].Running, 1e-9)
 	// Two windows of 2s later the first bin has decayed twice by 2^(-2/60).
 	require.InDelta(t, 100*math.Exp2(-4.0/60)+100*math.Exp2(-2.0/60), c.Bins[0].ITL.Count, 1e-6)
+	require.InDelta(t, math.Exp2(-4.0/60)+math.Exp2(-2.0/60), c.Bins[0].Windows, 1e-9)
 	require.NoError(t, c.Validate())
+	// Two windows hold enough observations but are too few to be read
+	// alone, whatever their length.
+	_, err := c.At(testObjectives)
+	require.ErrorIs(t, err, ErrNoData)
+	for range MinWindows {
+		l.Add(w(3.5, 0.1))
+	}
+	_, err = l.Curve().At(testObjectives)
+	require.NoError(t, err)
 
 	// Another engine's buckets start the curve over.
 	other := w(5, 2)
@@ -194,7 +246,7 @@ func TestLearner(t *testing.T) {
 	steady := NewLearner(0)
 	for i := range 40 {
 		x := w(10, 2)
-		x.RunningNow = float64(9 + i%3)
+		x.ConcurrencyNow = float64(9 + i%3)
 		steady.Add(x)
 	}
 	require.InDelta(t, (2.0/3)/10, steady.Curve().Dispersion, 0.02)
@@ -236,11 +288,11 @@ func TestCalibrationRoundTrip(t *testing.T) {
 	for _, tc := range []struct{ name, doc, want string }{
 		{"not json", "{", "cannot decode"},
 		{"unknown field", `{"version":1,"bogus":1}`, "unknown field"},
-		{"wrong version", `{"version":2}`, "version"},
-		{"no curve", `{"version":1,"model":"m","replicas":1,"objectives":{"ttft_seconds":2,"itl_seconds":0.05,"quantile":0.95}}`, "empty curve"},
-		{"decreasing counts", `{"version":1,"model":"m","replicas":1,"objectives":{"ttft_seconds":2,"itl_seconds":0.05,"quantile":0.95},
+		{"older version", `{"version":1}`, "run quoter calibrate again"},
+		{"no curve", `{"version":2,"model":"m","replicas":1,"objectives":{"ttft_seconds":2,"itl_seconds":0.05,"quantile":0.95}}`, "empty curve"},
+		{"decreasing counts", `{"version":2,"model":"m","replicas":1,"objectives":{"ttft_seconds":2,"itl_seconds":0.05,"quantile":0.95},
 			"curve":{"itl_bounds":[0.05,0.1],"ttft_bounds":[1],"bins":[{"running":1,"itl":{"counts":[5,3],"count":5}}]}}`, "decrease"},
-		{"negative running", `{"version":1,"model":"m","replicas":1,"objectives":{"ttft_seconds":2,"itl_seconds":0.05,"quantile":0.95},
+		{"negative running", `{"version":2,"model":"m","replicas":1,"objectives":{"ttft_seconds":2,"itl_seconds":0.05,"quantile":0.95},
 			"curve":{"itl_bounds":[0.05],"ttft_bounds":[1],"bins":[{"running":-1}]}}`, "negative"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -254,18 +306,18 @@ func TestCalibrationRoundTrip(t *testing.T) {
 // holds, reading it either fails or yields a curve At can read.
 func FuzzReadCalibration(f *testing.F) {
 	var buf bytes.Buffer
-	c := &Calibration{Version: 1, Model: "m", Replicas: 1, Objectives: ObjectivesJSON{TTFTSeconds: 2, ITLSeconds: 0.05, Quantile: 0.95},
+	c := &Calibration{Version: CalibrationVersion, Model: "m", Replicas: 1, Objectives: ObjectivesJSON{TTFTSeconds: 2, ITLSeconds: 0.05, Quantile: 0.95},
 		Curve: testCurve(testBin(10, 0.99, 1, 100, 500), testBin(20, 0.9, 0.9, 150, 500))}
 	_ = c.Write(&buf)
 	f.Add(buf.Bytes())
-	f.Add([]byte(`{"version":1}`))
+	f.Add([]byte(`{"version":2}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := ReadCalibration(bytes.NewReader(data))
 		if err != nil {
 			return
 		}
 		at, err := c.Curve.At(testObjectives)
-		if err == nil && (at.Running < 0 || math.IsNaN(at.Running) || math.IsNaN(at.OutputTokensPerSec)) {
+		if err == nil && (at.Concurrency < 0 || math.IsNaN(at.Concurrency) || math.IsNaN(at.OutputTokensPerSec)) {
 			t.Fatalf("bad capacity %+v", at)
 		}
 	})

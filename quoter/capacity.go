@@ -67,10 +67,10 @@ type Headroom struct {
 type Assessment struct {
 	// Replicas has one entry per replica of the model.
 	Replicas []ReplicaAssessment `json:"replicas"`
-	// Running and OutputTokensPerSec are the pool's capacity within the
-	// objectives (healthy replicas only); Busy and BusyTokensPerSec its
+	// Concurrency and OutputTokensPerSec are the pool's capacity within
+	// the objectives (healthy replicas only); Busy and BusyTokensPerSec its
 	// load now.
-	Running            float64 `json:"running"`
+	Concurrency        float64 `json:"concurrency"`
 	OutputTokensPerSec float64 `json:"output_tokens_per_sec"`
 	Busy               int     `json:"busy"`
 	BusyTokensPerSec   float64 `json:"busy_tokens_per_sec"`
@@ -96,14 +96,14 @@ type ReplicaAssessment struct {
 //	capacity     = its curve (live, over the calibration where live has
 //	               too little) read at the objectives, capped at max_running
 //	busy         = max(running + waiting, in_flight)
-//	concurrency  = max(0, capacity.running - busy)
+//	concurrency  = max(0, capacity.concurrency - busy)
 //	tokens/s     = max(0, min(capacity.tokens/s - output tokens/s now,
-//	                          capacity.tokens/s * concurrency / capacity.running))
+//	                          capacity.tokens/s * concurrency / capacity.concurrency))
 //
 // summed over healthy replicas, rounded down. A replica with an open
 // breaker or stale metrics contributes nothing; one with no curve either
 // (nothing measured, no calibration), and the curve is never read beyond
-// the largest batch size measured. The second bound on tokens/s keeps the
+// the largest load measured. The second bound on tokens/s keeps the
 // promise per stream: a stream at capacity runs at the capacity's per-stream
 // rate, slower than one at today's lighter load.
 func ComputeHeadroom(m capacity.Model, cal *capacity.Calibration, o capacity.Objectives) (Headroom, Assessment) {
@@ -132,20 +132,20 @@ func ComputeHeadroom(m capacity.Model, cal *capacity.Calibration, o capacity.Obj
 				ra.Why = "no capacity measured: " + err.Error()
 				break
 			}
-			if r.MaxRunning > 0 && at.Running > float64(r.MaxRunning) {
-				f := float64(r.MaxRunning) / at.Running
+			if r.MaxRunning > 0 && at.Concurrency > float64(r.MaxRunning) {
+				f := float64(r.MaxRunning) / at.Concurrency
 				at.OutputTokensPerSec *= f
 				at.PromptTokensPerSec *= f
-				at.Running = float64(r.MaxRunning)
+				at.Concurrency = float64(r.MaxRunning)
 			}
 			ra.Capacity, ra.Source = at, source
-			a.Running += at.Running
+			a.Concurrency += at.Concurrency
 			a.OutputTokensPerSec += at.OutputTokensPerSec
 			a.Busy += ra.Busy
 			a.BusyTokensPerSec += finite(r.OutputTokensPerSec)
-			if free := at.Running - float64(ra.Busy); free > 0 {
+			if free := at.Concurrency - float64(ra.Busy); free > 0 {
 				conc += free
-				rate := min(at.OutputTokensPerSec-finite(r.OutputTokensPerSec), at.OutputTokensPerSec*free/at.Running)
+				rate := min(at.OutputTokensPerSec-finite(r.OutputTokensPerSec), at.OutputTokensPerSec*free/at.Concurrency)
 				tps += max(rate, 0)
 			}
 		}

@@ -18,7 +18,7 @@ import (
 // and 2 s TTFT are itl and ttft.
 func curveBin(running, itl, ttft, tps float64) capacity.Bin {
 	const n = 1000
-	return capacity.Bin{Running: running, Seconds: 10, OutputTokensPerSec: tps,
+	return capacity.Bin{Concurrency: running, Running: running, Seconds: 10, Windows: 5, OutputTokensPerSec: tps,
 		ITL:  capacity.Histogram{Counts: []float64{0, itl * n, n}, Count: n},
 		TTFT: capacity.Histogram{Counts: []float64{0, ttft * n, n}, Count: n}}
 }
@@ -34,8 +34,8 @@ func TestComputeHeadroom(t *testing.T) {
 		curveBin(40, 0.8, 1, 280))
 	at, err := full.At(obj)
 	require.NoError(t, err)
-	require.Greater(t, at.Running, 10.0)
-	c, v := at.Running, at.OutputTokensPerSec
+	require.Greater(t, at.Concurrency, 10.0)
+	c, v := at.Concurrency, at.OutputTokensPerSec
 	cal := &capacity.Calibration{Curve: full}
 	rep := func(healthy bool, running, waiting, inflight int, tps float64, c capacity.Curve) capacity.Replica {
 		return capacity.Replica{Addr: "r", Healthy: healthy, Running: running, Waiting: waiting, InFlight: inflight,
@@ -58,7 +58,7 @@ func TestComputeHeadroom(t *testing.T) {
 		{"idle, calibration only", []capacity.Replica{rep(true, 0, 0, 0, 0, capacity.Curve{})}, cal, h(c, v)},
 		{"nothing measured, no calibration: nothing sold", []capacity.Replica{rep(true, 0, 0, 0, 0, capacity.Curve{})}, nil, Headroom{}},
 		{"live curve never broke: sold below the largest batch measured", []capacity.Replica{rep(true, 0, 0, 0, 0, small)}, nil,
-			h(atSmall.Running, atSmall.OutputTokensPerSec)},
+			h(atSmall.Concurrency, atSmall.OutputTokensPerSec)},
 		{"half loaded", []capacity.Replica{rep(true, 6, 1, 3, 60, full)}, nil, h(c-7, min(v-60, v*(c-7)/c))},
 		{"in flight beyond the engine's view", []capacity.Replica{rep(true, 2, 0, 9, 20, full)}, nil, h(c-9, min(v-20, v*(c-9)/c))},
 		{"overloaded clamps at zero", []capacity.Replica{rep(true, 30, 4, 0, 260, full)}, nil, Headroom{}},

@@ -18,7 +18,7 @@ type metrics struct {
 	headroomConc     prometheus.Gauge
 	headroomTPS      prometheus.Gauge
 	healthCheckFails *prometheus.CounterVec
-	capacityRunning  prometheus.Gauge
+	capacityConc     prometheus.Gauge
 	capacityTPS      prometheus.Gauge
 	calibrated       prometheus.Gauge
 }
@@ -50,8 +50,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Output tokens/s headroom in the last signed quote."}),
 		healthCheckFails: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "omnious_quoter_health_check_failures_total",
 			Help: "Failed health checks by reason."}, []string{"reason"}),
-		capacityRunning: prometheus.NewGauge(prometheus.GaugeOpts{Name: "omnious_quoter_capacity_running",
-			Help: "Running requests the healthy replicas can hold within the latency objectives, at the last quote."}),
+		capacityConc: prometheus.NewGauge(prometheus.GaugeOpts{Name: "omnious_quoter_capacity_concurrency",
+			Help: "Requests (running or waiting in the engines) the healthy replicas can hold within the latency objectives, at the last quote."}),
 		capacityTPS: prometheus.NewGauge(prometheus.GaugeOpts{Name: "omnious_quoter_capacity_tokens_per_second",
 			Help: "Output tokens/s the healthy replicas can serve within the latency objectives, at the last quote."}),
 		calibrated: prometheus.NewGauge(prometheus.GaugeOpts{Name: "omnious_quoter_calibration_loaded",
@@ -59,7 +59,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	reg.MustRegister(m.breakerState, m.transitions, m.signed, m.published, m.failed, m.lastExpiry, m.lastSeq,
 		m.canary, m.conformed, m.headroomConc, m.headroomTPS, m.healthCheckFails,
-		m.capacityRunning, m.capacityTPS, m.calibrated)
+		m.capacityConc, m.capacityTPS, m.calibrated)
 	for _, s := range []string{"sign", "publish", "dropped"} {
 		m.failed.WithLabelValues(s)
 	}

@@ -21,7 +21,7 @@ type curveLearner struct {
 func (r *replica) learn(sm *metrics.Sample) {
 	w := &sm.Window
 	share := float64(max(r.sharing.Load(), 1))
-	cw := capacity.Window{Seconds: w.Seconds, Running: w.Running / share, RunningNow: sm.Signals.Running / share,
+	cw := capacity.Window{Seconds: w.Seconds, Running: w.Running / share, ConcurrencyNow: (sm.Signals.Running + sm.Signals.Waiting) / share,
 		Waiting: w.Waiting / share, KVUsage: w.KVUsage,
 		OutputTokensPerSec: sm.GenerationTokensPerSec / share, PromptTokensPerSec: sm.PromptTokensPerSec / share}
 	cw.TTFTBounds, cw.TTFT = curveHistogram(&w.TTFT)

@@ -54,11 +54,11 @@ type schedMetrics struct {
 	tenantTokens *prometheus.CounterVec
 	stale        prometheus.Gauge
 	replicaStale *prometheus.GaugeVec
-	// capacityBatch and capacityDispersion summarise each replica's
+	// capacityConcurrency and capacityDispersion summarise each replica's
 	// capacity curve (GET /v1/capacity has it whole).
-	capacityBatch, capacityDispersion *prometheus.GaugeVec
-	lookup                            prometheus.Histogram
-	outcomes                          [len(outcomeNames)]prometheus.Counter
+	capacityConcurrency, capacityDispersion *prometheus.GaugeVec
+	lookup                                  prometheus.Histogram
+	outcomes                                [len(outcomeNames)]prometheus.Counter
 }
 
 func newSchedMetrics(reg prometheus.Registerer, pool string) (*schedMetrics, error) {
@@ -125,11 +125,11 @@ func newSchedMetrics(reg prometheus.Registerer, pool string) (*schedMetrics, err
 		stale: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "omnious_epp_stale_endpoints", Help: "Endpoints whose engine metrics are older than stale_after.",
 		}),
-		capacityBatch: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "omnious_epp_capacity_measured_batch", Help: "Largest batch size (running requests) an endpoint's capacity curve has enough observations of; the quoter never sells beyond it.",
+		capacityConcurrency: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "omnious_epp_capacity_measured_concurrency", Help: "Largest concurrency (requests running or waiting in the engine) an endpoint's capacity curve has enough observations of; the quoter never sells beyond it.",
 		}, []string{"endpoint"}),
 		capacityDispersion: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "omnious_epp_capacity_dispersion", Help: "Variance over mean of an endpoint's running count over its recent busy scrapes (1: Poisson; 0: not measured).",
+			Name: "omnious_epp_capacity_dispersion", Help: "Variance over mean of an endpoint's running plus waiting count over its recent busy scrapes (1: Poisson; 0: not measured).",
 		}, []string{"endpoint"}),
 	}
 	outcomes := prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -139,7 +139,7 @@ func newSchedMetrics(reg prometheus.Registerer, pool string) (*schedMetrics, err
 	for _, c := range []prometheus.Collector{m.e2e, m.hitRatio, m.perPodQ, m.avgKV, m.avgQueue, m.avgRunning,
 		m.readyPods, m.attempts, m.errors,
 		m.decisions, m.breakerState, m.score, m.queueDepth, m.queueWait, m.tenantTokens, m.stale, m.replicaStale, m.lookup, outcomes,
-		m.capacityBatch, m.capacityDispersion} {
+		m.capacityConcurrency, m.capacityDispersion} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("cannot register scheduler metrics: %w", err)
 		}

@@ -85,7 +85,7 @@ type replica struct {
 	curve *curveLearner
 
 	queueGauge, breakerGauge, scoreGauge, staleGauge prometheus.Gauge
-	capBatchGauge, capDispersionGauge                prometheus.Gauge
+	capConcurrencyGauge, capDispersionGauge          prometheus.Gauge
 }
 
 // snapshot is the pool at one SetEndpoints call. It is immutable.
@@ -208,7 +208,7 @@ func (s *Scheduler) SetEndpoints(eps []Target) {
 			nr.breakerGauge = s.m.breakerState.WithLabelValues(ep.Addr)
 			nr.scoreGauge = s.m.score.WithLabelValues(ep.Addr)
 			nr.staleGauge = s.m.replicaStale.WithLabelValues(ep.Addr)
-			nr.capBatchGauge = s.m.capacityBatch.WithLabelValues(ep.Addr)
+			nr.capConcurrencyGauge = s.m.capacityConcurrency.WithLabelValues(ep.Addr)
 			nr.capDispersionGauge = s.m.capacityDispersion.WithLabelValues(ep.Addr)
 			r = nr
 		}
@@ -237,7 +237,7 @@ func (s *Scheduler) SetEndpoints(eps []Target) {
 		s.m.breakerState.DeleteLabelValues(addr)
 		s.m.score.DeleteLabelValues(addr)
 		s.m.replicaStale.DeleteLabelValues(addr)
-		s.m.capacityBatch.DeleteLabelValues(addr)
+		s.m.capacityConcurrency.DeleteLabelValues(addr)
 		s.m.capacityDispersion.DeleteLabelValues(addr)
 	}
 }
@@ -319,9 +319,9 @@ func (s *Scheduler) refreshGauges() {
 		r.scoreGauge.Set(float64frombits(r.score.Load()))
 		r.staleGauge.Set(b2f(isStale))
 		r.curve.mu.Lock()
-		batch, dispersion := r.curve.l.Summary()
+		conc, dispersion := r.curve.l.Summary()
 		r.curve.mu.Unlock()
-		r.capBatchGauge.Set(batch)
+		r.capConcurrencyGauge.Set(conc)
 		r.capDispersionGauge.Set(dispersion)
 		if isStale {
 			stale++

@@ -202,15 +202,16 @@ func replayLadder(t *testing.T, scrapes []scrapeAt) capacity.Curve {
 // step-time model.
 func TestRecordedSeries(t *testing.T) {
 	// Tolerances, from what the ladder does rather than from one run:
-	//   - runningTol: a scrape lands between steps, so a client between two
-	//     requests (about level/100 of them with 100-token outputs) shows as
-	//     waiting, and the one window across each level change averages the
-	//     two levels; both pull a bin's mean by at most a few percent.
+	//   - concTol: a scrape lands between steps, so a client between two
+	//     requests (about level/100 of them with 100-token outputs) is in
+	//     neither count, and the one window across each level change
+	//     averages the two levels; both pull a bin's mean by at most a few
+	//     percent.
 	//   - itlTol: the step-time model below is bracketed (prefill steps'
 	//     fixed cost shared or not), and the decode batch is read from the
 	//     scrapes' running gauge; 5% either side of the bracket covers that
 	//     approximation (the recordings stay within 2.5%).
-	const runningTol, itlTol = 0.05, 0.05
+	const concTol, itlTol = 0.05, 0.05
 	ti := engine.DefaultTiming()
 	for _, flavour := range []string{engine.FlavourVLLM, engine.FlavourSGLang} {
 		t.Run(flavour, func(t *testing.T) {
@@ -226,7 +227,7 @@ func TestRecordedSeries(t *testing.T) {
 			for _, level := range ladderLevels {
 				b := binAt(c, level)
 				lv := float64(level)
-				require.InDelta(t, lv, b.Running, runningTol*lv, "no bin at batch size %d", level)
+				require.InDelta(t, lv, b.Concurrency, concTol*lv, "no bin at %d clients", level)
 				require.Greater(t, b.Seconds, ladderHold.Seconds()/2, "batch size %d: most of its windows elsewhere", level)
 				require.GreaterOrEqual(t, b.ITL.Count, float64(capacity.MinSamples), "batch size %d", level)
 				itl := b.ITL.Sum / b.ITL.Count
@@ -273,8 +274,8 @@ func TestRecordedSeries(t *testing.T) {
 					o := capacity.Objectives{ITL: time.Duration((xa + xb) / 2 * float64(time.Second)), TTFT: time.Hour, Quantile: q}
 					at, err := c.At(o)
 					require.NoError(t, err)
-					require.True(t, at.Running > a.Running && at.Running < b.Running,
-						"q%.2f ITL %v (between %d and %d clients): capacity %.2f", q, o.ITL, ladderLevels[i], ladderLevels[i+1], at.Running)
+					require.True(t, at.Concurrency > a.Concurrency && at.Concurrency < b.Concurrency,
+						"q%.2f ITL %v (between %d and %d clients): capacity %.2f", q, o.ITL, ladderLevels[i], ladderLevels[i+1], at.Concurrency)
 				}
 			}
 			require.GreaterOrEqual(t, pairs, 4, "too few ladder levels told apart by the ITL histogram")
@@ -282,11 +283,11 @@ func TestRecordedSeries(t *testing.T) {
 	}
 }
 
-// binAt is the bin whose batch size is nearest level.
+// binAt is the bin whose concurrency is nearest level.
 func binAt(c capacity.Curve, level int) *capacity.Bin {
 	var best *capacity.Bin
 	for i := range c.Bins {
-		if best == nil || math.Abs(c.Bins[i].Running-float64(level)) < math.Abs(best.Running-float64(level)) {
+		if best == nil || math.Abs(c.Bins[i].Concurrency-float64(level)) < math.Abs(best.Concurrency-float64(level)) {
 			best = &c.Bins[i]
 		}
 	}

@@ -2,6 +2,7 @@ package compare
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -45,8 +46,9 @@ type CapacityOptions struct {
 	// anything else, with the workload's mix; the quoter is given its
 	// document).
 	SkipCalibration bool
-	// Dir receives the calibration document and the quoter's state.
-	// Default: a temporary directory.
+	// Dir receives the calibration document, the quoter's state and the
+	// EPP's capacity snapshot at each quote (snapshot-N.json, the curves
+	// the quote was read from). Default: a temporary directory, removed.
 	Dir string
 }
 
@@ -62,7 +64,13 @@ type CapacityStep struct {
 	// Concurrency is the mean number of requests in flight (Little's law:
 	// the requests' summed latency over the step).
 	Concurrency float64 `json:"concurrency"`
-	Within      bool    `json:"within"`
+	// Running and Waiting are the engines' running and waiting requests,
+	// summed over the fleet and averaged over the EPP's scrapes in the
+	// measured part: what the quote's concurrency counts, without the
+	// requests still on their way in or out.
+	Running float64 `json:"running"`
+	Waiting float64 `json:"waiting"`
+	Within  bool    `json:"within"`
 }
 
 // CapacityQuote is a quote the proof read, in model time.
@@ -72,12 +80,15 @@ type CapacityQuote struct {
 	Concurrency float64 `json:"concurrency"`
 	// Replicas is how many replicas the quote counted capacity for.
 	Replicas int `json:"replicas"`
-	// CapacityTokensPerS and CapacityRunning are the pool's capacity the
+	// CapacityTokensPerS and CapacityConcurrency are the pool's capacity the
 	// headroom was taken from, BusyTokensPerS and Busy its load then.
-	CapacityTokensPerS float64 `json:"capacity_tokens_per_s"`
-	CapacityRunning    float64 `json:"capacity_running"`
-	BusyTokensPerS     float64 `json:"busy_tokens_per_s"`
-	Busy               int     `json:"busy"`
+	CapacityTokensPerS  float64 `json:"capacity_tokens_per_s"`
+	CapacityConcurrency float64 `json:"capacity_concurrency"`
+	BusyTokensPerS      float64 `json:"busy_tokens_per_s"`
+	Busy                int     `json:"busy"`
+	// PerReplica is each replica's curve read at the objectives (wall
+	// time), where it came from and what bounds it.
+	PerReplica []quoter.ReplicaAssessment `json:"per_replica"`
 }
 
 // CapacityReport is the proof's result.
@@ -130,6 +141,7 @@ type capacityRun struct {
 	c    *client
 	q    *quoter.Service
 	log  *zap.Logger
+	dir  string
 	seed atomic.Int64
 	rep  *CapacityReport
 	// outLen is the mean output length; trace, for a trace workload, its
@@ -169,6 +181,8 @@ func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error
 		}
 		defer os.RemoveAll(d)
 		dir = d
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("cannot make the work directory: %w", err)
 	}
 	sp := o.Base.Workload.SharedPrefix
 	maxLen := sp.SystemPromptLen + sp.QuestionLen + sp.OutputLen
@@ -181,7 +195,7 @@ func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error
 		}
 		outLen /= float64(len(trace))
 	}
-	r := &capacityRun{o: o, log: log, outLen: outLen, trace: trace,
+	r := &capacityRun{o: o, log: log, dir: dir, outLen: outLen, trace: trace,
 		rep: &CapacityReport{Scenario: o.Base.Scenario, Replicas: o.Base.Fleet.Replicas,
 			Objectives: capacity.ObjectivesJSON{TTFTSeconds: o.Objectives.TTFT.Seconds(), ITLSeconds: o.Objectives.ITL.Seconds(),
 				Quantile: o.Objectives.Quantile}}}
@@ -246,6 +260,7 @@ func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error
 	// Half loaded: a background at half the true capacity, the quote read
 	// under it, then the background plus the quoted headroom.
 	bgQPS := r.rep.True.QPS / 2
+	r.idle(ctx)
 	bgDone := make(chan CapacityStep, 1)
 	go func() { bgDone <- r.stepFor(ctx, "half load", bgQPS, 3*o.StageDuration, 1) }()
 	r.sleepModel(ctx, o.StageDuration)
@@ -347,27 +362,47 @@ func (r *capacityRun) quote(ctx context.Context, label string) (CapacityQuote, e
 	ts := r.timeScale()
 	a := r.q.LastAssessment()
 	q := CapacityQuote{Label: label, TokensPerS: tps / ts, Concurrency: conc, CapacityTokensPerS: a.OutputTokensPerSec / ts,
-		CapacityRunning: a.Running, BusyTokensPerS: a.BusyTokensPerSec / ts, Busy: a.Busy}
+		CapacityConcurrency: a.Concurrency, BusyTokensPerS: a.BusyTokensPerSec / ts, Busy: a.Busy, PerReplica: a.Replicas}
+	if err := r.saveSnapshot(ctx, len(r.rep.Quotes)); err != nil {
+		return CapacityQuote{}, fmt.Errorf("quote %s: %w", label, err)
+	}
 	for _, ra := range a.Replicas {
-		if ra.Capacity.Running > 0 {
+		if ra.Capacity.Concurrency > 0 {
 			q.Replicas++
 		}
 	}
 	r.rep.Quotes = append(r.rep.Quotes, q)
 	r.log.Info("quote", zap.String("label", label), zap.Float64("tokens_per_s", q.TokensPerS), zap.Float64("concurrency", conc),
-		zap.Float64("capacity_tokens_per_s", q.CapacityTokensPerS), zap.Float64("capacity_running", q.CapacityRunning),
+		zap.Float64("capacity_tokens_per_s", q.CapacityTokensPerS), zap.Float64("capacity_concurrency", q.CapacityConcurrency),
 		zap.Float64("busy_tokens_per_s", q.BusyTokensPerS), zap.Int("busy", q.Busy))
 	return q, nil
+}
+
+// saveSnapshot writes the EPP's capacity snapshot to the work directory
+// as snapshot-n.json.
+func (r *capacityRun) saveSnapshot(ctx context.Context, n int) error {
+	snap, err := r.t.epp.Capacity(ctx)
+	if err != nil {
+		return fmt.Errorf("cannot read the EPP's capacity snapshot: %w", err)
+	}
+	b, err := json.MarshalIndent(snap, "", " ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(r.dir, fmt.Sprintf("snapshot-%d.json", n)), b, 0o644)
 }
 
 // qpsOf is the request rate that asks for tps output tokens per second.
 func (r *capacityRun) qpsOf(tps float64) float64 { return tps / max(r.outLen, 1) }
 
-// ladder finds the highest rate whose step holds the objectives.
+// ladder finds the highest rate whose step holds the objectives. Every
+// step starts from a drained fleet: a step after one that broke would
+// otherwise begin with its queue and break for it.
 func (r *capacityRun) ladder(ctx context.Context) error {
 	var pass, fail *CapacityStep
 	qps := r.o.StartQPS
 	for fail == nil {
+		r.idle(ctx)
 		st := r.step(ctx, "ladder", qps, 0)
 		r.rep.Ladder = append(r.rep.Ladder, st)
 		if ctx.Err() != nil {
@@ -388,6 +423,7 @@ func (r *capacityRun) ladder(ctx context.Context) error {
 	}
 	lo, hi := *pass, *fail
 	for range r.o.Refine {
+		r.idle(ctx)
 		st := r.step(ctx, "ladder", (lo.QPS+hi.QPS)/2, 0)
 		r.rep.Ladder = append(r.rep.Ladder, st)
 		if st.Within {
@@ -432,7 +468,7 @@ func (r *capacityRun) edge(lo CapacityStep) CapacityStep {
 			at := func(u, v float64) float64 { return u + x*(v-u) }
 			qps := at(a.QPS, b.QPS)
 			return CapacityStep{Label: "true capacity (fit)", QPS: qps, OutputTokPS: a.OutputTokPS * qps / a.QPS,
-				Concurrency: a.Concurrency * qps / a.QPS, TTFTP95ms: at(a.TTFTP95ms, b.TTFTP95ms), ITLP95ms: at(a.ITLP95ms, b.ITLP95ms),
+				Concurrency: a.Concurrency * qps / a.QPS, Running: a.Running * qps / a.QPS, Waiting: a.Waiting * qps / a.QPS, TTFTP95ms: at(a.TTFTP95ms, b.TTFTP95ms), ITLP95ms: at(a.ITLP95ms, b.ITLP95ms),
 				Requests: a.Requests, Within: true}
 		}
 	}
@@ -465,7 +501,12 @@ func (r *capacityRun) stepFor(ctx context.Context, label string, qps float64, d 
 		o.Workload.SharedPrefix.WarmupStages = 0
 		w = sharedPrefix(o)
 	}
+	pctx, stopPoll := context.WithCancel(ctx)
+	polled := make(chan []engineLoad, 1)
+	go func() { polled <- r.pollLoad(pctx) }()
 	res := replay(ctx, r.c, w, o.MaxInFlight, o.RequestTimeout, nil)
+	stopPoll()
+	loads := <-polled
 	scale := r.timeScale()
 	skip := time.Duration(float64(d) / scale / 5)
 	st := CapacityStep{Label: label, QPS: qps}
@@ -494,6 +535,19 @@ func (r *capacityRun) stepFor(ctx context.Context, label string, qps float64, d 
 		st.OutputTokPS = float64(out) / (window * scale)
 		st.Concurrency = inflight.Seconds() / window
 	}
+	n := 0
+	end := start.Add(time.Duration(float64(d) / scale))
+	for _, l := range loads {
+		if l.at.Sub(start) >= skip && l.at.Before(end) {
+			st.Running += l.running
+			st.Waiting += l.waiting
+			n++
+		}
+	}
+	if n > 0 {
+		st.Running /= float64(n)
+		st.Waiting /= float64(n)
+	}
 	st.TTFTP95ms = stat.Percentile(stat.SortedMillis(ttft, scale), 95)
 	st.ITLP95ms = stat.Percentile(stat.SortedMillis(itl, scale), 95)
 	st.Within = st.Requests > 0 && st.Errors == 0 &&
@@ -516,6 +570,37 @@ func (r *capacityRun) traceStep(o Options, qps float64, d time.Duration) *Worklo
 		w.Requests = append(w.Requests, Request{At: at, MaxTokens: rec.OutputLength, Tokens: TraceTokens(r.o.Base.Seed, rec)})
 	}
 	return w
+}
+
+// engineLoad is the fleet's running and waiting requests at one poll of
+// the EPP's snapshot.
+type engineLoad struct {
+	at               time.Time
+	running, waiting float64
+}
+
+// pollLoad reads the EPP's snapshot once a scrape until ctx ends.
+func (r *capacityRun) pollLoad(ctx context.Context) []engineLoad {
+	var out []engineLoad
+	t := time.NewTicker(scrapeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return out
+		case <-t.C:
+		}
+		snap, err := r.t.epp.Capacity(ctx)
+		if err != nil {
+			continue
+		}
+		l := engineLoad{at: time.Now()}
+		for _, m := range snap.Models {
+			l.running += float64(m.Running)
+			l.waiting += float64(m.Waiting)
+		}
+		out = append(out, l)
+	}
 }
 
 func startOf(res []*result) time.Time {
@@ -617,12 +702,12 @@ func (r *CapacityReport) WriteTable(w io.Writer) error {
 	fmt.Fprintf(tw, "capacity proof: %s, %d replicas, objectives p%.0f TTFT %.0f ms, ITL %.0f ms (model time)\n",
 		r.Scenario, r.Replicas, r.Objectives.Quantile*100, r.Objectives.TTFTSeconds*1000, r.Objectives.ITLSeconds*1000)
 	if c := r.Calibration; c != nil {
-		fmt.Fprintf(tw, "calibration: %.1f running, %.0f tok/s per replica (wall), limit %s\n", c.Running, c.OutputTokensPerSec, c.Limit)
+		fmt.Fprintf(tw, "calibration: %.1f concurrency, %.0f tok/s per replica (wall), limit %s\n", c.Concurrency, c.OutputTokensPerSec, c.Limit)
 	}
-	fmt.Fprintln(tw, "step\tQPS\trequests\terrors\tTTFT p95 ms\tITL p95 ms\tout tok/s\tconcurrency\twithin\t")
+	fmt.Fprintln(tw, "step\tQPS\trequests\terrors\tTTFT p95 ms\tITL p95 ms\tout tok/s\tconcurrency\trunning\twaiting\twithin\t")
 	row := func(s CapacityStep) {
-		fmt.Fprintf(tw, "%s\t%.2f\t%d\t%d\t%.0f\t%.1f\t%.0f\t%.1f\t%v\t\n", s.Label, s.QPS, s.Requests, s.Errors,
-			s.TTFTP95ms, s.ITLP95ms, s.OutputTokPS, s.Concurrency, s.Within)
+		fmt.Fprintf(tw, "%s\t%.2f\t%d\t%d\t%.0f\t%.1f\t%.0f\t%.1f\t%.1f\t%.1f\t%v\t\n", s.Label, s.QPS, s.Requests, s.Errors,
+			s.TTFTP95ms, s.ITLP95ms, s.OutputTokPS, s.Concurrency, s.Running, s.Waiting, s.Within)
 	}
 	for _, s := range r.Ladder {
 		row(s)
@@ -632,10 +717,10 @@ func (r *CapacityReport) WriteTable(w io.Writer) error {
 	for _, s := range r.Checks {
 		row(s)
 	}
-	fmt.Fprintln(tw, "quote\ttok/s\tconcurrency\treplicas\tcapacity tok/s\tcapacity running\tbusy tok/s\tbusy\t")
+	fmt.Fprintln(tw, "quote\ttok/s\tconcurrency\treplicas\tcapacity tok/s\tcapacity concurrency\tbusy tok/s\tbusy\t")
 	for _, q := range r.Quotes {
 		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%d\t%.0f\t%.1f\t%.0f\t%d\t\n", q.Label, q.TokensPerS, q.Concurrency, q.Replicas,
-			q.CapacityTokensPerS, q.CapacityRunning, q.BusyTokensPerS, q.Busy)
+			q.CapacityTokensPerS, q.CapacityConcurrency, q.BusyTokensPerS, q.Busy)
 	}
 	v := r.Verdicts()
 	fmt.Fprintln(tw, "verdict\tvalue\ttarget\t")

@@ -35,6 +35,7 @@ func cmdCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.IntVar(&cfg.MaxConcurrency, "max-concurrency", 0, "last level (0: the healthy replicas' batch-size targets summed)")
 	fs.DurationVar(&cfg.LevelDuration, "level-duration", def.LevelDuration, "measured time per level")
 	warmup := fs.Duration("warmup", *def.Warmup, "unmeasured time at the start of each level")
+	pastBreak := fs.Int("past-break", *def.PastBreak, "levels measured past the first that breaks an objective (the quote never reads beyond the loads measured)")
 	out := fs.String("out", "", "write the calibration to FILE (atomically)")
 	configMap := fs.String("configmap", "", "write the calibration into ConfigMap NAME")
 	namespace := fs.String("namespace", env("POD_NAMESPACE", "default"), "the ConfigMap's namespace (env POD_NAMESPACE)")
@@ -47,6 +48,7 @@ func cmdCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return exitUsage
 	}
 	cfg.Warmup = warmup
+	cfg.PastBreak = pastBreak
 	if err := cfg.WithDefaults().Validate(); err != nil {
 		fmt.Fprintf(stderr, "quoter calibrate: %v\n%s\n", err, calibrateUsage)
 		return exitUsage

@@ -49,7 +49,7 @@ func startEPP(t *testing.T) string {
 // curve holds about 12 within the default objectives.
 func eppSnapshot() capacity.Snapshot {
 	bin := func(running, itl, tps float64) capacity.Bin {
-		return capacity.Bin{Running: running, Seconds: 10, OutputTokensPerSec: tps,
+		return capacity.Bin{Concurrency: running, Running: running, Seconds: 10, Windows: 5, OutputTokensPerSec: tps,
 			ITL:  capacity.Histogram{Counts: []float64{0, itl * 1000, 1000}, Count: 1000},
 			TTFT: capacity.Histogram{Counts: []float64{1000, 1000, 1000}, Count: 1000}}
 	}

@@ -58,6 +58,12 @@ type Config struct {
 	// Factor grows the ladder: the next level is max(prev+1,
 	// ceil(prev*Factor)). Default 1.25.
 	Factor float64
+	// PastBreak is how many levels are measured past the first that breaks
+	// an objective. The quote never reads the curve beyond the loads it
+	// measured, and a mean near the edge spreads above it, so a ladder
+	// that stops at its first break holds an idle pool's quote well below
+	// the edge. Default 1; 0 stops at the first break.
+	PastBreak *int
 	// MaxConcurrency is the last level. Default (0): the sum over the
 	// model's healthy replicas of their MaxRunning (the batch size the EPP
 	// fills a replica to).
@@ -93,6 +99,7 @@ func (c Config) WithDefaults() Config {
 	opt.Zero(&c.Factor, 1.25)
 	opt.Zero(&c.LevelDuration, 30*time.Second)
 	c.Warmup = opt.Or(c.Warmup, 5*time.Second)
+	c.PastBreak = opt.Or(c.PastBreak, 1)
 	opt.Zero(&c.RequestTimeout, 5*time.Minute)
 	if c.Log == nil {
 		c.Log = zap.NewNop()
@@ -134,6 +141,9 @@ func (c Config) Validate() error {
 	}
 	if !(c.Factor > 1) || math.IsInf(c.Factor, 0) {
 		bad("factor %v: want > 1", c.Factor)
+	}
+	if *c.PastBreak < 0 {
+		bad("past-break %d: want >= 0", *c.PastBreak)
 	}
 	if c.LevelDuration < 0 || *c.Warmup < 0 || c.RequestTimeout < 0 {
 		bad("durations must not be negative")

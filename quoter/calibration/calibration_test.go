@@ -115,6 +115,7 @@ func TestValidate(t *testing.T) {
 		{"start above max", func(c *Config) { c.StartConcurrency, c.MaxConcurrency = 8, 4 }, "above the maximum"},
 		{"quantile", func(c *Config) { c.Objectives.Quantile = 1 }, "quantile 1 is not in (0, 1)"},
 		{"negative warmup", func(c *Config) { d := -time.Second; c.Warmup = &d }, "must not be negative"},
+		{"negative past-break", func(c *Config) { n := -1; c.PastBreak = &n }, "past-break -1: want >= 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := ok

@@ -46,7 +46,7 @@ func (g *generator) ladder(ctx context.Context) ([]capacity.Level, error) {
 	defer wg.Wait()
 	defer cancel() // before Wait: the workers end on it
 	var levels []capacity.Level
-	workers := 0
+	workers, past := 0, -1 // levels measured past the first break
 	for c := g.cfg.StartConcurrency; ; c = next(c, g.cfg.Factor, g.cfg.MaxConcurrency) {
 		for ; workers < c; workers++ {
 			wg.Add(1)
@@ -60,13 +60,15 @@ func (g *generator) ladder(ctx context.Context) ([]capacity.Level, error) {
 		g.cfg.Log.Info("level measured", zap.Int("concurrency", c), zap.Int("requests", lv.Requests), zap.Int("errors", lv.Errors),
 			zap.Float64("ttft_p95_seconds", lv.TTFTP95Seconds), zap.Float64("itl_p95_seconds", lv.ITLP95Seconds),
 			zap.Float64("output_tokens_per_sec", lv.OutputTokensPerSec), zap.Bool("within", lv.Within))
-		if !lv.Within {
+		if !lv.Within && past < 0 {
 			if len(levels) == 1 {
 				return nil, fmt.Errorf("%s breaks its objectives at concurrency %d: %s", g.cfg.URL, c, broken(lv, g.cfg.Objectives))
 			}
-			return levels, nil
+			past = 0
+		} else if past >= 0 {
+			past++
 		}
-		if c >= g.cfg.MaxConcurrency {
+		if past >= *g.cfg.PastBreak || c >= g.cfg.MaxConcurrency {
 			return levels, nil
 		}
 	}

@@ -26,6 +26,6 @@ func WriteTable(w io.Writer, cal *capacity.Calibration) {
 		fmt.Fprintf(w, "engines' curve: %v\n", err)
 		return
 	}
-	fmt.Fprintf(w, "engines' curve (one of %d replicas) at the objectives: batch %.1f, %.0f output tok/s (limit %s; largest batch measured %.1f)\n",
-		cal.Replicas, at.Running, at.OutputTokensPerSec, at.Limit, at.MaxMeasured)
+	fmt.Fprintf(w, "engines' curve (one of %d replicas) at the objectives: concurrency %.1f, %.0f output tok/s (limit %s; largest concurrency measured %.1f)\n",
+		cal.Replicas, at.Concurrency, at.OutputTokensPerSec, at.Limit, at.MaxMeasured)
 }
