@@ -365,23 +365,25 @@ func (ix *Index) Match(keys []Key, out []Match) []Match {
 		// earlier walk may have recorded in its sameBit. Entries past
 		// the slab's end are zero, and no key is 0.
 		if p := int(idx+1) >> pageShift; p < len(pages) {
-			page, base := pages[p], int32(p)<<pageShift
+			// The rest of the page beside as many keys, so that the loop
+			// has one counter and no bounds checks.
 			j := int(idx+1) & pageMask
-			for ; j < pageSize && i < len(keys); i, j = i+1, j+1 {
-				e := &page[j]
-				if k := keys[i]; e.key != k || k == 0 {
+			es := pages[p][j:min(pageSize, j+len(keys)-i)]
+			ks := keys[i : i+len(es)]
+			t := 0
+			for t < len(es) {
+				// Entries already marked, in a loop small enough for
+				// registers; a free or unused entry has ref 0.
+				for t < len(es) && es[t].key == ks[t] && atomic.LoadUint32(&es[t].ref) == refBit|sameBit {
+					t++
+				}
+				if t == len(es) || !ix.extends(&es[t], ks[t], &st) {
 					break
 				}
-				ref := atomic.LoadUint32(&e.ref)
-				if ref&sameBit == 0 && !ix.sameRes(e, &st) {
-					break
-				}
-				if ref != refBit|sameBit {
-					atomic.OrUint32(&e.ref, refBit|sameBit)
-				}
-				run++
+				t++
 			}
-			idx = base + int32(j) - 1
+			i, j, run = i+t, j+t, run+t
+			idx = int32(p)<<pageShift + int32(j) - 1
 			if j == pageSize || i == len(keys) {
 				continue
 			}
@@ -394,6 +396,22 @@ func (ix *Index) Match(keys []Key, out []Match) []Match {
 	st.run = run
 	ix.releaseIDs(&st)
 	return st.finish()
+}
+
+// extends reports whether e, the entry after the last one examined, holds
+// k with the same residencies, and marks it (see Match).
+func (ix *Index) extends(e *entry, k Key, st *matchState) bool {
+	if e.key != k || k == 0 {
+		return false
+	}
+	ref := atomic.LoadUint32(&e.ref)
+	if ref&sameBit == 0 && !ix.sameRes(e, st) {
+		return false
+	}
+	if ref != refBit|sameBit {
+		atomic.OrUint32(&e.ref, refBit|sameBit)
+	}
+	return true
 }
 
 // matchState is one walk of Match. out[:active] are the replicas still
@@ -439,10 +457,14 @@ func (ix *Index) matchFirst(st *matchState, k Key) {
 	n, p, res, ci := int32(e.n), int32(0), e.res[:min(e.n, inlineRes)], e.more
 	for {
 		for _, v := range res {
+			// Filled in place: a Match built on the stack and copied is
+			// written in small stores and read back in wide ones, which
+			// the CPU cannot forward, a stall per replica.
+			out = append(out, Match{})
+			m := &out[len(out)-1]
 			t := uint8(bits.TrailingZeros8(v.mask()))
-			m := Match{Replica: v.replica(), Blocks: 1, pos: p, tier: t}
-			m.ByTier[t]++
-			out = append(out, m)
+			m.Replica, m.Blocks, m.pos, m.tier = v.replica(), 1, p, t
+			m.ByTier[t] = 1
 			p++
 		}
 		if ci < 0 || p >= n {
