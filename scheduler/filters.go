@@ -48,8 +48,11 @@ func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.
 		if req.Subset != nil && !inSubset(req.Subset, r.ep.Addr) {
 			continue
 		}
-		cands = append(cands, cand{r: r})
+		// Filled in place, not copied from a literal: see matchFirst in
+		// kvindex on store forwarding.
+		cands = append(cands, cand{})
 		c := &cands[len(cands)-1]
+		c.r = r
 		c.sig, c.stale = s.signals(r, staleBefore)
 		if c.sig != nil {
 			c.waiting, c.kv = c.sig.Signals.Waiting, c.sig.Signals.KVUsage

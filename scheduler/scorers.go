@@ -204,7 +204,11 @@ func (s *Scheduler) scoreAll(cands []cand, req *Request, adapter string, promptU
 			total *= *sc.StaleFactor
 		}
 		c.score = total
-		c.r.score.Store(math.Float64bits(total))
+		// An atomic store is a full barrier on amd64, dear per replica
+		// per decision; most replicas' scores are what they were.
+		if b := math.Float64bits(total); c.r.score.Load() != b {
+			c.r.score.Store(b)
+		}
 	}
 	return override
 }
