@@ -1,15 +1,11 @@
 package scheduler
 
-import (
-	"time"
-
-	"github.com/omnious/provider-node/engines/metrics"
-)
+import "time"
 
 // cand is one candidate replica during a decision.
 type cand struct {
 	r       *replica
-	sig     *metrics.Sample // nil when never scraped
+	sig     *sampled // nil when never scraped
 	waiting float64
 	kv      float64
 	infl    float64
@@ -55,7 +51,7 @@ func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.
 		c.r = r
 		c.sig, c.stale = s.signals(r, staleBefore)
 		if c.sig != nil {
-			c.waiting, c.kv = c.sig.Signals.Waiting, c.sig.Signals.KVUsage
+			c.waiting, c.kv = c.sig.waiting, c.sig.kv
 		}
 		c.infl = float64(r.inflight.Load())
 		c.load, c.queued = loadOf(c), queuedOf(c)
@@ -123,7 +119,7 @@ func kvOver(c *cand, ceiling float64) bool { return !c.stale && c.sig != nil && 
 func loadOf(c *cand) float64 {
 	load := c.infl
 	if c.sig != nil && !c.stale {
-		load = max(load, c.sig.Signals.Running+c.sig.Signals.Waiting)
+		load = max(load, c.sig.engine)
 	}
 	return load
 }

@@ -95,7 +95,6 @@ func (f *flow) saturation() float64 {
 func (f *flow) load(reps []*replica, now time.Time, keep func(*replica) bool) (sum float64, n int) {
 	s := f.s
 	staleBefore := s.staleBefore(now)
-	cfg := &s.cfg.Scoring
 	target := s.cfg.Admission.TargetInflight
 	for pass := 0; pass < 2 && n == 0; pass++ {
 		for _, r := range reps {
@@ -107,16 +106,15 @@ func (f *flow) load(reps []*replica, now time.Time, keep func(*replica) bool) (s
 			}
 			own := float64(r.inflight.Load())
 			v := own / target
-			if sm, stale := s.signals(r, staleBefore); sm != nil && !stale {
-				sig := &sm.Signals
-				engine := sig.Running + sig.Waiting
+			if g, stale := s.signals(r, staleBefore); g != nil && !stale {
+				engine := g.engine
 				if sh := r.sharing.Load(); sh > 1 {
 					engine /= float64(sh)
 				}
 				busy := engine + max(own-float64(r.inflightAtSample.Load()), 0)
 				// max(own, busy)/target is max(own/target, busy/target):
 				// division by a positive number keeps the order.
-				v = max(max(own, busy)/target, sig.Waiting/cfg.TargetWaiting, sig.KVUsage/cfg.KVCeiling)
+				v = max(max(own, busy)/target, g.sat)
 			}
 			sum += v
 			n++

@@ -66,7 +66,7 @@ type Target struct {
 // decision reads of every replica comes first, together.
 type replica struct {
 	inflight atomic.Int64
-	sample   atomic.Pointer[metrics.Sample]
+	sample   atomic.Pointer[sampled]
 	// inflightAtSample is this EPP's in-flight count when the last good
 	// sample arrived: what it routed since is not in the engine's counts.
 	inflightAtSample atomic.Int64
@@ -86,6 +86,32 @@ type replica struct {
 
 	queueGauge, breakerGauge, scoreGauge, staleGauge prometheus.Gauge
 	capBatchGauge, capDispersionGauge                prometheus.Gauge
+}
+
+// sampled is a replica's last scrape with what admission and the filters
+// read of it for every replica on every decision, computed once when it
+// arrives. A metrics.Sample spans many cache lines (its histograms); these
+// fit in one.
+type sampled struct {
+	sm *metrics.Sample
+	at time.Time // sm.At
+	// scraped: at is not zero, the engine was scraped successfully once.
+	scraped bool
+	// running, waiting and kv are the engine's counts and KV usage, engine
+	// running + waiting.
+	running, waiting, kv, engine float64
+	// sat is the saturation term of the engine's queue and KV usage (see
+	// flow): max(waiting/target_waiting, kv_usage/kv_ceiling).
+	sat float64
+}
+
+func (s *Scheduler) sampled(sm *metrics.Sample) *sampled {
+	sig := &sm.Signals
+	return &sampled{
+		sm: sm, at: sm.At, scraped: !sm.At.IsZero(),
+		running: sig.Running, waiting: sig.Waiting, kv: sig.KVUsage, engine: sig.Running + sig.Waiting,
+		sat: max(sig.Waiting/s.cfg.Scoring.TargetWaiting, sig.KVUsage/s.cfg.Scoring.KVCeiling),
+	}
 }
 
 // snapshot is the pool at one SetEndpoints call. It is immutable.
@@ -265,11 +291,12 @@ func cloneLabels(m map[string]string) map[string]string {
 func (s *Scheduler) Observe(sm *metrics.Sample) {
 	now := s.now()
 	trip := *s.cfg.Signals.ScrapeFailuresTrip
+	g := s.sampled(sm)
 	for _, r := range s.snap.Load().byURL[sm.URL] {
 		if sm.Err == nil {
 			r.inflightAtSample.Store(r.inflight.Load())
 		}
-		r.sample.Store(sm)
+		r.sample.Store(g)
 		if sm.Err == nil && sm.Window.Seconds > 0 {
 			r.learn(sm)
 		}
@@ -313,7 +340,7 @@ func (s *Scheduler) refreshGauges() {
 	var kv, q, run float64
 	var ready, stale, n int
 	for _, r := range snap.all {
-		sig, isStale := s.signals(r, staleBefore)
+		g, isStale := s.signals(r, staleBefore)
 		state := r.br.current(now, s.cfg.Breaker.Cooldown)
 		r.breakerGauge.Set(float64(state))
 		r.scoreGauge.Set(float64frombits(r.score.Load()))
@@ -328,11 +355,11 @@ func (s *Scheduler) refreshGauges() {
 		} else if state == BreakerClosed {
 			ready++
 		}
-		if sig != nil {
-			r.queueGauge.Set(sig.Signals.Waiting)
-			kv += sig.Signals.KVUsage
-			q += sig.Signals.Waiting
-			run += sig.Signals.Running
+		if g != nil {
+			r.queueGauge.Set(g.waiting)
+			kv += g.kv
+			q += g.waiting
+			run += g.running
 			n++
 		}
 	}
@@ -352,15 +379,15 @@ func (s *Scheduler) staleBefore(now time.Time) time.Time { return now.Add(-s.cfg
 // signals returns r's last sample (nil if none) and whether it is stale,
 // that is taken before staleBefore. A replica without a metrics URL is
 // never stale: there is nothing to wait for.
-func (s *Scheduler) signals(r *replica, staleBefore time.Time) (*metrics.Sample, bool) {
-	sm := r.sample.Load()
+func (s *Scheduler) signals(r *replica, staleBefore time.Time) (*sampled, bool) {
+	g := r.sample.Load()
 	if !r.metered {
-		return sm, false
+		return g, false
 	}
-	if sm == nil || sm.At.IsZero() {
+	if g == nil || !g.scraped {
 		return nil, true
 	}
-	return sm, sm.At.Before(staleBefore)
+	return g, g.at.Before(staleBefore)
 }
 
 // Tenant ids come from a client header: the first maxTenantSeries
@@ -453,7 +480,7 @@ func (s *Scheduler) serving(snap *snapshot, model string) (base, adapter string,
 	// An adapter the configuration does not name is served where an engine
 	// reports it loaded.
 	for _, r := range snap.all {
-		if sm := r.sample.Load(); sm != nil && sm.Signals.HasAdapter(model) {
+		if g := r.sample.Load(); g != nil && g.sm.Signals.HasAdapter(model) {
 			reps = append(reps, r)
 			base = r.ep.Model
 		}

@@ -45,7 +45,7 @@ func sessionScorer(isSessionReplica bool, load, meanLoad, factor float64) float6
 // loraScorer is 1 when the adapter is already loaded (running or waiting)
 // on the replica: no load, no eviction of another adapter.
 func loraScorer(c *cand, adapter string) float64 {
-	if adapter != "" && c.sig != nil && c.sig.Signals.HasAdapter(adapter) {
+	if adapter != "" && c.sig != nil && c.sig.sm.Signals.HasAdapter(adapter) {
 		return 1
 	}
 	return 0
