@@ -7,7 +7,6 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	lru "github.com/hashicorp/golang-lru/v2"
-	"github.com/hashicorp/golang-lru/v2/simplelru"
 
 	"github.com/omnious/provider-node/kvindex"
 )
@@ -182,11 +181,11 @@ type routes struct {
 	ttl time.Duration
 
 	mu    sync.Mutex // one lock per match or record, not per key
-	cache *simplelru.LRU[uint64, specVal]
+	cache *recordTable
 }
 
 func newRoutes(maxNodes int, ttl time.Duration) (*routes, error) {
-	c, err := simplelru.NewLRU[uint64, specVal](maxNodes, nil)
+	c, err := newRecordTable(maxNodes)
 	if err != nil {
 		return nil, err
 	}
@@ -202,11 +201,14 @@ func (rt *routes) match(keys []uint64, now time.Time, out []prefixHit, seen []sp
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	for i, k := range keys {
-		v, ok := rt.cache.Get(k)
-		if !ok {
+		v := rt.cache.get(k)
+		if v == nil {
 			break
 		}
-		seen = append(seen, v)
+		// Copied in place: append(seen, *v) copies through a temporary
+		// in overlapping stores the CPU cannot forward to its loads.
+		seen = append(seen, specVal{})
+		seen[len(seen)-1] = *v
 		live := false
 		for j := range v.exp {
 			if v.exp[j] > nowNs {
@@ -238,12 +240,15 @@ func (rt *routes) record(keys []uint64, seen []specVal, r kvindex.Replica, now t
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	for _, k := range keys[i:] {
-		v, _ := rt.cache.Get(k)
-		if v.expOf(r) >= fresh {
+		if v := rt.cache.get(k); v != nil {
+			if v.expOf(r) < fresh {
+				v.put(r, exp)
+			}
 			continue
 		}
+		var v specVal
 		v.put(r, exp)
-		rt.cache.Add(k, v)
+		rt.cache.add(k, v)
 	}
 }
 
