@@ -556,22 +556,30 @@ func (ix *Index) resolveByID(st *matchState, e *entry) {
 		c := ix.chunks.at(ci)
 		res, ci = c.res[:min(n-p, chunkRes)], c.next
 	}
-	for j := 0; j < active; {
-		m := &out[j]
-		if m.seen == 0 {
-			active--
-			out[j], out[active] = out[active], out[j]
-			ids[out[j].Replica], ids[out[active].Replica] = int32(j+1), int32(active+1)
+	// The replicas e holds to the front, the others after: scanning from
+	// both ends swaps only those out of place, not every one dropped (a
+	// shared prefix that ends drops most of them at once).
+	lo, hi := 0, active
+	for lo < hi {
+		if out[lo].seen != 0 {
+			lo++
 			continue
 		}
+		if hi--; out[hi].seen != 0 {
+			out[lo], out[hi] = out[hi], out[lo]
+			ids[out[lo].Replica], ids[out[hi].Replica] = int32(lo+1), int32(hi+1)
+			lo++
+		}
+	}
+	for j := range out[:lo] {
+		m := &out[j]
 		m.tier = uint8(bits.TrailingZeros8(m.seen))
 		m.seen = 0
 		m.Blocks++
 		m.ByTier[m.tier]++
-		j++
 	}
-	st.active = active
-	st.done = active == 0
+	st.active = lo
+	st.done = lo == 0
 }
 
 // getIDs returns a zeroed replica-id table for every replica id the index
