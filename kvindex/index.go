@@ -371,11 +371,16 @@ func (ix *Index) Match(keys []Key, out []Match) []Match {
 			es := pages[p][j:min(pageSize, j+len(keys)-i)]
 			ks := keys[i : i+len(es)]
 			t := 0
-			for t < len(es) {
+			for {
 				// Entries already marked, in a loop small enough for
 				// registers; a free or unused entry has ref 0.
-				for t < len(es) && es[t].key == ks[t] && atomic.LoadUint32(&es[t].ref) == refBit|sameBit {
-					t++
+				for ; t < len(es) && t < len(ks); t++ {
+					if es[t].key != ks[t] {
+						break
+					}
+					if atomic.LoadUint32(&es[t].ref) != refBit|sameBit {
+						break
+					}
 				}
 				if t == len(es) || !ix.extends(&es[t], ks[t], &st) {
 					break
