@@ -133,28 +133,31 @@ func (sp *speculative) match(keys []kvindex.Key, now time.Time, out []prefixHit)
 		if i >= len(keys) {
 			i = len(keys) - 1
 		}
-		v, pv := sp.cur.get(keys[i]), sp.prev.get(keys[i])
-		if v == nil && pv == nil {
-			break
+		var live, prevLive bool
+		if v := sp.cur.get(keys[i]); v != nil {
+			out, live = v.hits(out, base, nowNs, i+1)
 		}
-		live := false
-		for _, val := range [2]*specVal{v, pv} {
-			if val == nil {
-				continue
-			}
-			for j := range val.exp {
-				if val.exp[j] <= nowNs {
-					continue
-				}
-				live = true
-				out = addHit(out, base, val.r[j], i+1)
-			}
+		if pv := sp.prev.get(keys[i]); pv != nil {
+			out, prevLive = pv.hits(out, base, nowNs, i+1)
 		}
-		if !live || i == len(keys)-1 {
+		if !live && !prevLive || i == len(keys)-1 {
 			break
 		}
 	}
 	return out
+}
+
+// hits raises to n, in out[base:], the count of every replica v holds
+// past nowNs, and reports whether there is one.
+func (v *specVal) hits(out []prefixHit, base int, nowNs int64, n int) ([]prefixHit, bool) {
+	live := false
+	for j, exp := range v.exp {
+		if exp > nowNs {
+			live = true
+			out = addHit(out, base, v.r[j], n)
+		}
+	}
+	return out, live
 }
 
 // addHit raises replica r's count to n in out[base:], appending it if new.
@@ -209,14 +212,8 @@ func (rt *routes) match(keys []uint64, now time.Time, out []prefixHit, seen []sp
 		// in overlapping stores the CPU cannot forward to its loads.
 		seen = append(seen, specVal{})
 		seen[len(seen)-1] = *v
-		live := false
-		for j := range v.exp {
-			if v.exp[j] > nowNs {
-				live = true
-				out = addHit(out, base, v.r[j], units(i))
-			}
-		}
-		if !live {
+		var live bool
+		if out, live = v.hits(out, base, nowNs, units(i)); !live {
 			break
 		}
 	}
