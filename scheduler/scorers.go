@@ -97,6 +97,7 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 		sc.matches = s.ix.Match(sc.keys, sc.matches)
 		s.m.lookup.Observe(time.Since(lookupStart).Seconds())
 		cpuW, storageW := *s.cfg.Prefix.CPUWeight, *s.cfg.Prefix.StorageWeight
+		longest := 0 // the longest match of any candidate, see below
 		for _, m := range sc.matches {
 			if j := candOf(byID, m.Replica); j > 0 {
 				c := &cands[j-1]
@@ -104,6 +105,7 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 					storageW*float64(m.ByTier[kvindex.TierStorage])
 				c.prefixUnits = m.Blocks * bs
 				c.prefixShare = eff * float64(bs) / float64(n)
+				longest = max(longest, c.prefixUnits)
 			}
 		}
 		sc.hits = s.spec.match(sc.keys, now, sc.hits)
@@ -113,6 +115,7 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 				if u := h.n * bs; u > c.prefixUnits {
 					c.prefixUnits = u
 					c.prefixShare = float64(u) / float64(n)
+					longest = max(longest, u)
 				}
 			}
 		}
@@ -127,10 +130,6 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 		// prompt wins over one the memory recalls but the index shows
 		// without it, which would have to recompute the part held
 		// elsewhere, a copy made by routing there.
-		longest := 0
-		for i := range cands {
-			longest = max(longest, cands[i].prefixUnits)
-		}
 		sc.hashes = strideKeys(sc.hashes, sc.keys)
 		sc.hits, sc.seen = s.recall.match(sc.hashes, now, sc.hits[:0], sc.seen, func(i int) int { return strideBlocks(i, len(sc.keys)) })
 		for _, h := range sc.hits {
@@ -170,10 +169,11 @@ func (s *Scheduler) scoreAll(cands []cand, req *Request, adapter string, promptU
 	}
 	var meanLoad float64
 	minQueued := math.Inf(1)
+	minRatio := *s.cfg.Prefix.MatchRatio * float64(promptUnits)
 	for i := range cands {
 		c := &cands[i]
 		c.prefixOK = promptUnits > 0 && c.prefixUnits > 0 && c.prefixUnits >= minMatch &&
-			float64(c.prefixUnits) >= *s.cfg.Prefix.MatchRatio*float64(promptUnits)
+			float64(c.prefixUnits) >= minRatio
 		meanLoad += c.load
 		minQueued = min(minQueued, c.queued)
 	}
