@@ -62,7 +62,7 @@ func (s *Scheduler) Capacity() capacity.Snapshot {
 		inflight := int(r.inflight.Load())
 		m.InFlight += inflight
 		var sm *metrics.Sample
-		g, stale := s.signals(r, staleBefore)
+		g, stale := signals(r, staleBefore)
 		if g != nil {
 			sm = g.sm
 		}

@@ -1,6 +1,9 @@
 package scheduler
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // cand is one candidate replica during a decision.
 type cand struct {
@@ -16,6 +19,7 @@ type cand struct {
 	prefixShare float64 // tier-weighted share of the prompt, 0..1
 	heldUnits   int     // the index's (and speculative) match when recalled
 	prefixScore float64
+	lora        float64 // loraScorer, set by scoreAll
 	score       float64
 
 	stale      bool
@@ -35,31 +39,49 @@ func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.
 	// One pass builds the candidates and tallies both stages, for the
 	// admitted candidates and for all of them (the KV stage runs on
 	// whichever list the breaker stage leaves); a second pass, only when a
-	// stage removes something, compacts.
-	cands = sc.cands[:0]
+	// stage removes something, compacts. The subset and breakers that are
+	// not closed, which need calls, are dealt with apart: a call in the
+	// loop over every replica spills every register.
+	if req.Subset != nil {
+		sc.subset = sc.subset[:0]
+		for _, r := range reps {
+			if inSubset(req.Subset, r.ep.Addr) {
+				sc.subset = append(sc.subset, r)
+			}
+		}
+		reps = sc.subset
+	}
+	cands = slices.Grow(sc.cands[:0], len(reps))[:len(reps)]
 	staleBefore := s.staleBefore(now)
 	cooldown, ceiling, targetWaiting := s.cfg.Breaker.Cooldown, s.cfg.Scoring.KVCeiling, s.cfg.Scoring.TargetWaiting
 	var all, kept stageTally
-	for _, r := range reps {
-		if req.Subset != nil && !inSubset(req.Subset, r.ep.Addr) {
-			continue
-		}
+	unsure := false // a breaker is not closed
+	for i, r := range reps {
 		// Filled in place, not copied from a literal: see matchFirst in
 		// kvindex on store forwarding.
-		cands = append(cands, cand{})
-		c := &cands[len(cands)-1]
+		c := &cands[i]
+		*c = cand{}
 		c.r = r
-		c.sig, c.stale = s.signals(r, staleBefore)
+		c.sig = r.signal()
+		c.stale = r.staleAt(c.sig, staleBefore)
 		if c.sig != nil {
 			c.waiting, c.kv = c.sig.waiting, c.sig.kv
 		}
 		c.infl = float64(r.inflight.Load())
 		c.load, c.queued = loadOf(c), queuedOf(c)
-		c.admit, c.probe = r.br.admit(now, cooldown)
 		over, ready := kvOver(c, ceiling), c.waiting < targetWaiting
 		all.add(over, ready)
-		if c.admit {
+		if c.admit = r.br.state.Load() == BreakerClosed; c.admit {
 			kept.add(over, ready)
+		} else {
+			unsure = true
+		}
+	}
+	for i := 0; unsure && i < len(cands); i++ {
+		if c := &cands[i]; !c.admit {
+			if c.admit, c.probe = c.r.br.admit(now, cooldown); c.admit {
+				kept.add(kvOver(c, ceiling), c.waiting < targetWaiting)
+			}
 		}
 	}
 	sc.cands = cands

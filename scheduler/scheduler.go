@@ -340,7 +340,7 @@ func (s *Scheduler) refreshGauges() {
 	var kv, q, run float64
 	var ready, stale, n int
 	for _, r := range snap.all {
-		g, isStale := s.signals(r, staleBefore)
+		g, isStale := signals(r, staleBefore)
 		state := r.br.current(now, s.cfg.Breaker.Cooldown)
 		r.breakerGauge.Set(float64(state))
 		r.scoreGauge.Set(float64frombits(r.score.Load()))
@@ -379,15 +379,26 @@ func (s *Scheduler) staleBefore(now time.Time) time.Time { return now.Add(-s.cfg
 // signals returns r's last sample (nil if none) and whether it is stale,
 // that is taken before staleBefore. A replica without a metrics URL is
 // never stale: there is nothing to wait for.
-func (s *Scheduler) signals(r *replica, staleBefore time.Time) (*sampled, bool) {
+func signals(r *replica, staleBefore time.Time) (*sampled, bool) {
+	g := r.signal()
+	return g, r.staleAt(g, staleBefore)
+}
+
+// signal and staleAt are signals in two halves small enough to inline: a
+// call in a loop over every replica spills every register. signal is r's
+// last sample, nil when there is none or a metered replica never had a
+// good scrape.
+func (r *replica) signal() *sampled {
 	g := r.sample.Load()
-	if !r.metered {
-		return g, false
+	if r.metered && (g == nil || !g.scraped) {
+		return nil
 	}
-	if g == nil || !g.scraped {
-		return nil, true
-	}
-	return g, g.at.Before(staleBefore)
+	return g
+}
+
+// staleAt reports whether g, r's signal, is stale at staleBefore.
+func (r *replica) staleAt(g *sampled, staleBefore time.Time) bool {
+	return r.metered && (g == nil || g.at.Before(staleBefore))
 }
 
 // Tenant ids come from a client header: the first maxTenantSeries
@@ -494,6 +505,7 @@ func (s *Scheduler) serving(snap *snapshot, model string) (base, adapter string,
 // scratch is the per-decision working memory, pooled so a decision does not
 // allocate slices.
 type scratch struct {
+	subset  []*replica // the candidates of a request with a subset hint
 	cands   []cand
 	keys    []kvindex.Key
 	matches []kvindex.Match

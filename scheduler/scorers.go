@@ -186,6 +186,14 @@ func (s *Scheduler) scoreAll(cands []cand, req *Request, adapter string, promptU
 		prefix: *sc.Weights.Prefix, queue: *sc.Weights.Queue, inflight: *sc.Weights.Inflight,
 		kv: *sc.Weights.KV, session: *sc.Weights.Session, lora: *sc.Weights.LoRA,
 	}
+	// loraScorer calls out of line (it reads the adapter lists): in a pass
+	// of its own, only requests for an adapter pay for it, and the scoring
+	// loop has no call in it, which would spill every register.
+	if adapter != "" {
+		for i := range cands {
+			cands[i].lora = loraScorer(&cands[i], adapter)
+		}
+	}
 	for i := range cands {
 		c := &cands[i]
 		if c.prefixOK && guardTrips(c.queued, minQueued, balanceAbs, balanceRel) {
@@ -199,7 +207,7 @@ func (s *Scheduler) scoreAll(cands []cand, req *Request, adapter string, promptU
 			w.inflight*inflightScorer(c.infl, sc.TargetInflight) +
 			w.kv*kvScorer(c.kv, sc.KVCeiling) +
 			w.session*sess +
-			w.lora*loraScorer(c, adapter)
+			w.lora*c.lora
 		if c.stale {
 			total *= *sc.StaleFactor
 		}
