@@ -373,7 +373,20 @@ func (ix *Index) Match(keys []Key, out []Match) []Match {
 			t := 0
 			for {
 				// Entries already marked, in a loop small enough for
-				// registers; a free or unused entry has ref 0.
+				// registers; a free or unused entry has ref 0. Two at a
+				// time first: ref holds only refBit and sameBit, so the
+				// AND of two is refBit|sameBit when both are.
+				for ; t+1 < len(es) && t+1 < len(ks); t += 2 {
+					if es[t].key != ks[t] {
+						break
+					}
+					if es[t+1].key != ks[t+1] {
+						break
+					}
+					if atomic.LoadUint32(&es[t].ref)&atomic.LoadUint32(&es[t+1].ref) != refBit|sameBit {
+						break
+					}
+				}
 				for ; t < len(es) && t < len(ks); t++ {
 					if es[t].key != ks[t] {
 						break
