@@ -151,8 +151,8 @@ func (sp *speculative) match(keys []kvindex.Key, now time.Time, out []prefixHit)
 // past nowNs, and reports whether there is one.
 func (v *specVal) hits(out []prefixHit, base int, nowNs int64, n int) ([]prefixHit, bool) {
 	live := false
-	for j, exp := range v.exp {
-		if exp > nowNs {
+	for j := range v.exp { // not range v.exp: that copies the array
+		if v.exp[j] > nowNs {
 			live = true
 			out = addHit(out, base, v.r[j], n)
 		}
