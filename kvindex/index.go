@@ -554,8 +554,9 @@ func (ix *Index) resolveByID(st *matchState, e *entry) {
 	out, active := st.out, st.active
 	if st.ids == nil {
 		st.ids = ix.getIDs()
+		ids := *st.ids
 		for j := range out[:active] {
-			(*st.ids)[out[j].Replica] = int32(j + 1)
+			ids[out[j].Replica] = int32(j + 1)
 		}
 	}
 	ids := *st.ids
