@@ -532,7 +532,8 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 	if ferr != nil {
 		return nil, ferr
 	}
-	d := &Decision{}
+	pk := &picked{}
+	d := &pk.d
 	var reason string
 	var primary int
 	var promptUnits int // tokens (precise) or bytes (approximate)
@@ -572,7 +573,11 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 
 	p := &cands[primary]
 	d.Reason = reason
-	d.Endpoints = make([]*endpoint.Endpoint, 0, len(sc.order))
+	if len(sc.order) <= len(pk.eps) {
+		d.Endpoints = pk.eps[:0:len(sc.order)]
+	} else {
+		d.Endpoints = make([]*endpoint.Endpoint, 0, len(sc.order))
+	}
 	for _, i := range sc.order {
 		d.Endpoints = append(d.Endpoints, &cands[i].r.ep)
 	}
@@ -602,12 +607,27 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 		s.approx.record(sc.hashes, sc.seen, r.id, now)
 	}
 	s.sess.set(req.SessionKey, r.id, now)
-	tenant := req.Tenant
-	d.SetDone(func(info DoneInfo) {
-		r.inflight.Add(-1)
-		s.done(r, probe, tenant, info)
-	})
+	pk.s, pk.r, pk.probe, pk.tenant = s, r, probe, req.Tenant
+	d.picked = pk
 	return d, nil
+}
+
+// picked is a decision of the Scheduler with what its Done needs and room
+// for the default number of endpoints (the primary and two fallbacks), in
+// one allocation instead of three (the decision, its endpoints and a
+// closure for Done).
+type picked struct {
+	d      Decision
+	s      *Scheduler
+	r      *replica // the primary
+	probe  bool     // the primary's half-open probe was claimed
+	tenant string
+	eps    [3]*endpoint.Endpoint
+}
+
+func (pk *picked) done(info DoneInfo) {
+	pk.r.inflight.Add(-1)
+	pk.s.done(pk.r, pk.probe, pk.tenant, info)
 }
 
 // done feeds the breaker, the tenant token counters and flow control.
