@@ -10,7 +10,6 @@ type cand struct {
 	r       *replica
 	sig     *sampled // nil when never scraped
 	waiting float64
-	kv      float64
 	infl    float64
 	load    float64
 	queued  float64 // requests not started yet, see queuedOf
@@ -19,8 +18,10 @@ type cand struct {
 	prefixShare float64 // tier-weighted share of the prompt, 0..1
 	heldUnits   int     // the index's (and speculative) match when recalled
 	prefixScore float64
-	lora        float64 // loraScorer, set by scoreAll
-	score       float64
+	// queueScore and kvScore are the sample's (sampled), or an idle
+	// replica's without one; lora is set by scoreAll.
+	queueScore, kvScore, lora float64
+	score                     float64
 
 	stale      bool
 	probe      bool // breaker half-open: routing here claims the probe
@@ -53,7 +54,8 @@ func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.
 	}
 	cands = slices.Grow(sc.cands[:0], len(reps))[:len(reps)]
 	staleBefore := s.staleBefore(now)
-	cooldown, ceiling, targetWaiting := s.cfg.Breaker.Cooldown, s.cfg.Scoring.KVCeiling, s.cfg.Scoring.TargetWaiting
+	cooldown, targetWaiting := s.cfg.Breaker.Cooldown, s.cfg.Scoring.TargetWaiting
+	idleQueue, idleKV := queueScorer(0, targetWaiting), kvScorer(0, s.cfg.Scoring.KVCeiling)
 	var all, kept stageTally
 	unsure := false // a breaker is not closed
 	for i, r := range reps {
@@ -65,11 +67,13 @@ func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.
 		c.sig = r.signal()
 		c.stale = r.staleAt(c.sig, staleBefore)
 		if c.sig != nil {
-			c.waiting, c.kv = c.sig.waiting, c.sig.kv
+			c.waiting, c.queueScore, c.kvScore = c.sig.waiting, c.sig.queueScore, c.sig.kvScore
+		} else {
+			c.queueScore, c.kvScore = idleQueue, idleKV
 		}
 		c.infl = float64(r.inflight.Load())
 		c.load, c.queued = loadOf(c), queuedOf(c)
-		over, ready := kvOver(c, ceiling), c.waiting < targetWaiting
+		over, ready := kvOver(c), c.waiting < targetWaiting
 		all.add(over, ready)
 		if c.admit = r.br.state.Load() == BreakerClosed; c.admit {
 			kept.add(over, ready)
@@ -80,7 +84,7 @@ func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.
 	for i := 0; unsure && i < len(cands); i++ {
 		if c := &cands[i]; !c.admit {
 			if c.admit, c.probe = c.r.br.admit(now, cooldown); c.admit {
-				kept.add(kvOver(c, ceiling), c.waiting < targetWaiting)
+				kept.add(kvOver(c), c.waiting < targetWaiting)
 			}
 		}
 	}
@@ -108,7 +112,7 @@ func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.
 	n := 0
 	for i := range cands {
 		c := &cands[i]
-		if (relaxed || c.admit) && !(kvStage && kvOver(c, ceiling)) {
+		if (relaxed || c.admit) && !(kvStage && kvOver(c)) {
 			cands[n] = *c
 			n++
 		}
@@ -132,7 +136,7 @@ func (t *stageTally) add(over, ready bool) {
 	}
 }
 
-func kvOver(c *cand, ceiling float64) bool { return !c.stale && c.sig != nil && c.kv > ceiling }
+func kvOver(c *cand) bool { return !c.stale && c.sig != nil && c.sig.over }
 
 // loadOf is a replica's load in requests: what the EPP has routed and not
 // seen finish, or what the engine reports running and waiting if that is

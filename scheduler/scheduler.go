@@ -103,6 +103,10 @@ type sampled struct {
 	// sat is the saturation term of the engine's queue and KV usage (see
 	// flow): max(waiting/target_waiting, kv_usage/kv_ceiling).
 	sat float64
+	// queueScore and kvScore are the queue and KV scorers of the sample,
+	// over whether its KV usage is above the ceiling.
+	queueScore, kvScore float64
+	over                bool
 }
 
 func (s *Scheduler) sampled(sm *metrics.Sample) *sampled {
@@ -110,7 +114,10 @@ func (s *Scheduler) sampled(sm *metrics.Sample) *sampled {
 	return &sampled{
 		sm: sm, at: sm.At, scraped: !sm.At.IsZero(),
 		running: sig.Running, waiting: sig.Waiting, kv: sig.KVUsage, engine: sig.Running + sig.Waiting,
-		sat: max(sig.Waiting/s.cfg.Scoring.TargetWaiting, sig.KVUsage/s.cfg.Scoring.KVCeiling),
+		sat:        max(sig.Waiting/s.cfg.Scoring.TargetWaiting, sig.KVUsage/s.cfg.Scoring.KVCeiling),
+		queueScore: queueScorer(sig.Waiting, s.cfg.Scoring.TargetWaiting),
+		kvScore:    kvScorer(sig.KVUsage, s.cfg.Scoring.KVCeiling),
+		over:       sig.KVUsage > s.cfg.Scoring.KVCeiling,
 	}
 }
 

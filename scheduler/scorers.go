@@ -203,9 +203,9 @@ func (s *Scheduler) scoreAll(cands []cand, req *Request, adapter string, promptU
 		sess := sessionScorer(hasSess && c.r.id == sessR, c.load, meanLoad, sc.SessionLoadFactor)
 		c.sessionHit = sess > 0 && w.session > 0
 		total := w.prefix*c.prefixScore +
-			w.queue*queueScorer(c.waiting, sc.TargetWaiting) +
+			w.queue*c.queueScore +
 			w.inflight*inflightScorer(c.infl, sc.TargetInflight) +
-			w.kv*kvScorer(c.kv, sc.KVCeiling) +
+			w.kv*c.kvScore +
 			w.session*sess +
 			w.lora*c.lora
 		if c.stale {
