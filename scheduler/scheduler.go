@@ -88,25 +88,24 @@ type replica struct {
 	capBatchGauge, capDispersionGauge                prometheus.Gauge
 }
 
-// sampled is a replica's last scrape with what admission and the filters
-// read of it for every replica on every decision, computed once when it
-// arrives. A metrics.Sample spans many cache lines (its histograms); these
-// fit in one.
+// sampled is a replica's last scrape with what admission, the filters and
+// the scorers read of it for every replica on every decision, computed once
+// when it arrives. A metrics.Sample spans many cache lines (its
+// histograms); these take 96 bytes.
 type sampled struct {
 	sm *metrics.Sample
 	at time.Time // sm.At
-	// scraped: at is not zero, the engine was scraped successfully once.
-	scraped bool
 	// running, waiting and kv are the engine's counts and KV usage, engine
 	// running + waiting.
 	running, waiting, kv, engine float64
 	// sat is the saturation term of the engine's queue and KV usage (see
 	// flow): max(waiting/target_waiting, kv_usage/kv_ceiling).
 	sat float64
-	// queueScore and kvScore are the queue and KV scorers of the sample,
-	// over whether its KV usage is above the ceiling.
+	// queueScore and kvScore are the queue and KV scorers of the sample.
 	queueScore, kvScore float64
-	over                bool
+	// scraped: at is not zero, the engine was scraped successfully once;
+	// over: its KV usage is above the ceiling.
+	scraped, over bool
 }
 
 func (s *Scheduler) sampled(sm *metrics.Sample) *sampled {
