@@ -365,23 +365,43 @@ func (ix *Index) Match(keys []Key, out []Match) []Match {
 		// earlier walk may have recorded in its sameBit. Entries past
 		// the slab's end are zero, and no key is 0.
 		if p := int(idx+1) >> pageShift; p < len(pages) {
-			page, base := pages[p], int32(p)<<pageShift
+			// The rest of the page beside as many keys, so that the loop
+			// has one counter and no bounds checks.
 			j := int(idx+1) & pageMask
-			for ; j < pageSize && i < len(keys); i, j = i+1, j+1 {
-				e := &page[j]
-				if k := keys[i]; e.key != k || k == 0 {
+			es := pages[p][j:min(pageSize, j+len(keys)-i)]
+			ks := keys[i : i+len(es)]
+			t := 0
+			for {
+				// Entries already marked, in a loop small enough for
+				// registers; a free or unused entry has ref 0. Two at a
+				// time first: ref holds only refBit and sameBit, so the
+				// AND of two is refBit|sameBit when both are.
+				for ; t+1 < len(es) && t+1 < len(ks); t += 2 {
+					if es[t].key != ks[t] {
+						break
+					}
+					if es[t+1].key != ks[t+1] {
+						break
+					}
+					if atomic.LoadUint32(&es[t].ref)&atomic.LoadUint32(&es[t+1].ref) != refBit|sameBit {
+						break
+					}
+				}
+				for ; t < len(es) && t < len(ks); t++ {
+					if es[t].key != ks[t] {
+						break
+					}
+					if atomic.LoadUint32(&es[t].ref) != refBit|sameBit {
+						break
+					}
+				}
+				if t == len(es) || !ix.extends(&es[t], ks[t], &st) {
 					break
 				}
-				ref := atomic.LoadUint32(&e.ref)
-				if ref&sameBit == 0 && !ix.sameRes(e, &st) {
-					break
-				}
-				if ref != refBit|sameBit {
-					atomic.OrUint32(&e.ref, refBit|sameBit)
-				}
-				run++
+				t++
 			}
-			idx = base + int32(j) - 1
+			i, j, run = i+t, j+t, run+t
+			idx = int32(p)<<pageShift + int32(j) - 1
 			if j == pageSize || i == len(keys) {
 				continue
 			}
@@ -394,6 +414,22 @@ func (ix *Index) Match(keys []Key, out []Match) []Match {
 	st.run = run
 	ix.releaseIDs(&st)
 	return st.finish()
+}
+
+// extends reports whether e, the entry after the last one examined, holds
+// k with the same residencies, and marks it (see Match).
+func (ix *Index) extends(e *entry, k Key, st *matchState) bool {
+	if e.key != k || k == 0 {
+		return false
+	}
+	ref := atomic.LoadUint32(&e.ref)
+	if ref&sameBit == 0 && !ix.sameRes(e, st) {
+		return false
+	}
+	if ref != refBit|sameBit {
+		atomic.OrUint32(&e.ref, refBit|sameBit)
+	}
+	return true
 }
 
 // matchState is one walk of Match. out[:active] are the replicas still
@@ -439,10 +475,14 @@ func (ix *Index) matchFirst(st *matchState, k Key) {
 	n, p, res, ci := int32(e.n), int32(0), e.res[:min(e.n, inlineRes)], e.more
 	for {
 		for _, v := range res {
+			// Filled in place: a Match built on the stack and copied is
+			// written in small stores and read back in wide ones, which
+			// the CPU cannot forward, a stall per replica.
+			out = append(out, Match{})
+			m := &out[len(out)-1]
 			t := uint8(bits.TrailingZeros8(v.mask()))
-			m := Match{Replica: v.replica(), Blocks: 1, pos: p, tier: t}
-			m.ByTier[t]++
-			out = append(out, m)
+			m.Replica, m.Blocks, m.pos, m.tier = v.replica(), 1, p, t
+			m.ByTier[t] = 1
 			p++
 		}
 		if ci < 0 || p >= n {
@@ -514,8 +554,9 @@ func (ix *Index) resolveByID(st *matchState, e *entry) {
 	out, active := st.out, st.active
 	if st.ids == nil {
 		st.ids = ix.getIDs()
+		ids := *st.ids
 		for j := range out[:active] {
-			(*st.ids)[out[j].Replica] = int32(j + 1)
+			ids[out[j].Replica] = int32(j + 1)
 		}
 	}
 	ids := *st.ids
@@ -534,22 +575,30 @@ func (ix *Index) resolveByID(st *matchState, e *entry) {
 		c := ix.chunks.at(ci)
 		res, ci = c.res[:min(n-p, chunkRes)], c.next
 	}
-	for j := 0; j < active; {
-		m := &out[j]
-		if m.seen == 0 {
-			active--
-			out[j], out[active] = out[active], out[j]
-			ids[out[j].Replica], ids[out[active].Replica] = int32(j+1), int32(active+1)
+	// The replicas e holds to the front, the others after: scanning from
+	// both ends swaps only those out of place, not every one dropped (a
+	// shared prefix that ends drops most of them at once).
+	lo, hi := 0, active
+	for lo < hi {
+		if out[lo].seen != 0 {
+			lo++
 			continue
 		}
+		if hi--; out[hi].seen != 0 {
+			out[lo], out[hi] = out[hi], out[lo]
+			ids[out[lo].Replica], ids[out[hi].Replica] = int32(lo+1), int32(hi+1)
+			lo++
+		}
+	}
+	for j := range out[:lo] {
+		m := &out[j]
 		m.tier = uint8(bits.TrailingZeros8(m.seen))
 		m.seen = 0
 		m.Blocks++
 		m.ByTier[m.tier]++
-		j++
 	}
-	st.active = active
-	st.done = active == 0
+	st.active = lo
+	st.done = lo == 0
 }
 
 // getIDs returns a zeroed replica-id table for every replica id the index

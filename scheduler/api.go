@@ -71,7 +71,8 @@ type Decision struct {
 	// Queued is how long the request waited in flow control.
 	Queued time.Duration
 
-	done func(DoneInfo)
+	done   func(DoneInfo)
+	picked *picked // the Scheduler's own decisions, instead of done
 }
 
 // DoneInfo reports how a routed request ended. The ext_proc server calls
@@ -135,7 +136,13 @@ func (i DoneInfo) Outcome() Outcome {
 // Done must be called exactly once when the routed request has ended. It
 // releases in-flight accounting, feeds the breaker and usage counters.
 func (d *Decision) Done(info DoneInfo) {
-	if d != nil && d.done != nil {
+	switch {
+	case d == nil:
+	case d.picked != nil:
+		pk := d.picked
+		d.picked = nil
+		pk.done(info)
+	case d.done != nil:
 		d.done(info)
 		d.done = nil
 	}

@@ -61,7 +61,11 @@ func (s *Scheduler) Capacity() capacity.Snapshot {
 		m.Replicas++
 		inflight := int(r.inflight.Load())
 		m.InFlight += inflight
-		sm, stale := s.signals(r, staleBefore)
+		var sm *metrics.Sample
+		g, stale := signals(r, staleBefore)
+		if g != nil {
+			sm = g.sm
+		}
 		if stale {
 			m.Stale++
 		}

@@ -1,17 +1,15 @@
 package scheduler
 
 import (
+	"slices"
 	"time"
-
-	"github.com/omnious/provider-node/engines/metrics"
 )
 
 // cand is one candidate replica during a decision.
 type cand struct {
 	r       *replica
-	sig     *metrics.Sample // nil when never scraped
+	sig     *sampled // nil when never scraped
 	waiting float64
-	kv      float64
 	infl    float64
 	load    float64
 	queued  float64 // requests not started yet, see queuedOf
@@ -20,7 +18,10 @@ type cand struct {
 	prefixShare float64 // tier-weighted share of the prompt, 0..1
 	heldUnits   int     // the index's (and speculative) match when recalled
 	prefixScore float64
-	score       float64
+	// queueScore and kvScore are the sample's (sampled), or an idle
+	// replica's without one; lora is set by scoreAll.
+	queueScore, kvScore, lora float64
+	score                     float64
 
 	stale      bool
 	probe      bool // breaker half-open: routing here claims the probe
@@ -39,28 +40,52 @@ func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.
 	// One pass builds the candidates and tallies both stages, for the
 	// admitted candidates and for all of them (the KV stage runs on
 	// whichever list the breaker stage leaves); a second pass, only when a
-	// stage removes something, compacts.
-	cands = sc.cands[:0]
-	staleBefore := s.staleBefore(now)
-	cooldown, ceiling, targetWaiting := s.cfg.Breaker.Cooldown, s.cfg.Scoring.KVCeiling, s.cfg.Scoring.TargetWaiting
-	var all, kept stageTally
-	for _, r := range reps {
-		if req.Subset != nil && !inSubset(req.Subset, r.ep.Addr) {
-			continue
+	// stage removes something, compacts. The subset and breakers that are
+	// not closed, which need calls, are dealt with apart: a call in the
+	// loop over every replica spills every register.
+	if req.Subset != nil {
+		sc.subset = sc.subset[:0]
+		for _, r := range reps {
+			if inSubset(req.Subset, r.ep.Addr) {
+				sc.subset = append(sc.subset, r)
+			}
 		}
-		cands = append(cands, cand{r: r})
-		c := &cands[len(cands)-1]
-		c.sig, c.stale = s.signals(r, staleBefore)
+		reps = sc.subset
+	}
+	cands = slices.Grow(sc.cands[:0], len(reps))[:len(reps)]
+	staleBefore := s.staleBefore(now)
+	cooldown, targetWaiting := s.cfg.Breaker.Cooldown, s.cfg.Scoring.TargetWaiting
+	idleQueue, idleKV := queueScorer(0, targetWaiting), kvScorer(0, s.cfg.Scoring.KVCeiling)
+	var all, kept stageTally
+	unsure := false // a breaker is not closed
+	for i, r := range reps {
+		// Filled in place, not copied from a literal: see matchFirst in
+		// kvindex on store forwarding.
+		c := &cands[i]
+		*c = cand{}
+		c.r = r
+		c.sig = r.signal()
+		c.stale = r.staleAt(c.sig, staleBefore)
 		if c.sig != nil {
-			c.waiting, c.kv = c.sig.Signals.Waiting, c.sig.Signals.KVUsage
+			c.waiting, c.queueScore, c.kvScore = c.sig.waiting, c.sig.queueScore, c.sig.kvScore
+		} else {
+			c.queueScore, c.kvScore = idleQueue, idleKV
 		}
 		c.infl = float64(r.inflight.Load())
 		c.load, c.queued = loadOf(c), queuedOf(c)
-		c.admit, c.probe = r.br.admit(now, cooldown)
-		over, ready := kvOver(c, ceiling), c.waiting < targetWaiting
+		over, ready := kvOver(c), c.waiting < targetWaiting
 		all.add(over, ready)
-		if c.admit {
+		if c.admit = r.br.state.Load() == BreakerClosed; c.admit {
 			kept.add(over, ready)
+		} else {
+			unsure = true
+		}
+	}
+	for i := 0; unsure && i < len(cands); i++ {
+		if c := &cands[i]; !c.admit {
+			if c.admit, c.probe = c.r.br.admit(now, cooldown); c.admit {
+				kept.add(kvOver(c), c.waiting < targetWaiting)
+			}
 		}
 	}
 	sc.cands = cands
@@ -87,7 +112,7 @@ func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.
 	n := 0
 	for i := range cands {
 		c := &cands[i]
-		if (relaxed || c.admit) && !(kvStage && kvOver(c, ceiling)) {
+		if (relaxed || c.admit) && !(kvStage && kvOver(c)) {
 			cands[n] = *c
 			n++
 		}
@@ -111,7 +136,7 @@ func (t *stageTally) add(over, ready bool) {
 	}
 }
 
-func kvOver(c *cand, ceiling float64) bool { return !c.stale && c.sig != nil && c.kv > ceiling }
+func kvOver(c *cand) bool { return !c.stale && c.sig != nil && c.sig.over }
 
 // loadOf is a replica's load in requests: what the EPP has routed and not
 // seen finish, or what the engine reports running and waiting if that is
@@ -120,7 +145,7 @@ func kvOver(c *cand, ceiling float64) bool { return !c.stale && c.sig != nil && 
 func loadOf(c *cand) float64 {
 	load := c.infl
 	if c.sig != nil && !c.stale {
-		load = max(load, c.sig.Signals.Running+c.sig.Signals.Waiting)
+		load = max(load, c.sig.engine)
 	}
 	return load
 }

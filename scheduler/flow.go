@@ -93,36 +93,57 @@ func (f *flow) saturation() float64 {
 // (those keep accepts, nil: all) and counts them: the replicas whose
 // breaker is not open, or all of them when every breaker is open.
 func (f *flow) load(reps []*replica, now time.Time, keep func(*replica) bool) (sum float64, n int) {
-	s := f.s
-	staleBefore := s.staleBefore(now)
-	cfg := &s.cfg.Scoring
-	target := s.cfg.Admission.TargetInflight
+	staleBefore := f.s.staleBefore(now)
+	if keep == nil && noneOpen(reps) {
+		return f.addTerms(0, reps, staleBefore), len(reps)
+	}
 	for pass := 0; pass < 2 && n == 0; pass++ {
-		for _, r := range reps {
+		for i, r := range reps {
 			if keep != nil && !keep(r) {
 				continue
 			}
-			if pass == 0 && r.br.state.Load() == BreakerOpen && r.br.current(now, s.cfg.Breaker.Cooldown) == BreakerOpen {
+			if pass == 0 && r.br.state.Load() == BreakerOpen && r.br.current(now, f.s.cfg.Breaker.Cooldown) == BreakerOpen {
 				continue
 			}
-			own := float64(r.inflight.Load())
-			v := own / target
-			if sm, stale := s.signals(r, staleBefore); sm != nil && !stale {
-				sig := &sm.Signals
-				engine := sig.Running + sig.Waiting
-				if sh := r.sharing.Load(); sh > 1 {
-					engine /= float64(sh)
-				}
-				busy := engine + max(own-float64(r.inflightAtSample.Load()), 0)
-				// max(own, busy)/target is max(own/target, busy/target):
-				// division by a positive number keeps the order.
-				v = max(max(own, busy)/target, sig.Waiting/cfg.TargetWaiting, sig.KVUsage/cfg.KVCeiling)
-			}
-			sum += v
+			sum = f.addTerms(sum, reps[i:i+1], staleBefore)
 			n++
 		}
 	}
 	return sum, n
+}
+
+func noneOpen(reps []*replica) bool {
+	for _, r := range reps {
+		if r.br.state.Load() == BreakerOpen {
+			return false
+		}
+	}
+	return true
+}
+
+// addTerms adds the saturation terms of reps to sum, in order. The common
+// case, no filter and no open breaker, sums every replica in this one
+// loop, which has no call in it: a call in a loop over every replica
+// spills every register.
+func (f *flow) addTerms(sum float64, reps []*replica, staleBefore time.Time) float64 {
+	target := f.s.cfg.Admission.TargetInflight
+	for _, r := range reps {
+		own := float64(r.inflight.Load())
+		g := r.signal()
+		if g == nil || r.staleAt(g, staleBefore) {
+			sum += own / target
+			continue
+		}
+		engine := g.engine
+		if sh := r.sharing.Load(); sh > 1 {
+			engine /= float64(sh)
+		}
+		busy := engine + max(own-float64(r.inflightAtSample.Load()), 0)
+		// max(own, busy)/target is max(own/target, busy/target): division
+		// by a positive number keeps the order.
+		sum += max(max(own, busy)/target, g.sat)
+	}
+	return sum
 }
 
 // Ticket is a request's admission through flow control, handed from Admit

@@ -110,7 +110,7 @@ func (e *testEnv) rep(i int) *replica { return e.s.snap.Load().byAddr[addr(i)] }
 // setSignals publishes fresh engine signals for endpoint i.
 func (e *testEnv) setSignals(i int, sig metrics.Signals) {
 	r := e.rep(i)
-	r.sample.Store(&metrics.Sample{URL: r.ep.MetricsURL, Signals: sig, At: e.clock.Now()})
+	r.sample.Store(e.s.sampled(&metrics.Sample{URL: r.ep.MetricsURL, Signals: sig, At: e.clock.Now()}))
 }
 
 // freshAll publishes idle signals for every endpoint.

@@ -7,7 +7,6 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	lru "github.com/hashicorp/golang-lru/v2"
-	"github.com/hashicorp/golang-lru/v2/simplelru"
 
 	"github.com/omnious/provider-node/kvindex"
 )
@@ -134,28 +133,31 @@ func (sp *speculative) match(keys []kvindex.Key, now time.Time, out []prefixHit)
 		if i >= len(keys) {
 			i = len(keys) - 1
 		}
-		v, pv := sp.cur.get(keys[i]), sp.prev.get(keys[i])
-		if v == nil && pv == nil {
-			break
+		var live, prevLive bool
+		if v := sp.cur.get(keys[i]); v != nil {
+			out, live = v.hits(out, base, nowNs, i+1)
 		}
-		live := false
-		for _, val := range [2]*specVal{v, pv} {
-			if val == nil {
-				continue
-			}
-			for j := range val.exp {
-				if val.exp[j] <= nowNs {
-					continue
-				}
-				live = true
-				out = addHit(out, base, val.r[j], i+1)
-			}
+		if pv := sp.prev.get(keys[i]); pv != nil {
+			out, prevLive = pv.hits(out, base, nowNs, i+1)
 		}
-		if !live || i == len(keys)-1 {
+		if !live && !prevLive || i == len(keys)-1 {
 			break
 		}
 	}
 	return out
+}
+
+// hits raises to n, in out[base:], the count of every replica v holds
+// past nowNs, and reports whether there is one.
+func (v *specVal) hits(out []prefixHit, base int, nowNs int64, n int) ([]prefixHit, bool) {
+	live := false
+	for j := range v.exp { // not range v.exp: that copies the array
+		if v.exp[j] > nowNs {
+			live = true
+			out = addHit(out, base, v.r[j], n)
+		}
+	}
+	return out, live
 }
 
 // addHit raises replica r's count to n in out[base:], appending it if new.
@@ -182,11 +184,11 @@ type routes struct {
 	ttl time.Duration
 
 	mu    sync.Mutex // one lock per match or record, not per key
-	cache *simplelru.LRU[uint64, specVal]
+	cache *recordTable
 }
 
 func newRoutes(maxNodes int, ttl time.Duration) (*routes, error) {
-	c, err := simplelru.NewLRU[uint64, specVal](maxNodes, nil)
+	c, err := newRecordTable(maxNodes)
 	if err != nil {
 		return nil, err
 	}
@@ -202,19 +204,16 @@ func (rt *routes) match(keys []uint64, now time.Time, out []prefixHit, seen []sp
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	for i, k := range keys {
-		v, ok := rt.cache.Get(k)
-		if !ok {
+		v := rt.cache.get(k)
+		if v == nil {
 			break
 		}
-		seen = append(seen, v)
-		live := false
-		for j := range v.exp {
-			if v.exp[j] > nowNs {
-				live = true
-				out = addHit(out, base, v.r[j], units(i))
-			}
-		}
-		if !live {
+		// Copied in place: append(seen, *v) copies through a temporary
+		// in overlapping stores the CPU cannot forward to its loads.
+		seen = append(seen, specVal{})
+		seen[len(seen)-1] = *v
+		var live bool
+		if out, live = v.hits(out, base, nowNs, units(i)); !live {
 			break
 		}
 	}
@@ -238,12 +237,15 @@ func (rt *routes) record(keys []uint64, seen []specVal, r kvindex.Replica, now t
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	for _, k := range keys[i:] {
-		v, _ := rt.cache.Get(k)
-		if v.expOf(r) >= fresh {
+		if v := rt.cache.get(k); v != nil {
+			if v.expOf(r) < fresh {
+				v.put(r, exp)
+			}
 			continue
 		}
+		var v specVal
 		v.put(r, exp)
-		rt.cache.Add(k, v)
+		rt.cache.add(k, v)
 	}
 }
 

@@ -66,7 +66,7 @@ type Target struct {
 // decision reads of every replica comes first, together.
 type replica struct {
 	inflight atomic.Int64
-	sample   atomic.Pointer[metrics.Sample]
+	sample   atomic.Pointer[sampled]
 	// inflightAtSample is this EPP's in-flight count when the last good
 	// sample arrived: what it routed since is not in the engine's counts.
 	inflightAtSample atomic.Int64
@@ -86,6 +86,38 @@ type replica struct {
 
 	queueGauge, breakerGauge, scoreGauge, staleGauge prometheus.Gauge
 	capConcurrencyGauge, capDispersionGauge          prometheus.Gauge
+}
+
+// sampled is a replica's last scrape with what admission, the filters and
+// the scorers read of it for every replica on every decision, computed once
+// when it arrives. A metrics.Sample spans many cache lines (its
+// histograms); these take 96 bytes.
+type sampled struct {
+	sm *metrics.Sample
+	at time.Time // sm.At
+	// running, waiting and kv are the engine's counts and KV usage, engine
+	// running + waiting.
+	running, waiting, kv, engine float64
+	// sat is the saturation term of the engine's queue and KV usage (see
+	// flow): max(waiting/target_waiting, kv_usage/kv_ceiling).
+	sat float64
+	// queueScore and kvScore are the queue and KV scorers of the sample.
+	queueScore, kvScore float64
+	// scraped: at is not zero, the engine was scraped successfully once;
+	// over: its KV usage is above the ceiling.
+	scraped, over bool
+}
+
+func (s *Scheduler) sampled(sm *metrics.Sample) *sampled {
+	sig := &sm.Signals
+	return &sampled{
+		sm: sm, at: sm.At, scraped: !sm.At.IsZero(),
+		running: sig.Running, waiting: sig.Waiting, kv: sig.KVUsage, engine: sig.Running + sig.Waiting,
+		sat:        max(sig.Waiting/s.cfg.Scoring.TargetWaiting, sig.KVUsage/s.cfg.Scoring.KVCeiling),
+		queueScore: queueScorer(sig.Waiting, s.cfg.Scoring.TargetWaiting),
+		kvScore:    kvScorer(sig.KVUsage, s.cfg.Scoring.KVCeiling),
+		over:       sig.KVUsage > s.cfg.Scoring.KVCeiling,
+	}
 }
 
 // snapshot is the pool at one SetEndpoints call. It is immutable.
@@ -265,11 +297,12 @@ func cloneLabels(m map[string]string) map[string]string {
 func (s *Scheduler) Observe(sm *metrics.Sample) {
 	now := s.now()
 	trip := *s.cfg.Signals.ScrapeFailuresTrip
+	g := s.sampled(sm)
 	for _, r := range s.snap.Load().byURL[sm.URL] {
 		if sm.Err == nil {
 			r.inflightAtSample.Store(r.inflight.Load())
 		}
-		r.sample.Store(sm)
+		r.sample.Store(g)
 		if sm.Err == nil && sm.Window.Seconds > 0 {
 			r.learn(sm)
 		}
@@ -313,7 +346,7 @@ func (s *Scheduler) refreshGauges() {
 	var kv, q, run float64
 	var ready, stale, n int
 	for _, r := range snap.all {
-		sig, isStale := s.signals(r, staleBefore)
+		g, isStale := signals(r, staleBefore)
 		state := r.br.current(now, s.cfg.Breaker.Cooldown)
 		r.breakerGauge.Set(float64(state))
 		r.scoreGauge.Set(float64frombits(r.score.Load()))
@@ -328,11 +361,11 @@ func (s *Scheduler) refreshGauges() {
 		} else if state == BreakerClosed {
 			ready++
 		}
-		if sig != nil {
-			r.queueGauge.Set(sig.Signals.Waiting)
-			kv += sig.Signals.KVUsage
-			q += sig.Signals.Waiting
-			run += sig.Signals.Running
+		if g != nil {
+			r.queueGauge.Set(g.waiting)
+			kv += g.kv
+			q += g.waiting
+			run += g.running
 			n++
 		}
 	}
@@ -352,15 +385,26 @@ func (s *Scheduler) staleBefore(now time.Time) time.Time { return now.Add(-s.cfg
 // signals returns r's last sample (nil if none) and whether it is stale,
 // that is taken before staleBefore. A replica without a metrics URL is
 // never stale: there is nothing to wait for.
-func (s *Scheduler) signals(r *replica, staleBefore time.Time) (*metrics.Sample, bool) {
-	sm := r.sample.Load()
-	if !r.metered {
-		return sm, false
+func signals(r *replica, staleBefore time.Time) (*sampled, bool) {
+	g := r.signal()
+	return g, r.staleAt(g, staleBefore)
+}
+
+// signal and staleAt are signals in two halves small enough to inline: a
+// call in a loop over every replica spills every register. signal is r's
+// last sample, nil when there is none or a metered replica never had a
+// good scrape.
+func (r *replica) signal() *sampled {
+	g := r.sample.Load()
+	if r.metered && (g == nil || !g.scraped) {
+		return nil
 	}
-	if sm == nil || sm.At.IsZero() {
-		return nil, true
-	}
-	return sm, sm.At.Before(staleBefore)
+	return g
+}
+
+// staleAt reports whether g, r's signal, is stale at staleBefore.
+func (r *replica) staleAt(g *sampled, staleBefore time.Time) bool {
+	return r.metered && (g == nil || g.at.Before(staleBefore))
 }
 
 // Tenant ids come from a client header: the first maxTenantSeries
@@ -453,7 +497,7 @@ func (s *Scheduler) serving(snap *snapshot, model string) (base, adapter string,
 	// An adapter the configuration does not name is served where an engine
 	// reports it loaded.
 	for _, r := range snap.all {
-		if sm := r.sample.Load(); sm != nil && sm.Signals.HasAdapter(model) {
+		if g := r.sample.Load(); g != nil && g.sm.Signals.HasAdapter(model) {
 			reps = append(reps, r)
 			base = r.ep.Model
 		}
@@ -467,6 +511,7 @@ func (s *Scheduler) serving(snap *snapshot, model string) (base, adapter string,
 // scratch is the per-decision working memory, pooled so a decision does not
 // allocate slices.
 type scratch struct {
+	subset  []*replica // the candidates of a request with a subset hint
 	cands   []cand
 	keys    []kvindex.Key
 	matches []kvindex.Match
@@ -493,7 +538,8 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 	if ferr != nil {
 		return nil, ferr
 	}
-	d := &Decision{}
+	pk := &picked{}
+	d := &pk.d
 	var reason string
 	var primary int
 	var promptUnits int // tokens (precise) or bytes (approximate)
@@ -533,7 +579,11 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 
 	p := &cands[primary]
 	d.Reason = reason
-	d.Endpoints = make([]*endpoint.Endpoint, 0, len(sc.order))
+	if len(sc.order) <= len(pk.eps) {
+		d.Endpoints = pk.eps[:0:len(sc.order)]
+	} else {
+		d.Endpoints = make([]*endpoint.Endpoint, 0, len(sc.order))
+	}
 	for _, i := range sc.order {
 		d.Endpoints = append(d.Endpoints, &cands[i].r.ep)
 	}
@@ -563,12 +613,27 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 		s.approx.record(sc.hashes, sc.seen, r.id, now)
 	}
 	s.sess.set(req.SessionKey, r.id, now)
-	tenant := req.Tenant
-	d.SetDone(func(info DoneInfo) {
-		r.inflight.Add(-1)
-		s.done(r, probe, tenant, info)
-	})
+	pk.s, pk.r, pk.probe, pk.tenant = s, r, probe, req.Tenant
+	d.picked = pk
 	return d, nil
+}
+
+// picked is a decision of the Scheduler with what its Done needs and room
+// for the default number of endpoints (the primary and two fallbacks), in
+// one allocation instead of three (the decision, its endpoints and a
+// closure for Done).
+type picked struct {
+	d      Decision
+	s      *Scheduler
+	r      *replica // the primary
+	probe  bool     // the primary's half-open probe was claimed
+	tenant string
+	eps    [3]*endpoint.Endpoint
+}
+
+func (pk *picked) done(info DoneInfo) {
+	pk.r.inflight.Add(-1)
+	pk.s.done(pk.r, pk.probe, pk.tenant, info)
 }
 
 // done feeds the breaker, the tenant token counters and flow control.

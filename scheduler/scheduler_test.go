@@ -40,11 +40,11 @@ func TestScorers(t *testing.T) {
 		{"prefix ok", prefixScorer(&cand{prefixOK: true, prefixShare: 0.7}), 0.7},
 		{"prefix not ok", prefixScorer(&cand{prefixOK: false, prefixShare: 0.7}), 0},
 		{"prefix share clamped", prefixScorer(&cand{prefixOK: true, prefixShare: 1.5}), 1},
-		{"lora loaded", loraScorer(&cand{sig: &metrics.Sample{Signals: metrics.Signals{RunningLoRA: "a,b"}}}, "b"), 1},
-		{"lora waiting", loraScorer(&cand{sig: &metrics.Sample{Signals: metrics.Signals{WaitingLoRA: "b"}}}, "b"), 1},
-		{"lora not loaded", loraScorer(&cand{sig: &metrics.Sample{Signals: metrics.Signals{RunningLoRA: "a"}}}, "b"), 0},
+		{"lora loaded", loraScorer(&cand{sig: &sampled{sm: &metrics.Sample{Signals: metrics.Signals{RunningLoRA: "a,b"}}}}, "b"), 1},
+		{"lora waiting", loraScorer(&cand{sig: &sampled{sm: &metrics.Sample{Signals: metrics.Signals{WaitingLoRA: "b"}}}}, "b"), 1},
+		{"lora not loaded", loraScorer(&cand{sig: &sampled{sm: &metrics.Sample{Signals: metrics.Signals{RunningLoRA: "a"}}}}, "b"), 0},
 		{"lora no signals", loraScorer(&cand{}, "b"), 0},
-		{"lora base model", loraScorer(&cand{sig: &metrics.Sample{Signals: metrics.Signals{RunningLoRA: "a"}}}, ""), 0},
+		{"lora base model", loraScorer(&cand{sig: &sampled{sm: &metrics.Sample{Signals: metrics.Signals{RunningLoRA: "a"}}}}, ""), 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -788,7 +788,7 @@ func TestCapacity(t *testing.T) {
 	e.setSignals(1, metrics.Signals{Running: 4, Waiting: 3, KVUsage: 0.25, BlockSize: 16, NumGPUBlocks: 1000})
 	// Endpoint 2 is never scraped: stale. The qwen endpoint has an open breaker.
 	q := e.s.snap.Load().byAddr["10.0.1.1:30000"]
-	q.sample.Store(&metrics.Sample{URL: "http://127.0.0.1:1/metrics?ep=q", At: e.clock.Now(), Signals: metrics.Signals{MaxTotalTokens: 5000, KVUsage: 0.2}})
+	q.sample.Store(e.s.sampled(&metrics.Sample{URL: "http://127.0.0.1:1/metrics?ep=q", At: e.clock.Now(), Signals: metrics.Signals{MaxTotalTokens: 5000, KVUsage: 0.2}}))
 	for range 3 {
 		q.br.request(false, e.clock.Now(), 3)
 	}

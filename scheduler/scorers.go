@@ -45,7 +45,7 @@ func sessionScorer(isSessionReplica bool, load, meanLoad, factor float64) float6
 // loraScorer is 1 when the adapter is already loaded (running or waiting)
 // on the replica: no load, no eviction of another adapter.
 func loraScorer(c *cand, adapter string) float64 {
-	if adapter != "" && c.sig != nil && c.sig.Signals.HasAdapter(adapter) {
+	if adapter != "" && c.sig != nil && c.sig.sm.Signals.HasAdapter(adapter) {
 		return 1
 	}
 	return 0
@@ -97,6 +97,7 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 		sc.matches = s.ix.Match(sc.keys, sc.matches)
 		s.m.lookup.Observe(time.Since(lookupStart).Seconds())
 		cpuW, storageW := *s.cfg.Prefix.CPUWeight, *s.cfg.Prefix.StorageWeight
+		longest := 0 // the longest match of any candidate, see below
 		for _, m := range sc.matches {
 			if j := candOf(byID, m.Replica); j > 0 {
 				c := &cands[j-1]
@@ -104,6 +105,7 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 					storageW*float64(m.ByTier[kvindex.TierStorage])
 				c.prefixUnits = m.Blocks * bs
 				c.prefixShare = eff * float64(bs) / float64(n)
+				longest = max(longest, c.prefixUnits)
 			}
 		}
 		sc.hits = s.spec.match(sc.keys, now, sc.hits)
@@ -113,6 +115,7 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 				if u := h.n * bs; u > c.prefixUnits {
 					c.prefixUnits = u
 					c.prefixShare = float64(u) / float64(n)
+					longest = max(longest, u)
 				}
 			}
 		}
@@ -127,10 +130,6 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 		// prompt wins over one the memory recalls but the index shows
 		// without it, which would have to recompute the part held
 		// elsewhere, a copy made by routing there.
-		longest := 0
-		for i := range cands {
-			longest = max(longest, cands[i].prefixUnits)
-		}
 		sc.hashes = strideKeys(sc.hashes, sc.keys)
 		sc.hits, sc.seen = s.recall.match(sc.hashes, now, sc.hits[:0], sc.seen, func(i int) int { return strideBlocks(i, len(sc.keys)) })
 		for _, h := range sc.hits {
@@ -170,10 +169,11 @@ func (s *Scheduler) scoreAll(cands []cand, req *Request, adapter string, promptU
 	}
 	var meanLoad float64
 	minQueued := math.Inf(1)
+	minRatio := *s.cfg.Prefix.MatchRatio * float64(promptUnits)
 	for i := range cands {
 		c := &cands[i]
 		c.prefixOK = promptUnits > 0 && c.prefixUnits > 0 && c.prefixUnits >= minMatch &&
-			float64(c.prefixUnits) >= *s.cfg.Prefix.MatchRatio*float64(promptUnits)
+			float64(c.prefixUnits) >= minRatio
 		meanLoad += c.load
 		minQueued = min(minQueued, c.queued)
 	}
@@ -186,6 +186,14 @@ func (s *Scheduler) scoreAll(cands []cand, req *Request, adapter string, promptU
 		prefix: *sc.Weights.Prefix, queue: *sc.Weights.Queue, inflight: *sc.Weights.Inflight,
 		kv: *sc.Weights.KV, session: *sc.Weights.Session, lora: *sc.Weights.LoRA,
 	}
+	// loraScorer calls out of line (it reads the adapter lists): in a pass
+	// of its own, only requests for an adapter pay for it, and the scoring
+	// loop has no call in it, which would spill every register.
+	if adapter != "" {
+		for i := range cands {
+			cands[i].lora = loraScorer(&cands[i], adapter)
+		}
+	}
 	for i := range cands {
 		c := &cands[i]
 		if c.prefixOK && guardTrips(c.queued, minQueued, balanceAbs, balanceRel) {
@@ -195,16 +203,20 @@ func (s *Scheduler) scoreAll(cands []cand, req *Request, adapter string, promptU
 		sess := sessionScorer(hasSess && c.r.id == sessR, c.load, meanLoad, sc.SessionLoadFactor)
 		c.sessionHit = sess > 0 && w.session > 0
 		total := w.prefix*c.prefixScore +
-			w.queue*queueScorer(c.waiting, sc.TargetWaiting) +
+			w.queue*c.queueScore +
 			w.inflight*inflightScorer(c.infl, sc.TargetInflight) +
-			w.kv*kvScorer(c.kv, sc.KVCeiling) +
+			w.kv*c.kvScore +
 			w.session*sess +
-			w.lora*loraScorer(c, adapter)
+			w.lora*c.lora
 		if c.stale {
 			total *= *sc.StaleFactor
 		}
 		c.score = total
-		c.r.score.Store(math.Float64bits(total))
+		// An atomic store is a full barrier on amd64, dear per replica
+		// per decision; most replicas' scores are what they were.
+		if b := math.Float64bits(total); c.r.score.Load() != b {
+			c.r.score.Store(b)
+		}
 	}
 	return override
 }
