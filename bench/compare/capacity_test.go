@@ -70,3 +70,30 @@ func TestCapacityVerdicts(t *testing.T) {
 	require.NoError(t, r.WriteTable(&b))
 	require.Contains(t, b.String(), "idle quote / true capacity, tok/s")
 }
+
+// Every step of a trace's ladder carries the whole trace's mix: a trace
+// whose answers grow along it gives each step the trace's mean answer,
+// whatever its rate, and keeps the trace's order within the step.
+func TestCapacityTraceStepDrawsTheWholeTrace(t *testing.T) {
+	trace := make([]TraceRecord, 1000)
+	mean := 0.0
+	for i := range trace {
+		trace[i] = TraceRecord{Timestamp: int64(i), InputLength: 10, OutputLength: i + 1, HashIDs: []int64{int64(i)}}
+		mean += float64(i+1) / float64(len(trace))
+	}
+	r := &capacityRun{trace: trace}
+	o := Options{Fleet: FleetOptions{TimeScale: 1}}
+	for step, qps := range []float64{2, 8, 32} {
+		o.Seed = int64(step)
+		w := r.traceStep(o, qps, 100*time.Second)
+		require.InDelta(t, qps*100, float64(len(w.Requests)), 5*math.Sqrt(qps*100))
+		sum, prev := 0.0, 0
+		for _, req := range w.Requests {
+			require.GreaterOrEqual(t, req.MaxTokens, prev, "the trace's order")
+			prev = req.MaxTokens
+			sum += float64(req.MaxTokens)
+		}
+		// The mean of n uniform draws over 1..1000 has sd 289/sqrt(n).
+		require.InDelta(t, mean, sum/float64(len(w.Requests)), 4*289/math.Sqrt(float64(len(w.Requests))), "QPS %v", qps)
+	}
+}
