@@ -29,7 +29,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/omnious/provider-node/internal/label"
@@ -766,41 +765,29 @@ func (st *stream) route(headersOnly, eos bool) error {
 	}
 
 	r := &st.reply
-	hm := &r.mutation
-	hm.SetHeaders = append(r.opts[:0], r.header(0, HeaderDestination, stringBytes(dest)))
-	hm.RemoveHeaders = st.strip
+	r.add(HeaderDestination, stringBytes(dest))
 	if st.genID {
-		hm.SetHeaders = append(hm.SetHeaders, r.header(1, headerRequestID, stringBytes(st.id)))
+		r.add(headerRequestID, stringBytes(st.id))
 	}
 	if st.span != nil {
 		st.spanRouted(d, dest, mode)
-		hm.SetHeaders = append(hm.SetHeaders, st.traceReply()...)
+		st.traceReply(r)
 	}
 	if ne > 0 || (!headersOnly && st.reqMode != filterv3.ProcessingMode_BUFFERED) {
 		// In the streamed body modes always, as the contract and the
 		// reference EPP have it: Envoy removes the client's Content-Length
 		// there (the processor may resize the body), so the upstream would
 		// otherwise get a chunked request. BUFFERED keeps the client's.
-		hm.SetHeaders = append(hm.SetHeaders, r.header(2, headerContentLen, strconv.AppendInt(r.contentLength[:0], int64(len(out)), 10)))
+		r.add(headerContentLen, strconv.AppendInt(r.contentLength[:0], int64(len(out)), 10))
 	}
-	common := &r.common
-	common.ClearRouteCache, common.HeaderMutation = true, hm
-	pr := &r.resp
-	// The destination also goes in envoy.lb metadata: lbMetadata(dest),
-	// encoded directly rather than marshalled from maps by reflection.
-	pr.ProtoReflect().SetUnknown(appendLBMetadata(r.metadata[:0], dest))
 	if st.reqMode == filterv3.ProcessingMode_BUFFERED && !headersOnly {
+		var m *extprocv3.BodyMutation
 		if ne > 0 {
-			common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: out}}
+			m = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: out}}
 		}
-		r.body.Response = common
-		r.onBody.RequestBody = &r.body
-		pr.Response = &r.onBody
-		return st.send(pr)
+		return st.send(r.onRequestBody(st.strip, dest, m))
 	}
-	r.headers.Response = common
-	r.onHeaders.RequestHeaders = &r.headers
-	pr.Response = &r.onHeaders
+	pr := r.onHeaders(st.strip, dest)
 	if err := st.send(pr); err != nil {
 		return err
 	}
@@ -886,73 +873,6 @@ func (st *stream) logApproximate() {
 
 func (st *stream) logPickFailed(err error) {
 	st.s.log.Warn("cannot pick an endpoint", zap.String("id", st.id), zap.String("model", st.targetModel), zap.Error(err))
-}
-
-// routeReply is the routing reply's messages: a ProcessingResponse
-// answering the request headers (streamed modes) or the body (BUFFERED),
-// with up to three headers of its own and any trace headers.
-type routeReply struct {
-	resp          extprocv3.ProcessingResponse
-	onHeaders     extprocv3.ProcessingResponse_RequestHeaders
-	onBody        extprocv3.ProcessingResponse_RequestBody
-	headers       extprocv3.HeadersResponse
-	body          extprocv3.BodyResponse
-	common        extprocv3.CommonResponse
-	mutation      extprocv3.HeaderMutation
-	set           [3]corev3.HeaderValueOption
-	values        [3]corev3.HeaderValue
-	opts          [5]*corev3.HeaderValueOption
-	contentLength [20]byte
-	metadata      [160]byte
-}
-
-// header fills header slot i with k: v, overwriting the request's.
-func (r *routeReply) header(i int, k string, v []byte) *corev3.HeaderValueOption {
-	hv, o := &r.values[i], &r.set[i]
-	hv.Key, hv.RawValue = k, v
-	o.Header, o.AppendAction = hv, corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
-	return o
-}
-
-// Field numbers of google.protobuf.Struct and Value, fixed by the
-// well-known types, and of ProcessingResponse.dynamic_metadata.
-const (
-	structFields     = 1 // Struct.fields: map<string, Value>
-	mapKey, mapValue = 1, 2
-	valueString      = 3 // Value.string_value
-	valueStruct      = 5 // Value.struct_value
-)
-
-var dynamicMetadata = (&extprocv3.ProcessingResponse{}).ProtoReflect().Descriptor().Fields().ByName("dynamic_metadata").Number()
-
-// appendLBMetadata appends to b the ProcessingResponse field
-// dynamic_metadata holding lbMetadata(dest), in the wire format proto
-// marshals it to; a response carrying it as unknown fields is, on the
-// wire, one whose DynamicMetadata is lbMetadata(dest).
-func appendLBMetadata(b []byte, dest string) []byte {
-	entrySize := func(key string, value int) int {
-		return protowire.SizeTag(mapKey) + protowire.SizeBytes(len(key)) + protowire.SizeTag(mapValue) + protowire.SizeBytes(value)
-	}
-	// Message sizes, from the inside out.
-	destValue := protowire.SizeTag(valueString) + protowire.SizeBytes(len(dest))
-	destEntry := entrySize(HeaderDestination, destValue)
-	lbStruct := protowire.SizeTag(structFields) + protowire.SizeBytes(destEntry)
-	lbValue := protowire.SizeTag(valueStruct) + protowire.SizeBytes(lbStruct)
-	lbEntry := entrySize(MetadataLB, lbValue)
-	md := protowire.SizeTag(structFields) + protowire.SizeBytes(lbEntry)
-
-	bytesField := func(b []byte, n protowire.Number, size int) []byte {
-		return protowire.AppendVarint(protowire.AppendTag(b, n, protowire.BytesType), uint64(size))
-	}
-	b = bytesField(b, dynamicMetadata, md)
-	b = bytesField(b, structFields, lbEntry)
-	b = protowire.AppendString(protowire.AppendTag(b, mapKey, protowire.BytesType), MetadataLB)
-	b = bytesField(b, mapValue, lbValue)
-	b = bytesField(b, valueStruct, lbStruct)
-	b = bytesField(b, structFields, destEntry)
-	b = protowire.AppendString(protowire.AppendTag(b, mapKey, protowire.BytesType), HeaderDestination)
-	b = bytesField(b, mapValue, destValue)
-	return protowire.AppendString(protowire.AppendTag(b, valueString, protowire.BytesType), dest)
 }
 
 // chunkReply is the message sendBody sends each body chunk in.
