@@ -26,8 +26,7 @@ type routeReply struct {
 	set           [5]header // destination, request id, content length, traceparent, tracestate
 	n             int
 	contentLength [20]byte
-	mutation      [256]byte
-	wire          [512]byte
+	wire          [512]byte // the encoded fields; a longer reply spills to the heap
 }
 
 // header is one header the reply sets, replacing the request's.
@@ -48,44 +47,60 @@ func (r *routeReply) add(k string, v []byte) {
 // onHeaders returns the reply to the request headers: clear_route_cache,
 // the headers set and remove, and dest in envoy.lb metadata.
 func (r *routeReply) onHeaders(remove []string, dest string) *extprocv3.ProcessingResponse {
-	common := r.appendCommon(r.mutation[:0], remove)
+	common := r.commonSize(remove)
 	// In proto's order: the oneof comes after the other fields.
 	b := appendLBMetadata(r.wire[:0], dest)
-	b = appendLen(b, fieldRequestHeaders, protowire.SizeTag(fieldHeadersResponse)+protowire.SizeBytes(len(common)))
-	b = protowire.AppendBytes(protowire.AppendTag(b, fieldHeadersResponse, protowire.BytesType), common)
+	b = appendLen(b, fieldRequestHeaders, protowire.SizeTag(fieldHeadersResponse)+protowire.SizeBytes(common))
+	b = appendLen(b, fieldHeadersResponse, common)
 	r.resp.Response = nil
-	r.resp.ProtoReflect().SetUnknown(b)
+	r.resp.ProtoReflect().SetUnknown(r.appendCommon(b, remove))
 	return &r.resp
 }
 
-// onRequestBody returns the reply to a BUFFERED body: as onHeaders, and the body
-// replaced by m when m is not nil. The body stays a message field: encoding
-// it here would copy it once more.
+// onRequestBody returns the reply to a BUFFERED body: as onHeaders, and
+// the body replaced by m when m is not nil. The body stays a message
+// field: encoding it here would copy it once more.
 func (r *routeReply) onRequestBody(remove []string, dest string, m *extprocv3.BodyMutation) *extprocv3.ProcessingResponse {
+	common := r.appendCommon(r.wire[:0], remove)
 	r.common.BodyMutation = m
-	r.common.ProtoReflect().SetUnknown(r.appendCommon(r.mutation[:0], remove))
+	r.common.ProtoReflect().SetUnknown(common)
 	r.body.Response = &r.common
 	r.onBody.RequestBody = &r.body
 	r.resp.Response = &r.onBody
-	r.resp.ProtoReflect().SetUnknown(appendLBMetadata(r.wire[:0], dest))
+	// The metadata goes after the common fields, in the same array.
+	r.resp.ProtoReflect().SetUnknown(appendLBMetadata(common[len(common):], dest))
 	return &r.resp
+}
+
+// mutationSize is the size of the HeaderMutation setting the headers added
+// and removing remove.
+func (r *routeReply) mutationSize(remove []string) int {
+	size := 0
+	for _, h := range r.set[:r.n] {
+		size += protowire.SizeTag(fieldSetHeaders) + protowire.SizeBytes(h.optionSize())
+	}
+	for _, k := range remove {
+		size += protowire.SizeTag(fieldRemoveHeaders) + protowire.SizeBytes(len(k))
+	}
+	return size
+}
+
+// commonSize is the size of what appendCommon appends.
+func (r *routeReply) commonSize(remove []string) int {
+	n := protowire.SizeTag(fieldClearRouteCache) + protowire.SizeVarint(1)
+	if m := r.mutationSize(remove); m > 0 {
+		n += protowire.SizeTag(fieldHeaderMutation) + protowire.SizeBytes(m)
+	}
+	return n
 }
 
 // appendCommon appends the CommonResponse fields header_mutation (the
 // headers added, overwriting the request's, and remove) and
 // clear_route_cache.
 func (r *routeReply) appendCommon(b []byte, remove []string) []byte {
-	set := r.set[:r.n]
-	size := 0
-	for _, h := range set {
-		size += protowire.SizeTag(fieldSetHeaders) + protowire.SizeBytes(h.optionSize())
-	}
-	for _, k := range remove {
-		size += protowire.SizeTag(fieldRemoveHeaders) + protowire.SizeBytes(len(k))
-	}
-	if size > 0 {
+	if size := r.mutationSize(remove); size > 0 {
 		b = appendLen(b, fieldHeaderMutation, size)
-		for _, h := range set {
+		for _, h := range r.set[:r.n] {
 			b = appendLen(b, fieldSetHeaders, h.optionSize())
 			b = appendLen(b, fieldOptionHeader, h.valueSize())
 			if h.key != "" {

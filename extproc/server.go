@@ -675,22 +675,24 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) error {
 	if st.phase != phaseRequest {
 		return nil // Envoy sends nothing after end of stream; tolerate it
 	}
-	switch {
-	case st.body == nil && b.EndOfStream:
+	if st.body == nil && b.EndOfStream {
 		st.body = b.Body // the whole body in one message: keep it, no copy
-	case st.body == nil:
-		// The body's one gathering buffer, sized from Content-Length when
-		// known.
-		n := max(int(min(st.contentLength, st.s.cfg.MaxBodyBytes)), 2*len(b.Body))
-		st.body = append(st.s.bufs.get(n), b.Body...)
-	case len(st.body)+len(b.Body) > cap(st.body):
-		grown := append(st.s.bufs.get(2*(len(st.body)+len(b.Body))), st.body...)
-		st.s.bufs.put(st.body)
-		st.body = append(grown, b.Body...)
-	default:
-		st.body = append(st.body, b.Body...)
+	} else {
+		switch {
+		case st.body == nil:
+			// The body's one gathering buffer, sized from Content-Length
+			// when known.
+			n := max(int(min(st.contentLength, st.s.cfg.MaxBodyBytes)), 2*len(b.Body))
+			st.body = append(st.s.bufs.get(n), b.Body...)
+		case len(st.body)+len(b.Body) > cap(st.body):
+			grown := append(st.s.bufs.get(2*(len(st.body)+len(b.Body))), st.body...)
+			st.s.bufs.put(st.body)
+			st.body = append(grown, b.Body...)
+		default:
+			st.body = append(st.body, b.Body...)
+		}
+		st.owned = st.body
 	}
-	st.owned = st.body
 	if int64(len(st.body)) > st.s.cfg.MaxBodyBytes {
 		return st.reject(413, "body_too_large", fmt.Sprintf("request body exceeds the limit of %d bytes", st.s.cfg.MaxBodyBytes))
 	}
