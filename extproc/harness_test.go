@@ -3,6 +3,7 @@ package extproc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"slices"
@@ -230,27 +231,43 @@ type step struct {
 // else arrives. It returns the stream's final error (nil on a clean end).
 func runSteps(t *testing.T, c extprocv3.ExternalProcessorClient, steps []step) error {
 	t.Helper()
+	end, err := drive(c, steps)
+	require.NoError(t, err)
+	return end
+}
+
+// drive is runSteps for any goroutine: err says how the exchange differed
+// from steps, end is the stream's final error.
+func drive(c extprocv3.ExternalProcessorClient, steps []step) (end, err error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	st, err := c.Process(ctx)
-	require.NoError(t, err)
+	if err != nil {
+		return nil, err
+	}
 	for i, s := range steps {
-		require.NoError(t, st.Send(s.in), "step %d", i)
+		if err := st.Send(s.in); err != nil {
+			return nil, fmt.Errorf("step %d: %w", i, err)
+		}
 		for j, want := range s.out {
 			got, err := st.Recv()
-			require.NoError(t, err, "step %d response %d", i, j)
+			if err != nil {
+				return nil, fmt.Errorf("step %d response %d: %w", i, j, err)
+			}
 			if !proto.Equal(want, got) {
-				t.Fatalf("step %d response %d:\nwant %s\ngot  %s", i, j, prototext.Format(want), prototext.Format(got))
+				return nil, fmt.Errorf("step %d response %d:\nwant %s\ngot  %s", i, j, prototext.Format(want), prototext.Format(got))
 			}
 		}
 	}
-	require.NoError(t, st.CloseSend())
+	if err := st.CloseSend(); err != nil {
+		return nil, err
+	}
 	got, err := st.Recv()
 	if err == nil {
-		t.Fatalf("unexpected extra response: %s", prototext.Format(got))
+		return nil, fmt.Errorf("unexpected extra response: %s", prototext.Format(got))
 	}
 	if errors.Is(err, io.EOF) {
-		return nil
+		return nil, nil
 	}
-	return err
+	return err, nil
 }

@@ -3,8 +3,10 @@ package extproc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/prototext"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/kvindex"
@@ -573,6 +577,102 @@ func TestBufferReuse(t *testing.T) {
 			{reqBody(body[30000:70000], false), nil},
 			{reqBody(body[70000:], true), out},
 		}))
+	}
+}
+
+// idPicker routes each request to an endpoint named after its id, so a
+// reply shows whose it is.
+type idPicker struct{}
+
+func (idPicker) Admit(context.Context, *scheduler.Request) (*scheduler.Ticket, error) {
+	return nil, nil
+}
+
+func (idPicker) Pick(r *scheduler.Request, _ *scheduler.Ticket) (*scheduler.Decision, error) {
+	return &scheduler.Decision{Endpoints: []*endpoint.Endpoint{{Addr: idAddr(r.ID)}}}, nil
+}
+
+func idAddr(id string) string { return "10.1." + id + ":8000" }
+
+// TestRecycledStreamsKeepTheirOwn: streams run side by side on recycled
+// stream state (and under -race), each with its own endpoint, body size,
+// rewrite or none and response, and some end by the idle timer or a
+// reset, yet every reply is exactly its own request's: no endpoint,
+// header, body or response rewrite of one stream reaches another.
+func TestRecycledStreamsKeepTheirOwn(t *testing.T) {
+	const idle = 50 * time.Millisecond
+	c := startServer(t, Config{RequestIdleTimeout: idle}, idPicker{}, nil, nil)
+	exchange := func(w, i int) error {
+		id := fmt.Sprintf("%d.%d", w, i)
+		dest := idAddr(id)
+		body := `{"model":"m1","prompt":"` + strings.Repeat(string(rune('a'+(w+i)%26)), 10+(w*37+i*11)%3000) + `"}`
+		hdr := []string{":method", "POST", ":path", "/v1/completions", "content-length", strconv.Itoa(len(body)), headerRequestID, id}
+		switch i % 4 {
+		case 0: // routed and answered, the body in one message
+			_, err := drive(c, []step{
+				{reqHeaders(false, hdr...), nil},
+				{reqBody(body, true), []*extprocv3.ProcessingResponse{expRouted(dest, strconv.Itoa(len(body))), expReqBody(body, true)}},
+				{okHeaders("application/json"), []*extprocv3.ProcessingResponse{expRespHeaders(false)}},
+				{respBody(jsonResp, true), []*extprocv3.ProcessingResponse{expRespBody(jsonResp, true)}},
+			})
+			return err
+		case 1: // rewritten both ways, the body in two messages
+			want := strings.Replace(body, `"m1"`, `"m2"`, 1)
+			_, err := drive(c, []step{
+				{reqHeaders(false, append(hdr, HeaderModelRewrite, "m2")...), nil},
+				{reqBody(body[:5], false), nil},
+				{reqBody(body[5:], true), []*extprocv3.ProcessingResponse{expRouted(dest, strconv.Itoa(len(want)), HeaderModelRewrite), expReqBody(want, true)}},
+				{okHeaders("application/json"), []*extprocv3.ProcessingResponse{expRespHeaders(true)}},
+				{respBody(strings.Replace(jsonResp, `"m1"`, `"m2"`, 1), true), []*extprocv3.ProcessingResponse{expRespBody(jsonResp, true)}},
+			})
+			return err
+		case 2: // the client stalls: the idle timer answers
+			_, err := drive(c, []step{
+				{reqHeaders(false, hdr...), nil},
+				{reqBody(body[:5], false), []*extprocv3.ProcessingResponse{
+					expImmediate(408, "request_timeout", fmt.Sprintf("no request data from the client for %s", idle))}},
+			})
+			return err
+		default: // Envoy resets the stream after the routing reply
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			st, err := c.Process(ctx)
+			if err != nil {
+				return err
+			}
+			for _, m := range []*extprocv3.ProcessingRequest{reqHeaders(false, hdr...), reqBody(body, true)} {
+				if err := st.Send(m); err != nil {
+					return err
+				}
+			}
+			for _, want := range []*extprocv3.ProcessingResponse{expRouted(dest, strconv.Itoa(len(body))), expReqBody(body, true)} {
+				got, err := st.Recv()
+				if err != nil {
+					return err
+				}
+				if !proto.Equal(want, got) {
+					return fmt.Errorf("want %s\ngot  %s", prototext.Format(want), prototext.Format(got))
+				}
+			}
+			return nil
+		}
+	}
+	const workers, each = 6, 40
+	errs := make(chan error, workers*each)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range each {
+				if err := exchange(w, i); err != nil {
+					errs <- fmt.Errorf("stream %d.%d: %w", w, i, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
 	}
 }
 

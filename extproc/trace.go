@@ -3,7 +3,6 @@ package extproc
 import (
 	"strconv"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
@@ -72,18 +71,17 @@ func (st *stream) startSpan() {
 			attribute.String("omnious.epp.request_id", st.id)))
 }
 
-// traceReply returns the headers that carry the span to the upstream.
-func (st *stream) traceReply() []*corev3.HeaderValueOption {
+// traceReply adds to r the headers that carry the span to the upstream.
+func (st *stream) traceReply(r *routeReply) {
 	var h traceHeaders
 	traceContext.Inject(st.ctx, &h) // the span's context, set by startSpan
 	if h.parent == "" {
-		return nil
+		return
 	}
-	out := []*corev3.HeaderValueOption{setHeader(headerTraceparent, h.parent)}
+	r.add(headerTraceparent, stringBytes(h.parent))
 	if h.state != "" {
-		out = append(out, setHeader(headerTracestate, h.state))
+		r.add(headerTracestate, stringBytes(h.state))
 	}
-	return out
 }
 
 // spanRouted records the decision on the span.
