@@ -473,7 +473,8 @@ func (r *capacityRun) edge(lo CapacityStep) CapacityStep {
 			at := func(u, v float64) float64 { return u + x*(v-u) }
 			qps := at(a.QPS, b.QPS)
 			return CapacityStep{Label: "true capacity (fit)", QPS: qps, OutputTokPS: a.OutputTokPS * qps / a.QPS,
-				Concurrency: a.Concurrency * qps / a.QPS, Running: a.Running * qps / a.QPS, Waiting: a.Waiting * qps / a.QPS, TTFTP95ms: at(a.TTFTP95ms, b.TTFTP95ms), ITLP95ms: at(a.ITLP95ms, b.ITLP95ms),
+				Concurrency: a.Concurrency * qps / a.QPS, Running: a.Running * qps / a.QPS, Waiting: a.Waiting * qps / a.QPS,
+				TTFTP95ms: at(a.TTFTP95ms, b.TTFTP95ms), ITLP95ms: at(a.ITLP95ms, b.ITLP95ms),
 				Requests: a.Requests, Within: true}
 		}
 	}

@@ -143,10 +143,13 @@ func TestREADMEDefaults(t *testing.T) {
 	conftest.Check(t, conftest.Table(t, "README.md", "Configuration", "field", "default"), 0, 1, fields, nil)
 }
 
-// TestZeroIsASetting: a warmup of 0s stays 0s.
+// TestZeroIsASetting: a warmup of 0s stays 0s, and 0 levels past the
+// first break stay 0.
 func TestZeroIsASetting(t *testing.T) {
-	zero := time.Duration(0)
-	require.Equal(t, time.Duration(0), *Config{Warmup: &zero}.WithDefaults().Warmup)
+	zero, none := time.Duration(0), 0
+	c := Config{Warmup: &zero, PastBreak: &none}.WithDefaults()
+	require.Equal(t, time.Duration(0), *c.Warmup)
+	require.Equal(t, 0, *c.PastBreak)
 }
 
 func TestSummarise(t *testing.T) {

@@ -53,6 +53,12 @@ func (g *generator) ladder(ctx context.Context) ([]capacity.Level, error) {
 			go func(p *prompts) { defer wg.Done(); g.work(wctx, p) }(newPrompts(g.cfg.Mix, g.cfg.Seed, uint64(workers)))
 		}
 		lv, err := g.level(ctx, c)
+		if err != nil && past >= 0 && ctx.Err() == nil {
+			// Past the edge errors are the overload, not a broken URL: the
+			// levels up to here stand.
+			g.cfg.Log.Info("level past the first break failed; the ladder stops", zap.Int("concurrency", c), zap.Error(err))
+			return levels, nil
+		}
 		if err != nil {
 			return levels, err
 		}
