@@ -271,3 +271,14 @@ func drive(c extprocv3.ExternalProcessorClient, steps []step) (end, err error) {
 	}
 	return err, nil
 }
+
+// lbMetadata is the envoy.lb dynamic metadata naming dest, built as proto
+// messages: the reference the reply's hand-encoded bytes are checked
+// against.
+func lbMetadata(dest string) *structpb.Struct {
+	return &structpb.Struct{Fields: map[string]*structpb.Value{
+		MetadataLB: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+			HeaderDestination: structpb.NewStringValue(dest),
+		}}),
+	}}
+}

@@ -47,13 +47,14 @@ func (r *routeReply) add(k string, v []byte) {
 // onHeaders returns the reply to the request headers: clear_route_cache,
 // the headers set and remove, and dest in envoy.lb metadata.
 func (r *routeReply) onHeaders(remove []string, dest string) *extprocv3.ProcessingResponse {
-	common := r.commonSize(remove)
+	mutation := r.mutationSize(remove)
+	common := commonSize(mutation)
 	// In proto's order: the oneof comes after the other fields.
 	b := appendLBMetadata(r.wire[:0], dest)
 	b = appendLen(b, fieldRequestHeaders, protowire.SizeTag(fieldHeadersResponse)+protowire.SizeBytes(common))
 	b = appendLen(b, fieldHeadersResponse, common)
 	r.resp.Response = nil
-	r.resp.ProtoReflect().SetUnknown(r.appendCommon(b, remove))
+	r.resp.ProtoReflect().SetUnknown(r.appendCommon(b, remove, mutation))
 	return &r.resp
 }
 
@@ -61,7 +62,7 @@ func (r *routeReply) onHeaders(remove []string, dest string) *extprocv3.Processi
 // the body replaced by m when m is not nil. The body stays a message
 // field: encoding it here would copy it once more.
 func (r *routeReply) onRequestBody(remove []string, dest string, m *extprocv3.BodyMutation) *extprocv3.ProcessingResponse {
-	common := r.appendCommon(r.wire[:0], remove)
+	common := r.appendCommon(r.wire[:0], remove, r.mutationSize(remove))
 	r.common.BodyMutation = m
 	r.common.ProtoReflect().SetUnknown(common)
 	r.body.Response = &r.common
@@ -85,20 +86,21 @@ func (r *routeReply) mutationSize(remove []string) int {
 	return size
 }
 
-// commonSize is the size of what appendCommon appends.
-func (r *routeReply) commonSize(remove []string) int {
+// commonSize is the size of what appendCommon appends, given the header
+// mutation's size.
+func commonSize(mutation int) int {
 	n := protowire.SizeTag(fieldClearRouteCache) + protowire.SizeVarint(1)
-	if m := r.mutationSize(remove); m > 0 {
-		n += protowire.SizeTag(fieldHeaderMutation) + protowire.SizeBytes(m)
+	if mutation > 0 {
+		n += protowire.SizeTag(fieldHeaderMutation) + protowire.SizeBytes(mutation)
 	}
 	return n
 }
 
 // appendCommon appends the CommonResponse fields header_mutation (the
-// headers added, overwriting the request's, and remove) and
-// clear_route_cache.
-func (r *routeReply) appendCommon(b []byte, remove []string) []byte {
-	if size := r.mutationSize(remove); size > 0 {
+// headers added, overwriting the request's, and remove; size is
+// mutationSize(remove)) and clear_route_cache.
+func (r *routeReply) appendCommon(b []byte, remove []string, size int) []byte {
+	if size > 0 {
 		b = appendLen(b, fieldHeaderMutation, size)
 		for _, h := range r.set[:r.n] {
 			b = appendLen(b, fieldSetHeaders, h.optionSize())

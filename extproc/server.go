@@ -977,14 +977,6 @@ func setHeader(k, v string) *corev3.HeaderValueOption {
 	}
 }
 
-func lbMetadata(dest string) *structpb.Struct {
-	return &structpb.Struct{Fields: map[string]*structpb.Value{
-		MetadataLB: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-			HeaderDestination: structpb.NewStringValue(dest),
-		}}),
-	}}
-}
-
 // sendBody emits b as streamed_response chunks of at most ChunkSize bytes
 // (FULL_DUPLEX_STREAMED). An empty b still sends one message when it
 // carries end of stream.
