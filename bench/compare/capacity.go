@@ -209,7 +209,7 @@ func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error
 	defer func() { _ = f.Stop() }()
 	r.seed.Store(o.Base.Seed)
 	r.f = f
-	target, err := EPPLauncher(log, ExternalOptions{})(ctx, "precise", f.Endpoints())
+	target, err := EPPLauncher(log, ExternalOptions{})(ctx, "precise", f.Endpoints(), 1)
 	if err != nil {
 		return nil, err
 	}
@@ -305,7 +305,7 @@ func (r *capacityRun) awaitHealthy(ctx context.Context, n int) {
 func (r *capacityRun) awaitSnapshot(ctx context.Context, v func(capacity.Model) int, ok func(int) bool) {
 	deadline := time.Now().Add(5 * time.Minute)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		snap, err := r.t.epp.Capacity(ctx)
+		snap, err := r.t.epps[0].Capacity(ctx)
 		sum := 0
 		for _, m := range snap.Models {
 			sum += v(m)
@@ -337,7 +337,7 @@ func (r *capacityRun) calibrate(ctx context.Context, model string) (*capacity.Ca
 	ts := r.timeScale()
 	wall := func(d time.Duration) time.Duration { return time.Duration(float64(d) / ts) }
 	warm := wall(5 * time.Second)
-	return calibration.Run(ctx, calibration.Config{URL: r.t.URL(), Model: model, CapacityURL: r.t.epp.AdminURL(),
+	return calibration.Run(ctx, calibration.Config{URL: r.t.URL(), Model: model, CapacityURL: r.t.epps[0].AdminURL(),
 		Objectives:       capacity.Objectives{TTFT: wall(r.o.Objectives.TTFT), ITL: wall(r.o.Objectives.ITL), Quantile: r.o.Objectives.Quantile},
 		Mix:              mix,
 		StartConcurrency: r.o.Base.Fleet.Replicas, LevelDuration: wall(r.o.StageDuration / 2), Warmup: &warm,
@@ -350,7 +350,7 @@ func (r *capacityRun) startQuoter(dir, calFile, model string) (*quoter.Service, 
 		return nil, err
 	}
 	cfg := quoter.Config{ProviderID: "bench", Model: model, ModelClass: "bench", ServingURL: r.t.URL(),
-		CapacityURL: r.t.epp.AdminURL(), StateFile: filepath.Join(dir, "quoter-state.json"),
+		CapacityURL: r.t.epps[0].AdminURL(), StateFile: filepath.Join(dir, "quoter-state.json"),
 		FloorIn: big.NewInt(1), FloorOut: big.NewInt(1), SkipConformance: true,
 		SLOTTFTP95: r.o.Objectives.TTFT, SLOITLP95: r.o.Objectives.ITL, CalibrationFile: calFile}
 	return quoter.New(cfg, key, r.log.Named("quoter"), quoter.Options{})
@@ -386,7 +386,7 @@ func (r *capacityRun) quote(ctx context.Context, label string) (CapacityQuote, e
 // saveSnapshot writes the EPP's capacity snapshot to the work directory
 // as snapshot-n.json.
 func (r *capacityRun) saveSnapshot(ctx context.Context, n int) error {
-	snap, err := r.t.epp.Capacity(ctx)
+	snap, err := r.t.epps[0].Capacity(ctx)
 	if err != nil {
 		return fmt.Errorf("cannot read the EPP's capacity snapshot: %w", err)
 	}
@@ -605,7 +605,7 @@ func (r *capacityRun) pollLoad(ctx context.Context) []engineLoad {
 			return out
 		case <-t.C:
 		}
-		snap, err := r.t.epp.Capacity(ctx)
+		snap, err := r.t.epps[0].Capacity(ctx)
 		if err != nil {
 			continue
 		}

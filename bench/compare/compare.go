@@ -37,9 +37,11 @@ type Target interface {
 
 // Launcher starts a Target for a named policy ("random", "round-robin",
 // "least-queue", "approximate", "precise", a path to a user EPP config
-// file, or an exec:/addr: external EPP) over the fleet's replicas. A replica's KVEvents and KVReplay are
-// empty for real endpoints the bench did not start.
-type Launcher func(ctx context.Context, policy string, fleet []endpoint.Endpoint) (Target, error)
+// file, or an exec:/addr: external EPP) over the fleet's replicas, served
+// by epps EPPs side by side where the policy runs in the bench's own EPP
+// (Options.EPPs). A replica's KVEvents and KVReplay are empty for real
+// endpoints the bench did not start.
+type Launcher func(ctx context.Context, policy string, fleet []endpoint.Endpoint, epps int) (Target, error)
 
 // DefaultPolicies is the default comparison, baselines first.
 func DefaultPolicies() []string {

@@ -23,7 +23,7 @@ import (
 // "round-robin") or at random (policy "random", seeded). It is no EPP: no
 // ext_proc, no scoring; every other policy is refused.
 func DirectLauncher(seed int64) Launcher {
-	return func(ctx context.Context, policy string, fleet []endpoint.Endpoint) (Target, error) {
+	return func(ctx context.Context, policy string, fleet []endpoint.Endpoint, _ int) (Target, error) {
 		if len(fleet) == 0 {
 			return nil, errors.New("direct: empty fleet")
 		}

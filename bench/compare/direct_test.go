@@ -160,7 +160,7 @@ func TestDirectTargetDeadReplica(t *testing.T) {
 	require.NoError(t, err)
 	dead := ln.Addr().String()
 	require.NoError(t, ln.Close())
-	target, err := DirectLauncher(1)(context.Background(), "round-robin", []endpoint.Endpoint{{Addr: dead}, {Addr: live}})
+	target, err := DirectLauncher(1)(context.Background(), "round-robin", []endpoint.Endpoint{{Addr: dead}, {Addr: live}}, 1)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, target.Close()) }()
 

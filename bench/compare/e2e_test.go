@@ -94,9 +94,9 @@ func TestFleetStopsEverything(t *testing.T) {
 
 // recordingLauncher wraps a launcher and remembers the fleets it saw.
 func recordingLauncher(inner Launcher, seen *[][]endpoint.Endpoint) Launcher {
-	return func(ctx context.Context, policy string, fleet []endpoint.Endpoint) (Target, error) {
+	return func(ctx context.Context, policy string, fleet []endpoint.Endpoint, epps int) (Target, error) {
 		*seen = append(*seen, fleet)
-		return inner(ctx, policy, fleet)
+		return inner(ctx, policy, fleet, epps)
 	}
 }
 

@@ -28,10 +28,12 @@ const scrapeInterval = 250 * time.Millisecond
 // policy name or the path of a scheduler config file (the `scheduler:`
 // section of an EPP config, as bench sweep writes them); an exec: or addr:
 // policy is another EndpointPicker behind the same gateway, run as ext
-// says.
+// says. epps EPPs side by side serve a built-in policy, each subscribed to
+// every replica's KV events and scraping every replica, as the Helm
+// chart's replicas do; the gateway spreads streams over them.
 func EPPLauncher(log *zap.Logger, ext ExternalOptions) Launcher {
 	ext = ext.WithDefaults()
-	return func(ctx context.Context, policy string, fleet []endpoint.Endpoint) (Target, error) {
+	return func(ctx context.Context, policy string, fleet []endpoint.Endpoint, epps int) (Target, error) {
 		if x, ok, err := parseExternal(policy); ok {
 			if err != nil {
 				return nil, err
@@ -52,19 +54,27 @@ func EPPLauncher(log *zap.Logger, ext ExternalOptions) Launcher {
 		if simulated {
 			tok = launch.TokenizerStandIn
 		}
-		e, err := launch.StartInProcess(launch.InProcessConfig{Spec: launch.Spec{Scheduler: sc, Endpoints: fleet, Tokenizer: tok,
-			MaxEndpoints: new(0), DrainTimeout: 5 * time.Second}, OnPick: t.observe, Log: log})
-		if err != nil {
-			return nil, fmt.Errorf("policy %s: %w", policy, err)
+		var addrs []string
+		for i := range max(epps, 1) {
+			l := log
+			if epps > 1 {
+				l = log.With(zap.Int("epp", i))
+			}
+			e, err := launch.StartInProcess(launch.InProcessConfig{Spec: launch.Spec{Scheduler: sc, Endpoints: fleet, Tokenizer: tok,
+				MaxEndpoints: new(0), DrainTimeout: 5 * time.Second}, OnPick: t.observe, Log: l})
+			if err != nil {
+				return nil, errors.Join(fmt.Errorf("policy %s: %w", policy, err), t.Close())
+			}
+			t.epps = append(t.epps, e)
+			addrs = append(addrs, e.GRPCAddr())
 		}
-		t.epp = e
-		if t.gw, err = launch.StartGateway(testgw.Config{EPP: e.GRPCAddr()}, log); err != nil {
-			_ = e.Stop()
-			return nil, err
+		if t.gw, err = launch.StartGateway(testgw.Config{EPPs: addrs}, log); err != nil {
+			return nil, errors.Join(err, t.Close())
 		}
-		if _, err := e.WaitReady(ctx, len(fleet)); err != nil {
-			_ = t.Close()
-			return nil, err
+		for _, e := range t.epps {
+			if _, err := e.WaitReady(ctx, len(fleet)); err != nil {
+				return nil, errors.Join(err, t.Close())
+			}
 		}
 		return t, nil
 	}
@@ -84,8 +94,8 @@ func schedulerConfig(policy string) (scheduler.Config, error) {
 func isPolicyName(s string) bool { return slices.Contains(DefaultPolicies(), s) }
 
 type eppTarget struct {
-	epp *launch.EPP
-	gw  *launch.Gateway
+	epps []*launch.EPP
+	gw   *launch.Gateway // nil until started
 
 	mu        sync.Mutex
 	latencies []time.Duration
@@ -105,6 +115,16 @@ func (t *eppTarget) DecisionLatencies() []time.Duration {
 	return append([]time.Duration(nil), t.latencies...)
 }
 
+func (t *eppTarget) eppCount() int { return len(t.epps) }
+
+// Close stops the gateway, then every EPP started.
 func (t *eppTarget) Close() error {
-	return errors.Join(t.gw.Close(), t.epp.Stop())
+	var errs []error
+	if t.gw != nil {
+		errs = append(errs, t.gw.Close())
+	}
+	for _, e := range t.epps {
+		errs = append(errs, e.Stop())
+	}
+	return errors.Join(errs...)
 }

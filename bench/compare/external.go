@@ -245,6 +245,8 @@ type externalTarget struct {
 
 func (t *externalTarget) URL() string { return t.gw.URL() }
 
+func (t *externalTarget) eppCount() int { return 1 }
+
 // DecisionLatencies are not observable from outside the EPP: its own
 // histogram, if any, stands in (eppInfo).
 func (t *externalTarget) DecisionLatencies() []time.Duration { return nil }

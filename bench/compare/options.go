@@ -19,6 +19,10 @@ const (
 	FleetURLs      = "urls"
 )
 
+// maxEPPs bounds Options.EPPs: more EPPs than this on one small machine
+// measure the machine, not the routing.
+const maxEPPs = 8
+
 // Workload kinds.
 const (
 	WorkloadTrace        = "trace"
@@ -46,6 +50,12 @@ type Options struct {
 	Workload WorkloadOptions
 	// RequestTimeout bounds one request in wall time. Default 10m.
 	RequestTimeout time.Duration
+	// EPPs is how many EPPs serve the pool side by side, each with the
+	// policy's config, behind the one gateway, which spreads streams over
+	// them as an Envoy cluster does (the Helm chart deploys 2). It applies
+	// to policy names and config files; an exec: or addr: EPP runs once.
+	// Default 1.
+	EPPs int
 	// MaxInFlight bounds concurrent requests of the open-loop client, so a
 	// broken target cannot exhaust the machine; arrivals beyond it wait.
 	// Default 4096.
@@ -214,6 +224,7 @@ func (o Options) WithDefaults() Options {
 	def(&o.Seed, 1)
 	def(&o.RequestTimeout, 10*time.Minute)
 	def(&o.MaxInFlight, 4096)
+	def(&o.EPPs, 1)
 	if o.Log == nil {
 		o.Log = zap.NewNop()
 	}
@@ -267,6 +278,9 @@ func (o Options) Validate() error {
 		errs = append(errs, fmt.Errorf("%d labels for %d policies", len(o.Labels), len(o.Policies)))
 	}
 	errs = append(errs, o.validatePolicies()...)
+	if o.EPPs < 1 || o.EPPs > maxEPPs {
+		errs = append(errs, fmt.Errorf("epps %d: want 1..%d", o.EPPs, maxEPPs))
+	}
 	f := o.Fleet
 	switch f.Mode {
 	case FleetInProcess, FleetProcess:

@@ -32,11 +32,19 @@ func Preset(name string) (Options, error) {
 // tokens are five replicas' caches (the popular groups fit the fleet, the
 // tail does not). A 3-step QPS ladder (8, 16, 24) at time scale 4; about
 // 8 s per policy on 2 cores.
+//
+// Two EPPs serve the pool side by side, as the Helm chart deploys them.
+// Each EPP's own routing history (the approximate matcher's, the precise
+// routing memory) holds only the requests that EPP routed, so two
+// approximate EPPs place one group on two replicas, and the copies evict
+// each other under this pressure; the KV index, fed by every engine's
+// events, is the same in both, so precise EPPs find where the other put
+// a group. With one EPP the two policies tie on this workload.
 func DemoOptions() Options {
 	sp := SharedPrefixOptions{NumGroups: 40, PromptsPerGroup: 5, SystemPromptLen: 1000, QuestionLen: 200, OutputLen: 50,
 		GroupSkew: 1, QPS: []float64{8, 16, 24}, StageDuration: 10 * time.Second}
 	const blockSize = 16
-	return Options{Scenario: PresetDemo,
+	return Options{Scenario: PresetDemo, EPPs: 2,
 		Fleet:    FleetOptions{Replicas: 4, TimeScale: 4, BlockSize: blockSize, NumGPUBlocks: 16000 / blockSize},
 		Workload: WorkloadOptions{Kind: WorkloadSharedPrefix, SharedPrefix: sp}}
 }

@@ -37,7 +37,8 @@ type ContractJSON struct {
 
 // ContractResult is one policy in ContractJSON. max_mean_load is over
 // requests per replica; latencies are in model time for simulated fleets.
-// kind is how the policy ran (policy, config, exec, addr). For an external
+// kind is how the policy ran (policy, config, exec, addr), epps how many
+// EPPs served it side by side (0 for the direct proxy). For an external
 // EPP (exec:, addr:) hit rate, TTFT, ITL and throughput are measured by
 // the engines and the client as for any policy; decision_p99_us comes from
 // its own histogram named by decision_source (null when it exposes none
@@ -46,6 +47,7 @@ type ContractJSON struct {
 type ContractResult struct {
 	Policy        string    `json:"policy"`
 	Kind          string    `json:"kind"`
+	EPPs          int       `json:"epps"`
 	Requests      int       `json:"requests"`
 	Errors        int       `json:"errors"`
 	TTFTP50ms     jsonFloat `json:"ttft_p50_ms"`
@@ -66,7 +68,7 @@ type ContractResult struct {
 func (r *Report) Contract() ContractJSON {
 	c := ContractJSON{Scenario: r.Scenario, Replicas: r.Replicas, BoundHitRate: jsonFloat(r.Bound), Results: []ContractResult{}}
 	for _, p := range r.Results {
-		cr := ContractResult{Policy: p.Policy, Kind: p.Kind, Requests: p.Requests, Errors: p.Errors,
+		cr := ContractResult{Policy: p.Policy, Kind: p.Kind, EPPs: p.EPPs, Requests: p.Requests, Errors: p.Errors,
 			TTFTP50ms: jsonFloat(p.TTFTP50), TTFTP90ms: jsonFloat(p.TTFTP90), TTFTP99ms: jsonFloat(p.TTFTP99),
 			ITLP50ms: jsonFloat(p.ITLP50), ITLP99ms: jsonFloat(p.ITLP99), OutputTokPS: jsonFloat(p.OutputTokPS),
 			HitRate: jsonFloat(p.HitRate), MaxMeanLoad: jsonFloat(p.MaxMeanLoad), DecisionP99us: jsonFloat(p.DecisionP99us)}
@@ -117,6 +119,7 @@ func (r *Report) tableRows() [][]string {
 	}
 	rows := []row{
 		{"kind", func(p PolicyResult) string { return p.Kind }},
+		{"EPPs", func(p PolicyResult) string { return strconv.Itoa(p.EPPs) }},
 		{"requests", func(p PolicyResult) string { return strconv.Itoa(p.Requests) }},
 		{"errors", func(p PolicyResult) string { return strconv.Itoa(p.Errors) }},
 		{"TTFT p50 " + unit, func(p PolicyResult) string { return fmtNum(p.TTFTP50, 1) }},

@@ -67,9 +67,9 @@ func sampleReport() *Report {
 func TestContractJSON(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "out.json")
 	rep := sampleReport()
-	rep.Results[0].Kind = KindPolicy
+	rep.Results[0].Kind, rep.Results[0].EPPs = KindPolicy, 2
 	// An external EPP whose metrics were not known.
-	rep.Results = append(rep.Results, PolicyResult{Policy: "peer", Kind: KindExec, TTFTP90: 30, HitRate: 0.4, DecisionP99us: math.NaN(),
+	rep.Results = append(rep.Results, PolicyResult{Policy: "peer", Kind: KindExec, EPPs: 1, TTFTP90: 30, HitRate: 0.4, DecisionP99us: math.NaN(),
 		EPP: &EPPInfo{Addr: "127.0.0.1:9002", Requests: math.NaN()}})
 	require.NoError(t, rep.WriteJSON(path))
 	b, err := os.ReadFile(path)
@@ -91,16 +91,18 @@ func TestContractJSON(t *testing.T) {
 	results := doc["results"].([]any)
 	require.Len(t, results, 3)
 	r0 := results[0].(map[string]any)
-	require.Equal(t, []string{"decision_p99_us", "errors", "hit_rate", "itl_p50_ms", "itl_p99_ms", "kind", "max_mean_load",
+	require.Equal(t, []string{"decision_p99_us", "epps", "errors", "hit_rate", "itl_p50_ms", "itl_p99_ms", "kind", "max_mean_load",
 		"output_tok_per_s", "policy", "requests", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms"}, keys(r0))
 	require.Equal(t, "random", r0["policy"])
 	require.Equal(t, "policy", r0["kind"])
+	require.Equal(t, 2.0, r0["epps"])
 	require.Equal(t, 100.0, r0["ttft_p90_ms"])
 	require.Nil(t, r0["decision_p99_us"]) // NaN is null, not 0
 	r2 := results[2].(map[string]any)
-	require.Equal(t, []string{"decision_p99_us", "decision_source", "epp_requests", "errors", "hit_rate", "itl_p50_ms", "itl_p99_ms", "kind",
+	require.Equal(t, []string{"decision_p99_us", "decision_source", "epp_requests", "epps", "errors", "hit_rate", "itl_p50_ms", "itl_p99_ms", "kind",
 		"max_mean_load", "output_tok_per_s", "policy", "requests", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms"}, keys(r2))
 	require.Equal(t, "exec", r2["kind"])
+	require.Equal(t, 1.0, r2["epps"])
 	require.Equal(t, 0.4, r2["hit_rate"])
 	require.Equal(t, "", r2["decision_source"]) // no histogram the bench knows
 	require.Nil(t, r2["epp_requests"])

@@ -121,7 +121,7 @@ func runPolicy(ctx context.Context, opts Options, w *Workload, policy, label str
 		resetWarning = f.resetCaches(ctx)
 	}
 	before := f.counters(ctx)
-	target, lerr := launch(ctx, policy, f.Endpoints())
+	target, lerr := launch(ctx, policy, f.Endpoints(), opts.EPPs)
 	if lerr != nil {
 		log.Error("cannot launch policy", zap.Error(lerr))
 		pr = PolicyResult{Policy: label, Kind: policyKind(policy), Requests: countRequests(opts, w), Errors: countRequests(opts, w),
@@ -153,6 +153,9 @@ func runPolicy(ctx context.Context, opts Options, w *Workload, policy, label str
 	}
 	pr = summarise(label, w, res, delta, target.DecisionLatencies(), scale)
 	pr.Kind = policyKind(policy)
+	if n, ok := target.(interface{ eppCount() int }); ok {
+		pr.EPPs = n.eppCount()
+	}
 	if x, ok := target.(*externalTarget); ok {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		pr.EPP = x.eppInfo(sctx)

@@ -28,7 +28,10 @@ type PolicyResult struct {
 	// KindAddr.
 	Kind string
 	// EPP is an external EPP's run (exec:, addr:); nil otherwise.
-	EPP      *EPPInfo
+	EPP *EPPInfo
+	// EPPs is how many EPPs served it side by side (0: none, the direct
+	// proxy).
+	EPPs     int
 	Requests int
 	Errors   int
 	// FirstError is an example error message, for the report.

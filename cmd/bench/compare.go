@@ -21,6 +21,7 @@ type compareFlags struct {
 	policies         listFlag
 	eppDir           string
 	eppSettle        time.Duration
+	epps             int
 	direct           bool
 	seed             int64
 	jsonOut, htmlOut string
@@ -72,6 +73,7 @@ func (f *compareFlags) register(fs *flag.FlagSet) {
 		"exec:[LABEL=]COMMAND (the rest of the value, commas included) starts another EPP, addr:[LABEL=]HOST:PORT[+METRICS_HOST:PORT] races one already running")
 	fs.StringVar(&f.eppDir, "epp-dir", "out/bench-epp", "exec: policies: one directory per label for the fleet files, the command and the EPP's output")
 	fs.DurationVar(&f.eppSettle, "epp-settle", compare.DefaultExternalSettle, "exec:/addr: policies: wait after the EPP answers gRPC health SERVING, before traffic")
+	fs.IntVar(&f.epps, "epps", 1, "EPPs serving the pool side by side behind the gateway, each with the policy (policy names and config files; exec:/addr: run once)")
 	fs.BoolVar(&f.direct, "direct", false, "use a plain reverse proxy (round-robin, random) instead of the EPP")
 	fs.Int64Var(&f.seed, "seed", 1, "workload and replica seed")
 	fs.StringVar(&f.jsonOut, "json", "", "write the JSON contract to this file")
@@ -199,6 +201,9 @@ func (f *compareFlags) options(sweep bool) (compare.Options, error) {
 		opts.Policies = []string{"random", "round-robin"}
 	}
 	opts.Seed = f.seed
+	if f.set["epps"] || opts.EPPs == 0 {
+		opts.EPPs = f.epps
+	}
 	f.fleet.apply(&opts.Fleet, f.set)
 	return opts, f.workload.apply(&opts.Workload, f.set)
 }
