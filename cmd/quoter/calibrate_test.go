@@ -43,22 +43,30 @@ func durationOf(d time.Duration) *time.Duration { return &d }
 // latency is about 11ms alone, 17ms at two and 29ms at four, so a 25ms
 // objective (one of vLLM's ITL bucket bounds, where the engines' curve is
 // read without interpolating inside a bucket) breaks within a few levels
-// of the ladder.
-func startCalibrationFleet(t *testing.T) calibrationFleet {
+// of the ladder. maxNumSeqs, when > 0, caps each replica's batch; with
+// rejectSaturated the EPP queues nothing and answers 429 once the pool is
+// saturated (admission.queue_capacity_per_band 0).
+func startCalibrationFleet(t *testing.T, maxNumSeqs int, rejectSaturated bool) calibrationFleet {
 	t.Helper()
 	var eps []endpoint.Endpoint
 	for range 2 {
 		r := simtest.Start(t, func(c *sim.Config) {
 			c.Engine.TimeScale = 1
+			if maxNumSeqs > 0 {
+				c.Engine.MaxNumSeqs = maxNumSeqs
+			}
 			tm := &c.Engine.Timing
 			tm.PrefillBase, tm.PrefillPerToken = durationOf(time.Millisecond), durationOf(10*time.Microsecond)
 			tm.DecodeBase, tm.DecodePerSeq, tm.KVTerm = durationOf(5*time.Millisecond), durationOf(6*time.Millisecond), durationOf(0)
 		})
 		eps = append(eps, endpoint.Endpoint{Addr: r.Addr(), Model: model, Engine: "vllm", MetricsURL: "http://" + r.Addr() + "/metrics"})
 	}
+	sc := scheduler.Config{Signals: scheduler.SignalsConfig{ScrapeInterval: 250 * time.Millisecond}}
+	if rejectSaturated {
+		sc.Admission.QueueCapacityPerBand = new(0)
+	}
 	cfg := epp.Config{GRPCAddr: "127.0.0.1:0", HealthAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0",
-		StandInTokenizer: true, DrainDelay: durationOf(0), DrainTimeout: durationOf(0),
-		Scheduler: scheduler.Config{Signals: scheduler.SignalsConfig{ScrapeInterval: 250 * time.Millisecond}}}.WithDefaults()
+		StandInTokenizer: true, DrainDelay: durationOf(0), DrainTimeout: durationOf(0), Scheduler: sc}.WithDefaults()
 	e, err := epp.New(cfg, discovery.Fixed(eps), zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -82,7 +90,7 @@ func startCalibrationFleet(t *testing.T) calibrationFleet {
 }
 
 func TestCalibrateCommand(t *testing.T) {
-	f := startCalibrationFleet(t)
+	f := startCalibrationFleet(t, 0, false)
 	dir := t.TempDir()
 	fleet := []string{"--url", f.url, "--model", model, "--capacity-url", f.adminURL, "--log-level", "warn"}
 	// Short prompts and answers: a request takes a few hundred ms, so a
@@ -184,6 +192,38 @@ func TestCalibrateCommand(t *testing.T) {
 func deadline(ctx context.Context) time.Time {
 	d, _ := ctx.Deadline()
 	return d
+}
+
+// TestCalibrateStopsAtAFailingLevelPastTheBreak: past the first level
+// outside the objectives, a level whose requests fail is the overload,
+// not a broken URL. The ladder stops there and the calibration keeps what
+// it measured. Two replicas of at most 4 running requests, behind an EPP
+// that answers 429 once the pool is saturated rather than queueing: 8
+// requests run (4 each, ITL about 29ms, outside 25ms), 16 leave 8 waiting
+// and are mostly refused.
+func TestCalibrateStopsAtAFailingLevelPastTheBreak(t *testing.T) {
+	f := startCalibrationFleet(t, 4, true)
+	out := filepath.Join(t.TempDir(), "cal.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	code, stdout, stderr := invoke(ctx, "calibrate", "--url", f.url, "--model", model, "--capacity-url", f.adminURL,
+		"--log-level", "info", "--slo-itl-p95", "25ms", "--slo-ttft-p95", "1s", "--level-duration", "2s", "--warmup", "500ms",
+		"--prompt-tokens", "64", "--shared-prefix-tokens", "16", "--groups", "2", "--output-tokens", "32", "--factor", "2",
+		"--past-break", "3", "--max-concurrency", "64", "--out", out)
+	t.Log(stdout + stderr)
+	require.Equal(t, exitOK, code, stdout+stderr)
+	require.Contains(t, stderr, "level past the first break failed; the ladder stops")
+	require.Regexp(t, `the ladder stops","concurrency":16,"error":"[0-9]+ of [0-9]+ requests failed at concurrency 16 .*status 429`, stderr)
+	cal, err := capacity.LoadCalibration(out)
+	require.NoError(t, err)
+	last := cal.Levels[len(cal.Levels)-1]
+	require.Less(t, last.Concurrency, 16, "the failing level is not kept")
+	require.False(t, last.Within)
+	for _, l := range cal.Levels {
+		require.Zero(t, l.Errors, "level %d", l.Concurrency)
+	}
+	_, err = cal.Curve.At(capacity.Objectives{TTFT: time.Second, ITL: 25 * time.Millisecond, Quantile: 0.95})
+	require.NoError(t, err)
 }
 
 // TestWriteAtomic: the file is replaced whole or not at all, and no
