@@ -48,6 +48,17 @@ func TestSummarise(t *testing.T) {
 	require.Equal(t, 2, pr.Stages[1].Requests)
 	require.Equal(t, 1, pr.Stages[1].Errors)
 	require.InDelta(t, 60, pr.Stages[1].TTFTP90ms, 1e-9)
+	// A stage's throughput runs from its first send to its last end, as
+	// inference-perf's: 10 tokens in 100 ms wall (200 ms model), 30 in 1 s
+	// (the failed request ends at its send).
+	require.InDelta(t, 50, pr.Stages[0].OutputTokPS, 1e-9)
+	require.InDelta(t, 15, pr.Stages[1].OutputTokPS, 1e-9)
+	// Sent 10 s late by a client at its concurrency bound, the stage's
+	// requests take as long once sent: the wait is not the fleet's.
+	for _, r := range res[1:] {
+		r.Start = r.Start.Add(10 * time.Second)
+	}
+	require.InDelta(t, 15, summarise("p", w, res, delta, nil, 2).Stages[1].OutputTokPS, 1e-9)
 	// Without prefix-cache counters the hit rate is unknown, not 0.
 	delta[1].OK = false
 	require.True(t, math.IsNaN(summarise("p", w, res, delta, nil, 1).HitRate))

@@ -119,7 +119,9 @@ func summarise(policy string, w *Workload, res []*result, delta []counters, deci
 		n, errs        int
 		out            int64
 		prompt, cached int64
-		end            time.Time
+		// start and end are the first send and the last end of the
+		// stage's requests, failed ones included.
+		start, end time.Time
 	}
 	stages := make([]acc, len(w.Stages))
 	for _, r := range res {
@@ -127,6 +129,14 @@ func summarise(policy string, w *Workload, res []*result, delta []counters, deci
 		st.n++
 		if first.IsZero() || (!r.Start.IsZero() && r.Start.Before(first)) {
 			first = r.Start
+		}
+		if !r.Start.IsZero() {
+			if st.start.IsZero() || r.Start.Before(st.start) {
+				st.start = r.Start
+			}
+			if end := r.Start.Add(r.E2E); end.After(st.end) {
+				st.end = end
+			}
 		}
 		if r.Err != nil {
 			pr.Errors++
@@ -136,12 +146,8 @@ func summarise(policy string, w *Workload, res []*result, delta []counters, deci
 			}
 			continue
 		}
-		end := r.Start.Add(r.E2E)
-		if end.After(last) {
+		if end := r.Start.Add(r.E2E); end.After(last) {
 			last = end
-		}
-		if end.After(st.end) {
-			st.end = end
 		}
 		ttft, e2e = append(ttft, r.TTFT), append(e2e, r.E2E)
 		itl = append(itl, r.ITL...)
@@ -186,17 +192,13 @@ func summarise(policy string, w *Workload, res []*result, delta []counters, deci
 		sr := StageResult{QPS: w.Stages[k].QPS, Warmup: w.Stages[k].Warmup, Requests: st.n, Errors: st.errs}
 		ts := stat.SortedMillis(st.ttft, scale)
 		sr.TTFTP50ms, sr.TTFTP90ms = stat.Percentile(ts, 50), stat.Percentile(ts, 90)
-		if !first.IsZero() {
-			// A stage's throughput is its output over the time from its
-			// start until its last answer (or its end, if later).
-			stageEnd := first.Add(w.Stages[k].End)
-			if st.end.After(stageEnd) {
-				stageEnd = st.end
-			}
-			span := float64(stageEnd.Sub(first.Add(w.Stages[k].Start))) * scale
-			if span > 0 {
-				sr.OutputTokPS = float64(st.out) / (span / float64(time.Second))
-			}
+		// A stage's throughput is inference-perf's: the output of its
+		// requests over the time from the first one's send to the last
+		// one's end. A client at its concurrency bound sends a stage's
+		// requests late; counted from the stage's scheduled start, the
+		// wait for the backlog ahead of it would read as a slow fleet.
+		if span := float64(st.end.Sub(st.start)) * scale; span > 0 {
+			sr.OutputTokPS = float64(st.out) / (span / float64(time.Second))
 		}
 		if st.prompt > 0 {
 			sr.CachedTokens = float64(st.cached) / float64(st.prompt)
