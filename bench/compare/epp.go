@@ -28,9 +28,9 @@ const scrapeInterval = 250 * time.Millisecond
 // policy name or the path of a scheduler config file (the `scheduler:`
 // section of an EPP config, as bench sweep writes them); an exec: or addr:
 // policy is another EndpointPicker behind the same gateway, run as ext
-// says. epps EPPs side by side serve a built-in policy, each subscribed to
-// every replica's KV events and scraping every replica, as the Helm
-// chart's replicas do; the gateway spreads streams over them.
+// says. epps EPPs side by side serve a policy, each subscribed to every
+// replica's KV events and scraping every replica, as the Helm chart's
+// replicas do; the gateway spreads streams over them.
 func EPPLauncher(log *zap.Logger, ext ExternalOptions) Launcher {
 	ext = ext.WithDefaults()
 	return func(ctx context.Context, policy string, fleet []endpoint.Endpoint, epps int) (Target, error) {
@@ -38,7 +38,7 @@ func EPPLauncher(log *zap.Logger, ext ExternalOptions) Launcher {
 			if err != nil {
 				return nil, err
 			}
-			return launchExternal(ctx, x, fleet, ext.Dir, *ext.Settle, log)
+			return launchExternal(ctx, x, fleet, ext.Dir, *ext.Settle, epps, log)
 		}
 		sc, err := schedulerConfig(policy)
 		if err != nil {

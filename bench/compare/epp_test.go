@@ -2,6 +2,8 @@ package compare
 
 import (
 	"context"
+	"errors"
+	"io"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -18,18 +20,30 @@ type decisionsTarget struct {
 }
 
 func (t decisionsTarget) Close() error {
+	var pages []func() (io.Reader, error)
 	for _, e := range t.epps {
-		page, err := e.Metrics(context.Background())
-		if err != nil {
-			return err
-		}
-		sums, _, err := promtext.Sum(page, "omnious_epp_decisions_total")
-		if err != nil {
-			return err
-		}
-		*t.decided = append(*t.decided, sums[0])
+		pages = append(pages, func() (io.Reader, error) { return e.Metrics(context.Background()) })
 	}
-	return t.eppTarget.Close()
+	n, err := readCounter(pages, "omnious_epp_decisions_total")
+	*t.decided = n
+	return errors.Join(err, t.eppTarget.Close())
+}
+
+// readCounter reads counter name from each metrics page.
+func readCounter(pages []func() (io.Reader, error), name string) ([]float64, error) {
+	var out []float64
+	for _, page := range pages {
+		r, err := page()
+		if err != nil {
+			return out, err
+		}
+		sums, _, err := promtext.Sum(r, name)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, sums[0])
+	}
+	return out, nil
 }
 
 // TestSeveralEPPsServeOnePool: with Options.EPPs 2 each built-in policy is

@@ -9,6 +9,7 @@ import (
 	"net"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -197,79 +198,105 @@ var requestCounters = []string{"inference_objective_request_total", "llm_d_epp_r
 
 // launchExternal starts (exec:) or attaches to (addr:) an external EPP,
 // waits for its gRPC health and the settle time, and puts the test gateway
-// in front of it.
-func launchExternal(ctx context.Context, x external, fleet []endpoint.Endpoint, dir string, settle time.Duration, log *zap.Logger) (Target, error) {
+// in front of it. An exec: EPP runs as n processes side by side, each
+// with its own ports, directory (LABEL/1 .. LABEL/n when n > 1) and KV
+// relay, behind the one gateway; an addr: EPP is the one it names.
+func launchExternal(ctx context.Context, x external, fleet []endpoint.Endpoint, dir string, settle time.Duration, n int, log *zap.Logger) (Target, error) {
 	t := &externalTarget{}
-	var err error
-	if x.kind == KindExec {
-		t.epp, err = launch.StartExternal(launch.ExternalConfig{Command: x.command, Dir: filepath.Join(dir, dirName(x.label)),
-			Name: x.label, Endpoints: fleet})
-		if err != nil {
-			return nil, err
-		}
-		t.info.Log = t.epp.LogPath()
-	} else {
-		t.epp = launch.Attach(x.label, x.addr, x.metrics)
+	if x.kind != KindExec {
+		n = 1
 	}
-	t.info.Addr = t.epp.GRPCAddr()
-	if err := t.epp.WaitServing(ctx, externalWait); err != nil {
-		return nil, errors.Join(err, t.epp.Stop())
-	}
-	if bind := t.epp.KVEventsBind(); bind != "" {
-		if t.relay, err = launch.StartKVRelay(fleet, bind); err != nil {
-			return nil, errors.Join(err, t.epp.Stop())
+	var addrs []string
+	for i := range max(n, 1) {
+		m := &externalEPP{}
+		t.members = append(t.members, m)
+		if x.kind == KindExec {
+			d := filepath.Join(dir, dirName(x.label))
+			if n > 1 {
+				d = filepath.Join(d, strconv.Itoa(i+1))
+			}
+			var err error
+			if m.epp, err = launch.StartExternal(launch.ExternalConfig{Command: x.command, Dir: d, Name: x.label, Endpoints: fleet}); err != nil {
+				t.members = t.members[:i]
+				return nil, errors.Join(err, t.stopEPPs())
+			}
+			m.log = m.epp.LogPath()
+		} else {
+			m.epp = launch.Attach(x.label, x.addr, x.metrics)
 		}
+		if err := m.epp.WaitServing(ctx, externalWait); err != nil {
+			return nil, errors.Join(err, t.stopEPPs())
+		}
+		if bind := m.epp.KVEventsBind(); bind != "" {
+			var err error
+			if m.relay, err = launch.StartKVRelay(fleet, bind); err != nil {
+				return nil, errors.Join(err, t.stopEPPs())
+			}
+		}
+		addrs = append(addrs, m.epp.GRPCAddr())
 	}
 	select {
 	case <-time.After(settle):
 	case <-ctx.Done():
-		return nil, errors.Join(ctx.Err(), t.stopEPP())
+		return nil, errors.Join(ctx.Err(), t.stopEPPs())
 	}
-	// A page that cannot be read now counts as zeros: every counter of a
-	// fresh EPP starts there.
-	t.before, _ = t.scrape(ctx)
-	if t.gw, err = launch.StartGateway(testgw.Config{EPP: t.epp.GRPCAddr()}, log); err != nil {
-		return nil, errors.Join(err, t.stopEPP())
+	for _, m := range t.members {
+		// A page that cannot be read now counts as zeros: every counter of
+		// a fresh EPP starts there.
+		m.before, _ = m.scrape(ctx)
+	}
+	var err error
+	if t.gw, err = launch.StartGateway(testgw.Config{EPPs: addrs}, log); err != nil {
+		return nil, errors.Join(err, t.stopEPPs())
 	}
 	return t, nil
 }
 
-// externalTarget is an external EPP behind the test gateway.
+// externalTarget is an external EPP, one or more processes, behind the
+// test gateway.
 type externalTarget struct {
+	members []*externalEPP
+	gw      *launch.Gateway
+}
+
+// externalEPP is one of them.
+type externalEPP struct {
 	epp    *launch.EPP
 	relay  *launch.KVRelay // nil unless the EPP binds for KV events
-	gw     *launch.Gateway
-	before []byte // its metrics page after start-up (nil: none, or unreadable)
-	info   EPPInfo
+	before []byte          // its metrics page after start-up (nil: none, or unreadable)
+	log    string          // an exec: EPP's output
 }
 
 func (t *externalTarget) URL() string { return t.gw.URL() }
 
-func (t *externalTarget) eppCount() int { return 1 }
+func (t *externalTarget) eppCount() int { return len(t.members) }
 
 // DecisionLatencies are not observable from outside the EPP: its own
 // histogram, if any, stands in (eppInfo).
 func (t *externalTarget) DecisionLatencies() []time.Duration { return nil }
 
-func (t *externalTarget) Close() error { return errors.Join(t.gw.Close(), t.stopEPP()) }
+func (t *externalTarget) Close() error { return errors.Join(t.gw.Close(), t.stopEPPs()) }
 
-// stopEPP stops the relay, then the EPP (an addr: EPP is not the bench's
-// to stop: its Stop does nothing).
-func (t *externalTarget) stopEPP() error {
-	var err error
-	if t.relay != nil {
-		err = t.relay.Close()
+// stopEPPs stops each member's relay, then the member (an addr: EPP is
+// not the bench's to stop: its Stop does nothing).
+func (t *externalTarget) stopEPPs() error {
+	var errs []error
+	for _, m := range t.members {
+		if m.relay != nil {
+			errs = append(errs, m.relay.Close())
+		}
+		errs = append(errs, m.epp.Stop())
 	}
-	return errors.Join(err, t.epp.Stop())
+	return errors.Join(errs...)
 }
 
 // scrape reads the EPP's metrics page: nil without an error when its
 // metrics are not known.
-func (t *externalTarget) scrape(ctx context.Context) ([]byte, error) {
-	if t.epp.MetricsURL() == "" {
+func (m *externalEPP) scrape(ctx context.Context) ([]byte, error) {
+	if m.epp.MetricsURL() == "" {
 		return nil, nil
 	}
-	r, err := t.epp.Metrics(ctx)
+	r, err := m.epp.Metrics(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -278,49 +305,100 @@ func (t *externalTarget) scrape(ctx context.Context) ([]byte, error) {
 	return b.Bytes(), err
 }
 
-// eppInfo scrapes the EPP once more and reads what the run changed in the
-// metrics the bench knows.
+// eppInfo scrapes every member once more and reads what the run changed
+// in the metrics the bench knows, summed over the members; addresses,
+// logs and metrics URLs are listed comma-separated.
 func (t *externalTarget) eppInfo(ctx context.Context) *EPPInfo {
-	info := t.info
-	info.MetricsURL = t.epp.MetricsURL()
-	info.Requests, info.decP50, info.decP99 = math.NaN(), math.NaN(), math.NaN()
-	if t.relay != nil {
-		info.KVEventsBind, info.KVBatchesRelayed = t.epp.KVEventsBind(), t.relay.Relayed()
-	}
-	after, err := t.scrape(ctx)
-	if err != nil {
-		info.MetricsError = err.Error()
-	}
-	if after == nil {
-		return &info
-	}
-	for _, name := range requestCounters {
-		a, seen, err := promtext.Sum(bytes.NewReader(after), name)
-		if err != nil || !seen[0] {
-			continue
+	info := EPPInfo{Requests: math.NaN(), decP50: math.NaN(), decP99: math.NaN()}
+	var addrs, logs, urls, binds, errs []string
+	afters := make([][]byte, len(t.members))
+	for i, m := range t.members {
+		addrs, logs = append(addrs, m.epp.GRPCAddr()), appendSet(logs, m.log)
+		urls = appendSet(urls, m.epp.MetricsURL())
+		if m.relay != nil {
+			binds = append(binds, m.epp.KVEventsBind())
+			info.KVBatchesRelayed += m.relay.Relayed()
 		}
-		b, _, _ := promtext.Sum(bytes.NewReader(t.before), name)
-		info.Requests, info.RequestsCounter = a[0]-b[0], name
-		break
+		var err error
+		if afters[i], err = m.scrape(ctx); err != nil {
+			errs = append(errs, err.Error())
+		}
+	}
+	join := func(v []string) string { return strings.Join(v, ", ") }
+	info.Addr, info.Log, info.MetricsURL, info.KVEventsBind, info.MetricsError = join(addrs), join(logs), join(urls), join(binds), join(errs)
+	for _, name := range requestCounters {
+		total, seen := 0.0, false
+		for i, m := range t.members {
+			if afters[i] == nil {
+				continue
+			}
+			a, ok, err := promtext.Sum(bytes.NewReader(afters[i]), name)
+			if err != nil || !ok[0] {
+				continue
+			}
+			b, _, _ := promtext.Sum(bytes.NewReader(m.before), name)
+			total, seen = total+a[0]-b[0], true
+		}
+		if seen {
+			info.Requests, info.RequestsCounter = total, name
+			break
+		}
 	}
 	for _, name := range decisionHistograms {
-		a, err := promtext.Buckets(bytes.NewReader(after), name)
-		if err != nil {
-			continue
-		}
-		b, err := promtext.Buckets(bytes.NewReader(t.before), name)
-		if err != nil || len(b) != len(a) {
-			// Not observed yet at start-up: a vector histogram has no
-			// series before its first sample.
-			b = make([]promtext.Bucket, len(a))
-			for i := range a {
-				b[i].LE = a[i].LE
+		var before, after []promtext.Bucket
+		for i, m := range t.members {
+			if afters[i] == nil {
+				continue
+			}
+			a, err := promtext.Buckets(bytes.NewReader(afters[i]), name)
+			if err != nil || after != nil && !sameBounds(a, after) {
+				continue
+			}
+			b, err := promtext.Buckets(bytes.NewReader(m.before), name)
+			if err != nil || !sameBounds(a, b) {
+				// Not observed yet at start-up: a vector histogram has no
+				// series before its first sample.
+				b = make([]promtext.Bucket, len(a))
+				for k := range a {
+					b[k].LE = a[k].LE
+				}
+			}
+			if after == nil {
+				before, after = b, a
+				continue
+			}
+			for k := range a {
+				before[k].N += b[k].N
+				after[k].N += a[k].N
 			}
 		}
-		info.DecisionHistogram = name
-		info.decP50 = promtext.Quantile(0.5, b, a) * 1e6
-		info.decP99 = promtext.Quantile(0.99, b, a) * 1e6
-		break
+		if after != nil {
+			info.DecisionHistogram = name
+			info.decP50 = promtext.Quantile(0.5, before, after) * 1e6
+			info.decP99 = promtext.Quantile(0.99, before, after) * 1e6
+			break
+		}
 	}
 	return &info
+}
+
+// sameBounds reports whether two histograms have the same buckets.
+func sameBounds(a, b []promtext.Bucket) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].LE != b[i].LE {
+			return false
+		}
+	}
+	return true
+}
+
+// appendSet appends v unless it is empty or already there.
+func appendSet(s []string, v string) []string {
+	if v == "" || slices.Contains(s, v) {
+		return s
+	}
+	return append(s, v)
 }

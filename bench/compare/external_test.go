@@ -1,8 +1,11 @@
 package compare
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -197,6 +200,72 @@ func TestRaceExecEPP(t *testing.T) {
 	var table strings.Builder
 	require.NoError(t, rep.WriteTable(&table))
 	require.Contains(t, table.String(), "requests counted by its inference_objective_request_total")
+}
+
+// TestRaceExecEPPSideBySide: with Options.EPPs 2 an exec: EPP runs as two
+// processes, each in its own directory with its own ports and KV relay,
+// both behind the gateway: each routes a share, the report sums their
+// counters, and both processes are gone afterwards.
+func TestRaceExecEPPSideBySide(t *testing.T) {
+	bin := launchtest.EPPBinary(t)
+	dir := t.TempDir()
+	o := raceOptions(t)
+	o.EPPs = 2
+	o.Policies = []string{"exec:pair=" + eppCommand(bin, "precise") + " -kv-events-bind {kv_events_bind}"}
+	settle := 500 * time.Millisecond
+	inner := EPPLauncher(o.Log, ExternalOptions{Dir: dir, Settle: &settle})
+	var routed []float64
+	launch := func(ctx context.Context, policy string, fleet []endpoint.Endpoint, epps int) (Target, error) {
+		tg, err := inner(ctx, policy, fleet, epps)
+		if err != nil {
+			return nil, err
+		}
+		return countingTarget{externalTarget: tg.(*externalTarget), routed: &routed}, nil
+	}
+	rep, err := Run(context.Background(), o, launch)
+	require.NoError(t, err)
+	pr := rep.Results[0]
+	require.Zero(t, pr.Errors, pr.FirstError)
+	require.Equal(t, 2, pr.EPPs)
+	require.Len(t, routed, 2)
+	for _, n := range routed {
+		require.Positive(t, n, "each process routes a share: %v", routed)
+	}
+	require.Equal(t, float64(rep.Requests), pr.EPP.Requests, "the two counters summed saw every request")
+	require.Len(t, strings.Split(pr.EPP.Addr, ", "), 2)
+	require.Len(t, strings.Split(pr.EPP.KVEventsBind, ", "), 2)
+	require.Positive(t, pr.EPP.KVBatchesRelayed)
+	require.Equal(t, "omnious_extproc_route_duration_seconds", pr.EPP.DecisionHistogram)
+	require.Greater(t, pr.DecisionP99us, 0.0)
+	for _, sub := range []string{"1", "2"} {
+		cmd, err := os.ReadFile(filepath.Join(dir, "pair", sub, "command"))
+		require.NoError(t, err)
+		m := grpcAddrRE.FindStringSubmatch(string(cmd))
+		require.NotNil(t, m, string(cmd))
+		require.Contains(t, pr.EPP.Addr, m[1])
+		requireFree(t, m[1])
+		require.FileExists(t, filepath.Join(dir, "pair", sub, "epp.log"))
+	}
+}
+
+// countingTarget reads each external member's routed-request counter just
+// before the target closes.
+type countingTarget struct {
+	*externalTarget
+	routed *[]float64
+}
+
+func (t countingTarget) Close() error {
+	var pages []func() (io.Reader, error)
+	for _, m := range t.members {
+		pages = append(pages, func() (io.Reader, error) {
+			b, err := m.scrape(context.Background())
+			return bytes.NewReader(b), err
+		})
+	}
+	n, err := readCounter(pages, "inference_objective_request_total")
+	*t.routed = n
+	return errors.Join(err, t.externalTarget.Close())
 }
 
 // TestRaceExecEPPFailsClearly: a command that dies at start is reported

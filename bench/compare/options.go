@@ -52,8 +52,8 @@ type Options struct {
 	RequestTimeout time.Duration
 	// EPPs is how many EPPs serve the pool side by side, each with the
 	// policy's config, behind the one gateway, which spreads streams over
-	// them as an Envoy cluster does (the Helm chart deploys 2). It applies
-	// to policy names and config files; an exec: or addr: EPP runs once.
+	// them as an Envoy cluster does (the Helm chart deploys 2). An exec:
+	// EPP runs as that many processes; an addr: EPP is the one it names.
 	// Default 1.
 	EPPs int
 	// MaxInFlight bounds concurrent requests of the open-loop client, so a

@@ -153,10 +153,10 @@ func runPolicy(ctx context.Context, opts Options, w *Workload, policy, label str
 	}
 	pr = summarise(label, w, res, delta, target.DecisionLatencies(), scale)
 	pr.Kind = policyKind(policy)
-	if n, ok := target.(interface{ eppCount() int }); ok {
+	if n, ok := target.(eppCounter); ok {
 		pr.EPPs = n.eppCount()
 	}
-	if x, ok := target.(*externalTarget); ok {
+	if x, ok := target.(externalInfo); ok {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		pr.EPP = x.eppInfo(sctx)
 		cancel()
@@ -171,6 +171,15 @@ func runPolicy(ctx context.Context, opts Options, w *Workload, policy, label str
 		zap.Float64("ttft_p90_ms", pr.TTFTP90), zap.Float64("hit_rate", pr.HitRate))
 	return pr, res, nil
 }
+
+// eppCounter is a target that knows how many EPPs serve it; externalInfo
+// one that reads an external EPP's own metrics.
+type (
+	eppCounter   interface{ eppCount() int }
+	externalInfo interface {
+		eppInfo(context.Context) *EPPInfo
+	}
+)
 
 // lagWarning detects a run the machine could not keep up with: the
 // simulator coalesces the tokens a slow reader has not taken yet, so when the

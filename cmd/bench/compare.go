@@ -73,7 +73,7 @@ func (f *compareFlags) register(fs *flag.FlagSet) {
 		"exec:[LABEL=]COMMAND (the rest of the value, commas included) starts another EPP, addr:[LABEL=]HOST:PORT[+METRICS_HOST:PORT] races one already running")
 	fs.StringVar(&f.eppDir, "epp-dir", "out/bench-epp", "exec: policies: one directory per label for the fleet files, the command and the EPP's output")
 	fs.DurationVar(&f.eppSettle, "epp-settle", compare.DefaultExternalSettle, "exec:/addr: policies: wait after the EPP answers gRPC health SERVING, before traffic")
-	fs.IntVar(&f.epps, "epps", 1, "EPPs serving the pool side by side behind the gateway, each with the policy (policy names and config files; exec:/addr: run once)")
+	fs.IntVar(&f.epps, "epps", 1, "EPPs serving the pool side by side behind the gateway, each with the policy (an exec: EPP runs as that many processes; an addr: EPP is the one it names)")
 	fs.BoolVar(&f.direct, "direct", false, "use a plain reverse proxy (round-robin, random) instead of the EPP")
 	fs.Int64Var(&f.seed, "seed", 1, "workload and replica seed")
 	fs.StringVar(&f.jsonOut, "json", "", "write the JSON contract to this file")
