@@ -209,7 +209,6 @@ func launchExternal(ctx context.Context, x external, fleet []endpoint.Endpoint, 
 	var addrs []string
 	for i := range max(n, 1) {
 		m := &externalEPP{}
-		t.members = append(t.members, m)
 		if x.kind == KindExec {
 			d := filepath.Join(dir, dirName(x.label))
 			if n > 1 {
@@ -217,13 +216,13 @@ func launchExternal(ctx context.Context, x external, fleet []endpoint.Endpoint, 
 			}
 			var err error
 			if m.epp, err = launch.StartExternal(launch.ExternalConfig{Command: x.command, Dir: d, Name: x.label, Endpoints: fleet}); err != nil {
-				t.members = t.members[:i]
 				return nil, errors.Join(err, t.stopEPPs())
 			}
 			m.log = m.epp.LogPath()
 		} else {
 			m.epp = launch.Attach(x.label, x.addr, x.metrics)
 		}
+		t.members = append(t.members, m)
 		if err := m.epp.WaitServing(ctx, externalWait); err != nil {
 			return nil, errors.Join(err, t.stopEPPs())
 		}
@@ -351,11 +350,11 @@ func (t *externalTarget) eppInfo(ctx context.Context) *EPPInfo {
 				continue
 			}
 			a, err := promtext.Buckets(bytes.NewReader(afters[i]), name)
-			if err != nil || after != nil && !sameBounds(a, after) {
+			if err != nil || after != nil && !slices.EqualFunc(a, after, sameLE) {
 				continue
 			}
 			b, err := promtext.Buckets(bytes.NewReader(m.before), name)
-			if err != nil || !sameBounds(a, b) {
+			if err != nil || !slices.EqualFunc(a, b, sameLE) {
 				// Not observed yet at start-up: a vector histogram has no
 				// series before its first sample.
 				b = make([]promtext.Bucket, len(a))
@@ -382,18 +381,8 @@ func (t *externalTarget) eppInfo(ctx context.Context) *EPPInfo {
 	return &info
 }
 
-// sameBounds reports whether two histograms have the same buckets.
-func sameBounds(a, b []promtext.Bucket) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i].LE != b[i].LE {
-			return false
-		}
-	}
-	return true
-}
+// sameLE reports whether two buckets have the same bound.
+func sameLE(a, b promtext.Bucket) bool { return a.LE == b.LE }
 
 // appendSet appends v unless it is empty or already there.
 func appendSet(s []string, v string) []string {
