@@ -84,6 +84,7 @@ func Pool(curves []Curve) (out Curve, skipped int) {
 			skipped++
 			continue
 		}
+		out.Prefill.add(&c.Prefill)
 		for _, b := range c.Bins {
 			k := binIndex(b.Concurrency)
 			p := bins[k]

@@ -97,6 +97,9 @@ type Curve struct {
 	ITLBounds  []float64 `json:"itl_bounds"`
 	// Bins are ascending by Concurrency; only bins with data are present.
 	Bins []Bin `json:"bins"`
+	// Prefill is the engine's prefill rate and the traffic's mix, which
+	// bound the request rate the curve is read at.
+	Prefill Prefill `json:"prefill"`
 	// Dispersion is the engine's request count's variance over its mean, measured
 	// over the replica's recent busy scrapes: 1 for the Poisson occupancy
 	// of independent arrivals, less when a router balances load. 0 means
@@ -106,10 +109,120 @@ type Curve struct {
 	Dispersion float64 `json:"dispersion,omitempty"`
 }
 
+// Prefill is what an engine's prefill did, apart from the bins. A curve
+// keyed by the requests in the engine cannot see an engine whose prefill
+// is its bottleneck: once arrivals need more new prompt tokens per second
+// than it computes, its queue grows at whatever concurrency, and a queue
+// passing through a bin leaves times to first token there that no steady
+// load at that rate would see. So the request rate a curve is read at is
+// bounded by the measured prefill rate over the new (uncached) prompt
+// tokens each request of the current mix brings (Curve.At).
+//
+// All sums are decayed as the bins are.
+type Prefill struct {
+	// QueuedSeconds, QueuedWindows and QueuedTokens are the time and
+	// number of the windows in which requests were queued at both ends
+	// while the KV cache had room, and the new prompt tokens computed in
+	// them: the engine spent its token budget on every step, so their
+	// ratio is its prefill rate. A queue for want of KV or of sequence
+	// slots computes fewer, which errs on the safe side; so does a window
+	// that only happened to catch arrivals waiting for the next step at
+	// both ends, which minQueued makes rare.
+	QueuedSeconds float64 `json:"queued_seconds"`
+	QueuedWindows float64 `json:"queued_windows"`
+	QueuedTokens  float64 `json:"queued_tokens"`
+	// Requests, NewTokens and OutputTokens are the first tokens, new
+	// prompt tokens and output tokens of every busy window: the mix.
+	Requests     float64 `json:"requests"`
+	NewTokens    float64 `json:"new_tokens"`
+	OutputTokens float64 `json:"output_tokens"`
+}
+
+// kvRoomy is the KV usage below which a queue is not for want of KV, and
+// minQueued the waiting requests at both ends of a window that make it
+// queued: one is often only an arrival since the last step began.
+const (
+	kvRoomy   = 0.9
+	minQueued = 2
+)
+
+// MinRequests is the first tokens the mix needs before it bounds a curve.
+const MinRequests = 20
+
+func (p *Prefill) add(o *Prefill) {
+	p.QueuedSeconds += o.QueuedSeconds
+	p.QueuedWindows += o.QueuedWindows
+	p.QueuedTokens += o.QueuedTokens
+	p.Requests += o.Requests
+	p.NewTokens += o.NewTokens
+	p.OutputTokens += o.OutputTokens
+}
+
+func (p *Prefill) scale(f float64) {
+	p.QueuedSeconds *= f
+	p.QueuedWindows *= f
+	p.QueuedTokens *= f
+	p.Requests *= f
+	p.NewTokens *= f
+	p.OutputTokens *= f
+}
+
+func (p *Prefill) addWindow(w *Window) {
+	newTokens := w.NewPromptTokensPerSec * w.Seconds
+	p.Requests += w.FirstTokens
+	p.NewTokens += newTokens
+	p.OutputTokens += w.OutputTokensPerSec * w.Seconds
+	if w.WaitingMin >= minQueued && w.KVUsage < kvRoomy {
+		p.QueuedSeconds += w.Seconds
+		p.QueuedWindows++
+		p.QueuedTokens += newTokens
+	}
+}
+
+// rateMeasured and mixMeasured report whether each half has enough data.
+func (p *Prefill) rateMeasured() bool { return p.QueuedWindows >= MinWindows && p.QueuedSeconds > 0 }
+func (p *Prefill) mixMeasured() bool  { return p.Requests >= MinRequests }
+
+// Bound is the output tokens per second an engine can be sold while its
+// prefill keeps times to first token within the objective, and whether
+// it was measured (both the rate and the mix). With mu the requests per
+// second the engine prefills (its rate over the mix's new tokens per
+// request), its prefill is taken as one first-come-first-served server, as
+// vLLM's and SGLang's schedulers admit waiting requests in order: an
+// M/M/1 queue, whose time in system is exponential with rate mu - lambda,
+// keeps the quantile within the objective while
+//
+//	lambda <= mu - ln(1/(1-q)) / TTFT
+//
+// That lambda times the mix's output tokens per request is the bound; 0
+// when even one request alone would miss. A mix with no new tokens (every
+// prompt cached) leaves prefill unbounded.
+func (p *Prefill) Bound(o Objectives) (tokensPerSec float64, ok bool) {
+	if !p.rateMeasured() || !p.mixMeasured() || p.NewTokens <= 0 || o.TTFT <= 0 || o.Quantile <= 0 || o.Quantile >= 1 {
+		return 0, false
+	}
+	rate := p.QueuedTokens / p.QueuedSeconds
+	mu := rate / (p.NewTokens / p.Requests)
+	lambda := mu - math.Log(1/(1-o.Quantile))/o.TTFT.Seconds()
+	b := max(lambda, 0) * p.OutputTokens / p.Requests
+	if math.IsNaN(b) || math.IsInf(b, 0) {
+		return 0, false
+	}
+	return b, true
+}
+
 // Window is one scrape interval of one engine, the unit a Learner takes.
 type Window struct {
 	Seconds                   float64
 	Running, Waiting, KVUsage float64
+	// WaitingMin is the smaller of the waiting counts at the window's two
+	// ends.
+	WaitingMin float64
+	// NewPromptTokensPerSec is the prompt tokens the engine computed
+	// (prefix-cache queries minus hits) per second, and FirstTokens the
+	// requests whose prefill ended in the window.
+	NewPromptTokensPerSec float64
+	FirstTokens           float64
 	// ConcurrencyNow is the engine's running plus waiting count at the
 	// window's end, one sample of the load's spread.
 	ConcurrencyNow        float64
@@ -171,7 +284,9 @@ func (l *Learner) Add(w Window) {
 		for i := range l.curve.Bins {
 			scaleBin(&l.curve.Bins[i], f)
 		}
+		l.curve.Prefill.scale(f)
 	}
+	l.curve.Prefill.addWindow(&w)
 	if x := w.ConcurrencyNow; x >= 0 && !math.IsNaN(x) && !math.IsInf(x, 0) {
 		l.n = min(l.n+1, dispersionSamples)
 		a := 1 / float64(l.n)
@@ -195,27 +310,38 @@ func (l *Learner) Add(w Window) {
 // the recent busy scrapes once there are enough of them.
 func (l *Learner) Curve() Curve {
 	c := l.curve.Clone()
-	_, c.Dispersion = l.Summary()
+	c.Dispersion = l.Summary().Dispersion
 	return c
 }
 
-// Summary is what the learner has without copying its curve: the largest
-// concurrency a bin has enough data to be read at, and the dispersion
-// Curve would report (0 when not measured).
-func (l *Learner) Summary() (largest, dispersion float64) {
+// Summary is what a learner has, for its metrics.
+type Summary struct {
+	// Largest is the largest concurrency a bin has enough data to be read
+	// at; Dispersion what Curve would report (0 when not measured);
+	// PrefillTokensPerSec the prefill rate measured while requests were
+	// queued (0 when not measured).
+	Largest, Dispersion, PrefillTokensPerSec float64
+}
+
+// Summary is what the learner has, without copying its curve.
+func (l *Learner) Summary() Summary {
+	var s Summary
 	if bins := l.curve.pooled(); len(bins) > 0 {
-		largest = bins[len(bins)-1].Concurrency
+		s.Largest = bins[len(bins)-1].Concurrency
 	}
 	if l.n >= dispersionSamples/2 && l.mean >= 1 {
-		dispersion = max(l.sq-l.mean*l.mean, 0) / l.mean
+		s.Dispersion = max(l.sq-l.mean*l.mean, 0) / l.mean
 	}
-	return largest, dispersion
+	if p := &l.curve.Prefill; p.rateMeasured() {
+		s.PrefillTokensPerSec = p.QueuedTokens / p.QueuedSeconds
+	}
+	return s
 }
 
 // Clone returns a deep copy.
 func (c Curve) Clone() Curve {
 	out := Curve{TTFTBounds: append([]float64(nil), c.TTFTBounds...), ITLBounds: append([]float64(nil), c.ITLBounds...),
-		Bins: make([]Bin, len(c.Bins)), Dispersion: c.Dispersion}
+		Bins: make([]Bin, len(c.Bins)), Dispersion: c.Dispersion, Prefill: c.Prefill}
 	for i, b := range c.Bins {
 		b.TTFT.Counts = append([]float64(nil), b.TTFT.Counts...)
 		b.ITL.Counts = append([]float64(nil), b.ITL.Counts...)
@@ -296,12 +422,15 @@ type AtObjectives struct {
 	OutputTokensPerSec float64 `json:"output_tokens_per_sec"`
 	PromptTokensPerSec float64 `json:"prompt_tokens_per_sec"`
 	// Limit names what bounds it: "ttft" or "itl" (that objective breaks
-	// there), or "measured" (no measured concurrency broke an objective,
+	// there), "measured" (no measured concurrency broke an objective,
 	// so the capacity stops where the measurements do: never
-	// extrapolated).
+	// extrapolated), or "prefill" (the rate the engine prefills the mix
+	// at, Prefill.Bound).
 	Limit string `json:"limit"`
 	// MaxMeasured is the largest concurrency with enough data.
 	MaxMeasured float64 `json:"max_measured"`
+	// PrefillBoundTokensPerSec is Prefill.Bound, when measured.
+	PrefillBoundTokensPerSec float64 `json:"prefill_bound_tokens_per_sec,omitempty"`
 }
 
 // Limits reported by At.
@@ -309,6 +438,7 @@ const (
 	LimitTTFT     = "ttft"
 	LimitITL      = "itl"
 	LimitMeasured = "measured"
+	LimitPrefill  = "prefill"
 )
 
 // MinSamples is the inter-token observations a bin needs before it is
@@ -354,7 +484,8 @@ var ErrNoData = errors.New("no load measured with enough observations")
 // never extrapolated, so a mean with real probability of reaching
 // unmeasured loads is not sold. The answer is the largest mean at which
 // both mixtures reach the quantile, found by bisection (both are
-// non-increasing in the mean).
+// non-increasing in the mean), scaled down, concurrency with it, where the
+// prefill bound allows fewer output tokens per second (Prefill.Bound).
 func (c Curve) At(o Objectives) (AtObjectives, error) {
 	bins := c.pooled()
 	if len(bins) == 0 {
@@ -439,6 +570,16 @@ func (c Curve) At(o Objectives) (AtObjectives, error) {
 	out.Limit = limitAt(mix, hi, o.Quantile)
 	out.OutputTokensPerSec = interpolate(bins, lo, func(b *Bin) float64 { return b.OutputTokensPerSec })
 	out.PromptTokensPerSec = interpolate(bins, lo, func(b *Bin) float64 { return b.PromptTokensPerSec })
+	if bound, ok := c.Prefill.Bound(o); ok {
+		out.PrefillBoundTokensPerSec = bound
+		if out.OutputTokensPerSec > bound {
+			f := bound / out.OutputTokensPerSec
+			out.Concurrency *= f
+			out.OutputTokensPerSec = bound
+			out.PromptTokensPerSec *= f
+			out.Limit = LimitPrefill
+		}
+	}
 	return out, nil
 }
 
@@ -534,12 +675,14 @@ func (c Curve) Merge(o Curve) (Curve, error) {
 	if len(c.Bins) == 0 {
 		out := o.Clone()
 		out.Dispersion = c.Dispersion
+		out.Prefill = c.Prefill.over(o.Prefill)
 		return out, nil
 	}
 	if !equalBounds(c.TTFTBounds, o.TTFTBounds) || !equalBounds(c.ITLBounds, o.ITLBounds) {
 		return c.Clone(), errors.New("curves have different histogram buckets (another engine)")
 	}
 	out := c.Clone()
+	out.Prefill = c.Prefill.over(o.Prefill)
 	have := make(map[int]int, len(out.Bins))
 	for i, b := range out.Bins {
 		have[binIndex(b.Concurrency)] = i
@@ -561,6 +704,17 @@ func (c Curve) Merge(o Curve) (Curve, error) {
 	return out, nil
 }
 
+// over is p with each half o has and p has not measured taken from o.
+func (p Prefill) over(o Prefill) Prefill {
+	if !p.rateMeasured() {
+		p.QueuedSeconds, p.QueuedWindows, p.QueuedTokens = o.QueuedSeconds, o.QueuedWindows, o.QueuedTokens
+	}
+	if !p.mixMeasured() {
+		p.Requests, p.NewTokens, p.OutputTokens = o.Requests, o.NewTokens, o.OutputTokens
+	}
+	return p
+}
+
 func cloneBin(b Bin) Bin {
 	b.TTFT.Counts = append([]float64(nil), b.TTFT.Counts...)
 	b.ITL.Counts = append([]float64(nil), b.ITL.Counts...)
@@ -574,6 +728,12 @@ func cloneBin(b Bin) Bin {
 func (c Curve) Validate() error {
 	if !(c.Dispersion >= 0) || math.IsInf(c.Dispersion, 0) {
 		return errors.New("dispersion is negative or not finite")
+	}
+	p := c.Prefill
+	for _, v := range []float64{p.QueuedSeconds, p.QueuedWindows, p.QueuedTokens, p.Requests, p.NewTokens, p.OutputTokens} {
+		if !(v >= 0) || math.IsInf(v, 0) {
+			return errors.New("prefill has a negative or non-finite value")
+		}
 	}
 	for _, bs := range [][]float64{c.TTFTBounds, c.ITLBounds} {
 		for i, b := range bs {

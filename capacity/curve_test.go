@@ -257,6 +257,84 @@ func TestLearner(t *testing.T) {
 	require.NotEqual(t, 42.0, l.Curve().Bins[0].ITL.Counts[0])
 }
 
+// The prefill bound: an engine that prefilled 15,000 new tokens a second
+// while requests queued, for a mix of 6,000 new prompt tokens and 120
+// output tokens a request, prefills 2.5 requests a second; a p95 TTFT of
+// 2 s keeps lambda <= 2.5 - ln(20)/2, about 1.0 request, 120 tokens a
+// second.
+func TestPrefillBound(t *testing.T) {
+	busy := func(mod func(*Window)) Window {
+		w := Window{Seconds: 1, Running: 4, Waiting: 2, WaitingMin: 2, KVUsage: 0.5, OutputTokensPerSec: 300,
+			NewPromptTokensPerSec: 15000, FirstTokens: 2.5, TTFTBounds: testTTFTBounds, ITLBounds: testITLBounds,
+			ITL:  Histogram{Counts: []float64{100, 100, 100}, Count: 100},
+			TTFT: Histogram{Counts: []float64{3, 3, 3}, Count: 3}}
+		if mod != nil {
+			mod(&w)
+		}
+		return w
+	}
+	lambda := 2.5 - math.Log(20)/2
+	for _, tc := range []struct {
+		name  string
+		mod   func(*Window)
+		o     Objectives
+		bound float64 // want; -1: not measured
+	}{
+		{"queued windows measure the rate", nil, testObjectives, lambda * 120},
+		{"a queue for want of KV does not", func(w *Window) { w.KVUsage = 0.95 }, testObjectives, -1},
+		{"nor one that was empty at an end", func(w *Window) { w.WaitingMin = 0 }, testObjectives, -1},
+		{"nor one arrival waiting for the next step", func(w *Window) { w.WaitingMin = 1 }, testObjectives, -1},
+		{"a mix of too few requests says nothing", func(w *Window) { w.FirstTokens = 0.1 }, testObjectives, -1},
+		{"every prompt cached costs no prefill", func(w *Window) { w.NewPromptTokensPerSec = 0 }, testObjectives, -1},
+		{"an objective no request can meet sells nothing", nil, Objectives{TTFT: time.Second, ITL: time.Second, Quantile: 0.95}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := NewLearner(0)
+			for range 2 * MinWindows {
+				l.Add(busy(tc.mod))
+			}
+			c := l.Curve()
+			require.NoError(t, c.Validate())
+			b, ok := c.Prefill.Bound(tc.o)
+			if tc.bound < 0 {
+				require.False(t, ok)
+				return
+			}
+			require.True(t, ok)
+			require.InDelta(t, tc.bound, b, 1e-9)
+			require.InDelta(t, 15000, l.Summary().PrefillTokensPerSec, 1e-9)
+
+			// The curve alone sells its measured 6 requests and 300
+			// tokens a second; the bound scales both down.
+			at, err := c.At(tc.o)
+			require.NoError(t, err)
+			require.Equal(t, LimitPrefill, at.Limit)
+			require.InDelta(t, tc.bound, at.OutputTokensPerSec, 1e-9)
+			require.InDelta(t, 6*tc.bound/300, at.Concurrency, 0.01)
+			require.InDelta(t, tc.bound, at.PrefillBoundTokensPerSec, 1e-9)
+		})
+	}
+
+	// Merged over a calibration, each half the live curve has not
+	// measured is the calibration's; pooled, the sums add.
+	l := NewLearner(0)
+	for range 2 * MinWindows {
+		l.Add(busy(nil))
+	}
+	cal := l.Curve()
+	live := NewLearner(0)
+	live.Add(busy(func(w *Window) { w.FirstTokens, w.NewPromptTokensPerSec = 100, 1000 }))
+	m, err := live.Curve().Merge(cal)
+	require.NoError(t, err)
+	require.Equal(t, cal.Prefill.QueuedTokens, m.Prefill.QueuedTokens, "one queued window measures no rate")
+	require.Equal(t, 100.0, m.Prefill.Requests, "the live mix is measured")
+	p, _ := Pool([]Curve{cal, cal})
+	require.Equal(t, 2*cal.Prefill.QueuedSeconds, p.Prefill.QueuedSeconds)
+	b, ok := p.Prefill.Bound(testObjectives)
+	require.True(t, ok)
+	require.InDelta(t, lambda*120, b, 1e-9, "a pooled curve is one replica's share")
+}
+
 func TestMergeAndPool(t *testing.T) {
 	live := testCurve(testBin(10, 0.99, 1, 100, 500), testBin(20, 0.9, 1, 150, 10))
 	cal := testCurve(testBin(20, 0.97, 1, 180, 500), testBin(30, 0.93, 1, 240, 500))
@@ -317,7 +395,8 @@ func FuzzReadCalibration(f *testing.F) {
 			return
 		}
 		at, err := c.Curve.At(testObjectives)
-		if err == nil && (at.Concurrency < 0 || math.IsNaN(at.Concurrency) || math.IsNaN(at.OutputTokensPerSec)) {
+		if err == nil && (at.Concurrency < 0 || math.IsNaN(at.Concurrency) || math.IsNaN(at.OutputTokensPerSec) ||
+			math.IsNaN(at.PrefillBoundTokensPerSec) || math.IsInf(at.PrefillBoundTokensPerSec, 0)) {
 			t.Fatalf("bad capacity %+v", at)
 		}
 	})

@@ -94,7 +94,8 @@ type ReplicaAssessment struct {
 // while the objectives hold. Per healthy replica:
 //
 //	capacity     = its curve (live, over the calibration where live has
-//	               too little) read at the objectives, capped at max_running
+//	               too little) read at the objectives, within its prefill
+//	               bound for the current mix, capped at max_running
 //	busy         = max(running + waiting, in_flight)
 //	concurrency  = max(0, capacity.concurrency - busy)
 //	tokens/s     = max(0, min(capacity.tokens/s - output tokens/s now,

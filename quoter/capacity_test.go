@@ -44,6 +44,15 @@ func TestComputeHeadroom(t *testing.T) {
 	h := func(conc, tps float64) Headroom {
 		return Headroom{Concurrency: uint32(math.Floor(conc)), TokensPerSec: uint64(math.Floor(tps))}
 	}
+	// bounded is full with a prefill rate and mix that allow half its
+	// capacity's tokens/s: requests of 1,000 new prompt tokens and 10
+	// output tokens, prefilled at the rate that leaves v/20 requests a
+	// second within the TTFT objective.
+	bounded := full.Clone()
+	lambda := v / 2 / 10
+	bounded.Prefill = capacity.Prefill{QueuedSeconds: 10, QueuedWindows: 5, QueuedTokens: 10 * 1000 * (lambda + math.Log(20)/obj.TTFT.Seconds()),
+		Requests: 100, NewTokens: 100 * 1000, OutputTokens: 100 * 10}
+	calBounded := &capacity.Calibration{Curve: bounded}
 	small := curve(curveBin(8, 1, 1, 80), curveBin(16, 1, 1, 160))
 	atSmall, err := small.At(obj)
 	require.NoError(t, err)
@@ -64,6 +73,9 @@ func TestComputeHeadroom(t *testing.T) {
 		{"overloaded clamps at zero", []capacity.Replica{rep(true, 30, 4, 0, 260, full)}, nil, Headroom{}},
 		{"capacity below the load", []capacity.Replica{rep(true, 0, 0, 40, 0, full)}, nil, Headroom{}},
 		{"unhealthy replica contributes nothing", []capacity.Replica{rep(true, 0, 0, 0, 0, full), rep(false, 0, 0, 0, 0, full)}, cal, h(c, v)},
+		{"prefill bound", []capacity.Replica{rep(true, 0, 0, 0, 0, bounded)}, nil, h(c/2, v/2)},
+		{"prefill bound, half loaded", []capacity.Replica{rep(true, 3, 0, 0, v/4, bounded)}, nil, h(c/2-3, v/4)},
+		{"the calibration's prefill bounds a live curve that never queued", []capacity.Replica{rep(true, 0, 0, 0, 0, full)}, calBounded, h(c/2, v/2)},
 		{"capped at max_running", []capacity.Replica{{Healthy: true, MaxRunning: 5, Curve: full}}, nil, h(5, v*5/c)},
 		{"negative and NaN counts", []capacity.Replica{rep(true, -3, 0, 0, math.NaN(), full)}, nil, h(c, v)},
 	} {

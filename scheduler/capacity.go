@@ -22,13 +22,24 @@ func (r *replica) learn(sm *metrics.Sample) {
 	w := &sm.Window
 	share := float64(max(r.sharing.Load(), 1))
 	cw := capacity.Window{Seconds: w.Seconds, Running: w.Running / share, ConcurrencyNow: (sm.Signals.Running + sm.Signals.Waiting) / share,
-		Waiting: w.Waiting / share, KVUsage: w.KVUsage,
-		OutputTokensPerSec: sm.GenerationTokensPerSec / share, PromptTokensPerSec: sm.PromptTokensPerSec / share}
+		Waiting: w.Waiting / share, WaitingMin: w.WaitingMin / share, KVUsage: w.KVUsage,
+		OutputTokensPerSec: sm.GenerationTokensPerSec / share, PromptTokensPerSec: sm.PromptTokensPerSec / share,
+		NewPromptTokensPerSec: newPromptTokensPerSec(sm) / share, FirstTokens: w.TTFT.Count / share}
 	cw.TTFTBounds, cw.TTFT = curveHistogram(&w.TTFT)
 	cw.ITLBounds, cw.ITL = curveHistogram(&w.ITL)
 	r.curve.mu.Lock()
 	r.curve.l.Add(cw)
 	r.curve.mu.Unlock()
+}
+
+// newPromptTokensPerSec is what the engine computed of its prompts: the
+// prefix cache's queries minus its hits, or every prompt token when the
+// engine exports no prefix-cache counters.
+func newPromptTokensPerSec(sm *metrics.Sample) float64 {
+	if sm.Signals.Has&metrics.HasPrefixQueries == 0 {
+		return sm.PromptTokensPerSec
+	}
+	return max(sm.PrefixQueriesPerSec-sm.PrefixHitsPerSec, 0)
 }
 
 func curveHistogram(h *metrics.Histogram) ([]float64, capacity.Histogram) {

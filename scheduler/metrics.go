@@ -57,6 +57,7 @@ type schedMetrics struct {
 	// capacityConcurrency and capacityDispersion summarise each replica's
 	// capacity curve (GET /v1/capacity has it whole).
 	capacityConcurrency, capacityDispersion *prometheus.GaugeVec
+	capacityPrefill                         *prometheus.GaugeVec
 	lookup                                  prometheus.Histogram
 	outcomes                                [len(outcomeNames)]prometheus.Counter
 }
@@ -131,6 +132,9 @@ func newSchedMetrics(reg prometheus.Registerer, pool string) (*schedMetrics, err
 		capacityDispersion: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "omnious_epp_capacity_dispersion", Help: "Variance over mean of an endpoint's running plus waiting count over its recent busy scrapes (1: Poisson; 0: not measured).",
 		}, []string{"endpoint"}),
+		capacityPrefill: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "omnious_epp_capacity_prefill_tokens_per_second", Help: "New (uncached) prompt tokens per second an endpoint computed while requests were queued with KV to spare, its prefill rate; it bounds the request rate the quoter sells (0: not measured).",
+		}, []string{"endpoint"}),
 	}
 	outcomes := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "omnious_epp_request_outcomes_total",
@@ -139,7 +143,7 @@ func newSchedMetrics(reg prometheus.Registerer, pool string) (*schedMetrics, err
 	for _, c := range []prometheus.Collector{m.e2e, m.hitRatio, m.perPodQ, m.avgKV, m.avgQueue, m.avgRunning,
 		m.readyPods, m.attempts, m.errors,
 		m.decisions, m.breakerState, m.score, m.queueDepth, m.queueWait, m.tenantTokens, m.stale, m.replicaStale, m.lookup, outcomes,
-		m.capacityConcurrency, m.capacityDispersion} {
+		m.capacityConcurrency, m.capacityDispersion, m.capacityPrefill} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("cannot register scheduler metrics: %w", err)
 		}

@@ -86,6 +86,7 @@ type replica struct {
 
 	queueGauge, breakerGauge, scoreGauge, staleGauge prometheus.Gauge
 	capConcurrencyGauge, capDispersionGauge          prometheus.Gauge
+	capPrefillGauge                                  prometheus.Gauge
 }
 
 // sampled is a replica's last scrape with what admission, the filters and
@@ -242,6 +243,7 @@ func (s *Scheduler) SetEndpoints(eps []Target) {
 			nr.staleGauge = s.m.replicaStale.WithLabelValues(ep.Addr)
 			nr.capConcurrencyGauge = s.m.capacityConcurrency.WithLabelValues(ep.Addr)
 			nr.capDispersionGauge = s.m.capacityDispersion.WithLabelValues(ep.Addr)
+			nr.capPrefillGauge = s.m.capacityPrefill.WithLabelValues(ep.Addr)
 			r = nr
 		}
 		next.all = append(next.all, r)
@@ -271,6 +273,7 @@ func (s *Scheduler) SetEndpoints(eps []Target) {
 		s.m.replicaStale.DeleteLabelValues(addr)
 		s.m.capacityConcurrency.DeleteLabelValues(addr)
 		s.m.capacityDispersion.DeleteLabelValues(addr)
+		s.m.capacityPrefill.DeleteLabelValues(addr)
 	}
 }
 
@@ -352,10 +355,11 @@ func (s *Scheduler) refreshGauges() {
 		r.scoreGauge.Set(float64frombits(r.score.Load()))
 		r.staleGauge.Set(b2f(isStale))
 		r.curve.mu.Lock()
-		conc, dispersion := r.curve.l.Summary()
+		sum := r.curve.l.Summary()
 		r.curve.mu.Unlock()
-		r.capConcurrencyGauge.Set(conc)
-		r.capDispersionGauge.Set(dispersion)
+		r.capConcurrencyGauge.Set(sum.Largest)
+		r.capDispersionGauge.Set(sum.Dispersion)
+		r.capPrefillGauge.Set(sum.PrefillTokensPerSec)
 		if isStale {
 			stale++
 		} else if state == BreakerClosed {

@@ -31,28 +31,38 @@ import (
 //	go test ./scheduler/ -run TestRecordedSeries -update
 var updateSeries = flag.Bool("update", false, "re-record ../capacity/testdata/*-ladder.txt.gz from the engine simulator")
 
-// The recorded ladder: closed-loop clients at each level for ladderHold of
-// model time, unique ladderPrompt-token prompts for ladderOutput tokens,
-// the engine's /metrics read every ladderScrape.
-var ladderLevels = []int{1, 2, 4, 8, 16, 32, 64}
+// A recorded ladder: closed-loop clients at each level for hold of model
+// time, unique prompt-token prompts for output tokens, the engine's
+// /metrics read every scrape.
+type ladder struct {
+	name           string
+	levels         []int
+	hold, scrape   time.Duration
+	prompt, output int
+}
 
-const (
-	ladderHold   = 60 * time.Second
-	ladderScrape = 2 * time.Second
-	ladderPrompt = 1000
-	ladderOutput = 100
-	// atPrefix starts the line before each exposition: the model time of
-	// the scrape as Unix nanoseconds.
-	atPrefix = "# AT "
+// decodeLadder's batch grows to 64 with short prompts: its latency is the
+// decode step's. prefillLadder's long prompts and short answers make the
+// engine's prefill its bottleneck from 8 clients on: requests queue while
+// the KV cache is nearly empty.
+var (
+	decodeLadder  = ladder{name: "ladder", levels: []int{1, 2, 4, 8, 16, 32, 64}, hold: 60 * time.Second, scrape: 2 * time.Second, prompt: 1000, output: 100}
+	prefillLadder = ladder{name: "prefill-ladder", levels: []int{1, 8, 16}, hold: 60 * time.Second, scrape: 2 * time.Second, prompt: 8000, output: 4}
 )
 
-func ladderFile(flavour string) string { return "../capacity/testdata/" + flavour + "-ladder.txt.gz" }
+// atPrefix starts the line before each exposition: the model time of the
+// scrape as Unix nanoseconds.
+const atPrefix = "# AT "
 
-// recordLadder runs the default engine of flavour (the simulator's
-// Qwen3-32B on 2xH100 calibration) through the ladder in model time and
-// returns every scrape of its /metrics handler (the one the simulator's
-// server mounts) in the recording format.
-func recordLadder(t *testing.T, flavour string) []byte {
+func (l ladder) file(flavour string) string {
+	return "../capacity/testdata/" + flavour + "-" + l.name + ".txt.gz"
+}
+
+// record runs the default engine of flavour (the simulator's Qwen3-32B on
+// 2xH100 calibration) through the ladder in model time and returns every
+// scrape of its /metrics handler (the one the simulator's server mounts)
+// in the recording format.
+func (l ladder) record(t *testing.T, flavour string) []byte {
 	clock := newFakeClock() // as the engine's clock: model time
 	e, err := engine.New(engine.Config{Flavour: flavour}, nil, nil, engine.WithClock(clock))
 	require.NoError(t, err)
@@ -69,12 +79,12 @@ func recordLadder(t *testing.T, flavour string) []byte {
 	}
 
 	rng := rand.New(rand.NewPCG(uint64(len(flavour)), 11))
-	output := make([]uint32, ladderOutput)
+	output := make([]uint32, l.output)
 	for i := range output {
 		output[i] = uint32(1000 + i)
 	}
 	submit := func(n int) <-chan engine.Update {
-		prompt := make([]uint32, ladderPrompt)
+		prompt := make([]uint32, l.prompt)
 		for i := range prompt {
 			prompt[i] = rng.Uint32N(150_000)
 		}
@@ -85,14 +95,14 @@ func recordLadder(t *testing.T, flavour string) []byte {
 	var clients []<-chan engine.Update
 	start := clock.Now()
 	scrape()
-	nextScrape := start.Add(ladderScrape)
-	for li, level := range ladderLevels {
+	nextScrape := start.Add(l.scrape)
+	for li, level := range l.levels {
 		// New clients start with a random output length so that they
 		// do not finish in lockstep.
 		for len(clients) < level {
-			clients = append(clients, submit(1+rng.IntN(ladderOutput)))
+			clients = append(clients, submit(1+rng.IntN(l.output)))
 		}
-		end := start.Add(time.Duration(li+1) * ladderHold)
+		end := start.Add(time.Duration(li+1) * l.hold)
 		for clock.Now().Before(end) {
 			require.NotZero(t, e.Step(), "engine idle with clients waiting")
 			clock.set(e.WallTime(e.Snapshot().ModelTime))
@@ -106,7 +116,7 @@ func recordLadder(t *testing.T, flavour string) []byte {
 						}
 						if u.Done {
 							require.NoError(t, u.Err)
-							clients[i] = submit(ladderOutput)
+							clients[i] = submit(l.output)
 							drained = true
 						}
 					default:
@@ -118,7 +128,7 @@ func recordLadder(t *testing.T, flavour string) []byte {
 			// finished have sent the next one: it shows as waiting.
 			if !clock.Now().Before(nextScrape) {
 				scrape()
-				nextScrape = nextScrape.Add(ladderScrape)
+				nextScrape = nextScrape.Add(l.scrape)
 			}
 		}
 	}
@@ -131,7 +141,7 @@ type scrapeAt struct {
 	text []byte
 }
 
-// readLadder reads a recording written by recordLadder.
+// readLadder reads a recording written by ladder.record.
 func readLadder(t *testing.T, path string) []scrapeAt {
 	f, err := os.Open(path)
 	require.NoError(t, err)
@@ -156,6 +166,17 @@ func readLadder(t *testing.T, path string) []scrapeAt {
 		last.text = append(append(last.text, line...), '\n')
 	}
 	require.NoError(t, sc.Err())
+	return out
+}
+
+// scrapes returns the ladder's recording for flavour, recorded anew first
+// under -update.
+func (l ladder) scrapes(t *testing.T, flavour string) []scrapeAt {
+	if *updateSeries {
+		writeLadder(t, l.file(flavour), l.record(t, flavour))
+	}
+	out := readLadder(t, l.file(flavour))
+	require.GreaterOrEqual(t, len(out), len(l.levels)*int(l.hold/l.scrape))
 	return out
 }
 
@@ -215,20 +236,17 @@ func TestRecordedSeries(t *testing.T) {
 	ti := engine.DefaultTiming()
 	for _, flavour := range []string{engine.FlavourVLLM, engine.FlavourSGLang} {
 		t.Run(flavour, func(t *testing.T) {
-			if *updateSeries {
-				writeLadder(t, ladderFile(flavour), recordLadder(t, flavour))
-			}
-			scrapes := readLadder(t, ladderFile(flavour))
-			require.GreaterOrEqual(t, len(scrapes), len(ladderLevels)*int(ladderHold/ladderScrape))
+			l := decodeLadder
+			scrapes := l.scrapes(t, flavour)
 			c := replayLadder(t, scrapes)
 			require.NoError(t, c.Validate())
 
 			prevITL := 0.0
-			for _, level := range ladderLevels {
+			for _, level := range l.levels {
 				b := binAt(c, level)
 				lv := float64(level)
 				require.InDelta(t, lv, b.Concurrency, concTol*lv, "no bin at %d clients", level)
-				require.Greater(t, b.Seconds, ladderHold.Seconds()/2, "batch size %d: most of its windows elsewhere", level)
+				require.Greater(t, b.Seconds, l.hold.Seconds()/2, "batch size %d: most of its windows elsewhere", level)
 				require.GreaterOrEqual(t, b.ITL.Count, float64(capacity.MinSamples), "batch size %d", level)
 				itl := b.ITL.Sum / b.ITL.Count
 				require.Greater(t, itl, prevITL, "mean ITL does not grow at batch size %d", level)
@@ -243,7 +261,7 @@ func TestRecordedSeries(t *testing.T) {
 				// share it), hence the bracket.
 				s := ti.DecodeBase.Seconds() + ti.DecodePerSeq.Seconds()*b.Running + ti.KVTerm.Seconds()*b.KVUsage
 				pLo := b.PromptTokensPerSec * ti.PrefillPerToken.Seconds()
-				pHi := pLo + b.PromptTokensPerSec/ladderPrompt*ti.PrefillBase.Seconds()
+				pHi := pLo + b.PromptTokensPerSec/float64(l.prompt)*ti.PrefillBase.Seconds()
 				others := (b.Running - 1) / b.Running
 				lo, hi := s/(1-pLo*others), s/(1-pHi*others)
 				require.True(t, itl >= lo*(1-itlTol) && itl <= hi*(1+itlTol),
@@ -264,8 +282,8 @@ func TestRecordedSeries(t *testing.T) {
 			c.Dispersion = 0
 			pairs := 0
 			for _, q := range []float64{0.5, 0.9, 0.95} {
-				for i := 0; i+1 < len(ladderLevels); i++ {
-					a, b := binAt(c, ladderLevels[i]), binAt(c, ladderLevels[i+1])
+				for i := 0; i+1 < len(l.levels); i++ {
+					a, b := binAt(c, l.levels[i]), binAt(c, l.levels[i+1])
 					xa, xb := quantileOf(&a.ITL, c.ITLBounds, (1+q)/2), quantileOf(&b.ITL, c.ITLBounds, q)
 					if xa >= xb {
 						continue
@@ -275,7 +293,7 @@ func TestRecordedSeries(t *testing.T) {
 					at, err := c.At(o)
 					require.NoError(t, err)
 					require.True(t, at.Concurrency > a.Concurrency && at.Concurrency < b.Concurrency,
-						"q%.2f ITL %v (between %d and %d clients): capacity %.2f", q, o.ITL, ladderLevels[i], ladderLevels[i+1], at.Concurrency)
+						"q%.2f ITL %v (between %d and %d clients): capacity %.2f", q, o.ITL, l.levels[i], l.levels[i+1], at.Concurrency)
 				}
 			}
 			require.GreaterOrEqual(t, pairs, 4, "too few ladder levels told apart by the ITL histogram")
@@ -307,4 +325,81 @@ func quantileOf(h *capacity.Histogram, bounds []float64, q float64) float64 {
 		}
 	}
 	return hi
+}
+
+// TestRecordedPrefill replays a ladder whose bottleneck is the engine's
+// prefill, in vLLM's and SGLang's metric names, through the EPP's scrape
+// path and checks the prefill rate and mix it learns against the ladder
+// and the simulator's step-time model, and that the bound they set is the
+// one a quote is read at.
+func TestRecordedPrefill(t *testing.T) {
+	ti := engine.DefaultTiming()
+	budget := float64(engine.Config{}.WithDefaults().MaxNumBatchedTokens)
+	l := prefillLadder
+	// A queued step spends the budget: with d requests decoding, budget-d
+	// prefill tokens in PrefillBase + PerToken*(budget-d), plus the decode
+	// part. No decode (d=0) bounds the rate above; every client decoding
+	// and a KV term of a tenth of the cache (the recording's KV stays
+	// below that), below. tol covers windows straddling a change of level.
+	const tol = 0.02
+	d := float64(l.levels[len(l.levels)-1])
+	hi := budget / (ti.PrefillBase.Seconds() + budget*ti.PrefillPerToken.Seconds())
+	lo := (budget - d) / (ti.PrefillBase.Seconds() + (budget-d)*ti.PrefillPerToken.Seconds() +
+		ti.DecodeBase.Seconds() + d*ti.DecodePerSeq.Seconds() + 0.1*ti.KVTerm.Seconds())
+	for _, flavour := range []string{engine.FlavourVLLM, engine.FlavourSGLang} {
+		t.Run(flavour, func(t *testing.T) {
+			c := replayLadder(t, l.scrapes(t, flavour))
+			require.NoError(t, c.Validate())
+			p := c.Prefill
+			require.Positive(t, p.QueuedSeconds, "the top levels queue")
+			require.Less(t, p.QueuedSeconds, float64(len(l.levels)-1)*l.hold.Seconds()+l.scrape.Seconds(), "one client never queues")
+			rate := p.QueuedTokens / p.QueuedSeconds
+			require.LessOrEqual(t, rate, hi*(1+tol), "prefill rate %.0f tokens/s, step-time model at most %.0f", rate, hi)
+			if flavour == engine.FlavourVLLM {
+				// SGLang's scheduler prefills first, so its closed loop
+				// moves in waves (every client prefilled, then all decode
+				// at once and come back together) and few windows catch
+				// its queue at both ends; they compute less than the rate.
+				require.Greater(t, p.QueuedSeconds, l.hold.Seconds(), "the top levels queue")
+				require.GreaterOrEqual(t, rate, lo*(1-tol), "prefill rate %.0f tokens/s, step-time model %.0f..%.0f", rate, lo, hi)
+			}
+			require.InDelta(t, float64(l.prompt), p.NewTokens/p.Requests, 0.05*float64(l.prompt), "new prompt tokens a request")
+			require.InDelta(t, float64(l.output), p.OutputTokens/p.Requests, 0.1*float64(l.output), "output tokens a request")
+
+			// 16 closed-loop clients keep the prefill at its full rate
+			// with a mean TTFT under 7 s, within the objective; arrivals
+			// at that rate would queue without end. The bound, below what
+			// the bins alone sell, is what the curve is read at.
+			o := capacity.Objectives{TTFT: 10 * time.Second, ITL: time.Hour, Quantile: 0.95}
+			bound, ok := p.Bound(o)
+			require.True(t, ok)
+			mu := rate / (p.NewTokens / p.Requests)
+			require.InDelta(t, (mu-math.Log(20)/o.TTFT.Seconds())*p.OutputTokens/p.Requests, bound, 1e-9)
+			at, err := c.At(o)
+			require.NoError(t, err)
+			require.Equal(t, capacity.LimitPrefill, at.Limit)
+			require.InDelta(t, bound, at.OutputTokensPerSec, 1e-9)
+		})
+	}
+}
+
+// The prompt tokens an engine computed: its prefix cache's queries minus
+// hits, every prompt token when it exports no prefix-cache counters.
+func TestNewPromptTokensPerSec(t *testing.T) {
+	for _, tc := range []struct {
+		name                  string
+		has                   uint32
+		prompt, queries, hits float64
+		want                  float64
+	}{
+		{"queries minus hits", metrics.HasPrefixQueries | metrics.HasPrefixHits | metrics.HasPromptTokens, 900, 1000, 600, 400},
+		{"no prefix counters", metrics.HasPromptTokens, 900, 0, 0, 900},
+		{"hits above queries (counters read apart)", metrics.HasPrefixQueries | metrics.HasPrefixHits, 0, 100, 120, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sm := &metrics.Sample{Signals: metrics.Signals{Has: tc.has}, PromptTokensPerSec: tc.prompt,
+				PrefixQueriesPerSec: tc.queries, PrefixHitsPerSec: tc.hits}
+			require.InDelta(t, tc.want, newPromptTokensPerSec(sm), 1e-9)
+		})
+	}
 }

@@ -190,12 +190,14 @@ func TestDeriveFromRestart(t *testing.T) {
 		return s
 	}
 	before := `vllm:num_requests_running 4
+vllm:num_requests_waiting 3
 vllm:generation_tokens_total 1000
 vllm:inter_token_latency_seconds_bucket{le="0.025"} 900
 vllm:inter_token_latency_seconds_count 1000
 vllm:inter_token_latency_seconds_sum 15
 `
 	later := `vllm:num_requests_running 6
+vllm:num_requests_waiting 2
 vllm:generation_tokens_total 1500
 vllm:inter_token_latency_seconds_bucket{le="0.025"} 1300
 vllm:inter_token_latency_seconds_count 1500
@@ -213,6 +215,8 @@ vllm:inter_token_latency_seconds_sum 0.2
 	next.DeriveFrom(prev)
 	require.InDelta(t, 2.0, next.Window.Seconds, 1e-9)
 	require.InDelta(t, 5.0, next.Window.Running, 1e-9)
+	require.InDelta(t, 2.5, next.Window.Waiting, 1e-9)
+	require.InDelta(t, 2.0, next.Window.WaitingMin, 1e-9, "queued at both ends")
 	require.InDelta(t, 500.0, next.Window.ITL.Count, 1e-9)
 	require.InDelta(t, 400.0, next.Window.ITL.Counts[0], 1e-9)
 	require.InDelta(t, 250.0, next.GenerationTokensPerSec, 1e-9)

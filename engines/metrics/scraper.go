@@ -40,6 +40,9 @@ type Sample struct {
 type Window struct {
 	Seconds                   float64
 	Running, Waiting, KVUsage float64
+	// WaitingMin is the smaller of the two ends' waiting counts: requests
+	// were queued when the window began and when it ended.
+	WaitingMin float64
 	// TTFT and ITL hold only the observations made in the window.
 	TTFT, ITL Histogram
 }
@@ -236,7 +239,7 @@ func (next *Sample) DeriveFrom(prev *Sample) {
 		return
 	}
 	next.Window = Window{Seconds: dt, Running: (n.Running + p.Running) / 2, Waiting: (n.Waiting + p.Waiting) / 2,
-		KVUsage: (n.KVUsage + p.KVUsage) / 2, TTFT: ttft, ITL: itl}
+		KVUsage: (n.KVUsage + p.KVUsage) / 2, WaitingMin: min(n.Waiting, p.Waiting), TTFT: ttft, ITL: itl}
 }
 
 func (s *Scraper) fetch(ctx context.Context, t *target, sig *Signals) error {
