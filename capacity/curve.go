@@ -117,66 +117,116 @@ type Curve struct {
 // load at that rate would see. So the request rate a curve is read at is
 // bounded by the measured prefill rate over the new (uncached) prompt
 // tokens each request of the current mix brings (Curve.At).
-//
-// All sums are decayed as the bins are.
 type Prefill struct {
 	// QueuedSeconds, QueuedWindows and QueuedTokens are the time and
-	// number of the windows in which requests were queued at both ends
-	// while the KV cache had room, and the new prompt tokens computed in
-	// them: the engine spent its token budget on every step, so their
-	// ratio is its prefill rate. A queue for want of KV or of sequence
-	// slots computes fewer, which errs on the safe side; so does a window
-	// that only happened to catch arrivals waiting for the next step at
-	// both ends, which minQueued makes rare.
+	// number of the windows of saturated runs, and the new prompt tokens
+	// the engine took into prefill in them: their ratio is its prefill
+	// rate. A run is consecutive windows with a request waiting at every
+	// scrape and the KV cache below kvRoomy, at least MinWindows of them
+	// over minRunSeconds; the engine then spends its token budget on every
+	// step. Engines count a prompt's tokens when they admit it, not as
+	// they compute them, so a window's own count says little: a long
+	// prompt admitted before the window is computed in it uncounted. Over
+	// a run those ends cancel on average; selecting windows by a deeper
+	// queue at both ends would not, as it picks the windows in which no
+	// request was admitted. A queue for want of KV below kvRoomy, or of
+	// sequence slots, takes in fewer tokens, which errs on the safe side.
+	// Decayed as the bins are.
 	QueuedSeconds float64 `json:"queued_seconds"`
 	QueuedWindows float64 `json:"queued_windows"`
 	QueuedTokens  float64 `json:"queued_tokens"`
 	// Requests, NewTokens and OutputTokens are the first tokens, new
-	// prompt tokens and output tokens of every busy window: the mix.
+	// prompt tokens and output tokens of the busy windows outside
+	// saturated runs: the mix the engine serves while it keeps up (past
+	// its edge a router spills requests away from their cached prefixes,
+	// and the hit rate then is the overload's, not the traffic's). They
+	// forget faster than the bins, by mixHalfLife of those windows' time,
+	// so that the mix is the current traffic's rather than a calibration
+	// run's or yesterday's.
 	Requests     float64 `json:"requests"`
 	NewTokens    float64 `json:"new_tokens"`
 	OutputTokens float64 `json:"output_tokens"`
 }
 
-// kvRoomy is the KV usage below which a queue is not for want of KV, and
-// minQueued the waiting requests at both ends of a window that make it
-// queued: one is often only an arrival since the last step began.
+// kvRoomy is the KV usage below which a queue is not for want of KV;
+// minRunSeconds the shortest saturated run that counts: long against one
+// request's prefill, so that a run's ends matter little, and against the
+// instants a request waits for the next step while the engine keeps up.
 const (
-	kvRoomy   = 0.9
-	minQueued = 2
+	kvRoomy       = 0.9
+	minRunSeconds = 5
 )
+
+// mixHalfLife is how fast the mix forgets, in busy time outside saturated
+// runs: a few hundred requests at the loads a quote is read at.
+const mixHalfLife = 2 * time.Minute
 
 // MinRequests is the first tokens the mix needs before it bounds a curve.
 const MinRequests = 20
 
 func (p *Prefill) add(o *Prefill) {
+	p.addRate(o)
+	p.addMix(o)
+}
+
+func (p *Prefill) addRate(o *Prefill) {
 	p.QueuedSeconds += o.QueuedSeconds
 	p.QueuedWindows += o.QueuedWindows
 	p.QueuedTokens += o.QueuedTokens
+}
+
+func (p *Prefill) addMix(o *Prefill) {
 	p.Requests += o.Requests
 	p.NewTokens += o.NewTokens
 	p.OutputTokens += o.OutputTokens
 }
 
-func (p *Prefill) scale(f float64) {
+func (p *Prefill) scaleRate(f float64) {
 	p.QueuedSeconds *= f
 	p.QueuedWindows *= f
 	p.QueuedTokens *= f
+}
+
+func (p *Prefill) scaleMix(f float64) {
 	p.Requests *= f
 	p.NewTokens *= f
 	p.OutputTokens *= f
 }
 
-func (p *Prefill) addWindow(w *Window) {
-	newTokens := w.NewPromptTokensPerSec * w.Seconds
-	p.Requests += w.FirstTokens
-	p.NewTokens += newTokens
-	p.OutputTokens += w.OutputTokensPerSec * w.Seconds
-	if w.WaitingMin >= minQueued && w.KVUsage < kvRoomy {
-		p.QueuedSeconds += w.Seconds
-		p.QueuedWindows++
-		p.QueuedTokens += newTokens
-	}
+// addMixWindows adds the mix of windows lasting seconds in all, after
+// forgetting by mixHalfLife over that time.
+func (p *Prefill) addMixWindows(o *Prefill, seconds float64) {
+	p.scaleMix(math.Exp2(-seconds / mixHalfLife.Seconds()))
+	p.addMix(o)
+}
+
+// prefillRun is a saturated run under way: its windows' rate sums and,
+// should it end too short to count, their mix.
+type prefillRun struct {
+	p       Prefill
+	seconds float64
+}
+
+func (r *prefillRun) add(w *Window) {
+	r.p.QueuedSeconds += w.Seconds
+	r.p.QueuedWindows++
+	r.p.QueuedTokens += w.newTokens()
+	r.p.addMix(w.mix())
+	r.seconds += w.Seconds
+}
+
+// counts reports whether the run is long enough to measure the rate.
+func (r *prefillRun) counts() bool {
+	return r.p.QueuedWindows >= MinWindows && r.p.QueuedSeconds >= minRunSeconds
+}
+
+// saturated reports whether the window belongs to a saturated run.
+func (w *Window) saturated() bool { return w.WaitingMin >= 1 && w.KVUsage < kvRoomy }
+
+func (w *Window) newTokens() float64 { return w.NewPromptTokensPerSec * w.Seconds }
+
+func (w *Window) mix() *Prefill {
+	return &Prefill{Requests: w.FirstTokens, NewTokens: w.newTokens(), OutputTokens: w.OutputTokensPerSec * w.Seconds}
 }
 
 // rateMeasured and mixMeasured report whether each half has enough data.
@@ -254,6 +304,7 @@ type Learner struct {
 	// the last dispersionSamples busy scrapes; n counts them up to that.
 	mean, sq float64
 	n        int
+	run      prefillRun // the saturated run under way, if any
 }
 
 // dispersionSamples is how many recent busy scrapes the load's spread is
@@ -273,20 +324,29 @@ func NewLearner(halfLife time.Duration) *Learner {
 func (l *Learner) Add(w Window) {
 	conc := w.Running + w.Waiting
 	if w.Seconds <= 0 || w.Running < 0 || w.Waiting < 0 || !(conc > 0) || math.IsInf(conc, 0) {
+		if conc == 0 {
+			l.endRun() // idle: no queue
+		}
 		return
 	}
 	if !equalBounds(l.curve.TTFTBounds, w.TTFTBounds) || !equalBounds(l.curve.ITLBounds, w.ITLBounds) {
 		l.curve = Curve{TTFTBounds: append([]float64(nil), w.TTFTBounds...), ITLBounds: append([]float64(nil), w.ITLBounds...)}
 		l.idx = l.idx[:0]
+		l.run = prefillRun{}
 	}
 	if l.halfLife > 0 {
 		f := math.Exp2(-w.Seconds / l.halfLife.Seconds())
 		for i := range l.curve.Bins {
 			scaleBin(&l.curve.Bins[i], f)
 		}
-		l.curve.Prefill.scale(f)
+		l.curve.Prefill.scaleRate(f)
 	}
-	l.curve.Prefill.addWindow(&w)
+	if w.saturated() {
+		l.run.add(&w)
+	} else {
+		l.endRun()
+		l.curve.Prefill.addMixWindows(w.mix(), w.Seconds)
+	}
 	if x := w.ConcurrencyNow; x >= 0 && !math.IsNaN(x) && !math.IsInf(x, 0) {
 		l.n = min(l.n+1, dispersionSamples)
 		a := 1 / float64(l.n)
@@ -306,11 +366,28 @@ func (l *Learner) Add(w Window) {
 	addWindow(&l.curve.Bins[i], &w)
 }
 
+// endRun ends the saturated run under way: a run long enough measures
+// the prefill rate, a shorter one's windows join the mix.
+func (l *Learner) endRun() {
+	r := &l.run
+	switch {
+	case r.counts():
+		l.curve.Prefill.addRate(&r.p)
+	case r.seconds > 0:
+		l.curve.Prefill.addMixWindows(&r.p, r.seconds)
+	}
+	*r = prefillRun{}
+}
+
 // Curve returns a copy of what has been learnt, with the dispersion of
-// the recent busy scrapes once there are enough of them.
+// the recent busy scrapes once there are enough of them and a saturated
+// run under way that counts already.
 func (l *Learner) Curve() Curve {
 	c := l.curve.Clone()
 	c.Dispersion = l.Summary().Dispersion
+	if l.run.counts() {
+		c.Prefill.addRate(&l.run.p)
+	}
 	return c
 }
 
@@ -332,7 +409,11 @@ func (l *Learner) Summary() Summary {
 	if l.n >= dispersionSamples/2 && l.mean >= 1 {
 		s.Dispersion = max(l.sq-l.mean*l.mean, 0) / l.mean
 	}
-	if p := &l.curve.Prefill; p.rateMeasured() {
+	p := l.curve.Prefill
+	if l.run.counts() {
+		p.addRate(&l.run.p)
+	}
+	if p.rateMeasured() {
 		s.PrefillTokensPerSec = p.QueuedTokens / p.QueuedSeconds
 	}
 	return s

@@ -257,42 +257,64 @@ func TestLearner(t *testing.T) {
 	require.NotEqual(t, 42.0, l.Curve().Bins[0].ITL.Counts[0])
 }
 
-// The prefill bound: an engine that prefilled 15,000 new tokens a second
-// while requests queued, for a mix of 6,000 new prompt tokens and 120
-// output tokens a request, prefills 2.5 requests a second; a p95 TTFT of
-// 2 s keeps lambda <= 2.5 - ln(20)/2, about 1.0 request, 120 tokens a
-// second.
+// The prefill bound: an engine that took 15,000 new tokens a second into
+// prefill through a saturated run, for a mix of 6,000 new prompt tokens
+// and 120 output tokens a request while it kept up, prefills 2.5
+// requests a second; a p95 TTFT of 2 s keeps lambda <= 2.5 - ln(20)/2,
+// about 1.0 request, 120 tokens a second.
 func TestPrefillBound(t *testing.T) {
-	busy := func(mod func(*Window)) Window {
-		w := Window{Seconds: 1, Running: 4, Waiting: 2, WaitingMin: 2, KVUsage: 0.5, OutputTokensPerSec: 300,
+	window := func(waitingMin, kv float64) Window {
+		return Window{Seconds: 1, Running: 4, Waiting: waitingMin, WaitingMin: waitingMin, KVUsage: kv, OutputTokensPerSec: 300,
 			NewPromptTokensPerSec: 15000, FirstTokens: 2.5, TTFTBounds: testTTFTBounds, ITLBounds: testITLBounds,
 			ITL:  Histogram{Counts: []float64{100, 100, 100}, Count: 100},
 			TTFT: Histogram{Counts: []float64{3, 3, 3}, Count: 3}}
-		if mod != nil {
-			mod(&w)
+	}
+	// kept is a window the engine kept up in: it adds to the mix.
+	kept := window(0, 0.5)
+	// queued is one of a saturated run: a request waiting at both ends.
+	// Its requests are fewer and larger than the mix's: the overload's.
+	queued := window(1, 0.5)
+	queued.FirstTokens = 1
+	feed := func(l *Learner, w Window, n int) {
+		for range n {
+			l.Add(w)
 		}
-		return w
 	}
 	lambda := 2.5 - math.Log(20)/2
 	for _, tc := range []struct {
 		name  string
-		mod   func(*Window)
+		feed  func(*Learner)
 		o     Objectives
 		bound float64 // want; -1: not measured
 	}{
-		{"queued windows measure the rate", nil, testObjectives, lambda * 120},
-		{"a queue for want of KV does not", func(w *Window) { w.KVUsage = 0.95 }, testObjectives, -1},
-		{"nor one that was empty at an end", func(w *Window) { w.WaitingMin = 0 }, testObjectives, -1},
-		{"nor one arrival waiting for the next step", func(w *Window) { w.WaitingMin = 1 }, testObjectives, -1},
-		{"a mix of too few requests says nothing", func(w *Window) { w.FirstTokens = 0.1 }, testObjectives, -1},
-		{"every prompt cached costs no prefill", func(w *Window) { w.NewPromptTokensPerSec = 0 }, testObjectives, -1},
-		{"an objective no request can meet sells nothing", nil, Objectives{TTFT: time.Second, ITL: time.Second, Quantile: 0.95}, 0},
+		{"a saturated run measures the rate", func(l *Learner) { feed(l, kept, 10); feed(l, queued, 6); feed(l, kept, 1) }, testObjectives, lambda * 120},
+		{"a run under way counts once long enough", func(l *Learner) { feed(l, kept, 10); feed(l, queued, 6) }, testObjectives, lambda * 120},
+		{"a shorter run does not", func(l *Learner) { feed(l, kept, 10); feed(l, queued, 4); feed(l, kept, 1) }, testObjectives, -1},
+		{"nor a queue for want of KV", func(l *Learner) {
+			w := queued
+			w.KVUsage = 0.95
+			feed(l, kept, 10)
+			feed(l, w, 6)
+		}, testObjectives, -1},
+		{"an idle window ends a run", func(l *Learner) {
+			feed(l, kept, 10)
+			feed(l, queued, 3)
+			l.Add(Window{Seconds: 1, TTFTBounds: testTTFTBounds, ITLBounds: testITLBounds})
+			feed(l, queued, 3)
+		}, testObjectives, -1},
+		{"a mix of too few requests says nothing", func(l *Learner) { feed(l, queued, 6); feed(l, kept, 1) }, testObjectives, -1},
+		{"every prompt cached costs no prefill", func(l *Learner) {
+			w := kept
+			w.NewPromptTokensPerSec = 0
+			feed(l, w, 10)
+			feed(l, queued, 6)
+		}, testObjectives, -1},
+		{"an objective no request can meet sells nothing", func(l *Learner) { feed(l, kept, 10); feed(l, queued, 6) },
+			Objectives{TTFT: time.Second, ITL: time.Second, Quantile: 0.95}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := NewLearner(0)
-			for range 2 * MinWindows {
-				l.Add(busy(tc.mod))
-			}
+			tc.feed(l)
 			c := l.Curve()
 			require.NoError(t, c.Validate())
 			b, ok := c.Prefill.Bound(tc.o)
@@ -304,33 +326,69 @@ func TestPrefillBound(t *testing.T) {
 			require.InDelta(t, tc.bound, b, 1e-9)
 			require.InDelta(t, 15000, l.Summary().PrefillTokensPerSec, 1e-9)
 
-			// The curve alone sells its measured 6 requests and 300
-			// tokens a second; the bound scales both down.
+			// The bound scales down the tokens and concurrency the
+			// curve alone sells.
+			free := c.Clone()
+			free.Prefill = Prefill{}
+			alone, err := free.At(tc.o)
+			require.NoError(t, err)
+			require.Greater(t, alone.OutputTokensPerSec, tc.bound)
 			at, err := c.At(tc.o)
 			require.NoError(t, err)
 			require.Equal(t, LimitPrefill, at.Limit)
 			require.InDelta(t, tc.bound, at.OutputTokensPerSec, 1e-9)
-			require.InDelta(t, 6*tc.bound/300, at.Concurrency, 0.01)
+			require.InDelta(t, alone.Concurrency*tc.bound/alone.OutputTokensPerSec, at.Concurrency, 1e-9)
 			require.InDelta(t, tc.bound, at.PrefillBoundTokensPerSec, 1e-9)
 		})
 	}
 
+	// A run too short to count joins the mix; the mix forgets by
+	// mixHalfLife of the windows it is made of, the rate by the curve's
+	// half-life only.
+	l := NewLearner(0)
+	feed(l, kept, 10)
+	feed(l, queued, 4)
+	feed(l, kept, 1)
+	p := l.Curve().Prefill
+	f := math.Exp2(-1 / mixHalfLife.Seconds())
+	want := 0.0
+	for range 10 {
+		want = want*f + 2.5
+	}
+	want = (want*math.Exp2(-4/mixHalfLife.Seconds())+4)*f + 2.5
+	require.InDelta(t, want, p.Requests, 1e-9)
+	require.Zero(t, p.QueuedSeconds)
+	l = NewLearner(0)
+	feed(l, kept, 10)
+	feed(l, queued, 6)
+	n := int(mixHalfLife.Seconds())
+	feed(l, kept, n)
+	p = l.Curve().Prefill
+	want = 0
+	for range 10 + n {
+		want = want*f + 2.5
+	}
+	require.InDelta(t, want, p.Requests, 1e-9, "a counted run's windows are not the mix")
+	require.InDelta(t, 6.0, p.QueuedSeconds, 1e-9)
+	require.InDelta(t, 15000, p.QueuedTokens/p.QueuedSeconds, 1e-9)
+
 	// Merged over a calibration, each half the live curve has not
 	// measured is the calibration's; pooled, the sums add.
-	l := NewLearner(0)
-	for range 2 * MinWindows {
-		l.Add(busy(nil))
-	}
+	l = NewLearner(0)
+	feed(l, kept, 10)
+	feed(l, queued, 6)
 	cal := l.Curve()
 	live := NewLearner(0)
-	live.Add(busy(func(w *Window) { w.FirstTokens, w.NewPromptTokensPerSec = 100, 1000 }))
+	w := kept
+	w.FirstTokens, w.NewPromptTokensPerSec = 100, 1000
+	live.Add(w)
 	m, err := live.Curve().Merge(cal)
 	require.NoError(t, err)
-	require.Equal(t, cal.Prefill.QueuedTokens, m.Prefill.QueuedTokens, "one queued window measures no rate")
+	require.Equal(t, cal.Prefill.QueuedTokens, m.Prefill.QueuedTokens, "the calibration's rate")
 	require.Equal(t, 100.0, m.Prefill.Requests, "the live mix is measured")
-	p, _ := Pool([]Curve{cal, cal})
-	require.Equal(t, 2*cal.Prefill.QueuedSeconds, p.Prefill.QueuedSeconds)
-	b, ok := p.Prefill.Bound(testObjectives)
+	pool, _ := Pool([]Curve{cal, cal})
+	require.Equal(t, 2*cal.Prefill.QueuedSeconds, pool.Prefill.QueuedSeconds)
+	b, ok := pool.Prefill.Bound(testObjectives)
 	require.True(t, ok)
 	require.InDelta(t, lambda*120, b, 1e-9, "a pooled curve is one replica's share")
 }
