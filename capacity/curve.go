@@ -136,13 +136,13 @@ type Prefill struct {
 	QueuedWindows float64 `json:"queued_windows"`
 	QueuedTokens  float64 `json:"queued_tokens"`
 	// Requests, NewTokens and OutputTokens are the first tokens, new
-	// prompt tokens and output tokens of the busy windows outside
-	// saturated runs: the mix the engine serves while it keeps up (past
-	// its edge a router spills requests away from their cached prefixes,
-	// and the hit rate then is the overload's, not the traffic's). They
-	// forget faster than the bins, by mixHalfLife of those windows' time,
-	// so that the mix is the current traffic's rather than a calibration
-	// run's or yesterday's.
+	// prompt tokens and output tokens of the busy windows: the mix. They
+	// forget faster than the bins, by mixHalfLife of busy time, so that
+	// the mix is the current traffic's rather than a calibration run's or
+	// yesterday's. Every busy window counts: the engines count a request's
+	// prompt when they admit it and the request when its first token
+	// comes, so keeping some windows and not others (those of a queue,
+	// say) keeps some requests' tokens and other requests' first tokens.
 	Requests     float64 `json:"requests"`
 	NewTokens    float64 `json:"new_tokens"`
 	OutputTokens float64 `json:"output_tokens"`
@@ -157,8 +157,8 @@ const (
 	minRunSeconds = 5
 )
 
-// mixHalfLife is how fast the mix forgets, in busy time outside saturated
-// runs: a few hundred requests at the loads a quote is read at.
+// mixHalfLife is how fast the mix forgets, in busy time: a few hundred
+// requests at the loads a quote is read at.
 const mixHalfLife = 2 * time.Minute
 
 // MinRequests is the first tokens the mix needs before it bounds a curve.
@@ -193,26 +193,22 @@ func (p *Prefill) scaleMix(f float64) {
 	p.OutputTokens *= f
 }
 
-// addMixWindows adds the mix of windows lasting seconds in all, after
-// forgetting by mixHalfLife over that time.
-func (p *Prefill) addMixWindows(o *Prefill, seconds float64) {
-	p.scaleMix(math.Exp2(-seconds / mixHalfLife.Seconds()))
-	p.addMix(o)
+// addMixWindow adds a window's mix after forgetting by mixHalfLife over
+// its time.
+func (p *Prefill) addMixWindow(w *Window) {
+	p.scaleMix(math.Exp2(-w.Seconds / mixHalfLife.Seconds()))
+	p.Requests += w.FirstTokens
+	p.NewTokens += w.newTokens()
+	p.OutputTokens += w.OutputTokensPerSec * w.Seconds
 }
 
-// prefillRun is a saturated run under way: its windows' rate sums and,
-// should it end too short to count, their mix.
-type prefillRun struct {
-	p       Prefill
-	seconds float64
-}
+// prefillRun is a saturated run under way: its windows' rate sums.
+type prefillRun struct{ p Prefill }
 
 func (r *prefillRun) add(w *Window) {
 	r.p.QueuedSeconds += w.Seconds
 	r.p.QueuedWindows++
 	r.p.QueuedTokens += w.newTokens()
-	r.p.addMix(w.mix())
-	r.seconds += w.Seconds
 }
 
 // counts reports whether the run is long enough to measure the rate.
@@ -224,10 +220,6 @@ func (r *prefillRun) counts() bool {
 func (w *Window) saturated() bool { return w.WaitingMin >= 1 && w.KVUsage < kvRoomy }
 
 func (w *Window) newTokens() float64 { return w.NewPromptTokensPerSec * w.Seconds }
-
-func (w *Window) mix() *Prefill {
-	return &Prefill{Requests: w.FirstTokens, NewTokens: w.newTokens(), OutputTokens: w.OutputTokensPerSec * w.Seconds}
-}
 
 // rateMeasured and mixMeasured report whether each half has enough data.
 func (p *Prefill) rateMeasured() bool { return p.QueuedWindows >= MinWindows && p.QueuedSeconds > 0 }
@@ -345,8 +337,8 @@ func (l *Learner) Add(w Window) {
 		l.run.add(&w)
 	} else {
 		l.endRun()
-		l.curve.Prefill.addMixWindows(w.mix(), w.Seconds)
 	}
+	l.curve.Prefill.addMixWindow(&w)
 	if x := w.ConcurrencyNow; x >= 0 && !math.IsNaN(x) && !math.IsInf(x, 0) {
 		l.n = min(l.n+1, dispersionSamples)
 		a := 1 / float64(l.n)
@@ -366,17 +358,13 @@ func (l *Learner) Add(w Window) {
 	addWindow(&l.curve.Bins[i], &w)
 }
 
-// endRun ends the saturated run under way: a run long enough measures
-// the prefill rate, a shorter one's windows join the mix.
+// endRun ends the saturated run under way, which measures the prefill
+// rate if it lasted long enough.
 func (l *Learner) endRun() {
-	r := &l.run
-	switch {
-	case r.counts():
-		l.curve.Prefill.addRate(&r.p)
-	case r.seconds > 0:
-		l.curve.Prefill.addMixWindows(&r.p, r.seconds)
+	if l.run.counts() {
+		l.curve.Prefill.addRate(&l.run.p)
 	}
-	*r = prefillRun{}
+	l.run = prefillRun{}
 }
 
 // Curve returns a copy of what has been learnt, with the dispersion of

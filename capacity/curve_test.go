@@ -269,12 +269,9 @@ func TestPrefillBound(t *testing.T) {
 			ITL:  Histogram{Counts: []float64{100, 100, 100}, Count: 100},
 			TTFT: Histogram{Counts: []float64{3, 3, 3}, Count: 3}}
 	}
-	// kept is a window the engine kept up in: it adds to the mix.
-	kept := window(0, 0.5)
-	// queued is one of a saturated run: a request waiting at both ends.
-	// Its requests are fewer and larger than the mix's: the overload's.
-	queued := window(1, 0.5)
-	queued.FirstTokens = 1
+	// kept is a window the engine kept up in; queued one of a saturated
+	// run (a request waiting at both ends). Both carry the mix.
+	kept, queued := window(0, 0.5), window(1, 0.5)
 	feed := func(l *Learner, w Window, n int) {
 		for range n {
 			l.Add(w)
@@ -304,10 +301,10 @@ func TestPrefillBound(t *testing.T) {
 		}, testObjectives, -1},
 		{"a mix of too few requests says nothing", func(l *Learner) { feed(l, queued, 6); feed(l, kept, 1) }, testObjectives, -1},
 		{"every prompt cached costs no prefill", func(l *Learner) {
-			w := kept
-			w.NewPromptTokensPerSec = 0
-			feed(l, w, 10)
-			feed(l, queued, 6)
+			k, q := kept, queued
+			k.NewPromptTokensPerSec, q.NewPromptTokensPerSec = 0, 0
+			feed(l, k, 10)
+			feed(l, q, 6)
 		}, testObjectives, -1},
 		{"an objective no request can meet sells nothing", func(l *Learner) { feed(l, kept, 10); feed(l, queued, 6) },
 			Objectives{TTFT: time.Second, ITL: time.Second, Quantile: 0.95}, 0},
@@ -342,33 +339,26 @@ func TestPrefillBound(t *testing.T) {
 		})
 	}
 
-	// A run too short to count joins the mix; the mix forgets by
-	// mixHalfLife of the windows it is made of, the rate by the curve's
-	// half-life only.
+	// The mix is every busy window's and forgets by mixHalfLife of their
+	// time; the rate forgets by the curve's half-life only.
 	l := NewLearner(0)
 	feed(l, kept, 10)
-	feed(l, queued, 4)
-	feed(l, kept, 1)
-	p := l.Curve().Prefill
-	f := math.Exp2(-1 / mixHalfLife.Seconds())
-	want := 0.0
-	for range 10 {
-		want = want*f + 2.5
-	}
-	want = (want*math.Exp2(-4/mixHalfLife.Seconds())+4)*f + 2.5
-	require.InDelta(t, want, p.Requests, 1e-9)
-	require.Zero(t, p.QueuedSeconds)
-	l = NewLearner(0)
-	feed(l, kept, 10)
 	feed(l, queued, 6)
+	w := kept
+	w.FirstTokens = 1
 	n := int(mixHalfLife.Seconds())
-	feed(l, kept, n)
-	p = l.Curve().Prefill
-	want = 0
-	for range 10 + n {
-		want = want*f + 2.5
+	feed(l, w, n)
+	p := l.Curve().Prefill
+	// After mixHalfLife of later windows, the first 16 weigh half.
+	f := math.Exp2(-1 / mixHalfLife.Seconds())
+	var first, later float64
+	for i := range 16 {
+		first += 2.5 * math.Pow(f, float64(i))
 	}
-	require.InDelta(t, want, p.Requests, 1e-9, "a counted run's windows are not the mix")
+	for i := range n {
+		later += math.Pow(f, float64(i))
+	}
+	require.InDelta(t, first/2+later, p.Requests, 1e-9)
 	require.InDelta(t, 6.0, p.QueuedSeconds, 1e-9)
 	require.InDelta(t, 15000, p.QueuedTokens/p.QueuedSeconds, 1e-9)
 
@@ -379,7 +369,7 @@ func TestPrefillBound(t *testing.T) {
 	feed(l, queued, 6)
 	cal := l.Curve()
 	live := NewLearner(0)
-	w := kept
+	w = kept
 	w.FirstTokens, w.NewPromptTokensPerSec = 100, 1000
 	live.Add(w)
 	m, err := live.Curve().Merge(cal)
