@@ -29,8 +29,11 @@ type Calibration struct {
 	Replicas int `json:"replicas"`
 	// Objectives are those the run stopped at.
 	Objectives ObjectivesJSON `json:"objectives"`
-	// Mix is the traffic driven.
-	Mix Mix `json:"mix"`
+	// Mix is the traffic driven, and PromptTokensMeasured what the engine
+	// counted of the last preflight prompt, the words having been fitted
+	// to Mix.PromptTokens of its tokens (0: its usage had no count).
+	Mix                  Mix `json:"mix"`
+	PromptTokensMeasured int `json:"prompt_tokens_measured,omitempty"`
 	// Levels are the concurrency ladder as the client measured it.
 	Levels []Level `json:"levels"`
 	// Curve is the engines' curve over the run, one replica's share.

@@ -164,6 +164,9 @@ func TestCalibrateCommand(t *testing.T) {
 			require.Equal(t, f.url, cal.URL)
 			require.Equal(t, 2, cal.Replicas)
 			require.Equal(t, capacity.Mix{PromptTokens: 64, SharedPrefixTokens: 16, Groups: 2, OutputTokens: 32}, cal.Mix)
+			// The prompts were fitted to 64 of the engine's tokens, chat
+			// template included (unfitted, 64 random words are about 100).
+			require.InDelta(t, 64, cal.PromptTokensMeasured, 0.02*64+1)
 			obj := capacity.Objectives{TTFT: time.Second, ITL: 25 * time.Millisecond, Quantile: 0.95}
 			require.Equal(t, capacity.ObjectivesJSON{TTFTSeconds: 1, ITLSeconds: 0.025, Quantile: 0.95}, cal.Objectives)
 			at, err := cal.Curve.At(obj)

@@ -186,10 +186,8 @@ func Run(ctx context.Context, cfg Config) (*capacity.Calibration, error) {
 		zap.Int("max_concurrency", cfg.MaxConcurrency))
 
 	g := newGenerator(&cfg)
-	// One request first: a URL that cannot serve the stream fails with
-	// its own error at once, not after a level of them.
-	if res := g.request(ctx, g.prompts.next()); res.err != nil {
-		return nil, fmt.Errorf("%s cannot serve a calibration request: %w", cfg.URL, res.err)
+	if err := g.preflight(ctx); err != nil {
+		return nil, err
 	}
 	levels, err := g.ladder(ctx)
 	if err != nil {
@@ -227,7 +225,7 @@ func Run(ctx context.Context, cfg Config) (*capacity.Calibration, error) {
 		Taken: time.Now().UTC(), Replicas: healthy,
 		Objectives: capacity.ObjectivesJSON{TTFTSeconds: cfg.Objectives.TTFT.Seconds(), ITLSeconds: cfg.Objectives.ITL.Seconds(),
 			Quantile: cfg.Objectives.Quantile},
-		Mix: cfg.Mix, Levels: levels, Curve: curve}, nil
+		Mix: cfg.Mix, PromptTokensMeasured: g.measured, Levels: levels, Curve: curve}, nil
 }
 
 // healthyReplicas reads the snapshot: the model's healthy replicas and the

@@ -66,7 +66,7 @@ func TestNext(t *testing.T) {
 
 func TestPrompts(t *testing.T) {
 	m := capacity.Mix{PromptTokens: 50, SharedPrefixTokens: 20, Groups: 3, OutputTokens: 1}
-	a, b := newPrompts(m, 7, 0), newPrompts(m, 7, 1)
+	a, b := newPrompts(m, 7, 0, 1), newPrompts(m, 7, 1, 1)
 	prefixes := map[string]bool{}
 	seen := map[string]bool{}
 	for range 60 {
@@ -80,11 +80,19 @@ func TestPrompts(t *testing.T) {
 		}
 	}
 	require.Len(t, prefixes, m.Groups, "every group's prefix, shared by both workers")
-	require.Equal(t, newPrompts(m, 7, 0).next(), newPrompts(m, 7, 0).next(), "seeded")
-	require.NotEqual(t, newPrompts(m, 7, 0).next(), newPrompts(m, 8, 0).next())
+	require.Equal(t, newPrompts(m, 7, 0, 1).next(), newPrompts(m, 7, 0, 1).next(), "seeded")
+	require.NotEqual(t, newPrompts(m, 7, 0, 1).next(), newPrompts(m, 8, 0, 1).next())
 
-	none := newPrompts(capacity.Mix{PromptTokens: 5, Groups: 1, OutputTokens: 1}, 0, 0)
+	none := newPrompts(capacity.Mix{PromptTokens: 5, Groups: 1, OutputTokens: 1}, 0, 0, 1)
 	require.Len(t, strings.Fields(none.next()), 5)
+
+	// Fitted to an engine that counts 1.6 tokens a word: fewer words,
+	// the prefix's and the rest's in proportion.
+	fitted := newPrompts(m, 7, 0, 1/1.6)
+	w := strings.Fields(fitted.next())
+	require.Len(t, w, 31) // round(50/1.6)
+	require.Len(t, fitted.prefixes[0], len(strings.Join(strings.Fields(fitted.prefixes[0]), " ")))
+	require.Len(t, strings.Fields(fitted.prefixes[0]), 13) // round(20/1.6)
 }
 
 func TestBroken(t *testing.T) {

@@ -28,12 +28,55 @@ type generator struct {
 	cfg      *Config
 	endpoint string
 	prompts  *prompts // the preflight's
+	// wordsPerToken is the prompts' words for each of the mix's tokens, as
+	// the preflight fitted it.
+	wordsPerToken float64
+	// measured is what the engine counted of the last preflight prompt.
+	measured int
 	rec      recorder
 }
 
 func newGenerator(cfg *Config) *generator {
 	return &generator{cfg: cfg, endpoint: strings.TrimSuffix(cfg.URL, "/") + "/v1/chat/completions",
-		prompts: newPrompts(cfg.Mix, cfg.Seed, math.MaxUint64)}
+		prompts: newPrompts(cfg.Mix, cfg.Seed, math.MaxUint64, 1), wordsPerToken: 1}
+}
+
+// Fitting the prompts: at most maxFits preflight requests, until the
+// engine counts the mix's prompt tokens within fitTolerance.
+const (
+	maxFits      = 4
+	fitTolerance = 0.02
+)
+
+// preflight sends the first requests. A URL that cannot serve the stream
+// fails with its own error at once, not after a level of them. And the
+// prompts are fitted to the mix's length in the engine's own tokens (its
+// usage's prompt tokens): a word of random letters is one token or more
+// depending on the tokenizer, and the chat template adds some, so a mix
+// written in words would drive other prompts than the one asked for.
+// Each fit scales the words by the tokens asked over the tokens counted,
+// which settles in a step or two as the template's share is small.
+func (g *generator) preflight(ctx context.Context) error {
+	want := float64(g.cfg.Mix.PromptTokens)
+	for range maxFits {
+		res := g.request(ctx, g.prompts.next())
+		if res.err != nil {
+			return fmt.Errorf("%s cannot serve a calibration request: %w", g.cfg.URL, res.err)
+		}
+		g.measured = res.promptTokens
+		if res.promptTokens <= 0 {
+			g.cfg.Log.Warn("the engine's usage has no prompt tokens: the prompts are not fitted to the mix's length")
+			return nil
+		}
+		if math.Abs(float64(res.promptTokens)-want) <= fitTolerance*want {
+			break
+		}
+		g.wordsPerToken *= want / float64(res.promptTokens)
+		g.prompts = newPrompts(g.cfg.Mix, g.cfg.Seed, math.MaxUint64, g.wordsPerToken)
+	}
+	g.cfg.Log.Info("prompts fitted", zap.Int("prompt_tokens", g.cfg.Mix.PromptTokens), zap.Int("measured", g.measured),
+		zap.Float64("words_per_token", g.wordsPerToken))
+	return nil
 }
 
 // ladder runs the levels and returns them, the last being the first
@@ -50,7 +93,7 @@ func (g *generator) ladder(ctx context.Context) ([]capacity.Level, error) {
 	for c := g.cfg.StartConcurrency; ; c = next(c, g.cfg.Factor, g.cfg.MaxConcurrency) {
 		for ; workers < c; workers++ {
 			wg.Add(1)
-			go func(p *prompts) { defer wg.Done(); g.work(wctx, p) }(newPrompts(g.cfg.Mix, g.cfg.Seed, uint64(workers)))
+			go func(p *prompts) { defer wg.Done(); g.work(wctx, p) }(newPrompts(g.cfg.Mix, g.cfg.Seed, uint64(workers), g.wordsPerToken))
 		}
 		lv, err := g.level(ctx, c)
 		if err != nil && past >= 0 && ctx.Err() == nil {
@@ -163,8 +206,8 @@ func (g *generator) work(ctx context.Context, p *prompts) {
 
 // result is one request as the client saw it.
 type result struct {
-	tokens int // the usage's completion tokens
-	err    error
+	tokens, promptTokens int // the usage's
+	err                  error
 }
 
 // maxErrorBody bounds what an error response contributes to the error.
@@ -212,7 +255,7 @@ func (g *generator) request(ctx context.Context, prompt string) (res result) {
 	sc := bufio.NewScanner(io.LimitReader(resp.Body, 1<<20+int64(n)*4096))
 	sc.Buffer(make([]byte, 0, 4096), 1<<20)
 	last := time.Time{}
-	usage := -1
+	usage, promptTokens := -1, 0
 	for sc.Scan() {
 		data, ok := bytes.CutPrefix(sc.Bytes(), []byte("data:"))
 		if !ok {
@@ -223,7 +266,7 @@ func (g *generator) request(ctx context.Context, prompt string) (res result) {
 			if usage < 0 {
 				return result{err: errors.New("the stream carried no usage (stream_options.include_usage)")}
 			}
-			return result{tokens: usage}
+			return result{tokens: usage, promptTokens: promptTokens}
 		}
 		var ch chunk
 		if err := json.Unmarshal(data, &ch); err != nil {
@@ -233,7 +276,7 @@ func (g *generator) request(ctx context.Context, prompt string) (res result) {
 			return result{err: fmt.Errorf("the stream failed: %s", ch.Error.Message)}
 		}
 		if ch.Usage != nil {
-			usage = ch.Usage.CompletionTokens
+			usage, promptTokens = ch.Usage.CompletionTokens, ch.Usage.PromptTokens
 		}
 		if !ch.hasContent() {
 			continue
@@ -263,6 +306,7 @@ type chunk struct {
 	} `json:"choices"`
 	Usage *struct {
 		CompletionTokens int `json:"completion_tokens"`
+		PromptTokens     int `json:"prompt_tokens"`
 	} `json:"usage"`
 	Error *struct {
 		Message string `json:"message"`
@@ -354,9 +398,10 @@ func quantile(xs []float64, q float64) float64 {
 	return xs[min(max(i, 0), len(xs)-1)]
 }
 
-// prompts makes one worker's prompts: Mix.PromptTokens words, the first
-// SharedPrefixTokens of them one group's prefix (a group drawn per
-// prompt), the rest random words, so only the prefix can hit a cache.
+// prompts makes one worker's prompts: the mix's PromptTokens in words,
+// wordsPerToken of them a token, the first SharedPrefixTokens' worth one
+// group's prefix (a group drawn per prompt), the rest random words, so
+// only the prefix can hit a cache.
 type prompts struct {
 	rng      *rand.Rand
 	prefixes []string
@@ -367,13 +412,15 @@ type prompts struct {
 // newPrompts seeds the group prefixes from seed alone, so every worker
 // shares them, and the rest from (seed, stream), so no two workers send
 // the same words.
-func newPrompts(m capacity.Mix, seed int64, stream uint64) *prompts {
-	p := &prompts{rng: rand.New(rand.NewPCG(uint64(seed), stream)), words: m.PromptTokens - m.SharedPrefixTokens}
-	if m.SharedPrefixTokens > 0 {
+func newPrompts(m capacity.Mix, seed int64, stream uint64, wordsPerToken float64) *prompts {
+	words := func(tokens int) int { return max(int(math.Round(float64(tokens)*wordsPerToken)), min(tokens, 1)) }
+	prefix := words(m.SharedPrefixTokens)
+	p := &prompts{rng: rand.New(rand.NewPCG(uint64(seed), stream)), words: max(words(m.PromptTokens)-prefix, 0)}
+	if prefix > 0 {
 		rng := rand.New(rand.NewPCG(uint64(seed), math.MaxUint64-1))
 		for range m.Groups {
 			var b strings.Builder
-			for i := range m.SharedPrefixTokens {
+			for i := range prefix {
 				if i > 0 {
 					b.WriteByte(' ')
 				}
