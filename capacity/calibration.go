@@ -5,9 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
-	"sort"
+	"slices"
 	"time"
 )
 
@@ -75,7 +76,7 @@ type Level struct {
 // histogram buckets than the first non-empty one are left out and counted
 // in skipped.
 func Pool(curves []Curve) (out Curve, skipped int) {
-	bins := map[int]*Bin{}
+	bins, stall := map[int]*Bin{}, map[int]*StallBin{}
 	for _, c := range curves {
 		if len(c.Bins) == 0 {
 			continue
@@ -88,22 +89,35 @@ func Pool(curves []Curve) (out Curve, skipped int) {
 			continue
 		}
 		out.Prefill.add(&c.Prefill)
-		for _, b := range c.Bins {
-			k := binIndex(b.Concurrency)
-			p := bins[k]
-			if p == nil {
-				nb := cloneBin(b)
-				bins[k] = &nb
-				continue
-			}
-			addBin(p, &b)
-		}
+		sumBins(bins, c.Bins, func(b *Bin) int { return binIndex(b.Concurrency) }, addBin, cloneBin)
+		sumBins(stall, c.Stall, func(b *StallBin) int { return stallIndex(b.NewTokensPerSec) }, addStall, cloneStall)
 	}
-	for _, b := range bins {
-		out.Bins = append(out.Bins, *b)
-	}
-	sort.Slice(out.Bins, func(i, j int) bool { return out.Bins[i].Concurrency < out.Bins[j].Concurrency })
+	out.Bins = sortedBins(bins)
+	out.Stall = sortedBins(stall)
 	return out, skipped
+}
+
+// sumBins adds bins into m by index.
+func sumBins[B any](m map[int]*B, bins []B, index func(*B) int, add func(b, o *B), clone func(B) B) {
+	for _, b := range bins {
+		k := index(&b)
+		if p := m[k]; p != nil {
+			add(p, &b)
+			continue
+		}
+		nb := clone(b)
+		m[k] = &nb
+	}
+}
+
+// sortedBins is m's bins ascending by index.
+func sortedBins[B any](m map[int]*B) []B {
+	keys := slices.Sorted(maps.Keys(m))
+	var out []B
+	for _, k := range keys {
+		out = append(out, *m[k])
+	}
+	return out
 }
 
 // maxCalibrationBytes bounds a calibration document: a curve is a few

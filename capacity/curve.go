@@ -107,6 +107,9 @@ type Curve struct {
 	// pooled one (calibration) has none: calibration's closed loop says
 	// nothing about the spread of the market's traffic.
 	Dispersion float64 `json:"dispersion,omitempty"`
+	// Stall is the inter-token latency against the prefill load,
+	// ascending by NewTokensPerSec (StallBin, Curve.StallBound).
+	Stall []StallBin `json:"stall,omitempty"`
 }
 
 // Prefill is what an engine's prefill did, apart from the bins. A curve
@@ -297,6 +300,9 @@ type Learner struct {
 	mean, sq float64
 	n        int
 	run      prefillRun // the saturated run under way, if any
+	// prefillLoad is the new-token rate averaged over stallSmoothing, the
+	// key of the window's stall bin.
+	prefillLoad float64
 }
 
 // dispersionSamples is how many recent busy scrapes the load's spread is
@@ -314,6 +320,9 @@ func NewLearner(halfLife time.Duration) *Learner {
 // histogram buckets differ from the curve's (the engine was replaced): the
 // curve then starts over.
 func (l *Learner) Add(w Window) {
+	if x := w.NewPromptTokensPerSec; w.Seconds > 0 && x >= 0 && !math.IsInf(x, 0) && !math.IsInf(w.Seconds, 0) {
+		l.prefillLoad += -math.Expm1(-w.Seconds/stallSmoothing.Seconds()) * (x - l.prefillLoad)
+	}
 	conc := w.Running + w.Waiting
 	if w.Seconds <= 0 || w.Running < 0 || w.Waiting < 0 || !(conc > 0) || math.IsInf(conc, 0) {
 		if conc == 0 {
@@ -330,6 +339,9 @@ func (l *Learner) Add(w Window) {
 		f := math.Exp2(-w.Seconds / l.halfLife.Seconds())
 		for i := range l.curve.Bins {
 			scaleBin(&l.curve.Bins[i], f)
+		}
+		for i := range l.curve.Stall {
+			scaleStall(&l.curve.Stall[i], f)
 		}
 		l.curve.Prefill.scaleRate(f)
 	}
@@ -356,6 +368,7 @@ func (l *Learner) Add(w Window) {
 		l.curve.Bins[i] = Bin{}
 	}
 	addWindow(&l.curve.Bins[i], &w)
+	l.curve.addStallWindow(&w, l.prefillLoad)
 }
 
 // endRun ends the saturated run under way, which measures the prefill
@@ -415,6 +428,12 @@ func (c Curve) Clone() Curve {
 		b.TTFT.Counts = append([]float64(nil), b.TTFT.Counts...)
 		b.ITL.Counts = append([]float64(nil), b.ITL.Counts...)
 		out.Bins[i] = b
+	}
+	if c.Stall != nil {
+		out.Stall = make([]StallBin, len(c.Stall))
+		for i, b := range c.Stall {
+			out.Stall[i] = cloneStall(b)
+		}
 	}
 	return out
 }
@@ -493,13 +512,16 @@ type AtObjectives struct {
 	// Limit names what bounds it: "ttft" or "itl" (that objective breaks
 	// there), "measured" (no measured concurrency broke an objective,
 	// so the capacity stops where the measurements do: never
-	// extrapolated), or "prefill" (the rate the engine prefills the mix
-	// at, Prefill.Bound).
+	// extrapolated), "prefill" (the rate the engine prefills the mix
+	// at, Prefill.Bound) or "prefill-itl" (the stalls the mix's prefill
+	// puts into decoding, Curve.StallBound).
 	Limit string `json:"limit"`
 	// MaxMeasured is the largest concurrency with enough data.
 	MaxMeasured float64 `json:"max_measured"`
 	// PrefillBoundTokensPerSec is Prefill.Bound, when measured.
 	PrefillBoundTokensPerSec float64 `json:"prefill_bound_tokens_per_sec,omitempty"`
+	// StallBoundTokensPerSec is Curve.StallBound, when measured.
+	StallBoundTokensPerSec float64 `json:"stall_bound_tokens_per_sec,omitempty"`
 }
 
 // Limits reported by At.
@@ -508,6 +530,7 @@ const (
 	LimitITL      = "itl"
 	LimitMeasured = "measured"
 	LimitPrefill  = "prefill"
+	LimitStall    = "prefill-itl"
 )
 
 // MinSamples is the inter-token observations a bin needs before it is
@@ -554,7 +577,8 @@ var ErrNoData = errors.New("no load measured with enough observations")
 // unmeasured loads is not sold. The answer is the largest mean at which
 // both mixtures reach the quantile, found by bisection (both are
 // non-increasing in the mean), scaled down, concurrency with it, where the
-// prefill bound allows fewer output tokens per second (Prefill.Bound).
+// prefill bounds allow fewer output tokens per second (Prefill.Bound for
+// times to first token, Curve.StallBound for inter-token latencies).
 func (c Curve) At(o Objectives) (AtObjectives, error) {
 	bins := c.pooled()
 	if len(bins) == 0 {
@@ -639,15 +663,22 @@ func (c Curve) At(o Objectives) (AtObjectives, error) {
 	out.Limit = limitAt(mix, hi, o.Quantile)
 	out.OutputTokensPerSec = interpolate(bins, lo, func(b *Bin) float64 { return b.OutputTokensPerSec })
 	out.PromptTokensPerSec = interpolate(bins, lo, func(b *Bin) float64 { return b.PromptTokensPerSec })
-	if bound, ok := c.Prefill.Bound(o); ok {
-		out.PrefillBoundTokensPerSec = bound
+	lower := func(bound float64, limit string) {
 		if out.OutputTokensPerSec > bound {
 			f := bound / out.OutputTokensPerSec
 			out.Concurrency *= f
 			out.OutputTokensPerSec = bound
 			out.PromptTokensPerSec *= f
-			out.Limit = LimitPrefill
+			out.Limit = limit
 		}
+	}
+	if bound, ok := c.Prefill.Bound(o); ok {
+		out.PrefillBoundTokensPerSec = bound
+		lower(bound, LimitPrefill)
+	}
+	if bound, ok := c.StallBound(o); ok {
+		out.StallBoundTokensPerSec = bound
+		lower(bound, LimitStall)
 	}
 	return out, nil
 }
@@ -657,29 +688,32 @@ func (c Curve) At(o Objectives) (AtObjectives, error) {
 // engine visits rarely (the top of its range, the tail of its spread) still
 // count with what was measured there rather than as unmeasured. What is
 // left at the top too thin even pooled joins the last readable group.
-func (c Curve) pooled() []*Bin {
-	var out []*Bin
-	var acc *Bin
-	for i := range c.Bins {
-		b := &c.Bins[i]
+func (c Curve) pooled() []*Bin { return pool(c.Bins, (*Bin).readable, addBin, cloneBin) }
+
+// pool is pooled for any kind of bin.
+func pool[B any](bins []B, readable func(*B) bool, add func(b, o *B), clone func(B) B) []*B {
+	var out []*B
+	var acc *B
+	for i := range bins {
+		b := &bins[i]
 		if acc == nil {
-			if b.readable() {
+			if readable(b) {
 				out = append(out, b)
 				continue
 			}
-			nb := cloneBin(*b)
+			nb := clone(*b)
 			acc = &nb
 		} else {
-			addBin(acc, b)
+			add(acc, b)
 		}
-		if acc.readable() {
+		if readable(acc) {
 			out = append(out, acc)
 			acc = nil
 		}
 	}
 	if acc != nil && len(out) > 0 {
-		last := cloneBin(*out[len(out)-1])
-		addBin(&last, acc)
+		last := clone(*out[len(out)-1])
+		add(&last, acc)
 		out[len(out)-1] = &last
 	}
 	return out
@@ -752,25 +786,30 @@ func (c Curve) Merge(o Curve) (Curve, error) {
 	}
 	out := c.Clone()
 	out.Prefill = c.Prefill.over(o.Prefill)
-	have := make(map[int]int, len(out.Bins))
-	for i, b := range out.Bins {
-		have[binIndex(b.Concurrency)] = i
+	out.Bins = mergeBins(out.Bins, o.Bins, func(b *Bin) int { return binIndex(b.Concurrency) }, (*Bin).readable, cloneBin)
+	out.Stall = mergeBins(out.Stall, o.Stall, func(b *StallBin) int { return stallIndex(b.NewTokensPerSec) }, (*StallBin).readable, cloneStall)
+	return out, nil
+}
+
+// mergeBins returns live with other's bins added where live has no bin of
+// the same index, or one too thin to stand alone (replaced rather than
+// mixing two regimes), ascending by index.
+func mergeBins[B any](live, other []B, index func(*B) int, readable func(*B) bool, clone func(B) B) []B {
+	have := make(map[int]int, len(live))
+	for i := range live {
+		have[index(&live[i])] = i
 	}
-	for _, b := range o.Bins {
-		k := binIndex(b.Concurrency)
-		if i, ok := have[k]; ok {
-			if out.Bins[i].readable() {
-				continue
+	for _, b := range other {
+		if i, ok := have[index(&b)]; ok {
+			if !readable(&live[i]) {
+				live[i] = clone(b)
 			}
-			// Too little live data to stand alone: replace it by the
-			// other curve's bin rather than mixing two regimes.
-			out.Bins[i] = cloneBin(b)
 			continue
 		}
-		out.Bins = append(out.Bins, cloneBin(b))
+		live = append(live, clone(b))
 	}
-	sort.Slice(out.Bins, func(i, j int) bool { return out.Bins[i].Concurrency < out.Bins[j].Concurrency })
-	return out, nil
+	sort.Slice(live, func(i, j int) bool { return index(&live[i]) < index(&live[j]) })
+	return live
 }
 
 // over is p with each half o has and p has not measured taken from o.
@@ -829,6 +868,21 @@ func (c Curve) Validate() error {
 			if err := h.h.validate(h.bounds); err != nil {
 				return fmt.Errorf("bin %d %s: %w", i, name, err)
 			}
+		}
+	}
+	prev = -1
+	for i, b := range c.Stall {
+		for _, v := range []float64{b.NewTokensPerSec, b.Seconds, b.Windows} {
+			if !(v >= 0) || math.IsInf(v, 0) {
+				return fmt.Errorf("stall bin %d has a negative or non-finite value", i)
+			}
+		}
+		if b.NewTokensPerSec <= prev {
+			return fmt.Errorf("stall bin %d: new-token rates are not ascending", i)
+		}
+		prev = b.NewTokensPerSec
+		if err := c.Stall[i].ITL.validate(c.ITLBounds); err != nil {
+			return fmt.Errorf("stall bin %d itl: %w", i, err)
 		}
 	}
 	return nil

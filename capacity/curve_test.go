@@ -434,6 +434,8 @@ func FuzzReadCalibration(f *testing.F) {
 	var buf bytes.Buffer
 	c := &Calibration{Version: CalibrationVersion, Model: "m", Replicas: 1, Objectives: ObjectivesJSON{TTFTSeconds: 2, ITLSeconds: 0.05, Quantile: 0.95},
 		Curve: testCurve(testBin(10, 0.99, 1, 100, 500), testBin(20, 0.9, 0.9, 150, 500))}
+	c.Curve.Stall = []StallBin{testStall(1000, 0.99, 500), testStall(4000, 0.5, 500)}
+	c.Curve.Prefill = testMix
 	_ = c.Write(&buf)
 	f.Add(buf.Bytes())
 	f.Add([]byte(`{"version":2}`))
@@ -444,7 +446,8 @@ func FuzzReadCalibration(f *testing.F) {
 		}
 		at, err := c.Curve.At(testObjectives)
 		if err == nil && (at.Concurrency < 0 || math.IsNaN(at.Concurrency) || math.IsNaN(at.OutputTokensPerSec) ||
-			math.IsNaN(at.PrefillBoundTokensPerSec) || math.IsInf(at.PrefillBoundTokensPerSec, 0)) {
+			math.IsNaN(at.PrefillBoundTokensPerSec) || math.IsInf(at.PrefillBoundTokensPerSec, 0) ||
+			math.IsNaN(at.StallBoundTokensPerSec) || math.IsInf(at.StallBoundTokensPerSec, 0) || at.StallBoundTokensPerSec < 0) {
 			t.Fatalf("bad capacity %+v", at)
 		}
 	})

@@ -301,6 +301,42 @@ func TestRecordedSeries(t *testing.T) {
 	}
 }
 
+// TestRecordedStalls replays the decode ladder, in vLLM's and SGLang's
+// metric names, and checks the stall curve it learns against the ladder:
+// an ITL objective between two levels' quantiles reads a prefill load
+// between the two levels' new-token rates.
+func TestRecordedStalls(t *testing.T) {
+	for _, flavour := range []string{engine.FlavourVLLM, engine.FlavourSGLang} {
+		t.Run(flavour, func(t *testing.T) {
+			l := decodeLadder
+			c := replayLadder(t, l.scrapes(t, flavour))
+			require.NotEmpty(t, c.Stall)
+			newPerOut := c.Prefill.NewTokens / c.Prefill.OutputTokens
+			require.InDelta(t, float64(l.prompt)/float64(l.output), newPerOut, 0.1*float64(l.prompt)/float64(l.output),
+				"every prompt is new")
+			pairs := 0
+			for _, q := range []float64{0.5, 0.9, 0.95} {
+				for i := 0; i+1 < len(l.levels); i++ {
+					a, b := binAt(c, l.levels[i]), binAt(c, l.levels[i+1])
+					xa, xb := quantileOf(&a.ITL, c.ITLBounds, q), quantileOf(&b.ITL, c.ITLBounds, q)
+					if xa >= xb {
+						continue
+					}
+					pairs++
+					o := capacity.Objectives{ITL: time.Duration((xa + xb) / 2 * float64(time.Second)), TTFT: time.Hour, Quantile: q}
+					bound, ok := c.StallBound(o)
+					require.True(t, ok, "q%.2f ITL %v: no crossing", q, o.ITL)
+					x := bound * newPerOut
+					require.True(t, x > a.PromptTokensPerSec && x < b.PromptTokensPerSec,
+						"q%.2f ITL %v (between %d and %d clients): %.0f new tokens/s, the levels' %.0f and %.0f",
+						q, o.ITL, l.levels[i], l.levels[i+1], x, a.PromptTokensPerSec, b.PromptTokensPerSec)
+				}
+			}
+			require.GreaterOrEqual(t, pairs, 4, "too few ladder levels told apart by the ITL histogram")
+		})
+	}
+}
+
 // binAt is the bin whose concurrency is nearest level.
 func binAt(c capacity.Curve, level int) *capacity.Bin {
 	var best *capacity.Bin
