@@ -280,6 +280,10 @@ func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error
 	r.rep.Checks = append(r.rep.Checks, st)
 
 	// One replica lost: the next quote must drop by its share.
+	if len(r.f.kills) == 0 {
+		r.log.Warn("the replicas are real URLs the bench does not kill: no lost-replica check")
+		return r.rep, nil
+	}
 	r.idle(ctx)
 	if _, err := r.quote(ctx, "idle, before the loss"); err != nil {
 		return nil, err

@@ -220,6 +220,39 @@ func TestProcessFleet(t *testing.T) {
 	require.ErrorContains(t, err, "cannot find enginesim")
 }
 
+// The capacity proof kills the last replica of a simulated fleet, in
+// process or as a process; a fleet of real URLs has none to kill.
+func TestFleetKills(t *testing.T) {
+	bin := simtest.Binary(t)
+	for _, mode := range []string{FleetInProcess, FleetProcess} {
+		t.Run(mode, func(t *testing.T) {
+			o := smallOptions(t).WithDefaults()
+			o.Fleet.Mode, o.Fleet.EnginesimBin = mode, bin
+			f, err := startFleet(context.Background(), o.Fleet, 1, 1000, o.Log)
+			require.NoError(t, err)
+			defer func() { require.NoError(t, f.Stop()) }()
+			require.Len(t, f.kills, len(f.Endpoints()))
+			f.kills[len(f.kills)-1]()
+			last := f.Endpoints()[len(f.Endpoints())-1]
+			require.Eventually(t, func() bool {
+				l, err := net.Listen("tcp", last.Addr)
+				if err == nil {
+					_ = l.Close()
+				}
+				return err == nil
+			}, 10*time.Second, 20*time.Millisecond, "the killed replica's port is still bound")
+			resp, err := f.http.Get("http://" + f.Endpoints()[0].Addr + "/health")
+			require.NoError(t, err, "the others still serve")
+			require.NoError(t, resp.Body.Close())
+		})
+	}
+	u := FleetOptions{Mode: FleetURLs, URLs: []string{"http://127.0.0.1:1"}, Model: "m"}
+	f, err := startFleet(context.Background(), u, 1, 1000, zaptest.NewLogger(t))
+	require.NoError(t, err)
+	require.Empty(t, f.kills)
+	require.NoError(t, f.Stop())
+}
+
 func TestURLFleet(t *testing.T) {
 	// Two replicas the bench did not start stand in for real endpoints.
 	o := smallOptions(t).WithDefaults()

@@ -27,9 +27,9 @@ type fleet struct {
 	simulated bool
 	stop      func() error
 	http      *http.Client
-	// kills stop one in-process replica each (the capacity proof's lost
-	// replica); nil in other modes.
-	kills []context.CancelFunc
+	// kills stop one simulated replica each (the capacity proof's lost
+	// replica); nil for real URLs.
+	kills []func()
 }
 
 // Endpoints are the replicas, in a stable order.
@@ -166,6 +166,7 @@ func (f *fleet) startProcesses(ctx context.Context, o FleetOptions, seed int64, 
 	}
 	for _, s := range sims {
 		f.endpoints = append(f.endpoints, s.Endpoint())
+		f.kills = append(f.kills, func() { _ = s.Kill() })
 	}
 	return nil
 }
