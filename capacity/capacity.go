@@ -2,8 +2,9 @@
 // admin port (GET /v1/capacity) and the quoter reads: per model, how much
 // headroom the pool has right now, computed from the same KV index and engine
 // metrics the scheduler uses, and per replica the curve of its latency
-// against its load (Curve, learnt from the engines' own histograms)
-// from which the quoter reads the load it can sell within its objectives.
+// against its load and its prefill (Curve, learnt from the engines' own
+// histograms and counters) from which the quoter reads the load it can
+// sell within its objectives.
 // It is deliberately narrow so the quoter never depends on scheduler
 // internals.
 package capacity
