@@ -73,8 +73,9 @@ type Replica struct {
 	// MaxRunning is the scheduler's admission.target_inflight, the batch
 	// size it will fill a replica to.
 	MaxRunning int `json:"max_running"`
-	// OutputTokensPerSec is the engine's output rate over its last scrape
-	// window.
+	// OutputTokensPerSec is the engine's output rate over its last 30 s of
+	// scrapes: the load's sustained rate, which one window's reading
+	// misses by half or more on a mix of long prompts (Learner.OutputRate).
 	OutputTokensPerSec float64 `json:"output_tokens_per_sec"`
 	// FreeKVTokens and TotalKVTokens are its KV cache (healthy only).
 	FreeKVTokens  int64 `json:"free_kv_tokens"`

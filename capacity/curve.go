@@ -65,7 +65,9 @@ func (h *Histogram) add(o *Histogram, scale float64) {
 // past what it can admit (KV full, its prefill budget spent) holds its
 // batch and grows its queue: keyed by the batch alone, the windows of an
 // overload would land among those of a light load and charge their times
-// to first token to it.
+// to first token to it. A window's times to first token go to the bin of
+// the load they waited under (Learner.queuedLoad), which may be another
+// bin than its own.
 type Bin struct {
 	// Concurrency is the mean number of requests in the engine, running
 	// plus waiting: the key.
@@ -303,6 +305,7 @@ type Learner struct {
 	// prefillLoad is the new-token rate averaged over stallSmoothing, the
 	// key of the window's stall bin.
 	prefillLoad float64
+	recent      recent
 }
 
 // dispersionSamples is how many recent busy scrapes the load's spread is
@@ -322,6 +325,9 @@ func NewLearner(halfLife time.Duration) *Learner {
 func (l *Learner) Add(w Window) {
 	if x := w.NewPromptTokensPerSec; w.Seconds > 0 && x >= 0 && !math.IsInf(x, 0) && !math.IsInf(w.Seconds, 0) {
 		l.prefillLoad += -math.Expm1(-w.Seconds/stallSmoothing.Seconds()) * (x - l.prefillLoad)
+	}
+	if w.Seconds > 0 && !math.IsInf(w.Seconds, 0) {
+		l.recent.add(&w)
 	}
 	conc := w.Running + w.Waiting
 	if w.Seconds <= 0 || w.Running < 0 || w.Waiting < 0 || !(conc > 0) || math.IsInf(conc, 0) {
@@ -357,7 +363,32 @@ func (l *Learner) Add(w Window) {
 		l.mean += a * (x - l.mean)
 		l.sq += a * (x*x - l.sq)
 	}
-	k := binIndex(conc)
+	if q := l.queuedLoad(&w); binIndex(q) != binIndex(conc) {
+		l.bin(q).TTFT.add(&w.TTFT, 1)
+		w.TTFT = Histogram{}
+	}
+	addWindow(l.bin(conc), &w)
+	l.curve.addStallWindow(&w, l.prefillLoad)
+}
+
+// queuedLoad is the load the window's first tokens waited under, the key
+// of its times to first token: the mean requests in the engine over the
+// window and, before it, the window's mean time to first token. A queue
+// draining after an overload passes through the bins of lighter loads
+// with first tokens that waited through the overload; keyed by the
+// window's own load, they would charge to a light load what the overload
+// did.
+func (l *Learner) queuedLoad(w *Window) float64 {
+	wait := 0.0
+	if h := &w.TTFT; h.Count > 0 && h.Sum > 0 && !math.IsInf(h.Sum, 0) {
+		wait = h.Sum / h.Count
+	}
+	return l.recent.loadOver(w.Seconds + wait)
+}
+
+// bin returns the bin of concurrency c, made empty where there is none.
+func (l *Learner) bin(c float64) *Bin {
+	k := binIndex(c)
 	i := sort.SearchInts(l.idx, k)
 	if i == len(l.idx) || l.idx[i] != k {
 		l.idx = append(l.idx, 0)
@@ -365,10 +396,9 @@ func (l *Learner) Add(w Window) {
 		l.idx[i] = k
 		l.curve.Bins = append(l.curve.Bins, Bin{})
 		copy(l.curve.Bins[i+1:], l.curve.Bins[i:])
-		l.curve.Bins[i] = Bin{}
+		l.curve.Bins[i] = Bin{Concurrency: c}
 	}
-	addWindow(&l.curve.Bins[i], &w)
-	l.curve.addStallWindow(&w, l.prefillLoad)
+	return &l.curve.Bins[i]
 }
 
 // endRun ends the saturated run under way, which measures the prefill
@@ -391,6 +421,10 @@ func (l *Learner) Curve() Curve {
 	}
 	return c
 }
+
+// OutputRate is the engine's output tokens per second over its last
+// busyRateSpan of scrapes, idle ones included.
+func (l *Learner) OutputRate() float64 { return l.recent.rate() }
 
 // Summary is what a learner has, for its metrics.
 type Summary struct {
@@ -444,19 +478,19 @@ func addWindow(b *Bin, w *Window) {
 }
 
 // addBin adds o's observations to b, its means weighted by window time.
+// A bin of no time (first tokens keyed to a load no window of which has
+// been seen) adds its observations and leaves the means alone.
 func addBin(b, o *Bin) {
-	t := b.Seconds + o.Seconds
-	if t <= 0 {
-		return
+	if t := b.Seconds + o.Seconds; t > 0 {
+		mean := func(x, y float64) float64 { return (x*b.Seconds + y*o.Seconds) / t }
+		b.Concurrency = mean(b.Concurrency, o.Concurrency)
+		b.Running = mean(b.Running, o.Running)
+		b.Waiting = mean(b.Waiting, o.Waiting)
+		b.KVUsage = mean(b.KVUsage, o.KVUsage)
+		b.OutputTokensPerSec = mean(b.OutputTokensPerSec, o.OutputTokensPerSec)
+		b.PromptTokensPerSec = mean(b.PromptTokensPerSec, o.PromptTokensPerSec)
+		b.Seconds = t
 	}
-	mean := func(x, y float64) float64 { return (x*b.Seconds + y*o.Seconds) / t }
-	b.Concurrency = mean(b.Concurrency, o.Concurrency)
-	b.Running = mean(b.Running, o.Running)
-	b.Waiting = mean(b.Waiting, o.Waiting)
-	b.KVUsage = mean(b.KVUsage, o.KVUsage)
-	b.OutputTokensPerSec = mean(b.OutputTokensPerSec, o.OutputTokensPerSec)
-	b.PromptTokensPerSec = mean(b.PromptTokensPerSec, o.PromptTokensPerSec)
-	b.Seconds = t
 	b.Windows += o.Windows
 	b.TTFT.add(&o.TTFT, 1)
 	b.ITL.add(&o.ITL, 1)

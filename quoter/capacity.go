@@ -98,13 +98,18 @@ type ReplicaAssessment struct {
 //	               bound for the current mix, capped at max_running
 //	busy         = max(running + waiting, in_flight)
 //	concurrency  = max(0, capacity.concurrency - busy)
-//	tokens/s     = max(0, min(capacity.tokens/s - output tokens/s now,
+//	load         = output tokens/s of the last 30 s, 0 when busy is 0
+//	tokens/s     = max(0, min(capacity.tokens/s - load,
 //	                          capacity.tokens/s * concurrency / capacity.concurrency))
 //
 // summed over healthy replicas, rounded down. A replica with an open
 // breaker or stale metrics contributes nothing; one with no curve either
 // (nothing measured, no calibration), and the curve is never read beyond
-// the largest load measured. The second bound on tokens/s keeps the
+// the largest load measured. The load's rate is its sustained one: one
+// scrape's swings by half or more on long prompts, and a burst is bounded
+// by busy, the requests it holds. A replica holding no request has no load
+// left to serve: the rate of a load that has ended would keep it
+// under-quoting for 30 s. The second bound on tokens/s keeps the
 // promise per stream: a stream at capacity runs at the capacity's per-stream
 // rate, slower than one at today's lighter load.
 func ComputeHeadroom(m capacity.Model, cal *capacity.Calibration, o capacity.Objectives) (Headroom, Assessment) {
@@ -142,11 +147,15 @@ func ComputeHeadroom(m capacity.Model, cal *capacity.Calibration, o capacity.Obj
 			ra.Capacity, ra.Source = at, source
 			a.Concurrency += at.Concurrency
 			a.OutputTokensPerSec += at.OutputTokensPerSec
+			load := 0.0
+			if ra.Busy > 0 {
+				load = finite(r.OutputTokensPerSec)
+			}
 			a.Busy += ra.Busy
-			a.BusyTokensPerSec += finite(r.OutputTokensPerSec)
+			a.BusyTokensPerSec += load
 			if free := at.Concurrency - float64(ra.Busy); free > 0 {
 				conc += free
-				rate := min(at.OutputTokensPerSec-finite(r.OutputTokensPerSec), at.OutputTokensPerSec*free/at.Concurrency)
+				rate := min(at.OutputTokensPerSec-load, at.OutputTokensPerSec*free/at.Concurrency)
 				tps += max(rate, 0)
 			}
 		}

@@ -77,6 +77,8 @@ func TestComputeHeadroom(t *testing.T) {
 		{"prefill bound, half loaded", []capacity.Replica{rep(true, 3, 0, 0, v/4, bounded)}, nil, h(c/2-3, v/4)},
 		{"the calibration's prefill bounds a live curve that never queued", []capacity.Replica{rep(true, 0, 0, 0, 0, full)}, calBounded, h(c/2, v/2)},
 		{"capped at max_running", []capacity.Replica{{Healthy: true, MaxRunning: 5, Curve: full}}, nil, h(5, v*5/c)},
+		{"the rate of a load that has ended is not subtracted", []capacity.Replica{rep(true, 0, 0, 0, 2*v, full)}, nil, h(c, v)},
+		{"a load's rate while it holds one request", []capacity.Replica{rep(true, 1, 0, 0, v/2, full)}, nil, h(c-1, min(v/2, v*(c-1)/c))},
 		{"negative and NaN counts", []capacity.Replica{rep(true, -3, 0, 0, math.NaN(), full)}, nil, h(c, v)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

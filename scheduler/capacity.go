@@ -46,6 +46,12 @@ func curveHistogram(h *metrics.Histogram) ([]float64, capacity.Histogram) {
 	return h.Bounds[:h.N], capacity.Histogram{Counts: h.Counts[:h.N], Count: h.Count, Sum: h.Sum}
 }
 
+func (r *replica) outputRate() float64 {
+	r.curve.mu.Lock()
+	defer r.curve.mu.Unlock()
+	return r.curve.l.OutputRate()
+}
+
 func (r *replica) curveCopy() capacity.Curve {
 	r.curve.mu.Lock()
 	defer r.curve.mu.Unlock()
@@ -86,7 +92,7 @@ func (s *Scheduler) Capacity() capacity.Snapshot {
 		if sm != nil && !stale {
 			sig := &sm.Signals
 			rc.Running, rc.Waiting = int(sig.Running), int(sig.Waiting)
-			rc.OutputTokensPerSec = sm.GenerationTokensPerSec
+			rc.OutputTokensPerSec = r.outputRate()
 			m.Waiting += int(sig.Waiting)
 			m.Running += int(sig.Running)
 			m.OutputTokensPerSec += sm.GenerationTokensPerSec

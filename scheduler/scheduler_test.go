@@ -815,3 +815,19 @@ func TestCapacity(t *testing.T) {
 	require.Equal(t, 0, qw.Healthy)
 	require.Zero(t, qw.FreeKVTokens, "a replica with an open breaker offers no capacity")
 }
+
+// The load a quote subtracts is a replica's sustained output rate, not
+// its last scrape's: scrapes alternating 2,000 and 0 tok/s read 1,000.
+func TestCapacityReplicaRateIsSustained(t *testing.T) {
+	e := newEnv(t, 0, nil)
+	e.s.SetEndpoints(endpoints(1, testModel))
+	url := e.rep(0).ep.MetricsURL
+	for i := range 60 {
+		e.s.Observe(&metrics.Sample{URL: url, At: e.clock.Now(), GenerationTokensPerSec: 2000 * float64(i%2),
+			Signals: metrics.Signals{Running: 2}, Window: metrics.Window{Seconds: 1, Running: 2}})
+	}
+	snap := e.s.Capacity()
+	require.Len(t, snap.Models, 1)
+	require.Equal(t, 2000.0, snap.Models[0].OutputTokensPerSec, "the pool's figure is the last scrape's")
+	require.InDelta(t, 1000, snap.Models[0].ReplicaCapacity[0].OutputTokensPerSec, 1e-9)
+}
