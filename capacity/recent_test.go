@@ -104,3 +104,64 @@ func TestLearnerOutputRate(t *testing.T) {
 	l.Add(Window{Seconds: math.Inf(1), Running: 4, OutputTokensPerSec: 900})
 	require.InDelta(t, 300, l.OutputRate(), 1e-9, "windows of no or infinite length are not remembered")
 }
+
+// A client's time to first token is its wait in the EPP's flow control
+// and then the engine's: near a pool's edge the EPP is where requests wait,
+// which the engine's histogram never records.
+func TestFirstTokensWithinCountsTheEPPWait(t *testing.T) {
+	// Every engine time to first token is spread evenly over (0, 1 s].
+	ttft := Histogram{Counts: []float64{100, 100, 100}, Count: 100}
+	for _, tc := range []struct {
+		name      string
+		admission Histogram
+		want      float64
+	}{
+		{"no wait recorded", Histogram{}, 1},
+		{"no request waited", Histogram{Counts: []float64{100, 100, 100}, Count: 100}, 1},
+		// Half waited 1-2 s, read as 1.5 s: 0.5 s left, half of them.
+		{"half waited 1.5 s", Histogram{Counts: []float64{50, 100, 100}, Count: 100}, 0.5 + 0.5*0.5},
+		{"half waited past the last bound", Histogram{Counts: []float64{50, 50, 50}, Count: 100}, 0.5},
+		{"a wait beyond the objective leaves nothing", Histogram{Counts: []float64{0, 0, 100}, Count: 100}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := Bin{TTFT: ttft, Admission: tc.admission}
+			require.InDelta(t, tc.want, b.firstTokensWithin(testTTFTBounds, 2), 1e-9)
+		})
+	}
+
+	none := Bin{Admission: Histogram{Counts: []float64{0, 0, 100}, Count: 100}}
+	require.Equal(t, 1.0, none.firstTokensWithin(testTTFTBounds, 2), "waits without first tokens measured break nothing")
+
+	// The learner keeps the waits with the first tokens, at the load they
+	// waited under, and a curve whose requests waited reads less.
+	w := func(running, waited float64) Window {
+		return Window{Seconds: 1, Running: running, OutputTokensPerSec: running * 30,
+			TTFTBounds: testTTFTBounds, ITLBounds: testITLBounds,
+			ITL:       Histogram{Counts: []float64{100, 100, 100}, Count: 100, Sum: 2},
+			TTFT:      Histogram{Counts: []float64{10, 10, 10}, Count: 10, Sum: 2},
+			Admission: Histogram{Counts: []float64{10 - waited, 10, 10}, Count: 10, Sum: 1.5 * waited}}
+	}
+	read := func(waited float64) AtObjectives {
+		l := NewLearner(0)
+		for range 2 * MinWindows {
+			for _, k := range []float64{2, 6, 10, 14, 18} {
+				x := w(k, 0)
+				if k >= 10 {
+					x = w(k, waited)
+				}
+				l.Add(x)
+			}
+		}
+		c := l.Curve()
+		require.NoError(t, c.Validate())
+		require.InDelta(t, 8*10, c.Bins[2].Admission.Count, 1e-9)
+		at, err := c.At(testObjectives)
+		require.NoError(t, err)
+		return at
+	}
+	calm, queued := read(0), read(5)
+	require.Equal(t, LimitMeasured, calm.Limit)
+	require.Equal(t, LimitTTFT, queued.Limit)
+	require.Less(t, queued.Concurrency, 10.0)
+	require.Greater(t, calm.Concurrency, 10.0)
+}

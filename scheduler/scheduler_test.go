@@ -831,3 +831,40 @@ func TestCapacityReplicaRateIsSustained(t *testing.T) {
 	require.Equal(t, 2000.0, snap.Models[0].OutputTokensPerSec, "the pool's figure is the last scrape's")
 	require.InDelta(t, 1000, snap.Models[0].ReplicaCapacity[0].OutputTokensPerSec, 1e-9)
 }
+
+// A request's wait in flow control reaches the curve of the replica it was
+// routed to, with the first tokens of the next window, on the engine's own
+// TTFT bounds; waits recorded before the engine's bounds are known are
+// dropped.
+func TestCapacityCurveHasTheEPPWait(t *testing.T) {
+	e := newEnv(t, 0, nil)
+	e.s.SetEndpoints(endpoints(1, testModel))
+	url := e.rep(0).ep.MetricsURL
+	var ttft metrics.Histogram
+	ttft.N = 3
+	ttft.Bounds[0], ttft.Bounds[1], ttft.Bounds[2] = 0.5, 1, 2
+	ttft.Counts[0], ttft.Counts[1], ttft.Counts[2], ttft.Count = 4, 4, 4, 4
+	observe := func() {
+		e.s.Observe(&metrics.Sample{URL: url, At: e.clock.Now(), Signals: metrics.Signals{Running: 2},
+			Window: metrics.Window{Seconds: 1, Running: 2, TTFT: ttft}})
+	}
+	pick := func(wait time.Duration) {
+		req := &Request{Model: testModel}
+		d, err := e.s.Pick(req, &Ticket{waited: wait})
+		require.NoError(t, err)
+		d.Done(DoneInfo{})
+	}
+	pick(5 * time.Second) // before any window: no bounds yet
+	observe()
+	pick(0)
+	pick(750 * time.Millisecond)
+	pick(time.Minute)
+	observe()
+	c := e.rep(0).curveCopy()
+	require.Len(t, c.Bins, 1)
+	a := c.Bins[0].Admission
+	require.Equal(t, []float64{1, 2, 2}, a.Counts, "cumulative on the engine's bounds; a minute is past them")
+	require.InDelta(t, 3, a.Count, 1e-9)
+	require.InDelta(t, 60.75, a.Sum, 1e-9)
+	require.NoError(t, c.Validate())
+}
