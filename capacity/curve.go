@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"sort"
 	"time"
 
@@ -88,10 +87,6 @@ type Bin struct {
 	// TTFT and ITL are the latencies observed in the windows.
 	TTFT Histogram `json:"ttft"`
 	ITL  Histogram `json:"itl"`
-	// Admission is the EPP's flow-control waits of the requests routed in
-	// the windows whose first tokens the bin has, on the TTFT bounds: a
-	// client's time to first token is that wait and then the engine's.
-	Admission Histogram `json:"admission,omitzero"`
 }
 
 // Curve is what one engine (or, for calibration, one replica's share of a
@@ -282,9 +277,6 @@ type Window struct {
 	PromptTokensPerSec    float64
 	TTFTBounds, ITLBounds []float64
 	TTFT, ITL             Histogram
-	// Admission is the flow-control waits of the requests the EPP routed
-	// to the engine in the window, on TTFTBounds.
-	Admission Histogram
 }
 
 // binIndex maps a concurrency to its bin: one bin per request up to 16,
@@ -372,10 +364,8 @@ func (l *Learner) Add(w Window) {
 		l.sq += a * (x*x - l.sq)
 	}
 	if q := l.queuedLoad(&w); binIndex(q) != binIndex(conc) {
-		b := l.bin(q)
-		b.TTFT.add(&w.TTFT, 1)
-		b.Admission.add(&w.Admission, 1)
-		w.TTFT, w.Admission = Histogram{}, Histogram{}
+		l.bin(q).TTFT.add(&w.TTFT, 1)
+		w.TTFT = Histogram{}
 	}
 	addWindow(l.bin(conc), &w)
 	l.curve.addStallWindow(&w, l.prefillLoad)
@@ -469,7 +459,9 @@ func (c Curve) Clone() Curve {
 	out := Curve{TTFTBounds: append([]float64(nil), c.TTFTBounds...), ITLBounds: append([]float64(nil), c.ITLBounds...),
 		Bins: make([]Bin, len(c.Bins)), Dispersion: c.Dispersion, Prefill: c.Prefill}
 	for i, b := range c.Bins {
-		out.Bins[i] = cloneBin(b)
+		b.TTFT.Counts = append([]float64(nil), b.TTFT.Counts...)
+		b.ITL.Counts = append([]float64(nil), b.ITL.Counts...)
+		out.Bins[i] = b
 	}
 	if c.Stall != nil {
 		out.Stall = make([]StallBin, len(c.Stall))
@@ -482,7 +474,7 @@ func (c Curve) Clone() Curve {
 
 func addWindow(b *Bin, w *Window) {
 	addBin(b, &Bin{Concurrency: w.Running + w.Waiting, Running: w.Running, Seconds: w.Seconds, Windows: 1, Waiting: w.Waiting, KVUsage: w.KVUsage,
-		OutputTokensPerSec: w.OutputTokensPerSec, PromptTokensPerSec: w.PromptTokensPerSec, TTFT: w.TTFT, ITL: w.ITL, Admission: w.Admission})
+		OutputTokensPerSec: w.OutputTokensPerSec, PromptTokensPerSec: w.PromptTokensPerSec, TTFT: w.TTFT, ITL: w.ITL})
 }
 
 // addBin adds o's observations to b, its means weighted by window time.
@@ -502,7 +494,6 @@ func addBin(b, o *Bin) {
 	b.Windows += o.Windows
 	b.TTFT.add(&o.TTFT, 1)
 	b.ITL.add(&o.ITL, 1)
-	b.Admission.add(&o.Admission, 1)
 }
 
 func scaleBin(b *Bin, f float64) {
@@ -510,7 +501,6 @@ func scaleBin(b *Bin, f float64) {
 	b.Windows *= f
 	b.TTFT.scale(f)
 	b.ITL.scale(f)
-	b.Admission.scale(f)
 }
 
 func (h *Histogram) scale(f float64) {
@@ -589,28 +579,6 @@ const (
 	MinWindows = 4
 )
 
-// firstTokensWithin is the share of the bin's first tokens a client had
-// within x: the engine's time to first token after the request's wait in
-// the EPP, taken as independent, each wait at its bucket's middle.
-func (b *Bin) firstTokensWithin(bounds []float64, x float64) float64 {
-	a := &b.Admission
-	if a.Count <= 0 || b.TTFT.Count <= 0 {
-		return b.TTFT.Within(bounds, x)
-	}
-	share, lo, below := 0.0, 0.0, 0.0
-	for i, hi := range bounds {
-		if i >= len(a.Counts) {
-			break
-		}
-		if p, left := (a.Counts[i]-below)/a.Count, x-(lo+hi)/2; p > 0 && left > 0 {
-			share += p * b.TTFT.Within(bounds, left)
-		}
-		lo, below = hi, a.Counts[i]
-	}
-	// Waits past the last bound (or the counts' end) leave nothing within.
-	return min(share, 1)
-}
-
 // readable reports whether the bin has enough data to be read.
 func (b *Bin) readable() bool { return b.ITL.Count >= MinSamples && b.Windows >= MinWindows }
 
@@ -660,7 +628,7 @@ func (c Curve) At(o Objectives) (AtObjectives, error) {
 	for i, b := range bins {
 		x[i] = b.Concurrency
 		itl[i], wi[i] = b.ITL.Within(c.ITLBounds, o.ITL.Seconds()), b.ITL.Count
-		ttft[i], wt[i] = b.firstTokensWithin(c.TTFTBounds, o.TTFT.Seconds()), b.TTFT.Count
+		ttft[i], wt[i] = b.TTFT.Within(c.TTFTBounds, o.TTFT.Seconds()), b.TTFT.Count
 	}
 	isotonic.NonIncreasing(itl, wi)
 	isotonic.NonIncreasing(ttft, wt)
@@ -890,9 +858,8 @@ func (p Prefill) over(o Prefill) Prefill {
 }
 
 func cloneBin(b Bin) Bin {
-	b.TTFT.Counts = slices.Clone(b.TTFT.Counts)
-	b.ITL.Counts = slices.Clone(b.ITL.Counts)
-	b.Admission.Counts = slices.Clone(b.Admission.Counts)
+	b.TTFT.Counts = append([]float64(nil), b.TTFT.Counts...)
+	b.ITL.Counts = append([]float64(nil), b.ITL.Counts...)
 	return b
 }
 
@@ -931,7 +898,7 @@ func (c Curve) Validate() error {
 		for name, h := range map[string]struct {
 			h      *Histogram
 			bounds []float64
-		}{"ttft": {&c.Bins[i].TTFT, c.TTFTBounds}, "itl": {&c.Bins[i].ITL, c.ITLBounds}, "admission": {&c.Bins[i].Admission, c.TTFTBounds}} {
+		}{"ttft": {&c.Bins[i].TTFT, c.TTFTBounds}, "itl": {&c.Bins[i].ITL, c.ITLBounds}} {
 			if err := h.h.validate(h.bounds); err != nil {
 				return fmt.Errorf("bin %d %s: %w", i, name, err)
 			}

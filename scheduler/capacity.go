@@ -1,10 +1,8 @@
 package scheduler
 
 import (
-	"slices"
 	"sort"
 	"sync"
-	"time"
 
 	"github.com/omnious/provider-node/capacity"
 	"github.com/omnious/provider-node/engines/metrics"
@@ -15,53 +13,6 @@ import (
 type curveLearner struct {
 	mu sync.Mutex
 	l  *capacity.Learner
-	// waits are the flow-control waits of the requests routed to the
-	// replica since its last scrape, bucketed on the engine's TTFT bounds
-	// (its last window's; waitBounds), the last bucket +Inf: a client's
-	// time to first token is its wait in the EPP and then the engine's, and
-	// the engine's histogram has only the latter. Near a pool's edge the
-	// EPP is where requests wait.
-	waitBounds     []float64
-	waits          []float64
-	waitN, waitSum float64
-}
-
-// routed records the flow-control wait of a request routed to the replica.
-func (c *curveLearner) routed(wait time.Duration) {
-	x := max(wait.Seconds(), 0)
-	c.mu.Lock()
-	if c.waits != nil {
-		c.waits[sort.SearchFloat64s(c.waitBounds, x)]++
-		c.waitN++
-		c.waitSum += x
-	}
-	c.mu.Unlock()
-}
-
-// admission takes the waits recorded since the last window as a histogram
-// on bounds, and starts the next window's. Waits recorded on other bounds
-// (before the first window, or an engine since replaced) are dropped.
-func (c *curveLearner) admission(bounds []float64) capacity.Histogram {
-	var h capacity.Histogram
-	if slices.Equal(c.waitBounds, bounds) {
-		if c.waitN > 0 {
-			h = capacity.Histogram{Counts: make([]float64, len(bounds)), Count: c.waitN, Sum: c.waitSum}
-			sum := 0.0
-			for i := range bounds {
-				sum += c.waits[i]
-				h.Counts[i] = sum
-			}
-		}
-		clear(c.waits)
-	} else if len(bounds) > 0 {
-		c.waitBounds = slices.Clone(bounds)
-		c.waits = make([]float64, len(bounds)+1)
-	} else {
-		// An engine without a TTFT histogram: nothing to add the waits to.
-		c.waitBounds, c.waits = nil, nil
-	}
-	c.waitN, c.waitSum = 0, 0
-	return h
 }
 
 // learn adds the sample's window to the replica's capacity curve. An
@@ -77,7 +28,6 @@ func (r *replica) learn(sm *metrics.Sample) {
 	cw.TTFTBounds, cw.TTFT = curveHistogram(&w.TTFT)
 	cw.ITLBounds, cw.ITL = curveHistogram(&w.ITL)
 	r.curve.mu.Lock()
-	cw.Admission = r.curve.admission(cw.TTFTBounds)
 	r.curve.l.Add(cw)
 	r.curve.mu.Unlock()
 }

@@ -472,9 +472,6 @@ func (s *Scheduler) Pick(req *Request, t *Ticket) (*Decision, error) {
 	}
 	s.m.succeeded.Inc()
 	d.Queued = t.queued()
-	if d.picked != nil {
-		d.picked.r.curve.routed(d.Queued)
-	}
 	return d, nil
 }
 
