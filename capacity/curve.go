@@ -323,10 +323,10 @@ func NewLearner(halfLife time.Duration) *Learner {
 // histogram buckets differ from the curve's (the engine was replaced): the
 // curve then starts over.
 func (l *Learner) Add(w Window) {
-	if x := w.NewPromptTokensPerSec; w.Seconds > 0 && x >= 0 && !math.IsInf(x, 0) && !math.IsInf(w.Seconds, 0) {
-		l.prefillLoad += -math.Expm1(-w.Seconds/stallSmoothing.Seconds()) * (x - l.prefillLoad)
-	}
 	if w.Seconds > 0 && !math.IsInf(w.Seconds, 0) {
+		if x := w.NewPromptTokensPerSec; x >= 0 && !math.IsInf(x, 0) {
+			l.prefillLoad += -math.Expm1(-w.Seconds/stallSmoothing.Seconds()) * (x - l.prefillLoad)
+		}
 		l.recent.add(&w)
 	}
 	conc := w.Running + w.Waiting
@@ -459,9 +459,7 @@ func (c Curve) Clone() Curve {
 	out := Curve{TTFTBounds: append([]float64(nil), c.TTFTBounds...), ITLBounds: append([]float64(nil), c.ITLBounds...),
 		Bins: make([]Bin, len(c.Bins)), Dispersion: c.Dispersion, Prefill: c.Prefill}
 	for i, b := range c.Bins {
-		b.TTFT.Counts = append([]float64(nil), b.TTFT.Counts...)
-		b.ITL.Counts = append([]float64(nil), b.ITL.Counts...)
-		out.Bins[i] = b
+		out.Bins[i] = cloneBin(b)
 	}
 	if c.Stall != nil {
 		out.Stall = make([]StallBin, len(c.Stall))

@@ -17,7 +17,7 @@ type recent struct {
 type recentWindow struct {
 	seconds float64
 	load    float64 // mean requests in the engine, running or waiting
-	tokens  float64 // output tokens
+	rate    float64 // output tokens per second
 }
 
 // recentWindows bounds the history: busyRateSpan and a long queue's wait
@@ -33,56 +33,44 @@ const recentWindows = 256
 const busyRateSpan = 30 * time.Second
 
 func (r *recent) add(w *Window) {
-	load := w.Running + w.Waiting
-	if !(load >= 0) || math.IsInf(load, 0) {
-		load = 0
-	}
-	tokens := w.OutputTokensPerSec * w.Seconds
-	if !(tokens >= 0) || math.IsInf(tokens, 0) {
-		tokens = 0
-	}
-	r.w[r.next] = recentWindow{seconds: w.Seconds, load: load, tokens: tokens}
+	r.w[r.next] = recentWindow{seconds: w.Seconds, load: orZero(w.Running + w.Waiting), rate: orZero(w.OutputTokensPerSec)}
 	r.next = (r.next + 1) % recentWindows
 	r.n = min(r.n+1, recentWindows)
 }
 
-// back calls f with each window from the newest, and the share of it
-// within span seconds of the newest's end, until span is covered.
-func (r *recent) back(span float64, f func(w *recentWindow, share float64)) {
-	for i := range r.n {
-		w := &r.w[(r.next-1-i+2*recentWindows)%recentWindows]
-		if w.seconds >= span {
-			f(w, span/w.seconds)
-			return
-		}
-		f(w, 1)
-		span -= w.seconds
+// orZero is x, or 0 where x is negative or not finite.
+func orZero(x float64) float64 {
+	if !(x >= 0) || math.IsInf(x, 0) {
+		return 0
 	}
+	return x
+}
+
+// mean is v's mean over the windows of the last span seconds, weighted
+// by their time within it, or over what is held when that is less.
+func (r *recent) mean(span float64, v func(*recentWindow) float64) float64 {
+	var t, sum float64
+	for i := range r.n {
+		w := &r.w[(r.next-1-i+recentWindows)%recentWindows]
+		in := min(w.seconds, span)
+		t += in
+		sum += v(w) * in
+		if span -= in; span <= 0 {
+			break
+		}
+	}
+	if t <= 0 {
+		return 0
+	}
+	return sum / t
 }
 
 // loadOver is the mean load over the last span seconds.
 func (r *recent) loadOver(span float64) float64 {
-	var t, sum float64
-	r.back(span, func(w *recentWindow, share float64) {
-		t += w.seconds * share
-		sum += w.load * w.seconds * share
-	})
-	if t <= 0 {
-		return 0
-	}
-	return sum / t
+	return r.mean(span, func(w *recentWindow) float64 { return w.load })
 }
 
-// rate is the output tokens per second over the last busyRateSpan, or
-// over what is held when that is less.
+// rate is the output tokens per second over the last busyRateSpan.
 func (r *recent) rate() float64 {
-	var t, sum float64
-	r.back(busyRateSpan.Seconds(), func(w *recentWindow, share float64) {
-		t += w.seconds * share
-		sum += w.tokens * share
-	})
-	if t <= 0 {
-		return 0
-	}
-	return sum / t
+	return r.mean(busyRateSpan.Seconds(), func(w *recentWindow) float64 { return w.rate })
 }
