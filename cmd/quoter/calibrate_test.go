@@ -39,11 +39,13 @@ func durationOf(d time.Duration) *time.Duration { return &d }
 
 // startCalibrationFleet runs two simulated replicas in real time (time
 // scale 1, so the client and the engines measure the same latencies),
-// with a decode step that grows 6ms per running request: their inter-token
-// latency is about 11ms alone, 17ms at two and 29ms at four, so a 25ms
+// with a decode step that grows 25ms per running request: their inter-token
+// latency is about 45ms alone, 70ms at two and 120ms at four, so a 100ms
 // objective (one of vLLM's ITL bucket bounds, where the engines' curve is
 // read without interpolating inside a bucket) breaks within a few levels
-// of the ladder. maxNumSeqs, when > 0, caps each replica's batch; with
+// of the ladder. The steps are long because the client measures them on a
+// busy machine: a 2-core CI runner under -race has added 15ms to the p95
+// of an 11ms step. maxNumSeqs, when > 0, caps each replica's batch; with
 // rejectSaturated the EPP queues nothing and answers 429 once the pool is
 // saturated (admission.queue_capacity_per_band 0).
 func startCalibrationFleet(t *testing.T, maxNumSeqs int, rejectSaturated bool) calibrationFleet {
@@ -57,7 +59,7 @@ func startCalibrationFleet(t *testing.T, maxNumSeqs int, rejectSaturated bool) c
 			}
 			tm := &c.Engine.Timing
 			tm.PrefillBase, tm.PrefillPerToken = durationOf(time.Millisecond), durationOf(10*time.Microsecond)
-			tm.DecodeBase, tm.DecodePerSeq, tm.KVTerm = durationOf(5*time.Millisecond), durationOf(6*time.Millisecond), durationOf(0)
+			tm.DecodeBase, tm.DecodePerSeq, tm.KVTerm = durationOf(20*time.Millisecond), durationOf(25*time.Millisecond), durationOf(0)
 		})
 		eps = append(eps, endpoint.Endpoint{Addr: r.Addr(), Model: model, Engine: "vllm", MetricsURL: "http://" + r.Addr() + "/metrics"})
 	}
@@ -93,9 +95,9 @@ func TestCalibrateCommand(t *testing.T) {
 	f := startCalibrationFleet(t, 0, false)
 	dir := t.TempDir()
 	fleet := []string{"--url", f.url, "--model", model, "--capacity-url", f.adminURL, "--log-level", "warn"}
-	// Short prompts and answers: a request takes a few hundred ms, so a
-	// 2s level measures several per worker.
-	quick := []string{"--prompt-tokens", "64", "--shared-prefix-tokens", "16", "--groups", "2", "--output-tokens", "32",
+	// Short prompts and answers: a request takes 1-2s, so a 2s level
+	// finishes some and measures many gaps.
+	quick := []string{"--prompt-tokens", "64", "--shared-prefix-tokens", "16", "--groups", "2", "--output-tokens", "16",
 		"--factor", "2", "--warmup", "500ms"}
 	closed := fmt.Sprintf("http://127.0.0.1:%d", simtest.FreePort(t))
 
@@ -110,7 +112,7 @@ func TestCalibrateCommand(t *testing.T) {
 		// a few seconds, every worker with it.
 		cancelAfter time.Duration
 	}{
-		{name: "calibrates", args: append(append([]string{"--slo-itl-p95", "25ms", "--slo-ttft-p95", "1s", "--level-duration", "2s"}, quick...), fleet...),
+		{name: "calibrates", args: append(append([]string{"--slo-itl-p95", "100ms", "--slo-ttft-p95", "1s", "--level-duration", "2s"}, quick...), fleet...),
 			code: exitOK, want: []string{"concurrency", "itl p95", "false", "engines' curve (one of 2 replicas)", "wrote "}, written: true},
 		{name: "breaks at once", args: append(append([]string{"--slo-itl-p95", "1ms", "--level-duration", "1s", "--warmup", "0s"}, quick...), fleet...),
 			code: exitFail, want: []string{"breaks its objectives at concurrency 1: ITL p95 ", " > 1ms"}},
@@ -121,7 +123,7 @@ func TestCalibrateCommand(t *testing.T) {
 		{name: "unreachable EPP", args: append(append([]string{"--level-duration", "1s"}, fleet...), "--capacity-url", closed),
 			code: exitFail, want: []string{"cannot read the capacity snapshot", "unreachable"}},
 		{name: "cancelled", args: append(append([]string{"--level-duration", "1m", "--start-concurrency", "6"}, quick...), fleet...),
-			cancelAfter: 1500 * time.Millisecond, code: exitFail, want: []string{"calibration stopped at concurrency 6: context deadline exceeded"}},
+			cancelAfter: 6 * time.Second, code: exitFail, want: []string{"calibration stopped at concurrency 6: context deadline exceeded"}},
 		{name: "no output", args: fleet, code: exitUsage, want: []string{"usage: quoter calibrate"}},
 		{name: "bad mix", args: append([]string{"--prompt-tokens", "10", "--shared-prefix-tokens", "20"}, fleet...), code: exitUsage,
 			want: []string{"shared prefix of 20 tokens is longer than the 10-token prompt", "usage: quoter calibrate"}},
@@ -163,12 +165,12 @@ func TestCalibrateCommand(t *testing.T) {
 			require.Equal(t, model, cal.Model)
 			require.Equal(t, f.url, cal.URL)
 			require.Equal(t, 2, cal.Replicas)
-			require.Equal(t, capacity.Mix{PromptTokens: 64, SharedPrefixTokens: 16, Groups: 2, OutputTokens: 32}, cal.Mix)
+			require.Equal(t, capacity.Mix{PromptTokens: 64, SharedPrefixTokens: 16, Groups: 2, OutputTokens: 16}, cal.Mix)
 			// The prompts were fitted to 64 of the engine's tokens, chat
 			// template included (unfitted, 64 random words are about 100).
 			require.InDelta(t, 64, cal.PromptTokensMeasured, 0.02*64+1)
-			obj := capacity.Objectives{TTFT: time.Second, ITL: 25 * time.Millisecond, Quantile: 0.95}
-			require.Equal(t, capacity.ObjectivesJSON{TTFTSeconds: 1, ITLSeconds: 0.025, Quantile: 0.95}, cal.Objectives)
+			obj := capacity.Objectives{TTFT: time.Second, ITL: 100 * time.Millisecond, Quantile: 0.95}
+			require.Equal(t, capacity.ObjectivesJSON{TTFTSeconds: 1, ITLSeconds: 0.1, Quantile: 0.95}, cal.Objectives)
 			at, err := cal.Curve.At(obj)
 			require.NoError(t, err)
 			require.Positive(t, at.Concurrency, "the engines hold the objectives at the first level, as the client saw")
@@ -202,7 +204,7 @@ func deadline(ctx context.Context) time.Time {
 // not a broken URL. The ladder stops there and the calibration keeps what
 // it measured. Two replicas of at most 4 running requests, behind an EPP
 // that answers 429 once the pool is saturated rather than queueing: 8
-// requests run (4 each, ITL about 29ms, outside 25ms), 16 leave 8 waiting
+// requests run (4 each, ITL about 120ms, outside 100ms), 16 leave 8 waiting
 // and are mostly refused.
 func TestCalibrateStopsAtAFailingLevelPastTheBreak(t *testing.T) {
 	f := startCalibrationFleet(t, 4, true)
@@ -210,8 +212,8 @@ func TestCalibrateStopsAtAFailingLevelPastTheBreak(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	code, stdout, stderr := invoke(ctx, "calibrate", "--url", f.url, "--model", model, "--capacity-url", f.adminURL,
-		"--log-level", "info", "--slo-itl-p95", "25ms", "--slo-ttft-p95", "1s", "--level-duration", "2s", "--warmup", "500ms",
-		"--prompt-tokens", "64", "--shared-prefix-tokens", "16", "--groups", "2", "--output-tokens", "32", "--factor", "2",
+		"--log-level", "info", "--slo-itl-p95", "100ms", "--slo-ttft-p95", "1s", "--level-duration", "2s", "--warmup", "500ms",
+		"--prompt-tokens", "64", "--shared-prefix-tokens", "16", "--groups", "2", "--output-tokens", "16", "--factor", "2",
 		"--past-break", "3", "--max-concurrency", "64", "--out", out)
 	t.Log(stdout + stderr)
 	require.Equal(t, exitOK, code, stdout+stderr)
@@ -225,7 +227,7 @@ func TestCalibrateStopsAtAFailingLevelPastTheBreak(t *testing.T) {
 	for _, l := range cal.Levels {
 		require.Zero(t, l.Errors, "level %d", l.Concurrency)
 	}
-	_, err = cal.Curve.At(capacity.Objectives{TTFT: time.Second, ITL: 25 * time.Millisecond, Quantile: 0.95})
+	_, err = cal.Curve.At(capacity.Objectives{TTFT: time.Second, ITL: 100 * time.Millisecond, Quantile: 0.95})
 	require.NoError(t, err)
 }
 
