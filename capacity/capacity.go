@@ -56,6 +56,8 @@ type Model struct {
 	// ReplicaCapacity has one entry per endpoint, with what was learnt of
 	// its capacity, for the quoter to read at its objectives.
 	ReplicaCapacity []Replica `json:"replica_capacity,omitempty"`
+	// Admission is the EPP's flow control, nil when it is off.
+	Admission *Admission `json:"admission,omitempty"`
 }
 
 // Replica is one endpoint's load now and its learnt capacity curve.

@@ -423,7 +423,7 @@ func (l *Learner) Curve() Curve {
 }
 
 // OutputRate is the engine's output tokens per second over its last
-// busyRateSpan of scrapes, idle ones included.
+// RateSpan of scrapes, idle ones included.
 func (l *Learner) OutputRate() float64 { return l.recent.rate() }
 
 // Summary is what a learner has, for its metrics.
@@ -545,8 +545,9 @@ type AtObjectives struct {
 	// there), "measured" (no measured concurrency broke an objective,
 	// so the capacity stops where the measurements do: never
 	// extrapolated), "prefill" (the rate the engine prefills the mix
-	// at, Prefill.Bound) or "prefill-itl" (the stalls the mix's prefill
-	// puts into decoding, Curve.StallBound).
+	// at, Prefill.Bound), "prefill-itl" (the stalls the mix's prefill
+	// puts into decoding, Curve.StallBound) or "admission" (the load at
+	// which the EPP starts to queue, Curve.AtAdmitted).
 	Limit string `json:"limit"`
 	// MaxMeasured is the largest concurrency with enough data.
 	MaxMeasured float64 `json:"max_measured"`
@@ -554,15 +555,33 @@ type AtObjectives struct {
 	PrefillBoundTokensPerSec float64 `json:"prefill_bound_tokens_per_sec,omitempty"`
 	// StallBoundTokensPerSec is Curve.StallBound, when measured.
 	StallBoundTokensPerSec float64 `json:"stall_bound_tokens_per_sec,omitempty"`
+	// AdmissionBoundConcurrency and AdmissionBoundTokensPerSec are
+	// Curve.AdmissionBound, when read (Curve.AtAdmitted).
+	AdmissionBoundConcurrency  float64 `json:"admission_bound_concurrency,omitempty"`
+	AdmissionBoundTokensPerSec float64 `json:"admission_bound_tokens_per_sec,omitempty"`
+}
+
+// lower scales the capacity down to bound output tokens per second, the
+// concurrency and prompt rate with it, naming limit as what bounds it;
+// nothing changes when the capacity is already within bound.
+func (a *AtObjectives) lower(bound float64, limit string) {
+	if a.OutputTokensPerSec > bound {
+		f := bound / a.OutputTokensPerSec
+		a.Concurrency *= f
+		a.OutputTokensPerSec = bound
+		a.PromptTokensPerSec *= f
+		a.Limit = limit
+	}
 }
 
 // Limits reported by At.
 const (
-	LimitTTFT     = "ttft"
-	LimitITL      = "itl"
-	LimitMeasured = "measured"
-	LimitPrefill  = "prefill"
-	LimitStall    = "prefill-itl"
+	LimitTTFT      = "ttft"
+	LimitITL       = "itl"
+	LimitMeasured  = "measured"
+	LimitPrefill   = "prefill"
+	LimitStall     = "prefill-itl"
+	LimitAdmission = "admission"
 )
 
 // MinSamples is the inter-token observations a bin needs before it is
@@ -695,22 +714,13 @@ func (c Curve) At(o Objectives) (AtObjectives, error) {
 	out.Limit = limitAt(mix, hi, o.Quantile)
 	out.OutputTokensPerSec = interpolate(bins, lo, func(b *Bin) float64 { return b.OutputTokensPerSec })
 	out.PromptTokensPerSec = interpolate(bins, lo, func(b *Bin) float64 { return b.PromptTokensPerSec })
-	lower := func(bound float64, limit string) {
-		if out.OutputTokensPerSec > bound {
-			f := bound / out.OutputTokensPerSec
-			out.Concurrency *= f
-			out.OutputTokensPerSec = bound
-			out.PromptTokensPerSec *= f
-			out.Limit = limit
-		}
-	}
 	if bound, ok := c.Prefill.Bound(o); ok {
 		out.PrefillBoundTokensPerSec = bound
-		lower(bound, LimitPrefill)
+		out.lower(bound, LimitPrefill)
 	}
 	if bound, ok := c.StallBound(o); ok {
 		out.StallBoundTokensPerSec = bound
-		lower(bound, LimitStall)
+		out.lower(bound, LimitStall)
 	}
 	return out, nil
 }

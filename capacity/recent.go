@@ -20,17 +20,17 @@ type recentWindow struct {
 	rate    float64 // output tokens per second
 }
 
-// recentWindows bounds the history: busyRateSpan and a long queue's wait
+// recentWindows bounds the history: RateSpan and a long queue's wait
 // at scrape intervals down to a few hundred milliseconds.
 const recentWindows = 256
 
-// busyRateSpan is what the load's output rate is averaged over. A quote
-// holds for minutes, and one scrape window's rate swings by half or more
-// on a mix of long prompts, whose prefill stalls every decoding request
-// in turn: the headroom left beside a load is its capacity minus the
-// load's sustained rate, while its burst is bounded by the requests it
-// holds.
-const busyRateSpan = 30 * time.Second
+// RateSpan is what the load's output rate is averaged over, in wall time
+// (the scrapes'). A quote holds for minutes, and one scrape window's rate
+// swings by half or more on a mix of long prompts, whose prefill stalls
+// every decoding request in turn: the headroom left beside a load is its
+// capacity minus the load's sustained rate, while its burst is bounded by
+// the requests it holds.
+const RateSpan = 30 * time.Second
 
 func (r *recent) add(w *Window) {
 	r.w[r.next] = recentWindow{seconds: w.Seconds, load: orZero(w.Running + w.Waiting), rate: orZero(w.OutputTokensPerSec)}
@@ -70,7 +70,7 @@ func (r *recent) loadOver(span float64) float64 {
 	return r.mean(span, func(w *recentWindow) float64 { return w.load })
 }
 
-// rate is the output tokens per second over the last busyRateSpan.
+// rate is the output tokens per second over the last RateSpan.
 func (r *recent) rate() float64 {
-	return r.mean(busyRateSpan.Seconds(), func(w *recentWindow) float64 { return w.rate })
+	return r.mean(RateSpan.Seconds(), func(w *recentWindow) float64 { return w.rate })
 }

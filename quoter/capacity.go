@@ -133,7 +133,7 @@ func ComputeHeadroom(m capacity.Model, cal *capacity.Calibration, o capacity.Obj
 					curve, source = merged, "live+calibration"
 				}
 			}
-			at, err := curve.At(o)
+			at, err := curve.AtAdmitted(o, m.Admission)
 			if err != nil {
 				ra.Why = "no capacity measured: " + err.Error()
 				break

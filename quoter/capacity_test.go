@@ -88,6 +88,24 @@ func TestComputeHeadroom(t *testing.T) {
 			require.Len(t, a.Replicas, len(tc.reps))
 		})
 	}
+
+	// With flow control on, the EPP queues from the load whose mean queue
+	// reaches the ceiling (3.4 of a target of 4, at 10 requests), however
+	// well the engine's own latencies hold there; off, the curve alone.
+	queued := full.Clone()
+	for i := range queued.Bins {
+		queued.Bins[i].Waiting = 0.34 * queued.Bins[i].Concurrency
+	}
+	m := capacity.Model{ReplicaCapacity: []capacity.Replica{rep(true, 0, 0, 0, 0, queued)},
+		Admission: &capacity.Admission{TargetWaiting: 4, KVCeiling: 0.9, Ceiling: 0.85}}
+	got, a := ComputeHeadroom(m, nil, obj)
+	require.InDelta(t, 100, float64(got.TokensPerSec), 1)
+	require.Equal(t, uint32(10), got.Concurrency)
+	require.Equal(t, capacity.LimitAdmission, a.Replicas[0].Capacity.Limit)
+	require.InDelta(t, 100, a.Replicas[0].Capacity.AdmissionBoundTokensPerSec, 1e-6)
+	m.Admission = nil
+	got, _ = ComputeHeadroom(m, nil, obj)
+	require.Equal(t, h(c, v), got)
 }
 
 func TestCheckSnapshot(t *testing.T) {

@@ -58,6 +58,16 @@ func (r *replica) curveCopy() capacity.Curve {
 	return r.curve.l.Curve()
 }
 
+// admission is flow control as the snapshot carries it, nil when off: the
+// default band's ceiling, as market traffic carries no band of its own.
+func (s *Scheduler) admission() *capacity.Admission {
+	if !s.flow.enabled || s.flow.def == nil {
+		return nil
+	}
+	return &capacity.Admission{TargetWaiting: s.cfg.Scoring.TargetWaiting, KVCeiling: s.cfg.Scoring.KVCeiling,
+		Ceiling: s.flow.def.SaturationCeiling}
+}
+
 // Capacity summarises the pool per base model from the same signals the
 // scheduler routes on. Free KV is counted over healthy replicas only
 // (breaker closed, metrics fresh): the quoter must not sell what a sick
@@ -72,7 +82,7 @@ func (s *Scheduler) Capacity() capacity.Snapshot {
 	for _, r := range snap.all {
 		m := byModel[r.ep.Model]
 		if m == nil {
-			m = &capacity.Model{Model: r.ep.Model}
+			m = &capacity.Model{Model: r.ep.Model, Admission: s.admission()}
 			byModel[r.ep.Model] = m
 		}
 		m.Replicas++

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/omnious/provider-node/capacity"
 	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/engines/metrics"
 )
@@ -814,6 +815,20 @@ func TestCapacity(t *testing.T) {
 	require.Equal(t, "qwen", qw.Model)
 	require.Equal(t, 0, qw.Healthy)
 	require.Zero(t, qw.FreeKVTokens, "a replica with an open breaker offers no capacity")
+	require.Nil(t, l.Admission, "flow control off")
+}
+
+// The snapshot carries flow control as the quote reads it: the scoring
+// targets and the default band's ceiling.
+func TestCapacityAdmission(t *testing.T) {
+	e := newEnv(t, 1, func(c *Config) {
+		c.Admission.Enabled = ptr(true)
+		c.Admission.DefaultBand = "silver"
+		c.Scoring.TargetWaiting, c.Scoring.KVCeiling = 6, 0.8
+	})
+	snap := e.s.Capacity()
+	require.Len(t, snap.Models, 1)
+	require.Equal(t, &capacity.Admission{TargetWaiting: 6, KVCeiling: 0.8, Ceiling: 0.60}, snap.Models[0].Admission)
 }
 
 // The load a quote subtracts is a replica's sustained output rate, not

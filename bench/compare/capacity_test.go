@@ -2,7 +2,9 @@ package compare
 
 import (
 	"bytes"
+	"errors"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -48,7 +50,7 @@ func TestCapacityEdge(t *testing.T) {
 func TestCapacityVerdicts(t *testing.T) {
 	r := &CapacityReport{Replicas: 4, Objectives: capacity.ObjectivesJSON{TTFTSeconds: 2, ITLSeconds: 0.05, Quantile: 0.95},
 		True:     CapacityStep{QPS: 30, OutputTokPS: 1500, Concurrency: 40},
-		HalfLoad: CapacityStep{OutputTokPS: 750, Within: true},
+		HalfLoad: CapacityStep{OutputTokPS: 900, Within: true}, HalfLoadAtQuote: 750,
 		Quotes: []CapacityQuote{{Label: "idle", TokensPerS: 1425, Concurrency: 38}, {Label: "half loaded", TokensPerS: 700},
 			{Label: "idle, before the loss", TokensPerS: 1400}, {Label: "one replica lost", TokensPerS: 1050}},
 		Checks: []CapacityStep{{Label: "0.50x idle quote", Within: true}, {Label: "1.00x idle quote", Within: true},
@@ -58,7 +60,7 @@ func TestCapacityVerdicts(t *testing.T) {
 	require.InDelta(t, 0.95, v.IdleConcurrency, 1e-9)
 	require.True(t, v.AtQuote)
 	require.True(t, v.Over)
-	require.InDelta(t, 700.0/750, v.HalfTokens, 1e-9)
+	require.InDelta(t, 700.0/750, v.HalfTokens, 1e-9, "the load the quote read, not the step's mean")
 	require.True(t, v.HalfAtQuote)
 	require.InDelta(t, 1.0, v.LostTokens, 1e-9)
 	require.True(t, math.IsNaN((&CapacityReport{}).Verdicts().IdleTokens))
@@ -71,9 +73,10 @@ func TestCapacityVerdicts(t *testing.T) {
 	require.Contains(t, b.String(), "idle quote / true capacity, tok/s")
 }
 
-// Every step of a trace's ladder carries the whole trace's mix: a trace
-// whose answers grow along it gives each step the trace's mean answer,
-// whatever its rate, and keeps the trace's order within the step.
+// Every step of a trace's ladder carries the whole trace's mix, in every
+// part of the step: a trace whose answers grow along it gives each step,
+// and each tenth of it, about the trace's mean answer, whatever its rate,
+// and keeps the trace's order within each stretch walked.
 func TestCapacityTraceStepDrawsTheWholeTrace(t *testing.T) {
 	trace := make([]TraceRecord, 1000)
 	mean := 0.0
@@ -86,14 +89,78 @@ func TestCapacityTraceStepDrawsTheWholeTrace(t *testing.T) {
 	for step, qps := range []float64{2, 8, 32} {
 		o.Seed = int64(step)
 		w := r.traceStep(o, qps, 100*time.Second)
-		require.InDelta(t, qps*100, float64(len(w.Requests)), 5*math.Sqrt(qps*100))
-		sum, prev := 0.0, 0
-		for _, req := range w.Requests {
-			require.GreaterOrEqual(t, req.MaxTokens, prev, "the trace's order")
-			prev = req.MaxTokens
+		n := len(w.Requests)
+		require.InDelta(t, qps*100, float64(n), 5*math.Sqrt(qps*100))
+		// Every stretch has a record in each round up to the last
+		// stretch's length.
+		l := (n + traceStreams - 1) / traceStreams
+		rounds := n - (traceStreams-1)*l
+		sum := 0.0
+		for i, req := range w.Requests {
+			if i >= traceStreams && i < rounds*traceStreams {
+				require.GreaterOrEqual(t, req.MaxTokens, w.Requests[i-traceStreams].MaxTokens, "the trace's order within a stretch")
+			}
 			sum += float64(req.MaxTokens)
 		}
 		// The mean of n uniform draws over 1..1000 has sd 289/sqrt(n).
-		require.InDelta(t, mean, sum/float64(len(w.Requests)), 4*289/math.Sqrt(float64(len(w.Requests))), "QPS %v", qps)
+		require.InDelta(t, mean, sum/float64(n), 4*289/math.Sqrt(float64(n)), "QPS %v", qps)
+		// A tenth of the step walks a tenth of each stretch: its mean is
+		// off the trace's by at most half a stretch's spread (50), plus
+		// the draws' noise.
+		for k := range 10 {
+			part := w.Requests[k*n/10 : (k+1)*n/10]
+			s := 0.0
+			for _, req := range part {
+				s += float64(req.MaxTokens)
+			}
+			require.InDelta(t, mean, s/float64(len(part)), 50+4*289/math.Sqrt(float64(len(part))), "QPS %v, tenth %d", qps, k)
+		}
+	}
+}
+
+func TestInterleave(t *testing.T) {
+	for _, tc := range []struct {
+		n, c int
+		want []int
+	}{
+		{n: 6, c: 2, want: []int{0, 3, 1, 4, 2, 5}},
+		{n: 7, c: 3, want: []int{0, 3, 6, 1, 4, 2, 5}},
+		{n: 2, c: 4, want: []int{0, 1}},
+		{n: 0, c: 3, want: []int{}},
+	} {
+		xs := make([]int, tc.n)
+		for i := range xs {
+			xs[i] = i
+		}
+		require.Equal(t, tc.want, interleave(xs, tc.c), "n %d, c %d", tc.n, tc.c)
+	}
+}
+
+// TestOutputRate: a request's tokens count where they streamed, its usage
+// spread over its chunks; failed requests count nothing.
+func TestOutputRate(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	// Chunks at 100, 200, ..., 1000 ms after t0.
+	ten := &result{Start: t0, TTFT: ms(100), ITL: slices.Repeat([]time.Duration{ms(100)}, 9), Output: 10}
+	// Two chunks of 5 tokens each (usage over chunks), at 300 and 800 ms.
+	bundled := &result{Start: t0.Add(ms(200)), TTFT: ms(100), ITL: []time.Duration{ms(500)}, Output: 10}
+	failed := &result{Start: t0, TTFT: ms(100), ITL: []time.Duration{ms(100)}, Output: 2, Err: errors.New("reset")}
+	for _, tc := range []struct {
+		name     string
+		res      []*result
+		from, to time.Duration
+		want     float64
+	}{
+		{name: "whole", res: []*result{ten}, from: 0, to: ms(1001), want: 10 / 1.001},
+		{name: "half open", res: []*result{ten}, from: ms(100), to: ms(600), want: 5 / 0.5},
+		{name: "bundled chunks", res: []*result{bundled}, from: ms(250), to: ms(750), want: 5 / 0.5},
+		{name: "both", res: []*result{ten, bundled}, from: 0, to: ms(2000), want: 20 / 2.0},
+		{name: "failed", res: []*result{failed}, from: 0, to: ms(2000), want: 0},
+		{name: "empty window", res: []*result{ten}, from: ms(500), to: ms(500), want: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.InDelta(t, tc.want, outputRate(tc.res, t0.Add(tc.from), t0.Add(tc.to)), 1e-9)
+		})
 	}
 }

@@ -111,7 +111,7 @@ func (r *CapacityReport) quoteChart() template.HTML {
 		b := bar{name: q.Label, quoted: q.TokensPerS, true: r.True.OutputTokPS}
 		switch q.Label {
 		case "half loaded":
-			b.quoted += r.HalfLoad.OutputTokPS
+			b.quoted += r.HalfLoadAtQuote
 		case "one replica lost":
 			if r.Replicas > 0 {
 				b.true *= float64(r.Replicas-1) / float64(r.Replicas)

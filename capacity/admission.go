@@ -1,0 +1,85 @@
+package capacity
+
+import (
+	"math"
+	"sort"
+
+	"github.com/omnious/provider-node/internal/isotonic"
+)
+
+// Admission is the EPP's flow control as a quote reads it. A replica's
+// saturation term is max(waiting/TargetWaiting, kv_usage/KVCeiling); once
+// the pool's mean term reaches Ceiling, the ceiling of the band market
+// traffic is admitted under, the EPP holds that traffic in its own queue.
+// The engines never see that wait, so their times to first token cannot
+// show it: a curve read past the crossing sells load the EPP would queue.
+type Admission struct {
+	TargetWaiting float64 `json:"target_waiting"`
+	KVCeiling     float64 `json:"kv_ceiling"`
+	Ceiling       float64 `json:"ceiling"`
+}
+
+// AdmissionBound is the load (requests in the engine) at which an
+// engine's saturation term reaches a.Ceiling, its output tokens per second
+// there, and whether the term reaches it within the measured loads. The
+// term is read from each bin's mean queue and KV usage, made non-decreasing
+// in the load (weighted pool-adjacent-violators: one bin's burst of
+// waiting does not stop the curve early) and interpolated between the bins
+// either side of the crossing, from an idle engine's 0. Read at the mean
+// load, as the EPP compares the pool's mean term with the ceiling.
+func (c Curve) AdmissionBound(a Admission) (concurrency, tokensPerSec float64, ok bool) {
+	if !(a.TargetWaiting > 0) || !(a.KVCeiling > 0) || !(a.Ceiling > 0) {
+		return 0, 0, false
+	}
+	bins := c.pooled()
+	if len(bins) == 0 {
+		return 0, 0, false
+	}
+	sat, w := make([]float64, len(bins)), make([]float64, len(bins))
+	for i, b := range bins {
+		sat[i], w[i] = max(b.Waiting/a.TargetWaiting, b.KVUsage/a.KVCeiling), b.Seconds
+	}
+	isotonic.NonDecreasing(sat, w)
+	j := sort.Search(len(bins), func(i int) bool { return sat[i] >= a.Ceiling })
+	if j == len(bins) {
+		return 0, 0, false
+	}
+	x0, s0 := 0.0, 0.0
+	if j > 0 {
+		x0, s0 = bins[j-1].Concurrency, sat[j-1]
+	}
+	x := x0 + (bins[j].Concurrency-x0)*(a.Ceiling-s0)/(sat[j]-s0)
+	tps := interpolate(bins, x, func(b *Bin) float64 { return b.OutputTokensPerSec })
+	if math.IsNaN(x) || math.IsInf(x, 0) || math.IsNaN(tps) || math.IsInf(tps, 0) {
+		return 0, 0, false
+	}
+	return x, tps, true
+}
+
+// AtAdmitted is At bounded by flow control as well, when adm is not nil:
+// where the EPP starts to queue at a lighter load than the objectives
+// allow, the capacity is that load and at most the output tokens per
+// second the engine serves there (Limit "admission").
+func (c Curve) AtAdmitted(o Objectives, adm *Admission) (AtObjectives, error) {
+	at, err := c.At(o)
+	if err != nil || adm == nil {
+		return at, err
+	}
+	conc, tps, ok := c.AdmissionBound(*adm)
+	if !ok {
+		return at, nil
+	}
+	at.AdmissionBoundConcurrency, at.AdmissionBoundTokensPerSec = conc, tps
+	if at.Concurrency <= conc {
+		// The EPP does not queue at the objectives' load; a lower rate
+		// read at a heavier load is the bins' noise, not a bound.
+		return at, nil
+	}
+	if at.OutputTokensPerSec > tps {
+		at.PromptTokensPerSec *= tps / at.OutputTokensPerSec
+		at.OutputTokensPerSec = tps
+	}
+	at.Concurrency = conc
+	at.Limit = LimitAdmission
+	return at, nil
+}
