@@ -75,11 +75,7 @@ func (c Curve) AtAdmitted(o Objectives, adm *Admission) (AtObjectives, error) {
 		// read at a heavier load is the bins' noise, not a bound.
 		return at, nil
 	}
-	if at.OutputTokensPerSec > tps {
-		at.PromptTokensPerSec *= tps / at.OutputTokensPerSec
-		at.OutputTokensPerSec = tps
-	}
-	at.Concurrency = conc
-	at.Limit = LimitAdmission
+	at.lower(tps, LimitAdmission)
+	at.Concurrency, at.Limit = conc, LimitAdmission
 	return at, nil
 }

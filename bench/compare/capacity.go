@@ -112,11 +112,11 @@ type CapacityReport struct {
 	// HalfLoad is the background load of the half-loaded check.
 	HalfLoad CapacityStep `json:"half_load"`
 	// HalfLoadAtQuote is the background's output tokens per second over
-	// the capacity.RateSpan before the half-loaded quote: the load that
-	// quote subtracts. A trace's mix drifts along the trace, and a step
-	// sends its records in the trace's order, so this differs from the
-	// step's mean (on the Mooncake trace the answers shorten from about
-	// 200 tokens in its first tenth to 41 in its last).
+	// the capacity.RateSpan before the half-loaded quote, by the client's
+	// count: the load that quote subtracts, which a bursty mix moves away
+	// from the step's mean (and, before a trace step walked its stretches
+	// side by side, a trace's drifting mix did: 1.39 times the mean on
+	// the Mooncake trace).
 	HalfLoadAtQuote float64 `json:"half_load_at_quote_tok_per_s"`
 }
 
