@@ -229,11 +229,13 @@ func TestRecordedSeries(t *testing.T) {
 	//     averages the two levels; both pull a bin's mean by at most a few
 	//     percent.
 	//   - itlTol: the step-time model below is bracketed (prefill steps'
-	//     fixed cost shared or not), and the decode batch is read from the
-	//     scrapes' running gauge; 5% either side of the bracket covers that
-	//     approximation (the recordings stay within 2.5%).
+	//     fixed cost shared or not, decodes' weight read hidden or not),
+	//     and the decode batch is read from the scrapes' running gauge; 5%
+	//     either side of the bracket covers that approximation (the
+	//     recordings stay within 2.5%).
 	const concTol, itlTol = 0.05, 0.05
 	ti := engine.DefaultTiming()
+	budget := float64(engine.Config{}.WithDefaults().MaxNumBatchedTokens)
 	for _, flavour := range []string{engine.FlavourVLLM, engine.FlavourSGLang} {
 		t.Run(flavour, func(t *testing.T) {
 			l := decodeLadder
@@ -256,12 +258,23 @@ func TestRecordedSeries(t *testing.T) {
 				// KV occupancy costs s; a decoding request also waits for
 				// the other clients' prefills (every prefill but its own),
 				// a share p*(n-1)/n of the engine's time, where p is the
-				// time spent prefilling: the prompt tokens' cost, plus one
-				// PrefillBase per prompt at most (prefills sharing a step
-				// share it), hence the bracket.
+				// time prefilling adds: the prompt tokens' cost plus a
+				// fixed cost per prefill step. Prefills may share a step,
+				// so there is one such step per prompt at most and one per
+				// step budget of prompt tokens at least, hence the
+				// bracket. SGLang's prefill steps run alone and add
+				// PrefillBase; vLLM's carry the decodes, and their
+				// chunk's compute hides the decodes' weight read, so they
+				// add PrefillBase - DecodeBase (negative: the more steps,
+				// the less p).
 				s := ti.DecodeBase.Seconds() + ti.DecodePerSeq.Seconds()*b.Running + ti.KVTerm.Seconds()*b.KVUsage
-				pLo := b.PromptTokensPerSec * ti.PrefillPerToken.Seconds()
-				pHi := pLo + b.PromptTokensPerSec/float64(l.prompt)*ti.PrefillBase.Seconds()
+				perStep := ti.PrefillBase.Seconds()
+				if flavour == engine.FlavourVLLM {
+					perStep -= ti.DecodeBase.Seconds()
+				}
+				most, least := b.PromptTokensPerSec/float64(l.prompt), b.PromptTokensPerSec/budget
+				pLo := b.PromptTokensPerSec*ti.PrefillPerToken.Seconds() + min(most*perStep, least*perStep)
+				pHi := b.PromptTokensPerSec*ti.PrefillPerToken.Seconds() + max(most*perStep, least*perStep)
 				others := (b.Running - 1) / b.Running
 				lo, hi := s/(1-pLo*others), s/(1-pHi*others)
 				require.True(t, itl >= lo*(1-itlTol) && itl <= hi*(1+itlTol),

@@ -145,11 +145,13 @@ func TestStepTiming(t *testing.T) {
 	a := h.submit("a", seq(1, 100), seq(1000, 3))
 	// 1: prefill a (100 tokens).
 	require.Equal(t, ti.PrefillBase+100*ti.PrefillPerToken, h.step())
-	// 2: decode a (101 tokens, 7 blocks) and prefill b (50 tokens, 4 blocks).
-	b := h.submit("b", seq(5001, 50), seq(2000, 2))
-	require.Equal(t, ti.PrefillBase+50*ti.PrefillPerToken+ti.DecodeBase+ti.DecodePerSeq+occ(11), h.step())
+	// 2: decode a (101 tokens, 7 blocks) and prefill b (150 tokens, 10
+	// blocks) in one pass: b's chunk outlasts the weight read.
+	b := h.submit("b", seq(5001, 150), seq(2000, 2))
+	s2 := ti.PrefillBase + 150*ti.PrefillPerToken + ti.DecodePerSeq + occ(17)
+	require.Equal(t, s2, h.step())
 	// 3: decode a and b; a finishes.
-	require.Equal(t, ti.DecodeBase+2*ti.DecodePerSeq+occ(7+4), h.step())
+	require.Equal(t, ti.DecodeBase+2*ti.DecodePerSeq+occ(7+10), h.step())
 	require.Zero(t, h.step(), "idle")
 	upsA, upsB := drain(t, a), drain(t, b)
 	require.Equal(t, 3, upsA[len(upsA)-1].Generated)
@@ -161,7 +163,6 @@ func TestStepTiming(t *testing.T) {
 	require.NotNil(t, fam)
 	hist := fam.GetMetric()[0].GetHistogram()
 	require.Equal(t, uint64(2), hist.GetSampleCount())
-	s2 := ti.PrefillBase + 50*ti.PrefillPerToken + ti.DecodeBase + ti.DecodePerSeq + occ(11)
 	require.InDelta(t, (s1 + s2).Seconds(), hist.GetSampleSum(), 1e-9, "a after step 1, b after step 2 (b arrived at the end of step 1)")
 }
 

@@ -7,13 +7,23 @@ import (
 	"github.com/omnious/provider-node/internal/opt"
 )
 
-// Timing is the step-time model, in model time. One engine step costs
+// Timing is the step-time model, in model time. One engine step is one
+// forward pass and costs
 //
-//	prefill part (only when the step has prefill tokens):
+//	prefill part P (only when the step has prefill tokens):
 //	    PrefillBase + PrefillPerToken * new_prefill_tokens
-//	decode part (only when the step has decoding requests):
-//	    DecodeBase + DecodePerSeq * decode_batch + KVTerm * kv_occupancy
+//	weight read W (only when the step has decoding requests):
+//	    DecodeBase
+//	max(P, W) + DecodePerSeq * decode_batch + KVTerm * kv_occupancy
 //	plus CPULoadPerToken * tokens loaded from the CPU tier.
+//
+// A step that mixes prefill and decode (vLLM's chunked prefill) reads the
+// weights once for both: its linear layers take the longer of the prefill
+// chunk's compute and the weight read, so decodes ride on a long chunk and
+// a short chunk rides on the decodes' read (SARATHI, Agrawal et al., OSDI
+// 2024: a matmul costs max(T_math, T_mem); decodes piggybacked on a
+// prefill chunk); charging both would count the weights twice.
+// Prefill-only and decode-only steps are the two curves measured alone.
 //
 // Defaults are calibrated to Qwen3-32B (bf16) with tensor parallelism 2 on two
 // H100 80GB: about 0.063 ms per prefill token, and an inter-token latency of
@@ -67,16 +77,15 @@ func (t Timing) coefficients() []*time.Duration {
 // kvOccupancy is the fraction (0-1) of GPU blocks referenced by requests.
 // t must be defaulted (Config.WithDefaults).
 func (t Timing) StepTime(prefillTokens, decodeSeqs int, kvOccupancy float64, cpuLoadTokens int) time.Duration {
-	var d time.Duration
+	var prefill, weights, d time.Duration
 	if prefillTokens > 0 {
-		d += *t.PrefillBase + time.Duration(prefillTokens)**t.PrefillPerToken
+		prefill = *t.PrefillBase + time.Duration(prefillTokens)**t.PrefillPerToken
 	}
 	if decodeSeqs > 0 {
-		d += *t.DecodeBase + time.Duration(decodeSeqs)**t.DecodePerSeq +
-			time.Duration(kvOccupancy*float64(*t.KVTerm))
+		weights = *t.DecodeBase
+		d += time.Duration(decodeSeqs)**t.DecodePerSeq + time.Duration(kvOccupancy*float64(*t.KVTerm))
 	}
-	d += time.Duration(cpuLoadTokens) * *t.CPULoadPerToken
-	return d
+	return d + max(prefill, weights) + time.Duration(cpuLoadTokens)**t.CPULoadPerToken
 }
 
 // Clock is the engine's source of wall time. Tests and benchmarks substitute
