@@ -129,14 +129,7 @@ func TestChunkedPrefillBudget(t *testing.T) {
 }
 
 func TestStepTiming(t *testing.T) {
-	ti := plainTiming{
-		PrefillBase:     2 * time.Millisecond,
-		PrefillPerToken: 100 * time.Microsecond,
-		DecodeBase:      10 * time.Millisecond,
-		DecodePerSeq:    time.Millisecond,
-		KVTerm:          20 * time.Millisecond,
-		CPULoadPerToken: time.Microsecond,
-	}
+	ti := roundTiming
 	const blocks = 100
 	h := newHarness(t, Config{BlockSize: 16, NumGPUBlocks: blocks, Timing: ti.timing()})
 	occ := func(nblocks int) time.Duration {

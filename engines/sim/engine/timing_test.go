@@ -24,15 +24,19 @@ func plain(t Timing) plainTiming {
 	return plainTiming{*t.PrefillBase, *t.PrefillPerToken, *t.DecodeBase, *t.DecodePerSeq, *t.KVTerm, *t.CPULoadPerToken}
 }
 
+// roundTiming has round coefficients, so that expected step times read
+// plainly.
+var roundTiming = plainTiming{
+	PrefillBase:     2 * time.Millisecond,
+	PrefillPerToken: 100 * time.Microsecond,
+	DecodeBase:      10 * time.Millisecond,
+	DecodePerSeq:    time.Millisecond,
+	KVTerm:          20 * time.Millisecond,
+	CPULoadPerToken: time.Microsecond,
+}
+
 func TestStepTime(t *testing.T) {
-	ti := plainTiming{
-		PrefillBase:     2 * time.Millisecond,
-		PrefillPerToken: 100 * time.Microsecond,
-		DecodeBase:      10 * time.Millisecond,
-		DecodePerSeq:    time.Millisecond,
-		KVTerm:          20 * time.Millisecond,
-		CPULoadPerToken: time.Microsecond,
-	}
+	ti := roundTiming
 	for _, c := range []struct {
 		name            string
 		prefill, decode int
