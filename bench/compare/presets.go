@@ -32,8 +32,8 @@ func Preset(name string) (Options, error) {
 // tokens are five replicas' caches (the popular groups fit the fleet, the
 // tail does not). A 3-step QPS ladder (8, 16, 24), 20 s of model time
 // each, at time scale 4; about 15 s per policy on 2 cores. Steps of 10 s
-// were mostly the caches filling: precise's TTFT p90 moved by 12 ms
-// between runs, as much as its lead over approximate.
+// were mostly the caches filling, and their TTFT p90 moved between runs
+// by as much as precise's lead over approximate.
 //
 // Two EPPs serve the pool side by side, as the Helm chart deploys them.
 // Each EPP's own routing history (the approximate matcher's, the precise
