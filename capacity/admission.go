@@ -19,6 +19,13 @@ type Admission struct {
 	Ceiling       float64 `json:"ceiling"`
 }
 
+// Saturation is a replica's saturation term: the larger of its queue over
+// targetWaiting and its KV usage over kvCeiling. The EPP admits on it and
+// a quote reads it (Curve.AdmissionBound), so both use this one.
+func Saturation(waiting, kvUsage, targetWaiting, kvCeiling float64) float64 {
+	return max(waiting/targetWaiting, kvUsage/kvCeiling)
+}
+
 // AdmissionBound is the load (requests in the engine) at which an
 // engine's saturation term reaches a.Ceiling, its output tokens per second
 // there, and whether the term reaches it within the measured loads. The
@@ -37,7 +44,7 @@ func (c Curve) AdmissionBound(a Admission) (concurrency, tokensPerSec float64, o
 	}
 	sat, w := make([]float64, len(bins)), make([]float64, len(bins))
 	for i, b := range bins {
-		sat[i], w[i] = max(b.Waiting/a.TargetWaiting, b.KVUsage/a.KVCeiling), b.Seconds
+		sat[i], w[i] = Saturation(b.Waiting, b.KVUsage, a.TargetWaiting, a.KVCeiling), b.Seconds
 	}
 	isotonic.NonDecreasing(sat, w)
 	j := sort.Search(len(bins), func(i int) bool { return sat[i] >= a.Ceiling })

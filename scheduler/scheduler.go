@@ -114,7 +114,7 @@ func (s *Scheduler) sampled(sm *metrics.Sample) *sampled {
 	return &sampled{
 		sm: sm, at: sm.At, scraped: !sm.At.IsZero(),
 		running: sig.Running, waiting: sig.Waiting, kv: sig.KVUsage, engine: sig.Running + sig.Waiting,
-		sat:        max(sig.Waiting/s.cfg.Scoring.TargetWaiting, sig.KVUsage/s.cfg.Scoring.KVCeiling),
+		sat:        capacity.Saturation(sig.Waiting, sig.KVUsage, s.cfg.Scoring.TargetWaiting, s.cfg.Scoring.KVCeiling),
 		queueScore: queueScorer(sig.Waiting, s.cfg.Scoring.TargetWaiting),
 		kvScore:    kvScorer(sig.KVUsage, s.cfg.Scoring.KVCeiling),
 		over:       sig.KVUsage > s.cfg.Scoring.KVCeiling,
