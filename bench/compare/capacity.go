@@ -605,15 +605,16 @@ func outputRate(res []*result, from, to time.Time) float64 {
 			continue
 		}
 		per := float64(x.Output) / float64(len(x.ITL)+1)
-		at := x.Start.Add(x.TTFT)
-		for i := 0; ; i++ {
+		count := func(at time.Time) {
 			if !at.Before(from) && at.Before(to) {
 				tokens += per
 			}
-			if i == len(x.ITL) {
-				break
-			}
-			at = at.Add(x.ITL[i])
+		}
+		at := x.Start.Add(x.TTFT)
+		count(at)
+		for _, gap := range x.ITL {
+			at = at.Add(gap)
+			count(at)
 		}
 	}
 	return tokens / to.Sub(from).Seconds()
