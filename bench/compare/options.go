@@ -65,6 +65,9 @@ type Options struct {
 	Progress io.Writer
 	// Log is the logger. Default zap.NewNop().
 	Log *zap.Logger
+	// Published is the published run a preset reproduces, printed beside
+	// this one's stages; nil for none.
+	Published *Published
 }
 
 // FleetOptions are the replicas.

@@ -125,5 +125,6 @@ func LLMD73Options(k float64) Options {
 			Timing: engine.Timing{PrefillBase: t.PrefillBase, PrefillPerToken: new(inv(*t.PrefillPerToken)),
 				DecodeBase: new(inv(*t.DecodeBase)), DecodePerSeq: new(inv(*t.DecodePerSeq)),
 				KVTerm: new(inv(*t.KVTerm)), CPULoadPerToken: new(inv(*t.CPULoadPerToken))}},
-		Workload: WorkloadOptions{Kind: WorkloadSharedPrefix, SharedPrefix: sp}}
+		Workload:  WorkloadOptions{Kind: WorkloadSharedPrefix, SharedPrefix: sp},
+		Published: LLMD73Published(k)}
 }

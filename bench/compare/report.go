@@ -1,6 +1,7 @@
 package compare
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -9,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/omnious/provider-node/scheduler"
 )
 
 // jsonFloat encodes NaN and infinities as null: JSON has no NaN, and a
@@ -149,10 +152,92 @@ func (r *Report) tableRows() [][]string {
 	return out
 }
 
+// publishedRows set the published run's stages under each policy's
+// column, output tok/s in the run's tokens; none when the scenario
+// reproduces no publication or no policy has a published counterpart.
+func (r *Report) publishedRows() [][]string {
+	pub := r.Published
+	var cols []PublishedPolicy
+	found := false
+	for _, p := range r.Results {
+		pp, ok := pub.policy(p.Policy)
+		cols = append(cols, pp)
+		found = found || ok
+	}
+	if !found {
+		return nil
+	}
+	cell := func(pp PublishedPolicy, s StageResult) string {
+		if pp.Name == "" {
+			return "-"
+		}
+		return fmtNum(s.TTFTP90ms, 0) + " / " + fmtNum(s.OutputTokPS*pub.TokenScale, 0)
+	}
+	head := []string{fmt.Sprintf("published (%s; tok/s x %g)", pub.Source, pub.TokenScale)}
+	for _, pp := range cols {
+		head = append(head, cmp.Or(pp.Name, "-"))
+	}
+	rows := [][]string{head}
+	k := 0
+	for _, st := range r.Results[0].Stages {
+		if st.Warmup {
+			continue
+		}
+		row := []string{"QPS " + fmtNum(st.QPS, 1) + ": TTFT p90 / tok/s"}
+		for _, pp := range cols {
+			if k < len(pp.Stages) && pp.Stages[k].QPS == st.QPS {
+				row = append(row, cell(pp, pp.Stages[k]))
+			} else {
+				row = append(row, "-")
+			}
+		}
+		rows = append(rows, row)
+		k++
+	}
+	row := []string{"across stages: TTFT p90 / tok/s"}
+	for _, pp := range cols {
+		row = append(row, cell(pp, StageResult{TTFTP90ms: pp.Summary.TTFTP90ms, OutputTokPS: pp.Summary.OutputTokPS}))
+	}
+	return append(rows, row)
+}
+
+// ratioNote compares each policy's output tok/s across stages with
+// random's, beside the published ratio: the shape a reproduction must
+// match when absolute figures cannot.
+func (r *Report) ratioNote() string {
+	var base *PolicyResult
+	for i := range r.Results {
+		if r.Results[i].Policy == scheduler.PolicyRandom {
+			base = &r.Results[i]
+		}
+	}
+	pubBase, ok := r.Published.policy(scheduler.PolicyRandom)
+	if base == nil || !ok || !(base.AcrossStages.OutputTokPS > 0) {
+		return ""
+	}
+	var parts []string
+	for _, p := range r.Results {
+		pp, ok := r.Published.policy(p.Policy)
+		if p.Policy == base.Policy || !ok {
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s %.2f (published %.2f)", p.Policy,
+			p.AcrossStages.OutputTokPS/base.AcrossStages.OutputTokPS, pp.Summary.OutputTokPS/pubBase.Summary.OutputTokPS))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "output tok/s across stages over random's: " + strings.Join(parts, ", ")
+}
+
 // notes are the lines under the table: each policy's first error and
-// warning, and what is known about each external EPP.
+// warning, what is known about each external EPP, and the throughput
+// ratios beside a published run's.
 func (r *Report) notes() []string {
 	var out []string
+	if n := r.ratioNote(); n != "" {
+		out = append(out, n)
+	}
 	for _, p := range r.Results {
 		if p.FirstError != "" {
 			out = append(out, p.Policy+": first error: "+p.FirstError)
@@ -235,6 +320,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 			line = append(line, fmtNum(p.AcrossStages.TTFTP90ms, 0)+" / "+fmtNum(p.AcrossStages.OutputTokPS, 0))
 		}
 		fmt.Fprintln(tw, strings.Join(line, "\t")+"\t")
+		for _, row := range r.publishedRows() {
+			fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+		}
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -68,7 +68,7 @@ func sampleReport() *Report {
 	mk := func(name string, ttft, tput, hit float64) PolicyResult {
 		return PolicyResult{Policy: name, Requests: 10, TTFTP50: ttft / 2, TTFTP90: ttft, TTFTP99: ttft * 2, ITLP50: 10, ITLP99: 20,
 			OutputTokPS: tput, HitRate: hit, MaxMeanLoad: 1.1, DecisionP99us: math.NaN(), LoadRequests: []float64{4, 6},
-			Stages: []StageResult{{QPS: 1, TTFTP90ms: ttft / 2, OutputTokPS: tput / 2}, {QPS: 3, TTFTP90ms: ttft, OutputTokPS: tput}}}
+			Stages: []StageResult{{QPS: 1, Requests: 4, TTFTP90ms: ttft / 2, OutputTokPS: tput / 2}, {QPS: 3, Requests: 6, TTFTP90ms: ttft, OutputTokPS: tput}}}
 	}
 	return &Report{Scenario: "s<&>", Workload: "w", Replicas: 2, Simulated: true, TimeScale: 4, Bound: 0.5,
 		BoundNote: "note", Requests: 10, Started: time.Unix(0, 0),
@@ -233,4 +233,88 @@ func TestProgress(t *testing.T) {
 	q.setLabel("x")
 	q.tick()
 	q.finish()
+}
+
+func TestAcrossStages(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		stages     []StageResult
+		ttft, tput float64
+		n          int
+	}{
+		{"one stage has no summary", []StageResult{{QPS: 1, Requests: 10, TTFTP90ms: 5, OutputTokPS: 7}}, 0, 0, 0},
+		{"p90s weighted by successes, tok/s plain",
+			[]StageResult{{QPS: 1, Requests: 10, TTFTP90ms: 100, OutputTokPS: 10}, {QPS: 2, Requests: 40, Errors: 10, TTFTP90ms: 400, OutputTokPS: 30}},
+			(10*100 + 30*400) / 40.0, 20, 2},
+		{"warm-up left out",
+			[]StageResult{{QPS: 5, Warmup: true, Requests: 99, TTFTP90ms: 1e6, OutputTokPS: 1e6}, {QPS: 1, Requests: 1, TTFTP90ms: 3, OutputTokPS: 4}, {QPS: 2, Requests: 3, TTFTP90ms: 7, OutputTokPS: 8}},
+			(3 + 3*7) / 4.0, 6, 2},
+		{"a stage without a success left out",
+			[]StageResult{{QPS: 1, Requests: 2, Errors: 2, TTFTP90ms: math.NaN()}, {QPS: 2, Requests: 5, TTFTP90ms: 9, OutputTokPS: 2}},
+			9, 2, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := acrossStages(c.stages)
+			require.InDelta(t, c.ttft, s.TTFTP90ms, 1e-9)
+			require.InDelta(t, c.tput, s.OutputTokPS, 1e-9)
+			require.Equal(t, c.n, s.Stages)
+		})
+	}
+}
+
+// TestLLMD73Published checks the transcription of the published report:
+// the mean of each router's stage tok/s is its summary's (the report's
+// own rule, to the rounding of its table), and its stage p90s weighted by
+// completed requests land near the summary's p90 (the report weighs by
+// successes over measured stage durations, which it does not print),
+// nearer than their plain mean.
+func TestLLMD73Published(t *testing.T) {
+	pub := LLMD73Published(0.1)
+	require.Len(t, pub.Policies, 4)
+	for _, pp := range pub.Policies {
+		t.Run(pp.Name, func(t *testing.T) {
+			require.Len(t, pp.Stages, len(llmd73QPS)-1)
+			for i, st := range pp.Stages {
+				require.Equal(t, llmd73QPS[i+1], st.QPS)
+			}
+			s := acrossStages(pp.Stages)
+			require.InDelta(t, pp.Summary.OutputTokPS, s.OutputTokPS, 0.05)
+			require.InEpsilon(t, pp.Summary.TTFTP90ms, s.TTFTP90ms, 0.12)
+			var plain float64
+			for _, st := range pp.Stages {
+				plain += st.TTFTP90ms / float64(len(pp.Stages))
+			}
+			require.Less(t, math.Abs(s.TTFTP90ms-pp.Summary.TTFTP90ms), math.Abs(plain-pp.Summary.TTFTP90ms)+0.01*pp.Summary.TTFTP90ms)
+		})
+	}
+}
+
+func TestWriteTablePublished(t *testing.T) {
+	rep := sampleReport()
+	rep.Published = &Published{Source: "src", TokenScale: 0.5, Policies: []PublishedPolicy{
+		{Policy: "random", Name: "pub-random", Stages: []StageResult{{QPS: 1, TTFTP90ms: 7000, OutputTokPS: 20}, {QPS: 3, TTFTP90ms: 9000, OutputTokPS: 40}},
+			Summary: StageSummary{TTFTP90ms: 8000, OutputTokPS: 30}},
+		{Policy: "precise", Name: "pub-precise", Stages: []StageResult{{QPS: 1, TTFTP90ms: 300, OutputTokPS: 50}, {QPS: 2, TTFTP90ms: 400, OutputTokPS: 60}},
+			Summary: StageSummary{TTFTP90ms: 350, OutputTokPS: 60}}}}
+	for i := range rep.Results {
+		rep.Results[i].AcrossStages = acrossStages(rep.Results[i].Stages)
+	}
+	var buf bytes.Buffer
+	require.NoError(t, rep.WriteTable(&buf))
+	out := buf.String()
+	require.Regexp(t, `published \(src; tok/s x 0\.5\)\s+pub-random\s+pub-precise`, out)
+	require.Regexp(t, `QPS 1\.0: TTFT p90 / tok/s\s+7000 / 10\s+300 / 25`, out)
+	// A stage the publication did not run at that rate reads "-".
+	require.Regexp(t, `QPS 3\.0: TTFT p90 / tok/s\s+9000 / 20\s+-\s`, out)
+	require.Regexp(t, `across stages: TTFT p90 / tok/s\s+8000 / 15\s+350 / 30`, out)
+	// The run's tok/s across stages: random (25+50)/2, precise (45+90)/2.
+	require.Contains(t, out, "output tok/s across stages over random's: precise 1.80 (published 2.00)")
+
+	// No publication, or none beside these policies: neither block nor note.
+	for _, p := range []*Published{nil, {Source: "src", TokenScale: 1, Policies: []PublishedPolicy{{Policy: "other", Name: "x"}}}} {
+		rep.Published = p
+		buf.Reset()
+		require.NoError(t, rep.WriteTable(&buf))
+		require.NotContains(t, buf.String(), "published")
+	}
 }

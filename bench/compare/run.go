@@ -34,6 +34,8 @@ type Report struct {
 	// Started and Wall are when the run began and how long it took (wall).
 	Started time.Time
 	Wall    time.Duration
+	// Published is the published run the scenario reproduces (nil: none).
+	Published *Published
 }
 
 // Run replays the workload of opts through every policy, each on a freshly
@@ -55,7 +57,8 @@ func Run(ctx context.Context, opts Options, launch Launcher) (*Report, error) {
 	}
 	rep := &Report{Scenario: opts.Scenario, Workload: w.Name, Replicas: opts.Fleet.Replicas,
 		Simulated: opts.Fleet.Mode != FleetURLs, TimeScale: opts.Fleet.TimeScale,
-		Bound: w.Bound, BoundNote: w.BoundNote, Requests: countRequests(opts, w), Started: time.Now()}
+		Bound: w.Bound, BoundNote: w.BoundNote, Requests: countRequests(opts, w), Started: time.Now(),
+		Published: opts.Published}
 	rep.FleetBound = math.NaN()
 	if rep.Simulated {
 		e := simConfig(opts.Fleet, opts.Seed, w.MaxLen).Engine

@@ -58,10 +58,11 @@ type PolicyResult struct {
 	// histogram (EPP.DecisionHistogram); NaN when unknown.
 	DecisionP50us, DecisionP99us float64
 	Stages                       []StageResult
-	// AcrossStages is the summary across a ladder's stages the way
-	// inference-perf reports one (and llm-d publishes it): the mean over
-	// the non-warm-up stages of each stage's TTFT p90 and output tok/s.
-	// Zero when the workload has fewer than two stages.
+	// AcrossStages is the summary across a ladder's stages the way llm-d
+	// publishes one (its benchmark report's summary across QPS): each
+	// stage's TTFT p90 weighted by the stage's successful requests, and
+	// the mean of the stages' output tok/s. Zero when the workload has
+	// fewer than two stages.
 	AcrossStages StageSummary
 	// Duration is the run's model-time length.
 	Duration time.Duration
@@ -74,22 +75,32 @@ type StageSummary struct {
 	Stages      int     `json:"stages"`
 }
 
-// acrossStages averages the non-warm-up stages that received requests.
+// acrossStages summarises the non-warm-up stages that had a successful
+// request as llm-d's benchmark report summarises an inference-perf ladder
+// (`_build_summary_across_qps` in its analysis script): the stages' TTFT
+// p90s weighted by their successful requests, so a stage of 1,500
+// requests counts 25 times one of 60, and the plain mean of the stages'
+// output tok/s (inference-perf's per-stage figure). A plain mean of the
+// p90s read the published run's random as 77.7 s where the report says
+// 92.6 s.
 func acrossStages(stages []StageResult) StageSummary {
 	var s StageSummary
 	if len(stages) < 2 {
 		return s
 	}
+	var ok float64
 	for _, st := range stages {
-		if st.Warmup || st.Requests == 0 || math.IsNaN(st.TTFTP90ms) {
+		n := float64(st.Requests - st.Errors)
+		if st.Warmup || n <= 0 || math.IsNaN(st.TTFTP90ms) {
 			continue
 		}
-		s.TTFTP90ms += st.TTFTP90ms
+		s.TTFTP90ms += n * st.TTFTP90ms
 		s.OutputTokPS += st.OutputTokPS
+		ok += n
 		s.Stages++
 	}
 	if s.Stages > 0 {
-		s.TTFTP90ms /= float64(s.Stages)
+		s.TTFTP90ms /= ok
 		s.OutputTokPS /= float64(s.Stages)
 	}
 	return s
