@@ -152,7 +152,7 @@ func (r *Report) tableRows() [][]string {
 	return out
 }
 
-// publishedRows set the published run's stages under each policy's
+// publishedRows put the published run's stages under each policy's
 // column, output tok/s in the run's tokens; none when the scenario
 // reproduces no publication or no policy has a published counterpart.
 func (r *Report) publishedRows() [][]string {
