@@ -152,6 +152,23 @@ func (r *Report) tableRows() [][]string {
 	return out
 }
 
+// The ladder's rows: a stage's TTFT p90 and output tok/s, the run's and a
+// published run's alike.
+const (
+	stageFigures = ": TTFT p90 / tok/s"
+	acrossLabel  = "across stages" + stageFigures
+)
+
+func stageLabel(st StageResult) string {
+	name := "QPS " + fmtNum(st.QPS, 1)
+	if st.Warmup {
+		name += " (warm-up)"
+	}
+	return name + stageFigures
+}
+
+func stageCell(ttftMs, tokPS float64) string { return fmtNum(ttftMs, 0) + " / " + fmtNum(tokPS, 0) }
+
 // publishedRows put the published run's stages under each policy's
 // column, output tok/s in the run's tokens; none when the scenario
 // reproduces no publication or no policy has a published counterpart.
@@ -171,7 +188,7 @@ func (r *Report) publishedRows() [][]string {
 		if pp.Name == "" {
 			return "-"
 		}
-		return fmtNum(s.TTFTP90ms, 0) + " / " + fmtNum(s.OutputTokPS*pub.TokenScale, 0)
+		return stageCell(s.TTFTP90ms, s.OutputTokPS*pub.TokenScale)
 	}
 	head := []string{fmt.Sprintf("published (%s; tok/s x %g)", pub.Source, pub.TokenScale)}
 	for _, pp := range cols {
@@ -183,7 +200,7 @@ func (r *Report) publishedRows() [][]string {
 		if st.Warmup {
 			continue
 		}
-		row := []string{"QPS " + fmtNum(st.QPS, 1) + ": TTFT p90 / tok/s"}
+		row := []string{stageLabel(st)}
 		for _, pp := range cols {
 			if k < len(pp.Stages) && pp.Stages[k].QPS == st.QPS {
 				row = append(row, cell(pp, pp.Stages[k]))
@@ -194,7 +211,7 @@ func (r *Report) publishedRows() [][]string {
 		rows = append(rows, row)
 		k++
 	}
-	row := []string{"across stages: TTFT p90 / tok/s"}
+	row := []string{acrossLabel}
 	for _, pp := range cols {
 		row = append(row, cell(pp, StageResult{TTFTP90ms: pp.Summary.TTFTP90ms, OutputTokPS: pp.Summary.OutputTokPS}))
 	}
@@ -303,21 +320,17 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if len(r.Results) > 0 && len(r.Results[0].Stages) > 1 {
 		// The ladder: TTFT p90 and throughput per QPS stage.
 		for k, st := range r.Results[0].Stages {
-			name := "QPS " + fmtNum(st.QPS, 1)
-			if st.Warmup {
-				name += " (warm-up)"
-			}
-			line := []string{name + ": TTFT p90 / tok/s"}
+			line := []string{stageLabel(st)}
 			for _, p := range r.Results {
 				if k < len(p.Stages) {
-					line = append(line, fmtNum(p.Stages[k].TTFTP90ms, 0)+" / "+fmtNum(p.Stages[k].OutputTokPS, 0))
+					line = append(line, stageCell(p.Stages[k].TTFTP90ms, p.Stages[k].OutputTokPS))
 				}
 			}
 			fmt.Fprintln(tw, strings.Join(line, "\t")+"\t")
 		}
-		line := []string{"across stages: TTFT p90 / tok/s"}
+		line := []string{acrossLabel}
 		for _, p := range r.Results {
-			line = append(line, fmtNum(p.AcrossStages.TTFTP90ms, 0)+" / "+fmtNum(p.AcrossStages.OutputTokPS, 0))
+			line = append(line, stageCell(p.AcrossStages.TTFTP90ms, p.AcrossStages.OutputTokPS))
 		}
 		fmt.Fprintln(tw, strings.Join(line, "\t")+"\t")
 		for _, row := range r.publishedRows() {
