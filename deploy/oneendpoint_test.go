@@ -29,6 +29,7 @@ import (
 	"github.com/omnious/provider-node/discovery"
 	"github.com/omnious/provider-node/extproc"
 	"github.com/omnious/provider-node/internal/epp"
+	"github.com/omnious/provider-node/internal/freeport"
 )
 
 // The shipped Envoy config routes through an ORIGINAL_DST cluster, which
@@ -345,10 +346,9 @@ func envFile(t *testing.T, path string) map[string]string {
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, err := freeport.Take(1)
 	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().String()
+	return fmt.Sprintf("127.0.0.1:%d", ports[0])
 }
 
 // tool finds a binary deploy/tools.sh installs, or skips.

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnious/provider-node/engines/sim/simtest"
+	"github.com/omnious/provider-node/internal/freeport"
 )
 
 // freePortPair returns a port p such that p and p+1 are both free (a
@@ -26,14 +27,12 @@ import (
 func freePortPair(t *testing.T) int {
 	t.Helper()
 	for range 100 {
-		a, err := net.Listen("tcp", "127.0.0.1:0")
+		ports, err := freeport.Take(1)
 		require.NoError(t, err)
-		p := a.Addr().(*net.TCPAddr).Port
-		b, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+1))
-		a.Close()
+		b, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", ports[0]+1))
 		if err == nil {
 			b.Close()
-			return p
+			return ports[0]
 		}
 	}
 	t.Fatal("no two consecutive free ports on 127.0.0.1")

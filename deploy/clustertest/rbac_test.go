@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -22,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/omnious/provider-node/internal/freeport"
 	"github.com/omnious/provider-node/internal/kubetest"
 )
 
@@ -147,10 +147,9 @@ func allowed(t testing.TB, env *kubetest.Env, ns, sa, verb, group, resource stri
 
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, err := freeport.Take(1)
 	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().String()
+	return fmt.Sprintf("127.0.0.1:%d", ports[0])
 }
 
 func buildEPP(t testing.TB) string {

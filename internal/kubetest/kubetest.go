@@ -22,7 +22,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -37,6 +36,8 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/omnious/provider-node/internal/freeport"
 )
 
 // Options adjust a control plane started by Start, New or Main.
@@ -407,26 +408,11 @@ func (e *Env) Stop() error {
 	return errors.Join(errs...)
 }
 
-// freePorts asks the kernel for n distinct free ports on 127.0.0.1. They
+// freePorts takes n distinct free ports on 127.0.0.1 (see freeport). They
 // are released before the servers bind them; a port taken in between makes
 // that server exit at once, and New tries again.
 func freePorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	lns := make([]net.Listener, 0, n)
-	defer func() {
-		for _, ln := range lns {
-			_ = ln.Close()
-		}
-	}()
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
+	return freeport.Take(n)
 }
 
 // LogFiles are the control-plane processes' logs, for a test that searches

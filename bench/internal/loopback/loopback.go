@@ -1,7 +1,7 @@
 // Package loopback is how the bench talks to the servers it starts on
 // 127.0.0.1: an HTTP transport that never takes a proxy from the
-// environment, free ports, and small GET helpers. It imports nothing of the
-// project.
+// environment, free ports, and small GET helpers. Of the project it imports
+// only freeport.
 package loopback
 
 import (
@@ -12,6 +12,8 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/omnious/provider-node/internal/freeport"
 )
 
 // maxBody bounds what Get reads: a metrics page of a large replica is a few
@@ -37,25 +39,12 @@ func Client(timeout time.Duration) *http.Client {
 	return &http.Client{Transport: Transport(), Timeout: timeout}
 }
 
-// FreePorts reserves n loopback ports by binding and releasing them; a
-// small race with other programs is accepted (the start then fails loudly).
+// FreePorts reserves n loopback ports for children to bind, from below
+// the ephemeral range where the bench's own outgoing connections cannot
+// take them (see freeport); a small race with other programs is accepted
+// (the start then fails loudly).
 func FreePorts(n int) ([]int, error) {
-	var lns []net.Listener
-	defer func() {
-		for _, l := range lns {
-			_ = l.Close()
-		}
-	}()
-	var ports []int
-	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("cannot reserve a port: %w", err)
-		}
-		lns = append(lns, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
+	return freeport.Take(n)
 }
 
 // Get GETs url with client and returns its body (at most 16 MiB); a status

@@ -5,7 +5,6 @@ package simtest
 
 import (
 	"context"
-	"net"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +18,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/omnious/provider-node/engines/sim"
+	"github.com/omnious/provider-node/internal/freeport"
 )
 
 // Start runs one replica until t ends. mutate, when not nil, adjusts the
@@ -61,13 +61,13 @@ func SetFaults(t testing.TB, base, body string) {
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 }
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago,
+// from below the ephemeral range (see freeport).
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, err := freeport.Take(1)
 	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return ports[0]
 }
 
 // WaitOK waits up to 20 s for GET url to answer 200.
