@@ -223,13 +223,19 @@ func TestRunLoad(t *testing.T) {
 		{"floor", func(o *Options) { o.BudgetP99, o.Floor = time.Minute, true }, func(t *testing.T, r *Report) {
 			require.True(t, r.Floor)
 			require.Len(t, r.Steps, 2)
+			cores := 0.0
 			for _, s := range r.Steps {
 				require.Zero(t, s.Errors)
 				require.Positive(t, s.OK)
-				require.Positive(t, s.EPPCores, "the floor server's CPU time is read")
 				require.Positive(t, s.AddedP50)
 				require.Zero(t, s.RouteP50, "the floor has no route histogram")
+				cores += s.EPPCores
 			}
+			// Over the ladder, not per step: the kernel counts a process's
+			// CPU time in 10 ms ticks, and a no-op server answering 20
+			// requests in a 1 s step can stay under one (it read 0.00 at
+			// 20/s under make test, and 0.03 cores at 40/s in the same run).
+			require.Positive(t, cores, "the floor server's CPU time is read")
 			require.Zero(t, r.IndexBlocks, "no KV events without an index")
 			require.Zero(t, r.EPPDecisions)
 			var b strings.Builder

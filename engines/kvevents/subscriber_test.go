@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
+
+	"github.com/omnious/provider-node/internal/freeport"
 )
 
 type seen struct {
@@ -435,12 +438,11 @@ func TestPublisherVanishes(t *testing.T) {
 // continuation (or a gap replay could "fill" from the new engine's
 // buffer), so only the replayed last batch tells the streams apart.
 func TestRestartPastOurSequenceResets(t *testing.T) {
+	taken, err := freeport.Take(2)
+	require.NoError(t, err)
 	ports := make([]string, 2)
-	for i := range ports {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		ports[i] = "tcp://" + l.Addr().String()
-		require.NoError(t, l.Close())
+	for i, p := range taken {
+		ports[i] = fmt.Sprintf("tcp://127.0.0.1:%d", p)
 	}
 	cfg := PublisherConfig{Endpoint: ports[0], ReplayEndpoint: ports[1]}
 	p1, err := NewPublisher(cfg, zaptest.NewLogger(t))
