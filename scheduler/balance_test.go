@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/omnious/provider-node/engines/metrics"
 )
 
 // TestLoadStaysBalanced drives a steady 64 requests in flight over 8
@@ -74,5 +76,39 @@ func TestLoadStaysBalanced(t *testing.T) {
 				d.Done(DoneInfo{Status: 200})
 			}
 		})
+	}
+}
+
+// TestSpreadBetweenScrapes: between two scrapes the samples say the same
+// thing on every decision. Two replicas each hold 48 requests the last
+// scrape saw running; it showed one with less KV in use. New requests with
+// no cached prefix must not all go to that one until the next scrape: what
+// was routed since counts as not yet started, so they spread.
+func TestSpreadBetweenScrapes(t *testing.T) {
+	e := newEnv(t, 2, nil)
+	var held []*Decision
+	for i := range 96 {
+		d, err := e.s.admitPick(ctx, &Request{Model: testModel, Tokens: tokens(64, uint32(1000+i))})
+		require.NoError(t, err)
+		held = append(held, d)
+	}
+	require.Equal(t, int64(48), e.rep(0).inflight.Load())
+	require.Equal(t, int64(48), e.rep(1).inflight.Load())
+	for i, kv := range []float64{0.30, 0.50} {
+		r := e.rep(i)
+		e.s.Observe(&metrics.Sample{URL: r.ep.MetricsURL, At: e.clock.Now(),
+			Signals: metrics.Signals{Engine: metrics.EngineVLLM, Running: 48, KVUsage: kv}})
+	}
+	got := map[string]int{}
+	for i := range 10 {
+		d, err := e.s.admitPick(ctx, &Request{Model: testModel, Tokens: tokens(64, uint32(2000+i))})
+		require.NoError(t, err)
+		got[primary(d)]++
+		held = append(held, d)
+	}
+	require.GreaterOrEqual(t, got[addr(1)], 3, "%v", got)
+	require.GreaterOrEqual(t, got[addr(0)], got[addr(1)], "%v", got)
+	for _, d := range held {
+		d.Done(DoneInfo{Status: 200})
 	}
 }

@@ -118,8 +118,9 @@ type PrefixConfig struct {
 
 // ScoringConfig is what the scorers normalise against and their weights.
 type ScoringConfig struct {
-	// TargetWaiting is the engine queue depth at which the queue score is
-	// halved. Default 4.
+	// TargetWaiting is the number of requests not started (the engine's
+	// waiting queue plus what was routed since its last scrape) at which
+	// the queue score is halved. Default 4.
 	TargetWaiting float64 `yaml:"target_waiting"`
 	// TargetInflight is the EPP in-flight count at which the in-flight score
 	// is halved. Default 8. (Admission has its own, see

@@ -18,8 +18,8 @@ type cand struct {
 	prefixShare float64 // tier-weighted share of the prompt, 0..1
 	heldUnits   int     // the index's (and speculative) match when recalled
 	prefixScore float64
-	// queueScore and kvScore are the sample's (sampled), or an idle
-	// replica's without one; lora is set by scoreAll.
+	// queueScore scores queued; kvScore is the sample's (sampled); both
+	// are an idle replica's without a sample. lora is set by scoreAll.
 	queueScore, kvScore, lora float64
 	score                     float64
 
@@ -66,13 +66,18 @@ func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.
 		c.r = r
 		c.sig = r.signal()
 		c.stale = r.staleAt(c.sig, staleBefore)
-		if c.sig != nil {
-			c.waiting, c.queueScore, c.kvScore = c.sig.waiting, c.sig.queueScore, c.sig.kvScore
-		} else {
-			c.queueScore, c.kvScore = idleQueue, idleKV
-		}
 		c.infl = float64(r.inflight.Load())
+		c.queueScore, c.kvScore = idleQueue, idleKV
+		if c.sig != nil {
+			c.waiting, c.kvScore = c.sig.waiting, c.sig.kvScore
+		}
 		c.load, c.queued = loadOf(c), queuedOf(c)
+		if c.sig != nil {
+			// What was routed since the sample has not been seen to
+			// start: scored on the sample's queue alone, every decision
+			// between two scrapes would see the same best replica.
+			c.queueScore = queueScorer(c.queued, targetWaiting)
+		}
 		over, ready := kvOver(c), c.waiting < targetWaiting
 		all.add(over, ready)
 		if c.admit = r.br.state.Load() == BreakerClosed; c.admit {

@@ -102,8 +102,8 @@ type sampled struct {
 	// sat is the saturation term of the engine's queue and KV usage (see
 	// flow): max(waiting/target_waiting, kv_usage/kv_ceiling).
 	sat float64
-	// queueScore and kvScore are the queue and KV scorers of the sample.
-	queueScore, kvScore float64
+	// kvScore is the KV scorer of the sample.
+	kvScore float64
 	// scraped: at is not zero, the engine was scraped successfully once;
 	// over: its KV usage is above the ceiling.
 	scraped, over bool
@@ -114,10 +114,9 @@ func (s *Scheduler) sampled(sm *metrics.Sample) *sampled {
 	return &sampled{
 		sm: sm, at: sm.At, scraped: !sm.At.IsZero(),
 		running: sig.Running, waiting: sig.Waiting, kv: sig.KVUsage, engine: sig.Running + sig.Waiting,
-		sat:        capacity.Saturation(sig.Waiting, sig.KVUsage, s.cfg.Scoring.TargetWaiting, s.cfg.Scoring.KVCeiling),
-		queueScore: queueScorer(sig.Waiting, s.cfg.Scoring.TargetWaiting),
-		kvScore:    kvScorer(sig.KVUsage, s.cfg.Scoring.KVCeiling),
-		over:       sig.KVUsage > s.cfg.Scoring.KVCeiling,
+		sat:     capacity.Saturation(sig.Waiting, sig.KVUsage, s.cfg.Scoring.TargetWaiting, s.cfg.Scoring.KVCeiling),
+		kvScore: kvScorer(sig.KVUsage, s.cfg.Scoring.KVCeiling),
+		over:    sig.KVUsage > s.cfg.Scoring.KVCeiling,
 	}
 }
 

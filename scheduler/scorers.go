@@ -22,7 +22,9 @@ func prefixScorer(c *cand) float64 {
 	return clamp01(c.prefixShare)
 }
 
-// queueScorer scores the engine's waiting queue against target_waiting.
+// queueScorer scores the requests a replica has not started (queuedOf:
+// the engine's waiting queue and what this EPP routed since that scrape)
+// against target_waiting.
 func queueScorer(waiting, target float64) float64 { return target / (target + max(waiting, 0)) }
 
 // inflightScorer scores the EPP's in-flight count against target_inflight.

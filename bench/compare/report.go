@@ -62,9 +62,19 @@ type ContractResult struct {
 	HitRate       jsonFloat `json:"hit_rate"`
 	MaxMeanLoad   jsonFloat `json:"max_mean_load"`
 	DecisionP99us jsonFloat `json:"decision_p99_us"`
+	// Replicas has each replica's share, in the fleet's order.
+	Replicas []ContractReplica `json:"replicas,omitempty"`
 	// External EPPs only.
 	DecisionSource *string    `json:"decision_source,omitempty"`
 	EPPRequests    *jsonFloat `json:"epp_requests,omitempty"`
+}
+
+// ContractReplica is one replica's share of a policy's run, from its own
+// counters.
+type ContractReplica struct {
+	Requests     float64   `json:"requests"`
+	PromptTokens float64   `json:"prompt_tokens"`
+	HitRate      jsonFloat `json:"hit_rate"`
 }
 
 // Contract converts the report to the JSON contract.
@@ -75,6 +85,12 @@ func (r *Report) Contract() ContractJSON {
 			TTFTP50ms: jsonFloat(p.TTFTP50), TTFTP90ms: jsonFloat(p.TTFTP90), TTFTP99ms: jsonFloat(p.TTFTP99),
 			ITLP50ms: jsonFloat(p.ITLP50), ITLP99ms: jsonFloat(p.ITLP99), OutputTokPS: jsonFloat(p.OutputTokPS),
 			HitRate: jsonFloat(p.HitRate), MaxMeanLoad: jsonFloat(p.MaxMeanLoad), DecisionP99us: jsonFloat(p.DecisionP99us)}
+		if len(p.LoadPromptTokens) == len(p.LoadRequests) && len(p.LoadHitRate) == len(p.LoadRequests) {
+			for i, n := range p.LoadRequests {
+				cr.Replicas = append(cr.Replicas, ContractReplica{Requests: n, PromptTokens: p.LoadPromptTokens[i],
+					HitRate: jsonFloat(p.LoadHitRate[i])})
+			}
+		}
 		if p.EPP != nil {
 			src, n := p.EPP.DecisionHistogram, jsonFloat(p.EPP.Requests)
 			cr.DecisionSource, cr.EPPRequests = &src, &n

@@ -61,13 +61,18 @@ func TestSummarise(t *testing.T) {
 	require.InDelta(t, 15, summarise("p", w, res, delta, nil, 2).Stages[1].OutputTokPS, 1e-9)
 	// Without prefix-cache counters the hit rate is unknown, not 0.
 	delta[1].OK = false
-	require.True(t, math.IsNaN(summarise("p", w, res, delta, nil, 1).HitRate))
+	pr = summarise("p", w, res, delta, nil, 1)
+	require.True(t, math.IsNaN(pr.HitRate))
+	require.Equal(t, []float64{1, 1}, pr.LoadRequests)
+	require.InDelta(t, 0.5, pr.LoadHitRate[0], 1e-12)
+	require.True(t, math.IsNaN(pr.LoadHitRate[1]))
 }
 
 func sampleReport() *Report {
 	mk := func(name string, ttft, tput, hit float64) PolicyResult {
 		return PolicyResult{Policy: name, Requests: 10, TTFTP50: ttft / 2, TTFTP90: ttft, TTFTP99: ttft * 2, ITLP50: 10, ITLP99: 20,
 			OutputTokPS: tput, HitRate: hit, MaxMeanLoad: 1.1, DecisionP99us: math.NaN(), LoadRequests: []float64{4, 6},
+			LoadPromptTokens: []float64{400, 600}, LoadHitRate: []float64{hit, math.NaN()},
 			Stages: []StageResult{{QPS: 1, Requests: 4, TTFTP90ms: ttft / 2, OutputTokPS: tput / 2}, {QPS: 3, Requests: 6, TTFTP90ms: ttft, OutputTokPS: tput}}}
 	}
 	return &Report{Scenario: "s<&>", Workload: "w", Replicas: 2, Simulated: true, TimeScale: 4, Bound: 0.5,
@@ -103,7 +108,13 @@ func TestContractJSON(t *testing.T) {
 	require.Len(t, results, 3)
 	r0 := results[0].(map[string]any)
 	require.Equal(t, []string{"decision_p99_us", "epps", "errors", "hit_rate", "itl_p50_ms", "itl_p99_ms", "kind", "max_mean_load",
-		"output_tok_per_s", "policy", "requests", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms"}, keys(r0))
+		"output_tok_per_s", "policy", "replicas", "requests", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms"}, keys(r0))
+	// Each replica's share, in the fleet's order; a replica without
+	// prefix-cache counters has no hit rate (null, not 0).
+	require.Equal(t, []any{
+		map[string]any{"requests": 4.0, "prompt_tokens": 400.0, "hit_rate": 0.2},
+		map[string]any{"requests": 6.0, "prompt_tokens": 600.0, "hit_rate": nil},
+	}, r0["replicas"])
 	require.Equal(t, "random", r0["policy"])
 	require.Equal(t, "policy", r0["kind"])
 	require.Equal(t, 2.0, r0["epps"])

@@ -97,6 +97,11 @@ func replayScheduler(tb testing.TB, k float64, policy string, tune func(*schedul
 		live int
 		h    http.Handler
 		sig  metrics.Signals // the last scrape's
+		// requests, prompt and cached tokens served; kv sums the scrapes'
+		// KV usage over scrapes; groups counts the groups placed here first.
+		requests, groups, scrapes int
+		prompt, cached            int64
+		kv                        float64
 	}
 	reps := make([]*replica, f.Replicas)
 	byAddr := map[string]int{}
@@ -120,6 +125,10 @@ func replayScheduler(tb testing.TB, k float64, policy string, tune func(*schedul
 			require.NoError(tb, metrics.Parse(rec.Body.Bytes(), &sm.Signals))
 			s.Observe(sm)
 			r.sig = sm.Signals
+			if now.Sub(t0) > 0 {
+				r.kv += sm.Signals.KVUsage
+				r.scrapes++
+			}
 		}
 	}
 
@@ -190,6 +199,7 @@ func replayScheduler(tb testing.TB, k float64, policy string, tune func(*schedul
 			st.home++
 		case len(holders) == 0:
 			st.cold++
+			reps[p].groups++
 		default:
 			st.away++
 			st.why[awayCause(holders, d, cfg, func(i int) *metrics.Signals { return &reps[i].sig })]++
@@ -216,6 +226,10 @@ func replayScheduler(tb testing.TB, k float64, policy string, tune func(*schedul
 			outTok[w.Requests[l.n].Stage] += l.tokens
 			st.prompt += int64(l.prompt)
 			st.cached += int64(l.cachedTk)
+			r := reps[l.rep]
+			r.requests++
+			r.prompt += int64(l.prompt)
+			r.cached += int64(l.cachedTk)
 		}
 		l.d.Done(info)
 		l.cancel()
@@ -291,7 +305,7 @@ func replayScheduler(tb testing.TB, k float64, policy string, tune func(*schedul
 		})
 		if !nextScrape.After(now) {
 			scrape(now)
-			nextScrape = nextScrape.Add(scrapeInterval)
+			nextScrape = nextScrape.Add(cfg.Signals.ScrapeInterval)
 		}
 		for next < len(w.Requests) && inFlight < o.MaxInFlight && !t0.Add(w.Requests[next].At).After(now) {
 			st := w.Requests[next].Stage
@@ -332,6 +346,10 @@ func replayScheduler(tb testing.TB, k float64, policy string, tune func(*schedul
 				}
 			}
 		}
+	}
+	for i, r := range reps {
+		tb.Logf("replica %d: %d groups first, %d requests, hit %.3f, mean KV usage %.3f", i, r.groups, r.requests,
+			float64(r.cached)/float64(max(r.prompt, 1)), r.kv/float64(max(r.scrapes, 1)))
 	}
 	var prompt, cached int64
 	for i := range stages {
@@ -388,16 +406,34 @@ func maxTime(a, b time.Time) time.Time {
 // (replayScheduler) and reports inference-perf's summary across stages,
 // the engines' hit rate against the workload's bound and the share of
 // requests routed to a replica holding their group's system prompt; -v
-// logs each stage with the causes of the requests sent elsewhere.
+// logs each stage with the causes of the requests sent elsewhere, and
+// each replica's groups, requests, hit rate and mean KV usage.
+//
+// The bench's EPP scrapes a simulated fleet every 250 ms of wall time, 1 s
+// of this preset's model time; the scrape-2s cases scrape every 2 s of
+// model time, the production default (signals.scrape_interval) on a fleet
+// running in real time.
 //
 //	go test ./bench/compare -run '^$' -bench ReplaySchedulerLLMD73 -benchtime 1x -v
 func BenchmarkReplaySchedulerLLMD73(b *testing.B) {
-	for _, policy := range []string{scheduler.PolicyPrecise, scheduler.PolicyApproximate, scheduler.PolicyRandom} {
-		b.Run(policy, func(b *testing.B) {
+	production := time.Duration(float64(2*time.Second) / LLMD73Options(0.1).Fleet.TimeScale)
+	for _, c := range []struct {
+		name, policy string
+		scrape       time.Duration // wall time
+	}{
+		{scheduler.PolicyPrecise, scheduler.PolicyPrecise, scrapeInterval},
+		{scheduler.PolicyApproximate, scheduler.PolicyApproximate, scrapeInterval},
+		{scheduler.PolicyRandom, scheduler.PolicyRandom, scrapeInterval},
+		{scheduler.PolicyPrecise + "-scrape-2s", scheduler.PolicyPrecise, production},
+		{scheduler.PolicyApproximate + "-scrape-2s", scheduler.PolicyApproximate, production},
+	} {
+		b.Run(c.name, func(b *testing.B) {
 			var stages []replayStage
 			var hitBound float64
 			for range b.N {
-				stages, hitBound = replayScheduler(b, 0.1, policy, nil)
+				stages, hitBound = replayScheduler(b, 0.1, c.policy, func(cfg *scheduler.Config) {
+					cfg.Signals.ScrapeInterval, cfg.Signals.ScrapeTimeout = c.scrape, c.scrape
+				})
 			}
 			var lines []string
 			var srs []StageResult

@@ -49,8 +49,10 @@ type PolicyResult struct {
 	// UsageCachedShare is sum(cached_tokens) / sum(prompt_tokens) from the
 	// responses' usage.
 	UsageCachedShare float64
-	// LoadRequests and LoadPromptTokens are per replica, from its counters.
-	LoadRequests, LoadPromptTokens []float64
+	// LoadRequests, LoadPromptTokens and LoadHitRate are per replica, from
+	// its counters (LoadHitRate NaN where it has no prefix-cache counters
+	// or no queries).
+	LoadRequests, LoadPromptTokens, LoadHitRate []float64
 	// MaxMeanLoad is max/mean of LoadRequests.
 	MaxMeanLoad, MaxMeanPromptLoad float64
 	// DecisionP50us and DecisionP99us are the EPP's decision latencies, timed
@@ -188,6 +190,11 @@ func summarise(policy string, w *Workload, res []*result, delta []counters, deci
 		q, h = q+d.Queries, h+d.Hits
 		pr.LoadRequests = append(pr.LoadRequests, d.Requests)
 		pr.LoadPromptTokens = append(pr.LoadPromptTokens, d.PromptTokens)
+		hit := math.NaN()
+		if d.OK && d.Queries > 0 {
+			hit = d.Hits / d.Queries
+		}
+		pr.LoadHitRate = append(pr.LoadHitRate, hit)
 	}
 	if ok && q > 0 {
 		pr.HitRate = h / q
