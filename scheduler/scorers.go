@@ -25,7 +25,7 @@ func prefixScorer(c *cand) float64 {
 // queueScorer scores the requests a replica has not started (queuedOf:
 // the engine's waiting queue and what this EPP routed since that scrape)
 // against target_waiting.
-func queueScorer(waiting, target float64) float64 { return target / (target + max(waiting, 0)) }
+func queueScorer(queued, target float64) float64 { return target / (target + max(queued, 0)) }
 
 // inflightScorer scores the EPP's in-flight count against target_inflight.
 func inflightScorer(inflight, target float64) float64 { return target / (target + max(inflight, 0)) }
