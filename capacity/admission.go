@@ -32,8 +32,9 @@ func Saturation(waiting, kvUsage, targetWaiting, kvCeiling float64) float64 {
 // term is read from each bin's mean queue and KV usage, made non-decreasing
 // in the load (weighted pool-adjacent-violators: one bin's burst of
 // waiting does not stop the curve early) and interpolated between the bins
-// either side of the crossing, from an idle engine's 0. Read at the mean
-// load, as the EPP compares the pool's mean term with the ceiling.
+// either side of the crossing, from an idle engine's 0; the output rate
+// there from its fit as At reads it (ratesAt). Read at the mean load, as
+// the EPP compares the pool's mean term with the ceiling.
 func (c Curve) AdmissionBound(a Admission) (concurrency, tokensPerSec float64, ok bool) {
 	if !(a.TargetWaiting > 0) || !(a.KVCeiling > 0) || !(a.Ceiling > 0) {
 		return 0, 0, false
@@ -56,7 +57,7 @@ func (c Curve) AdmissionBound(a Admission) (concurrency, tokensPerSec float64, o
 		x0, s0 = bins[j-1].Concurrency, sat[j-1]
 	}
 	x := x0 + (bins[j].Concurrency-x0)*(a.Ceiling-s0)/(sat[j]-s0)
-	tps := interpolate(bins, x, func(b *Bin) float64 { return b.OutputTokensPerSec })
+	tps, _ := ratesAt(bins, x)
 	if math.IsNaN(x) || math.IsInf(x, 0) || math.IsNaN(tps) || math.IsInf(tps, 0) {
 		return 0, 0, false
 	}
@@ -78,8 +79,7 @@ func (c Curve) AtAdmitted(o Objectives, adm *Admission) (AtObjectives, error) {
 	}
 	at.AdmissionBoundConcurrency, at.AdmissionBoundTokensPerSec = conc, tps
 	if at.Concurrency <= conc {
-		// The EPP does not queue at the objectives' load; a lower rate
-		// read at a heavier load is the bins' noise, not a bound.
+		// The EPP does not queue at the objectives' load.
 		return at, nil
 	}
 	at.lower(tps, LimitAdmission)

@@ -86,14 +86,15 @@ func TestAtAdmitted(t *testing.T) {
 	require.Equal(t, free.Concurrency, got.Concurrency)
 	require.InDelta(t, 22, got.AdmissionBoundConcurrency, 1e-9)
 
-	// Queueing starts past the objectives' load at a lower rate (a noisy
-	// bin): no bound.
+	// Queueing starts past the objectives' load and a noisy bin between
+	// reads low: the rates are read from their non-decreasing fit, so the
+	// heavier load's is no lower, and nothing is bound.
 	noisy := curve(22)
 	noisy.Bins[len(noisy.Bins)-2].OutputTokensPerSec = 10
 	got, err = noisy.AtAdmitted(testObjectives, adm)
 	require.NoError(t, err)
 	require.Equal(t, free.Limit, got.Limit)
-	require.Less(t, got.AdmissionBoundTokensPerSec, got.OutputTokensPerSec)
+	require.GreaterOrEqual(t, got.AdmissionBoundTokensPerSec, got.OutputTokensPerSec)
 
 	_, err = Curve{}.AtAdmitted(testObjectives, adm)
 	require.ErrorIs(t, err, ErrNoData)

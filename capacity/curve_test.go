@@ -452,3 +452,45 @@ func FuzzReadCalibration(f *testing.F) {
 		}
 	})
 }
+
+func TestRatesAt(t *testing.T) {
+	// bins at (load, output rate) points, 10 s each, prompt rates 10
+	// times the output's.
+	bins := func(pts ...[2]float64) []*Bin {
+		var out []*Bin
+		for _, p := range pts {
+			b := testBin(p[0], 1, 1, p[1], 400)
+			b.PromptTokensPerSec = 10 * p[1]
+			out = append(out, &b)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name string
+		bins []*Bin
+		at   float64
+		want float64
+	}{
+		{"rising: between the bins", bins([2]float64{4, 400}, [2]float64{8, 800}), 6, 600},
+		{"below the first bin: from an idle engine's 0", bins([2]float64{4, 400}, [2]float64{8, 800}), 2, 200},
+		{"beyond the last bin: flat", bins([2]float64{4, 400}, [2]float64{8, 800}), 12, 800},
+		{"a high bin among flat ones pools with the loads after it",
+			bins([2]float64{16, 632}, [2]float64{17, 615}, [2]float64{18, 694}, [2]float64{19, 637}, [2]float64{20, 618}),
+			18, (694 + 637 + 618) / 3.0},
+		{"a rate falling under overload reads below its peak",
+			bins([2]float64{4, 400}, [2]float64{8, 800}, [2]float64{12, 600}), 12, 700},
+		{"weighted by time", []*Bin{
+			{Concurrency: 4, OutputTokensPerSec: 400, Seconds: 10},
+			{Concurrency: 8, OutputTokensPerSec: 900, Seconds: 30},
+			{Concurrency: 12, OutputTokensPerSec: 500, Seconds: 10},
+		}, 12, (900*30 + 500*10) / 40.0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, prompt := ratesAt(tc.bins, tc.at)
+			require.InDelta(t, tc.want, out, 1e-9)
+			if tc.bins[0].PromptTokensPerSec > 0 {
+				require.InDelta(t, 10*tc.want, prompt, 1e-9, "the prompt rate is fitted alike")
+			}
+		})
+	}
+}
