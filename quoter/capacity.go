@@ -26,9 +26,14 @@ type CapacityClient struct {
 // ErrEPPUnreachable marks failures to obtain a snapshot at all.
 var ErrEPPUnreachable = errors.New("EPP capacity endpoint unreachable")
 
-// maxSnapshotBytes bounds the snapshot body; it is a few hundred bytes per
-// model.
-const maxSnapshotBytes = 4 << 20
+// maxSnapshotBytes bounds the snapshot body. It carries every replica's
+// curve, its histograms in every bin: the demo's replicas send about 150
+// KB each, and a replica with a bin at every load to 1,024 requests and a
+// stall bin at every new-token rate to 100,000 tokens/s about 210 KB. The
+// former 4 MiB stopped a pool of 28 demo replicas from being quoted at all;
+// 64 MiB holds about 300 of the largest, and decoding a body that size
+// took about 130 MiB of heap, within the chart's 256 MiB limit.
+const maxSnapshotBytes = 64 << 20
 
 // Fetch returns the current snapshot.
 func (c *CapacityClient) Fetch(ctx context.Context) (capacity.Snapshot, error) {

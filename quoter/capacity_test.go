@@ -3,6 +3,7 @@ package quoter
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -172,4 +173,42 @@ func TestCapacityClientFetch(t *testing.T) {
 	srv.Close()
 	_, err = c.Fetch(context.Background())
 	require.ErrorIs(t, err, ErrEPPUnreachable)
+}
+
+// A pool of 64 replicas whose curves are as large as an engine can build
+// (bins at every load to 1,024 requests and every new-token rate to
+// 100,000 tokens/s, histograms with the EPP's buckets, full-precision
+// counts) is read whole.
+func TestCapacityClientFetchLargePool(t *testing.T) {
+	hist := func(n int) capacity.Histogram {
+		h := capacity.Histogram{Counts: make([]float64, n), Count: 1000.0 / 3, Sum: 100.0 / 7}
+		for i := range h.Counts {
+			h.Counts[i] = float64(i) * 100.0 / 3
+		}
+		return h
+	}
+	curve := capacity.Curve{TTFTBounds: make([]float64, 22), ITLBounds: make([]float64, 19)}
+	for c := 1.0 / 3; c < 1024; c *= 1.0625 {
+		curve.Bins = append(curve.Bins, capacity.Bin{Concurrency: c, Running: c, Seconds: 100.0 / 3, Windows: 100.0 / 7,
+			Waiting: 1.0 / 3, KVUsage: 2.0 / 3, OutputTokensPerSec: 1000.0 / 3, PromptTokensPerSec: 10000.0 / 3,
+			TTFT: hist(22), ITL: hist(19)})
+	}
+	for r := 1.0 / 3; r < 100_000; r *= 1.0625 {
+		curve.Stall = append(curve.Stall, capacity.StallBin{NewTokensPerSec: r, Seconds: 100.0 / 3, Windows: 100.0 / 7, ITL: hist(19)})
+	}
+	m := capacity.Model{Model: "Qwen/Qwen3-32B", Replicas: 64, Healthy: 64}
+	for i := range 64 {
+		m.ReplicaCapacity = append(m.ReplicaCapacity, capacity.Replica{Addr: fmt.Sprintf("10.0.0.%d:8000", i), Healthy: true, Curve: curve})
+	}
+	body, err := json.Marshal(capacity.Snapshot{Taken: time.Now(), Models: []capacity.Model{m}})
+	require.NoError(t, err)
+	require.Greater(t, len(body), 4<<20, "larger than the bound that stopped such a pool")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(body) }))
+	defer srv.Close()
+
+	got, err := (&CapacityClient{URL: srv.URL}).Fetch(context.Background())
+	require.NoError(t, err)
+	require.Len(t, got.Models, 1)
+	require.Len(t, got.Models[0].ReplicaCapacity, 64)
+	require.Len(t, got.Models[0].ReplicaCapacity[63].Curve.Bins, len(curve.Bins))
 }
