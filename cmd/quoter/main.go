@@ -63,6 +63,8 @@ commands:
   conformance          check a serving URL (--url URL --model ID)
   calibrate            drive a serving URL up a concurrency ladder to its latency
                        objectives; write the calibration (--out FILE | --configmap NAME)
+  headroom             read the EPP's capacity (--capacity-url) or a saved snapshot
+                       (--snapshot FILE) at the objectives: what a quote would offer, and why
   tool-profile         resolve the tool-call parser (TOOL_PROFILE, MODEL_ID, ENGINE)
   tool-profiles-json   regenerate the tool contract JSON from tool-profiles.tsv
 
@@ -88,6 +90,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdConformance(ctx, rest, stdout, stderr)
 	case "calibrate":
 		return cmdCalibrate(ctx, rest, stdout, stderr)
+	case "headroom":
+		return cmdHeadroom(ctx, rest, stdout, stderr)
 	case "tool-profile":
 		return cmdToolProfile(rest, stdout, stderr)
 	case "tool-profiles-json":
