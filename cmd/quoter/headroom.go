@@ -88,11 +88,5 @@ func cmdHeadroom(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		fmt.Fprintf(stderr, "quoter headroom: model %q is not in the snapshot\n", *model)
 		return exitFail
 	}
-	enc := json.NewEncoder(stdout)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(out); err != nil {
-		fmt.Fprintln(stderr, "quoter headroom:", err)
-		return exitFail
-	}
-	return exitOK
+	return printJSON(stdout, stderr, "quoter headroom", out)
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -33,13 +32,7 @@ func TestHeadroomCommand(t *testing.T) {
 		{Model: "b", Replicas: 1, Healthy: 1, ReplicaCapacity: []capacity.Replica{replica("10.0.0.3:8000", 0)}},
 	}}
 	dir := t.TempDir()
-	write := func(name string, v any) string {
-		b, err := json.Marshal(v)
-		require.NoError(t, err)
-		p := filepath.Join(dir, name)
-		require.NoError(t, os.WriteFile(p, b, 0o600))
-		return p
-	}
+	write := func(name string, v any) string { return writeJSON(t, dir, name, v) }
 	file := write("snapshot.json", snap)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		require.NoError(t, json.NewEncoder(w).Encode(snap))

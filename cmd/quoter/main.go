@@ -104,6 +104,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return exitUsage
 }
 
+// printJSON writes v indented to stdout: exitOK, or exitFail with the
+// error on stderr after cmd.
+func printJSON(stdout, stderr io.Writer, cmd string, v any) int {
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
+		return exitFail
+	}
+	return exitOK
+}
+
 func env(name, def string) string {
 	if v, ok := os.LookupEnv(name); ok && v != "" {
 		return v
@@ -237,13 +249,7 @@ func cmdSign(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "quoter sign:", err)
 		return exitFail
 	}
-	enc := json.NewEncoder(stdout)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(sq); err != nil {
-		fmt.Fprintln(stderr, "quoter sign:", err)
-		return exitFail
-	}
-	return exitOK
+	return printJSON(stdout, stderr, "quoter sign", sq)
 }
 
 func cmdVerify(args []string, stdout, stderr io.Writer) int {

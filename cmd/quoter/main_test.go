@@ -190,6 +190,16 @@ func TestKeyMaterialNeverPrinted(t *testing.T) {
 	}
 }
 
+// writeJSON writes v as JSON to dir/name, mode 0600, and returns the path.
+func writeJSON(t *testing.T, dir, name string, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	p := filepath.Join(dir, name)
+	require.NoError(t, os.WriteFile(p, b, 0o600))
+	return p
+}
+
 func TestVerifyCommand(t *testing.T) {
 	key, err := crypto.GenerateKey()
 	require.NoError(t, err)
@@ -202,13 +212,7 @@ func TestVerifyCommand(t *testing.T) {
 		Expiry: uint64(issued.Unix()) + 30, Nonce: nonce}, key)
 	require.NoError(t, err)
 	dir := t.TempDir()
-	write := func(name string, v any) string {
-		b, err := json.Marshal(v)
-		require.NoError(t, err)
-		p := filepath.Join(dir, name)
-		require.NoError(t, os.WriteFile(p, b, 0o600))
-		return p
-	}
+	write := func(name string, v any) string { return writeJSON(t, dir, name, v) }
 	good := write("good.json", sq)
 	tampered := *sq
 	tampered.Message.Model = "other"
