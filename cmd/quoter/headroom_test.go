@@ -35,7 +35,11 @@ func TestHeadroomCommand(t *testing.T) {
 	write := func(name string, v any) string { return writeJSON(t, dir, name, v) }
 	file := write("snapshot.json", snap)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		require.NoError(t, json.NewEncoder(w).Encode(snap))
+		if r.URL.Path != capacity.Path {
+			http.NotFound(w, r)
+			return
+		}
+		_ = json.NewEncoder(w).Encode(snap)
 	}))
 	defer srv.Close()
 	cal := write("cal.json", capacity.Calibration{Version: capacity.CalibrationVersion, Model: "b", Replicas: 1,
