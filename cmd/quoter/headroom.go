@@ -29,17 +29,14 @@ type headroomReport struct {
 func cmdHeadroom(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("headroom", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	def := quoter.Config{}.WithDefaults()
-	capURL := fs.String("capacity-url", env("EPP_ADMIN_URL", ""), "EPP admin base URL serving /v1/capacity (env EPP_ADMIN_URL)")
+	var f capacityFlags
+	f.register(fs, quoter.Config{}.WithDefaults())
 	snapFile := fs.String("snapshot", "", "a saved /v1/capacity document to read instead of --capacity-url")
 	model := fs.String("model", env("MODEL_ID", ""), "model to read (env MODEL_ID; empty: every model in the snapshot)")
-	ttft := fs.Duration("slo-ttft-p95", envDuration("SLO_TTFT_P95", def.SLOTTFTP95), "objective for p95 time to first token (env SLO_TTFT_P95)")
-	itl := fs.Duration("slo-itl-p95", envDuration("SLO_ITL_P95", def.SLOITLP95), "objective for p95 inter-token latency (env SLO_ITL_P95)")
-	calFile := fs.String("calibration-file", env("QUOTER_CALIBRATION_FILE", ""), "quoter calibrate output an idle pool is quoted from (env QUOTER_CALIBRATION_FILE)")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
-	if fs.NArg() > 0 || (*capURL == "") == (*snapFile == "") {
+	if fs.NArg() > 0 || (f.capacityURL == "") == (*snapFile == "") {
 		fmt.Fprintln(stderr, "quoter headroom: give one of --capacity-url or --snapshot")
 		return exitUsage
 	}
@@ -55,14 +52,14 @@ func cmdHeadroom(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		}
 	} else {
 		var err error
-		if snap, err = (&quoter.CapacityClient{URL: *capURL}).Fetch(ctx); err != nil {
+		if snap, err = (&quoter.CapacityClient{URL: f.capacityURL}).Fetch(ctx); err != nil {
 			fmt.Fprintln(stderr, "quoter headroom:", err)
 			return exitFail
 		}
 	}
 	var cal *capacity.Calibration
-	if *calFile != "" {
-		c, err := capacity.LoadCalibration(*calFile)
+	if f.calibrationFile != "" {
+		c, err := capacity.LoadCalibration(f.calibrationFile)
 		if err != nil {
 			// As the quote loop does: an unusable calibration leaves
 			// what the replicas measured online.
@@ -70,7 +67,7 @@ func cmdHeadroom(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		}
 		cal = c
 	}
-	o := quoter.Config{SLOTTFTP95: *ttft, SLOITLP95: *itl}.Objectives()
+	o := quoter.Config{SLOTTFTP95: f.sloTTFT, SLOITLP95: f.sloITL}.Objectives()
 	var out []headroomReport
 	for _, m := range snap.Models {
 		if *model != "" && m.Model != *model {

@@ -146,12 +146,27 @@ func newLogger(w io.Writer, level string) (*zap.Logger, error) {
 // serviceFlags are shared by sign and run. Each defaults to the installer's
 // environment variable; secrets are file paths only.
 type serviceFlags struct {
-	providerID, model, modelClass, servingURL, capacityURL, marketURL string
-	floorIn, floorOut, chainID, stateFile                             string
-	keyFile, keystoreFile, passwordFile                               string
-	refresh, ttl, canaryInterval, maxSnapshotAge                      time.Duration
-	sloTTFT, sloITL                                                   time.Duration
-	calibrationFile, logLevel                                         string
+	providerID, model, modelClass, servingURL, marketURL string
+	floorIn, floorOut, chainID, stateFile                string
+	keyFile, keystoreFile, passwordFile                  string
+	refresh, ttl, canaryInterval, maxSnapshotAge         time.Duration
+	logLevel                                             string
+	capacityFlags
+}
+
+// capacityFlags are what a quote's headroom is read from: the EPP's
+// capacity, the objectives and the calibration. sign, run and headroom
+// share them, so they read the same environment.
+type capacityFlags struct {
+	capacityURL, calibrationFile string
+	sloTTFT, sloITL              time.Duration
+}
+
+func (f *capacityFlags) register(fs *flag.FlagSet, def quoter.Config) {
+	fs.StringVar(&f.capacityURL, "capacity-url", env("EPP_ADMIN_URL", ""), "EPP admin base URL serving /v1/capacity (env EPP_ADMIN_URL)")
+	fs.DurationVar(&f.sloTTFT, "slo-ttft-p95", envDuration("SLO_TTFT_P95", def.SLOTTFTP95), "objective for the 95th percentile of time to first token (env SLO_TTFT_P95)")
+	fs.DurationVar(&f.sloITL, "slo-itl-p95", envDuration("SLO_ITL_P95", def.SLOITLP95), "objective for the 95th percentile of inter-token latency (env SLO_ITL_P95)")
+	fs.StringVar(&f.calibrationFile, "calibration-file", env("QUOTER_CALIBRATION_FILE", ""), "quoter calibrate output to quote an idle pool from (env QUOTER_CALIBRATION_FILE)")
 }
 
 func (f *serviceFlags) register(fs *flag.FlagSet) {
@@ -162,7 +177,7 @@ func (f *serviceFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.model, "model", env("MODEL_ID", ""), "served model id (env MODEL_ID)")
 	fs.StringVar(&f.modelClass, "model-class", env("MODEL_CLASS", ""), "market model class (env MODEL_CLASS)")
 	fs.StringVar(&f.servingURL, "serving-url", env("SERVING_URL", ""), "exact public serving URL; hashed into endpointHash (env SERVING_URL)")
-	fs.StringVar(&f.capacityURL, "capacity-url", env("EPP_ADMIN_URL", ""), "EPP admin base URL serving /v1/capacity (env EPP_ADMIN_URL)")
+	f.capacityFlags.register(fs, def)
 	fs.StringVar(&f.marketURL, "market-url", env("MARKET_URL", ""), "URL quotes are POSTed to (env MARKET_URL; empty = serve only)")
 	fs.StringVar(&f.floorIn, "floor-in", env("FLOOR_IN", ""), "input price floor, integer micro-units per million tokens (env FLOOR_IN)")
 	fs.StringVar(&f.floorOut, "floor-out", env("FLOOR_OUT", ""), "output price floor, integer micro-units per million tokens (env FLOOR_OUT)")
@@ -175,9 +190,6 @@ func (f *serviceFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.ttl, "ttl", envDuration("QUOTER_TTL", def.TTL), "quote validity (whole seconds)")
 	fs.DurationVar(&f.canaryInterval, "canary-interval", envDuration("QUOTER_CANARY_INTERVAL", def.CanaryInterval), "canary probe interval while healthy")
 	fs.DurationVar(&f.maxSnapshotAge, "max-snapshot-age", envDuration("QUOTER_MAX_SNAPSHOT_AGE", def.MaxSnapshotAge), "oldest trusted capacity snapshot")
-	fs.DurationVar(&f.sloTTFT, "slo-ttft-p95", envDuration("SLO_TTFT_P95", def.SLOTTFTP95), "objective for the 95th percentile of time to first token (env SLO_TTFT_P95)")
-	fs.DurationVar(&f.sloITL, "slo-itl-p95", envDuration("SLO_ITL_P95", def.SLOITLP95), "objective for the 95th percentile of inter-token latency (env SLO_ITL_P95)")
-	fs.StringVar(&f.calibrationFile, "calibration-file", env("QUOTER_CALIBRATION_FILE", ""), "quoter calibrate output to quote an idle pool from (env QUOTER_CALIBRATION_FILE)")
 	fs.StringVar(&f.logLevel, "log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error")
 }
 
