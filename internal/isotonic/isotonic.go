@@ -44,3 +44,29 @@ func NonDecreasing(v, w []float64) {
 		v[i] = -v[i]
 	}
 }
+
+// Unimodal replaces v by its weighted least-squares fit that does not
+// decrease up to some point and does not increase after it: the best of
+// every split into a non-decreasing and a non-increasing part, each fitted
+// alone (n splits of linear fits; meant for the few dozen points of a
+// curve).
+func Unimodal(v, w []float64) {
+	n := len(v)
+	best, fit := math.Inf(1), make([]float64, n)
+	trial := make([]float64, n)
+	for k := 1; k <= n; k++ {
+		copy(trial, v)
+		NonDecreasing(trial[:k], w[:k])
+		NonIncreasing(trial[k:], w[k:])
+		var sse float64
+		for i := range v {
+			d := trial[i] - v[i]
+			sse += math.Max(w[i], 1e-9) * d * d
+		}
+		if sse < best {
+			best = sse
+			copy(fit, trial)
+		}
+	}
+	copy(v, fit)
+}
