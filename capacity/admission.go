@@ -67,22 +67,31 @@ func (c Curve) AdmissionBound(a Admission) (concurrency, tokensPerSec float64, o
 // AtAdmitted is At bounded by flow control as well, when adm is not nil:
 // where the EPP starts to queue at a lighter load than the objectives
 // allow, the capacity is that load and at most the output tokens per
-// second the engine serves there (Limit "admission").
+// second the engine serves there (Limit "admission"). The load the
+// engine held at the rate bounds the concurrency last, as in At.
 func (c Curve) AtAdmitted(o Objectives, adm *Admission) (AtObjectives, error) {
-	at, err := c.At(o)
-	if err != nil || adm == nil {
+	at, err := c.atObjectives(o)
+	if err != nil {
 		return at, err
 	}
-	conc, tps, ok := c.AdmissionBound(*adm)
-	if !ok {
-		return at, nil
+	if adm != nil {
+		at.admit(c, *adm)
 	}
-	at.AdmissionBoundConcurrency, at.AdmissionBoundTokensPerSec = conc, tps
-	if at.Concurrency <= conc {
-		// The EPP does not queue at the objectives' load.
-		return at, nil
-	}
-	at.lower(tps, LimitAdmission)
-	at.Concurrency, at.Limit = conc, LimitAdmission
+	at.hold(c)
 	return at, nil
+}
+
+// admit bounds the capacity by where the EPP starts to queue.
+func (a *AtObjectives) admit(c Curve, adm Admission) {
+	conc, tps, ok := c.AdmissionBound(adm)
+	if !ok {
+		return
+	}
+	a.AdmissionBoundConcurrency, a.AdmissionBoundTokensPerSec = conc, tps
+	if a.Concurrency <= conc {
+		// The EPP does not queue at the objectives' load.
+		return
+	}
+	a.lower(tps, LimitAdmission)
+	a.Concurrency, a.Limit = conc, LimitAdmission
 }

@@ -76,7 +76,7 @@ type Level struct {
 // histogram buckets than the first non-empty one are left out and counted
 // in skipped.
 func Pool(curves []Curve) (out Curve, skipped int) {
-	bins, stall := map[int]*Bin{}, map[int]*StallBin{}
+	bins, stall, held := map[int]*Bin{}, map[int]*StallBin{}, map[int]*SustainedBin{}
 	for _, c := range curves {
 		if len(c.Bins) == 0 {
 			continue
@@ -91,9 +91,11 @@ func Pool(curves []Curve) (out Curve, skipped int) {
 		out.Prefill.add(&c.Prefill)
 		sumBins(bins, c.Bins, func(b *Bin) int { return binIndex(b.Concurrency) }, addBin, cloneBin)
 		sumBins(stall, c.Stall, func(b *StallBin) int { return stallIndex(b.NewTokensPerSec) }, addStall, cloneStall)
+		sumBins(held, c.Sustained, func(b *SustainedBin) int { return binIndex(b.Concurrency) }, addSustained, cloneSustained)
 	}
 	out.Bins = sortedBins(bins)
 	out.Stall = sortedBins(stall)
+	out.Sustained = sortedBins(held)
 	return out, skipped
 }
 

@@ -112,6 +112,10 @@ type Curve struct {
 	// Stall is the inter-token latency against the prefill load,
 	// ascending by NewTokensPerSec (StallBin, Curve.StallBound).
 	Stall []StallBin `json:"stall,omitempty"`
+	// Sustained is the load the engine held against its output rate over
+	// spans of busy time, ascending by Concurrency (SustainedBin): the
+	// concurrency a quote's rate comes with.
+	Sustained []SustainedBin `json:"sustained,omitempty"`
 }
 
 // Prefill is what an engine's prefill did, apart from the bins. A curve
@@ -306,6 +310,7 @@ type Learner struct {
 	// key of the window's stall bin.
 	prefillLoad float64
 	recent      recent
+	span        SustainedBin // the sustained span under way
 }
 
 // dispersionSamples is how many recent busy scrapes the load's spread is
@@ -340,6 +345,7 @@ func (l *Learner) Add(w Window) {
 		l.curve = Curve{TTFTBounds: append([]float64(nil), w.TTFTBounds...), ITLBounds: append([]float64(nil), w.ITLBounds...)}
 		l.idx = l.idx[:0]
 		l.run = prefillRun{}
+		l.span = SustainedBin{}
 	}
 	if l.halfLife > 0 {
 		f := math.Exp2(-w.Seconds / l.halfLife.Seconds())
@@ -357,6 +363,7 @@ func (l *Learner) Add(w Window) {
 		l.endRun()
 	}
 	l.curve.Prefill.addMixWindow(&w)
+	l.addSustainedWindow(&w)
 	if x := w.ConcurrencyNow; x >= 0 && !math.IsNaN(x) && !math.IsInf(x, 0) {
 		l.n = min(l.n+1, dispersionSamples)
 		a := 1 / float64(l.n)
@@ -467,6 +474,7 @@ func (c Curve) Clone() Curve {
 			out.Stall[i] = cloneStall(b)
 		}
 	}
+	out.Sustained = append([]SustainedBin(nil), c.Sustained...)
 	return out
 }
 
@@ -535,7 +543,9 @@ type Objectives struct {
 type AtObjectives struct {
 	// Concurrency is the mean number of requests in the engine (running
 	// or waiting) at which the first objective stops holding,
-	// interpolated between the bins either side.
+	// interpolated between the bins either side, or the load the engine
+	// held at the output rate read there (HeldConcurrency) when that is
+	// less.
 	Concurrency float64 `json:"concurrency"`
 	// OutputTokensPerSec and PromptTokensPerSec are the engine's token
 	// rates at that concurrency, read from their non-decreasing fits
@@ -560,6 +570,9 @@ type AtObjectives struct {
 	// Curve.AdmissionBound, when read (Curve.AtAdmitted).
 	AdmissionBoundConcurrency  float64 `json:"admission_bound_concurrency,omitempty"`
 	AdmissionBoundTokensPerSec float64 `json:"admission_bound_tokens_per_sec,omitempty"`
+	// HeldConcurrency is the load the engine held over its sustained spans
+	// at OutputTokensPerSec (Curve.heldAt), when any were measured.
+	HeldConcurrency float64 `json:"held_concurrency,omitempty"`
 }
 
 // lower scales the capacity down to bound output tokens per second, the
@@ -631,7 +644,21 @@ var ErrNoData = errors.New("no load measured with enough observations")
 // non-increasing in the mean), scaled down, concurrency with it, where the
 // prefill bounds allow fewer output tokens per second (Prefill.Bound for
 // times to first token, Curve.StallBound for inter-token latencies).
+//
+// That mean is a load the engine can hold within the objectives, not one
+// an open stream of arrivals at its rate stays at: so the concurrency is
+// at most the load the engine held over its sustained spans at the output
+// rate read (Curve.heldAt).
 func (c Curve) At(o Objectives) (AtObjectives, error) {
+	at, err := c.atObjectives(o)
+	if err == nil {
+		at.hold(c)
+	}
+	return at, err
+}
+
+// atObjectives is At before the held load bounds its concurrency.
+func (c Curve) atObjectives(o Objectives) (AtObjectives, error) {
 	bins := c.pooled()
 	if len(bins) == 0 {
 		return AtObjectives{}, ErrNoData
@@ -840,6 +867,9 @@ func (c Curve) Merge(o Curve) (Curve, error) {
 		out := o.Clone()
 		out.Dispersion = c.Dispersion
 		out.Prefill = c.Prefill.over(o.Prefill)
+		if len(c.Sustained) > 0 {
+			out.Sustained = append([]SustainedBin(nil), c.Sustained...)
+		}
 		return out, nil
 	}
 	if !equalBounds(c.TTFTBounds, o.TTFTBounds) || !equalBounds(c.ITLBounds, o.ITLBounds) {
@@ -849,6 +879,11 @@ func (c Curve) Merge(o Curve) (Curve, error) {
 	out.Prefill = c.Prefill.over(o.Prefill)
 	out.Bins = mergeBins(out.Bins, o.Bins, func(b *Bin) int { return binIndex(b.Concurrency) }, (*Bin).readable, cloneBin)
 	out.Stall = mergeBins(out.Stall, o.Stall, func(b *StallBin) int { return stallIndex(b.NewTokensPerSec) }, (*StallBin).readable, cloneStall)
+	if len(out.Sustained) == 0 {
+		// The load that goes with a rate is one mix's: the live spans
+		// are not mixed with another run's.
+		out.Sustained = append([]SustainedBin(nil), o.Sustained...)
+	}
 	return out, nil
 }
 
@@ -945,6 +980,18 @@ func (c Curve) Validate() error {
 		if err := c.Stall[i].ITL.validate(c.ITLBounds); err != nil {
 			return fmt.Errorf("stall bin %d itl: %w", i, err)
 		}
+	}
+	prev = -1
+	for i, b := range c.Sustained {
+		for _, v := range []float64{b.Concurrency, b.OutputTokensPerSec, b.Seconds, b.Spans} {
+			if !(v >= 0) || math.IsInf(v, 0) {
+				return fmt.Errorf("sustained bin %d has a negative or non-finite value", i)
+			}
+		}
+		if b.Concurrency <= prev {
+			return fmt.Errorf("sustained bin %d: concurrencies are not ascending", i)
+		}
+		prev = b.Concurrency
 	}
 	return nil
 }

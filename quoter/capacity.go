@@ -100,7 +100,8 @@ type ReplicaAssessment struct {
 //
 //	capacity     = its curve (live, over the calibration where live has
 //	               too little) read at the objectives, within its prefill
-//	               bound for the current mix, capped at max_running
+//	               bound for the current mix, its concurrency at most the
+//	               load it held at that rate, capped at max_running
 //	busy         = max(running + waiting, in_flight)
 //	concurrency  = max(0, capacity.concurrency - busy)
 //	load         = output tokens/s of the last 30 s, 0 when busy is 0

@@ -1,0 +1,138 @@
+package capacity
+
+import (
+	"math"
+	"sort"
+	"time"
+
+	"github.com/omnious/provider-node/internal/isotonic"
+)
+
+// SustainedBin is what an engine held and produced over spans of
+// sustainSpan of busy time whose mean load fell in the bin: the load that
+// went with an output rate while the traffic ran, not for one window.
+//
+// The concurrency bins key each scrape window by the load in it, and a
+// window's load is as often a queue forming or draining as a load the
+// traffic holds. Read at the objectives, they say how much load an engine
+// can hold for a moment; an open stream of arrivals at the rate that
+// load produces does not stay there but queues. A quote's concurrency
+// promises how many requests may be in flight at the quoted rate, which is
+// what the engine held over spans long enough for those moments to come
+// and go (Curve.heldAt). On a demo capacity proof the windows read 18
+// requests a replica at the rate the fleet served, in the open ladder,
+// with 14.
+type SustainedBin struct {
+	// Concurrency is the mean number of requests in the engine over the
+	// spans, running or waiting: the key. OutputTokensPerSec is the mean
+	// output rate over the same time.
+	Concurrency        float64 `json:"concurrency"`
+	OutputTokensPerSec float64 `json:"output_tokens_per_sec"`
+	// Seconds and Spans are the time and spans accumulated, decayed as
+	// the mix is: the load that goes with a rate is the current traffic's.
+	Seconds float64 `json:"seconds"`
+	Spans   float64 `json:"spans"`
+}
+
+// sustainSpan is the busy time a sustained point averages over: long
+// against a request's life (seconds), so that the queues a steady stream
+// of arrivals forms and drains come and go within it; short against how
+// long a level of traffic holds, so that few spans straddle two.
+const sustainSpan = 15 * time.Second
+
+func addSustained(b, o *SustainedBin) {
+	t := b.Seconds + o.Seconds
+	if t <= 0 {
+		return
+	}
+	b.Concurrency = (b.Concurrency*b.Seconds + o.Concurrency*o.Seconds) / t
+	b.OutputTokensPerSec = (b.OutputTokensPerSec*b.Seconds + o.OutputTokensPerSec*o.Seconds) / t
+	b.Seconds = t
+	b.Spans += o.Spans
+}
+
+func cloneSustained(b SustainedBin) SustainedBin { return b }
+
+// addSustainedWindow adds a busy window to the span under way, and the
+// span to the curve once it is long enough, after forgetting by
+// mixHalfLife over the window's time.
+func (l *Learner) addSustainedWindow(w *Window) {
+	f := math.Exp2(-w.Seconds / mixHalfLife.Seconds())
+	for i := range l.curve.Sustained {
+		b := &l.curve.Sustained[i]
+		b.Seconds *= f
+		b.Spans *= f
+	}
+	addSustained(&l.span, &SustainedBin{Concurrency: w.Running + w.Waiting, OutputTokensPerSec: orZero(w.OutputTokensPerSec), Seconds: w.Seconds})
+	if l.span.Seconds < sustainSpan.Seconds() {
+		return
+	}
+	s := l.span
+	s.Spans = 1
+	l.span = SustainedBin{}
+	k := binIndex(s.Concurrency)
+	bins := l.curve.Sustained
+	i := sort.Search(len(bins), func(i int) bool { return binIndex(bins[i].Concurrency) >= k })
+	if i == len(bins) || binIndex(bins[i].Concurrency) != k {
+		l.curve.Sustained = append(l.curve.Sustained, SustainedBin{})
+		copy(l.curve.Sustained[i+1:], l.curve.Sustained[i:])
+		l.curve.Sustained[i] = SustainedBin{}
+	}
+	addSustained(&l.curve.Sustained[i], &s)
+}
+
+// heldAt is the mean load at which the engine has held output rate r,
+// and whether anything was held. An engine's rate rises with its load up
+// to saturation and may fall past it (a queue for KV, prompts evicted and
+// prefilled again): the spans' rates are fitted so (least squares, rising
+// then falling, weighted by time) and the lightest load at which the fit
+// reaches r is read, interpolated from the span before and from no load at
+// no rate. Fitted through every span, the slower overload would pool with
+// the saturated loads before it and push the reading onto the overload;
+// read from the fastest spans alone, one that happened to run fast reads
+// too light a load. Past the fastest rate held the load is the peak's
+// scaled up in proportion: no request takes longer than it did there,
+// which reads fewer than a fuller engine would hold, the side a promise
+// errs on. Spans forgotten to less than minHeldSpans are another mix's
+// and left out.
+func (c Curve) heldAt(r float64) (float64, bool) {
+	if !(r > 0) || math.IsInf(r, 0) {
+		return 0, false
+	}
+	var load, out, w []float64
+	for _, b := range c.Sustained {
+		if b.Spans >= minHeldSpans {
+			load, out, w = append(load, b.Concurrency), append(out, b.OutputTokensPerSec), append(w, b.Seconds)
+		}
+	}
+	isotonic.Unimodal(out, w)
+	// x0 is the last load read, y0 the fit there, xp the peak's load and
+	// yp its rate.
+	var x0, y0, xp, yp float64
+	for i, x := range load {
+		if out[i] >= r {
+			return x0 + (x-x0)*(r-y0)/(out[i]-y0), true
+		}
+		x0, y0 = x, out[i]
+		if y0 > yp {
+			xp, yp = x0, y0
+		}
+	}
+	if !(yp > 0) {
+		return 0, false
+	}
+	return xp * r / yp, true
+}
+
+// minHeldSpans is the weight below which a sustained bin is forgotten:
+// four half-lives of the mix, 8 minutes of busy time since it was held.
+const minHeldSpans = 1.0 / 16
+
+// hold bounds the capacity's concurrency by the load the engine held at
+// its output rate (Curve.heldAt), keeping the load where it was read.
+func (a *AtObjectives) hold(c Curve) {
+	if held, ok := c.heldAt(a.OutputTokensPerSec); ok {
+		a.HeldConcurrency = held
+		a.Concurrency = min(a.Concurrency, held)
+	}
+}
