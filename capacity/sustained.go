@@ -129,7 +129,7 @@ func (c Curve) heldAt(r float64) (float64, bool) {
 const minHeldSpans = 1.0 / 16
 
 // hold bounds the capacity's concurrency by the load the engine held at
-// its output rate (Curve.heldAt), keeping the load where it was read.
+// its output rate (Curve.heldAt); the rate stays as read.
 func (a *AtObjectives) hold(c Curve) {
 	if held, ok := c.heldAt(a.OutputTokensPerSec); ok {
 		a.HeldConcurrency = held
