@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"time"
 
@@ -867,9 +868,7 @@ func (c Curve) Merge(o Curve) (Curve, error) {
 		out := o.Clone()
 		out.Dispersion = c.Dispersion
 		out.Prefill = c.Prefill.over(o.Prefill)
-		if len(c.Sustained) > 0 {
-			out.Sustained = append([]SustainedBin(nil), c.Sustained...)
-		}
+		out.Sustained = c.heldOver(o)
 		return out, nil
 	}
 	if !equalBounds(c.TTFTBounds, o.TTFTBounds) || !equalBounds(c.ITLBounds, o.ITLBounds) {
@@ -879,11 +878,7 @@ func (c Curve) Merge(o Curve) (Curve, error) {
 	out.Prefill = c.Prefill.over(o.Prefill)
 	out.Bins = mergeBins(out.Bins, o.Bins, func(b *Bin) int { return binIndex(b.Concurrency) }, (*Bin).readable, cloneBin)
 	out.Stall = mergeBins(out.Stall, o.Stall, func(b *StallBin) int { return stallIndex(b.NewTokensPerSec) }, (*StallBin).readable, cloneStall)
-	if len(out.Sustained) == 0 {
-		// The load that goes with a rate is one mix's: the live spans
-		// are not mixed with another run's.
-		out.Sustained = append([]SustainedBin(nil), o.Sustained...)
-	}
+	out.Sustained = c.heldOver(o)
 	return out, nil
 }
 
@@ -906,6 +901,16 @@ func mergeBins[B any](live, other []B, index func(*B) int, readable func(*B) boo
 	}
 	sort.Slice(live, func(i, j int) bool { return index(&live[i]) < index(&live[j]) })
 	return live
+}
+
+// binOf returns bins with a bin of index k, b inserted in order where
+// there was none, and its position; bins are ascending by index.
+func binOf[B any](bins []B, k int, index func(*B) int, b B) ([]B, int) {
+	i := sort.Search(len(bins), func(i int) bool { return index(&bins[i]) >= k })
+	if i == len(bins) || index(&bins[i]) != k {
+		bins = slices.Insert(bins, i, b)
+	}
+	return bins, i
 }
 
 // over is p with each half o has and p has not measured taken from o.

@@ -84,13 +84,8 @@ func (c *Curve) addStallWindow(w *Window, x float64) {
 	if w.ITL.Count <= 0 {
 		return
 	}
-	k := stallIndex(x)
-	i := sort.Search(len(c.Stall), func(i int) bool { return stallIndex(c.Stall[i].NewTokensPerSec) >= k })
-	if i == len(c.Stall) || stallIndex(c.Stall[i].NewTokensPerSec) != k {
-		c.Stall = append(c.Stall, StallBin{})
-		copy(c.Stall[i+1:], c.Stall[i:])
-		c.Stall[i] = StallBin{NewTokensPerSec: x}
-	}
+	var i int
+	c.Stall, i = binOf(c.Stall, stallIndex(x), func(b *StallBin) int { return stallIndex(b.NewTokensPerSec) }, StallBin{NewTokensPerSec: x})
 	addStall(&c.Stall[i], &StallBin{NewTokensPerSec: x, Seconds: w.Seconds, Windows: 1, ITL: w.ITL})
 }
 

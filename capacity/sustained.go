@@ -2,7 +2,6 @@ package capacity
 
 import (
 	"math"
-	"sort"
 	"time"
 
 	"github.com/omnious/provider-node/internal/isotonic"
@@ -53,6 +52,16 @@ func addSustained(b, o *SustainedBin) {
 
 func cloneSustained(b SustainedBin) SustainedBin { return b }
 
+// heldOver is c's spans, or o's where c has none: the load that goes with
+// a rate is one mix's, so a replica's own spans are not mixed with a
+// calibration run's.
+func (c Curve) heldOver(o Curve) []SustainedBin {
+	if len(c.Sustained) > 0 {
+		return append([]SustainedBin(nil), c.Sustained...)
+	}
+	return append([]SustainedBin(nil), o.Sustained...)
+}
+
 // addSustainedWindow adds a busy window to the span under way, and the
 // span to the curve once it is long enough, after forgetting by
 // mixHalfLife over the window's time.
@@ -70,14 +79,8 @@ func (l *Learner) addSustainedWindow(w *Window) {
 	s := l.span
 	s.Spans = 1
 	l.span = SustainedBin{}
-	k := binIndex(s.Concurrency)
-	bins := l.curve.Sustained
-	i := sort.Search(len(bins), func(i int) bool { return binIndex(bins[i].Concurrency) >= k })
-	if i == len(bins) || binIndex(bins[i].Concurrency) != k {
-		l.curve.Sustained = append(l.curve.Sustained, SustainedBin{})
-		copy(l.curve.Sustained[i+1:], l.curve.Sustained[i:])
-		l.curve.Sustained[i] = SustainedBin{}
-	}
+	var i int
+	l.curve.Sustained, i = binOf(l.curve.Sustained, binIndex(s.Concurrency), func(b *SustainedBin) int { return binIndex(b.Concurrency) }, SustainedBin{})
 	addSustained(&l.curve.Sustained[i], &s)
 }
 
