@@ -46,6 +46,14 @@ type CapacityOptions struct {
 	// edge. Defaults 2 and 4.
 	StartQPS float64
 	Refine   int
+	// Confirm is how many times, once the bisection is done, the highest
+	// rate held is measured again (with a third step if the two disagree;
+	// where its majority breaks, the next rate held below it is, after one
+	// more bisection step). With Confirm above 0, a step that breaks is
+	// also measured again, and a third time if the two disagree. A rate's
+	// verdict is then its majority's: a 40 s step near the edge forms its
+	// queue or does not by chance. Default 2; 0 measures every rate once.
+	Confirm *int
 	// SkipCalibration leaves out `quoter calibrate` (run by default before
 	// anything else, with the workload's mix; the quoter is given its
 	// document).
@@ -141,6 +149,9 @@ func (o CapacityOptions) WithDefaults() CapacityOptions {
 	if o.Refine <= 0 {
 		o.Refine = 4
 	}
+	if o.Confirm == nil {
+		o.Confirm = new(2)
+	}
 	return o
 }
 
@@ -159,6 +170,8 @@ type capacityRun struct {
 	// records, in time order.
 	outLen float64
 	trace  []TraceRecord
+	// probe, when set, measures a ladder step in place of the fleet.
+	probe func(label string, qps float64) CapacityStep
 }
 
 // RunCapacity runs the proof: the true capacity by a ladder, the quote on
@@ -421,69 +434,187 @@ func (r *capacityRun) saveSnapshot(ctx context.Context, n int) error {
 // qpsOf is the request rate that asks for tps output tokens per second.
 func (r *capacityRun) qpsOf(tps float64) float64 { return tps / max(r.outLen, 1) }
 
-// ladder finds the highest rate whose step holds the objectives. Every
+// ladder finds the highest rate whose steps hold the objectives. Every
 // step starts from a drained fleet: a step after one that broke would
 // otherwise begin with its queue and break for it.
 func (r *capacityRun) ladder(ctx context.Context) error {
-	var pass, fail *CapacityStep
+	var lo, hi float64
 	qps := r.o.StartQPS
-	for fail == nil {
-		r.idle(ctx)
-		st := r.step(ctx, "ladder", qps, 0)
-		r.rep.Ladder = append(r.rep.Ladder, st)
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if st.Within {
-			pass = &r.rep.Ladder[len(r.rep.Ladder)-1]
+	for hi == 0 {
+		if r.holds(ctx, qps) {
+			lo = qps
 			qps *= 2
 		} else {
-			fail = &r.rep.Ladder[len(r.rep.Ladder)-1]
+			hi = qps
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
 		}
 		if qps > 1e4 {
 			return errors.New("the ladder never broke an objective")
 		}
 	}
-	if pass == nil {
-		return fmt.Errorf("the fleet breaks the objectives at %.2f QPS already", fail.QPS)
+	if lo == 0 {
+		return fmt.Errorf("the fleet breaks the objectives at %.2f QPS already", hi)
 	}
-	lo, hi := *pass, *fail
-	for range r.o.Refine {
-		r.idle(ctx)
-		st := r.step(ctx, "ladder", (lo.QPS+hi.QPS)/2, 0)
-		r.rep.Ladder = append(r.rep.Ladder, st)
-		if st.Within {
-			lo = st
+	bisect := func() {
+		if mid := (lo + hi) / 2; r.holds(ctx, mid) {
+			lo = mid
 		} else {
-			hi = st
+			hi = mid
 		}
 	}
-	r.rep.True = r.edge(lo)
+	for range r.o.Refine {
+		bisect()
+	}
+	// The highest rate held is measured again: near the edge a step holds
+	// or breaks by chance (its queue forms or does not), and the edge is
+	// read from the rate's majority. Where it breaks, the bracket moves
+	// below it and is halved once more.
+	for range *r.o.Confirm {
+		if ctx.Err() != nil || r.majority(ctx, lo) {
+			break
+		}
+		hi, lo = lo, r.heldBelow(lo)
+		if lo == 0 {
+			return fmt.Errorf("the fleet breaks the objectives at %.2f QPS already", hi)
+		}
+		bisect()
+	}
+	st, _ := r.held()
+	r.rep.True = r.edge(st)
 	return ctx.Err()
 }
 
-// edge estimates where the objectives stop holding from every ladder step,
-// not only the two either side of it: a step's p95s are noisy, so its
-// load (p95 over objective, the worse of the two) is fitted non-decreasing
-// in QPS (pool adjacent violators) and the rate where the fit crosses 1
-// is interpolated between its neighbours. Tokens/s and concurrency are the
-// step below's scaled by the rate (throughput follows arrivals while the
-// fleet keeps up, and Little's law gives concurrency; past the edge both
-// run away and say nothing about it). Without a crossing it is the highest
-// step within the objectives.
-func (r *capacityRun) edge(lo CapacityStep) CapacityStep {
-	steps := append([]CapacityStep(nil), r.rep.Ladder...)
-	sort.Slice(steps, func(i, j int) bool { return steps[i].QPS < steps[j].QPS })
-	load := make([]float64, len(steps))
-	w := make([]float64, len(steps))
-	for i, s := range steps {
-		load[i] = max(s.TTFTP95ms/msOf(r.o.Objectives.TTFT), s.ITLP95ms/msOf(r.o.Objectives.ITL))
-		if s.Errors > 0 || math.IsNaN(load[i]) {
-			load[i] = 1e9 // an errored step is past any objective
+// holds is whether the fleet holds the objectives at qps. With Confirm
+// set, a step that breaks is measured again, and a third time if the two
+// disagree: on the Mooncake mix one 16 QPS step broke (p95 ITL 359 ms)
+// where 17.8 QPS held later in the same run.
+func (r *capacityRun) holds(ctx context.Context, qps float64) bool {
+	if r.trial(ctx, "ladder", qps) {
+		return true
+	}
+	return *r.o.Confirm > 0 && r.majority(ctx, qps)
+}
+
+// majority measures qps again until two of its steps agree, and says
+// whether they held.
+func (r *capacityRun) majority(ctx context.Context, qps float64) bool {
+	var held, broke int
+	for _, st := range r.rep.Ladder {
+		if st.QPS != qps {
+			continue
 		}
-		w[i] = float64(max(s.Requests, 1))
+		if st.Within {
+			held++
+		} else {
+			broke++
+		}
+	}
+	for held < 2 && broke < 2 && ctx.Err() == nil {
+		if r.trial(ctx, "again", qps) {
+			held++
+		} else {
+			broke++
+		}
+	}
+	return held >= 2
+}
+
+// trial measures one step of the ladder at qps.
+func (r *capacityRun) trial(ctx context.Context, label string, qps float64) bool {
+	var st CapacityStep
+	if r.probe != nil {
+		st = r.probe(label, qps)
+	} else {
+		r.idle(ctx)
+		st = r.step(ctx, label, qps, 0)
+	}
+	r.rep.Ladder = append(r.rep.Ladder, st)
+	return st.Within
+}
+
+// heldBelow is the highest rate below qps whose steps' fit holds, 0 if
+// none.
+func (r *capacityRun) heldBelow(qps float64) float64 {
+	steps, load := r.ladderFit()
+	for i := len(steps) - 1; i >= 0; i-- {
+		if steps[i].QPS < qps && load[i] <= 1 {
+			return steps[i].QPS
+		}
+	}
+	return 0
+}
+
+// ladderFit is the ladder's rates in order, each the median of its steps
+// (by load: p95 over objective, the worse of the two; the middle two
+// averaged for an even count), the loads fitted non-decreasing in QPS by
+// pool adjacent violators: a step's p95s are noisy, and a rate measured
+// again is one point of the fit, read as its majority read it.
+func (r *capacityRun) ladderFit() ([]CapacityStep, []float64) {
+	loadOf := func(s CapacityStep) float64 {
+		l := max(s.TTFTP95ms/msOf(r.o.Objectives.TTFT), s.ITLP95ms/msOf(r.o.Objectives.ITL))
+		if s.Errors > 0 || math.IsNaN(l) {
+			l = 1e9 // an errored step is past any objective
+		}
+		return l
+	}
+	steps := append([]CapacityStep(nil), r.rep.Ladder...)
+	sort.SliceStable(steps, func(i, j int) bool {
+		if steps[i].QPS != steps[j].QPS {
+			return steps[i].QPS < steps[j].QPS
+		}
+		return loadOf(steps[i]) < loadOf(steps[j])
+	})
+	var rates []CapacityStep
+	var load, w []float64
+	for i := 0; i < len(steps); {
+		j := i
+		for j < len(steps) && steps[j].QPS == steps[i].QPS {
+			j++
+		}
+		m := (i + j - 1) / 2
+		st, l := steps[m], loadOf(steps[m])
+		if (j-i)%2 == 0 {
+			st, l = mergeSteps(st, steps[m+1]), (l+loadOf(steps[m+1]))/2
+		}
+		rates, load = append(rates, st), append(load, l)
+		w = append(w, float64(max(st.Requests, 1)))
+		i = j
 	}
 	isotonic.NonDecreasing(load, w)
+	return rates, load
+}
+
+// mergeSteps is two measurements of one rate, averaged.
+func mergeSteps(a, b CapacityStep) CapacityStep {
+	mean := func(x, y float64) float64 { return (x + y) / 2 }
+	return CapacityStep{Label: a.Label, QPS: a.QPS, Requests: (a.Requests + b.Requests) / 2, Errors: (a.Errors + b.Errors) / 2,
+		TTFTP95ms: mean(a.TTFTP95ms, b.TTFTP95ms), ITLP95ms: mean(a.ITLP95ms, b.ITLP95ms),
+		OutputTokPS: mean(a.OutputTokPS, b.OutputTokPS), Concurrency: mean(a.Concurrency, b.Concurrency),
+		Running: mean(a.Running, b.Running), Waiting: mean(a.Waiting, b.Waiting), Within: a.Within && b.Within}
+}
+
+// held is the highest rate whose fitted load is within the objectives.
+func (r *capacityRun) held() (CapacityStep, bool) {
+	steps, load := r.ladderFit()
+	for i := len(steps) - 1; i >= 0; i-- {
+		if load[i] <= 1 {
+			return steps[i], true
+		}
+	}
+	return CapacityStep{}, false
+}
+
+// edge estimates where the objectives stop holding from every ladder step,
+// not only the two either side of it: the rate where the ladder's fit
+// crosses 1, interpolated between its neighbours. Tokens/s and concurrency
+// are the step below's scaled by the rate (throughput follows arrivals
+// while the fleet keeps up, and Little's law gives concurrency; past the
+// edge both run away and say nothing about it). Without a crossing it is
+// the highest step within the objectives.
+func (r *capacityRun) edge(lo CapacityStep) CapacityStep {
+	steps, load := r.ladderFit()
 	for i := 1; i < len(steps); i++ {
 		if load[i-1] <= 1 && load[i] > 1 {
 			a, b := steps[i-1], steps[i]

@@ -2,6 +2,7 @@ package compare
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"math"
 	"slices"
@@ -29,6 +30,16 @@ func TestCapacityEdge(t *testing.T) {
 			34 + 2*(50-48.75)/(60-48.75)},
 		{"never crosses: the highest step", []CapacityStep{step(10, 30), step(20, 40)}, 20},
 		{"an errored step counts as past the edge", []CapacityStep{step(10, 30), {QPS: 20, Requests: 10, Errors: 1}}, 10},
+		// 30 and 80 at 20 merge to 55: the rate that held once by chance
+		// is past the edge, not on it.
+		{"a rate measured twice is one point", []CapacityStep{step(10, 30), step(20, 30), step(40, 90), step(20, 80)},
+			10 + 10*(50-30)/(55-30.0)},
+		// Three at 20: the median, 40, holds.
+		{"a rate measured three times reads its median", []CapacityStep{step(10, 30), step(20, 30), step(20, 80), step(40, 90), step(20, 40)},
+			20 + 20*(50-40)/(90-40.0)},
+		// Merged to 45 at 20, the crossing is between 20 and 40.
+		{"a repeat that holds keeps the rate", []CapacityStep{step(10, 30), step(20, 40), step(40, 90), step(20, 50)},
+			20 + 20*(50-45)/(90-45.0)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r.rep = &CapacityReport{Ladder: tc.steps}
@@ -40,9 +51,55 @@ func TestCapacityEdge(t *testing.T) {
 			}
 			got := r.edge(lo)
 			require.InDelta(t, tc.qps, got.QPS, 1e-9)
+			// The confirming step goes to the highest rate held, which
+			// the edge is at or above.
+			held, ok := r.held()
+			require.True(t, ok)
+			require.LessOrEqual(t, held.QPS, got.QPS)
 			require.True(t, got.Within)
 			// Rates follow the arrival rate from the step below the edge.
 			require.InDelta(t, 50*tc.qps, got.OutputTokPS, 1e-6)
+		})
+	}
+}
+
+// The ladder on a fleet that holds below 21 QPS, but whose first step at
+// 16 breaks and whose first at 22 holds, by chance.
+func TestCapacityLadder(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		confirm int
+		rates   []float64
+		edge    [2]float64
+	}{
+		{"a rate's majority decides", 2,
+			[]float64{4, 8, 16, 16, 16, 32, 32, 24, 24, 20, 22, 23, 23, 22, 22, 21, 21, 20}, [2]float64{20, 21}},
+		{"every rate measured once", 0, []float64{4, 8, 16, 12, 14, 15, 15.5}, [2]float64{15.5, 16}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			seen := map[float64]int{}
+			r := &capacityRun{rep: &CapacityReport{}, o: CapacityOptions{Confirm: new(tc.confirm)}.WithDefaults(),
+				probe: func(label string, qps float64) CapacityStep {
+					seen[qps]++
+					within := qps < 21
+					if seen[qps] == 1 && (qps == 16 || qps == 22) {
+						within = !within
+					}
+					itl := 100.0
+					if within {
+						itl = 40
+					}
+					return CapacityStep{Label: label, QPS: qps, Requests: 100, TTFTP95ms: 100, ITLP95ms: itl, OutputTokPS: 50 * qps, Within: within}
+				}}
+			r.o.StartQPS = 4
+			require.NoError(t, r.ladder(context.Background()))
+			var rates []float64
+			for _, st := range r.rep.Ladder {
+				rates = append(rates, st.QPS)
+			}
+			require.Equal(t, tc.rates, rates)
+			require.GreaterOrEqual(t, r.rep.True.QPS, tc.edge[0])
+			require.Less(t, r.rep.True.QPS, tc.edge[1])
 		})
 	}
 }
