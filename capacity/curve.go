@@ -648,8 +648,8 @@ var ErrNoData = errors.New("no load measured with enough observations")
 //
 // That mean is a load the engine can hold within the objectives, not one
 // an open stream of arrivals at its rate stays at: so the concurrency is
-// at most the load the engine held over its sustained spans at the output
-// rate read (Curve.heldAt).
+// at most the load the engine held over its sustained spans, within that
+// mean, at the output rate read (Curve.heldAt).
 func (c Curve) At(o Objectives) (AtObjectives, error) {
 	at, err := c.atObjectives(o)
 	if err == nil {

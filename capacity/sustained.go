@@ -84,27 +84,33 @@ func (l *Learner) addSustainedWindow(w *Window) {
 	addSustained(&l.curve.Sustained[i], &s)
 }
 
-// heldAt is the mean load at which the engine has held output rate r,
-// and whether anything was held. An engine's rate rises with its load up
-// to saturation and may fall past it (a queue for KV, prompts evicted and
-// prefilled again): the spans' rates are fitted so (least squares, rising
-// then falling, weighted by time) and the lightest load at which the fit
-// reaches r is read, interpolated from the span before and from no load at
-// no rate. Fitted through every span, the slower overload would pool with
-// the saturated loads before it and push the reading onto the overload;
-// read from the fastest spans alone, one that happened to run fast reads
-// too light a load. Past the fastest rate held the load is the peak's
-// scaled up in proportion: no request takes longer than it did there,
-// which reads fewer than a fuller engine would hold, the side a promise
-// errs on. Spans forgotten to less than minHeldSpans are another mix's
-// and left out.
-func (c Curve) heldAt(r float64) (float64, bool) {
+// heldAt is the mean load at which the engine has held output rate r
+// with at most upTo requests in it, and whether anything was held. An
+// engine's rate rises with its load up to saturation and may fall past it
+// (a queue for KV, prompts evicted and prefilled again): the spans' rates
+// are fitted so (least squares, rising then falling, weighted by time)
+// and the lightest load at which the fit reaches r is read, interpolated
+// from the span before and from no load at no rate. Fitted through every
+// span, the slower overload would pool with the saturated loads before it
+// and push the reading onto the overload; read from the fastest spans
+// alone, one that happened to run fast reads too light a load. Spans past
+// upTo (the load the capacity stops at) are left out: there the engine
+// ran a queue the capacity does not sell, its batch full and its rate on
+// the plateau, and where a full batch ran faster than the saturated spans
+// (on a demo proof, overload spans at 41 to 110 requests read 500 to 750
+// tok/s against 625 at 17) the fit rose through them and read 62 requests
+// on a replica that held the rate with 16. Past the fastest rate held the
+// load is the peak's scaled up in proportion: no request takes longer than
+// it did there, which reads fewer than a fuller engine would hold, the
+// side a promise errs on. Spans forgotten to less than minHeldSpans are
+// another mix's and left out.
+func (c Curve) heldAt(r, upTo float64) (float64, bool) {
 	if !(r > 0) || math.IsInf(r, 0) {
 		return 0, false
 	}
 	var load, out, w []float64
 	for _, b := range c.Sustained {
-		if b.Spans >= minHeldSpans {
+		if b.Spans >= minHeldSpans && b.Concurrency <= upTo {
 			load, out, w = append(load, b.Concurrency), append(out, b.OutputTokensPerSec), append(w, b.Seconds)
 		}
 	}
@@ -132,9 +138,10 @@ func (c Curve) heldAt(r float64) (float64, bool) {
 const minHeldSpans = 1.0 / 16
 
 // hold bounds the capacity's concurrency by the load the engine held at
-// its output rate (Curve.heldAt); the rate stays as read.
+// its output rate within that concurrency (Curve.heldAt); the rate stays
+// as read.
 func (a *AtObjectives) hold(c Curve) {
-	if held, ok := c.heldAt(a.OutputTokensPerSec); ok {
+	if held, ok := c.heldAt(a.OutputTokensPerSec, a.Concurrency); ok {
 		a.HeldConcurrency = held
 		a.Concurrency = min(a.Concurrency, held)
 	}

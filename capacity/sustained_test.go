@@ -14,34 +14,40 @@ func testHeld(load, rate float64) SustainedBin {
 func TestHeldAt(t *testing.T) {
 	// An engine that ran 300 tok/s at 6, 500 at 10 and, queued, 520 at 40.
 	held := []SustainedBin{testHeld(6, 300), testHeld(10, 500), testHeld(40, 520)}
+	inf := math.Inf(1)
 	for _, tc := range []struct {
 		name  string
 		bins  []SustainedBin
 		rate  float64
+		upTo  float64
 		want  float64
 		found bool
 	}{
-		{"between two spans", held, 400, 8, true},
-		{"at a span", held, 500, 10, true},
-		{"below the lightest: in proportion from no load", held, 150, 3, true},
-		{"the queued load past the knee", held, 510, 25, true},
-		{"past the fastest: in proportion to the fastest", held, 1040, 80, true},
+		{"between two spans", held, 400, inf, 8, true},
+		{"at a span", held, 500, inf, 10, true},
+		{"below the lightest: in proportion from no load", held, 150, inf, 3, true},
+		{"the queued load past the knee", held, 510, inf, 25, true},
+		{"past the fastest: in proportion to the fastest", held, 1040, inf, 80, true},
 		{"a slower span before the peak pools with the one before it",
-			[]SustainedBin{testHeld(6, 300), testHeld(8, 280), testHeld(10, 500)}, 400, 8 + 2*110/210.0, true},
+			[]SustainedBin{testHeld(6, 300), testHeld(8, 280), testHeld(10, 500)}, 400, inf, 8 + 2*110/210.0, true},
 		{"a slower overload past the peak does not pool with it",
-			[]SustainedBin{testHeld(6, 300), testHeld(10, 500), testHeld(20, 520), testHeld(30, 400)}, 510, 15, true},
+			[]SustainedBin{testHeld(6, 300), testHeld(10, 500), testHeld(20, 520), testHeld(30, 400)}, 510, inf, 15, true},
 		{"past the fastest, slower spans after it: in proportion to the fastest",
-			[]SustainedBin{testHeld(10, 500), testHeld(40, 300)}, 1000, 20, true},
+			[]SustainedBin{testHeld(10, 500), testHeld(40, 300)}, 1000, inf, 20, true},
 		{"a forgotten span does not count",
-			[]SustainedBin{testHeld(6, 300), {Concurrency: 7, OutputTokensPerSec: 600, Seconds: 0.7, Spans: 0.05}, testHeld(8, 600)}, 450, 7, true},
-		{"nothing held", nil, 300, 0, false},
-		{"no rate", held, 0, 0, false},
-		{"no rate held", []SustainedBin{testHeld(6, 0)}, 300, 0, false},
+			[]SustainedBin{testHeld(6, 300), {Concurrency: 7, OutputTokensPerSec: 600, Seconds: 0.7, Spans: 0.05}, testHeld(8, 600)}, 450, inf, 7, true},
+		// Fitted through the overload at 40, the rate is reached at 30.5.
+		{"spans past the load the capacity stops at are left out",
+			[]SustainedBin{testHeld(6, 300), testHeld(10, 500), testHeld(20, 480), testHeld(40, 700)}, 600, 25, 12, true},
+		{"nothing held within the load", held, 300, 5, 0, false},
+		{"nothing held", nil, 300, inf, 0, false},
+		{"no rate", held, 0, inf, 0, false},
+		{"no rate held", []SustainedBin{testHeld(6, 0)}, 300, inf, 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := testCurve()
 			c.Sustained = tc.bins
-			got, ok := c.heldAt(tc.rate)
+			got, ok := c.heldAt(tc.rate, tc.upTo)
 			require.Equal(t, tc.found, ok)
 			require.InDelta(t, tc.want, got, 1e-9)
 		})
@@ -65,7 +71,7 @@ func TestAtHoldsTheSustainedLoad(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, free.OutputTokensPerSec, at.OutputTokensPerSec, "the rate is the objectives'")
 	require.Equal(t, free.Limit, at.Limit)
-	want, ok := c.heldAt(free.OutputTokensPerSec)
+	want, ok := c.heldAt(free.OutputTokensPerSec, free.Concurrency)
 	require.True(t, ok)
 	require.Less(t, want, free.Concurrency)
 	require.InDelta(t, want, at.Concurrency, 1e-9)
@@ -75,8 +81,16 @@ func TestAtHoldsTheSustainedLoad(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, at, adm, "no admission bound within the curve: as At")
 
-	// Held above the objectives' load: the objectives' load stands.
-	c.Sustained = []SustainedBin{testHeld(40, 200)}
+	// Held only past the objectives' load: that is a queue, and the
+	// objectives' load stands.
+	c.Sustained = []SustainedBin{testHeld(2*free.Concurrency, 2*free.OutputTokensPerSec)}
+	at, err = c.At(testObjectives)
+	require.NoError(t, err)
+	require.Equal(t, free, at)
+
+	// A quarter of the rate held at half the load: in proportion, the
+	// rate needs twice the load, and the objectives' load stands.
+	c.Sustained = []SustainedBin{testHeld(free.Concurrency/2, free.OutputTokensPerSec/4)}
 	at, err = c.At(testObjectives)
 	require.NoError(t, err)
 	require.Equal(t, free.Concurrency, at.Concurrency)
@@ -91,7 +105,7 @@ func TestAtHoldsTheSustainedLoad(t *testing.T) {
 	adm, err = c.AtAdmitted(testObjectives, &Admission{TargetWaiting: 1, KVCeiling: 1, Ceiling: 1})
 	require.NoError(t, err)
 	require.Equal(t, LimitAdmission, adm.Limit)
-	h, _ := c.heldAt(adm.OutputTokensPerSec)
+	h, _ := c.heldAt(adm.OutputTokensPerSec, adm.AdmissionBoundConcurrency)
 	require.InDelta(t, min(adm.AdmissionBoundConcurrency, h), adm.Concurrency, 1e-9)
 	require.InDelta(t, h, adm.HeldConcurrency, 1e-9)
 }
