@@ -475,14 +475,14 @@ func (r *capacityRun) ladder(ctx context.Context) error {
 		if ctx.Err() != nil || r.majority(ctx, lo) {
 			break
 		}
-		hi, lo = lo, r.heldBelow(lo)
-		if lo == 0 {
-			return fmt.Errorf("the fleet breaks the objectives at %.2f QPS already", hi)
+		below, ok := r.heldBelow(lo)
+		if !ok {
+			return fmt.Errorf("the fleet breaks the objectives at %.2f QPS already", lo)
 		}
+		hi, lo = lo, below.QPS
 		bisect()
 	}
-	st, _ := r.held()
-	r.rep.True = r.edge(st)
+	r.rep.True = r.edge()
 	return ctx.Err()
 }
 
@@ -534,16 +534,16 @@ func (r *capacityRun) trial(ctx context.Context, label string, qps float64) bool
 	return st.Within
 }
 
-// heldBelow is the highest rate below qps whose steps' fit holds, 0 if
-// none.
-func (r *capacityRun) heldBelow(qps float64) float64 {
+// heldBelow is the highest rate below qps whose steps' fit holds, and
+// whether there is one.
+func (r *capacityRun) heldBelow(qps float64) (CapacityStep, bool) {
 	steps, load := r.ladderFit()
 	for i := len(steps) - 1; i >= 0; i-- {
 		if steps[i].QPS < qps && load[i] <= 1 {
-			return steps[i].QPS
+			return steps[i], true
 		}
 	}
-	return 0
+	return CapacityStep{}, false
 }
 
 // ladderFit is the ladder's rates in order, each the median of its steps
@@ -595,25 +595,14 @@ func mergeSteps(a, b CapacityStep) CapacityStep {
 		Running: mean(a.Running, b.Running), Waiting: mean(a.Waiting, b.Waiting), Within: a.Within && b.Within}
 }
 
-// held is the highest rate whose fitted load is within the objectives.
-func (r *capacityRun) held() (CapacityStep, bool) {
-	steps, load := r.ladderFit()
-	for i := len(steps) - 1; i >= 0; i-- {
-		if load[i] <= 1 {
-			return steps[i], true
-		}
-	}
-	return CapacityStep{}, false
-}
-
 // edge estimates where the objectives stop holding from every ladder step,
 // not only the two either side of it: the rate where the ladder's fit
 // crosses 1, interpolated between its neighbours. Tokens/s and concurrency
 // are the step below's scaled by the rate (throughput follows arrivals
 // while the fleet keeps up, and Little's law gives concurrency; past the
 // edge both run away and say nothing about it). Without a crossing it is
-// the highest step within the objectives.
-func (r *capacityRun) edge(lo CapacityStep) CapacityStep {
+// the highest rate within the objectives.
+func (r *capacityRun) edge() CapacityStep {
 	steps, load := r.ladderFit()
 	for i := 1; i < len(steps); i++ {
 		if load[i-1] <= 1 && load[i] > 1 {
@@ -629,6 +618,10 @@ func (r *capacityRun) edge(lo CapacityStep) CapacityStep {
 				TTFTP95ms: at(a.TTFTP95ms, b.TTFTP95ms), ITLP95ms: at(a.ITLP95ms, b.ITLP95ms),
 				Requests: a.Requests, Within: true}
 		}
+	}
+	var lo CapacityStep
+	if n := len(steps); n > 0 && load[n-1] <= 1 {
+		lo = steps[n-1]
 	}
 	lo.Label = "true capacity"
 	return lo
