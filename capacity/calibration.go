@@ -180,8 +180,12 @@ func (c *Calibration) Validate() error {
 	return nil
 }
 
-// Write encodes the calibration, indented.
+// Write encodes the calibration, indented, if it is one ReadCalibration
+// would accept: a file that cannot be loaded is not written.
 func (c *Calibration) Write(w io.Writer) error {
+	if err := c.Validate(); err != nil {
+		return fmt.Errorf("cannot write calibration: %w", err)
+	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	if err := enc.Encode(c); err != nil {

@@ -489,7 +489,7 @@ func addWindow(b *Bin, w *Window) {
 // been seen) adds its observations and leaves the means alone.
 func addBin(b, o *Bin) {
 	if t := b.Seconds + o.Seconds; t > 0 {
-		mean := func(x, y float64) float64 { return (x*b.Seconds + y*o.Seconds) / t }
+		mean := func(x, y float64) float64 { return between(x, y, o.Seconds/t) }
 		b.Concurrency = mean(b.Concurrency, o.Concurrency)
 		b.Running = mean(b.Running, o.Running)
 		b.Waiting = mean(b.Waiting, o.Waiting)
@@ -501,6 +501,14 @@ func addBin(b, o *Bin) {
 	b.Windows += o.Windows
 	b.TTFT.add(&o.TTFT, 1)
 	b.ITL.add(&o.ITL, 1)
+}
+
+// between is x moved the share w of the way to y: a mean weighted by
+// time, kept within [x, y] where rounding would leave it. The sum form
+// (x*wx+y*wy)/(wx+wy) turned two windows of a hair under 4 into 4.0, a
+// bin equal to the next one, and a pooled curve that failed Validate.
+func between(x, y, w float64) float64 {
+	return min(max(x+(y-x)*w, min(x, y)), max(x, y))
 }
 
 func scaleBin(b *Bin, f float64) {

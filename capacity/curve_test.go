@@ -401,6 +401,33 @@ func TestMergeAndPool(t *testing.T) {
 	require.NoError(t, p.Validate())
 }
 
+// TestPoolKeepsBinsApart: two saturated replicas whose running gauge,
+// averaged over a window, reads a hair under 4 pool into a curve that is
+// still ascending. The sum form of a weighted mean rounded such a bin up
+// to 4.0, equal to the next bin, and a calibration failed to load.
+func TestPoolKeepsBinsApart(t *testing.T) {
+	under := math.Nextafter(4, 0)
+	replica := func(seconds float64) Curve {
+		b := testBin(under, 0.99, 1, 50, 10)
+		b.Seconds = seconds
+		return testCurve(b, testBin(4, 0.9, 1, 60, 10))
+	}
+	for _, tc := range [][2]float64{{0.5, 0.9}, {1, 0.9}, {2, 0.3}, {0.3, 2}} {
+		p, _ := Pool([]Curve{replica(tc[0]), replica(tc[1])})
+		require.NoError(t, p.Validate(), "seconds %v", tc)
+		require.Len(t, p.Bins, 2)
+		require.Equal(t, under, p.Bins[0].Concurrency)
+	}
+	for _, tc := range []struct{ x, y, w float64 }{
+		{under, under, 0.9 / 1.4}, {1, 2, 0.5}, {2, 1, 0.25}, {0.001, 0.9, 1}, {3, 3.5, 0}, {1e300, 1.7e308, 0.5},
+	} {
+		m := between(tc.x, tc.y, tc.w)
+		require.GreaterOrEqual(t, m, min(tc.x, tc.y), "%v", tc)
+		require.LessOrEqual(t, m, max(tc.x, tc.y), "%v", tc)
+		require.InDelta(t, tc.x*(1-tc.w)+tc.y*tc.w, m, 1e-12*max(1, math.Abs(tc.y)), "%v", tc)
+	}
+}
+
 func TestCalibrationRoundTrip(t *testing.T) {
 	c := &Calibration{Version: CalibrationVersion, Model: "m", URL: "http://127.0.0.1:1", Replicas: 2,
 		Objectives: ObjectivesJSON{TTFTSeconds: 2, ITLSeconds: 0.05, Quantile: 0.95},

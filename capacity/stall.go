@@ -61,7 +61,7 @@ func addStall(b, o *StallBin) {
 	if t <= 0 {
 		return
 	}
-	b.NewTokensPerSec = (b.NewTokensPerSec*b.Seconds + o.NewTokensPerSec*o.Seconds) / t
+	b.NewTokensPerSec = between(b.NewTokensPerSec, o.NewTokensPerSec, o.Seconds/t)
 	b.Seconds = t
 	b.Windows += o.Windows
 	b.ITL.add(&o.ITL, 1)

@@ -44,8 +44,8 @@ func addSustained(b, o *SustainedBin) {
 	if t <= 0 {
 		return
 	}
-	b.Concurrency = (b.Concurrency*b.Seconds + o.Concurrency*o.Seconds) / t
-	b.OutputTokensPerSec = (b.OutputTokensPerSec*b.Seconds + o.OutputTokensPerSec*o.Seconds) / t
+	b.Concurrency = between(b.Concurrency, o.Concurrency, o.Seconds/t)
+	b.OutputTokensPerSec = between(b.OutputTokensPerSec, o.OutputTokensPerSec, o.Seconds/t)
 	b.Seconds = t
 	b.Spans += o.Spans
 }

@@ -110,14 +110,14 @@ type ReplicaAssessment struct {
 //
 // summed over healthy replicas, rounded down. A replica with an open
 // breaker or stale metrics contributes nothing; one with no curve either
-// (nothing measured, no calibration), and the curve is never read beyond
-// the largest load measured. The load's rate is its sustained one: one
-// scrape's swings by half or more on long prompts, and a burst is bounded
-// by busy, the requests it holds. A replica holding no request has no load
-// left to serve: the rate of a load that has ended would keep it
-// under-quoting for 30 s. The second bound on tokens/s keeps the
-// promise per stream: a stream at capacity runs at the capacity's per-stream
-// rate, slower than one at today's lighter load.
+// (nothing measured, no calibration) or a malformed one, and the curve is
+// never read beyond the largest load measured. The load's rate is its
+// sustained one: one scrape's swings by half or more on long prompts, and
+// a burst is bounded by busy, the requests it holds. A replica holding no
+// request has no load left to serve: the rate of a load that has ended
+// would keep it under-quoting for 30 s. The second bound on tokens/s keeps
+// the promise per stream: a stream at capacity runs at the capacity's
+// per-stream rate, slower than one at today's lighter load.
 func ComputeHeadroom(m capacity.Model, cal *capacity.Calibration, o capacity.Objectives) (Headroom, Assessment) {
 	var a Assessment
 	var conc, tps float64
@@ -127,6 +127,13 @@ func ComputeHeadroom(m capacity.Model, cal *capacity.Calibration, o capacity.Obj
 		case !r.Healthy:
 			ra.Why = "not healthy (breaker not closed or metrics stale)"
 		default:
+			// A curve that breaks its own invariants is a fault upstream
+			// (a corrupt body, an EPP of another version); read anyway, it
+			// would promise what nothing measured.
+			if err := r.Curve.Validate(); err != nil {
+				ra.Why = "curve from the EPP is malformed: " + err.Error()
+				break
+			}
 			curve, source := r.Curve, "live"
 			if cal != nil {
 				merged, err := r.Curve.Merge(cal.Curve)

@@ -81,6 +81,8 @@ func TestComputeHeadroom(t *testing.T) {
 		{"the rate of a load that has ended is not subtracted", []capacity.Replica{rep(true, 0, 0, 0, 2*v, full)}, nil, h(c, v)},
 		{"a load's rate while it holds one request", []capacity.Replica{rep(true, 1, 0, 0, v/2, full)}, nil, h(c-1, min(v/2, v*(c-1)/c))},
 		{"negative and NaN counts", []capacity.Replica{rep(true, -3, 0, 0, math.NaN(), full)}, nil, h(c, v)},
+		{"a malformed curve contributes nothing, calibration or not", []capacity.Replica{rep(true, 0, 0, 0, 0, full),
+			rep(true, 0, 0, 0, 0, curve(curveBin(10, 1, 1, 100), curveBin(10, 1, 1, 100)))}, cal, h(c, v)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, a := ComputeHeadroom(capacity.Model{ReplicaCapacity: tc.reps}, tc.cal, obj)
@@ -89,6 +91,12 @@ func TestComputeHeadroom(t *testing.T) {
 			require.Len(t, a.Replicas, len(tc.reps))
 		})
 	}
+
+	got, a := ComputeHeadroom(capacity.Model{ReplicaCapacity: []capacity.Replica{
+		rep(true, 0, 0, 0, 0, curve(curveBin(10, 1, 1, 100), curveBin(10, 1, 1, 100)))}}, cal, obj)
+	require.Equal(t, "curve from the EPP is malformed: bin 1: concurrencies are not ascending", a.Replicas[0].Why)
+	require.Zero(t, a.Replicas[0].Capacity)
+	require.Zero(t, got)
 
 	// With flow control on, the EPP queues from the load whose mean queue
 	// reaches the ceiling (3.4 of a target of 4, at 10 requests), however
@@ -99,7 +107,7 @@ func TestComputeHeadroom(t *testing.T) {
 	}
 	m := capacity.Model{ReplicaCapacity: []capacity.Replica{rep(true, 0, 0, 0, 0, queued)},
 		Admission: &capacity.Admission{TargetWaiting: 4, KVCeiling: 0.9, Ceiling: 0.85}}
-	got, a := ComputeHeadroom(m, nil, obj)
+	got, a = ComputeHeadroom(m, nil, obj)
 	require.InDelta(t, 100, float64(got.TokensPerSec), 1)
 	require.Equal(t, uint32(10), got.Concurrency)
 	require.Equal(t, capacity.LimitAdmission, a.Replicas[0].Capacity.Limit)
