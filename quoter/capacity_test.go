@@ -54,6 +54,8 @@ func TestComputeHeadroom(t *testing.T) {
 	bounded.Prefill = capacity.Prefill{QueuedSeconds: 10, QueuedWindows: 5, QueuedTokens: 10 * 1000 * (lambda + math.Log(20)/obj.TTFT.Seconds()),
 		Requests: 100, NewTokens: 100 * 1000, OutputTokens: 100 * 10}
 	calBounded := &capacity.Calibration{Curve: bounded}
+	// Two bins of one load: Validate refuses it.
+	malformed := curve(curveBin(10, 1, 1, 100), curveBin(10, 1, 1, 100))
 	small := curve(curveBin(8, 1, 1, 80), curveBin(16, 1, 1, 160))
 	atSmall, err := small.At(obj)
 	require.NoError(t, err)
@@ -82,7 +84,7 @@ func TestComputeHeadroom(t *testing.T) {
 		{"a load's rate while it holds one request", []capacity.Replica{rep(true, 1, 0, 0, v/2, full)}, nil, h(c-1, min(v/2, v*(c-1)/c))},
 		{"negative and NaN counts", []capacity.Replica{rep(true, -3, 0, 0, math.NaN(), full)}, nil, h(c, v)},
 		{"a malformed curve contributes nothing, calibration or not", []capacity.Replica{rep(true, 0, 0, 0, 0, full),
-			rep(true, 0, 0, 0, 0, curve(curveBin(10, 1, 1, 100), curveBin(10, 1, 1, 100)))}, cal, h(c, v)},
+			rep(true, 0, 0, 0, 0, malformed)}, cal, h(c, v)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, a := ComputeHeadroom(capacity.Model{ReplicaCapacity: tc.reps}, tc.cal, obj)
@@ -93,7 +95,7 @@ func TestComputeHeadroom(t *testing.T) {
 	}
 
 	got, a := ComputeHeadroom(capacity.Model{ReplicaCapacity: []capacity.Replica{
-		rep(true, 0, 0, 0, 0, curve(curveBin(10, 1, 1, 100), curveBin(10, 1, 1, 100)))}}, cal, obj)
+		rep(true, 0, 0, 0, 0, malformed)}}, cal, obj)
 	require.Equal(t, "curve from the EPP is malformed: bin 1: concurrencies are not ascending", a.Replicas[0].Why)
 	require.Zero(t, a.Replicas[0].Capacity)
 	require.Zero(t, got)
