@@ -56,13 +56,13 @@ func stallIndex(tokensPerSec float64) int {
 
 func (b *StallBin) readable() bool { return b.ITL.Count >= MinSamples && b.Windows >= MinWindows }
 
+// addStall adds o's observations to b, as addBin does: one of no time
+// adds its observations and leaves the mean rate alone.
 func addStall(b, o *StallBin) {
-	t := b.Seconds + o.Seconds
-	if t <= 0 {
-		return
+	if t := b.Seconds + o.Seconds; t > 0 {
+		b.NewTokensPerSec = between(b.NewTokensPerSec, o.NewTokensPerSec, o.Seconds/t)
+		b.Seconds = t
 	}
-	b.NewTokensPerSec = between(b.NewTokensPerSec, o.NewTokensPerSec, o.Seconds/t)
-	b.Seconds = t
 	b.Windows += o.Windows
 	b.ITL.add(&o.ITL, 1)
 }

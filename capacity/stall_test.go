@@ -119,6 +119,20 @@ func TestStallMergePoolValidate(t *testing.T) {
 	require.Equal(t, 550.0, p.Stall[1].ITL.Count)
 	require.NoError(t, p.Validate())
 
+	// Observations of no time count, as in the concurrency bins, in a bin
+	// of no time as well; the mean rate is the timed ones'.
+	none := testStall(3000, 0.5, 100)
+	none.Seconds = 0
+	b := StallBin{NewTokensPerSec: 3000}
+	addStall(&b, &none)
+	require.Equal(t, 100.0, b.ITL.Count)
+	require.Equal(t, 5.0, b.Windows)
+	b = testStall(1000, 0.99, 500)
+	addStall(&b, &none)
+	require.Equal(t, 1000.0, b.NewTokensPerSec)
+	require.Equal(t, 600.0, b.ITL.Count)
+	require.Equal(t, 10.0, b.Seconds)
+
 	cl := m.Clone()
 	cl.Stall[0].ITL.Counts[0] = 7
 	require.Zero(t, m.Stall[0].ITL.Counts[0], "a clone is deep")
