@@ -65,33 +65,86 @@ func (c Curve) AdmissionBound(a Admission) (concurrency, tokensPerSec float64, o
 }
 
 // AtAdmitted is At bounded by flow control as well, when adm is not nil:
-// where the EPP starts to queue at a lighter load than the objectives
-// allow, the capacity is that load and at most the output tokens per
-// second the engine serves there (Limit "admission"). The load the
-// engine held at the rate bounds the concurrency last, as in At.
-func (c Curve) AtAdmitted(o Objectives, adm *Admission) (AtObjectives, error) {
+// where the EPP queues at a lighter load than the objectives allow, the
+// capacity is that load and at most the output tokens per second the
+// engine serves there (Limit "admission"). pool is how many replicas'
+// terms the EPP averages (AdmittedLoad). The load the engine held at the
+// rate bounds the concurrency last, as in At.
+func (c Curve) AtAdmitted(o Objectives, adm *Admission, pool int) (AtObjectives, error) {
 	at, err := c.atObjectives(o)
 	if err != nil {
 		return at, err
 	}
 	if adm != nil {
-		at.admit(c, *adm)
+		at.admit(c, *adm, o.Quantile, pool)
 	}
 	at.hold(c)
 	return at, nil
 }
 
-// admit bounds the capacity by where the EPP starts to queue.
-func (a *AtObjectives) admit(c Curve, adm Admission) {
+// admit bounds the capacity by where the EPP queues.
+func (a *AtObjectives) admit(c Curve, adm Admission, q float64, pool int) {
 	conc, tps, ok := c.AdmissionBound(adm)
 	if !ok {
 		return
 	}
 	a.AdmissionBoundConcurrency, a.AdmissionBoundTokensPerSec = conc, tps
-	if a.Concurrency <= conc {
-		// The EPP does not queue at the objectives' load.
+	mean := AdmittedLoad(conc, pool, q)
+	if a.Concurrency <= mean {
+		// The EPP seldom queues at the objectives' load.
 		return
 	}
+	tps, _ = ratesAt(c.pooled(), mean)
 	a.lower(tps, LimitAdmission)
-	a.Concurrency, a.Limit = conc, LimitAdmission
+	a.Concurrency, a.Limit = mean, LimitAdmission
+}
+
+// AdmittedLoad is the largest mean load per replica at which a pool of
+// pool replicas reaches crossing, the load per replica where the EPP's
+// mean saturation term meets its ceiling, at most 1-q of the time. The
+// EPP compares the pool's mean term, not one replica's, and the pool's
+// load is not its mean: with arrivals from many independent clients the
+// requests in the pool are the occupancy of an M/G/infinity queue, a
+// Poisson count around pool times the mean, however a router spreads
+// them. Read at the crossing itself, the pool would reach it about half
+// the time, and every request arriving then waits in the EPP's queue,
+// where the engines' latencies cannot show it: on the demo fleet (4
+// replicas crossing at about 20 requests each) the quote sold the rate at
+// 20 while the ladder's edge, where that wait took the p95 time to first
+// token to 2 s, held 16 in the engines. A request meeting the queue is
+// counted as missing its objective, as a request in an engine past the
+// measured loads is (Curve.At). The tail is interpolated between whole
+// counts, so the answer moves smoothly with the crossing; 0 when the
+// crossing or pool gives nothing to read.
+func AdmittedLoad(crossing float64, pool int, q float64) float64 {
+	if !(crossing > 0) || math.IsInf(crossing, 0) || pool < 1 || !(q > 0 && q < 1) {
+		return 0
+	}
+	n := float64(pool)
+	t := crossing * n
+	k, f := math.Floor(t), t-math.Floor(t)
+	// reach is the share of time the pool holds t requests or more at
+	// mean load m per replica.
+	reach := func(m float64) float64 {
+		var below, at float64
+		poisson(m*n, func(j int, p float64) {
+			switch {
+			case float64(j) < k:
+				below += p
+			case float64(j) == k:
+				at = p
+			}
+		})
+		return 1 - below - f*at
+	}
+	lo, hi := 0.0, crossing
+	for hi-lo > 1e-6*crossing {
+		mid := (lo + hi) / 2
+		if reach(mid) <= 1-q {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo
 }

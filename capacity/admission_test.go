@@ -1,6 +1,8 @@
 package capacity
 
 import (
+	"fmt"
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -50,12 +52,63 @@ func TestAdmissionBound(t *testing.T) {
 	}
 }
 
+func TestAdmittedLoad(t *testing.T) {
+	// tail is P(Poisson(lambda) >= t), interpolated between whole counts,
+	// summed term by term.
+	tail := func(lambda, t float64) float64 {
+		k := math.Floor(t)
+		pmf := func(j float64) float64 {
+			lg, _ := math.Lgamma(j + 1)
+			return math.Exp(j*math.Log(lambda) - lambda - lg)
+		}
+		below := 0.0
+		for j := 0.0; j < k; j++ {
+			below += pmf(j)
+		}
+		return 1 - below - (t-k)*pmf(k)
+	}
+	for _, tc := range []struct {
+		name     string
+		crossing float64
+		pool     int
+		q        float64
+		lo, hi   float64
+	}{
+		// Poisson(4) reaches 8 with probability 0.051: just under 4.
+		{name: "one replica", crossing: 8, pool: 1, q: 0.95, lo: 3.9, hi: 4},
+		// The demo fleet: 4 replicas crossing at about 20 requests each.
+		{name: "four replicas", crossing: 20.4, pool: 4, q: 0.95, lo: 16, hi: 17.5},
+		// A large pool's load is nearly its mean: the normal
+		// approximation, 400m + 1.645*sqrt(400m) = 8000, gives 19.63.
+		{name: "large pool", crossing: 20, pool: 400, q: 0.95, lo: 19.6, hi: 19.67},
+		{name: "median", crossing: 20.4, pool: 4, q: 0.5, lo: 20, hi: 20.4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := AdmittedLoad(tc.crossing, tc.pool, tc.q)
+			require.Greater(t, got, tc.lo)
+			require.Less(t, got, tc.hi)
+			n := float64(tc.pool)
+			require.InDelta(t, 1-tc.q, tail(got*n, tc.crossing*n), 1e-4, "the pool reaches the crossing 1-q of the time")
+		})
+	}
+	require.Less(t, AdmittedLoad(20, 2, 0.95), AdmittedLoad(20, 8, 0.95), "a larger pool strays less from its mean")
+	require.Less(t, AdmittedLoad(20, 4, 0.99), AdmittedLoad(20, 4, 0.95), "a stricter quantile reads lower")
+	require.InDelta(t, AdmittedLoad(8, 1, 0.95), AdmittedLoad(8+1e-9, 1, 0.95), 1e-6, "smooth in the crossing")
+	for _, bad := range []struct {
+		crossing float64
+		pool     int
+		q        float64
+	}{{0, 4, 0.95}, {math.NaN(), 4, 0.95}, {math.Inf(1), 4, 0.95}, {20, 0, 0.95}, {20, 4, 0}, {20, 4, 1}, {20, 4, math.NaN()}} {
+		require.Zero(t, AdmittedLoad(bad.crossing, bad.pool, bad.q), "%+v", bad)
+	}
+}
+
 func TestAtAdmitted(t *testing.T) {
 	// Every load measured holds the objectives; the queue reaches 3.4
 	// (0.85 of a target of 4) at the given load.
 	curve := func(crossing float64) Curve {
 		var bins []Bin
-		for _, c := range []float64{4, 8, 12, 16, 20, 24} {
+		for _, c := range []float64{4, 8, 12, 16, 20, 24, 28, 32, 36, 40} {
 			b := testBin(c, 1, 1, 100*c, 400)
 			b.Waiting = 3.4 * c / crossing
 			bins = append(bins, b)
@@ -68,34 +121,57 @@ func TestAtAdmitted(t *testing.T) {
 	require.Equal(t, LimitMeasured, free.Limit)
 	require.Greater(t, free.Concurrency, 12.0)
 
-	got, err := curve(8).AtAdmitted(testObjectives, nil)
+	got, err := curve(8).AtAdmitted(testObjectives, nil, 4)
 	require.NoError(t, err)
 	require.Equal(t, free, got, "flow control off: the curve alone")
 
-	got, err = curve(8).AtAdmitted(testObjectives, adm)
-	require.NoError(t, err)
-	require.Equal(t, LimitAdmission, got.Limit)
-	require.InDelta(t, 8, got.Concurrency, 1e-9)
-	require.InDelta(t, 800, got.OutputTokensPerSec, 1e-6)
-	require.InDelta(t, 8, got.AdmissionBoundConcurrency, 1e-9)
-	require.InDelta(t, 800, got.AdmissionBoundTokensPerSec, 1e-6)
+	// The capacity stops where the pool reaches the crossing at most 5% of
+	// the time, lower for a smaller pool; the crossing is reported.
+	var prev float64
+	for _, pool := range []int{1, 4, 16} {
+		got, err = curve(8).AtAdmitted(testObjectives, adm, pool)
+		require.NoError(t, err)
+		mean := AdmittedLoad(8, pool, testObjectives.Quantile)
+		require.Equal(t, LimitAdmission, got.Limit)
+		require.InDelta(t, mean, got.Concurrency, 1e-9)
+		require.InDelta(t, 100*mean, got.OutputTokensPerSec, 1e-6)
+		require.InDelta(t, 8, got.AdmissionBoundConcurrency, 1e-9)
+		require.InDelta(t, 800, got.AdmissionBoundTokensPerSec, 1e-6)
+		require.Greater(t, got.Concurrency, prev)
+		require.Less(t, got.Concurrency, 8.0)
+		prev = got.Concurrency
+	}
 
-	got, err = curve(22).AtAdmitted(testObjectives, adm)
+	const late = 39
+	require.Greater(t, AdmittedLoad(late, 4, testObjectives.Quantile), free.Concurrency)
+	got, err = curve(late).AtAdmitted(testObjectives, adm, 4)
 	require.NoError(t, err)
-	require.Equal(t, free.Limit, got.Limit, "queueing starts past the objectives' load")
+	require.Equal(t, free.Limit, got.Limit, "queueing starts well past the objectives' load")
 	require.Equal(t, free.Concurrency, got.Concurrency)
-	require.InDelta(t, 22, got.AdmissionBoundConcurrency, 1e-9)
+	require.InDelta(t, late, got.AdmissionBoundConcurrency, 1e-9)
 
 	// Queueing starts past the objectives' load and a noisy bin between
 	// reads low: the rates are read from their non-decreasing fit, so the
 	// heavier load's is no lower, and nothing is bound.
-	noisy := curve(22)
+	noisy := curve(late)
 	noisy.Bins[len(noisy.Bins)-2].OutputTokensPerSec = 10
-	got, err = noisy.AtAdmitted(testObjectives, adm)
+	got, err = noisy.AtAdmitted(testObjectives, adm, 4)
 	require.NoError(t, err)
 	require.Equal(t, free.Limit, got.Limit)
 	require.GreaterOrEqual(t, got.AdmissionBoundTokensPerSec, got.OutputTokensPerSec)
 
-	_, err = Curve{}.AtAdmitted(testObjectives, adm)
+	_, err = Curve{}.AtAdmitted(testObjectives, adm, 4)
 	require.ErrorIs(t, err, ErrNoData)
+}
+
+// BenchmarkAdmittedLoad reads one replica's admitted load in pools of the
+// demo's size and of 400 replicas; a quote reads it once per replica.
+func BenchmarkAdmittedLoad(b *testing.B) {
+	for _, pool := range []int{4, 400} {
+		b.Run(fmt.Sprintf("pool=%d", pool), func(b *testing.B) {
+			for b.Loop() {
+				AdmittedLoad(20.4, pool, 0.95)
+			}
+		})
+	}
 }

@@ -77,7 +77,7 @@ func TestAtHoldsTheSustainedLoad(t *testing.T) {
 	require.InDelta(t, want, at.Concurrency, 1e-9)
 	require.InDelta(t, want, at.HeldConcurrency, 1e-9)
 
-	adm, err := c.AtAdmitted(testObjectives, &Admission{TargetWaiting: 1, KVCeiling: 1, Ceiling: 1})
+	adm, err := c.AtAdmitted(testObjectives, &Admission{TargetWaiting: 1, KVCeiling: 1, Ceiling: 1}, 1)
 	require.NoError(t, err)
 	require.Equal(t, at, adm, "no admission bound within the curve: as At")
 
@@ -102,11 +102,12 @@ func TestAtHoldsTheSustainedLoad(t *testing.T) {
 		c.Bins[i].Waiting = c.Bins[i].Concurrency / 10
 	}
 	c.Sustained = held
-	adm, err = c.AtAdmitted(testObjectives, &Admission{TargetWaiting: 1, KVCeiling: 1, Ceiling: 1})
+	adm, err = c.AtAdmitted(testObjectives, &Admission{TargetWaiting: 1, KVCeiling: 1, Ceiling: 1}, 1)
 	require.NoError(t, err)
 	require.Equal(t, LimitAdmission, adm.Limit)
-	h, _ := c.heldAt(adm.OutputTokensPerSec, adm.AdmissionBoundConcurrency)
-	require.InDelta(t, min(adm.AdmissionBoundConcurrency, h), adm.Concurrency, 1e-9)
+	mean := AdmittedLoad(adm.AdmissionBoundConcurrency, 1, testObjectives.Quantile)
+	h, _ := c.heldAt(adm.OutputTokensPerSec, mean)
+	require.InDelta(t, min(mean, h), adm.Concurrency, 1e-9)
 	require.InDelta(t, h, adm.HeldConcurrency, 1e-9)
 }
 

@@ -100,8 +100,10 @@ type ReplicaAssessment struct {
 //
 //	capacity     = its curve (live, over the calibration where live has
 //	               too little) read at the objectives, within its prefill
-//	               bound for the current mix, its concurrency at most the
-//	               load it held at that rate, capped at max_running
+//	               bound for the current mix and the load at which the
+//	               healthy replicas seldom meet the EPP's queue, its
+//	               concurrency at most the load it held at that rate,
+//	               capped at max_running
 //	busy         = max(running + waiting, in_flight)
 //	concurrency  = max(0, capacity.concurrency - busy)
 //	load         = output tokens/s of the last 30 s, 0 when busy is 0
@@ -121,6 +123,12 @@ type ReplicaAssessment struct {
 func ComputeHeadroom(m capacity.Model, cal *capacity.Calibration, o capacity.Objectives) (Headroom, Assessment) {
 	var a Assessment
 	var conc, tps float64
+	pool := 0
+	for _, r := range m.ReplicaCapacity {
+		if r.Healthy {
+			pool++
+		}
+	}
 	for _, r := range m.ReplicaCapacity {
 		ra := ReplicaAssessment{Addr: r.Addr, Busy: max(r.Running+r.Waiting, r.InFlight, 0)}
 		switch {
@@ -146,7 +154,7 @@ func ComputeHeadroom(m capacity.Model, cal *capacity.Calibration, o capacity.Obj
 					curve, source = merged, "live+calibration"
 				}
 			}
-			at, err := curve.AtAdmitted(o, m.Admission)
+			at, err := curve.AtAdmitted(o, m.Admission, pool)
 			if err != nil {
 				ra.Why = "no capacity measured: " + err.Error()
 				break

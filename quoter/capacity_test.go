@@ -100,23 +100,32 @@ func TestComputeHeadroom(t *testing.T) {
 	require.Zero(t, a.Replicas[0].Capacity)
 	require.Zero(t, got)
 
-	// With flow control on, the EPP queues from the load whose mean queue
-	// reaches the ceiling (3.4 of a target of 4, at 10 requests), however
-	// well the engine's own latencies hold there; off, the curve alone.
+	// With flow control on, the EPP queues once the pool's mean queue
+	// reaches the ceiling (3.4 of a target of 4, at 10 requests a replica),
+	// however well the engines' own latencies hold there: the capacity
+	// stops where the healthy replicas together reach that load at most 5%
+	// of the time (an unhealthy one is not in the pool). Off, the curve
+	// alone.
 	queued := full.Clone()
 	for i := range queued.Bins {
 		queued.Bins[i].Waiting = 0.34 * queued.Bins[i].Concurrency
 	}
-	m := capacity.Model{ReplicaCapacity: []capacity.Replica{rep(true, 0, 0, 0, 0, queued)},
-		Admission: &capacity.Admission{TargetWaiting: 4, KVCeiling: 0.9, Ceiling: 0.85}}
+	m := capacity.Model{ReplicaCapacity: []capacity.Replica{rep(true, 0, 0, 0, 0, queued), rep(true, 0, 0, 0, 0, queued),
+		rep(false, 0, 0, 0, 0, queued)}, Admission: &capacity.Admission{TargetWaiting: 4, KVCeiling: 0.9, Ceiling: 0.85}}
 	got, a = ComputeHeadroom(m, nil, obj)
-	require.InDelta(t, 100, float64(got.TokensPerSec), 1)
-	require.Equal(t, uint32(10), got.Concurrency)
+	mean := capacity.AdmittedLoad(10, 2, obj.Quantile)
+	require.Greater(t, mean, 4.0)
+	require.Less(t, mean, 10.0)
+	// Between the bins at 4 and 10 requests the engine serves 10 tok/s a
+	// request.
+	require.InDelta(t, 2*10*mean, float64(got.TokensPerSec), 1)
+	require.Equal(t, uint32(math.Floor(2*mean)), got.Concurrency)
 	require.Equal(t, capacity.LimitAdmission, a.Replicas[0].Capacity.Limit)
+	require.InDelta(t, 10, a.Replicas[0].Capacity.AdmissionBoundConcurrency, 1e-6)
 	require.InDelta(t, 100, a.Replicas[0].Capacity.AdmissionBoundTokensPerSec, 1e-6)
 	m.Admission = nil
 	got, _ = ComputeHeadroom(m, nil, obj)
-	require.Equal(t, h(c, v), got)
+	require.Equal(t, h(2*c, 2*v), got)
 }
 
 func TestCheckSnapshot(t *testing.T) {
