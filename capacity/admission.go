@@ -122,22 +122,34 @@ func AdmittedLoad(crossing float64, pool int, q float64) float64 {
 	}
 	n := float64(pool)
 	t := crossing * n
-	k, f := math.Floor(t), t-math.Floor(t)
+	k := math.Floor(t)
 	// reach is the share of time the pool holds t requests or more at
-	// mean load m per replica.
+	// mean load m per replica: 1 less the Poisson terms below k and the
+	// fraction t-k of the term at k, summed down from k, where they are
+	// largest, until they no longer count.
 	reach := func(m float64) float64 {
-		var below, at float64
-		poisson(m*n, func(j int, p float64) {
-			switch {
-			case float64(j) < k:
-				below += p
-			case float64(j) == k:
-				at = p
+		lambda := m * n
+		if lambda <= 0 {
+			return 0
+		}
+		lg, _ := math.Lgamma(k + 1)
+		p := math.Exp(k*math.Log(lambda) - lambda - lg)
+		if p == 0 {
+			// So far below k (lambda < k here) that the tail is nothing.
+			return 0
+		}
+		sum := (t - k) * p
+		for j := k; j > 0; j-- {
+			p *= j / lambda
+			sum += p
+			if p < 1e-16*sum {
+				break
 			}
-		})
-		return 1 - below - f*at
+		}
+		return max(1-sum, 0)
 	}
-	lo, hi := 0.0, crossing
+	// The answer is within 8 standard deviations of the crossing.
+	lo, hi := max(0, crossing-8*math.Sqrt(crossing/n)-1/n), crossing
 	for hi-lo > 1e-6*crossing {
 		mid := (lo + hi) / 2
 		if reach(mid) <= 1-q {

@@ -82,6 +82,13 @@ func TestAdmittedLoad(t *testing.T) {
 		// approximation, 400m + 1.645*sqrt(400m) = 8000, gives 19.63.
 		{name: "large pool", crossing: 20, pool: 400, q: 0.95, lo: 19.6, hi: 19.67},
 		{name: "median", crossing: 20.4, pool: 4, q: 0.5, lo: 20, hi: 20.4},
+		// Poisson(0.0513) reaches 1 with probability 0.05.
+		{name: "below one request", crossing: 1, pool: 1, q: 0.95, lo: 0.05, hi: 0.052},
+		// Normal: 500 - 1.645*sqrt(500/1000) = 498.84.
+		{name: "huge pool", crossing: 500, pool: 1000, q: 0.95, lo: 498.8, hi: 498.9},
+		// Normal: 4m + 4.75*sqrt(4m) = 80 at m = 11.8; the Poisson's
+		// right tail is heavier.
+		{name: "strict", crossing: 20, pool: 4, q: 0.999999, lo: 10.5, hi: 11.8},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := AdmittedLoad(tc.crossing, tc.pool, tc.q)
