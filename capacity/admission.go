@@ -123,16 +123,16 @@ func AdmittedLoad(crossing float64, pool int, q float64) float64 {
 	n := float64(pool)
 	t := crossing * n
 	k := math.Floor(t)
+	lg, _ := math.Lgamma(k + 1)
 	// reach is the share of time the pool holds t requests or more at
 	// mean load m per replica: 1 less the Poisson terms below k and the
-	// fraction t-k of the term at k, summed down from k, where they are
-	// largest, until they no longer count.
+	// fraction t-k of the term at k, summed down from k (above the mean,
+	// as m < crossing) past the mode until they no longer count.
 	reach := func(m float64) float64 {
 		lambda := m * n
 		if lambda <= 0 {
 			return 0
 		}
-		lg, _ := math.Lgamma(k + 1)
 		p := math.Exp(k*math.Log(lambda) - lambda - lg)
 		if p == 0 {
 			// So far below k (lambda < k here) that the tail is nothing.
