@@ -36,10 +36,14 @@ func Saturation(waiting, kvUsage, targetWaiting, kvCeiling float64) float64 {
 // there from its fit as At reads it (ratesAt). Read at the mean load, as
 // the EPP compares the pool's mean term with the ceiling.
 func (c Curve) AdmissionBound(a Admission) (concurrency, tokensPerSec float64, ok bool) {
+	return admissionBound(c.pooled(), a)
+}
+
+// admissionBound is AdmissionBound on the curve's pooled bins.
+func admissionBound(bins []*Bin, a Admission) (concurrency, tokensPerSec float64, ok bool) {
 	if !(a.TargetWaiting > 0) || !(a.KVCeiling > 0) || !(a.Ceiling > 0) {
 		return 0, 0, false
 	}
-	bins := c.pooled()
 	if len(bins) == 0 {
 		return 0, 0, false
 	}
@@ -84,7 +88,8 @@ func (c Curve) AtAdmitted(o Objectives, adm *Admission, pool int) (AtObjectives,
 
 // admit bounds the capacity by where the EPP queues.
 func (a *AtObjectives) admit(c Curve, adm Admission, q float64, pool int) {
-	conc, tps, ok := c.AdmissionBound(adm)
+	bins := c.pooled()
+	conc, tps, ok := admissionBound(bins, adm)
 	if !ok {
 		return
 	}
@@ -94,7 +99,7 @@ func (a *AtObjectives) admit(c Curve, adm Admission, q float64, pool int) {
 		// The EPP seldom queues at the objectives' load.
 		return
 	}
-	tps, _ = ratesAt(c.pooled(), mean)
+	tps, _ = ratesAt(bins, mean)
 	a.lower(tps, LimitAdmission)
 	a.Concurrency, a.Limit = mean, LimitAdmission
 }
