@@ -57,6 +57,23 @@ func TestComputeHeadroom(t *testing.T) {
 	// Two bins of one load: Validate refuses it.
 	malformed := curve(curveBin(10, 1, 1, 100), curveBin(10, 1, 1, 100))
 	small := curve(curveBin(8, 1, 1, 80), curveBin(16, 1, 1, 160))
+	// The pool is sold: a replica past its capacity takes its excess out
+	// of the others' room, and the per-stream bound reads the pool's
+	// concurrency. scattered is full read at half the load: a like
+	// replica whose estimate of the load at the same rate came out low.
+	require.Greater(t, c, 17.0)
+	over := float64(30 + 4)
+	scattered := full.Clone()
+	for i := range scattered.Bins {
+		scattered.Bins[i].Concurrency /= 2
+		scattered.Bins[i].Running /= 2
+	}
+	atS, err := scattered.At(obj)
+	require.NoError(t, err)
+	busyS := int(atS.Concurrency) - 1
+	require.Positive(t, busyS)
+	cs, vs := c+atS.Concurrency, v+atS.OutputTokensPerSec
+	freeS := cs - float64(busyS)
 	atSmall, err := small.At(obj)
 	require.NoError(t, err)
 	require.Equal(t, capacity.LimitMeasured, atSmall.Limit)
@@ -74,6 +91,10 @@ func TestComputeHeadroom(t *testing.T) {
 		{"half loaded", []capacity.Replica{rep(true, 6, 1, 3, 60, full)}, nil, h(c-7, min(v-60, v*(c-7)/c))},
 		{"in flight beyond the engine's view", []capacity.Replica{rep(true, 2, 0, 9, 20, full)}, nil, h(c-9, min(v-20, v*(c-9)/c))},
 		{"overloaded clamps at zero", []capacity.Replica{rep(true, 30, 4, 0, 260, full)}, nil, Headroom{}},
+		{"a replica past its capacity takes its excess out of the pool's room", []capacity.Replica{rep(true, 30, 4, 0, 260, full),
+			rep(true, 0, 0, 0, 0, full)}, nil, h(2*c-over, min(2*v-260, 2*v*(2*c-over)/(2*c)))},
+		{"the per-stream bound reads the pool's concurrency", []capacity.Replica{rep(true, busyS, 0, 0, 20, scattered),
+			rep(true, 0, 0, 0, 0, full)}, nil, h(freeS, min(vs-20, vs*freeS/cs))},
 		{"capacity below the load", []capacity.Replica{rep(true, 0, 0, 40, 0, full)}, nil, Headroom{}},
 		{"unhealthy replica contributes nothing", []capacity.Replica{rep(true, 0, 0, 0, 0, full), rep(false, 0, 0, 0, 0, full)}, cal, h(c, v)},
 		{"prefill bound", []capacity.Replica{rep(true, 0, 0, 0, 0, bounded)}, nil, h(c/2, v/2)},
