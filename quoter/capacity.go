@@ -188,9 +188,9 @@ func ComputeHeadroom(m capacity.Model, cal *capacity.Calibration, o capacity.Obj
 		}
 		a.Replicas = append(a.Replicas, ra)
 	}
-	conc, tps := max(0, a.Concurrency-float64(a.Busy)), 0.0
+	conc, tps := finite(a.Concurrency-float64(a.Busy)), 0.0
 	if conc > 0 {
-		tps = max(0, min(a.OutputTokensPerSec-a.BusyTokensPerSec, a.OutputTokensPerSec*conc/a.Concurrency))
+		tps = finite(min(a.OutputTokensPerSec-a.BusyTokensPerSec, a.OutputTokensPerSec*conc/a.Concurrency))
 	}
 	return Headroom{Concurrency: uint32(min(math.Floor(conc), math.MaxUint32)),
 		TokensPerSec: uint64(min(math.Floor(tps), float64(math.MaxInt64)))}, a
