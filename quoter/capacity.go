@@ -123,7 +123,7 @@ type ReplicaAssessment struct {
 // each replica's: a pool's replicas are alike (one model server on one
 // kind of accelerator), and each one's estimate of the load that goes
 // with its rate scatters where their sum does not (on a Mooncake proof,
-// 5.1 to 15.5 requests for 330 to 430 tok/s), which cut the half-loaded
+// 5.1 to 14.1 requests for 257 to 417 tok/s), which cut the half-loaded
 // quote from that proof's snapshot from 1,114 tok/s to 971.
 // The load's rate is its sustained one: one scrape's swings by half or
 // more on long prompts, and a burst is bounded by busy, the requests it
