@@ -186,10 +186,12 @@ type replica struct {
 	// already ran past ours, which sequence numbers alone cannot tell.
 	lastSum uint64
 	verify  bool
-	// startCheck is set after the replay at start: the first live batch,
-	// if it is not past the replayed ones, is either one queued during the
-	// replay or the first of a restarted engine's new run (published
-	// without the connection breaking), so it is checked like verify.
+	// startCheck is set after the replay at start: the first live batch
+	// may be one queued during the replay, or come from a run the engine
+	// started since (restarted without the connection breaking, its first
+	// batches sent before the subscription reached the publisher), whose
+	// sequence numbers may even follow the replayed ones; so it is checked
+	// like verify.
 	startCheck bool
 }
 
@@ -372,9 +374,8 @@ func (s *Subscriber) runDialed(ctx context.Context) (received bool, err error) {
 
 // startReplay runs on the first connection, the live socket already
 // subscribed (what it receives meanwhile waits in its queue): it resumes
-// from cfg.Resume or, failing that, applies what the engine buffers. A
-// first live batch not past the replayed ones is checked against the last
-// replayed one (startCheck).
+// from cfg.Resume or, failing that, applies what the engine buffers. The
+// first live batch is checked against the last replayed one (startCheck).
 func (s *Subscriber) startReplay(ctx context.Context, rep *replica) {
 	defer func() { rep.startCheck = true }()
 	if r := s.resumeAt; r != nil {
@@ -542,7 +543,7 @@ func (s *Subscriber) handle(ctx context.Context, frames [][]byte, canReplay bool
 	}
 	verdict := rep.seq.Live(seq)
 	afterStart := rep.startCheck
-	check := rep.verify || (afterStart && verdict == SeqDuplicate)
+	check := rep.verify || afterStart
 	rep.startCheck = false
 	if check && canReplay {
 		rep.verify = false

@@ -92,17 +92,28 @@ func storedEvent(h uint64) []Event {
 func connect(t *testing.T, p *Publisher, rec *recorder, topic string) uint64 {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
+	// A first arrival may come from the replay at start, which says nothing
+	// of the live subscription; a probe published after it can only come
+	// live, and once it has, the first live batch has been checked.
+	var after uint64
+	replayed := false
 	for {
 		seq, err := p.Publish(storedEvent(hashFor(0, 0)))
 		require.NoError(t, err)
 		time.Sleep(20 * time.Millisecond)
 		bs, _ := rec.snapshot()
 		for _, b := range bs {
-			if b.topic == topic {
-				// Once one probe arrived the later ones will: wait for the
-				// last so none lands among the test's own batches.
+			if b.topic != topic {
+				continue
+			}
+			if replayed && b.seq >= after {
+				// Once one probe arrived live the later ones will: wait for
+				// the last so none lands among the test's own batches.
 				rec.waitSeq(t, topic, seq)
 				return seq
+			}
+			if !replayed {
+				replayed, after = true, seq+1
 			}
 		}
 		require.True(t, time.Now().Before(deadline), "subscriber never connected")
@@ -195,6 +206,52 @@ func TestGapFilledByReplay(t *testing.T) {
 			require.Zero(t, s.Stats().ReplayFailures.Load())
 			require.GreaterOrEqual(t, s.Stats().ReplayedBatches.Load(), uint64(3))
 		})
+	}
+}
+
+// An engine that restarts after the replay at start, its new run's first
+// batches lost before the live subscription joined, may go on with sequence
+// numbers that follow the replayed ones: the first live batch is checked,
+// not taken as their successor.
+func TestRestartBeforeFirstLiveBatchResets(t *testing.T) {
+	p := startPublisher(t, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	for i := 0; i < 3; i++ {
+		_, err := p.Publish(storedEvent(hashFor(5, i)))
+		require.NoError(t, err)
+	}
+	rec := &recorder{}
+	s := startSubscriber(t, SubscriberConfig{Endpoint: p.Endpoint(), ReplayEndpoint: p.ReplayEndpoint()}, rec)
+	rec.waitSeq(t, "", 2) // replayed: nothing was published since it started
+	p.Reset()
+	p.DropNext(3)
+	want := map[uint64]uint64{}
+	publish := func() uint64 {
+		h := hashFor(6, len(want))
+		seq, err := p.Publish(storedEvent(h))
+		require.NoError(t, err)
+		want[seq] = h
+		return seq
+	}
+	for range 3 {
+		publish()
+	}
+	// Live batches of the new run until one arrives: the subscription may
+	// still be joining.
+	var last uint64
+	require.Eventually(t, func() bool {
+		last = publish()
+		time.Sleep(20 * time.Millisecond)
+		_, resets := rec.snapshot()
+		return len(resets) > 0
+	}, 10*time.Second, time.Millisecond)
+	last = publish()
+	rec.waitSeq(t, "", last)
+	bs, resets := rec.snapshot()
+	require.Len(t, resets, 1)
+	require.Contains(t, resets[0], "without our last batch")
+	require.Equal(t, uint64(1), s.Stats().Resets.Load())
+	for i, b := range bs[len(bs)-int(last+1):] {
+		require.Equal(t, seen{"", uint64(i), []uint64{want[uint64(i)]}}, b, "the new run rebuilt whole, in order")
 	}
 }
 

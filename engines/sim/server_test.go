@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -523,22 +524,30 @@ func subscribe(t *testing.T, r *Replica) *collector {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = sub.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done; _ = sub.Close() })
-	// ZMQ drops what is published before a subscription is connected:
-	// wait until a probe request's events arrive.
+	// ZMQ drops what is published before a subscription is connected: wait
+	// until a probe request's events arrive live (the replay at start may
+	// deliver them first, and says nothing of the live subscription).
 	probe := 0
-	require.Eventually(t, func() bool {
+	sendProbe := func() {
 		probe++ // a new prompt each time: cache hits publish nothing
 		post(t, r, "/v1/completions", map[string]any{"model": testModel, "prompt": strings.Repeat(fmt.Sprintf("probe %d ", probe), 40), "max_tokens": 1})
-		evs, _, _ := c.snapshot()
-		return len(evs) > 0
+	}
+	require.Eventually(t, func() bool {
+		sendProbe()
+		return sub.Stats().Received.Load() > 0
 	}, 5*time.Second, 50*time.Millisecond)
+	// One more probe applied: the first live batch's check is over.
+	applied := sub.Stats().Applied.Load()
+	sendProbe()
+	require.Eventually(t, func() bool { return sub.Stats().Applied.Load() > applied }, 5*time.Second, 20*time.Millisecond)
 	// Events published before the subscription connected are lost; a
-	// restart clears the cache so the test starts from a state it saw.
+	// restart clears the cache so the test starts from a state it saw. Its
+	// first batch (the engine's AllBlocksCleared) goes back in sequence.
 	code, _ := post(t, r, "/admin/restart", map[string]any{})
 	require.Equal(t, http.StatusOK, code)
 	require.Eventually(t, func() bool {
-		_, _, resets := c.snapshot()
-		return len(resets) > 0
+		evs, _, resets := c.snapshot()
+		return len(resets) > 0 && slices.ContainsFunc(evs, func(ev kvevents.Event) bool { return ev.Kind == kvevents.KindAllBlocksCleared })
 	}, 5*time.Second, 20*time.Millisecond)
 	c.mu.Lock()
 	c.events, c.seqs, c.resets = nil, nil, nil
