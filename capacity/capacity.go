@@ -79,6 +79,10 @@ type Replica struct {
 	// scrapes: the load's sustained rate, which one window's reading
 	// misses by half or more on a mix of long prompts (Learner.OutputRate).
 	OutputTokensPerSec float64 `json:"output_tokens_per_sec"`
+	// Load is the mean number of requests in the engine, running or
+	// waiting, over the same 30 s (Learner.Load): the load that rate went
+	// with, where Running and Waiting are one scrape's count.
+	Load float64 `json:"load"`
 	// FreeKVTokens and TotalKVTokens are its KV cache (healthy only).
 	FreeKVTokens  int64 `json:"free_kv_tokens"`
 	TotalKVTokens int64 `json:"total_kv_tokens"`

@@ -434,6 +434,10 @@ func (l *Learner) Curve() Curve {
 // RateSpan of scrapes, idle ones included.
 func (l *Learner) OutputRate() float64 { return l.recent.rate() }
 
+// Load is the mean number of requests in the engine, running or waiting,
+// over the last RateSpan of scrapes, idle ones included.
+func (l *Learner) Load() float64 { return l.recent.loadOver(RateSpan.Seconds()) }
+
 // Summary is what a learner has, for its metrics.
 type Summary struct {
 	// Largest is the largest concurrency a bin has enough data to be read

@@ -98,6 +98,10 @@ func TestLearnerOutputRate(t *testing.T) {
 		})
 	}
 	l := NewLearner(0)
+	l.Add(Window{Seconds: 30, Running: 3, Waiting: 1, OutputTokensPerSec: 300})
+	l.Add(Window{Seconds: 15})
+	require.InDelta(t, 2, l.Load(), 1e-9, "the requests in the engine over the span, idle windows included")
+	l = NewLearner(0)
 	l.Add(Window{Seconds: 40, Running: 4, OutputTokensPerSec: 300})
 	require.InDelta(t, 300, l.OutputRate(), 1e-9, "a window longer than the span")
 	l.Add(Window{Seconds: 0, Running: 4, OutputTokensPerSec: 900})

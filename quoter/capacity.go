@@ -77,7 +77,7 @@ type Assessment struct {
 	// load now.
 	Concurrency        float64 `json:"concurrency"`
 	OutputTokensPerSec float64 `json:"output_tokens_per_sec"`
-	Busy               int     `json:"busy"`
+	Busy               float64 `json:"busy"`
 	BusyTokensPerSec   float64 `json:"busy_tokens_per_sec"`
 }
 
@@ -89,8 +89,10 @@ type ReplicaAssessment struct {
 	// "live+calibration", "calibration" or "" (nothing).
 	Capacity capacity.AtObjectives `json:"capacity"`
 	Source   string                `json:"source"`
-	// Busy is max(running + waiting, in flight).
-	Busy int `json:"busy"`
+	// Busy is its load: the mean requests in the engine over the last 30 s
+	// plus those this EPP routed that the engine has not counted yet (see
+	// ComputeHeadroom).
+	Busy float64 `json:"busy"`
 	// Why is set when the replica contributes nothing.
 	Why string `json:"why,omitempty"`
 }
@@ -104,8 +106,10 @@ type ReplicaAssessment struct {
 //	               healthy replicas seldom meet the EPP's queue, its
 //	               concurrency at most the load it held at that rate,
 //	               capped at max_running
-//	busy         = max(running + waiting, in_flight)
-//	load         = output tokens/s of the last 30 s, 0 when busy is 0
+//	busy         = requests in the engine, mean of the last 30 s,
+//	               + max(0, in_flight - running - waiting)
+//	load         = output tokens/s of the last 30 s
+//	               (both 0 when the replica holds no request now)
 //
 // and over the replicas with a capacity, C, T, B and L the sums of
 // capacity.concurrency, capacity.tokens/s, busy and load:
@@ -125,10 +129,15 @@ type ReplicaAssessment struct {
 // with its rate scatters where their sum does not (on a Mooncake proof,
 // 5.1 to 14.1 requests for 257 to 417 tok/s), which cut the half-loaded
 // quote from that proof's snapshot from 1,114 tok/s to 971.
-// The load's rate is its sustained one: one scrape's swings by half or
-// more on long prompts, and a burst is bounded by busy, the requests it
-// holds. A replica holding no request has no load left to serve: the rate
-// of a load that has ended would keep it under-quoting for 30 s. The
+// The load is its sustained one, as a quote holds for minutes: one
+// scrape's rate swings by half or more on long prompts, and one scrape's
+// count of requests by as much as the arrivals bunch (on a half-loaded
+// Mooncake proof, 46 requests where the load held 35 on average), while
+// the requests the EPP routed and the engine has not counted yet are
+// added as they are. A replica holding no request has no load left to
+// serve: a load that has ended would keep it under-quoting for 30 s. A
+// replica whose EPP reports no mean (an older EPP) counts its requests
+// now. The
 // second bound on tokens/s keeps the promise per stream: a stream at
 // capacity runs at the capacity's per-stream rate, slower than one at
 // today's lighter load.
@@ -141,7 +150,7 @@ func ComputeHeadroom(m capacity.Model, cal *capacity.Calibration, o capacity.Obj
 		}
 	}
 	for _, r := range m.ReplicaCapacity {
-		ra := ReplicaAssessment{Addr: r.Addr, Busy: max(r.Running+r.Waiting, r.InFlight, 0)}
+		ra := ReplicaAssessment{Addr: r.Addr, Busy: busy(r)}
 		switch {
 		case !r.Healthy:
 			ra.Why = "not healthy (breaker not closed or metrics stale)"
@@ -188,12 +197,25 @@ func ComputeHeadroom(m capacity.Model, cal *capacity.Calibration, o capacity.Obj
 		}
 		a.Replicas = append(a.Replicas, ra)
 	}
-	conc, tps := finite(a.Concurrency-float64(a.Busy)), 0.0
+	conc, tps := finite(a.Concurrency-a.Busy), 0.0
 	if conc > 0 {
 		tps = finite(min(a.OutputTokensPerSec-a.BusyTokensPerSec, a.OutputTokensPerSec*conc/a.Concurrency))
 	}
 	return Headroom{Concurrency: uint32(min(math.Floor(conc), math.MaxUint32)),
 		TokensPerSec: uint64(min(math.Floor(tps), float64(math.MaxInt64)))}, a
+}
+
+// busy is a replica's load in requests (ComputeHeadroom).
+func busy(r capacity.Replica) float64 {
+	engine := max(r.Running+r.Waiting, 0)
+	switch now := max(engine, r.InFlight); {
+	case now <= 0:
+		return 0
+	case !(r.Load > 0) || math.IsInf(r.Load, 0):
+		return float64(now)
+	default:
+		return r.Load + float64(max(r.InFlight-engine, 0))
+	}
 }
 
 func finite(v float64) float64 {

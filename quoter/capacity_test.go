@@ -42,6 +42,9 @@ func TestComputeHeadroom(t *testing.T) {
 		return capacity.Replica{Addr: "r", Healthy: healthy, Running: running, Waiting: waiting, InFlight: inflight,
 			OutputTokensPerSec: tps, MaxRunning: 256, Curve: c}
 	}
+	// withLoad gives a replica the mean of its requests over the last
+	// 30 s, as the EPP reports it beside one scrape's counts.
+	withLoad := func(r capacity.Replica, load float64) capacity.Replica { r.Load = load; return r }
 	h := func(conc, tps float64) Headroom {
 		return Headroom{Concurrency: uint32(math.Floor(conc)), TokensPerSec: uint64(math.Floor(tps))}
 	}
@@ -90,6 +93,15 @@ func TestComputeHeadroom(t *testing.T) {
 			h(atSmall.Concurrency, atSmall.OutputTokensPerSec)},
 		{"half loaded", []capacity.Replica{rep(true, 6, 1, 3, 60, full)}, nil, h(c-7, min(v-60, v*(c-7)/c))},
 		{"in flight beyond the engine's view", []capacity.Replica{rep(true, 2, 0, 9, 20, full)}, nil, h(c-9, min(v-20, v*(c-9)/c))},
+		{"a burst above the sustained load: the load is subtracted", []capacity.Replica{withLoad(rep(true, 9, 1, 10, 60, full), 6.5)}, nil,
+			h(c-6.5, min(v-60, v*(c-6.5)/c))},
+		{"a lull below the sustained load: the load is subtracted", []capacity.Replica{withLoad(rep(true, 2, 0, 2, 60, full), 6.5)}, nil,
+			h(c-6.5, min(v-60, v*(c-6.5)/c))},
+		{"requests the engine has not counted add to its sustained load", []capacity.Replica{withLoad(rep(true, 2, 0, 9, 20, full), 3)}, nil,
+			h(c-10, min(v-20, v*(c-10)/c))},
+		{"a load that has ended counts nothing, whatever its mean", []capacity.Replica{withLoad(rep(true, 0, 0, 0, 2*v, full), 12)}, nil, h(c, v)},
+		{"a mean that is not a number: the requests now", []capacity.Replica{withLoad(rep(true, 4, 0, 0, 20, full), math.Inf(1))}, nil,
+			h(c-4, min(v-20, v*(c-4)/c))},
 		{"overloaded clamps at zero", []capacity.Replica{rep(true, 30, 4, 0, 260, full)}, nil, Headroom{}},
 		{"a replica past its capacity takes its excess out of the pool's room", []capacity.Replica{rep(true, 30, 4, 0, 260, full),
 			rep(true, 0, 0, 0, 0, full)}, nil, h(2*c-over, min(2*v-260, 2*v*(2*c-over)/(2*c)))},

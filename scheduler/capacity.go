@@ -46,10 +46,12 @@ func curveHistogram(h *metrics.Histogram) ([]float64, capacity.Histogram) {
 	return h.Bounds[:h.N], capacity.Histogram{Counts: h.Counts[:h.N], Count: h.Count, Sum: h.Sum}
 }
 
-func (r *replica) outputRate() float64 {
+// recentLoad is the output rate and the mean requests in the engine over
+// the learner's last 30 s of scrapes.
+func (r *replica) recentLoad() (tokensPerSec, requests float64) {
 	r.curve.mu.Lock()
 	defer r.curve.mu.Unlock()
-	return r.curve.l.OutputRate()
+	return r.curve.l.OutputRate(), r.curve.l.Load()
 }
 
 func (r *replica) curveCopy() capacity.Curve {
@@ -102,7 +104,7 @@ func (s *Scheduler) Capacity() capacity.Snapshot {
 		if sm != nil && !stale {
 			sig := &sm.Signals
 			rc.Running, rc.Waiting = int(sig.Running), int(sig.Waiting)
-			rc.OutputTokensPerSec = r.outputRate()
+			rc.OutputTokensPerSec, rc.Load = r.recentLoad()
 			m.Waiting += int(sig.Waiting)
 			m.Running += int(sig.Running)
 			m.OutputTokensPerSec += sm.GenerationTokensPerSec

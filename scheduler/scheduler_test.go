@@ -831,18 +831,21 @@ func TestCapacityAdmission(t *testing.T) {
 	require.Equal(t, &capacity.Admission{TargetWaiting: 6, KVCeiling: 0.8, Ceiling: 0.60}, snap.Models[0].Admission)
 }
 
-// The load a quote subtracts is a replica's sustained output rate, not
-// its last scrape's: scrapes alternating 2,000 and 0 tok/s read 1,000.
+// The load a quote subtracts is a replica's sustained output rate and
+// requests, not its last scrape's: scrapes alternating 2,000 and 0 tok/s
+// read 1,000, and windows alternating 1 and 5 requests read 3.
 func TestCapacityReplicaRateIsSustained(t *testing.T) {
 	e := newEnv(t, 0, nil)
 	e.s.SetEndpoints(endpoints(1, testModel))
 	url := e.rep(0).ep.MetricsURL
 	for i := range 60 {
 		e.s.Observe(&metrics.Sample{URL: url, At: e.clock.Now(), GenerationTokensPerSec: 2000 * float64(i%2),
-			Signals: metrics.Signals{Running: 2}, Window: metrics.Window{Seconds: 1, Running: 2}})
+			Signals: metrics.Signals{Running: float64(1 + 4*(i%2))}, Window: metrics.Window{Seconds: 1, Running: float64(1 + 4*(i%2))}})
 	}
 	snap := e.s.Capacity()
 	require.Len(t, snap.Models, 1)
 	require.Equal(t, 2000.0, snap.Models[0].OutputTokensPerSec, "the pool's figure is the last scrape's")
 	require.InDelta(t, 1000, snap.Models[0].ReplicaCapacity[0].OutputTokensPerSec, 1e-9)
+	require.Equal(t, 5, snap.Models[0].ReplicaCapacity[0].Running, "the last scrape's count")
+	require.InDelta(t, 3, snap.Models[0].ReplicaCapacity[0].Load, 1e-9)
 }

@@ -97,7 +97,7 @@ type CapacityQuote struct {
 	CapacityTokensPerS  float64 `json:"capacity_tokens_per_s"`
 	CapacityConcurrency float64 `json:"capacity_concurrency"`
 	BusyTokensPerS      float64 `json:"busy_tokens_per_s"`
-	Busy                int     `json:"busy"`
+	Busy                float64 `json:"busy"`
 	// PerReplica is each replica's curve read at the objectives (wall
 	// time), where it came from and what bounds it.
 	PerReplica []quoter.ReplicaAssessment `json:"per_replica"`
@@ -413,7 +413,7 @@ func (r *capacityRun) quote(ctx context.Context, label string) (CapacityQuote, e
 	r.rep.Quotes = append(r.rep.Quotes, q)
 	r.log.Info("quote", zap.String("label", label), zap.Float64("tokens_per_s", q.TokensPerS), zap.Float64("concurrency", conc),
 		zap.Float64("capacity_tokens_per_s", q.CapacityTokensPerS), zap.Float64("capacity_concurrency", q.CapacityConcurrency),
-		zap.Float64("busy_tokens_per_s", q.BusyTokensPerS), zap.Int("busy", q.Busy))
+		zap.Float64("busy_tokens_per_s", q.BusyTokensPerS), zap.Float64("busy", q.Busy))
 	return q, nil
 }
 
@@ -940,7 +940,7 @@ func (r *CapacityReport) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintln(tw, "quote\ttok/s\tconcurrency\treplicas\tcapacity tok/s\tcapacity concurrency\tbusy tok/s\tbusy\t")
 	for _, q := range r.Quotes {
-		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%d\t%.0f\t%.1f\t%.0f\t%d\t\n", q.Label, q.TokensPerS, q.Concurrency, q.Replicas,
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%d\t%.0f\t%.1f\t%.0f\t%.1f\t\n", q.Label, q.TokensPerS, q.Concurrency, q.Replicas,
 			q.CapacityTokensPerS, q.CapacityConcurrency, q.BusyTokensPerS, q.Busy)
 	}
 	v := r.Verdicts()
