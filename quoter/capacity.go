@@ -208,14 +208,15 @@ func ComputeHeadroom(m capacity.Model, cal *capacity.Calibration, o capacity.Obj
 // busy is a replica's load in requests (ComputeHeadroom).
 func busy(r capacity.Replica) float64 {
 	engine := max(r.Running+r.Waiting, 0)
-	switch now := max(engine, r.InFlight); {
-	case now <= 0:
+	now := max(engine, r.InFlight)
+	if now <= 0 {
 		return 0
-	case !(r.Load > 0) || math.IsInf(r.Load, 0):
-		return float64(now)
-	default:
-		return r.Load + float64(max(r.InFlight-engine, 0))
 	}
+	load := finite(r.Load)
+	if load == 0 {
+		return float64(now)
+	}
+	return load + float64(max(r.InFlight-engine, 0))
 }
 
 func finite(v float64) float64 {

@@ -96,7 +96,7 @@ func connect(t *testing.T, p *Publisher, rec *recorder, topic string) uint64 {
 	// of the live subscription; a probe published after it can only come
 	// live, and once it has, the first live batch has been checked.
 	var after uint64
-	replayed := false
+	arrived := false
 	for {
 		seq, err := p.Publish(storedEvent(hashFor(0, 0)))
 		require.NoError(t, err)
@@ -106,14 +106,14 @@ func connect(t *testing.T, p *Publisher, rec *recorder, topic string) uint64 {
 			if b.topic != topic {
 				continue
 			}
-			if replayed && b.seq >= after {
+			if arrived && b.seq >= after {
 				// Once one probe arrived live the later ones will: wait for
 				// the last so none lands among the test's own batches.
 				rec.waitSeq(t, topic, seq)
 				return seq
 			}
-			if !replayed {
-				replayed, after = true, seq+1
+			if !arrived {
+				arrived, after = true, seq+1
 			}
 		}
 		require.True(t, time.Now().Before(deadline), "subscriber never connected")
@@ -237,14 +237,13 @@ func TestRestartBeforeFirstLiveBatchResets(t *testing.T) {
 	}
 	// Live batches of the new run until one arrives: the subscription may
 	// still be joining.
-	var last uint64
 	require.Eventually(t, func() bool {
-		last = publish()
+		publish()
 		time.Sleep(20 * time.Millisecond)
 		_, resets := rec.snapshot()
 		return len(resets) > 0
 	}, 10*time.Second, time.Millisecond)
-	last = publish()
+	last := publish()
 	rec.waitSeq(t, "", last)
 	bs, resets := rec.snapshot()
 	require.Len(t, resets, 1)
