@@ -82,7 +82,12 @@ type CapacityStep struct {
 	// requests still on their way in or out.
 	Running float64 `json:"running"`
 	Waiting float64 `json:"waiting"`
-	Within  bool    `json:"within"`
+	// PrefixHitRate is the engines' prefix-cache hits over the prompt
+	// tokens they were asked for, over the same scrapes, weighted by
+	// prompt tokens: on a mix of long shared prompts, how much of each
+	// prompt the fleet found cached and so how much prefill the step cost.
+	PrefixHitRate float64 `json:"prefix_hit_rate"`
+	Within        bool    `json:"within"`
 }
 
 // CapacityQuote is a quote the proof read, in model time.
@@ -592,7 +597,8 @@ func mergeSteps(a, b CapacityStep) CapacityStep {
 	return CapacityStep{Label: a.Label, QPS: a.QPS, Requests: (a.Requests + b.Requests) / 2, Errors: (a.Errors + b.Errors) / 2,
 		TTFTP95ms: mean(a.TTFTP95ms, b.TTFTP95ms), ITLP95ms: mean(a.ITLP95ms, b.ITLP95ms),
 		OutputTokPS: mean(a.OutputTokPS, b.OutputTokPS), Concurrency: mean(a.Concurrency, b.Concurrency),
-		Running: mean(a.Running, b.Running), Waiting: mean(a.Waiting, b.Waiting), Within: a.Within && b.Within}
+		Running: mean(a.Running, b.Running), Waiting: mean(a.Waiting, b.Waiting), PrefixHitRate: mean(a.PrefixHitRate, b.PrefixHitRate),
+		Within: a.Within && b.Within}
 }
 
 // edge estimates where the objectives stop holding from every ladder step,
@@ -616,7 +622,7 @@ func (r *capacityRun) edge() CapacityStep {
 			return CapacityStep{Label: "true capacity (fit)", QPS: qps, OutputTokPS: a.OutputTokPS * qps / a.QPS,
 				Concurrency: a.Concurrency * qps / a.QPS, Running: a.Running * qps / a.QPS, Waiting: a.Waiting * qps / a.QPS,
 				TTFTP95ms: at(a.TTFTP95ms, b.TTFTP95ms), ITLP95ms: at(a.ITLP95ms, b.ITLP95ms),
-				Requests: a.Requests, Within: true}
+				PrefixHitRate: a.PrefixHitRate, Requests: a.Requests, Within: true}
 		}
 	}
 	var lo CapacityStep
@@ -692,19 +698,7 @@ func (r *capacityRun) stepResults(ctx context.Context, label string, qps float64
 		st.OutputTokPS = float64(out) / (window * scale)
 		st.Concurrency = inflight.Seconds() / window
 	}
-	n := 0
-	end := start.Add(time.Duration(float64(d) / scale))
-	for _, l := range loads {
-		if l.at.Sub(start) >= skip && l.at.Before(end) {
-			st.Running += l.running
-			st.Waiting += l.waiting
-			n++
-		}
-	}
-	if n > 0 {
-		st.Running /= float64(n)
-		st.Waiting /= float64(n)
-	}
+	st.Running, st.Waiting, st.PrefixHitRate = engineMeans(loads, start.Add(skip), start.Add(time.Duration(float64(d)/scale)))
 	st.TTFTP95ms = stat.Percentile(stat.SortedMillis(ttft, scale), 95)
 	st.ITLP95ms = stat.Percentile(stat.SortedMillis(itl, scale), 95)
 	st.Within = st.Requests > 0 && st.Errors == 0 &&
@@ -793,10 +787,12 @@ func interleave[T any](xs []T, c int) []T {
 }
 
 // engineLoad is the fleet's running and waiting requests at one poll of
-// the EPP's snapshot.
+// the EPP's snapshot, and its prompt tokens per second and the prefix-cache
+// hits among them over the scrape window.
 type engineLoad struct {
 	at               time.Time
 	running, waiting float64
+	prompt, hits     float64
 }
 
 // pollLoad reads the EPP's snapshot once a scrape until ctx ends.
@@ -818,9 +814,37 @@ func (r *capacityRun) pollLoad(ctx context.Context) []engineLoad {
 		for _, m := range snap.Models {
 			l.running += float64(m.Running)
 			l.waiting += float64(m.Waiting)
+			if p := m.PromptTokensPerSec; p > 0 && m.PrefixHitRate >= 0 && m.PrefixHitRate <= 1 {
+				l.prompt += p
+				l.hits += p * m.PrefixHitRate
+			}
 		}
 		out = append(out, l)
 	}
+}
+
+// engineMeans is the fleet's mean running and waiting requests over the
+// polls in [from, to), and its prefix-cache hit rate over them weighted by
+// prompt tokens.
+func engineMeans(loads []engineLoad, from, to time.Time) (running, waiting, hitRate float64) {
+	n, prompt, hits := 0, 0.0, 0.0
+	for _, l := range loads {
+		if !l.at.Before(from) && l.at.Before(to) {
+			running += l.running
+			waiting += l.waiting
+			hits += l.hits
+			prompt += l.prompt
+			n++
+		}
+	}
+	if n > 0 {
+		running /= float64(n)
+		waiting /= float64(n)
+	}
+	if prompt > 0 {
+		hitRate = hits / prompt
+	}
+	return running, waiting, hitRate
 }
 
 func startOf(res []*result) time.Time {
@@ -924,17 +948,17 @@ func (r *CapacityReport) WriteTable(w io.Writer) error {
 	if c := r.Calibration; c != nil {
 		fmt.Fprintf(tw, "calibration: %.1f concurrency, %.0f tok/s per replica (wall), limit %s\n", c.Concurrency, c.OutputTokensPerSec, c.Limit)
 	}
-	fmt.Fprintln(tw, "step\tQPS\trequests\terrors\tTTFT p95 ms\tITL p95 ms\tout tok/s\tconcurrency\trunning\twaiting\twithin\t")
+	fmt.Fprintln(tw, "step\tQPS\trequests\terrors\tTTFT p95 ms\tITL p95 ms\tout tok/s\tconcurrency\trunning\twaiting\tprefix hits\twithin\t")
 	row := func(s CapacityStep) {
-		fmt.Fprintf(tw, "%s\t%.2f\t%d\t%d\t%.0f\t%.1f\t%.0f\t%.1f\t%.1f\t%.1f\t%v\t\n", s.Label, s.QPS, s.Requests, s.Errors,
-			s.TTFTP95ms, s.ITLP95ms, s.OutputTokPS, s.Concurrency, s.Running, s.Waiting, s.Within)
+		fmt.Fprintf(tw, "%s\t%.2f\t%d\t%d\t%.0f\t%.1f\t%.0f\t%.1f\t%.1f\t%.1f\t%.3f\t%v\t\n", s.Label, s.QPS, s.Requests, s.Errors,
+			s.TTFTP95ms, s.ITLP95ms, s.OutputTokPS, s.Concurrency, s.Running, s.Waiting, s.PrefixHitRate, s.Within)
 	}
 	for _, s := range r.Ladder {
 		row(s)
 	}
 	row(r.True)
 	row(r.HalfLoad)
-	fmt.Fprintf(tw, "half load, output over the %v before the quote\t\t\t\t\t\t%.0f\t\t\t\t\t\n", capacity.RateSpan, r.HalfLoadAtQuote)
+	fmt.Fprintf(tw, "half load, output over the %v before the quote\t\t\t\t\t\t%.0f\t\t\t\t\t\t\n", capacity.RateSpan, r.HalfLoadAtQuote)
 	for _, s := range r.Checks {
 		row(s)
 	}

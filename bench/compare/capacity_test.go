@@ -215,3 +215,36 @@ func TestOutputRate(t *testing.T) {
 		})
 	}
 }
+
+// TestEngineMeans: loads are averaged over the polls in the window, the
+// hit rate over the prompt tokens those polls saw; a window without a
+// poll, or without prompt tokens, reads 0.
+func TestEngineMeans(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	loads := []engineLoad{
+		{at: at(0), running: 100, waiting: 100, prompt: 1000, hits: 0},
+		{at: at(1), running: 4, waiting: 0, prompt: 3000, hits: 3000},
+		{at: at(2), running: 6, waiting: 2, prompt: 1000, hits: 0},
+		{at: at(3), running: 100, waiting: 100, prompt: 1000, hits: 1000},
+		{at: at(5), running: 2},
+	}
+	for _, tc := range []struct {
+		name                   string
+		from, to               int
+		running, waiting, hits float64
+	}{
+		{name: "half open", from: 1, to: 3, running: 5, waiting: 1, hits: 0.75},
+		{name: "all", from: 0, to: 4, running: 52.5, waiting: 50.5, hits: 4000.0 / 6000},
+		{name: "one poll", from: 1, to: 2, running: 4, hits: 1},
+		{name: "no prompt", from: 5, to: 6, running: 2},
+		{name: "no poll", from: 6, to: 9},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, w, h := engineMeans(loads, at(tc.from), at(tc.to))
+			require.InDelta(t, tc.running, r, 1e-9)
+			require.InDelta(t, tc.waiting, w, 1e-9)
+			require.InDelta(t, tc.hits, h, 1e-9)
+		})
+	}
+}
