@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -37,7 +36,7 @@ func getConfigMap(t *testing.T, env *kubetest.Env, ns, name string) *corev1.Conf
 // data and keeps what an operator added.
 func TestSaveCalibrationConfigMapCreatesThenUpdates(t *testing.T) {
 	env := kubetest.Shared(t)
-	ns := env.Namespace(t, "calibration-admin")
+	ns := env.FreshNamespace(t, "calibration-admin")
 	t.Setenv("KUBECONFIG", env.Kubeconfig(t, env.Config))
 	ctx := context.Background()
 
@@ -60,7 +59,7 @@ func TestSaveCalibrationConfigMapCreatesThenUpdates(t *testing.T) {
 
 func TestSaveCalibrationConfigMapErrors(t *testing.T) {
 	env := kubetest.Shared(t)
-	ns := env.Namespace(t, "calibration-errors")
+	ns := env.FreshNamespace(t, "calibration-errors")
 	ctx := context.Background()
 
 	t.Setenv("KUBECONFIG", env.Kubeconfig(t, env.UserConfig("nobody")))
@@ -203,13 +202,11 @@ func allowed(t *testing.T, env *kubetest.Env, ns, sa, verb, name string) bool {
 func TestSaveCalibrationConfigMapWithTheChartsRole(t *testing.T) {
 	env := kubetest.Shared(t)
 	ctx := context.Background()
-	seq := 0
 	// prepare stores the chart's calibration identity, its Role edited,
 	// in a fresh namespace and waits until the authorizer answers for
 	// each verb as the Role says.
 	prepare := func(t *testing.T, drop string) (ns, configMap string) {
-		seq++
-		ns = env.Namespace(t, fmt.Sprintf("calibration-rbac-%d", seq))
+		ns = env.FreshNamespace(t, "calibration-rbac")
 		sa, objs, configMap := calibrationAccess(t, ns)
 		if drop != "" {
 			objs = withoutVerb(objs, drop)

@@ -2,6 +2,7 @@ package kubetest
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -44,6 +45,18 @@ func (e *Env) Namespace(t testing.TB, name string) string {
 	e.nsCreated[name] = true
 	e.mu.Unlock()
 	return name
+}
+
+// FreshNamespace creates a namespace no test of this process has had,
+// prefix-1, prefix-2 and so on: a test run again (go test -count) must not
+// meet the objects its earlier run left.
+func (e *Env) FreshNamespace(t testing.TB, prefix string) string {
+	t.Helper()
+	e.mu.Lock()
+	e.nsSeq[prefix]++
+	name := fmt.Sprintf("%s-%d", prefix, e.nsSeq[prefix])
+	e.mu.Unlock()
+	return e.Namespace(t, name)
 }
 
 func (e *Env) serviceAccount(t testing.TB, ns, name string) {

@@ -78,6 +78,7 @@ type Env struct {
 	stopped   bool
 	restmaps  *restMapper
 	nsCreated map[string]bool
+	nsSeq     map[string]int
 	podIPs    int
 }
 
@@ -244,7 +245,7 @@ func start(bins string, opts Options) (_ *Env, err error) {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
-	e := &Env{dir: dir, bins: bins, nsCreated: map[string]bool{}}
+	e := &Env{dir: dir, bins: bins, nsCreated: map[string]bool{}, nsSeq: map[string]int{}}
 	defer func() {
 		if err != nil {
 			_ = e.Stop()
