@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -114,14 +113,12 @@ func crds(t testing.TB) []string {
 	return append(own, others...)
 }
 
-var nsSeq atomic.Int64
-
 // namespace is a new namespace named after what (namespaces are not reused
 // between tests).
 func namespace(t testing.TB, env *kubetest.Env, what string) string {
 	t.Helper()
 	name := strings.Trim(regexp.MustCompile(`[^a-z0-9]+`).ReplaceAllString(strings.ToLower(what), "-"), "-")
-	return env.Namespace(t, fmt.Sprintf("%.50s-%d", name, nsSeq.Add(1)))
+	return env.FreshNamespace(t, fmt.Sprintf("%.50s", name))
 }
 
 // find returns the objects of kind in objs.
