@@ -109,7 +109,6 @@ type ReplicaAssessment struct {
 //	busy         = requests in the engine, mean of the last 30 s,
 //	               + max(0, in_flight - running - waiting)
 //	load         = output tokens/s of the last 30 s
-//	               (both 0 when the replica holds no request now)
 //
 // and over the replicas with a capacity, C, T, B and L the sums of
 // capacity.concurrency, capacity.tokens/s, busy and load:
@@ -134,13 +133,16 @@ type ReplicaAssessment struct {
 // count of requests by as much as the arrivals bunch (on a half-loaded
 // Mooncake proof, 46 requests where the load held 35 on average), while
 // the requests the EPP routed and the engine has not counted yet are
-// added as they are. A replica holding no request has no load left to
-// serve: a load that has ended would keep it under-quoting for 30 s. A
+// added as they are. A replica holding no request now still counts its
+// mean: at a light load an engine is empty between requests, and read as
+// a load that has ended, two of eight Mooncake replicas empty at the
+// half-loaded quote sold the 315 tok/s they were serving, and the
+// background plus that quote broke its ITL objective. A load that has
+// ended is counted for up to 30 s more, the side a promise errs on. A
 // replica whose EPP reports no mean (an older EPP) counts its requests
-// now. The
-// second bound on tokens/s keeps the promise per stream: a stream at
-// capacity runs at the capacity's per-stream rate, slower than one at
-// today's lighter load.
+// now. The second bound on tokens/s keeps the promise per stream: a
+// stream at capacity runs at the capacity's per-stream rate, slower than
+// one at today's lighter load.
 func ComputeHeadroom(m capacity.Model, cal *capacity.Calibration, o capacity.Objectives) (Headroom, Assessment) {
 	var a Assessment
 	pool := 0
@@ -188,12 +190,8 @@ func ComputeHeadroom(m capacity.Model, cal *capacity.Calibration, o capacity.Obj
 			ra.Capacity, ra.Source = at, source
 			a.Concurrency += at.Concurrency
 			a.OutputTokensPerSec += at.OutputTokensPerSec
-			load := 0.0
-			if ra.Busy > 0 {
-				load = finite(r.OutputTokensPerSec)
-			}
 			a.Busy += ra.Busy
-			a.BusyTokensPerSec += load
+			a.BusyTokensPerSec += finite(r.OutputTokensPerSec)
 		}
 		a.Replicas = append(a.Replicas, ra)
 	}
@@ -208,13 +206,9 @@ func ComputeHeadroom(m capacity.Model, cal *capacity.Calibration, o capacity.Obj
 // busy is a replica's load in requests (ComputeHeadroom).
 func busy(r capacity.Replica) float64 {
 	engine := max(r.Running+r.Waiting, 0)
-	now := max(engine, r.InFlight)
-	if now <= 0 {
-		return 0
-	}
 	load := finite(r.Load)
 	if load == 0 {
-		return float64(now)
+		return float64(max(engine, r.InFlight, 0))
 	}
 	return load + float64(max(r.InFlight-engine, 0))
 }

@@ -266,7 +266,7 @@ func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error
 		return nil, err
 	}
 	if !o.SkipCalibration {
-		r.idle(ctx)
+		r.quiet(ctx)
 		if _, err := r.quote(ctx, "idle, after calibration"); err != nil {
 			return nil, err
 		}
@@ -276,7 +276,7 @@ func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error
 		return nil, err
 	}
 	// Idle: the quote, then exactly its load and 1.25 times it.
-	r.idle(ctx)
+	r.quiet(ctx)
 	idle, err := r.quote(ctx, "idle")
 	if err != nil {
 		return nil, err
@@ -319,7 +319,7 @@ func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error
 		r.log.Warn("the replicas are real URLs the bench does not kill: no lost-replica check")
 		return r.rep, nil
 	}
-	r.idle(ctx)
+	r.quiet(ctx)
 	if _, err := r.quote(ctx, "idle, before the loss"); err != nil {
 		return nil, err
 	}
@@ -861,6 +861,22 @@ func startOf(res []*result) time.Time {
 func (r *capacityRun) idle(ctx context.Context) {
 	r.awaitSnapshot(ctx, func(m capacity.Model) int { return m.Running + m.Waiting + m.InFlight }, func(busy int) bool { return busy == 0 })
 	time.Sleep(3 * scrapeInterval)
+}
+
+// quiet is idle, and then until no replica's load of the last
+// capacity.RateSpan is left: an idle quote subtracts a load that ended
+// within it.
+func (r *capacityRun) quiet(ctx context.Context) {
+	r.idle(ctx)
+	r.awaitSnapshot(ctx, func(m capacity.Model) int {
+		n := 0
+		for _, rc := range m.ReplicaCapacity {
+			if rc.Load > 0 || rc.OutputTokensPerSec > 0 {
+				n++
+			}
+		}
+		return n
+	}, func(loaded int) bool { return loaded == 0 })
 }
 
 // sleepModel waits d of model time.
