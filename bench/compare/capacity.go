@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
@@ -66,8 +67,11 @@ type CapacityOptions struct {
 
 // CapacityStep is one measured load: client-side latencies in model time.
 type CapacityStep struct {
-	Label       string  `json:"label"`
-	QPS         float64 `json:"qps"`
+	Label string  `json:"label"`
+	QPS   float64 `json:"qps"`
+	// Streams is a closed loop's requests kept in flight (closedStep); 0
+	// for a step of arrivals at QPS.
+	Streams     int     `json:"streams,omitempty"`
 	Requests    int     `json:"requests"`
 	Errors      int     `json:"errors"`
 	TTFTP95ms   float64 `json:"ttft_p95_ms"`
@@ -180,8 +184,9 @@ type capacityRun struct {
 }
 
 // RunCapacity runs the proof: the true capacity by a ladder, the quote on
-// the idle fleet and the load it promises (1x and 1.25x), the same with the
-// fleet half loaded, and the quote after one replica is lost.
+// the idle fleet and the load it promises (1x and 1.25x, its rate as
+// arrivals and its concurrency as streams), the same with the fleet half
+// loaded, and the quote after one replica is lost.
 func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error) {
 	o = o.WithDefaults()
 	var trace []TraceRecord
@@ -284,6 +289,14 @@ func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error
 	for _, k := range []float64{0.5, 1, 1.25} {
 		st := r.step(ctx, fmt.Sprintf("%.2fx idle quote", k), r.qpsOf(idle.TokensPerS*k), 0)
 		r.rep.Checks = append(r.rep.Checks, st)
+	}
+	// The quoted concurrency, held by a client keeping that many streams
+	// open: arrivals at the quoted rate hold fewer in flight.
+	for _, k := range []float64{1, 1.25} {
+		if n := int(math.Round(idle.Concurrency * k)); n > 0 {
+			r.idle(ctx)
+			r.rep.Checks = append(r.rep.Checks, r.closedStep(ctx, fmt.Sprintf("%.2fx quoted concurrency", k), n))
+		}
 	}
 	// Half loaded: a background at half the true capacity, the quote read
 	// under it, then the background plus the quoted headroom.
@@ -648,35 +661,90 @@ func (r *capacityRun) stepFor(ctx context.Context, label string, qps float64, d 
 
 // stepResults is stepFor with every request's result.
 func (r *capacityRun) stepResults(ctx context.Context, label string, qps float64, d time.Duration, stream int) (CapacityStep, []*result) {
+	w := r.stepWorkload(qps, d, stream)
+	polled := r.pollDuring(ctx)
+	res := replay(ctx, r.c, w, r.o.Base.MaxInFlight, r.o.Base.RequestTimeout, nil)
+	st := r.measure(label, res, startOf(res), time.Duration(float64(d)/r.timeScale()), polled())
+	st.QPS = qps
+	r.logStep(st)
+	return st, res
+}
+
+// stepWorkload is a step's requests: qps (model time) for d (model time).
+func (r *capacityRun) stepWorkload(qps float64, d time.Duration, stream int) *Workload {
 	o := r.o.Base
 	// Every step sends the same prompts (one content seed), so the fleet's
 	// caches are in the steady state the ladder measured, whatever stream
 	// or step a request belongs to; arrivals and choices differ.
 	o.Workload.SharedPrefix.ContentSeed = r.o.Base.Seed + 1
 	o.Seed = r.seed.Add(1)*7919 + int64(stream)
-	var w *Workload
 	if r.trace != nil {
-		w = r.traceStep(o, qps, d)
-	} else {
-		o.Workload.SharedPrefix.QPS = []float64{qps}
-		o.Workload.SharedPrefix.StageDuration = d
-		o.Workload.SharedPrefix.StageDurations = nil
-		o.Workload.SharedPrefix.WarmupStages = 0
-		w = sharedPrefix(o)
+		return r.traceStep(o, qps, d)
 	}
-	pctx, stopPoll := context.WithCancel(ctx)
-	polled := make(chan []engineLoad, 1)
-	go func() { polled <- r.pollLoad(pctx) }()
-	res := replay(ctx, r.c, w, o.MaxInFlight, o.RequestTimeout, nil)
-	stopPoll()
-	loads := <-polled
+	o.Workload.SharedPrefix.QPS = []float64{qps}
+	o.Workload.SharedPrefix.StageDuration = d
+	o.Workload.SharedPrefix.StageDurations = nil
+	o.Workload.SharedPrefix.WarmupStages = 0
+	return sharedPrefix(o)
+}
+
+// closedStep keeps n requests in flight for StageDuration (model time),
+// each stream sending its next request as its last one ends: the load a
+// client holding n streams offers, which tests a quote's concurrency as
+// an open stream of arrivals at its rate does not (at the rate, fewer are
+// in flight). The requests are a step's mix at twice the rate Little's
+// law gives n at the true capacity's latency: more than the streams send,
+// and started over should they send them all, as a request sent again
+// finds its prompt cached.
+func (r *capacityRun) closedStep(ctx context.Context, label string, n int) CapacityStep {
+	d := r.o.StageDuration
+	qps := 2 * float64(n)
+	if t := r.rep.True; t.Concurrency > 0 && t.QPS > 0 {
+		qps *= t.QPS / t.Concurrency
+	}
+	w := r.stepWorkload(qps, d, 3)
+	polled := r.pollDuring(ctx)
+	wall := time.Duration(float64(d) / r.timeScale())
+	start := time.Now()
+	end := start.Add(wall)
+	var (
+		next atomic.Int64
+		mu   sync.Mutex
+		res  []*result
+		wg   sync.WaitGroup
+	)
+	for range n {
+		wg.Go(func() {
+			for ctx.Err() == nil && time.Now().Before(end) {
+				req := &w.Requests[int(next.Add(1)-1)%len(w.Requests)]
+				rctx, cancel := context.WithTimeout(ctx, r.o.Base.RequestTimeout)
+				x := r.c.completion(rctx, req)
+				cancel()
+				mu.Lock()
+				res = append(res, x)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	st := r.measure(label, res, start, wall, polled())
+	st.Streams = n
+	st.QPS = float64(st.Requests) / ((wall - wall/5).Seconds() * r.timeScale())
+	r.logStep(st)
+	return st
+}
+
+// measure is the step of the requests res sent over the wall time from
+// start to start+d: those that began after the first fifth, when queues
+// have formed, against the objectives, and the engines' load over the
+// same time from loads.
+func (r *capacityRun) measure(label string, res []*result, start time.Time, d time.Duration, loads []engineLoad) CapacityStep {
 	scale := r.timeScale()
-	skip := time.Duration(float64(d) / scale / 5)
-	st := CapacityStep{Label: label, QPS: qps}
+	skip := d / 5
+	st := CapacityStep{Label: label}
 	var ttft, itl []time.Duration
 	var out int
 	var inflight time.Duration
-	start := startOf(res)
 	for _, x := range res {
 		if x.Start.IsZero() || x.Start.Sub(start) < skip {
 			continue
@@ -694,20 +762,23 @@ func (r *capacityRun) stepResults(ctx context.Context, label string, qps float64
 	// Rates are over the measured arrivals' window: a step the fleet keeps
 	// up with serves what arrives, and one it does not shows in its
 	// latencies.
-	if window := (time.Duration(float64(d)/scale) - skip).Seconds(); window > 0 {
+	if window := (d - skip).Seconds(); window > 0 {
 		st.OutputTokPS = float64(out) / (window * scale)
 		st.Concurrency = inflight.Seconds() / window
 	}
-	st.Running, st.Waiting, st.PrefixHitRate = engineMeans(loads, start.Add(skip), start.Add(time.Duration(float64(d)/scale)))
+	st.Running, st.Waiting, st.PrefixHitRate = engineMeans(loads, start.Add(skip), start.Add(d))
 	st.TTFTP95ms = stat.Percentile(stat.SortedMillis(ttft, scale), 95)
 	st.ITLP95ms = stat.Percentile(stat.SortedMillis(itl, scale), 95)
 	st.Within = st.Requests > 0 && st.Errors == 0 &&
 		st.TTFTP95ms <= float64(r.o.Objectives.TTFT)/float64(time.Millisecond) &&
 		st.ITLP95ms <= float64(r.o.Objectives.ITL)/float64(time.Millisecond)
-	r.log.Info("capacity step", zap.String("label", label), zap.Float64("qps", qps), zap.Int("requests", st.Requests),
-		zap.Float64("ttft_p95_ms", st.TTFTP95ms), zap.Float64("itl_p95_ms", st.ITLP95ms),
+	return st
+}
+
+func (r *capacityRun) logStep(st CapacityStep) {
+	r.log.Info("capacity step", zap.String("label", st.Label), zap.Float64("qps", st.QPS), zap.Int("streams", st.Streams),
+		zap.Int("requests", st.Requests), zap.Float64("ttft_p95_ms", st.TTFTP95ms), zap.Float64("itl_p95_ms", st.ITLP95ms),
 		zap.Float64("tok_per_s", st.OutputTokPS), zap.Float64("concurrency", st.Concurrency), zap.Bool("within", st.Within))
-	return st, res
 }
 
 // outputRate is the output tokens per second of wall time that res
@@ -793,6 +864,18 @@ type engineLoad struct {
 	at               time.Time
 	running, waiting float64
 	prompt, hits     float64
+}
+
+// pollDuring polls the EPP's snapshot (pollLoad) until the function it
+// returns is called, which returns the polls.
+func (r *capacityRun) pollDuring(ctx context.Context) func() []engineLoad {
+	pctx, stop := context.WithCancel(ctx)
+	polled := make(chan []engineLoad, 1)
+	go func() { polled <- r.pollLoad(pctx) }()
+	return func() []engineLoad {
+		stop()
+		return <-polled
+	}
 }
 
 // pollLoad reads the EPP's snapshot once a scrape until ctx ends.
@@ -903,8 +986,10 @@ type Verdicts struct {
 	// capacity (tokens/s; mean concurrency).
 	IdleTokens, IdleConcurrency float64
 	// AtQuote and Over are whether the objectives held at 1.00x the idle
-	// quote and broke at 1.25x.
-	AtQuote, Over bool
+	// quote and broke at 1.25x: its rate offered as arrivals, and its
+	// concurrency as streams kept open (AtQuote needs both to hold;
+	// ConcurrencyOver is the streams' 1.25x breaking).
+	AtQuote, Over, ConcurrencyOver bool
 	// HalfTokens is the half-loaded quote over the true capacity minus the
 	// background's rate over the span the quote read it over;
 	// HalfAtQuote whether background plus quote held the objectives.
@@ -943,9 +1028,15 @@ func (r *CapacityReport) Verdicts() Verdicts {
 	}
 	if c := check("1.00x idle quote"); c != nil {
 		v.AtQuote = c.Within
+		if c := check("1.00x quoted concurrency"); c != nil {
+			v.AtQuote = v.AtQuote && c.Within
+		}
 	}
 	if c := check("1.25x idle quote"); c != nil {
 		v.Over = !c.Within
+	}
+	if c := check("1.25x quoted concurrency"); c != nil {
+		v.ConcurrencyOver = !c.Within
 	}
 	if q := quote("half loaded"); q != nil {
 		v.HalfTokens = ratio(q.TokensPerS, r.True.OutputTokPS-r.HalfLoadAtQuote)
@@ -964,9 +1055,13 @@ func (r *CapacityReport) WriteTable(w io.Writer) error {
 	if c := r.Calibration; c != nil {
 		fmt.Fprintf(tw, "calibration: %.1f concurrency, %.0f tok/s per replica (wall), limit %s\n", c.Concurrency, c.OutputTokensPerSec, c.Limit)
 	}
-	fmt.Fprintln(tw, "step\tQPS\trequests\terrors\tTTFT p95 ms\tITL p95 ms\tout tok/s\tconcurrency\trunning\twaiting\tprefix hits\twithin\t")
+	fmt.Fprintln(tw, "step\tQPS\tstreams\trequests\terrors\tTTFT p95 ms\tITL p95 ms\tout tok/s\tconcurrency\trunning\twaiting\tprefix hits\twithin\t")
 	row := func(s CapacityStep) {
-		fmt.Fprintf(tw, "%s\t%.2f\t%d\t%d\t%.0f\t%.1f\t%.0f\t%.1f\t%.1f\t%.1f\t%.3f\t%v\t\n", s.Label, s.QPS, s.Requests, s.Errors,
+		streams := ""
+		if s.Streams > 0 {
+			streams = strconv.Itoa(s.Streams)
+		}
+		fmt.Fprintf(tw, "%s\t%.2f\t%s\t%d\t%d\t%.0f\t%.1f\t%.0f\t%.1f\t%.1f\t%.1f\t%.3f\t%v\t\n", s.Label, s.QPS, streams, s.Requests, s.Errors,
 			s.TTFTP95ms, s.ITLP95ms, s.OutputTokPS, s.Concurrency, s.Running, s.Waiting, s.PrefixHitRate, s.Within)
 	}
 	for _, s := range r.Ladder {
@@ -974,7 +1069,7 @@ func (r *CapacityReport) WriteTable(w io.Writer) error {
 	}
 	row(r.True)
 	row(r.HalfLoad)
-	fmt.Fprintf(tw, "half load, output over the %v before the quote\t\t\t\t\t\t%.0f\t\t\t\t\t\t\n", capacity.RateSpan, r.HalfLoadAtQuote)
+	fmt.Fprintf(tw, "half load, output over the %v before the quote\t\t\t\t\t\t\t%.0f\t\t\t\t\t\t\n", capacity.RateSpan, r.HalfLoadAtQuote)
 	for _, s := range r.Checks {
 		row(s)
 	}
@@ -989,6 +1084,7 @@ func (r *CapacityReport) WriteTable(w io.Writer) error {
 	fmt.Fprintf(tw, "idle quote / true capacity, concurrency\t%.3f\t0.90-1.00\t\n", v.IdleConcurrency)
 	fmt.Fprintf(tw, "objectives hold at 1.00x quote\t%v\ttrue\t\n", v.AtQuote)
 	fmt.Fprintf(tw, "an objective breaks at 1.25x quote\t%v\ttrue\t\n", v.Over)
+	fmt.Fprintf(tw, "an objective breaks at 1.25x quoted concurrency (streams)\t%v\ttrue\t\n", v.ConcurrencyOver)
 	fmt.Fprintf(tw, "half-loaded quote / (true - background), tok/s\t%.3f\t0.90-1.10\t\n", v.HalfTokens)
 	fmt.Fprintf(tw, "objectives hold at background + quote\t%v\ttrue\t\n", v.HalfAtQuote)
 	fmt.Fprintf(tw, "quote after a replica is lost / (quote before) x (n-1)/n\t%.3f\t0.90-1.10\t\n", v.LostTokens)

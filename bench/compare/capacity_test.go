@@ -105,16 +105,22 @@ func TestCapacityVerdicts(t *testing.T) {
 		Quotes: []CapacityQuote{{Label: "idle", TokensPerS: 1425, Concurrency: 38}, {Label: "half loaded", TokensPerS: 700},
 			{Label: "idle, before the loss", TokensPerS: 1400}, {Label: "one replica lost", TokensPerS: 1050}},
 		Checks: []CapacityStep{{Label: "0.50x idle quote", Within: true}, {Label: "1.00x idle quote", Within: true},
-			{Label: "1.25x idle quote", Within: false}, {Label: "half load + 1.00x quote", Within: true}}}
+			{Label: "1.25x idle quote", Within: false}, {Label: "half load + 1.00x quote", Within: true},
+			{Label: "1.00x quoted concurrency", Streams: 38, Within: true}, {Label: "1.25x quoted concurrency", Streams: 48, Within: false}}}
 	v := r.Verdicts()
 	require.InDelta(t, 0.95, v.IdleTokens, 1e-9)
 	require.InDelta(t, 0.95, v.IdleConcurrency, 1e-9)
 	require.True(t, v.AtQuote)
 	require.True(t, v.Over)
+	require.True(t, v.ConcurrencyOver)
 	require.InDelta(t, 700.0/750, v.HalfTokens, 1e-9, "the load the quote read, not the step's mean")
 	require.True(t, v.HalfAtQuote)
 	require.InDelta(t, 1.0, v.LostTokens, 1e-9)
 	require.True(t, math.IsNaN((&CapacityReport{}).Verdicts().IdleTokens))
+	// The quote holds only if both its rate and its streams do.
+	r.Checks[4].Within = false
+	require.False(t, r.Verdicts().AtQuote)
+	r.Checks[4].Within = true
 
 	var b bytes.Buffer
 	require.NoError(t, r.WriteHTML(&b))
@@ -247,4 +253,31 @@ func TestEngineMeans(t *testing.T) {
 			require.InDelta(t, tc.hits, h, 1e-9)
 		})
 	}
+}
+
+// A closed loop keeps its streams busy and never more than them: its
+// requests' summed latency over the window is about the streams, and the
+// engines never count more requests than there are streams.
+func TestCapacityClosedStep(t *testing.T) {
+	ctx := context.Background()
+	o := CapacityOptions{Base: smallOptions(t), StageDuration: 8 * time.Second}.WithDefaults()
+	sp := o.Base.Workload.SharedPrefix
+	f, err := startFleet(ctx, o.Base.Fleet, o.Base.Seed, sp.SystemPromptLen+sp.QuestionLen+sp.OutputLen, o.Base.Log)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, f.Stop()) }()
+	target, err := EPPLauncher(o.Base.Log, ExternalOptions{})(ctx, "precise", f.Endpoints(), 1)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, target.Close()) }()
+	r := &capacityRun{o: o, log: o.Base.Log, rep: &CapacityReport{True: CapacityStep{QPS: 20, Concurrency: 4}}, f: f, t: target.(*eppTarget)}
+	r.c = newClient(r.t.URL(), f.Endpoints()[0].Model)
+	defer r.c.close()
+
+	const n = 3
+	st := r.closedStep(ctx, "closed", n)
+	require.Equal(t, n, st.Streams)
+	require.Zero(t, st.Errors)
+	require.Greater(t, st.Requests, 10)
+	require.InDelta(t, n, st.Concurrency, 0.5*n)
+	require.LessOrEqual(t, st.Running+st.Waiting, float64(n))
+	require.InDelta(t, float64(st.Requests)/(0.8*o.StageDuration.Seconds()), st.QPS, 1e-9)
 }
