@@ -208,7 +208,7 @@ func busy(r capacity.Replica) float64 {
 	engine := max(r.Running+r.Waiting, 0)
 	load := finite(r.Load)
 	if load == 0 {
-		return float64(max(engine, r.InFlight, 0))
+		return float64(max(engine, r.InFlight))
 	}
 	return load + float64(max(r.InFlight-engine, 0))
 }

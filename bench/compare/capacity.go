@@ -729,7 +729,7 @@ func (r *capacityRun) closedStep(ctx context.Context, label string, n int) Capac
 	wg.Wait()
 	st := r.measure(label, res, start, wall, polled())
 	st.Streams = n
-	st.QPS = float64(st.Requests) / ((wall - wall/5).Seconds() * r.timeScale())
+	st.QPS = float64(st.Requests) / (measuredSpan(wall).Seconds() * r.timeScale())
 	r.logStep(st)
 	return st
 }
@@ -740,7 +740,7 @@ func (r *capacityRun) closedStep(ctx context.Context, label string, n int) Capac
 // same time from loads.
 func (r *capacityRun) measure(label string, res []*result, start time.Time, d time.Duration, loads []engineLoad) CapacityStep {
 	scale := r.timeScale()
-	skip := d / 5
+	skip := d - measuredSpan(d)
 	st := CapacityStep{Label: label}
 	var ttft, itl []time.Duration
 	var out int
@@ -762,7 +762,7 @@ func (r *capacityRun) measure(label string, res []*result, start time.Time, d ti
 	// Rates are over the measured arrivals' window: a step the fleet keeps
 	// up with serves what arrives, and one it does not shows in its
 	// latencies.
-	if window := (d - skip).Seconds(); window > 0 {
+	if window := measuredSpan(d).Seconds(); window > 0 {
 		st.OutputTokPS = float64(out) / (window * scale)
 		st.Concurrency = inflight.Seconds() / window
 	}
@@ -774,6 +774,10 @@ func (r *capacityRun) measure(label string, res []*result, start time.Time, d ti
 		st.ITLP95ms <= float64(r.o.Objectives.ITL)/float64(time.Millisecond)
 	return st
 }
+
+// measuredSpan is the part of a step of length d that measure counts:
+// all but its first fifth.
+func measuredSpan(d time.Duration) time.Duration { return d - d/5 }
 
 func (r *capacityRun) logStep(st CapacityStep) {
 	r.log.Info("capacity step", zap.String("label", st.Label), zap.Float64("qps", st.QPS), zap.Int("streams", st.Streams),
