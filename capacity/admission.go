@@ -86,7 +86,8 @@ func (c Curve) AtAdmitted(o Objectives, adm *Admission, pool int) (AtObjectives,
 	return at, nil
 }
 
-// admit bounds the capacity by where the EPP queues.
+// admit bounds the capacity by where the EPP queues. A client keeping
+// streams open meets that queue only past the crossing itself (Streams).
 func (a *AtObjectives) admit(c Curve, adm Admission, q float64, pool int) {
 	bins := c.pooled()
 	conc, tps, ok := admissionBound(bins, adm)
@@ -94,6 +95,7 @@ func (a *AtObjectives) admit(c Curve, adm Admission, q float64, pool int) {
 		return
 	}
 	a.AdmissionBoundConcurrency, a.AdmissionBoundTokensPerSec = conc, tps
+	a.Streams = min(a.Streams, conc)
 	mean := AdmittedLoad(conc, pool, q)
 	if a.Concurrency <= mean {
 		// The EPP seldom queues at the objectives' load.

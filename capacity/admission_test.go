@@ -171,6 +171,38 @@ func TestAtAdmitted(t *testing.T) {
 	require.ErrorIs(t, err, ErrNoData)
 }
 
+// A client keeping streams open holds the load the objectives allow, up
+// to where the EPP starts to queue.
+func TestAtAdmittedStreams(t *testing.T) {
+	// Every load measured holds the objectives; the queue reaches 3.4
+	// (0.85 of a target of 4) at 8 requests.
+	var bins []Bin
+	for _, c := range []float64{4, 8, 12, 16, 20, 24} {
+		b := testBin(c, 1, 1, 10*c, 400)
+		b.Waiting = 3.4 * c / 8
+		bins = append(bins, b)
+	}
+	c := testCurve(bins...)
+	adm := &Admission{TargetWaiting: 4, KVCeiling: 0.9, Ceiling: 0.85}
+	free, err := c.At(testObjectives)
+	require.NoError(t, err)
+	require.Greater(t, free.Concurrency, 8.0)
+	require.Equal(t, free.Concurrency, free.Streams, "nothing queues and nothing bounds the load held")
+
+	got, err := c.AtAdmitted(testObjectives, adm, 4)
+	require.NoError(t, err)
+	require.InDelta(t, 8, got.Streams, 1e-9, "the crossing itself")
+	require.Less(t, got.Concurrency, 8.0, "arrivals from many clients reach it sooner")
+
+	// The load arrivals hold at the rate (here half the engine's) bounds
+	// Concurrency, not Streams: a closed loop does not bunch.
+	c.Sustained = []SustainedBin{{Concurrency: 4, OutputTokensPerSec: 80, Seconds: 100, Spans: 1}}
+	got, err = c.At(testObjectives)
+	require.NoError(t, err)
+	require.InDelta(t, free.Streams, got.Streams, 1e-9)
+	require.InDelta(t, got.Streams/2, got.Concurrency, 1e-9)
+}
+
 // BenchmarkAdmittedLoad reads one replica's admitted load in pools of the
 // demo's size and of 400 replicas; a quote reads it once per replica.
 func BenchmarkAdmittedLoad(b *testing.B) {

@@ -586,6 +586,20 @@ type AtObjectives struct {
 	// HeldConcurrency is the load the engine held over its sustained spans
 	// at OutputTokensPerSec (Curve.heldAt), when any were measured.
 	HeldConcurrency float64 `json:"held_concurrency,omitempty"`
+	// Streams is how many requests a client may keep in flight at once,
+	// each sent as the last ends, within the objectives: the load the
+	// engine holds there before the held bound, at most the load at
+	// which the EPP starts to queue (AdmissionBoundConcurrency, read by
+	// Curve.AtAdmitted). Arrivals from many independent clients at
+	// OutputTokensPerSec hold fewer (Concurrency): they bunch, and the
+	// engine must keep room for their bursts, where a client holding its
+	// streams open never sends more than them. Past the crossing its
+	// further requests wait in the EPP's queue, and that wait is not sold:
+	// a saturated pool serves fewer requests a second than at the crossing
+	// (on a demo proof, 38 to 41 QPS with 81 to 98 streams against 54 at
+	// 65, its prefix hits down from 0.89 to 0.69 to 0.72), so the rate at
+	// the crossing does not say how long the queue takes to drain.
+	Streams float64 `json:"streams"`
 }
 
 // lower scales the capacity down to bound output tokens per second, the
@@ -762,6 +776,7 @@ func (c Curve) atObjectives(o Objectives) (AtObjectives, error) {
 		out.StallBoundTokensPerSec = bound
 		out.lower(bound, LimitStall)
 	}
+	out.Streams = out.Concurrency
 	return out, nil
 }
 

@@ -15,10 +15,11 @@ import (
 // window's load is as often a queue forming or draining as a load the
 // traffic holds. Read at the objectives, they say how much load an engine
 // can hold for a moment; an open stream of arrivals at the rate that
-// load produces does not stay there but queues. A quote's concurrency
-// promises how many requests may be in flight at the quoted rate, which is
-// what the engine held over spans long enough for those moments to come
-// and go (Curve.heldAt). On a demo capacity proof the windows read 18
+// load produces does not stay there but queues. How many requests such
+// arrivals keep in flight at a rate is what the engine held over spans
+// long enough for those moments to come and go (Curve.heldAt): the
+// capacity's Concurrency, where Streams is what a client holding its
+// requests open may hold. On a demo capacity proof the windows read 18
 // requests a replica at the rate the fleet served, in the open ladder,
 // with 14.
 type SustainedBin struct {

@@ -77,8 +77,11 @@ type Assessment struct {
 	// load now.
 	Concurrency        float64 `json:"concurrency"`
 	OutputTokensPerSec float64 `json:"output_tokens_per_sec"`
-	Busy               float64 `json:"busy"`
-	BusyTokensPerSec   float64 `json:"busy_tokens_per_sec"`
+	// Streams is the sum of the replicas' capacity.AtObjectives.Streams:
+	// the requests a client may keep in flight within the objectives.
+	Streams          float64 `json:"streams"`
+	Busy             float64 `json:"busy"`
+	BusyTokensPerSec float64 `json:"busy_tokens_per_sec"`
 }
 
 // ReplicaAssessment is one replica's share of an Assessment.
@@ -103,18 +106,26 @@ type ReplicaAssessment struct {
 //	capacity     = its curve (live, over the calibration where live has
 //	               too little) read at the objectives, within its prefill
 //	               bound for the current mix and the load at which the
-//	               healthy replicas seldom meet the EPP's queue, its
-//	               concurrency at most the load it held at that rate,
-//	               capped at max_running
+//	               healthy replicas seldom meet the EPP's queue, capped
+//	               at max_running
+//	streams      = the requests a client may keep in flight there: the
+//	               load the engine holds within the objectives, at most
+//	               the load at which the EPP starts to queue
+//	               (AtObjectives.Streams), capped at max_running
 //	busy         = requests in the engine, mean of the last 30 s,
 //	               + max(0, in_flight - running - waiting)
 //	load         = output tokens/s of the last 30 s
 //
-// and over the replicas with a capacity, C, T, B and L the sums of
-// capacity.concurrency, capacity.tokens/s, busy and load:
+// and over the replicas with a capacity, S, T, B and L the sums of
+// streams, capacity.tokens/s, busy and load:
 //
-//	concurrency  = max(0, C - B)
-//	tokens/s     = max(0, min(T - L, T * concurrency / C))
+//	concurrency  = max(0, S - B)
+//	tokens/s     = max(0, min(T - L, T * concurrency / S))
+//
+// The concurrency is what a client holding its requests open may hold;
+// arrivals from many independent clients at the quoted rate hold fewer
+// (capacity.concurrency, the load the engines held at that rate), and
+// the rate is what bounds them.
 //
 // rounded down. A replica with an open breaker or stale metrics
 // contributes nothing; one with no curve either (nothing measured, no
@@ -181,23 +192,27 @@ func ComputeHeadroom(m capacity.Model, cal *capacity.Calibration, o capacity.Obj
 				ra.Why = "no capacity measured: " + err.Error()
 				break
 			}
-			if r.MaxRunning > 0 && at.Concurrency > float64(r.MaxRunning) {
-				f := float64(r.MaxRunning) / at.Concurrency
-				at.OutputTokensPerSec *= f
-				at.PromptTokensPerSec *= f
-				at.Concurrency = float64(r.MaxRunning)
+			if m := float64(r.MaxRunning); m > 0 {
+				if at.Concurrency > m {
+					f := m / at.Concurrency
+					at.OutputTokensPerSec *= f
+					at.PromptTokensPerSec *= f
+					at.Concurrency = m
+				}
+				at.Streams = min(at.Streams, m)
 			}
 			ra.Capacity, ra.Source = at, source
 			a.Concurrency += at.Concurrency
+			a.Streams += at.Streams
 			a.OutputTokensPerSec += at.OutputTokensPerSec
 			a.Busy += ra.Busy
 			a.BusyTokensPerSec += finite(r.OutputTokensPerSec)
 		}
 		a.Replicas = append(a.Replicas, ra)
 	}
-	conc, tps := finite(a.Concurrency-a.Busy), 0.0
+	conc, tps := finite(a.Streams-a.Busy), 0.0
 	if conc > 0 {
-		tps = finite(min(a.OutputTokensPerSec-a.BusyTokensPerSec, a.OutputTokensPerSec*conc/a.Concurrency))
+		tps = finite(min(a.OutputTokensPerSec-a.BusyTokensPerSec, a.OutputTokensPerSec*conc/a.Streams))
 	}
 	return Headroom{Concurrency: uint32(min(math.Floor(conc), math.MaxUint32)),
 		TokensPerSec: uint64(min(math.Floor(tps), float64(math.MaxInt64)))}, a

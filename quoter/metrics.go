@@ -51,7 +51,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		healthCheckFails: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "omnious_quoter_health_check_failures_total",
 			Help: "Failed health checks by reason."}, []string{"reason"}),
 		capacityConc: prometheus.NewGauge(prometheus.GaugeOpts{Name: "omnious_quoter_capacity_concurrency",
-			Help: "Requests (running or waiting in the engines) the healthy replicas can hold within the latency objectives, at the last quote."}),
+			Help: "Requests a client may keep in flight on the healthy replicas within the latency objectives, at the last quote."}),
 		capacityTPS: prometheus.NewGauge(prometheus.GaugeOpts{Name: "omnious_quoter_capacity_tokens_per_second",
 			Help: "Output tokens/s the healthy replicas can serve within the latency objectives, at the last quote."}),
 		calibrated: prometheus.NewGauge(prometheus.GaugeOpts{Name: "omnious_quoter_calibration_loaded",

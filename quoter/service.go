@@ -403,7 +403,7 @@ func (s *Service) sign(snap capacity.Snapshot) (*SignedQuote, error) {
 	s.mu.Lock()
 	s.assessment = a
 	s.mu.Unlock()
-	s.m.capacityConc.Set(a.Concurrency)
+	s.m.capacityConc.Set(a.Streams)
 	s.m.capacityTPS.Set(a.OutputTokensPerSec)
 	seq, err := s.seq.Next(s.addr, s.cfg.Model)
 	if err != nil {

@@ -217,8 +217,8 @@ func TestBreakerAgainstSimulator(t *testing.T) {
 	require.NoError(t, err)
 	// What the curve holds within the objectives minus the 2 running and
 	// the 100 tokens/s the snapshot shows.
-	require.Equal(t, strconv.Itoa(int(at.Concurrency-2)), served.Message.HeadroomConcurrency)
-	require.Equal(t, strconv.Itoa(int(min(at.OutputTokensPerSec-100, at.OutputTokensPerSec*(at.Concurrency-2)/at.Concurrency))),
+	require.Equal(t, strconv.Itoa(int(at.Streams-2)), served.Message.HeadroomConcurrency)
+	require.Equal(t, strconv.Itoa(int(min(at.OutputTokensPerSec-100, at.OutputTokensPerSec*(at.Streams-2)/at.Streams))),
 		served.Message.HeadroomTokensPerSec)
 	require.Equal(t, EndpointHash(env.servingURL).Hex(), served.Message.EndpointHash)
 	require.Equal(t, "210000", served.Message.InputPricePerMTok)

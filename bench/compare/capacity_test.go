@@ -98,9 +98,40 @@ func TestCapacityLadder(t *testing.T) {
 	}
 }
 
+// The streams ladder on a fleet whose p95 ITL is 1 ms a stream: the
+// objective (50 ms) breaks past 50 streams.
+func TestCapacityStreamsLadder(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		start float64
+		steps []int
+	}{
+		{"up from a hold", 20, []int{20, 30, 45, 68, 56, 50, 53}},
+		{"down from a break", 90, []int{90, 60, 40, 50, 55, 52}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &capacityRun{o: CapacityOptions{Objectives: capacity.Objectives{TTFT: 2 * time.Second, ITL: 50 * time.Millisecond,
+				Quantile: 0.95}}, rep: &CapacityReport{True: CapacityStep{Concurrency: tc.start}},
+				streamProbe: func(n int) CapacityStep {
+					return CapacityStep{Streams: n, Requests: 100, TTFTP95ms: 100, ITLP95ms: float64(n), Within: n <= 50}
+				}}
+			require.NoError(t, r.streamsLadder(context.Background()))
+			var steps []int
+			for _, st := range r.rep.StreamsLadder {
+				steps = append(steps, st.Streams)
+			}
+			require.Equal(t, tc.steps, steps)
+			require.InDelta(t, 50, r.rep.TrueStreams, 1e-9, "read where the bracket crosses the objective")
+		})
+	}
+	r := &capacityRun{rep: &CapacityReport{True: CapacityStep{Concurrency: 3}},
+		streamProbe: func(n int) CapacityStep { return CapacityStep{Streams: n, Requests: 1, Errors: 1} }}
+	require.ErrorContains(t, r.streamsLadder(context.Background()), "one stream")
+}
+
 func TestCapacityVerdicts(t *testing.T) {
 	r := &CapacityReport{Replicas: 4, Objectives: capacity.ObjectivesJSON{TTFTSeconds: 2, ITLSeconds: 0.05, Quantile: 0.95},
-		True:     CapacityStep{QPS: 30, OutputTokPS: 1500, Concurrency: 40},
+		True: CapacityStep{QPS: 30, OutputTokPS: 1500, Concurrency: 30}, TrueStreams: 40,
 		HalfLoad: CapacityStep{OutputTokPS: 900, Within: true}, HalfLoadAtQuote: 750,
 		Quotes: []CapacityQuote{{Label: "idle", TokensPerS: 1425, Concurrency: 38}, {Label: "half loaded", TokensPerS: 700},
 			{Label: "idle, before the loss", TokensPerS: 1400}, {Label: "one replica lost", TokensPerS: 1050}},
@@ -109,7 +140,7 @@ func TestCapacityVerdicts(t *testing.T) {
 			{Label: "1.00x quoted concurrency", Streams: 38, Within: true}, {Label: "1.25x quoted concurrency", Streams: 48, Within: false}}}
 	v := r.Verdicts()
 	require.InDelta(t, 0.95, v.IdleTokens, 1e-9)
-	require.InDelta(t, 0.95, v.IdleConcurrency, 1e-9)
+	require.InDelta(t, 0.95, v.IdleConcurrency, 1e-9, "over the streams held, not the arrivals' in flight")
 	require.True(t, v.AtQuote)
 	require.True(t, v.Over)
 	require.True(t, v.ConcurrencyOver)
