@@ -635,10 +635,7 @@ func (r *capacityRun) streamsLadder(ctx context.Context) error {
 			hi = st
 		}
 	}
-	r.rep.TrueStreams = float64(lo.Streams)
-	if l, h := r.loadOf(lo), r.loadOf(hi); h < 1e9 && h > l {
-		r.rep.TrueStreams += float64(hi.Streams-lo.Streams) * (1 - l) / (h - l)
-	}
+	r.rep.TrueStreams = float64(lo.Streams) + float64(hi.Streams-lo.Streams)*crossing(r.loadOf(lo), r.loadOf(hi))
 	return nil
 }
 
@@ -648,13 +645,26 @@ const streamsResolution = 0.06
 
 // loadOf is how far a step is from its objectives: its p95 over its
 // objective, the worse of the two, 1 at the edge; an errored step is past
-// any objective.
+// any objective (pastAny).
 func (r *capacityRun) loadOf(s CapacityStep) float64 {
 	l := max(s.TTFTP95ms/msOf(r.o.Objectives.TTFT), s.ITLP95ms/msOf(r.o.Objectives.ITL))
 	if s.Errors > 0 || math.IsNaN(l) {
-		return 1e9
+		return pastAny
 	}
 	return l
+}
+
+// pastAny is the load of a step with nothing to read (errors, no requests).
+const pastAny = 1e9
+
+// crossing is how far from a step of load l to one of load h (l <= 1 < h)
+// the load reaches 1, read linearly; 0 when h is pastAny, which says
+// nothing of where between them the objectives broke.
+func crossing(l, h float64) float64 {
+	if h >= pastAny || h <= l {
+		return 0
+	}
+	return (1 - l) / (h - l)
 }
 
 // ladderFit is the ladder's rates in order, each the median of its steps
@@ -712,10 +722,7 @@ func (r *capacityRun) edge() CapacityStep {
 	for i := 1; i < len(steps); i++ {
 		if load[i-1] <= 1 && load[i] > 1 {
 			a, b := steps[i-1], steps[i]
-			x := 0.0
-			if load[i] < 1e9 {
-				x = (1 - load[i-1]) / (load[i] - load[i-1])
-			}
+			x := crossing(load[i-1], load[i])
 			at := func(u, v float64) float64 { return u + x*(v-u) }
 			qps := at(a.QPS, b.QPS)
 			return CapacityStep{Label: "true capacity (fit)", QPS: qps, OutputTokPS: a.OutputTokPS * qps / a.QPS,
