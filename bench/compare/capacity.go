@@ -48,12 +48,13 @@ type CapacityOptions struct {
 	StartQPS float64
 	Refine   int
 	// Confirm is how many times, once the bisection is done, the highest
-	// rate held is measured again (with a third step if the two disagree;
-	// where its majority breaks, the next rate held below it is, after one
-	// more bisection step). With Confirm above 0, a step that breaks is
-	// also measured again, and a third time if the two disagree. A rate's
-	// verdict is then its majority's: a 40 s step near the edge forms its
-	// queue or does not by chance. Default 2; 0 measures every rate once.
+	// rate (or number of streams) held is measured again (with a third
+	// step if the two disagree; where its majority breaks, the next one
+	// held below it is, after one more bisection step). With Confirm above
+	// 0, a step that breaks is also measured again, and a third time if
+	// the two disagree. A rung's verdict is then its majority's: a 40 s
+	// step near the edge forms its queue or does not by chance. Default 2;
+	// 0 measures every rung once.
 	Confirm *int
 	// SkipCalibration leaves out `quoter calibrate` (run by default before
 	// anything else, with the workload's mix; the quoter is given its
@@ -128,7 +129,7 @@ type CapacityReport struct {
 	True   CapacityStep   `json:"true"`
 	// StreamsLadder is the search for the most streams a closed loop keeps
 	// open within the objectives (streamsLadder); TrueStreams that number,
-	// read where the steps either side of it cross the objectives.
+	// read where the fit of its steps crosses the objectives.
 	StreamsLadder []CapacityStep `json:"streams_ladder"`
 	TrueStreams   float64        `json:"true_streams"`
 	// Quotes and Checks are the quotes read and the loads offered at them.
@@ -471,14 +472,55 @@ func (r *capacityRun) saveSnapshot(ctx context.Context, n int) error {
 // qpsOf is the request rate that asks for tps output tokens per second.
 func (r *capacityRun) qpsOf(tps float64) float64 { return tps / max(r.outLen, 1) }
 
+// rungs is one of the proof's two ladders: the rate of arrivals, or the
+// streams a client holds open. Both are searched, confirmed and fitted
+// the same way; they differ in what sets a step and how one is measured.
+type rungs struct {
+	steps *[]CapacityStep
+	// at is what set a step: its rate, or its streams.
+	at func(CapacityStep) float64
+	// measure measures one step at x.
+	measure func(ctx context.Context, label string, x float64) CapacityStep
+	// label is a step's label; unit formats a rung for an error.
+	label, unit string
+}
+
+// rates is the ladder of arrival rates.
+func (r *capacityRun) rates() rungs {
+	return rungs{steps: &r.rep.Ladder, label: "ladder", unit: "%.2f QPS",
+		at: func(s CapacityStep) float64 { return s.QPS },
+		measure: func(ctx context.Context, label string, qps float64) CapacityStep {
+			if r.probe != nil {
+				return r.probe(label, qps)
+			}
+			r.idle(ctx)
+			return r.step(ctx, label, qps, 0)
+		}}
+}
+
+// streams is the ladder of streams held open.
+func (r *capacityRun) streams() rungs {
+	return rungs{steps: &r.rep.StreamsLadder, label: "streams", unit: "%.0f streams",
+		at: func(s CapacityStep) float64 { return float64(s.Streams) },
+		measure: func(ctx context.Context, label string, x float64) CapacityStep {
+			n := int(math.Round(x))
+			if r.streamProbe != nil {
+				return r.streamProbe(n)
+			}
+			r.idle(ctx)
+			return r.closedStep(ctx, label, n)
+		}}
+}
+
 // ladder finds the highest rate whose steps hold the objectives. Every
 // step starts from a drained fleet: a step after one that broke would
 // otherwise begin with its queue and break for it.
 func (r *capacityRun) ladder(ctx context.Context) error {
+	l := r.rates()
 	var lo, hi float64
 	qps := r.o.StartQPS
 	for hi == 0 {
-		if r.holds(ctx, qps) {
+		if r.holds(ctx, l, qps) {
 			lo = qps
 			qps *= 2
 		} else {
@@ -495,7 +537,7 @@ func (r *capacityRun) ladder(ctx context.Context) error {
 		return fmt.Errorf("the fleet breaks the objectives at %.2f QPS already", hi)
 	}
 	bisect := func() {
-		if mid := (lo + hi) / 2; r.holds(ctx, mid) {
+		if mid := (lo + hi) / 2; r.holds(ctx, l, mid) {
 			lo = mid
 		} else {
 			hi = mid
@@ -504,42 +546,50 @@ func (r *capacityRun) ladder(ctx context.Context) error {
 	for range r.o.Refine {
 		bisect()
 	}
-	// The highest rate held is measured again: near the edge a step holds
-	// or breaks by chance (its queue forms or does not), and the edge is
-	// read from the rate's majority. Where it breaks, the bracket moves
-	// below it and is halved once more.
-	for range *r.o.Confirm {
-		if ctx.Err() != nil || r.majority(ctx, lo) {
-			break
-		}
-		below, ok := r.heldBelow(lo)
-		if !ok {
-			return fmt.Errorf("the fleet breaks the objectives at %.2f QPS already", lo)
-		}
-		hi, lo = lo, below.QPS
-		bisect()
+	if err := r.confirm(ctx, l, &lo, &hi, bisect); err != nil {
+		return err
 	}
 	r.rep.True = r.edge()
 	return ctx.Err()
 }
 
-// holds is whether the fleet holds the objectives at qps. With Confirm
-// set, a step that breaks is measured again, and a third time if the two
-// disagree: on the Mooncake mix one 16 QPS step broke (p95 ITL 359 ms)
-// where 17.8 QPS held later in the same run.
-func (r *capacityRun) holds(ctx context.Context, qps float64) bool {
-	if r.trial(ctx, "ladder", qps) {
-		return true
+// confirm measures the highest rung held, lo, again: near the edge a step
+// holds or breaks by chance (its queue forms or does not), and the edge
+// is read from the rung's majority. Where it breaks, the bracket moves
+// below it and bisect halves it once more.
+func (r *capacityRun) confirm(ctx context.Context, l rungs, lo, hi *float64, bisect func()) error {
+	for range *r.o.Confirm {
+		if ctx.Err() != nil || r.majority(ctx, l, *lo) {
+			return nil
+		}
+		below, ok := r.heldBelow(l, *lo)
+		if !ok {
+			return fmt.Errorf("the fleet breaks the objectives at "+l.unit+" already", *lo)
+		}
+		*hi, *lo = *lo, l.at(below)
+		bisect()
 	}
-	return *r.o.Confirm > 0 && r.majority(ctx, qps)
+	return nil
 }
 
-// majority measures qps again until two of its steps agree, and says
+// holds is whether the fleet holds the objectives at rung x. With Confirm
+// set, a step that breaks is measured again, and a third time if the two
+// disagree: on the Mooncake mix one 16 QPS step broke (p95 ITL 359 ms)
+// where 17.8 QPS held later in the same run, and 172 streams broke (57.4
+// ms) where 221 had held.
+func (r *capacityRun) holds(ctx context.Context, l rungs, x float64) bool {
+	if r.trial(ctx, l, l.label, x) {
+		return true
+	}
+	return *r.o.Confirm > 0 && r.majority(ctx, l, x)
+}
+
+// majority measures rung x again until two of its steps agree, and says
 // whether they held.
-func (r *capacityRun) majority(ctx context.Context, qps float64) bool {
+func (r *capacityRun) majority(ctx context.Context, l rungs, x float64) bool {
 	var held, broke int
-	for _, st := range r.rep.Ladder {
-		if st.QPS != qps {
+	for _, st := range *l.steps {
+		if l.at(st) != x {
 			continue
 		}
 		if st.Within {
@@ -549,7 +599,7 @@ func (r *capacityRun) majority(ctx context.Context, qps float64) bool {
 		}
 	}
 	for held < 2 && broke < 2 && ctx.Err() == nil {
-		if r.trial(ctx, "again", qps) {
+		if r.trial(ctx, l, "again", x) {
 			held++
 		} else {
 			broke++
@@ -558,25 +608,19 @@ func (r *capacityRun) majority(ctx context.Context, qps float64) bool {
 	return held >= 2
 }
 
-// trial measures one step of the ladder at qps.
-func (r *capacityRun) trial(ctx context.Context, label string, qps float64) bool {
-	var st CapacityStep
-	if r.probe != nil {
-		st = r.probe(label, qps)
-	} else {
-		r.idle(ctx)
-		st = r.step(ctx, label, qps, 0)
-	}
-	r.rep.Ladder = append(r.rep.Ladder, st)
+// trial measures one step of ladder l at rung x.
+func (r *capacityRun) trial(ctx context.Context, l rungs, label string, x float64) bool {
+	st := l.measure(ctx, label, x)
+	*l.steps = append(*l.steps, st)
 	return st.Within
 }
 
-// heldBelow is the highest rate below qps whose steps' fit holds, and
+// heldBelow is the highest rung of l below x whose steps' fit holds, and
 // whether there is one.
-func (r *capacityRun) heldBelow(qps float64) (CapacityStep, bool) {
-	steps, load := r.ladderFit()
+func (r *capacityRun) heldBelow(l rungs, x float64) (CapacityStep, bool) {
+	steps, load := r.fit(l)
 	for i := len(steps) - 1; i >= 0; i-- {
-		if steps[i].QPS < qps && load[i] <= 1 {
+		if l.at(steps[i]) < x && load[i] <= 1 {
 			return steps[i], true
 		}
 	}
@@ -587,56 +631,52 @@ func (r *capacityRun) heldBelow(qps float64) (CapacityStep, bool) {
 // sending its next request when its last ends) holds within the
 // objectives: from the in flight at the rate's edge, up or down by a
 // factor of 1.5 until one number holds and the next does not, then
-// halved until they are within streamsResolution of each other. Streams
-// are what a client sets; the in flight of arrivals is not, and near
-// their edge it runs away with the rate (82.7 to 112.2 requests at the
-// Mooncake edge between runs).
+// halved until they are within streamsResolution of each other, then
+// confirmed as the rate ladder is. Streams are what a client sets; the in
+// flight of arrivals is not, and near their edge it runs away with the
+// rate (82.7 to 112.2 requests at the Mooncake edge between runs).
 func (r *capacityRun) streamsLadder(ctx context.Context) error {
-	trial := func(n int) CapacityStep {
-		var st CapacityStep
-		if r.streamProbe != nil {
-			st = r.streamProbe(n)
-		} else {
-			r.idle(ctx)
-			st = r.closedStep(ctx, "streams", n)
-		}
-		r.rep.StreamsLadder = append(r.rep.StreamsLadder, st)
-		return st
-	}
+	l := r.streams()
 	const grow, most = 1.5, 1 << 16
-	var lo, hi CapacityStep
-	for n := max(1, int(math.Round(r.rep.True.Concurrency))); lo.Streams == 0 || hi.Streams == 0; {
-		st := trial(n)
+	var lo, hi float64
+	for n := max(1, math.Round(r.rep.True.Concurrency)); lo == 0 || hi == 0; {
+		held := r.holds(ctx, l, n)
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		switch {
-		case st.Within:
-			lo = st
-			n = int(math.Ceil(float64(n) * grow))
+		case held:
+			lo = n
+			n = math.Ceil(n * grow)
 			if n > most {
-				return fmt.Errorf("%d streams never broke an objective", lo.Streams)
+				return fmt.Errorf("%.0f streams never broke an objective", lo)
 			}
 		case n == 1:
 			return errors.New("the fleet breaks the objectives with one stream")
 		default:
-			hi = st
-			n = max(1, int(float64(n)/grow))
+			hi = n
+			n = max(1, math.Floor(n/grow))
 		}
 	}
-	for hi.Streams-lo.Streams > 1 && float64(hi.Streams) > float64(lo.Streams)*(1+streamsResolution) {
-		st := trial((lo.Streams + hi.Streams) / 2)
-		if err := ctx.Err(); err != nil {
-			return err
+	bisect := func() {
+		if hi-lo <= 1 || hi <= lo*(1+streamsResolution) {
+			return
 		}
-		if st.Within {
-			lo = st
+		if mid := math.Floor((lo + hi) / 2); r.holds(ctx, l, mid) {
+			lo = mid
 		} else {
-			hi = st
+			hi = mid
 		}
 	}
-	r.rep.TrueStreams = float64(lo.Streams) + float64(hi.Streams-lo.Streams)*crossing(r.loadOf(lo), r.loadOf(hi))
-	return nil
+	for hi-lo > 1 && hi > lo*(1+streamsResolution) && ctx.Err() == nil {
+		bisect()
+	}
+	if err := r.confirm(ctx, l, &lo, &hi, bisect); err != nil {
+		return err
+	}
+	a, b, x, _ := r.fitCrossing(l)
+	r.rep.TrueStreams = float64(a.Streams) + x*float64(b.Streams-a.Streams)
+	return ctx.Err()
 }
 
 // streamsResolution is how close the streams ladder brackets its edge:
@@ -667,43 +707,60 @@ func crossing(l, h float64) float64 {
 	return (1 - l) / (h - l)
 }
 
-// ladderFit is the ladder's rates in order, each the median of its steps
-// (by load: p95 over objective, the worse of the two; the middle two
-// averaged for an even count), the loads fitted non-decreasing in QPS by
-// pool adjacent violators: a step's p95s are noisy, and a rate measured
-// again is one point of the fit, read as its majority read it.
-func (r *capacityRun) ladderFit() ([]CapacityStep, []float64) {
-	steps := append([]CapacityStep(nil), r.rep.Ladder...)
+// fit is ladder l's rungs in order, each the median of its steps (by
+// load: p95 over objective, the worse of the two; the middle two averaged
+// for an even count), the loads fitted non-decreasing in the rung by pool
+// adjacent violators: a step's p95s are noisy, and a rung measured again
+// is one point of the fit, read as its majority read it.
+func (r *capacityRun) fit(l rungs) ([]CapacityStep, []float64) {
+	steps := append([]CapacityStep(nil), *l.steps...)
 	sort.SliceStable(steps, func(i, j int) bool {
-		if steps[i].QPS != steps[j].QPS {
-			return steps[i].QPS < steps[j].QPS
+		if x, y := l.at(steps[i]), l.at(steps[j]); x != y {
+			return x < y
 		}
 		return r.loadOf(steps[i]) < r.loadOf(steps[j])
 	})
-	var rates []CapacityStep
+	var out []CapacityStep
 	var load, w []float64
 	for i := 0; i < len(steps); {
 		j := i
-		for j < len(steps) && steps[j].QPS == steps[i].QPS {
+		for j < len(steps) && l.at(steps[j]) == l.at(steps[i]) {
 			j++
 		}
 		m := (i + j - 1) / 2
-		st, l := steps[m], r.loadOf(steps[m])
+		st, ld := steps[m], r.loadOf(steps[m])
 		if (j-i)%2 == 0 {
-			st, l = mergeSteps(st, steps[m+1]), (l+r.loadOf(steps[m+1]))/2
+			st, ld = mergeSteps(st, steps[m+1]), (ld+r.loadOf(steps[m+1]))/2
 		}
-		rates, load = append(rates, st), append(load, l)
+		out, load = append(out, st), append(load, ld)
 		w = append(w, float64(max(st.Requests, 1)))
 		i = j
 	}
 	isotonic.NonDecreasing(load, w)
-	return rates, load
+	return out, load
 }
 
-// mergeSteps is two measurements of one rate, averaged.
+// fitCrossing is where ladder l's fit crosses its objectives: the steps
+// either side of it and how far from the first to the second (crossing).
+// Without a crossing it is the highest step within them, and ok is
+// false.
+func (r *capacityRun) fitCrossing(l rungs) (a, b CapacityStep, x float64, ok bool) {
+	steps, load := r.fit(l)
+	for i := 1; i < len(steps); i++ {
+		if load[i-1] <= 1 && load[i] > 1 {
+			return steps[i-1], steps[i], crossing(load[i-1], load[i]), true
+		}
+	}
+	if n := len(steps); n > 0 && load[n-1] <= 1 {
+		a = steps[n-1]
+	}
+	return a, CapacityStep{}, 0, false
+}
+
+// mergeSteps is two measurements of one rung, averaged.
 func mergeSteps(a, b CapacityStep) CapacityStep {
 	mean := func(x, y float64) float64 { return (x + y) / 2 }
-	return CapacityStep{Label: a.Label, QPS: a.QPS, Requests: (a.Requests + b.Requests) / 2, Errors: (a.Errors + b.Errors) / 2,
+	return CapacityStep{Label: a.Label, QPS: a.QPS, Streams: a.Streams, Requests: (a.Requests + b.Requests) / 2, Errors: (a.Errors + b.Errors) / 2,
 		TTFTP95ms: mean(a.TTFTP95ms, b.TTFTP95ms), ITLP95ms: mean(a.ITLP95ms, b.ITLP95ms),
 		OutputTokPS: mean(a.OutputTokPS, b.OutputTokPS), Concurrency: mean(a.Concurrency, b.Concurrency),
 		Running: mean(a.Running, b.Running), Waiting: mean(a.Waiting, b.Waiting), PrefixHitRate: mean(a.PrefixHitRate, b.PrefixHitRate),
@@ -718,25 +775,17 @@ func mergeSteps(a, b CapacityStep) CapacityStep {
 // edge both run away and say nothing about it). Without a crossing it is
 // the highest rate within the objectives.
 func (r *capacityRun) edge() CapacityStep {
-	steps, load := r.ladderFit()
-	for i := 1; i < len(steps); i++ {
-		if load[i-1] <= 1 && load[i] > 1 {
-			a, b := steps[i-1], steps[i]
-			x := crossing(load[i-1], load[i])
-			at := func(u, v float64) float64 { return u + x*(v-u) }
-			qps := at(a.QPS, b.QPS)
-			return CapacityStep{Label: "true capacity (fit)", QPS: qps, OutputTokPS: a.OutputTokPS * qps / a.QPS,
-				Concurrency: a.Concurrency * qps / a.QPS, Running: a.Running * qps / a.QPS, Waiting: a.Waiting * qps / a.QPS,
-				TTFTP95ms: at(a.TTFTP95ms, b.TTFTP95ms), ITLP95ms: at(a.ITLP95ms, b.ITLP95ms),
-				PrefixHitRate: a.PrefixHitRate, Requests: a.Requests, Within: true}
-		}
+	a, b, x, ok := r.fitCrossing(r.rates())
+	if !ok {
+		a.Label = "true capacity"
+		return a
 	}
-	var lo CapacityStep
-	if n := len(steps); n > 0 && load[n-1] <= 1 {
-		lo = steps[n-1]
-	}
-	lo.Label = "true capacity"
-	return lo
+	at := func(u, v float64) float64 { return u + x*(v-u) }
+	qps := at(a.QPS, b.QPS)
+	return CapacityStep{Label: "true capacity (fit)", QPS: qps, OutputTokPS: a.OutputTokPS * qps / a.QPS,
+		Concurrency: a.Concurrency * qps / a.QPS, Running: a.Running * qps / a.QPS, Waiting: a.Waiting * qps / a.QPS,
+		TTFTP95ms: at(a.TTFTP95ms, b.TTFTP95ms), ITLP95ms: at(a.ITLP95ms, b.ITLP95ms),
+		PrefixHitRate: a.PrefixHitRate, Requests: a.Requests, Within: true}
 }
 
 func msOf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

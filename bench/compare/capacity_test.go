@@ -47,7 +47,7 @@ func TestCapacityEdge(t *testing.T) {
 			require.InDelta(t, tc.qps, got.QPS, 1e-9)
 			// The confirming step goes to the highest rate held, which
 			// the edge is at or above.
-			held, ok := r.heldBelow(math.Inf(1))
+			held, ok := r.heldBelow(r.rates(), math.Inf(1))
 			require.True(t, ok)
 			require.LessOrEqual(t, held.QPS, got.QPS)
 			require.True(t, got.Within)
@@ -99,21 +99,37 @@ func TestCapacityLadder(t *testing.T) {
 }
 
 // The streams ladder on a fleet whose p95 ITL is 1 ms a stream: the
-// objective (50 ms) breaks past 50 streams.
+// objective (50 ms) breaks past 50 streams. With Confirm, the first step
+// at 30 breaks and the first at 68 holds, by chance (at 40 ms): a number
+// that held once is measured again before it is the edge.
 func TestCapacityStreamsLadder(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		start float64
-		steps []int
+		name    string
+		confirm int
+		start   float64
+		steps   []int
 	}{
-		{"up from a hold", 20, []int{20, 30, 45, 68, 56, 50, 53}},
-		{"down from a break", 90, []int{90, 60, 40, 50, 55, 52}},
+		{"up from a hold", 0, 20, []int{20, 30, 45, 68, 56, 50, 53}},
+		{"down from a break", 0, 90, []int{90, 60, 40, 50, 55, 52}},
+		{"a number's majority decides", 2, 20,
+			[]int{20, 30, 30, 30, 45, 68, 102, 102, 85, 85, 76, 76, 72, 72, 68, 68, 56, 56, 45}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			seen := map[int]int{}
 			r := &capacityRun{o: CapacityOptions{Objectives: capacity.Objectives{TTFT: 2 * time.Second, ITL: 50 * time.Millisecond,
-				Quantile: 0.95}}, rep: &CapacityReport{True: CapacityStep{Concurrency: tc.start}},
+				Quantile: 0.95}, Confirm: new(tc.confirm)}, rep: &CapacityReport{True: CapacityStep{Concurrency: tc.start}},
 				streamProbe: func(n int) CapacityStep {
-					return CapacityStep{Streams: n, Requests: 100, TTFTP95ms: 100, ITLP95ms: float64(n), Within: n <= 50}
+					seen[n]++
+					st := CapacityStep{Streams: n, Requests: 100, TTFTP95ms: 100, ITLP95ms: float64(n), Within: n <= 50}
+					if tc.confirm > 0 && seen[n] == 1 {
+						switch n {
+						case 30:
+							st.ITLP95ms, st.Within = 60, false
+						case 68:
+							st.ITLP95ms, st.Within = 40, true
+						}
+					}
+					return st
 				}}
 			require.NoError(t, r.streamsLadder(context.Background()))
 			var steps []int
@@ -121,10 +137,10 @@ func TestCapacityStreamsLadder(t *testing.T) {
 				steps = append(steps, st.Streams)
 			}
 			require.Equal(t, tc.steps, steps)
-			require.InDelta(t, 50, r.rep.TrueStreams, 1e-9, "read where the bracket crosses the objective")
+			require.InDelta(t, 50, r.rep.TrueStreams, 1e-9, "read where the fit crosses the objective")
 		})
 	}
-	r := &capacityRun{rep: &CapacityReport{True: CapacityStep{Concurrency: 3}},
+	r := &capacityRun{o: CapacityOptions{Confirm: new(2)}, rep: &CapacityReport{True: CapacityStep{Concurrency: 3}},
 		streamProbe: func(n int) CapacityStep { return CapacityStep{Streams: n, Requests: 1, Errors: 1} }}
 	require.ErrorContains(t, r.streamsLadder(context.Background()), "one stream")
 }
