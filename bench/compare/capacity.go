@@ -658,8 +658,9 @@ func (r *capacityRun) streamsLadder(ctx context.Context) error {
 			n = max(1, math.Floor(n/grow))
 		}
 	}
+	wide := func() bool { return hi-lo > 1 && hi > lo*(1+streamsResolution) }
 	bisect := func() {
-		if hi-lo <= 1 || hi <= lo*(1+streamsResolution) {
+		if !wide() {
 			return
 		}
 		if mid := math.Floor((lo + hi) / 2); r.holds(ctx, l, mid) {
@@ -668,7 +669,7 @@ func (r *capacityRun) streamsLadder(ctx context.Context) error {
 			hi = mid
 		}
 	}
-	for hi-lo > 1 && hi > lo*(1+streamsResolution) && ctx.Err() == nil {
+	for wide() && ctx.Err() == nil {
 		bisect()
 	}
 	if err := r.confirm(ctx, l, &lo, &hi, bisect); err != nil {
