@@ -485,6 +485,11 @@ type rungs struct {
 	label, unit string
 }
 
+// brokenAt is the error of a ladder whose lowest rung, x, breaks.
+func (l rungs) brokenAt(x float64) error {
+	return fmt.Errorf("the fleet breaks the objectives at "+l.unit+" already", x)
+}
+
 // rates is the ladder of arrival rates.
 func (r *capacityRun) rates() rungs {
 	return rungs{steps: &r.rep.Ladder, label: "ladder", unit: "%.2f QPS",
@@ -534,7 +539,7 @@ func (r *capacityRun) ladder(ctx context.Context) error {
 		}
 	}
 	if lo == 0 {
-		return fmt.Errorf("the fleet breaks the objectives at %.2f QPS already", hi)
+		return l.brokenAt(hi)
 	}
 	bisect := func() {
 		if mid := (lo + hi) / 2; r.holds(ctx, l, mid) {
@@ -564,7 +569,7 @@ func (r *capacityRun) confirm(ctx context.Context, l rungs, lo, hi *float64, bis
 		}
 		below, ok := r.heldBelow(l, *lo)
 		if !ok {
-			return fmt.Errorf("the fleet breaks the objectives at "+l.unit+" already", *lo)
+			return l.brokenAt(*lo)
 		}
 		*hi, *lo = *lo, l.at(below)
 		bisect()
