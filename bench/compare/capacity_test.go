@@ -145,6 +145,35 @@ func TestCapacityStreamsLadder(t *testing.T) {
 	require.ErrorContains(t, r.streamsLadder(context.Background()), "one stream")
 }
 
+// A check is measured until two of its steps agree, once without Confirm.
+func TestCapacityCheck(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		confirm  int
+		outcomes []bool
+		steps    int
+	}{
+		{"held twice", 2, []bool{true, true, false}, 2},
+		{"broke twice", 2, []bool{false, false, true}, 2},
+		{"disagree, then held", 2, []bool{true, false, true}, 3},
+		{"disagree, then broke", 2, []bool{false, true, false}, 3},
+		{"once without confirm", 0, []bool{false, true, true}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &capacityRun{o: CapacityOptions{Confirm: new(tc.confirm)}, rep: &CapacityReport{}}
+			i := 0
+			r.check(context.Background(), func() CapacityStep {
+				i++
+				return CapacityStep{Label: "1.00x idle quote", Within: tc.outcomes[i-1]}
+			})
+			require.Len(t, r.rep.Checks, tc.steps)
+			for k, st := range r.rep.Checks {
+				require.Equal(t, tc.outcomes[k], st.Within)
+			}
+		})
+	}
+}
+
 func TestCapacityVerdicts(t *testing.T) {
 	r := &CapacityReport{Replicas: 4, Objectives: capacity.ObjectivesJSON{TTFTSeconds: 2, ITLSeconds: 0.05, Quantile: 0.95},
 		True: CapacityStep{QPS: 30, OutputTokPS: 1500, Concurrency: 30}, TrueStreams: 40,
@@ -168,6 +197,34 @@ func TestCapacityVerdicts(t *testing.T) {
 	r.Checks[4].Within = false
 	require.False(t, r.Verdicts().AtQuote)
 	r.Checks[4].Within = true
+	// A check repeated is judged by the majority of its steps; as many
+	// of each count against the quote, whichever way it is judged.
+	steps := func(label string, within ...bool) (out []CapacityStep) {
+		for _, w := range within {
+			out = append(out, CapacityStep{Label: label, Within: w})
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name     string
+		at, over []bool
+		atQuote  bool
+		broke    bool
+	}{
+		{"held twice, broke twice", []bool{true, true}, []bool{false, false}, true, true},
+		{"broke once, then held twice", []bool{false, true, true}, []bool{true, false, false}, true, true},
+		{"broke twice", []bool{false, true, false}, []bool{false, true, true}, false, false},
+		{"one each", []bool{true, false}, []bool{false, true}, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := *r
+			m.Checks = append(steps("1.00x idle quote", tc.at...), steps("1.25x idle quote", tc.over...)...)
+			v := m.Verdicts()
+			require.Equal(t, tc.atQuote, v.AtQuote)
+			require.Equal(t, tc.broke, v.Over)
+			require.False(t, v.ConcurrencyOver, "no streams checked")
+		})
+	}
 
 	var b bytes.Buffer
 	require.NoError(t, r.WriteHTML(&b))

@@ -90,6 +90,7 @@ func (r *CapacityReport) ladderChart() template.HTML {
 				qps  float64
 				name string
 			}{s.QPS, "idle quote"})
+			break
 		}
 	}
 	for i, m := range marks {

@@ -31,7 +31,7 @@ func runCapacity(args []string) error {
 	fs.DurationVar(&o.StageDuration, "stage", def.StageDuration, "length of each measured step, model time")
 	fs.Float64Var(&o.StartQPS, "start-qps", def.StartQPS, "first rate of the ladder (model time); it doubles until an objective breaks")
 	fs.IntVar(&o.Refine, "refine", def.Refine, "bisection steps at the edge")
-	o.Confirm = fs.Int("confirm", *def.Confirm, "rounds that measure the highest rate (and number of streams) held again once the bisection is done; a rung's verdict is then the majority of its steps, a step that breaks measured again too (0: every rung once)")
+	o.Confirm = fs.Int("confirm", *def.Confirm, "rounds that measure the highest rate (and number of streams) held again once the bisection is done; a rung's verdict is then the majority of its steps, a step that breaks measured again too, and each check at 1.00x and 1.25x of the quote is measured until two of its steps agree (0: every rung and check once)")
 	fs.BoolVar(&o.SkipCalibration, "skip-calibration", false, "do not run quoter calibrate first")
 	fs.StringVar(&o.Dir, "dir", "", "keep the calibration document, the quoter's state and the EPP's capacity snapshot at each quote (snapshot-N.json) in this directory (default: a temporary one, removed)")
 	jsonOut := fs.String("json", "", "write the report as JSON to this file")
