@@ -599,18 +599,22 @@ func (r *capacityRun) holds(ctx context.Context, l rungs, x float64) bool {
 // majority measures rung x again until two of its steps agree, and says
 // whether they held.
 func (r *capacityRun) majority(ctx context.Context, l rungs, x float64) bool {
-	var held, broke int
-	for _, st := range *l.steps {
-		if l.at(st) != x {
-			continue
-		}
-		if st.Within {
+	held, broke := tally(*l.steps, func(st CapacityStep) bool { return l.at(st) == x })
+	return untilTwoAgree(ctx, held, broke, func() bool { return r.trial(ctx, l, "again", x) })
+}
+
+// tally counts the steps picked that held and that broke.
+func tally(steps []CapacityStep, pick func(CapacityStep) bool) (held, broke int) {
+	for _, st := range steps {
+		switch {
+		case !pick(st):
+		case st.Within:
 			held++
-		} else {
+		default:
 			broke++
 		}
 	}
-	return untilTwoAgree(ctx, held, broke, func() bool { return r.trial(ctx, l, "again", x) })
+	return held, broke
 }
 
 // untilTwoAgree runs trial until two outcomes, counting held and broke
@@ -1201,18 +1205,8 @@ func (r *CapacityReport) Verdicts() Verdicts {
 	// ones (0: none, or as many of each, which counts against the quote
 	// either way), and whether it has any.
 	check := func(label string) (majority int, ok bool) {
-		for _, c := range r.Checks {
-			if c.Label != label {
-				continue
-			}
-			ok = true
-			if c.Within {
-				majority++
-			} else {
-				majority--
-			}
-		}
-		return majority, ok
+		held, broke := tally(r.Checks, func(c CapacityStep) bool { return c.Label == label })
+		return held - broke, held+broke > 0
 	}
 	if q := quote("idle"); q != nil {
 		v.IdleTokens = ratio(q.TokensPerS, r.True.OutputTokPS)
