@@ -236,8 +236,9 @@ func TestCapacityVerdicts(t *testing.T) {
 
 // Every step of a trace's ladder carries the whole trace's mix, in every
 // part of the step: a trace whose answers grow along it gives each step,
-// and each tenth of it, about the trace's mean answer, whatever its rate,
-// and keeps the trace's order within each stretch walked.
+// and each tenth of it, about the trace's mean answer, whatever its rate;
+// each walk takes the trace's records in order, and no record comes twice
+// before the step has sent the trace.
 func TestCapacityTraceStepDrawsTheWholeTrace(t *testing.T) {
 	trace := make([]TraceRecord, 1000)
 	mean := 0.0
@@ -247,54 +248,41 @@ func TestCapacityTraceStepDrawsTheWholeTrace(t *testing.T) {
 	}
 	r := &capacityRun{trace: trace}
 	o := Options{Fleet: FleetOptions{TimeScale: 1}}
+	offsets := map[int]bool{}
 	for step, qps := range []float64{2, 8, 32} {
 		o.Seed = int64(step)
 		w := r.traceStep(o, qps, 100*time.Second)
 		n := len(w.Requests)
 		require.InDelta(t, qps*100, float64(n), 5*math.Sqrt(qps*100))
-		// Every stretch has a record in each round up to the last
-		// stretch's length.
-		l := (n + traceStreams - 1) / traceStreams
-		rounds := n - (traceStreams-1)*l
-		sum := 0.0
+		offsets[w.Requests[0].MaxTokens] = true
+		seen := map[int]bool{}
 		for i, req := range w.Requests {
-			if i >= traceStreams && i < rounds*traceStreams {
-				require.GreaterOrEqual(t, req.MaxTokens, w.Requests[i-traceStreams].MaxTokens, "the trace's order within a stretch")
+			if i >= traceStreams {
+				require.Equal(t, w.Requests[i-traceStreams].MaxTokens%len(trace)+1, req.MaxTokens, "request %d: the next record of its walk", i)
 			}
-			sum += float64(req.MaxTokens)
+			if i < len(trace) {
+				require.False(t, seen[req.MaxTokens], "request %d: record %d again", i, req.MaxTokens)
+				seen[req.MaxTokens] = true
+			}
 		}
-		// The mean of n uniform draws over 1..1000 has sd 289/sqrt(n).
-		require.InDelta(t, mean, sum/float64(n), 4*289/math.Sqrt(float64(n)), "QPS %v", qps)
-		// A tenth of the step walks a tenth of each stretch: its mean is
-		// off the trace's by at most half a stretch's spread (50), plus
-		// the draws' noise.
-		for k := range 10 {
-			part := w.Requests[k*n/10 : (k+1)*n/10]
+		// A round (one record of each walk) over a trace whose answers
+		// grow by one a record averages the trace's mean, off by at most
+		// half the walks' spacing (50): so do the step's whole rounds and
+		// every tenth of them.
+		rounds := n / traceStreams
+		for k := range 11 {
+			from, to := k*rounds/10, (k+1)*rounds/10
+			if k == 10 {
+				from, to = 0, rounds
+			}
 			s := 0.0
-			for _, req := range part {
+			for _, req := range w.Requests[from*traceStreams : to*traceStreams] {
 				s += float64(req.MaxTokens)
 			}
-			require.InDelta(t, mean, s/float64(len(part)), 50+4*289/math.Sqrt(float64(len(part))), "QPS %v, tenth %d", qps, k)
+			require.InDelta(t, mean, s/float64((to-from)*traceStreams), 50, "QPS %v, tenth %d (10: all)", qps, k)
 		}
 	}
-}
-
-func TestInterleave(t *testing.T) {
-	for _, tc := range []struct {
-		n, c int
-		want []int
-	}{
-		{n: 6, c: 2, want: []int{0, 3, 1, 4, 2, 5}},
-		{n: 7, c: 3, want: []int{0, 3, 6, 1, 4, 2, 5}},
-		{n: 2, c: 4, want: []int{0, 1}},
-		{n: 0, c: 3, want: []int{}},
-	} {
-		xs := make([]int, tc.n)
-		for i := range xs {
-			xs[i] = i
-		}
-		require.Equal(t, tc.want, interleave(xs, tc.c), "n %d, c %d", tc.n, tc.c)
-	}
+	require.Len(t, offsets, 3, "each step starts its walks from its own offset")
 }
 
 // TestOutputRate: a request's tokens count where they streamed, its usage
