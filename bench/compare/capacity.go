@@ -140,9 +140,9 @@ type CapacityReport struct {
 	// HalfLoadAtQuote is the background's output tokens per second over
 	// the capacity.RateSpan before the half-loaded quote, by the client's
 	// count: the load that quote subtracts, which a bursty mix moves away
-	// from the step's mean (and, before a trace step walked its stretches
-	// side by side, a trace's drifting mix did: 1.39 times the mean on
-	// the Mooncake trace).
+	// from the step's mean (and, before a trace step walked the trace
+	// from ten places at once, a trace's drifting mix did: 1.39 times the
+	// mean on the Mooncake trace).
 	HalfLoadAtQuote float64 `json:"half_load_at_quote_tok_per_s"`
 }
 
@@ -1017,12 +1017,13 @@ func outputRate(res []*result, from, to time.Time) float64 {
 // Walking on keeps the trace's own reuse, between steps as within them:
 // nearby records share their prefixes, and no record comes again until
 // the walks have been through the trace. Records drawn at random came
-// again the more often the more a step drew, so a closed loop, which
-// draws for more requests than it sends, replayed whole prompts a step at
-// its rate did not (65% of its requests against 20%), and held twice the
-// streams. Walks started afresh at a random record each step found the
-// records of the steps just before them to a varying degree: one step's
-// prefix hits read 0.99 where its neighbours' read 0.55 to 0.82.
+// again more often the more a step drew, so a closed loop, which draws
+// for more requests than it sends, replayed whole prompts a step at its
+// rate did not (65% of its requests against 20%), and held nearly twice
+// the streams. Walks started afresh at a random record each step found
+// the records of the steps just before them to a varying degree: one
+// step's prefix hits read 0.99 where the steps either side read 0.67 and
+// 0.68.
 func (r *capacityRun) traceStep(o Options, qps float64, d time.Duration) *Workload {
 	arrivals, stages := poissonLadder(o.Seed, []float64{qps}, []time.Duration{d}, o.Fleet.TimeScale)
 	rounds := int64(len(arrivals[0])+traceStreams-1) / traceStreams

@@ -281,11 +281,11 @@ func TestCapacityTraceStepDrawsTheWholeTrace(t *testing.T) {
 		// grow by one a record averages the trace's mean, off by at most
 		// half the walks' spacing (50): so do the step's whole rounds and
 		// every tenth of them.
-		rounds = n / traceStreams
+		whole := n / traceStreams
 		for k := range 11 {
-			from, to := k*rounds/10, (k+1)*rounds/10
+			from, to := k*whole/10, (k+1)*whole/10
 			if k == 10 {
-				from, to = 0, rounds
+				from, to = 0, whole
 			}
 			s := 0.0
 			for _, req := range w.Requests[from*traceStreams : to*traceStreams] {
