@@ -587,18 +587,31 @@ type AtObjectives struct {
 	// at OutputTokensPerSec (Curve.heldAt), when any were measured.
 	HeldConcurrency float64 `json:"held_concurrency,omitempty"`
 	// Streams is how many requests a client may keep in flight at once,
-	// each sent as the last ends, within the objectives: the load the
-	// engine holds there before the held bound, at most the load at
-	// which the EPP starts to queue (AdmissionBoundConcurrency, read by
-	// Curve.AtAdmitted). Arrivals from many independent clients at
+	// each sent as the last ends, within the objectives: the largest load
+	// at which the shares within both objectives, read at that load alone,
+	// reach the quantile, at most the load at which the EPP starts to
+	// queue (AdmissionBoundConcurrency, read by Curve.AtAdmitted).
+	//
+	// Such a client holds the load it keeps, so no spread is mixed in,
+	// and it cannot outrun the engine's prefill: what it sends past that
+	// waits in the engine, in the load the bins are keyed by, so the rate
+	// bounds (prefill, prefill-itl) and the held load bound Concurrency,
+	// not Streams. Arrivals from many independent clients at
 	// OutputTokensPerSec hold fewer (Concurrency): they bunch, and the
-	// engine must keep room for their bursts, where a client holding its
-	// streams open never sends more than them. Past the crossing its
-	// further requests wait in the EPP's queue, and that wait is not sold:
-	// a saturated pool serves fewer requests a second than at the crossing
-	// (on a demo proof, 38 to 41 QPS with 81 to 98 streams against 54 at
-	// 65, its prefix hits down from 0.89 to 0.69 to 0.72), so the rate at
-	// the crossing does not say how long the queue takes to drain.
+	// engine must keep room for their bursts. Read so, Streams is still
+	// on the safe side of a closed loop: on a Mooncake proof (moon27 in
+	// quoter/PROOFS.md) the engines' inter-token shares crossed 0.95 at 13
+	// to 15 requests a replica, while 120 streams, 15 a replica, held
+	// twice (p95 ITL 39 and 25 ms) serving 375 and 481 output tokens/s a
+	// replica with prefix hits of 0.80 and 0.86, above the stall bounds
+	// of 245 to 352 read at the ladder's mix (hits 0.78).
+	//
+	// Past the crossing a client's further requests wait in the EPP's
+	// queue, and that wait is not sold: a saturated pool serves fewer
+	// requests a second than at the crossing (on a demo proof, 38 to 41
+	// QPS with 81 to 98 streams against 54 at 65, its prefix hits down
+	// from 0.89 to 0.69 to 0.72), so the rate at the crossing does not say
+	// how long the queue takes to drain.
 	Streams float64 `json:"streams"`
 }
 
@@ -675,7 +688,9 @@ var ErrNoData = errors.New("no load measured with enough observations")
 // That mean is a load the engine can hold within the objectives, not one
 // an open stream of arrivals at its rate stays at: so the concurrency is
 // at most the load the engine held over its sustained spans, within that
-// mean, at the output rate read (Curve.heldAt).
+// mean, at the output rate read (Curve.heldAt). Streams reads both shares
+// at one load, without the mixture, the prefill bounds or the held load
+// (AtObjectives.Streams).
 func (c Curve) At(o Objectives) (AtObjectives, error) {
 	at, err := c.atObjectives(o)
 	if err == nil {
@@ -756,15 +771,7 @@ func (c Curve) atObjectives(o Objectives) (AtObjectives, error) {
 		out.Limit = limitAt(mix, smallest, o.Quantile)
 		return out, nil
 	}
-	lo, hi := smallest, maxMeasured
-	for hi-lo > 1e-3*max(1, hi) {
-		mid := (lo + hi) / 2
-		if holds(mid) {
-			lo = mid
-		} else {
-			hi = mid
-		}
-	}
+	lo, hi := bisect(smallest, maxMeasured, holds)
 	out.Concurrency = lo
 	out.Limit = limitAt(mix, hi, o.Quantile)
 	out.OutputTokensPerSec, out.PromptTokensPerSec = ratesAt(bins, lo)
@@ -776,8 +783,34 @@ func (c Curve) atObjectives(o Objectives) (AtObjectives, error) {
 		out.StallBoundTokensPerSec = bound
 		out.lower(bound, LimitStall)
 	}
-	out.Streams = out.Concurrency
+	// Streams: the shares read at the load alone, as a client's streams
+	// hold it.
+	steady := func(k float64) bool {
+		return share(itl, k, 0) >= o.Quantile && share(ttft, k, 0) >= o.Quantile
+	}
+	switch {
+	case steady(maxMeasured):
+		out.Streams = maxMeasured
+		return out, nil
+	case !steady(smallest):
+		return out, nil
+	}
+	out.Streams, _ = bisect(smallest, maxMeasured, steady)
 	return out, nil
+}
+
+// bisect narrows [lo, hi] to a thousandth of hi around where ok, true at
+// lo and false at hi, turns false.
+func bisect(lo, hi float64, ok func(float64) bool) (float64, float64) {
+	for hi-lo > 1e-3*max(1, hi) {
+		mid := (lo + hi) / 2
+		if ok(mid) {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo, hi
 }
 
 // pooled returns the curve's bins with each run of adjacent bins too thin

@@ -86,6 +86,8 @@ func TestCurveAt(t *testing.T) {
 		require.Less(t, at.Concurrency, 25.0)
 		require.Greater(t, at.Concurrency, 15.0)
 		require.InDelta(t, 10*at.Concurrency, at.OutputTokensPerSec, 1e-6)
+		// A client's streams hold the load itself: no spread.
+		require.InDelta(t, 25, at.Streams, 0.05)
 	})
 	t.Run("ttft breaks first", func(t *testing.T) {
 		ttft := func(k float64) float64 { return math.Max(1-0.05*k/10, 0) }
@@ -93,6 +95,7 @@ func TestCurveAt(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, LimitTTFT, at.Limit)
 		require.InDelta(t, 0.95, mixture(at.Concurrency, ttft, false), 2e-3)
+		require.InDelta(t, 10, at.Streams, 0.05)
 	})
 	t.Run("never breaks: stops where unmeasured sizes would matter", func(t *testing.T) {
 		at, err := linearCurve(16, 1000, one).At(testObjectives)
@@ -101,12 +104,14 @@ func TestCurveAt(t *testing.T) {
 		beyond := func(k float64) float64 { return b2f(k <= 16) }
 		require.InDelta(t, 0.95, mixture(at.Concurrency, beyond, true), 2e-3)
 		require.Less(t, at.Concurrency, 16.0)
+		require.Equal(t, 16.0, at.Streams, "held up to the largest load measured, never past it")
 	})
 	t.Run("first bin breaks: nothing to sell", func(t *testing.T) {
 		at, err := testCurve(testBin(4, 0.5, 1, 50, 500), testBin(8, 0.4, 1, 90, 500)).At(testObjectives)
 		require.NoError(t, err)
 		require.Zero(t, at.Concurrency)
 		require.Zero(t, at.OutputTokensPerSec)
+		require.Zero(t, at.Streams)
 		require.Equal(t, LimitITL, at.Limit)
 	})
 	t.Run("a noisy good bin past bad ones does not raise capacity", func(t *testing.T) {
@@ -127,6 +132,7 @@ func TestCurveAt(t *testing.T) {
 		require.NoError(t, err)
 		require.Greater(t, narrow.Concurrency, poisson.Concurrency)
 		require.Less(t, narrow.Concurrency, 25.0)
+		require.Equal(t, poisson.Streams, narrow.Streams, "streams are read without a spread")
 		f := func(k float64) float64 { return math.Max(1-0.05*max(k, 1)/25, 0) }
 		// The batch is 0.5 x Poisson(2m): the same mixture written out.
 		var num, den float64

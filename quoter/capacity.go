@@ -108,10 +108,11 @@ type ReplicaAssessment struct {
 //	               bound for the current mix and the load at which the
 //	               healthy replicas seldom meet the EPP's queue, capped
 //	               at max_running
-//	streams      = the requests a client may keep in flight there: the
-//	               load the engine holds within the objectives, at most
-//	               the load at which the EPP starts to queue
-//	               (AtObjectives.Streams), capped at max_running
+//	streams      = the requests a client may keep in flight: the load
+//	               at which its curve, read at that load alone, stops
+//	               holding the objectives, at most the load at which the
+//	               EPP starts to queue (AtObjectives.Streams), capped at
+//	               max_running
 //	busy         = requests in the engine, mean of the last 30 s,
 //	               + max(0, in_flight - running - waiting)
 //	load         = output tokens/s of the last 30 s

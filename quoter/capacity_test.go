@@ -36,7 +36,10 @@ func TestComputeHeadroom(t *testing.T) {
 	at, err := full.At(obj)
 	require.NoError(t, err)
 	require.Greater(t, at.Concurrency, 10.0)
-	c, v := at.Concurrency, at.OutputTokensPerSec
+	// A client's streams hold the load they are, read alone; arrivals
+	// bunch (Concurrency).
+	require.Greater(t, at.Streams, at.Concurrency)
+	c, s, v := at.Concurrency, at.Streams, at.OutputTokensPerSec
 	cal := &capacity.Calibration{Curve: full}
 	rep := func(healthy bool, running, waiting, inflight int, tps float64, c capacity.Curve) capacity.Replica {
 		return capacity.Replica{Addr: "r", Healthy: healthy, Running: running, Waiting: waiting, InFlight: inflight,
@@ -73,9 +76,9 @@ func TestComputeHeadroom(t *testing.T) {
 	}
 	atS, err := scattered.At(obj)
 	require.NoError(t, err)
-	busyS := int(atS.Concurrency) - 1
+	busyS := int(atS.Streams) - 1
 	require.Positive(t, busyS)
-	cs, vs := c+atS.Concurrency, v+atS.OutputTokensPerSec
+	cs, vs := s+atS.Streams, v+atS.OutputTokensPerSec
 	freeS := cs - float64(busyS)
 	atSmall, err := small.At(obj)
 	require.NoError(t, err)
@@ -86,39 +89,39 @@ func TestComputeHeadroom(t *testing.T) {
 		cal  *capacity.Calibration
 		want Headroom
 	}{
-		{"idle, live curves", []capacity.Replica{rep(true, 0, 0, 0, 0, full), rep(true, 0, 0, 0, 0, full)}, nil, h(2*c, 2*v)},
-		{"idle, calibration only", []capacity.Replica{rep(true, 0, 0, 0, 0, capacity.Curve{})}, cal, h(c, v)},
+		{"idle, live curves", []capacity.Replica{rep(true, 0, 0, 0, 0, full), rep(true, 0, 0, 0, 0, full)}, nil, h(2*s, 2*v)},
+		{"idle, calibration only", []capacity.Replica{rep(true, 0, 0, 0, 0, capacity.Curve{})}, cal, h(s, v)},
 		{"nothing measured, no calibration: nothing sold", []capacity.Replica{rep(true, 0, 0, 0, 0, capacity.Curve{})}, nil, Headroom{}},
 		{"live curve never broke: sold below the largest batch measured", []capacity.Replica{rep(true, 0, 0, 0, 0, small)}, nil,
-			h(atSmall.Concurrency, atSmall.OutputTokensPerSec)},
-		{"half loaded", []capacity.Replica{rep(true, 6, 1, 3, 60, full)}, nil, h(c-7, min(v-60, v*(c-7)/c))},
-		{"in flight beyond the engine's view", []capacity.Replica{rep(true, 2, 0, 9, 20, full)}, nil, h(c-9, min(v-20, v*(c-9)/c))},
+			h(atSmall.Streams, atSmall.OutputTokensPerSec)},
+		{"half loaded", []capacity.Replica{rep(true, 6, 1, 3, 60, full)}, nil, h(s-7, min(v-60, v*(s-7)/s))},
+		{"in flight beyond the engine's view", []capacity.Replica{rep(true, 2, 0, 9, 20, full)}, nil, h(s-9, min(v-20, v*(s-9)/s))},
 		{"a burst above the sustained load: the load is subtracted", []capacity.Replica{withLoad(rep(true, 9, 1, 10, 60, full), 6.5)}, nil,
-			h(c-6.5, min(v-60, v*(c-6.5)/c))},
+			h(s-6.5, min(v-60, v*(s-6.5)/s))},
 		{"a lull below the sustained load: the load is subtracted", []capacity.Replica{withLoad(rep(true, 2, 0, 2, 60, full), 6.5)}, nil,
-			h(c-6.5, min(v-60, v*(c-6.5)/c))},
+			h(s-6.5, min(v-60, v*(s-6.5)/s))},
 		{"requests the engine has not counted add to its sustained load", []capacity.Replica{withLoad(rep(true, 2, 0, 9, 20, full), 3)}, nil,
-			h(c-10, min(v-20, v*(c-10)/c))},
+			h(s-10, min(v-20, v*(s-10)/s))},
 		{"a replica empty now counts its 30 s mean (between requests, or for 30 s after a load ends)",
-			[]capacity.Replica{withLoad(rep(true, 0, 0, 0, v/4, full), 2.5)}, nil, h(c-2.5, min(v-v/4, v*(c-2.5)/c))},
+			[]capacity.Replica{withLoad(rep(true, 0, 0, 0, v/4, full), 2.5)}, nil, h(s-2.5, min(v-v/4, v*(s-2.5)/s))},
 		{"a mean that is not a number: the requests now", []capacity.Replica{withLoad(rep(true, 4, 0, 0, 20, full), math.Inf(1))}, nil,
-			h(c-4, min(v-20, v*(c-4)/c))},
+			h(s-4, min(v-20, v*(s-4)/s))},
 		{"overloaded clamps at zero", []capacity.Replica{rep(true, 30, 4, 0, 260, full)}, nil, Headroom{}},
 		{"a replica past its capacity takes its excess out of the pool's room", []capacity.Replica{rep(true, 30, 4, 0, 260, full),
-			rep(true, 0, 0, 0, 0, full)}, nil, h(2*c-over, min(2*v-260, 2*v*(2*c-over)/(2*c)))},
+			rep(true, 0, 0, 0, 0, full)}, nil, h(2*s-over, min(2*v-260, 2*v*(2*s-over)/(2*s)))},
 		{"the per-stream bound reads the pool's concurrency", []capacity.Replica{rep(true, busyS, 0, 0, 20, scattered),
 			rep(true, 0, 0, 0, 0, full)}, nil, h(freeS, min(vs-20, vs*freeS/cs))},
 		{"capacity below the load", []capacity.Replica{rep(true, 0, 0, 40, 0, full)}, nil, Headroom{}},
-		{"unhealthy replica contributes nothing", []capacity.Replica{rep(true, 0, 0, 0, 0, full), rep(false, 0, 0, 0, 0, full)}, cal, h(c, v)},
-		{"prefill bound", []capacity.Replica{rep(true, 0, 0, 0, 0, bounded)}, nil, h(c/2, v/2)},
-		{"prefill bound, half loaded", []capacity.Replica{rep(true, 3, 0, 0, v/4, bounded)}, nil, h(c/2-3, v/4)},
-		{"the calibration's prefill bounds a live curve that never queued", []capacity.Replica{rep(true, 0, 0, 0, 0, full)}, calBounded, h(c/2, v/2)},
+		{"unhealthy replica contributes nothing", []capacity.Replica{rep(true, 0, 0, 0, 0, full), rep(false, 0, 0, 0, 0, full)}, cal, h(s, v)},
+		{"prefill bound: the rate, not a client's streams", []capacity.Replica{rep(true, 0, 0, 0, 0, bounded)}, nil, h(s, v/2)},
+		{"prefill bound, half loaded", []capacity.Replica{rep(true, 3, 0, 0, v/4, bounded)}, nil, h(s-3, v/4)},
+		{"the calibration's prefill bounds a live curve that never queued", []capacity.Replica{rep(true, 0, 0, 0, 0, full)}, calBounded, h(s, v/2)},
 		{"capped at max_running", []capacity.Replica{{Healthy: true, MaxRunning: 5, Curve: full}}, nil, h(5, v*5/c)},
-		{"a rate without a mean of requests (an older EPP) is still subtracted", []capacity.Replica{rep(true, 0, 0, 0, 2*v, full)}, nil, h(c, 0)},
-		{"a load's rate while it holds one request", []capacity.Replica{rep(true, 1, 0, 0, v/2, full)}, nil, h(c-1, min(v/2, v*(c-1)/c))},
-		{"negative and NaN counts", []capacity.Replica{rep(true, -3, 0, 0, math.NaN(), full)}, nil, h(c, v)},
+		{"a rate without a mean of requests (an older EPP) is still subtracted", []capacity.Replica{rep(true, 0, 0, 0, 2*v, full)}, nil, h(s, 0)},
+		{"a load's rate while it holds one request", []capacity.Replica{rep(true, 1, 0, 0, v/2, full)}, nil, h(s-1, min(v/2, v*(s-1)/s))},
+		{"negative and NaN counts", []capacity.Replica{rep(true, -3, 0, 0, math.NaN(), full)}, nil, h(s, v)},
 		{"a malformed curve contributes nothing, calibration or not", []capacity.Replica{rep(true, 0, 0, 0, 0, full),
-			rep(true, 0, 0, 0, 0, malformed)}, cal, h(c, v)},
+			rep(true, 0, 0, 0, 0, malformed)}, cal, h(s, v)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, a := ComputeHeadroom(capacity.Model{ReplicaCapacity: tc.reps}, tc.cal, obj)
@@ -161,7 +164,7 @@ func TestComputeHeadroom(t *testing.T) {
 	require.InDelta(t, 100, a.Replicas[0].Capacity.AdmissionBoundTokensPerSec, 1e-6)
 	m.Admission = nil
 	got, _ = ComputeHeadroom(m, nil, obj)
-	require.Equal(t, h(2*c, 2*v), got)
+	require.Equal(t, h(2*s, 2*v), got)
 }
 
 func TestCheckSnapshot(t *testing.T) {
