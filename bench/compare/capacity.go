@@ -308,34 +308,9 @@ func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error
 			return r.step(ctx, fmt.Sprintf("%.2fx idle quote", k), r.qpsOf(idle.TokensPerS*k), 0)
 		})
 	}
-	// Half loaded: a background at half the true capacity, the quote read
-	// under it, then the background plus the quoted headroom.
-	bgQPS := r.rep.True.QPS / 2
-	r.idle(ctx)
-	type background struct {
-		st  CapacityStep
-		res []*result
-	}
-	bgDone := make(chan background, 1)
-	go func() {
-		st, res := r.stepResults(ctx, "half load", bgQPS, 3*o.StageDuration, 1)
-		bgDone <- background{st, res}
-	}()
-	r.sleepModel(ctx, o.StageDuration)
-	quotedAt := time.Now()
-	half, err := r.quote(ctx, "half loaded")
-	if err != nil {
-		<-bgDone
+	if err := r.halfLoaded(ctx); err != nil {
 		return nil, err
 	}
-	st := CapacityStep{Label: "half load + 1.00x quote"}
-	if half.TokensPerS > 0 {
-		st = r.step(ctx, st.Label, r.qpsOf(half.TokensPerS), 2)
-	}
-	bg := <-bgDone
-	r.rep.HalfLoad = bg.st
-	r.rep.HalfLoadAtQuote = outputRate(bg.res, quotedAt.Add(-capacity.RateSpan), quotedAt) / r.timeScale()
-	r.rep.Checks = append(r.rep.Checks, st)
 
 	// The idle quote's concurrency, held by a client keeping that many
 	// streams open, and the most streams the fleet holds. Closed loops run
@@ -370,6 +345,93 @@ func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error
 		return nil, err
 	}
 	return r.rep, nil
+}
+
+// halfLoaded reads the quote under a background at half the true
+// capacity, then offers the background plus the quoted headroom and
+// measures every request sent while both run, as the fleet serves them.
+// With Confirm set, that trial is run again under a fresh background, at
+// the same quote, until two agree, as every other check is: near the edge
+// one trial holds or breaks by chance (a demo proof's broke once, TTFT
+// 3,152 ms, at 0.95 of the edge where the run before held at the same
+// share).
+func (r *capacityRun) halfLoaded(ctx context.Context) error {
+	const label = "half load + 1.00x quote"
+	bgQPS := r.rep.True.QPS / 2
+	var half CapacityQuote
+	trial := func(first bool) (CapacityStep, error) {
+		r.idle(ctx)
+		type background struct {
+			st  CapacityStep
+			res []*result
+		}
+		bgDone := make(chan background, 1)
+		go func() {
+			st, res := r.stepResults(ctx, "half load", bgQPS, 3*r.o.StageDuration, 1)
+			bgDone <- background{st, res}
+		}()
+		r.sleepModel(ctx, r.o.StageDuration)
+		quotedAt := time.Now()
+		if first {
+			q, err := r.quote(ctx, "half loaded")
+			if err != nil {
+				<-bgDone
+				return CapacityStep{}, err
+			}
+			half = q
+		}
+		qps := r.qpsOf(half.TokensPerS)
+		var res []*result
+		var polled func() []engineLoad
+		d := time.Duration(float64(r.o.StageDuration) / r.timeScale())
+		if qps > 0 {
+			w := r.stepWorkload(qps, r.o.StageDuration, 2)
+			polled = r.pollDuring(ctx)
+			res = replay(ctx, r.c, w, r.o.Base.MaxInFlight, r.o.Base.RequestTimeout, nil)
+		}
+		bg := <-bgDone
+		if first {
+			r.rep.HalfLoad = bg.st
+			r.rep.HalfLoadAtQuote = outputRate(bg.res, quotedAt.Add(-capacity.RateSpan), quotedAt) / r.timeScale()
+		}
+		if qps <= 0 {
+			return CapacityStep{Label: label}, nil
+		}
+		start := startOf(res)
+		st := r.measure(label, alongside(res, bg.res, start.Add(d)), start, d, polled())
+		st.QPS = bgQPS + qps
+		r.logStep(st)
+		return st, nil
+	}
+	st, err := trial(true)
+	if err != nil {
+		return err
+	}
+	r.rep.Checks = append(r.rep.Checks, st)
+	if *r.o.Confirm == 0 || st.Requests == 0 {
+		return nil
+	}
+	held, broke := tally(r.rep.Checks, func(c CapacityStep) bool { return c.Label == label })
+	untilTwoAgree(ctx, held, broke, func() bool {
+		st, _ := trial(false)
+		r.rep.Checks = append(r.rep.Checks, st)
+		return st.Within
+	})
+	return ctx.Err()
+}
+
+// alongside is a step's requests res and those of a background, bg, that
+// started before the step ended, at end: every request the fleet served
+// while both ran (measure leaves out those that started before the step's
+// first fifth).
+func alongside(res, bg []*result, end time.Time) []*result {
+	out := append([]*result(nil), res...)
+	for _, x := range bg {
+		if !x.Start.IsZero() && x.Start.Before(end) {
+			out = append(out, x)
+		}
+	}
+	return out
 }
 
 // awaitHealthy waits until the EPP counts n healthy replicas: the lost
@@ -1177,7 +1239,8 @@ type Verdicts struct {
 	AtQuote, Over, ConcurrencyOver bool
 	// HalfTokens is the half-loaded quote over the true capacity minus the
 	// background's rate over the span the quote read it over;
-	// HalfAtQuote whether background plus quote held the objectives.
+	// HalfAtQuote whether background plus quote, every request sent while
+	// both ran, held the objectives, the majority of its trials.
 	HalfTokens  float64
 	HalfAtQuote bool
 	// LostTokens is the quote after one replica was lost over the idle
@@ -1221,7 +1284,7 @@ func (r *CapacityReport) Verdicts() Verdicts {
 		v.HalfTokens = ratio(q.TokensPerS, r.True.OutputTokPS-r.HalfLoadAtQuote)
 	}
 	half, _ := check("half load + 1.00x quote")
-	v.HalfAtQuote = half > 0 && r.HalfLoad.Within
+	v.HalfAtQuote = half > 0
 	return v
 }
 

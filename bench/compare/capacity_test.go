@@ -325,6 +325,18 @@ func TestOutputRate(t *testing.T) {
 	}
 }
 
+// TestAlongside: a background's requests count with the step's while
+// both ran, up to the step's end; never sent, or sent after, they do not.
+func TestAlongside(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(s int) *result { return &result{Start: t0.Add(time.Duration(s) * time.Second)} }
+	step := []*result{at(10), at(15)}
+	before, during, after, unsent := at(2), at(12), at(20), &result{}
+	got := alongside(step, []*result{before, during, after, unsent}, t0.Add(20*time.Second))
+	require.Equal(t, []*result{step[0], step[1], before, during}, got)
+	require.Len(t, step, 2, "the step's own slice is left as it was")
+}
+
 // TestEngineMeans: loads are averaged over the polls in the window, the
 // hit rate over the prompt tokens those polls saw; a window without a
 // poll, or without prompt tokens, reads 0.
