@@ -135,7 +135,8 @@ type CapacityReport struct {
 	// Quotes and Checks are the quotes read and the loads offered at them.
 	Quotes []CapacityQuote `json:"quotes"`
 	Checks []CapacityStep  `json:"checks"`
-	// HalfLoad is the background load of the half-loaded check.
+	// HalfLoad is the background of the half-loaded check's first trial,
+	// the one its quote was read under.
 	HalfLoad CapacityStep `json:"half_load"`
 	// HalfLoadAtQuote is the background's output tokens per second over
 	// the capacity.RateSpan before the half-loaded quote, by the client's
@@ -413,7 +414,7 @@ func (r *capacityRun) halfLoaded(ctx context.Context) error {
 	}
 	held, broke := tally(r.rep.Checks, func(c CapacityStep) bool { return c.Label == label })
 	untilTwoAgree(ctx, held, broke, func() bool {
-		st, _ := trial(false)
+		st, _ := trial(false) // only the first trial reads a quote, and only that fails
 		r.rep.Checks = append(r.rep.Checks, st)
 		return st.Within
 	})
