@@ -360,12 +360,12 @@ func (r *capacityRun) halfLoaded(ctx context.Context) error {
 	const label = "half load + 1.00x quote"
 	bgQPS := r.rep.True.QPS / 2
 	var half CapacityQuote
+	type background struct {
+		st  CapacityStep
+		res []*result
+	}
 	trial := func(first bool) (CapacityStep, error) {
 		r.idle(ctx)
-		type background struct {
-			st  CapacityStep
-			res []*result
-		}
 		bgDone := make(chan background, 1)
 		go func() {
 			st, res := r.stepResults(ctx, "half load", bgQPS, 3*r.o.StageDuration, 1)
@@ -383,12 +383,10 @@ func (r *capacityRun) halfLoaded(ctx context.Context) error {
 		}
 		qps := r.qpsOf(half.TokensPerS)
 		var res []*result
-		var polled func() []engineLoad
-		d := time.Duration(float64(r.o.StageDuration) / r.timeScale())
+		var loads []engineLoad
+		var wall time.Duration
 		if qps > 0 {
-			w := r.stepWorkload(qps, r.o.StageDuration, 2)
-			polled = r.pollDuring(ctx)
-			res = replay(ctx, r.c, w, r.o.Base.MaxInFlight, r.o.Base.RequestTimeout, nil)
+			res, loads, wall = r.offer(ctx, qps, r.o.StageDuration, 2)
 		}
 		bg := <-bgDone
 		if first {
@@ -399,7 +397,7 @@ func (r *capacityRun) halfLoaded(ctx context.Context) error {
 			return CapacityStep{Label: label}, nil
 		}
 		start := startOf(res)
-		st := r.measure(label, alongside(res, bg.res, start.Add(d)), start, d, polled())
+		st := r.measure(label, alongside(res, bg.res, start.Add(wall)), start, wall, loads)
 		st.QPS = bgQPS + qps
 		r.logStep(st)
 		return st, nil
@@ -910,13 +908,21 @@ func (r *capacityRun) stepFor(ctx context.Context, label string, qps float64, d 
 
 // stepResults is stepFor with every request's result.
 func (r *capacityRun) stepResults(ctx context.Context, label string, qps float64, d time.Duration, stream int) (CapacityStep, []*result) {
-	w := r.stepWorkload(qps, d, stream)
-	polled := r.pollDuring(ctx)
-	res := replay(ctx, r.c, w, r.o.Base.MaxInFlight, r.o.Base.RequestTimeout, nil)
-	st := r.measure(label, res, startOf(res), time.Duration(float64(d)/r.timeScale()), polled())
+	res, loads, wall := r.offer(ctx, qps, d, stream)
+	st := r.measure(label, res, startOf(res), wall, loads)
 	st.QPS = qps
 	r.logStep(st)
 	return st, res
+}
+
+// offer sends a step's requests at qps (model time) for d (model time):
+// every request's result, the engines' load polled meanwhile, and d in
+// wall time.
+func (r *capacityRun) offer(ctx context.Context, qps float64, d time.Duration, stream int) ([]*result, []engineLoad, time.Duration) {
+	w := r.stepWorkload(qps, d, stream)
+	polled := r.pollDuring(ctx)
+	res := replay(ctx, r.c, w, r.o.Base.MaxInFlight, r.o.Base.RequestTimeout, nil)
+	return res, polled(), time.Duration(float64(d) / r.timeScale())
 }
 
 // stepWorkload is a step's requests: qps (model time) for d (model time).
