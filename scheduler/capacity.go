@@ -17,8 +17,9 @@ type curveLearner struct {
 
 // learn adds the sample's window to the replica's capacity curve. An
 // engine shared by several replicas (data parallel behind one metrics URL)
-// has its counts split evenly between them, as the scorers do.
-func (r *replica) learn(sm *metrics.Sample) {
+// has its counts split evenly between them, as the scorers do. It returns
+// the window learnt.
+func (r *replica) learn(sm *metrics.Sample) capacity.Window {
 	w := &sm.Window
 	share := float64(max(r.sharing.Load(), 1))
 	cw := capacity.Window{Seconds: w.Seconds, Running: w.Running / share, ConcurrencyNow: (sm.Signals.Running + sm.Signals.Waiting) / share,
@@ -30,6 +31,7 @@ func (r *replica) learn(sm *metrics.Sample) {
 	r.curve.mu.Lock()
 	r.curve.l.Add(cw)
 	r.curve.mu.Unlock()
+	return cw
 }
 
 // newPromptTokensPerSec is what the engine computed of its prompts: the

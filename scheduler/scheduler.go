@@ -35,6 +35,8 @@ type Scheduler struct {
 	now func() time.Time
 	rnd func() float64
 
+	onWindow func(addr string, w capacity.Window) // nil: none
+
 	snap atomic.Pointer[snapshot]
 
 	// mu serialises SetEndpoints.
@@ -137,6 +139,13 @@ type Option func(*Scheduler)
 // records: a replay on a simulated clock drives Pick and Headroom with it.
 // Admit's queue still waits in real time.
 func WithClock(now func() time.Time) Option { return func(s *Scheduler) { s.now = now } }
+
+// WithWindowObserver calls f with every scrape window a replica's capacity
+// curve learns from, on the scraper's goroutine, so that a harness can
+// record what the curves were fitted to and replay it.
+func WithWindowObserver(f func(addr string, w capacity.Window)) Option {
+	return func(s *Scheduler) { s.onWindow = f }
+}
 
 // New builds a scheduler. ix may be nil when the policy never uses the
 // index (the precise policy then behaves as approximate); reg nil registers
@@ -306,7 +315,10 @@ func (s *Scheduler) Observe(sm *metrics.Sample) {
 		}
 		r.sample.Store(g)
 		if sm.Err == nil && sm.Window.Seconds > 0 {
-			r.learn(sm)
+			w := r.learn(sm)
+			if s.onWindow != nil {
+				s.onWindow(r.ep.Addr, w)
+			}
 		}
 		if trip {
 			r.br.scrape(sm.Err == nil, now, s.cfg.Breaker.FailureThreshold)

@@ -849,3 +849,27 @@ func TestCapacityReplicaRateIsSustained(t *testing.T) {
 	require.Equal(t, 5, snap.Models[0].ReplicaCapacity[0].Running, "the last scrape's count")
 	require.InDelta(t, 3, snap.Models[0].ReplicaCapacity[0].Load, 1e-9)
 }
+
+// The window observer sees each window a replica's curve learns from,
+// under the replica's address, and nothing from a failed or empty scrape.
+func TestWindowObserver(t *testing.T) {
+	type seen struct {
+		addr string
+		w    capacity.Window
+	}
+	var got []seen
+	s, err := New(DefaultConfig(), nil, nil, nil,
+		WithWindowObserver(func(addr string, w capacity.Window) { got = append(got, seen{addr, w}) }))
+	require.NoError(t, err)
+	s.SetEndpoints(endpoints(2, testModel))
+	url := s.snap.Load().byAddr[addr(1)].ep.MetricsURL
+	s.Observe(&metrics.Sample{URL: url, GenerationTokensPerSec: 300, Window: metrics.Window{Seconds: 2, Running: 3, Waiting: 1}})
+	s.Observe(&metrics.Sample{URL: url, Err: errors.New("refused"), Window: metrics.Window{Seconds: 2, Running: 3}})
+	s.Observe(&metrics.Sample{URL: url, Window: metrics.Window{Seconds: 0}})
+	require.Len(t, got, 1)
+	require.Equal(t, addr(1), got[0].addr)
+	require.Equal(t, 2.0, got[0].w.Seconds)
+	require.Equal(t, 3.0, got[0].w.Running)
+	require.Equal(t, 1.0, got[0].w.Waiting)
+	require.Equal(t, 300.0, got[0].w.OutputTokensPerSec)
+}

@@ -64,6 +64,10 @@ type CapacityOptions struct {
 	// EPP's capacity snapshot at each quote (snapshot-N.json, the curves
 	// the quote was read from). Default: a temporary directory, removed.
 	Dir string
+	// RecordWindows writes every scrape window the EPP's capacity curves
+	// learn from to Dir/windows.jsonl, with a mark at each snapshot, so
+	// that what a quote was read from can be replayed.
+	RecordWindows bool
 }
 
 // CapacityStep is one measured load: client-side latencies in model time.
@@ -192,6 +196,8 @@ type capacityRun struct {
 	// traceRounds is how many rounds of the trace's walks the steps have
 	// taken (traceStep).
 	traceRounds atomic.Int64
+	// windows, when set, records the curves' windows (RecordWindows).
+	windows *windowRecorder
 	// probe and streamProbe, when set, measure a ladder step in place of
 	// the fleet.
 	probe       func(label string, qps float64) CapacityStep
@@ -255,7 +261,20 @@ func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error
 	defer func() { _ = f.Stop() }()
 	r.seed.Store(o.Base.Seed)
 	r.f = f
-	target, err := EPPLauncher(log, ExternalOptions{})(ctx, "precise", f.Endpoints(), 1)
+	var onWindow func(string, capacity.Window)
+	if o.RecordWindows {
+		rec, err := newWindowRecorder(filepath.Join(dir, "windows.jsonl"))
+		if err != nil {
+			return nil, err
+		}
+		defer func() {
+			if cerr := rec.Close(); cerr != nil {
+				log.Warn("windows not recorded whole", zap.Error(cerr))
+			}
+		}()
+		r.windows, onWindow = rec, rec.window
+	}
+	target, err := eppLauncher(log, ExternalOptions{}, onWindow)(ctx, "precise", f.Endpoints(), 1)
 	if err != nil {
 		return nil, err
 	}
@@ -534,6 +553,9 @@ func (r *capacityRun) saveSnapshot(ctx context.Context, n int) error {
 	b, err := json.MarshalIndent(snap, "", " ")
 	if err != nil {
 		return err
+	}
+	if r.windows != nil {
+		r.windows.snapshot(n)
 	}
 	return os.WriteFile(filepath.Join(r.dir, fmt.Sprintf("snapshot-%d.json", n)), b, 0o644)
 }

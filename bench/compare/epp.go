@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/omnious/provider-node/bench/internal/launch"
+	"github.com/omnious/provider-node/capacity"
 	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/extproc/testgw"
 	"github.com/omnious/provider-node/scheduler"
@@ -32,6 +33,12 @@ const scrapeInterval = 250 * time.Millisecond
 // replica's KV events and scraping every replica, as the Helm chart's
 // replicas do; the gateway spreads streams over them.
 func EPPLauncher(log *zap.Logger, ext ExternalOptions) Launcher {
+	return eppLauncher(log, ext, nil)
+}
+
+// eppLauncher is EPPLauncher whose first EPP, when onWindow is set, gives
+// it every scrape window its capacity curves learn from.
+func eppLauncher(log *zap.Logger, ext ExternalOptions, onWindow func(addr string, w capacity.Window)) Launcher {
 	ext = ext.WithDefaults()
 	return func(ctx context.Context, policy string, fleet []endpoint.Endpoint, epps int) (Target, error) {
 		if x, ok, err := parseExternal(policy); ok {
@@ -60,8 +67,12 @@ func EPPLauncher(log *zap.Logger, ext ExternalOptions) Launcher {
 			if epps > 1 {
 				l = log.With(zap.Int("epp", i))
 			}
-			e, err := launch.StartInProcess(launch.InProcessConfig{Spec: launch.Spec{Scheduler: sc, Endpoints: fleet, Tokenizer: tok,
-				MaxEndpoints: new(0), DrainTimeout: 5 * time.Second}, OnPick: t.observe, Log: l})
+			c := launch.InProcessConfig{Spec: launch.Spec{Scheduler: sc, Endpoints: fleet, Tokenizer: tok,
+				MaxEndpoints: new(0), DrainTimeout: 5 * time.Second}, OnPick: t.observe, Log: l}
+			if i == 0 {
+				c.OnWindow = onWindow
+			}
+			e, err := launch.StartInProcess(c)
 			if err != nil {
 				return nil, errors.Join(fmt.Errorf("policy %s: %w", policy, err), t.Close())
 			}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -33,6 +34,7 @@ func runCapacity(args []string) error {
 	fs.IntVar(&o.Refine, "refine", def.Refine, "bisection steps at the edge")
 	o.Confirm = fs.Int("confirm", *def.Confirm, "rounds that measure the highest rate (and number of streams) held again once the bisection is done; a rung's verdict is then the majority of its steps, a step that breaks measured again too, and each check at 1.00x and 1.25x of the quote is measured until two of its steps agree (0: every rung and check once)")
 	fs.BoolVar(&o.SkipCalibration, "skip-calibration", false, "do not run quoter calibrate first")
+	fs.BoolVar(&o.RecordWindows, "record-windows", false, "write every scrape window the EPP's capacity curves learn from to DIR/windows.jsonl (needs -dir)")
 	fs.StringVar(&o.Dir, "dir", "", "keep the calibration document, the quoter's state and the EPP's capacity snapshot at each quote (snapshot-N.json) in this directory (default: a temporary one, removed)")
 	jsonOut := fs.String("json", "", "write the report as JSON to this file")
 	htmlOut := fs.String("html", "", "write the report with its charts as HTML to this file")
@@ -42,6 +44,9 @@ func runCapacity(args []string) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("bench capacity: unexpected arguments %v", fs.Args())
+	}
+	if o.RecordWindows && o.Dir == "" {
+		return errors.New("bench capacity: -record-windows needs -dir")
 	}
 	base, err := compare.Preset(*scenario)
 	if err != nil {

@@ -5,6 +5,8 @@
 //	bench chaos [flags]      the fault-injection suite (bench/chaos)
 //	bench load [flags]       the EPP alone: decisions/s, added latency, memory soak (bench/load)
 //	bench floor [flags]      the no-op ext_proc server bench load -floor runs in the EPP's place
+//	bench capacity [flags]   the capacity proof: quotes against the fleet's true SLO capacity
+//	bench windows [flags]    what the engines did at each load, from bench capacity -record-windows
 //
 // The comparison replays a workload through routing policies, each on a
 // fresh fleet of (simulated or real) engine replicas, and prints a table on
@@ -63,6 +65,8 @@ func run(args []string) error {
 			return runCompare(args[1:], true)
 		case "capacity":
 			return runCapacity(args[1:])
+		case "windows":
+			return runWindows(args[1:])
 		}
 	}
 	return runCompare(args, false)

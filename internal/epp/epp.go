@@ -68,6 +68,7 @@ type Option func(*options)
 type options struct {
 	observePick func(time.Duration)
 	rules       *rules.Store
+	sched       []scheduler.Option
 }
 
 // WithPickObserver calls f with the duration of every scheduling decision,
@@ -75,6 +76,13 @@ type options struct {
 // report decision latency.
 func WithPickObserver(f func(time.Duration)) Option {
 	return func(o *options) { o.observePick = f }
+}
+
+// WithWindowObserver calls f with every scrape window a replica's capacity
+// curve learns from (scheduler.WithWindowObserver), for harnesses that
+// record what the curves were fitted to.
+func WithWindowObserver(f func(addr string, w capacity.Window)) Option {
+	return func(o *options) { o.sched = append(o.sched, scheduler.WithWindowObserver(f)) }
 }
 
 // WithRules makes the EPP apply the model rules in rs, a store from
@@ -136,7 +144,7 @@ func New(cfg Config, src discovery.Source, log *zap.Logger, opts ...Option) (*EP
 		e.ix = kvindex.New(cfg.Index.kvindex())
 	}
 	var err error
-	if e.sched, err = scheduler.New(cfg.Scheduler, e.ix, e.reg, log.Named("scheduler")); err != nil {
+	if e.sched, err = scheduler.New(cfg.Scheduler, e.ix, e.reg, log.Named("scheduler"), o.sched...); err != nil {
 		return nil, fmt.Errorf("cannot create scheduler: %w", err)
 	}
 	e.scraper = metrics.NewScraper(metrics.ScraperConfig{

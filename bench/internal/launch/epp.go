@@ -126,6 +126,9 @@ type InProcessConfig struct {
 	Spec
 	// OnPick, when set, is given the duration of every scheduling decision.
 	OnPick func(time.Duration)
+	// OnWindow, when set, is given every scrape window the capacity
+	// curves learn from.
+	OnWindow func(addr string, w capacity.Window)
 	// Log receives the EPP's logs (nil: none).
 	Log *zap.Logger
 }
@@ -140,6 +143,9 @@ func StartInProcess(c InProcessConfig) (*EPP, error) {
 	var opts []epp.Option
 	if c.OnPick != nil {
 		opts = append(opts, epp.WithPickObserver(c.OnPick))
+	}
+	if c.OnWindow != nil {
+		opts = append(opts, epp.WithWindowObserver(c.OnWindow))
 	}
 	log := zap.NewNop()
 	if c.Log != nil {
