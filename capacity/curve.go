@@ -570,8 +570,9 @@ type AtObjectives struct {
 	// so the capacity stops where the measurements do: never
 	// extrapolated), "prefill" (the rate the engine prefills the mix
 	// at, Prefill.Bound), "prefill-itl" (the stalls the mix's prefill
-	// puts into decoding, Curve.StallBound) or "admission" (the load at
-	// which the EPP starts to queue, Curve.AtAdmitted).
+	// puts into decoding, Curve.StallBound), "admission" (the load at
+	// which the EPP starts to queue, Curve.AtAdmitted) or "kv" (what the
+	// free KV cache takes, BoundKV).
 	Limit string `json:"limit"`
 	// MaxMeasured is the largest concurrency with enough data.
 	MaxMeasured float64 `json:"max_measured"`
@@ -583,6 +584,8 @@ type AtObjectives struct {
 	// Curve.AdmissionBound, when read (Curve.AtAdmitted).
 	AdmissionBoundConcurrency  float64 `json:"admission_bound_concurrency,omitempty"`
 	AdmissionBoundTokensPerSec float64 `json:"admission_bound_tokens_per_sec,omitempty"`
+	// KVBoundStreams is the replica's KV bound (BoundKV), when read.
+	KVBoundStreams float64 `json:"kv_bound_streams,omitempty"`
 	// HeldConcurrency is the load the engine held over its sustained spans
 	// at OutputTokensPerSec (Curve.heldAt), when any were measured.
 	HeldConcurrency float64 `json:"held_concurrency,omitempty"`

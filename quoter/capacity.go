@@ -113,6 +113,10 @@ type ReplicaAssessment struct {
 //	               holding the objectives, at most the load at which the
 //	               EPP starts to queue (AtObjectives.Streams), capped at
 //	               max_running
+//	kv           = busy + free KV tokens / (new prompt + output tokens
+//	               a request of the mix): capacity and streams are at
+//	               most that, the rates scaled down with the capacity
+//	               (AtObjectives.BoundKV)
 //	busy         = requests in the engine, mean of the last 30 s,
 //	               + max(0, in_flight - running - waiting)
 //	load         = output tokens/s of the last 30 s
@@ -202,6 +206,7 @@ func ComputeHeadroom(m capacity.Model, cal *capacity.Calibration, o capacity.Obj
 				}
 				at.Streams = min(at.Streams, m)
 			}
+			at.BoundKV(ra.Busy, r.FreeKVTokens, r.TotalKVTokens, curve.Prefill)
 			ra.Capacity, ra.Source = at, source
 			a.Concurrency += at.Concurrency
 			a.Streams += at.Streams

@@ -48,6 +48,17 @@ func TestComputeHeadroom(t *testing.T) {
 	// withLoad gives a replica the mean of its requests over the last
 	// 30 s, as the EPP reports it beside one scrape's counts.
 	withLoad := func(r capacity.Replica, load float64) capacity.Replica { r.Load = load; return r }
+	// withKV gives a replica its KV cache now.
+	withKV := func(r capacity.Replica, free, total int64) capacity.Replica {
+		r.FreeKVTokens, r.TotalKVTokens = free, total
+		return r
+	}
+	// mixed is full with a mix of 1,000 KV tokens a request (990 new
+	// prompt tokens and 10 output) and no prefill rate, so that only the
+	// KV cache bounds it.
+	mixed := full.Clone()
+	mixed.Prefill = capacity.Prefill{Requests: 100, NewTokens: 100 * 990, OutputTokens: 100 * 10}
+	const kvLoad = 30.0
 	h := func(conc, tps float64) Headroom {
 		return Headroom{Concurrency: uint32(math.Floor(conc)), TokensPerSec: uint64(math.Floor(tps))}
 	}
@@ -117,6 +128,14 @@ func TestComputeHeadroom(t *testing.T) {
 		{"prefill bound, half loaded", []capacity.Replica{rep(true, 3, 0, 0, v/4, bounded)}, nil, h(s-3, v/4)},
 		{"the calibration's prefill bounds a live curve that never queued", []capacity.Replica{rep(true, 0, 0, 0, 0, full)}, calBounded, h(s, v/2)},
 		{"capped at max_running", []capacity.Replica{{Healthy: true, MaxRunning: 5, Curve: full}}, nil, h(5, v*5/c)},
+		{"free KV with room for more than the curve sells", []capacity.Replica{withKV(rep(true, 0, 0, 0, 0, mixed), 100_000, 100_000)}, nil,
+			h(s, v)},
+		{"free KV bounds capacity and streams: busy + free / KV a request", []capacity.Replica{withKV(rep(true, 3, 0, 0, kvLoad, mixed), 5_000, 100_000)},
+			nil, h(8-3, min(v*8/c-kvLoad, v*8/c*5/8))},
+		{"no KV bound without the mix", []capacity.Replica{withKV(rep(true, 3, 0, 0, kvLoad, full), 5_000, 100_000)}, nil,
+			h(s-3, min(v-kvLoad, v*(s-3)/s))},
+		{"no KV bound without the cache's size", []capacity.Replica{withKV(rep(true, 3, 0, 0, kvLoad, mixed), 0, 0)}, nil,
+			h(s-3, min(v-kvLoad, v*(s-3)/s))},
 		{"a rate without a mean of requests (an older EPP) is still subtracted", []capacity.Replica{rep(true, 0, 0, 0, 2*v, full)}, nil, h(s, 0)},
 		{"a load's rate while it holds one request", []capacity.Replica{rep(true, 1, 0, 0, v/2, full)}, nil, h(s-1, min(v/2, v*(s-1)/s))},
 		{"negative and NaN counts", []capacity.Replica{rep(true, -3, 0, 0, math.NaN(), full)}, nil, h(s, v)},
