@@ -40,10 +40,21 @@ func (a *AtObjectives) BoundKV(busy float64, freeKV, totalKV int64, mix Prefill)
 	bound := max(busy, 0) + float64(freeKV)/per
 	a.KVBoundStreams = bound
 	a.Streams = min(a.Streams, bound)
-	if a.Concurrency > bound {
-		f := bound / a.Concurrency
-		a.OutputTokensPerSec *= f
-		a.PromptTokensPerSec *= f
-		a.Concurrency, a.Limit = bound, LimitKV
+	if a.CapConcurrency(bound) {
+		a.Limit = LimitKV
 	}
+}
+
+// CapConcurrency lowers Concurrency to bound where it is more, the token
+// rates scaled down with it, and reports whether it did. Streams and
+// Limit are the caller's to set.
+func (a *AtObjectives) CapConcurrency(bound float64) bool {
+	if a.Concurrency <= bound {
+		return false
+	}
+	f := bound / a.Concurrency
+	a.OutputTokensPerSec *= f
+	a.PromptTokensPerSec *= f
+	a.Concurrency = bound
+	return true
 }

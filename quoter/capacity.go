@@ -198,12 +198,7 @@ func ComputeHeadroom(m capacity.Model, cal *capacity.Calibration, o capacity.Obj
 				break
 			}
 			if m := float64(r.MaxRunning); m > 0 {
-				if at.Concurrency > m {
-					f := m / at.Concurrency
-					at.OutputTokensPerSec *= f
-					at.PromptTokensPerSec *= f
-					at.Concurrency = m
-				}
+				at.CapConcurrency(m)
 				at.Streams = min(at.Streams, m)
 			}
 			at.BoundKV(ra.Busy, r.FreeKVTokens, r.TotalKVTokens, curve.Prefill)

@@ -29,8 +29,9 @@ func runWindows(args []string) error {
 	file := fs.String("file", "", "windows file (DIR/windows.jsonl of bench capacity -record-windows)")
 	var spans listFlag
 	fs.Var(&spans, "span", "FROM:TO, seconds since the recording started (TO empty: to the end); repeat for columns side by side")
-	itl := fs.Duration("slo-itl-p95", 50*time.Millisecond, "inter-token objective, in the engines' time: the shares are counted against it, and a replay reads the curves at it")
-	ttft := fs.Duration("slo-ttft-p95", 2*time.Second, "time-to-first-token objective a replay reads the curves at, in the engines' time")
+	def := quoter.Config{}.WithDefaults()
+	itl := fs.Duration("slo-itl-p95", def.SLOITLP95, "inter-token objective, in the engines' time: the shares are counted against it, and a replay reads the curves at it")
+	ttft := fs.Duration("slo-ttft-p95", def.SLOTTFTP95, "time-to-first-token objective a replay reads the curves at, in the engines' time")
 	every := fs.Duration("every", 0, "also print the fleet's load (requests in the engines) at this interval (0: not)")
 	replay := fs.Int("replay", -1, "feed the windows before snapshot N's mark to fresh curves, as the EPP learnt them, and print the headroom they and snapshot-N.json (beside the file) read (-1: no replay)")
 	if err := fs.Parse(args); err != nil {
@@ -69,7 +70,7 @@ func runWindows(args []string) error {
 	if err := json.Unmarshal(b, &snap); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
-	printReplay(os.Stdout, snap, st.Curves, capacity.Objectives{TTFT: *ttft, ITL: *itl, Quantile: 0.95})
+	printReplay(os.Stdout, snap, st.Curves, quoter.Config{SLOTTFTP95: *ttft, SLOITLP95: *itl}.Objectives())
 	return nil
 }
 
