@@ -971,16 +971,18 @@ func (r *capacityRun) stepWorkload(qps float64, d time.Duration, stream int) *Wo
 // an open stream of arrivals at its rate does not (at the rate, fewer are
 // in flight). The requests are a step's mix at twice the rate Little's
 // law gives n at the true capacity's latency: more than the streams send
-// (on a trace, the records they leave unsent are skipped, as the next
-// step walks on), and started over should they send them all, as a
-// request sent again finds its prompt cached.
+// (on a trace, the records they leave unsent go back to the walks,
+// unsentRounds), and started over should they send them all, as a request
+// sent again finds its prompt cached.
 func (r *capacityRun) closedStep(ctx context.Context, label string, n int) CapacityStep {
 	d := r.o.StageDuration
 	qps := 2 * float64(n)
 	if t := r.rep.True; t.Concurrency > 0 && t.QPS > 0 {
 		qps *= t.QPS / t.Concurrency
 	}
+	from := r.traceRounds.Load()
 	w := r.stepWorkload(qps, d, 3)
+	to := r.traceRounds.Load()
 	polled := r.pollDuring(ctx)
 	wall := time.Duration(float64(d) / r.timeScale())
 	start := time.Now()
@@ -1005,6 +1007,7 @@ func (r *capacityRun) closedStep(ctx context.Context, label string, n int) Capac
 		})
 	}
 	wg.Wait()
+	r.unsentRounds(from, to, next.Load())
 	st := r.measure(label, res, start, wall, polled())
 	st.Streams = n
 	st.QPS = float64(st.Requests) / (measuredSpan(wall).Seconds() * r.timeScale())
@@ -1131,6 +1134,27 @@ func (r *capacityRun) traceStep(o Options, qps float64, d time.Duration) *Worklo
 
 // traceStreams is how many walks through a trace a step sends side by side.
 const traceStreams = 10
+
+// unsentRounds gives the walks back the rounds a step drew, from and to,
+// beyond the first sent of its requests, so that the next step goes on
+// where the step's sending stopped. A closed loop draws about twice what
+// it sends. Skipped, the unsent rounds of a step holding 147 streams of
+// the Mooncake trace took the walks 76 rounds past a whole pass (399):
+// 151 of the next step's 284 rounds sent records the step had just sent,
+// their prompts still cached, and its prefix hits rose from 0.85 to 0.89
+// (0.77 to 0.91 between two steps of 116 streams, 158 of 272 rounds sent
+// again). The streams the ladder found held were the trace's replayed,
+// not its own. Nothing is given back should another step have drawn
+// since.
+func (r *capacityRun) unsentRounds(from, to, sent int64) {
+	if r.trace == nil {
+		return
+	}
+	used := from + (sent+traceStreams-1)/traceStreams
+	if used < to {
+		r.traceRounds.CompareAndSwap(to, used)
+	}
+}
 
 // engineLoad is the fleet's running and waiting requests at one poll of
 // the EPP's snapshot, and its prompt tokens per second and the prefix-cache

@@ -296,6 +296,53 @@ func TestCapacityTraceStepDrawsTheWholeTrace(t *testing.T) {
 	}
 }
 
+// TestCapacityUnsentRounds: the records a closed step drew but did not send
+// go back to the walks, so no record is sent twice before the walks have
+// been through the trace, however little of what they draw the steps send;
+// a step drawn meanwhile keeps its rounds.
+func TestCapacityUnsentRounds(t *testing.T) {
+	trace := make([]TraceRecord, 1000) // 100 rounds a pass
+	for i := range trace {
+		trace[i] = TraceRecord{InputLength: 10, OutputLength: i + 1, HashIDs: []int64{int64(i)}}
+	}
+	r := &capacityRun{trace: trace}
+	o := Options{Fleet: FleetOptions{TimeScale: 1}}
+	seen := map[int]bool{}
+	sentRounds := int64(0)
+	for step := range 8 {
+		o.Seed = int64(step)
+		from := r.traceRounds.Load()
+		w := r.traceStep(o, 1.6, 100*time.Second) // about 16 rounds
+		to := r.traceRounds.Load()
+		sent := int64(len(w.Requests)) / 3 // a closed loop sends some
+		if step == 5 {
+			sent = 0
+		}
+		for _, req := range w.Requests[:sent] {
+			require.False(t, seen[req.MaxTokens], "step %d: record %d sent again within a pass", step, req.MaxTokens)
+			seen[req.MaxTokens] = true
+		}
+		r.unsentRounds(from, to, sent)
+		sentRounds += (sent + traceStreams - 1) / traceStreams
+		require.Equal(t, sentRounds, r.traceRounds.Load(), "step %d: the walks go on where the sending stopped", step)
+	}
+	require.Greater(t, len(seen), 200)
+
+	// Another step drew after the closed one: nothing is given back.
+	from := r.traceRounds.Load()
+	w := r.traceStep(o, 1.6, 100*time.Second)
+	to := r.traceRounds.Load()
+	r.traceStep(o, 1.6, 100*time.Second)
+	after := r.traceRounds.Load()
+	r.unsentRounds(from, to, int64(len(w.Requests))/3)
+	require.Equal(t, after, r.traceRounds.Load())
+
+	// Without a trace there are no walks.
+	r = &capacityRun{}
+	r.unsentRounds(0, 10, 1)
+	require.Zero(t, r.traceRounds.Load())
+}
+
 // TestOutputRate: a request's tokens count where they streamed, its usage
 // spread over its chunks; failed requests count nothing.
 func TestOutputRate(t *testing.T) {
