@@ -95,6 +95,18 @@ type WindowLoad struct {
 	NewTokensPerSec    float64
 	OutputTokensPerSec float64
 	PromptTokensPerSec float64
+	// Queued is the share of Seconds in windows with a prompt waiting
+	// (their mean waiting count, or the smaller of their two ends', 1 or
+	// more), and ITLWithinQueued and ITLWithinFree the shares within the
+	// objective in those windows and in the rest (1 when they hold no
+	// inter-token latency). A prompt waits while a long chunk of another's
+	// prefill holds every decode, so the two kinds differ far more than
+	// one load from the next, and how much of its time a load spends
+	// queued depends on how the requests came (bunched arrivals, or a
+	// client's streams each sent as one ends).
+	Queued          float64
+	ITLWithinQueued float64
+	ITLWithinFree   float64
 }
 
 // PrefixHitRate is the share of the prompt tokens the engines found
@@ -150,7 +162,10 @@ func ReadWindows(r io.Reader, q WindowQuery) (*WindowStats, error) {
 	if replaying {
 		learners = make(map[string]*capacity.Learner)
 	}
-	type acc struct{ sec, within, count, newTok, out, prompt float64 }
+	type acc struct {
+		sec, within, count, newTok, out, prompt float64
+		qsec, qwithin, qcount                   float64 // windows with a prompt waiting
+	}
 	accs := make([]map[int]*acc, len(spans))
 	for i := range accs {
 		accs[i] = make(map[int]*acc)
@@ -208,9 +223,15 @@ func ReadWindows(r io.Reader, q WindowQuery) (*WindowStats, error) {
 				a = &acc{}
 				accs[i][int(load)] = a
 			}
+			within := w.ITL.Within(w.ITLBounds, itl.Seconds()) * w.ITL.Count
 			a.sec += w.Seconds
 			a.count += w.ITL.Count
-			a.within += w.ITL.Within(w.ITLBounds, itl.Seconds()) * w.ITL.Count
+			a.within += within
+			if w.Waiting >= 1 || w.WaitingMin >= 1 {
+				a.qsec += w.Seconds
+				a.qcount += w.ITL.Count
+				a.qwithin += within
+			}
 			a.newTok += w.NewPromptTokensPerSec * w.Seconds
 			a.out += w.OutputTokensPerSec * w.Seconds
 			a.prompt += w.PromptTokensPerSec * w.Seconds
@@ -231,15 +252,22 @@ func ReadWindows(r io.Reader, q WindowQuery) (*WindowStats, error) {
 	for _, m := range accs {
 		loads := make([]WindowLoad, 0, len(m))
 		for k, a := range m {
-			l := WindowLoad{Load: k, Seconds: a.sec, ITLWithin: 1, NewTokensPerSec: a.newTok / a.sec,
-				OutputTokensPerSec: a.out / a.sec, PromptTokensPerSec: a.prompt / a.sec}
-			if a.count > 0 {
-				l.ITLWithin = a.within / a.count
-			}
+			l := WindowLoad{Load: k, Seconds: a.sec, NewTokensPerSec: a.newTok / a.sec,
+				OutputTokensPerSec: a.out / a.sec, PromptTokensPerSec: a.prompt / a.sec,
+				Queued: a.qsec / a.sec, ITLWithin: share(a.within, a.count),
+				ITLWithinQueued: share(a.qwithin, a.qcount), ITLWithinFree: share(a.within-a.qwithin, a.count-a.qcount)}
 			loads = append(loads, l)
 		}
 		sort.Slice(loads, func(i, j int) bool { return loads[i].Load < loads[j].Load })
 		st.Loads = append(st.Loads, loads)
 	}
 	return st, nil
+}
+
+// share is within over count, 1 when there is nothing to count.
+func share(within, count float64) float64 {
+	if count > 0 {
+		return within / count
+	}
+	return 1
 }

@@ -81,7 +81,12 @@ func TestReadWindows(t *testing.T) {
 	require.InDelta(t, 200, l.NewTokensPerSec, 1e-9)
 	require.InDelta(t, 100, l.OutputTokensPerSec, 1e-9)
 	require.InDelta(t, 0.8, l.PrefixHitRate(), 1e-9)
-	require.Equal(t, []WindowLoad{{Load: 9, Seconds: 1, ITLWithin: 1, NewTokensPerSec: 500, OutputTokensPerSec: 20, PromptTokensPerSec: 500}}, st.Loads[1])
+	// a's window had a prompt waiting, b's none.
+	require.InDelta(t, 0.5, l.Queued, 1e-9)
+	require.InDelta(t, 0.9, l.ITLWithinQueued, 1e-9)
+	require.InDelta(t, 0.3, l.ITLWithinFree, 1e-9)
+	require.Equal(t, []WindowLoad{{Load: 9, Seconds: 1, ITLWithin: 1, NewTokensPerSec: 500, OutputTokensPerSec: 20, PromptTokensPerSec: 500,
+		ITLWithinQueued: 1, ITLWithinFree: 1}}, st.Loads[1])
 	// The replay stops at the mark: a's curve holds its busy window at 4
 	// requests, not the one at 9 after the mark.
 	require.Len(t, st.Curves, 2)
