@@ -101,9 +101,8 @@ type WindowLoad struct {
 	// objective in those windows and in the rest (1 when they hold no
 	// inter-token latency). A prompt waits while a long chunk of another's
 	// prefill holds every decode, so the two kinds differ far more than
-	// one load from the next, and how much of its time a load spends
-	// queued depends on how the requests came (bunched arrivals, or a
-	// client's streams each sent as one ends).
+	// one load from the next, and a fleet's open ladder and its closed
+	// loops spent different shares of their time at one load queued.
 	Queued          float64
 	ITLWithinQueued float64
 	ITLWithinFree   float64
