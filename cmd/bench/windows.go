@@ -91,6 +91,20 @@ func printReplay(w io.Writer, snap capacity.Snapshot, curves map[string]capacity
 			s := saved.Replicas[i]
 			fmt.Fprintf(w, "  %s  streams %.2f / %.2f  limit %s / %s\n", a.Addr, s.Capacity.Streams, a.Capacity.Streams, s.Capacity.Limit, a.Capacity.Limit)
 		}
+		// The healthy replicas' curves added together, read as one engine's:
+		// whether the sum of the replicas' own readings loses to the noise of
+		// each replica's windows.
+		var healthy []capacity.Curve
+		for _, r := range m.ReplicaCapacity {
+			if r.Healthy {
+				healthy = append(healthy, r.Curve)
+			}
+		}
+		pooled, _ := capacity.Pool(healthy)
+		if at, err := pooled.At(o); err == nil {
+			fmt.Fprintf(w, "  pooled: streams %.2f an engine, %.1f for %d replicas (the objectives alone, no admission or KV bound)\n",
+				at.Streams, at.Streams*float64(len(healthy)), len(healthy))
+		}
 	}
 }
 

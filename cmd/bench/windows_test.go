@@ -1,11 +1,16 @@
 package main
 
 import (
+	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnious/provider-node/bench/compare"
+	"github.com/omnious/provider-node/capacity"
+	"github.com/omnious/provider-node/quoter"
 )
 
 func TestParseSpans(t *testing.T) {
@@ -30,4 +35,34 @@ func TestParseSpans(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, tc.want, got)
 	}
+}
+
+// TestPrintReplay: the headroom read from the snapshot's curves and from
+// the replayed ones, per replica, and the healthy replicas' curves pooled
+// into one engine's, read alone.
+func TestPrintReplay(t *testing.T) {
+	l := capacity.NewLearner(time.Hour)
+	bounds := []float64{0.05, 0.1}
+	for range 20 {
+		for _, w := range []struct{ load, within float64 }{{2, 100}, {4, 96}, {6, 80}} {
+			l.Add(capacity.Window{Seconds: 1, Running: w.load, ConcurrencyNow: w.load, OutputTokensPerSec: 100 * w.load,
+				ITLBounds: bounds, ITL: capacity.Histogram{Counts: []float64{w.within, 100}, Count: 100}})
+		}
+	}
+	c := l.Curve()
+	o := quoter.Config{}.WithDefaults().Objectives()
+	one, err := c.At(o)
+	require.NoError(t, err)
+	require.Greater(t, one.Streams, 2.0)
+	snap := capacity.Snapshot{Models: []capacity.Model{{Model: "m", ReplicaCapacity: []capacity.Replica{
+		{Addr: "a", Healthy: true, Curve: c},
+		{Addr: "b", Healthy: true, Curve: c},
+		{Addr: "c", Curve: c}, // not healthy: sells nothing, pools nothing
+	}}}}
+	var b strings.Builder
+	printReplay(&b, snap, map[string]capacity.Curve{"a": c, "b": c, "c": c}, o)
+	out := b.String()
+	require.Contains(t, out, fmt.Sprintf("m: streams %.1f from the snapshot's curves, %.1f replayed", 2*one.Streams, 2*one.Streams))
+	require.Contains(t, out, fmt.Sprintf("  a  streams %.2f / %.2f  limit", one.Streams, one.Streams))
+	require.Contains(t, out, fmt.Sprintf("  pooled: streams %.2f an engine, %.1f for 2 replicas", one.Streams, 2*one.Streams))
 }
