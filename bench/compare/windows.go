@@ -106,7 +106,23 @@ type WindowLoad struct {
 	Queued          float64
 	ITLWithinQueued float64
 	ITLWithinFree   float64
+	// Rising and Falling are the shares of Seconds in windows whose load
+	// was more than one request above or below the same replica's
+	// TrendSpan before, and ITLWithinRising and ITLWithinFalling the
+	// shares within the objective in them (1 when they hold none). Load
+	// that rises came as prompts, whose prefill stalls the decodes; load
+	// that falls left as answers ended, and nothing new is prefilled. So
+	// one load reads differently by where it is going, and arrivals and a
+	// client's closed loops pass it going different ways
+	// (quoter/PROOFS.md, "Where the load is going").
+	Rising, Falling                   float64
+	ITLWithinRising, ITLWithinFalling float64
 }
+
+// TrendSpan is how far back a window's load is compared with the same
+// replica's to say whether it rose or fell (WindowLoad.Rising): several
+// scrapes, and short against a request's time in the engine.
+const TrendSpan = 2.0
 
 // PrefixHitRate is the share of the prompt tokens the engines found
 // cached, 0 when no prompt came.
@@ -164,6 +180,8 @@ func ReadWindows(r io.Reader, q WindowQuery) (*WindowStats, error) {
 	type acc struct {
 		sec, within, count, newTok, out, prompt float64
 		qsec, qwithin, qcount                   float64 // windows with a prompt waiting
+		rsec, rwithin, rcount                   float64 // windows whose load rose
+		fsec, fwithin, fcount                   float64 // and fell
 	}
 	accs := make([]map[int]*acc, len(spans))
 	for i := range accs {
@@ -171,6 +189,7 @@ func ReadWindows(r io.Reader, q WindowQuery) (*WindowStats, error) {
 	}
 	st := &WindowStats{}
 	last := make(map[string]float64)
+	trends := make(map[string]*loadTrend)
 	next := 0.0
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -210,6 +229,12 @@ func ReadWindows(r io.Reader, q WindowQuery) (*WindowStats, error) {
 				next = rec.Seconds + every
 			}
 		}
+		tr := trends[rec.Addr]
+		if tr == nil {
+			tr = &loadTrend{}
+			trends[rec.Addr] = tr
+		}
+		change, known := tr.add(rec.Seconds, load)
 		if !(w.Seconds > 0) || !(load > 0) || math.IsInf(load, 0) || math.IsInf(w.Seconds, 0) {
 			continue
 		}
@@ -230,6 +255,12 @@ func ReadWindows(r io.Reader, q WindowQuery) (*WindowStats, error) {
 				a.qsec += w.Seconds
 				a.qcount += w.ITL.Count
 				a.qwithin += within
+			}
+			switch {
+			case known && change > 1:
+				a.rsec, a.rcount, a.rwithin = a.rsec+w.Seconds, a.rcount+w.ITL.Count, a.rwithin+within
+			case known && change < -1:
+				a.fsec, a.fcount, a.fwithin = a.fsec+w.Seconds, a.fcount+w.ITL.Count, a.fwithin+within
 			}
 			a.newTok += w.NewPromptTokensPerSec * w.Seconds
 			a.out += w.OutputTokensPerSec * w.Seconds
@@ -254,7 +285,9 @@ func ReadWindows(r io.Reader, q WindowQuery) (*WindowStats, error) {
 			l := WindowLoad{Load: k, Seconds: a.sec, NewTokensPerSec: a.newTok / a.sec,
 				OutputTokensPerSec: a.out / a.sec, PromptTokensPerSec: a.prompt / a.sec,
 				Queued: a.qsec / a.sec, ITLWithin: share(a.within, a.count),
-				ITLWithinQueued: share(a.qwithin, a.qcount), ITLWithinFree: share(a.within-a.qwithin, a.count-a.qcount)}
+				ITLWithinQueued: share(a.qwithin, a.qcount), ITLWithinFree: share(a.within-a.qwithin, a.count-a.qcount),
+				Rising: a.rsec / a.sec, Falling: a.fsec / a.sec,
+				ITLWithinRising: share(a.rwithin, a.rcount), ITLWithinFalling: share(a.fwithin, a.fcount)}
 			loads = append(loads, l)
 		}
 		sort.Slice(loads, func(i, j int) bool { return loads[i].Load < loads[j].Load })
@@ -269,4 +302,21 @@ func share(within, count float64) float64 {
 		return within / count
 	}
 	return 1
+}
+
+// loadTrend is one replica's recent loads, oldest first, to compare a
+// window's with the load TrendSpan before.
+type loadTrend struct{ t, load []float64 }
+
+// add records load at t and returns how far it moved since the last load
+// recorded at least TrendSpan before, and whether there is one.
+func (tr *loadTrend) add(t, load float64) (change float64, known bool) {
+	tr.t, tr.load = append(tr.t, t), append(tr.load, load)
+	i := sort.SearchFloat64s(tr.t, t-TrendSpan+1e-9) - 1 // the last at or before t-TrendSpan
+	if i < 0 {
+		return 0, false
+	}
+	change = load - tr.load[i]
+	tr.t, tr.load = tr.t[i:], tr.load[i:]
+	return change, true
 }

@@ -61,6 +61,7 @@ func TestReadWindows(t *testing.T) {
 		{Seconds: 3, Addr: "a", Window: win(0, 0, 0, 0, 0, 0, 0)}, // idle
 		{Seconds: 4, Snapshot: mark(0)},
 		{Seconds: 5, Addr: "a", Window: win(9, 0, 500, 500, 20, 10, 10)},
+		{Seconds: 6, Addr: "b", Window: win(1, 0, 0, 0, 30, 20, 40)},
 	}
 	var b strings.Builder
 	enc := json.NewEncoder(&b)
@@ -71,7 +72,7 @@ func TestReadWindows(t *testing.T) {
 		ReplayTo: mark(0)})
 	require.NoError(t, err)
 	require.Equal(t, []WindowMark{{Seconds: 4, Snapshot: 0}}, st.Marks)
-	require.Equal(t, [][2]float64{{1, 4}, {2, 8}, {3, 4}, {5, 13}}, st.Series)
+	require.Equal(t, [][2]float64{{1, 4}, {2, 8}, {3, 4}, {5, 13}, {6, 10}}, st.Series)
 	require.Len(t, st.Loads, 2)
 	require.Len(t, st.Loads[0], 1)
 	l := st.Loads[0][0]
@@ -85,8 +86,17 @@ func TestReadWindows(t *testing.T) {
 	require.InDelta(t, 0.5, l.Queued, 1e-9)
 	require.InDelta(t, 0.9, l.ITLWithinQueued, 1e-9)
 	require.InDelta(t, 0.3, l.ITLWithinFree, 1e-9)
-	require.Equal(t, []WindowLoad{{Load: 9, Seconds: 1, ITLWithin: 1, NewTokensPerSec: 500, OutputTokensPerSec: 20, PromptTokensPerSec: 500,
-		ITLWithinQueued: 1, ITLWithinFree: 1}}, st.Loads[1])
+	// Neither replica had a load TrendSpan before its first window.
+	require.Zero(t, l.Rising)
+	require.Zero(t, l.Falling)
+	// After the mark a's load rose from its idle window's 0 to 9, and b's
+	// fell from 4 to 1.
+	require.Equal(t, []WindowLoad{
+		{Load: 1, Seconds: 1, ITLWithin: 0.5, OutputTokensPerSec: 30, ITLWithinQueued: 1, ITLWithinFree: 0.5,
+			Falling: 1, ITLWithinRising: 1, ITLWithinFalling: 0.5},
+		{Load: 9, Seconds: 1, ITLWithin: 1, NewTokensPerSec: 500, OutputTokensPerSec: 20, PromptTokensPerSec: 500,
+			ITLWithinQueued: 1, ITLWithinFree: 1, Rising: 1, ITLWithinRising: 1, ITLWithinFalling: 1},
+	}, st.Loads[1])
 	// The replay stops at the mark: a's curve holds its busy window at 4
 	// requests, not the one at 9 after the mark.
 	require.Len(t, st.Curves, 2)
@@ -96,7 +106,7 @@ func TestReadWindows(t *testing.T) {
 	require.ErrorContains(t, err, "no mark for snapshot-1.json")
 
 	_, err = ReadWindows(strings.NewReader(b.String()+"{garbage\n"), WindowQuery{})
-	require.ErrorContains(t, err, "windows line 6")
+	require.ErrorContains(t, err, "windows line 7")
 	_, err = ReadWindows(strings.NewReader("{\"t\":1}\n"), WindowQuery{})
 	require.ErrorContains(t, err, "neither a window nor a mark")
 }

@@ -147,7 +147,7 @@ func printWindows(w io.Writer, st *compare.WindowStats, spans []compare.WindowSp
 		if s.To > 0 {
 			to = fmt.Sprintf("%.0f", s.To)
 		}
-		fmt.Fprintf(tw, "%.0f-%s s\tITL<=%v\tqueued\tITL queued/free\tnew tok/s\tout tok/s\tnew/out\thits\t", s.From, to, itl)
+		fmt.Fprintf(tw, "%.0f-%s s\tITL<=%v\tqueued\tITL queued/free\trising/falling\tITL rising/falling\tnew tok/s\tout tok/s\tnew/out\thits\t", s.From, to, itl)
 	}
 	fmt.Fprintln(tw)
 	rows := make(map[int][]*compare.WindowLoad)
@@ -167,15 +167,15 @@ func printWindows(w io.Writer, st *compare.WindowStats, spans []compare.WindowSp
 		fmt.Fprintf(tw, "%d\t", k)
 		for _, l := range rows[k] {
 			if l == nil {
-				fmt.Fprint(tw, "-\t-\t-\t-\t-\t-\t-\t-\t")
+				fmt.Fprint(tw, strings.Repeat("-\t", 10))
 				continue
 			}
 			ratio := "-"
 			if l.OutputTokensPerSec > 0 {
 				ratio = fmt.Sprintf("%.1f", l.NewTokensPerSec/l.OutputTokensPerSec)
 			}
-			fmt.Fprintf(tw, "%.0f\t%.3f\t%.2f\t%.3f/%.3f\t%.0f\t%.0f\t%s\t%.2f\t", l.Seconds, l.ITLWithin, l.Queued, l.ITLWithinQueued, l.ITLWithinFree,
-				l.NewTokensPerSec, l.OutputTokensPerSec, ratio, l.PrefixHitRate())
+			fmt.Fprintf(tw, "%.0f\t%.3f\t%.2f\t%.3f/%.3f\t%.2f/%.2f\t%.3f/%.3f\t%.0f\t%.0f\t%s\t%.2f\t", l.Seconds, l.ITLWithin, l.Queued, l.ITLWithinQueued, l.ITLWithinFree,
+				l.Rising, l.Falling, l.ITLWithinRising, l.ITLWithinFalling, l.NewTokensPerSec, l.OutputTokensPerSec, ratio, l.PrefixHitRate())
 		}
 		fmt.Fprintln(tw)
 	}

@@ -66,3 +66,21 @@ func TestPrintReplay(t *testing.T) {
 	require.Contains(t, out, fmt.Sprintf("  a  streams %.2f / %.2f  limit", one.Streams, one.Streams))
 	require.Contains(t, out, fmt.Sprintf("  pooled: streams %.2f an engine, %.1f for 2 replicas", one.Streams, 2*one.Streams))
 }
+
+// TestPrintWindows: one row a load, each span's columns side by side, a
+// dash for every column of a span that never ran at that load.
+func TestPrintWindows(t *testing.T) {
+	st := &compare.WindowStats{Loads: [][]compare.WindowLoad{
+		{{Load: 3, Seconds: 10, ITLWithin: 0.9, Queued: 0.25, ITLWithinQueued: 0.5, ITLWithinFree: 1, Rising: 0.4, Falling: 0.1,
+			ITLWithinRising: 0.75, ITLWithinFalling: 1, NewTokensPerSec: 200, OutputTokensPerSec: 100, PromptTokensPerSec: 1000}},
+		{},
+	}}
+	var b strings.Builder
+	printWindows(&b, st, []compare.WindowSpan{{From: 0, To: 60}, {From: 60}}, 50*time.Millisecond)
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	require.Len(t, lines, 2)
+	require.Equal(t, []string{"load", "0-60", "s", "ITL<=50ms", "queued", "ITL", "queued/free", "rising/falling", "ITL", "rising/falling",
+		"new", "tok/s", "out", "tok/s", "new/out", "hits"}, strings.Fields(lines[0])[:16])
+	require.Equal(t, append([]string{"3", "10", "0.900", "0.25", "0.500/1.000", "0.40/0.10", "0.750/1.000", "200", "100", "2.0", "0.80"},
+		strings.Fields(strings.Repeat("- ", 10))...), strings.Fields(lines[1]))
+}
