@@ -59,8 +59,9 @@ func (w cancelWorkload) run(ctx context.Context, env *world) (failed int, err er
 				if i >= len(w.ends) || ctx.Err() != nil {
 					return
 				}
-				prompt := promptOf(fmt.Sprintf("group-%d", i%cancelGroups), 60) + fmt.Sprintf(" question %d", w.from+i)
-				if err := env.request(ctx, w.base, prompt, 16, w.ends[i]); err != nil && w.ends[i] == endNormal {
+				group := fmt.Sprintf("group-%d", i%cancelGroups)
+				prompt := promptOf(group, 60) + fmt.Sprintf(" question %d", w.from+i)
+				if err := env.request(ctx, w.base, prompt, group, 16, w.ends[i]); err != nil && w.ends[i] == endNormal {
 					bad.Add(1)
 					firstErr.CompareAndSwap(nil, &err)
 				}
@@ -74,9 +75,10 @@ func (w cancelWorkload) run(ctx context.Context, env *world) (failed int, err er
 	return int(bad.Load()), ctx.Err()
 }
 
-// request sends one streamed completion through the gateway at base and
-// ends it as end says; only a normal request reports a failure.
-func (env *world) request(ctx context.Context, base, prompt string, maxTokens int, end ending) error {
+// request sends one streamed completion, tagged tag, through the gateway
+// at base and ends it as end says; only a normal request reports a
+// failure.
+func (env *world) request(ctx context.Context, base, prompt, tag string, maxTokens int, end ending) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	b := completion(prompt, maxTokens, true)
@@ -91,7 +93,7 @@ func (env *world) request(ctx context.Context, base, prompt string, maxTokens in
 		}()
 		body = pr
 	}
-	resp, err := env.sendTo(ctx, base, body, "")
+	resp, err := env.sendTo(ctx, base, body, "", tag)
 	if err != nil {
 		return err
 	}
@@ -183,6 +185,35 @@ func (env *world) shares(counts map[string]int) map[string]float64 {
 	return out
 }
 
+// kept is the share of got's tagged requests served on their tag's home in
+// base (the endpoint that served most of the tag's requests there), over
+// the tags base served, and how many tags that is.
+func kept(base, got served) (share float64, tags int) {
+	var on, all int
+	for tag, by := range got.tag {
+		home, most := "", 0
+		for addr, n := range base.tag[tag] {
+			if n > most || (n == most && addr < home) {
+				home, most = addr, n
+			}
+		}
+		if most == 0 {
+			continue
+		}
+		tags++
+		for addr, n := range by {
+			all += n
+			if addr == home {
+				on += n
+			}
+		}
+	}
+	if all == 0 {
+		return 0, tags
+	}
+	return float64(on) / float64(all), tags
+}
+
 // maxShift is the largest difference between two share maps, in points.
 func maxShift(a, b map[string]float64) float64 {
 	var d float64
@@ -222,26 +253,33 @@ func (env *world) settled(ctx context.Context) (time.Duration, error) {
 	})
 }
 
-// cancelBaseline runs the workload without cancels and returns its shares.
-func cancelBaseline(ctx context.Context, env *world, o *outcome, n int) (map[string]float64, error) {
+// cancelBaseline runs the workload without cancels and returns what served
+// it.
+func cancelBaseline(ctx context.Context, env *world, o *outcome, n int) (served, error) {
 	env.takeServed()
 	failed, err := cancelWorkload{base: env.gw.URL(), ends: make([]ending, n), workers: 8}.run(ctx, env)
 	if err != nil {
-		return nil, err
+		return served{}, err
 	}
 	o.check(failed == 0, "%d of %d baseline requests failed", failed, n)
-	return env.shares(env.takeServed()), nil
+	return env.takeServed(), nil
 }
 
 // checkUnharmed is what both cancel scenarios expect after their run: no
 // breaker opened, no request counted as a failure, shares where the
-// baseline had them, nothing left in flight.
-func checkUnharmed(ctx context.Context, env *world, o *outcome, opened int, base, got map[string]float64) error {
+// baseline had them, nothing left in flight. It also reports how many of
+// the run's requests its prompt groups' baseline replicas served: a share
+// that moved is prompt groups that moved, and this says by how much.
+func checkUnharmed(ctx context.Context, env *world, o *outcome, opened int, baseServed, gotServed served) error {
 	failures, _ := env.metric("omnious_epp_request_outcomes_total", map[string]string{"outcome": "failure"})
 	unknown, _ := env.metric("omnious_epp_request_outcomes_total", map[string]string{"outcome": "unknown"})
+	base, got := env.shares(baseServed.addr), env.shares(gotServed.addr)
 	shift := maxShift(base, got)
-	o.see("breaker samples not closed: %d; request outcomes failure %.0f, unknown %.0f; shares %s (baseline %s, largest shift %.1f points)",
-		opened, failures, unknown, fmtShares(got), fmtShares(base), shift)
+	stayed, groups := kept(baseServed, gotServed)
+	self, _ := kept(baseServed, baseServed)
+	o.see("breaker samples not closed: %d; request outcomes failure %.0f, unknown %.0f; shares %s (baseline %s, largest shift %.1f points); "+
+		"%.3f served on their group's baseline replica over %d groups (baseline %.3f)",
+		opened, failures, unknown, fmtShares(got), fmtShares(base), shift, stayed, groups, self)
 	o.check(opened == 0, "a breaker left closed %d times", opened)
 	o.check(failures == 0, "%.0f requests counted as failures", failures)
 	o.check(shift <= 5, "shares moved %.1f points from the baseline", shift)
@@ -269,7 +307,7 @@ func runClientCancel(ctx context.Context, env *world, o *outcome) error {
 	}
 	o.see("%d requests cancelled (before routing, at response headers, mid-body), %d normal: %d failed", cancelled, normal, failed)
 	o.check(failed == 0, "%d normal requests failed", failed)
-	return checkUnharmed(ctx, env, o, opened, base, env.shares(env.takeServed()))
+	return checkUnharmed(ctx, env, o, opened, base, env.takeServed())
 }
 
 func runNoResponsePhase(ctx context.Context, env *world, o *outcome) error {
@@ -291,5 +329,5 @@ func runNoResponsePhase(ctx context.Context, env *world, o *outcome) error {
 	}
 	o.see("%d requests through a gateway without response processing: %d failed", n, failed)
 	o.check(failed == 0, "%d requests failed", failed)
-	return checkUnharmed(ctx, env, o, opened, base, env.shares(env.takeServed()))
+	return checkUnharmed(ctx, env, o, opened, base, env.takeServed())
 }

@@ -53,12 +53,12 @@ func completion(prompt string, maxTokens int, stream bool) []byte {
 // send posts a completion through the gateway, pinned to addr when it is
 // not empty.
 func (env *world) send(ctx context.Context, prompt string, maxTokens int, addr string, stream bool) (*http.Response, error) {
-	return env.sendTo(ctx, env.gw.URL(), bytes.NewReader(completion(prompt, maxTokens, stream)), addr)
+	return env.sendTo(ctx, env.gw.URL(), bytes.NewReader(completion(prompt, maxTokens, stream)), addr, "")
 }
 
 // sendTo posts body to /v1/completions of the gateway at base, pinned to
-// addr when it is not empty.
-func (env *world) sendTo(ctx context.Context, base string, body io.Reader, addr string) (*http.Response, error) {
+// addr and tagged (testgw.HeaderTag) with tag when they are not empty.
+func (env *world) sendTo(ctx context.Context, base string, body io.Reader, addr, tag string) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", body)
 	if err != nil {
 		return nil, err
@@ -66,6 +66,9 @@ func (env *world) sendTo(ctx context.Context, base string, body io.Reader, addr 
 	req.Header.Set("Content-Type", "application/json")
 	if addr != "" {
 		req.Header.Set(testgw.HeaderSubsetHint, addr)
+	}
+	if tag != "" {
+		req.Header.Set(testgw.HeaderTag, tag)
 	}
 	return env.http.Do(req)
 }

@@ -64,7 +64,7 @@ type world struct {
 	spec launch.Spec
 
 	servedMu sync.Mutex
-	served   map[string]int // requests each endpoint answered, from the gateways
+	served   served // what the gateways' endpoints answered since takeServed
 	// exchanges are the gateways' ended exchanges by EPP host; failedX
 	// the failed ones.
 	exchanges map[string]hostExchanges
@@ -111,7 +111,7 @@ func newWorld(ctx context.Context, b bins, s setup, log *zap.Logger) (env *world
 	if err != nil {
 		return nil, fmt.Errorf("cannot create chaos dir: %w", err)
 	}
-	env = &world{log: log, dir: dir, http: loopback.Client(30 * time.Second), served: map[string]int{}, exchanges: map[string]hostExchanges{}}
+	env = &world{log: log, dir: dir, http: loopback.Client(30 * time.Second), served: newServed(), exchanges: map[string]hostExchanges{}}
 	defer func() {
 		if err != nil {
 			_ = env.Close()
@@ -207,18 +207,38 @@ func (env *world) startGateway(cfg testgw.Config) (*launch.Gateway, error) {
 			env.failedX = append(env.failedX, exchangeEnd{at: now, epp: t.EPP, status: t.Status, err: t.Err})
 		}
 		if t.Served != "" {
-			env.served[t.Served]++
+			env.served.add(t.Tag, t.Served)
 		}
 	}
 	return launch.StartGateway(cfg, env.log)
 }
 
-// takeServed returns the per-endpoint counts since the last call.
-func (env *world) takeServed() map[string]int {
+// served counts the requests the endpoints answered, by endpoint, and by
+// the request's tag (testgw.HeaderTag, the scenario's own) and endpoint.
+type served struct {
+	addr map[string]int
+	tag  map[string]map[string]int
+}
+
+func newServed() served { return served{addr: map[string]int{}, tag: map[string]map[string]int{}} }
+
+func (s served) add(tag, addr string) {
+	s.addr[addr]++
+	if tag == "" {
+		return
+	}
+	if s.tag[tag] == nil {
+		s.tag[tag] = map[string]int{}
+	}
+	s.tag[tag][addr]++
+}
+
+// takeServed returns the counts since the last call.
+func (env *world) takeServed() served {
 	env.servedMu.Lock()
 	defer env.servedMu.Unlock()
 	out := env.served
-	env.served = map[string]int{}
+	env.served = newServed()
 	return out
 }
 

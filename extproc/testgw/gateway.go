@@ -38,6 +38,11 @@ import (
 // subset hint metadata (a comma-separated ip:port list); test use only.
 const HeaderSubsetHint = "x-testgw-subset-hint"
 
+// HeaderTag is a request header the gateway reports as Timing.Tag and does
+// not forward upstream: a test's name for the request, so that what served
+// it can be told apart by kind; test use only.
+const HeaderTag = "x-testgw-tag"
+
 // Config configures the gateway; zero values take the defaults
 // (WithDefaults).
 type Config struct {
@@ -101,6 +106,8 @@ type Timing struct {
 	// EPP is the ext_proc host the request's stream went to ("" when no
 	// stream could be opened).
 	EPP string
+	// Tag is the request's HeaderTag, as the client sent it.
+	Tag string
 	// Err is why the exchange failed (nil: it completed). After the
 	// response status reached the client a failure aborts the client's
 	// connection, so the client sees a truncated response.
@@ -257,12 +264,12 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		err = fmt.Errorf("ext_proc unavailable: %w", err)
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		if g.cfg.OnExchange != nil {
-			g.cfg.OnExchange(Timing{Status: http.StatusInternalServerError, Err: err})
+			g.cfg.OnExchange(Timing{Status: http.StatusInternalServerError, Err: err, Tag: r.Header.Get(HeaderTag)})
 		}
 		return
 	}
 	defer h.open.Add(-1) // after OnExchange, even when the handler aborts
-	x := &exchange{g: g, stream: stream, cancel: cancel, start: start, timing: Timing{EPP: h.addr}}
+	x := &exchange{g: g, stream: stream, cancel: cancel, start: start, timing: Timing{EPP: h.addr, Tag: r.Header.Get(HeaderTag)}}
 	err = x.run(w, r)
 	if err != nil {
 		g.log.Debug("exchange failed", zap.String("path", r.URL.Path), zap.String("epp", h.addr), zap.Error(err))
@@ -342,6 +349,7 @@ func (x *exchange) run(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := r.Header.Clone()
 	out.Del(HeaderSubsetHint)
+	out.Del(HeaderTag)
 	applyMutation(out, hr.GetResponse().GetHeaderMutation())
 	var body []byte
 	for !headersOnly {

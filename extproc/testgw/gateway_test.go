@@ -406,3 +406,22 @@ func TestFloor(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestTagReportedNotForwarded: HeaderTag comes back in the exchange's
+// Timing and never reaches the endpoint.
+func TestTagReportedNotForwarded(t *testing.T) {
+	seen := make(chan http.Header, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Header.Clone()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{}`))
+	}))
+	defer up.Close()
+	timings := make(chan Timing, 1)
+	p := &listPicker{addrs: []string{strings.TrimPrefix(up.URL, "http://")}}
+	gw := startStackConfig(t, extproc.Config{}, Config{OnExchange: func(tm Timing) { timings <- tm }}, p)
+	resp, body := post(t, gw, "/v1/chat/completions", `{"model":"m","messages":[]}`, HeaderTag, "group-7")
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+	require.Equal(t, "group-7", (<-timings).Tag)
+	require.Empty(t, (<-seen).Get(HeaderTag))
+}
