@@ -178,10 +178,8 @@ func ReadWindows(r io.Reader, q WindowQuery) (*WindowStats, error) {
 		learners = make(map[string]*capacity.Learner)
 	}
 	type acc struct {
-		sec, within, count, newTok, out, prompt float64
-		qsec, qwithin, qcount                   float64 // windows with a prompt waiting
-		rsec, rwithin, rcount                   float64 // windows whose load rose
-		fsec, fwithin, fcount                   float64 // and fell
+		all, queued, rising, falling itlTime // queued: windows with a prompt waiting
+		newTok, out, prompt          float64
 	}
 	accs := make([]map[int]*acc, len(spans))
 	for i := range accs {
@@ -247,20 +245,16 @@ func ReadWindows(r io.Reader, q WindowQuery) (*WindowStats, error) {
 				a = &acc{}
 				accs[i][int(load)] = a
 			}
-			within := w.ITL.Within(w.ITLBounds, itl.Seconds()) * w.ITL.Count
-			a.sec += w.Seconds
-			a.count += w.ITL.Count
-			a.within += within
+			x := itlTime{sec: w.Seconds, within: w.ITL.Within(w.ITLBounds, itl.Seconds()) * w.ITL.Count, count: w.ITL.Count}
+			a.all.add(x)
 			if w.Waiting >= 1 || w.WaitingMin >= 1 {
-				a.qsec += w.Seconds
-				a.qcount += w.ITL.Count
-				a.qwithin += within
+				a.queued.add(x)
 			}
 			switch {
 			case known && change > 1:
-				a.rsec, a.rcount, a.rwithin = a.rsec+w.Seconds, a.rcount+w.ITL.Count, a.rwithin+within
+				a.rising.add(x)
 			case known && change < -1:
-				a.fsec, a.fcount, a.fwithin = a.fsec+w.Seconds, a.fcount+w.ITL.Count, a.fwithin+within
+				a.falling.add(x)
 			}
 			a.newTok += w.NewPromptTokensPerSec * w.Seconds
 			a.out += w.OutputTokensPerSec * w.Seconds
@@ -282,12 +276,14 @@ func ReadWindows(r io.Reader, q WindowQuery) (*WindowStats, error) {
 	for _, m := range accs {
 		loads := make([]WindowLoad, 0, len(m))
 		for k, a := range m {
-			l := WindowLoad{Load: k, Seconds: a.sec, NewTokensPerSec: a.newTok / a.sec,
-				OutputTokensPerSec: a.out / a.sec, PromptTokensPerSec: a.prompt / a.sec,
-				Queued: a.qsec / a.sec, ITLWithin: share(a.within, a.count),
-				ITLWithinQueued: share(a.qwithin, a.qcount), ITLWithinFree: share(a.within-a.qwithin, a.count-a.qcount),
-				Rising: a.rsec / a.sec, Falling: a.fsec / a.sec,
-				ITLWithinRising: share(a.rwithin, a.rcount), ITLWithinFalling: share(a.fwithin, a.fcount)}
+			sec := a.all.sec
+			free := itlTime{within: a.all.within - a.queued.within, count: a.all.count - a.queued.count}
+			l := WindowLoad{Load: k, Seconds: sec, NewTokensPerSec: a.newTok / sec,
+				OutputTokensPerSec: a.out / sec, PromptTokensPerSec: a.prompt / sec,
+				Queued: a.queued.sec / sec, ITLWithin: a.all.share(),
+				ITLWithinQueued: a.queued.share(), ITLWithinFree: free.share(),
+				Rising: a.rising.sec / sec, Falling: a.falling.sec / sec,
+				ITLWithinRising: a.rising.share(), ITLWithinFalling: a.falling.share()}
 			loads = append(loads, l)
 		}
 		sort.Slice(loads, func(i, j int) bool { return loads[i].Load < loads[j].Load })
@@ -296,10 +292,21 @@ func ReadWindows(r io.Reader, q WindowQuery) (*WindowStats, error) {
 	return st, nil
 }
 
-// share is within over count, 1 when there is nothing to count.
-func share(within, count float64) float64 {
-	if count > 0 {
-		return within / count
+// itlTime is windows' time and their inter-token latencies, all of them
+// and those within the objective, summed.
+type itlTime struct{ sec, within, count float64 }
+
+func (a *itlTime) add(x itlTime) {
+	a.sec += x.sec
+	a.within += x.within
+	a.count += x.count
+}
+
+// share is the share within the objective, 1 when there is nothing to
+// count.
+func (a itlTime) share() float64 {
+	if a.count > 0 {
+		return a.within / a.count
 	}
 	return 1
 }

@@ -133,6 +133,10 @@ func parseSpans(in []string) ([]compare.WindowSpan, error) {
 	return out, nil
 }
 
+// windowColumns are printWindows' columns for each span after its seconds
+// and inter-token share.
+var windowColumns = []string{"queued", "ITL queued/free", "rising/falling", "ITL rising/falling", "new tok/s", "out tok/s", "new/out", "hits"}
+
 func printWindows(w io.Writer, st *compare.WindowStats, spans []compare.WindowSpan, itl time.Duration) {
 	for _, m := range st.Marks {
 		fmt.Fprintf(w, "snapshot-%d.json at %.0f s\n", m.Snapshot, m.Seconds)
@@ -147,7 +151,7 @@ func printWindows(w io.Writer, st *compare.WindowStats, spans []compare.WindowSp
 		if s.To > 0 {
 			to = fmt.Sprintf("%.0f", s.To)
 		}
-		fmt.Fprintf(tw, "%.0f-%s s\tITL<=%v\tqueued\tITL queued/free\trising/falling\tITL rising/falling\tnew tok/s\tout tok/s\tnew/out\thits\t", s.From, to, itl)
+		fmt.Fprintf(tw, "%.0f-%s s\tITL<=%v\t%s\t", s.From, to, itl, strings.Join(windowColumns, "\t"))
 	}
 	fmt.Fprintln(tw)
 	rows := make(map[int][]*compare.WindowLoad)
@@ -167,7 +171,7 @@ func printWindows(w io.Writer, st *compare.WindowStats, spans []compare.WindowSp
 		fmt.Fprintf(tw, "%d\t", k)
 		for _, l := range rows[k] {
 			if l == nil {
-				fmt.Fprint(tw, strings.Repeat("-\t", 10))
+				fmt.Fprint(tw, strings.Repeat("-\t", 2+len(windowColumns)))
 				continue
 			}
 			ratio := "-"
