@@ -602,12 +602,10 @@ type AtObjectives struct {
 	// not Streams. Arrivals from many independent clients at
 	// OutputTokensPerSec hold fewer (Concurrency): they bunch, and the
 	// engine must keep room for their bursts. Read so, Streams is still
-	// on the safe side of a closed loop: on a Mooncake proof (moon27 in
-	// quoter/PROOFS.md) the engines' inter-token shares crossed 0.95 at 13
-	// to 15 requests a replica, while 120 streams, 15 a replica, held
-	// twice (p95 ITL 39 and 25 ms) serving 375 and 481 output tokens/s a
-	// replica with prefix hits of 0.80 and 0.86, above the stall bounds
-	// of 245 to 352 read at the ladder's mix (hits 0.78).
+	// on the safe side of a closed loop: on a Mooncake proof (moon33 in
+	// quoter/PROOFS.md) the replicas read 11.0 to 20.1 streams, 106.3
+	// for the fleet, against a closed-loop edge of 109.5 (106 streams
+	// held 2 of 3 steps, 111 broke 2 of 3).
 	//
 	// Past the crossing a client's further requests wait in the EPP's
 	// queue, and that wait is not sold: a saturated pool serves fewer

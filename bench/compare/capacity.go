@@ -440,8 +440,8 @@ func (r *capacityRun) halfLoaded(ctx context.Context) error {
 
 // alongside is a step's requests res and those of a background, bg, that
 // started before the step ended, at end: every request the fleet served
-// while both ran (measure leaves out those that started before the step's
-// first fifth).
+// while both ran (measure counts the inter-token gaps of all of them in
+// its window, the times to first token of those begun in it).
 func alongside(res, bg []*result, end time.Time) []*result {
 	out := append([]*result(nil), res...)
 	for _, x := range bg {
@@ -921,8 +921,8 @@ func (r *capacityRun) step(ctx context.Context, label string, qps float64, strea
 	return r.stepFor(ctx, label, qps, r.o.StageDuration, stream)
 }
 
-// stepFor offers qps (model time) for d (model time) and measures the
-// requests that arrived after the first fifth, when queues have formed.
+// stepFor offers qps (model time) for d (model time) and measures it
+// after the first fifth, when queues have formed (measure).
 func (r *capacityRun) stepFor(ctx context.Context, label string, qps float64, d time.Duration, stream int) CapacityStep {
 	st, _ := r.stepResults(ctx, label, qps, d, stream)
 	return st
@@ -1016,9 +1016,17 @@ func (r *capacityRun) closedStep(ctx context.Context, label string, n int) Capac
 }
 
 // measure is the step of the requests res sent over the wall time from
-// start to start+d: those that began after the first fifth, when queues
-// have formed, against the objectives, and the engines' load over the
-// same time from loads.
+// start to start+d, against the objectives, and the engines' load over the
+// same time from loads. It counts what happened after the first fifth,
+// when queues have formed: the requests that began then, with their times
+// to first token, and every inter-token gap that ended then and before the
+// step did, whichever request's.
+//
+// Gaps after the step's end are left out. The step stops sending at its
+// end and its last requests finish in a fleet that drains, with nothing
+// new to prefill and so no stall in their decoding: counted with the
+// step, those tokens would dilute the tail of a load the fleet no longer
+// carried.
 func (r *capacityRun) measure(label string, res []*result, start time.Time, d time.Duration, loads []engineLoad) CapacityStep {
 	scale := r.timeScale()
 	skip := d - measuredSpan(d)
@@ -1026,8 +1034,19 @@ func (r *capacityRun) measure(label string, res []*result, start time.Time, d ti
 	var ttft, itl []time.Duration
 	var out int
 	var inflight time.Duration
+	from, to := start.Add(skip), start.Add(d)
 	for _, x := range res {
-		if x.Start.IsZero() || x.Start.Sub(start) < skip {
+		if x.Start.IsZero() {
+			continue
+		}
+		if x.Err == nil {
+			chunks(x, func(i int, at time.Time, gap time.Duration) {
+				if i > 0 && !at.Before(from) && at.Before(to) {
+					itl = append(itl, gap)
+				}
+			})
+		}
+		if x.Start.Before(from) {
 			continue
 		}
 		st.Requests++
@@ -1036,7 +1055,6 @@ func (r *capacityRun) measure(label string, res []*result, start time.Time, d ti
 			continue
 		}
 		ttft = append(ttft, x.TTFT)
-		itl = append(itl, x.ITL...)
 		out += x.Output
 		inflight += x.E2E
 	}
@@ -1079,19 +1097,27 @@ func outputRate(res []*result, from, to time.Time) float64 {
 			continue
 		}
 		per := float64(x.Output) / float64(len(x.ITL)+1)
-		count := func(at time.Time) {
+		chunks(x, func(_ int, at time.Time, _ time.Duration) {
 			if !at.Before(from) && at.Before(to) {
 				tokens += per
 			}
-		}
-		at := x.Start.Add(x.TTFT)
-		count(at)
-		for _, gap := range x.ITL {
-			at = at.Add(gap)
-			count(at)
-		}
+		})
 	}
 	return tokens / to.Sub(from).Seconds()
+}
+
+// chunks calls f with each of a request's content chunks in order: its
+// index, when it arrived and the gap before it (none for the first).
+func chunks(x *result, f func(i int, at time.Time, gap time.Duration)) {
+	if x.TTFT == 0 {
+		return
+	}
+	at := x.Start.Add(x.TTFT)
+	f(0, at, 0)
+	for i, gap := range x.ITL {
+		at = at.Add(gap)
+		f(i+1, at, gap)
+	}
 }
 
 // traceStep is the trace's mix at a chosen rate: Poisson arrivals at qps

@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
 
+	"github.com/omnious/provider-node/bench/internal/stat"
 	"github.com/omnious/provider-node/capacity"
 )
 
@@ -370,6 +372,52 @@ func TestOutputRate(t *testing.T) {
 			require.InDelta(t, tc.want, outputRate(tc.res, t0.Add(tc.from), t0.Add(tc.to)), 1e-9)
 		})
 	}
+}
+
+// TestMeasureGapsInTheStep: a step counts the requests begun after its
+// first fifth, and every inter-token gap that ended between then and its
+// end, whichever request's; what streamed after its end, as the fleet
+// drained, does not count.
+func TestMeasureGapsInTheStep(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	s := func(x float64) time.Duration { return time.Duration(x * float64(time.Second)) }
+	req := func(start, ttft float64, gaps ...float64) *result {
+		x := &result{Start: t0.Add(s(start)), TTFT: s(ttft), Output: len(gaps) + 1}
+		for _, g := range gaps {
+			x.ITL = append(x.ITL, s(g))
+		}
+		return x
+	}
+	failed := req(5, 0.1, 0.1)
+	failed.Err = errors.New("reset")
+	// A 10 s step measures from 2 s on.
+	res := []*result{
+		req(0, 1, 0.5, 1.5, 8),       // chunks at 1, 1.5 (before), 3 (in), 11 (after the end)
+		req(3, 0.25, 0.05, 0.1, 6.5), // chunks at 3.25, 3.3, 3.4 (in), 9.9 (in)
+		req(9, 0.5, 0.2, 3),          // chunks at 9.5, 9.7 (in), 12.7 (after)
+		failed,
+		{}, // never sent
+	}
+	r := &capacityRun{o: CapacityOptions{Objectives: capacity.Objectives{TTFT: s(2), ITL: s(2), Quantile: 0.95}}, log: zap.NewNop()}
+	st := r.measure("step", res, t0, s(10), nil)
+	require.Equal(t, 3, st.Requests, "begun in the step: two served, one failed")
+	require.Equal(t, 1, st.Errors)
+	want := func(gaps ...float64) float64 {
+		ds := make([]time.Duration, len(gaps))
+		for i, g := range gaps {
+			ds[i] = s(g)
+		}
+		return stat.Percentile(stat.SortedMillis(ds, 1), 95)
+	}
+	require.InDelta(t, want(1.5, 0.05, 0.1, 6.5, 0.2), st.ITLP95ms, 1e-9)
+	require.InDelta(t, want(0.25, 0.5), st.TTFTP95ms, 1e-9)
+	require.False(t, st.Within, "a failed request breaks the step")
+
+	st = r.measure("step", res[:3], t0, s(10), nil)
+	require.Zero(t, st.Errors)
+	require.False(t, st.Within, "the 6.5 s gap that ended in the step counts")
+	st = r.measure("step", res[2:3], t0, s(10), nil)
+	require.True(t, st.Within, "the 3 s gap that ended after the step does not")
 }
 
 // TestAlongside: a background's requests count with the step's while
