@@ -1093,7 +1093,7 @@ func outputRate(res []*result, from, to time.Time) float64 {
 	}
 	var tokens float64
 	for _, x := range res {
-		if x.Err != nil || x.Start.IsZero() || x.TTFT == 0 {
+		if x.Err != nil || x.Start.IsZero() {
 			continue
 		}
 		per := float64(x.Output) / float64(len(x.ITL)+1)

@@ -256,6 +256,7 @@ type exchange struct {
 // ServeHTTP runs one request through the EPP and the chosen endpoint.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
+	tag := r.Header.Get(HeaderTag)
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	h, stream, err := g.epps.open(ctx)
@@ -264,12 +265,12 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		err = fmt.Errorf("ext_proc unavailable: %w", err)
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		if g.cfg.OnExchange != nil {
-			g.cfg.OnExchange(Timing{Status: http.StatusInternalServerError, Err: err, Tag: r.Header.Get(HeaderTag)})
+			g.cfg.OnExchange(Timing{Status: http.StatusInternalServerError, Err: err, Tag: tag})
 		}
 		return
 	}
 	defer h.open.Add(-1) // after OnExchange, even when the handler aborts
-	x := &exchange{g: g, stream: stream, cancel: cancel, start: start, timing: Timing{EPP: h.addr, Tag: r.Header.Get(HeaderTag)}}
+	x := &exchange{g: g, stream: stream, cancel: cancel, start: start, timing: Timing{EPP: h.addr, Tag: tag}}
 	err = x.run(w, r)
 	if err != nil {
 		g.log.Debug("exchange failed", zap.String("path", r.URL.Path), zap.String("epp", h.addr), zap.Error(err))
