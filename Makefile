@@ -16,7 +16,7 @@ deps:
 	@./scripts/deps.sh
 	@./deploy/tools.sh
 
-# etcd, kube-apiserver and kubectl for the tests (internal/kubetest), built
+# etcd, kube-apiserver and kubectl for the tests (internal/testutil/kubetest), built
 # from the Go module proxy once per pinned version into .cache/controlplane/.
 controlplane:
 	@./scripts/controlplane.sh >/dev/null

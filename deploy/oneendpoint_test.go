@@ -28,8 +28,8 @@ import (
 
 	"github.com/omnious/provider-node/discovery"
 	"github.com/omnious/provider-node/extproc"
-	"github.com/omnious/provider-node/internal/epp"
-	"github.com/omnious/provider-node/internal/freeport"
+	"github.com/omnious/provider-node/epp"
+	"github.com/omnious/provider-node/internal/testutil/freeport"
 )
 
 // The shipped Envoy config routes through an ORIGINAL_DST cluster, which

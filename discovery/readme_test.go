@@ -3,7 +3,7 @@ package discovery
 import (
 	"testing"
 
-	"github.com/omnious/provider-node/internal/conftest"
+	"github.com/omnious/provider-node/internal/testutil/conftest"
 )
 
 // TestREADMEDefaults keeps the README's configuration table equal to

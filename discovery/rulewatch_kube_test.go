@@ -3,7 +3,7 @@ package discovery
 import (
 	"testing"
 
-	"github.com/omnious/provider-node/internal/kubetest"
+	"github.com/omnious/provider-node/internal/testutil/kubetest"
 )
 
 // The rule watch against a real kube-apiserver, for llm-d-router's group

@@ -10,7 +10,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/omnious/provider-node/endpoint"
-	"github.com/omnious/provider-node/internal/conftest"
+	"github.com/omnious/provider-node/internal/testutil/conftest"
 	"github.com/omnious/provider-node/scheduler"
 )
 

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/omnious/provider-node/internal/conftest"
+	"github.com/omnious/provider-node/internal/testutil/conftest"
 )
 
 // TestREADMEDefaults keeps the README's configuration table equal to

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds the test control plane (etcd, kube-apiserver, kube-controller-manager,
 # kubectl) from the Go
-# module proxy at the versions pinned in internal/kubetest/controlplane/go.mod,
+# module proxy at the versions pinned in internal/testutil/kubetest/controlplane/go.mod,
 # once per version set, into .cache/controlplane/<key>/ (git-ignored). A warm
-# machine finds the binaries and builds nothing. internal/kubetest starts them.
+# machine finds the binaries and builds nothing. internal/testutil/kubetest starts them.
 #
 #   scripts/controlplane.sh          build if absent; print the directory
 #   scripts/controlplane.sh --dir    print the directory only
@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
-mod="$root/internal/kubetest/controlplane"
+mod="$root/internal/testutil/kubetest/controlplane"
 
 # The version of a module required by the wrapper's go.mod.
 modversion() { awk -v m="$1" '$1 == m && $2 ~ /^v/ { print $2; exit }' "$mod/go.mod"; }

@@ -11,7 +11,7 @@
 //
 // A Launcher puts each policy in front of the fleet: EPPLauncher runs the
 // real EPP in this process behind the test gateway (through
-// bench/internal/launch, which assembles internal/epp), or another
+// bench/internal/launch, which assembles epp), or another
 // EndpointPicker (exec:, addr:) behind the same gateway; DirectLauncher a
 // plain reverse proxy with no EPP at all.
 package compare

@@ -23,7 +23,7 @@ import (
 // production default (2s) would see them through a keyhole.
 const scrapeInterval = 250 * time.Millisecond
 
-// EPPLauncher runs each policy as a real EPP (internal/epp, in process)
+// EPPLauncher runs each policy as a real EPP (epp, in process)
 // with the test gateway in front of it: client -> gateway -> ext_proc ->
 // replica, the path production takes through Envoy. policy is a scheduler
 // policy name or the path of a scheduler config file (the `scheduler:`

@@ -19,7 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnious/provider-node/engines/sim/simtest"
-	"github.com/omnious/provider-node/internal/freeport"
+	"github.com/omnious/provider-node/internal/testutil/freeport"
 )
 
 // freePortPair returns a port p such that p and p+1 are both free (a

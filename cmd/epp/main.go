@@ -3,7 +3,7 @@
 // fed by the engines' KV events, their metrics and flow control. It runs as
 // an InferencePool's endpoint picker (--pool-name) or next to Envoy on bare
 // metal (--endpoints-file). Configuration: a YAML file (--config) with flags
-// on top; see internal/epp.Config and deploy/README.md.
+// on top; see epp.Config and deploy/README.md.
 package main
 
 import (
@@ -24,7 +24,7 @@ import (
 
 	"github.com/omnious/provider-node/discovery"
 	"github.com/omnious/provider-node/internal/cli"
-	"github.com/omnious/provider-node/internal/epp"
+	"github.com/omnious/provider-node/epp"
 	"github.com/omnious/provider-node/rules"
 )
 

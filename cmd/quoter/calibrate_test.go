@@ -21,7 +21,7 @@ import (
 	"github.com/omnious/provider-node/engines/sim/simtest"
 	"github.com/omnious/provider-node/extproc"
 	"github.com/omnious/provider-node/extproc/testgw"
-	"github.com/omnious/provider-node/internal/epp"
+	"github.com/omnious/provider-node/epp"
 	"github.com/omnious/provider-node/quoter"
 	"github.com/omnious/provider-node/quoter/calibration"
 	"github.com/omnious/provider-node/scheduler"

@@ -18,7 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"github.com/omnious/provider-node/internal/kubetest"
+	"github.com/omnious/provider-node/internal/testutil/kubetest"
 )
 
 // The control plane starts only for the tests that ask for it.

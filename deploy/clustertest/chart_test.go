@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/omnious/provider-node/internal/kubetest"
+	"github.com/omnious/provider-node/internal/testutil/kubetest"
 )
 
 // TestChartAdmitted: every object of every combination check.sh renders is

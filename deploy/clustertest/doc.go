@@ -1,5 +1,5 @@
 // Package clustertest holds the tests of deploy/ against a real
-// kube-apiserver and etcd (internal/kubetest): every value combination
+// kube-apiserver and etcd (internal/testutil/kubetest): every value combination
 // deploy/check.sh renders (deploy/helm/ci/renders.txt) is admitted by the
 // API server; the EPP runs with exactly the Role the chart renders, and
 // fails naming the verb when any one is missing; the quoter needs and gets

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"github.com/omnious/provider-node/internal/kubetest"
+	"github.com/omnious/provider-node/internal/testutil/kubetest"
 )
 
 func TestMain(m *testing.M) {

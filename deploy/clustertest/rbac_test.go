@@ -21,8 +21,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"github.com/omnious/provider-node/internal/freeport"
-	"github.com/omnious/provider-node/internal/kubetest"
+	"github.com/omnious/provider-node/internal/testutil/freeport"
+	"github.com/omnious/provider-node/internal/testutil/kubetest"
 )
 
 // access is what the chart grants one workload: its ServiceAccount, the

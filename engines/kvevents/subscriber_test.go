@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/omnious/provider-node/internal/freeport"
+	"github.com/omnious/provider-node/internal/testutil/freeport"
 )
 
 type seen struct {

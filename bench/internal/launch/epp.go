@@ -31,7 +31,7 @@ import (
 	"github.com/omnious/provider-node/discovery"
 	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/extproc/testgw"
-	"github.com/omnious/provider-node/internal/epp"
+	"github.com/omnious/provider-node/epp"
 	"github.com/omnious/provider-node/scheduler"
 )
 
@@ -133,7 +133,7 @@ type InProcessConfig struct {
 	Log *zap.Logger
 }
 
-// StartInProcess assembles the EPP (internal/epp) and runs it on free
+// StartInProcess assembles the EPP (epp) and runs it on free
 // loopback ports; after a Stop, Start runs a new one on the same ports.
 func StartInProcess(c InProcessConfig) (*EPP, error) {
 	cfg, err := c.config("127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0")

@@ -7,7 +7,7 @@
 // by its own PID (a shell command: the process group it leads), never by
 // name.
 //
-// It is the bench's one way into the EPP's assembly (internal/epp): one
+// It is the bench's one way into the EPP's assembly (epp): one
 // Spec configures the EPP wherever it runs, and a child's config file is
 // the config the EPP in process would run. It is the one place where the
 // bench writes scheduler.Config fields (Tuning).

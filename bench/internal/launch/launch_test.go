@@ -22,7 +22,7 @@ import (
 	"github.com/omnious/provider-node/engines/sim"
 	"github.com/omnious/provider-node/engines/sim/simtest"
 	"github.com/omnious/provider-node/extproc/testgw"
-	"github.com/omnious/provider-node/internal/epp"
+	"github.com/omnious/provider-node/epp"
 	"github.com/omnious/provider-node/scheduler"
 )
 

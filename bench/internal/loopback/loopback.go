@@ -13,7 +13,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/omnious/provider-node/internal/freeport"
+	"github.com/omnious/provider-node/internal/testutil/freeport"
 )
 
 // maxBody bounds what Get reads: a metrics page of a large replica is a few

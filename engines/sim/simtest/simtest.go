@@ -18,7 +18,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/omnious/provider-node/engines/sim"
-	"github.com/omnious/provider-node/internal/freeport"
+	"github.com/omnious/provider-node/internal/testutil/freeport"
 )
 
 // Start runs one replica until t ends. mutate, when not nil, adjusts the

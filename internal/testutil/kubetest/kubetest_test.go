@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/omnious/provider-node/internal/kubetest"
+	"github.com/omnious/provider-node/internal/testutil/kubetest"
 )
 
 func TestMain(m *testing.M) { kubetest.Main(m) }

@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnious/provider-node/extproc"
-	"github.com/omnious/provider-node/internal/conftest"
+	"github.com/omnious/provider-node/internal/testutil/conftest"
 	"github.com/omnious/provider-node/scheduler"
 )
 

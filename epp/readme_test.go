@@ -3,7 +3,7 @@ package epp
 import (
 	"testing"
 
-	"github.com/omnious/provider-node/internal/conftest"
+	"github.com/omnious/provider-node/internal/testutil/conftest"
 )
 
 // TestREADMEDefaults keeps the EPP configuration table of the repository

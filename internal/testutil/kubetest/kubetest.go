@@ -37,7 +37,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/omnious/provider-node/internal/freeport"
+	"github.com/omnious/provider-node/internal/testutil/freeport"
 )
 
 // Options adjust a control plane started by Start, New or Main.

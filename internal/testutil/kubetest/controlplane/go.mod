@@ -1,4 +1,4 @@
-module github.com/omnious/provider-node/internal/kubetest/controlplane
+module github.com/omnious/provider-node/internal/testutil/kubetest/controlplane
 
 go 1.26.0
 
