@@ -542,15 +542,6 @@ func equalBounds(a, b []float64) bool {
 	return true
 }
 
-// Objectives are latency objectives at a quantile.
-type Objectives struct {
-	// TTFT and ITL bound time to first token and inter-token latency.
-	TTFT, ITL time.Duration
-	// Quantile is the share of observations that must be within them,
-	// 0.95 for p95 objectives.
-	Quantile float64
-}
-
 // AtObjectives is a curve read at objectives: the most an engine can run
 // while the objectives hold.
 type AtObjectives struct {
