@@ -10,6 +10,6 @@ import (
 // README equal to WithDefaults of an empty config; the extproc and
 // scheduler sections are checked against their own READMEs.
 func TestREADMEDefaults(t *testing.T) {
-	rows := conftest.Table(t, "../../README.md", "EPP (`cmd/epp`)", "key", "default")
+	rows := conftest.Table(t, "../README.md", "EPP (`cmd/epp`)", "key", "default")
 	conftest.Check(t, rows, 0, 1, conftest.Fields(Config{}.WithDefaults()), nil)
 }
