@@ -42,8 +42,8 @@ const DefaultMaxLine = 64 << 10
 // stops at the Done event or reads on. It yields at most one error, last:
 // the body's read error, or ErrLineTooLong for a line of more than
 // maxLine bytes (its terminator not counted; maxLine < 1 is
-// DefaultMaxLine), so a stream that never ends a line holds at most
-// maxLine+2 bytes. A line cut by a read error is not reported, only the
+// DefaultMaxLine), so the reader never buffers more than maxLine+2 bytes
+// whatever the body. A line cut by a read error is not reported, only the
 // error; a last line without its terminator at a clean end is. Events
 // never decodes: a malformed chunk is the decoder's error (Chunk). Kept
 // by TestEvents and FuzzEvents.
