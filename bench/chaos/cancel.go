@@ -1,7 +1,6 @@
 package chaos
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -16,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/omnious/provider-node/engines/openai"
 	"github.com/omnious/provider-node/extproc/testgw"
 )
 
@@ -105,18 +105,13 @@ func (env *world) request(ctx context.Context, base, prompt, tag string, maxToke
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return fmt.Errorf("status %d: %s", resp.StatusCode, b)
 	}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if end == endMidBody && strings.HasPrefix(line, "data: ") {
+	for ev, err := range openai.Events(resp.Body, openai.DefaultMaxLine) {
+		if err != nil {
+			return err
+		}
+		if end == endMidBody || ev.Done {
 			return nil
 		}
-		if line == "data: [DONE]" {
-			return nil
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return err
 	}
 	return errors.New("stream ended without [DONE]")
 }

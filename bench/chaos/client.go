@@ -1,7 +1,6 @@
 package chaos
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -14,6 +13,7 @@ import (
 	"github.com/omnious/provider-node/bench/internal/launch"
 	"github.com/omnious/provider-node/bench/internal/loopback"
 	"github.com/omnious/provider-node/bench/internal/promtext"
+	"github.com/omnious/provider-node/engines/openai"
 	"github.com/omnious/provider-node/extproc/testgw"
 )
 
@@ -91,14 +91,12 @@ func (env *world) stream(ctx context.Context, prompt string, maxTokens int, addr
 	}
 	defer resp.Body.Close()
 	r := streamResult{status: resp.StatusCode}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, "data: ") {
-			continue
+	for ev, err := range openai.Events(resp.Body, 1<<20) {
+		if err != nil {
+			r.err = err
+			break
 		}
-		if line == "data: [DONE]" {
+		if ev.Done {
 			r.done = true
 			continue
 		}
@@ -107,7 +105,7 @@ func (env *world) stream(ctx context.Context, prompt string, maxTokens int, addr
 			close(first)
 		}
 	}
-	r.err, r.ended = sc.Err(), time.Now()
+	r.ended = time.Now()
 	return r
 }
 

@@ -1,7 +1,6 @@
 package compare
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/omnious/provider-node/bench/internal/loopback"
+	"github.com/omnious/provider-node/engines/openai"
 )
 
 // result is one request's measurements, in wall time.
@@ -177,21 +177,19 @@ func (c *client) post(ctx context.Context, path string, body []byte, res *result
 		return
 	}
 	var last time.Time
+	var broken error
 	chunks, done := 0, false
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 0, 64<<10), 16<<20)
-	for sc.Scan() {
-		line := sc.Bytes()
-		if !bytes.HasPrefix(line, []byte("data:")) {
-			continue
+	for ev, err := range openai.Events(resp.Body, 16<<20) {
+		if err != nil {
+			broken = err
+			break
 		}
-		data := bytes.TrimSpace(line[5:])
-		if bytes.Equal(data, []byte("[DONE]")) {
+		if ev.Done {
 			done = true
 			break
 		}
 		var ch streamChunk
-		if err := json.Unmarshal(data, &ch); err != nil {
+		if err := json.Unmarshal(ev.Data, &ch); err != nil {
 			res.Err = fmt.Errorf("bad stream chunk: %w", err)
 			return
 		}
@@ -199,7 +197,6 @@ func (c *client) post(ctx context.Context, path string, body []byte, res *result
 			res.Err = fmt.Errorf("stream error: %s", ch.Error.Message)
 			return
 		}
-		now := time.Now()
 		if ch.Usage != nil {
 			res.Prompt, res.Output = ch.Usage.PromptTokens, ch.Usage.CompletionTokens
 			if ch.Usage.PromptTokensDetails != nil {
@@ -230,15 +227,15 @@ func (c *client) post(ctx context.Context, path string, body []byte, res *result
 		}
 		chunks++
 		if last.IsZero() {
-			res.TTFT = now.Sub(res.Start)
+			res.TTFT = ev.At.Sub(res.Start)
 		} else {
-			res.ITL = append(res.ITL, now.Sub(last))
+			res.ITL = append(res.ITL, ev.At.Sub(last))
 		}
-		last = now
+		last = ev.At
 	}
 	res.E2E = time.Since(res.Start)
-	if err := sc.Err(); err != nil {
-		res.Err = fmt.Errorf("stream broken: %w", err)
+	if broken != nil {
+		res.Err = fmt.Errorf("stream broken: %w", broken)
 		return
 	}
 	if !done {

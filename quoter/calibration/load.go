@@ -1,7 +1,6 @@
 package calibration
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -19,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/omnious/provider-node/capacity"
+	"github.com/omnious/provider-node/engines/openai"
 )
 
 // generator is the ladder's load: workers sending streamed chat
@@ -252,24 +252,21 @@ func (g *generator) request(ctx context.Context, prompt string) (res result) {
 	}
 	// A stream is about a hundred bytes per token; the bound leaves room
 	// for an engine that sends much more and stops one that never ends.
-	sc := bufio.NewScanner(io.LimitReader(resp.Body, 1<<20+int64(n)*4096))
-	sc.Buffer(make([]byte, 0, 4096), 1<<20)
+	stream := io.LimitReader(resp.Body, 1<<20+int64(n)*4096)
 	last := time.Time{}
 	usage, promptTokens := -1, 0
-	for sc.Scan() {
-		data, ok := bytes.CutPrefix(sc.Bytes(), []byte("data:"))
-		if !ok {
-			continue // blank separators, comments, event names
+	for ev, err := range openai.Events(stream, 1<<20) {
+		if err != nil {
+			return result{err: fmt.Errorf("cannot read the stream: %w", err)}
 		}
-		data = bytes.TrimSpace(data)
-		if string(data) == "[DONE]" {
+		if ev.Done {
 			if usage < 0 {
 				return result{err: errors.New("the stream carried no usage (stream_options.include_usage)")}
 			}
 			return result{tokens: usage, promptTokens: promptTokens}
 		}
 		var ch chunk
-		if err := json.Unmarshal(data, &ch); err != nil {
+		if err := json.Unmarshal(ev.Data, &ch); err != nil {
 			return result{err: fmt.Errorf("bad stream chunk: %w", err)}
 		}
 		if ch.Error != nil {
@@ -281,16 +278,12 @@ func (g *generator) request(ctx context.Context, prompt string) (res result) {
 		if !ch.hasContent() {
 			continue
 		}
-		now := time.Now()
 		if last.IsZero() {
-			g.rec.firstToken(now.Sub(sent))
+			g.rec.firstToken(ev.At.Sub(sent))
 		} else {
-			g.rec.gap(now.Sub(last))
+			g.rec.gap(ev.At.Sub(last))
 		}
-		last = now
-	}
-	if err := sc.Err(); err != nil {
-		return result{err: fmt.Errorf("cannot read the stream: %w", err)}
+		last = ev.At
 	}
 	return result{err: errors.New("the stream ended before [DONE]")}
 }

@@ -7,7 +7,6 @@
 package conformance
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -17,6 +16,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/omnious/provider-node/engines/openai"
 )
 
 // Check names, as they appear in reports.
@@ -443,21 +444,17 @@ func (c *client) readStream(ctx context.Context, body map[string]any) (*streamRe
 func parseStream(r io.Reader, model string) (*streamResult, error) {
 	res := &streamResult{}
 	byIndex := map[int]*assembledCall{}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
 	done, chunks := false, 0
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, "data:") {
-			continue
+	for ev, err := range openai.Events(r, 4<<20) {
+		if err != nil {
+			return nil, fmt.Errorf("stream broke after %d chunks: %w", chunks, err)
 		}
-		data := strings.TrimSpace(strings.TrimPrefix(line, "data:"))
-		if data == "[DONE]" {
+		if ev.Done {
 			done = true
 			break
 		}
 		var ch streamChunk
-		if err := json.Unmarshal([]byte(data), &ch); err != nil {
+		if err := json.Unmarshal(ev.Data, &ch); err != nil {
 			return nil, fmt.Errorf("chunk %d is not JSON: %w", chunks, err)
 		}
 		chunks++
@@ -483,9 +480,6 @@ func parseStream(r io.Reader, model string) (*streamResult, error) {
 				res.finish = *choice.FinishReason
 			}
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("stream broke after %d chunks: %w", chunks, err)
 	}
 	if !done {
 		return nil, fmt.Errorf("stream ended after %d chunks without data: [DONE]", chunks)
