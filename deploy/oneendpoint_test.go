@@ -27,8 +27,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/omnious/provider-node/discovery"
-	"github.com/omnious/provider-node/extproc"
 	"github.com/omnious/provider-node/epp"
+	"github.com/omnious/provider-node/extproc"
 	"github.com/omnious/provider-node/internal/testutil/freeport"
 )
 

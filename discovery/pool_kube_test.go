@@ -28,8 +28,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/omnious/provider-node/endpoint"
-	"github.com/omnious/provider-node/internal/testutil/kubetest"
 	"github.com/omnious/provider-node/internal/rbac"
+	"github.com/omnious/provider-node/internal/testutil/kubetest"
 )
 
 func TestMain(m *testing.M) { kubetest.Main(m) }

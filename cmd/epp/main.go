@@ -23,8 +23,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/omnious/provider-node/discovery"
-	"github.com/omnious/provider-node/internal/cli"
 	"github.com/omnious/provider-node/epp"
+	"github.com/omnious/provider-node/internal/cli"
 	"github.com/omnious/provider-node/rules"
 )
 

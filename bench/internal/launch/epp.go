@@ -30,8 +30,8 @@ import (
 	"github.com/omnious/provider-node/capacity"
 	"github.com/omnious/provider-node/discovery"
 	"github.com/omnious/provider-node/endpoint"
-	"github.com/omnious/provider-node/extproc/testgw"
 	"github.com/omnious/provider-node/epp"
+	"github.com/omnious/provider-node/extproc/testgw"
 	"github.com/omnious/provider-node/scheduler"
 )
 

@@ -21,8 +21,8 @@ import (
 	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/engines/sim"
 	"github.com/omnious/provider-node/engines/sim/simtest"
-	"github.com/omnious/provider-node/extproc/testgw"
 	"github.com/omnious/provider-node/epp"
+	"github.com/omnious/provider-node/extproc/testgw"
 	"github.com/omnious/provider-node/scheduler"
 )
 
