@@ -80,6 +80,22 @@ func binIndex(concurrency float64) int {
 	return 16 + int(math.Log(concurrency/16)/math.Log1p(1.0/16))
 }
 
+// addBinWindow forgets the bins by f, then adds the window to the bin of
+// its load, its times to first token to the bin of the load they waited
+// under (queuedLoad) where that is another.
+func (l *Learner) addBinWindow(w *Window, f float64) {
+	for i := range l.curve.Bins {
+		scaleBin(&l.curve.Bins[i], f)
+	}
+	conc := w.Running + w.Waiting
+	own := *w
+	if q := l.queuedLoad(w); binIndex(q) != binIndex(conc) {
+		l.bin(q).TTFT.add(&w.TTFT, 1)
+		own.TTFT = Histogram{}
+	}
+	addWindow(l.bin(conc), &own)
+}
+
 // queuedLoad is the load the window's first tokens waited under, the key
 // of its times to first token: the mean requests in the engine over the
 // window and, before it, the window's mean time to first token. A queue
@@ -342,17 +358,8 @@ func (c Curve) atObjectives(o Objectives) (AtObjectives, error) {
 		a, b := x[j-1], x[j]
 		return s[j-1] + (s[j]-s[j-1])*(k-a)/(b-a)
 	}
-	// The load is d times a Poisson(m/d) count: mean m, variance d*m.
-	// d is at most 1: a measured spread wider than Poisson comes mostly
-	// from the load changing under the measurement (a step ending, a
-	// queue draining), and read as such it sold half the capacity in the
-	// bench's proof. It is at least 0.25, so a noisy estimate cannot make
-	// the load look steadier than a router could hold it.
-	d := c.Dispersion
-	if !(d > 0) || math.IsInf(d, 0) {
-		d = 1
-	}
-	d = min(max(d, 0.25), 1)
+	// The load is d times a Poisson(m/d) count (readDispersion).
+	d := readDispersion(c.Dispersion)
 	// mix is the mixture of both shares over that load.
 	mix := func(m, beyond float64) (fi, ft float64) {
 		var wI, wT float64

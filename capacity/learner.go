@@ -34,21 +34,13 @@ type Learner struct {
 	halfLife time.Duration
 	curve    Curve
 	idx      []int // bin index of curve.Bins[i]
-	// mean and sq are exponentially weighted moments of ConcurrencyNow over
-	// the last dispersionSamples busy scrapes; n counts them up to that.
-	mean, sq float64
-	n        int
-	run      prefillRun // the saturated run under way, if any
-	// prefillLoad is the new-token rate averaged over stallSmoothing, the
-	// key of the window's stall bin.
-	prefillLoad float64
-	recent      recent
+	// The estimators' state under way, apart from what curve holds.
+	run         prefillRun   // the saturated run under way, if any
 	span        SustainedBin // the sustained span under way
+	prefillLoad float64      // the new-token rate stall bins are keyed by
+	dispersion  dispersion
+	recent      recent
 }
-
-// dispersionSamples is how many recent busy scrapes the load's spread is
-// measured over: enough for a variance, few enough to follow the load.
-const dispersionSamples = 32
 
 // NewLearner returns a learner whose data halves every halfLife of busy
 // time (0: never forgets).
@@ -62,10 +54,8 @@ func NewLearner(halfLife time.Duration) *Learner {
 // curve then starts over.
 func (l *Learner) Add(w Window) {
 	if w.Seconds > 0 && !math.IsInf(w.Seconds, 0) {
-		if x := w.NewPromptTokensPerSec; x >= 0 && !math.IsInf(x, 0) {
-			l.prefillLoad += -math.Expm1(-w.Seconds/stallSmoothing.Seconds()) * (x - l.prefillLoad)
-		}
-		l.recent.add(&w)
+		l.addPrefillLoad(&w) // the new-token rate stalls are keyed by
+		l.recent.add(&w)     // the last windows' loads and output rates
 	}
 	conc := w.Running + w.Waiting
 	if w.Seconds <= 0 || w.Running < 0 || w.Waiting < 0 || !(conc > 0) || math.IsInf(conc, 0) {
@@ -75,49 +65,36 @@ func (l *Learner) Add(w Window) {
 		return
 	}
 	if !equalBounds(l.curve.TTFTBounds, w.TTFTBounds) || !equalBounds(l.curve.ITLBounds, w.ITLBounds) {
-		l.curve = Curve{TTFTBounds: append([]float64(nil), w.TTFTBounds...), ITLBounds: append([]float64(nil), w.ITLBounds...)}
-		l.idx = l.idx[:0]
-		l.run = prefillRun{}
-		l.span = SustainedBin{}
+		l.reset(&w)
 	}
-	if l.halfLife > 0 {
-		f := math.Exp2(-w.Seconds / l.halfLife.Seconds())
-		for i := range l.curve.Bins {
-			scaleBin(&l.curve.Bins[i], f)
-		}
-		for i := range l.curve.Stall {
-			scaleStall(&l.curve.Stall[i], f)
-		}
-		l.curve.Prefill.scaleRate(f)
-	}
-	if w.saturated() {
-		l.run.add(&w)
-	} else {
-		l.endRun()
-	}
-	l.curve.Prefill.addMixWindow(&w)
-	l.addSustainedWindow(&w)
-	if x := w.ConcurrencyNow; x >= 0 && !math.IsNaN(x) && !math.IsInf(x, 0) {
-		l.n = min(l.n+1, dispersionSamples)
-		a := 1 / float64(l.n)
-		l.mean += a * (x - l.mean)
-		l.sq += a * (x*x - l.sq)
-	}
-	if q := l.queuedLoad(&w); binIndex(q) != binIndex(conc) {
-		l.bin(q).TTFT.add(&w.TTFT, 1)
-		w.TTFT = Histogram{}
-	}
-	addWindow(l.bin(conc), &w)
-	l.curve.addStallWindow(&w, l.prefillLoad)
+	f := l.forget(w.Seconds)
+	l.addRunWindow(&w, f)              // the prefill rate, over saturated runs
+	l.curve.Prefill.addMixWindow(&w)   // the mix: tokens a request brings and yields
+	l.addSustainedWindow(&w)           // the load held at an output rate over spans
+	l.dispersion.add(w.ConcurrencyNow) // the spread of the load around its mean
+	l.addBinWindow(&w, f)              // the latencies at each load
+	l.addStallWindow(&w, f)            // the inter-token latency at each prefill load
 }
 
-// endRun ends the saturated run under way, which measures the prefill
-// rate if it lasted long enough.
-func (l *Learner) endRun() {
-	if l.run.counts() {
-		l.curve.Prefill.addRate(&l.run.p)
-	}
+// reset starts the curve over on w's histogram buckets, another engine's:
+// its latencies are not this one's. The load's spread, the smoothed
+// prefill load and the recent windows are the engine's traffic, not its
+// latencies, and stay.
+func (l *Learner) reset(w *Window) {
+	l.curve = Curve{TTFTBounds: append([]float64(nil), w.TTFTBounds...), ITLBounds: append([]float64(nil), w.ITLBounds...)}
+	l.idx = l.idx[:0]
 	l.run = prefillRun{}
+	l.span = SustainedBin{}
+}
+
+// forget is the factor the bins, the stall bins and the prefill rate keep
+// over seconds of busy time: they halve every halfLife, and never forget
+// when it is 0.
+func (l *Learner) forget(seconds float64) float64 {
+	if l.halfLife <= 0 {
+		return 1
+	}
+	return math.Exp2(-seconds / l.halfLife.Seconds())
 }
 
 // Curve returns a copy of what has been learnt, with the dispersion of
@@ -155,9 +132,7 @@ func (l *Learner) Summary() Summary {
 	if bins := l.curve.pooled(); len(bins) > 0 {
 		s.Largest = bins[len(bins)-1].Concurrency
 	}
-	if l.n >= dispersionSamples/2 && l.mean >= 1 {
-		s.Dispersion = max(l.sq-l.mean*l.mean, 0) / l.mean
-	}
+	s.Dispersion = l.dispersion.value()
 	p := l.curve.Prefill
 	if l.run.counts() {
 		p.addRate(&l.run.p)

@@ -112,6 +112,27 @@ func (r *prefillRun) counts() bool {
 	return r.p.QueuedWindows >= MinWindows && r.p.QueuedSeconds >= minRunSeconds
 }
 
+// addRunWindow forgets the prefill rate by f, then adds the window to
+// the saturated run under way, or ends the run when the window is not
+// saturated.
+func (l *Learner) addRunWindow(w *Window, f float64) {
+	l.curve.Prefill.scaleRate(f)
+	if w.saturated() {
+		l.run.add(w)
+	} else {
+		l.endRun()
+	}
+}
+
+// endRun ends the saturated run under way, which measures the prefill
+// rate if it lasted long enough.
+func (l *Learner) endRun() {
+	if l.run.counts() {
+		l.curve.Prefill.addRate(&l.run.p)
+	}
+	l.run = prefillRun{}
+}
+
 // saturated reports whether the window belongs to a saturated run.
 func (w *Window) saturated() bool { return w.WaitingMin >= 1 && w.KVUsage < kvRoomy }
 

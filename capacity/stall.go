@@ -78,15 +78,27 @@ func cloneStall(b StallBin) StallBin {
 	return b
 }
 
-// addStallWindow adds a window's inter-token latencies to the stall bin
-// of the smoothed rate x.
-func (c *Curve) addStallWindow(w *Window, x float64) {
+// addPrefillLoad moves the smoothed new-token rate, the key of the
+// window's stall bin, towards the window's over stallSmoothing.
+func (l *Learner) addPrefillLoad(w *Window) {
+	if x := w.NewPromptTokensPerSec; x >= 0 && !math.IsInf(x, 0) {
+		l.prefillLoad += -math.Expm1(-w.Seconds/stallSmoothing.Seconds()) * (x - l.prefillLoad)
+	}
+}
+
+// addStallWindow forgets the stall bins by f, then adds a window's
+// inter-token latencies to the stall bin of the smoothed new-token rate.
+func (l *Learner) addStallWindow(w *Window, f float64) {
+	for i := range l.curve.Stall {
+		scaleStall(&l.curve.Stall[i], f)
+	}
 	if w.ITL.Count <= 0 {
 		return
 	}
+	x := l.prefillLoad
 	var i int
-	c.Stall, i = binOf(c.Stall, stallIndex(x), func(b *StallBin) int { return stallIndex(b.NewTokensPerSec) }, StallBin{NewTokensPerSec: x})
-	addStall(&c.Stall[i], &StallBin{NewTokensPerSec: x, Seconds: w.Seconds, Windows: 1, ITL: w.ITL})
+	l.curve.Stall, i = binOf(l.curve.Stall, stallIndex(x), func(b *StallBin) int { return stallIndex(b.NewTokensPerSec) }, StallBin{NewTokensPerSec: x})
+	addStall(&l.curve.Stall[i], &StallBin{NewTokensPerSec: x, Seconds: w.Seconds, Windows: 1, ITL: w.ITL})
 }
 
 // StallBound is the output tokens per second an engine can be sold while
