@@ -75,15 +75,7 @@ func admissionBound(bins []*Bin, a Admission) (concurrency, tokensPerSec float64
 // terms the EPP averages (AdmittedLoad). The load the engine held at the
 // rate bounds the concurrency last, as in At.
 func (c Curve) AtAdmitted(o Objectives, adm *Admission, pool int) (AtObjectives, error) {
-	at, err := c.atObjectives(o)
-	if err != nil {
-		return at, err
-	}
-	if adm != nil {
-		at.admit(c, *adm, o.Quantile, pool)
-	}
-	at.hold(c)
-	return at, nil
+	return reading{}.at(c, o, adm, pool)
 }
 
 // admit bounds the capacity by where the EPP queues. A client keeping

@@ -316,15 +316,52 @@ var ErrNoData = errors.New("no load measured with enough observations")
 // at one load, without the mixture, the prefill bounds or the held load
 // (AtObjectives.Streams).
 func (c Curve) At(o Objectives) (AtObjectives, error) {
-	at, err := c.atObjectives(o)
-	if err == nil {
-		at.hold(c)
-	}
-	return at, err
+	return reading{}.at(c, o, nil, 0)
 }
 
-// atObjectives is At before the held load bounds its concurrency.
-func (c Curve) atObjectives(o Objectives) (AtObjectives, error) {
+// bound is one of the bounds a reading of a curve applies: an objective
+// read from the bins (ttft, itl), the end of the measurements (measured),
+// the prefill bounds (prefill, prefill-itl), flow control (admission)
+// and the load held at the rate read (held). Each only ever lowers the
+// capacity (TestAblation).
+type bound uint
+
+const (
+	boundTTFT bound = iota
+	boundITL
+	boundMeasured
+	boundPrefill
+	boundStall
+	boundAdmission
+	boundHeld
+)
+
+// reading reads a curve with every bound on but those in off. Every
+// reading the package exports is the zero reading, all bounds on; only
+// tests switch one off, to see what it earns (TestAblation).
+type reading struct{ off uint }
+
+// on reports whether the reading applies b.
+func (r reading) on(b bound) bool { return r.off&(1<<b) == 0 }
+
+// at is At, and with adm AtAdmitted, as r reads them.
+func (r reading) at(c Curve, o Objectives, adm *Admission, pool int) (AtObjectives, error) {
+	at, err := r.atObjectives(c, o)
+	if err != nil {
+		return at, err
+	}
+	if adm != nil && r.on(boundAdmission) {
+		at.admit(c, *adm, o.Quantile, pool)
+	}
+	if r.on(boundHeld) {
+		at.hold(c)
+	}
+	return at, nil
+}
+
+// atObjectives is At before flow control and the held load bound its
+// concurrency.
+func (r reading) atObjectives(c Curve, o Objectives) (AtObjectives, error) {
 	bins := c.pooled()
 	if len(bins) == 0 {
 		return AtObjectives{}, ErrNoData
@@ -340,6 +377,12 @@ func (c Curve) atObjectives(o Objectives) (AtObjectives, error) {
 		x[i] = b.Concurrency
 		itl[i], wi[i] = b.ITL.Within(c.ITLBounds, o.ITL.Seconds()), b.ITL.Count
 		ttft[i], wt[i] = b.TTFT.Within(c.TTFTBounds, o.TTFT.Seconds()), b.TTFT.Count
+		if !r.on(boundITL) {
+			itl[i] = 1
+		}
+		if !r.on(boundTTFT) {
+			ttft[i] = 1
+		}
 	}
 	isotonic.NonIncreasing(itl, wi)
 	isotonic.NonIncreasing(ttft, wt)
@@ -377,8 +420,13 @@ func (c Curve) atObjectives(o Objectives) (AtObjectives, error) {
 		}
 		return fi, ft / wT
 	}
+	// Loads past the measurements count as breaking both objectives.
+	beyond := 0.0
+	if !r.on(boundMeasured) {
+		beyond = 1
+	}
 	holds := func(m float64) bool {
-		fi, ft := mix(m, 0)
+		fi, ft := mix(m, beyond)
 		return fi >= o.Quantile && ft >= o.Quantile
 	}
 	const smallest = 1e-3
@@ -390,11 +438,11 @@ func (c Curve) atObjectives(o Objectives) (AtObjectives, error) {
 	out.Concurrency = lo
 	out.Limit = limitAt(mix, hi, o.Quantile)
 	out.OutputTokensPerSec, out.PromptTokensPerSec = ratesAt(bins, lo)
-	if bound, ok := c.Prefill.Bound(o); ok {
+	if bound, ok := c.Prefill.Bound(o); ok && r.on(boundPrefill) {
 		out.PrefillBoundTokensPerSec = bound
 		out.lower(bound, LimitPrefill)
 	}
-	if bound, ok := c.StallBound(o); ok {
+	if bound, ok := c.StallBound(o); ok && r.on(boundStall) {
 		out.StallBoundTokensPerSec = bound
 		out.lower(bound, LimitStall)
 	}
