@@ -6,9 +6,10 @@ import (
 )
 
 // between is x moved the share w of the way to y: a mean weighted by
-// time, kept within [x, y] where rounding would leave it. The sum form
-// (x*wx+y*wy)/(wx+wy) turned two windows of a hair under 4 into 4.0, a
-// bin equal to the next one, and a pooled curve that failed Validate.
+// time, kept within [x, y] where rounding would leave it: the sum form
+// (x*wx+y*wy)/(wx+wy) can round two means a hair under 4 up to 4.0, a
+// bin equal to the next one, which Validate refuses
+// (TestPoolKeepsBinsApart).
 func between(x, y, w float64) float64 {
 	return min(max(x+(y-x)*w, min(x, y)), max(x, y))
 }

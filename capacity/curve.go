@@ -224,18 +224,15 @@ type AtObjectives struct {
 	// bounds (prefill, prefill-itl) and the held load bound Concurrency,
 	// not Streams. Arrivals from many independent clients at
 	// OutputTokensPerSec hold fewer (Concurrency): they bunch, and the
-	// engine must keep room for their bursts. Read so, Streams is still
-	// on the safe side of a closed loop: on a Mooncake proof (moon33 in
-	// quoter/PROOFS.md) the replicas read 11.0 to 20.1 streams, 106.3
-	// for the fleet, against a closed-loop edge of 109.5 (106 streams
-	// held 2 of 3 steps, 111 broke 2 of 3).
+	// engine must keep room for their bursts. Read so, Streams is a load
+	// the bins themselves held within both objectives, never past the
+	// largest load measured (TestCurveAt).
 	//
 	// Past the crossing a client's further requests wait in the EPP's
 	// queue, and that wait is not sold: a saturated pool serves fewer
-	// requests a second than at the crossing (on a demo proof, 38 to 41
-	// QPS with 81 to 98 streams against 54 at 65, its prefix hits down
-	// from 0.89 to 0.69 to 0.72), so the rate at the crossing does not say
-	// how long the queue takes to drain.
+	// requests a second than at the crossing, so the rate at the crossing
+	// does not say how long the queue takes to drain. Streams is at most
+	// the crossing (TestAtAdmittedStreams).
 	Streams float64 `json:"streams"`
 }
 
@@ -521,10 +518,10 @@ func poisson(m float64, f func(k int, p float64)) {
 // time. A continuously batching engine serves more requests at once as its
 // load rises, and past saturation its rates hold; a bin's rate is the
 // mean of a few windows, and read raw one high bin next to the load a
-// quote stops at sold what its neighbours did not show (a demo replica:
-// 694 output tokens/s at 18.8 requests between 615 at 17.4 and 637 at
-// 19.9). A rate that falls under overload pools with the lighter loads
-// before it, which reads below the peak, never above.
+// quote stops at would sell what its neighbours did not show: it pools
+// with the loads after it. A rate that falls under overload pools with
+// the lighter loads before it, which reads below the peak, never above
+// (TestRatesAt).
 func ratesAt(bins []*Bin, x float64) (output, prompt float64) {
 	n := len(bins)
 	load, out, in, w := make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n)

@@ -39,9 +39,10 @@ func (d *dispersion) value() float64 {
 // load is d times a Poisson(m/d) count, mean m, variance d*m.
 // d is at most 1: a measured spread wider than Poisson comes mostly
 // from the load changing under the measurement (a step ending, a
-// queue draining), and read as such it sold half the capacity in the
-// bench's proof. It is at least 0.25, so a noisy estimate cannot make
-// the load look steadier than a router could hold it.
+// queue draining), not from the traffic's arrivals, and is read as
+// Poisson's. It is at least 0.25, so a noisy estimate cannot make the
+// load look steadier than a router could hold it. Not measured (0, not
+// a number, infinite) reads as 1 (TestReadDispersion).
 func readDispersion(d float64) float64 {
 	if !(d > 0) || math.IsInf(d, 0) {
 		d = 1

@@ -38,8 +38,8 @@ type StallBin struct {
 // stallSmoothing is the time constant of the moving average a window's
 // new-token rate is keyed by. Engines count a prompt's tokens when they
 // admit it, and its prefill then stalls the batch for as long as it takes:
-// seconds for one long prompt, 13 s for the Mooncake trace's longest at
-// the simulator's rate. Averaged over about as long as the longest, the
+// seconds for one long prompt, over ten for the longest prompts of
+// long-context traffic. Averaged over about as long as the longest, the
 // rate a window is keyed by counts the prompts stalling it, not a burst
 // of admissions in one window and none in the next.
 const stallSmoothing = 15 * time.Second
