@@ -587,11 +587,8 @@ func (c Curve) Validate() error {
 	if !(c.Dispersion >= 0) || math.IsInf(c.Dispersion, 0) {
 		return errors.New("dispersion is negative or not finite")
 	}
-	p := c.Prefill
-	for _, v := range []float64{p.QueuedSeconds, p.QueuedWindows, p.QueuedTokens, p.Requests, p.NewTokens, p.OutputTokens} {
-		if !(v >= 0) || math.IsInf(v, 0) {
-			return errors.New("prefill has a negative or non-finite value")
-		}
+	if err := c.Prefill.validate(); err != nil {
+		return err
 	}
 	for _, bs := range [][]float64{c.TTFTBounds, c.ITLBounds} {
 		for i, b := range bs {
@@ -620,32 +617,8 @@ func (c Curve) Validate() error {
 			}
 		}
 	}
-	prev = -1
-	for i, b := range c.Stall {
-		for _, v := range []float64{b.NewTokensPerSec, b.Seconds, b.Windows} {
-			if !(v >= 0) || math.IsInf(v, 0) {
-				return fmt.Errorf("stall bin %d has a negative or non-finite value", i)
-			}
-		}
-		if b.NewTokensPerSec <= prev {
-			return fmt.Errorf("stall bin %d: new-token rates are not ascending", i)
-		}
-		prev = b.NewTokensPerSec
-		if err := c.Stall[i].ITL.validate(c.ITLBounds); err != nil {
-			return fmt.Errorf("stall bin %d itl: %w", i, err)
-		}
+	if err := validateStall(c.Stall, c.ITLBounds); err != nil {
+		return err
 	}
-	prev = -1
-	for i, b := range c.Sustained {
-		for _, v := range []float64{b.Concurrency, b.OutputTokensPerSec, b.Seconds, b.Spans} {
-			if !(v >= 0) || math.IsInf(v, 0) {
-				return fmt.Errorf("sustained bin %d has a negative or non-finite value", i)
-			}
-		}
-		if b.Concurrency <= prev {
-			return fmt.Errorf("sustained bin %d: concurrencies are not ascending", i)
-		}
-		prev = b.Concurrency
-	}
-	return nil
+	return validateSustained(c.Sustained)
 }

@@ -1,6 +1,7 @@
 package capacity
 
 import (
+	"errors"
 	"math"
 	"time"
 )
@@ -179,4 +180,14 @@ func (p Prefill) over(o Prefill) Prefill {
 		p.Requests, p.NewTokens, p.OutputTokens = o.Requests, o.NewTokens, o.OutputTokens
 	}
 	return p
+}
+
+// validate reports a negative or non-finite sum (Curve.Validate).
+func (p *Prefill) validate() error {
+	for _, v := range []float64{p.QueuedSeconds, p.QueuedWindows, p.QueuedTokens, p.Requests, p.NewTokens, p.OutputTokens} {
+		if !(v >= 0) || math.IsInf(v, 0) {
+			return errors.New("prefill has a negative or non-finite value")
+		}
+	}
+	return nil
 }

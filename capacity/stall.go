@@ -1,6 +1,7 @@
 package capacity
 
 import (
+	"fmt"
 	"math"
 	"sort"
 	"time"
@@ -142,4 +143,26 @@ func (c Curve) StallBound(o Objectives) (tokensPerSec float64, ok bool) {
 		return 0, false
 	}
 	return bound, true
+}
+
+// validateStall reports stall bins that are not ascending by new-token
+// rate with finite non-negative values and well-formed histograms on
+// itlBounds (Curve.Validate).
+func validateStall(stall []StallBin, itlBounds []float64) error {
+	prev := -1.0
+	for i, b := range stall {
+		for _, v := range []float64{b.NewTokensPerSec, b.Seconds, b.Windows} {
+			if !(v >= 0) || math.IsInf(v, 0) {
+				return fmt.Errorf("stall bin %d has a negative or non-finite value", i)
+			}
+		}
+		if b.NewTokensPerSec <= prev {
+			return fmt.Errorf("stall bin %d: new-token rates are not ascending", i)
+		}
+		prev = b.NewTokensPerSec
+		if err := stall[i].ITL.validate(itlBounds); err != nil {
+			return fmt.Errorf("stall bin %d itl: %w", i, err)
+		}
+	}
+	return nil
 }

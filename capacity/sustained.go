@@ -1,6 +1,7 @@
 package capacity
 
 import (
+	"fmt"
 	"math"
 	"time"
 
@@ -143,4 +144,22 @@ func (a *AtObjectives) hold(c Curve) {
 		a.HeldConcurrency = held
 		a.Concurrency = min(a.Concurrency, held)
 	}
+}
+
+// validateSustained reports sustained bins that are not ascending by
+// load with finite non-negative values (Curve.Validate).
+func validateSustained(held []SustainedBin) error {
+	prev := -1.0
+	for i, b := range held {
+		for _, v := range []float64{b.Concurrency, b.OutputTokensPerSec, b.Seconds, b.Spans} {
+			if !(v >= 0) || math.IsInf(v, 0) {
+				return fmt.Errorf("sustained bin %d has a negative or non-finite value", i)
+			}
+		}
+		if b.Concurrency <= prev {
+			return fmt.Errorf("sustained bin %d: concurrencies are not ascending", i)
+		}
+		prev = b.Concurrency
+	}
+	return nil
 }
