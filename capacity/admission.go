@@ -75,15 +75,7 @@ func admissionBound(bins []*Bin, a Admission) (concurrency, tokensPerSec float64
 // terms the EPP averages (AdmittedLoad). The load the engine held at the
 // rate bounds the concurrency last, as in At.
 func (c Curve) AtAdmitted(o Objectives, adm *Admission, pool int) (AtObjectives, error) {
-	at, err := c.atObjectives(o)
-	if err != nil {
-		return at, err
-	}
-	if adm != nil {
-		at.admit(c, *adm, o.Quantile, pool)
-	}
-	at.hold(c)
-	return at, nil
+	return reading{}.at(c, o, adm, pool)
 }
 
 // admit bounds the capacity by where the EPP queues. A client keeping
@@ -115,12 +107,11 @@ func (a *AtObjectives) admit(c Curve, adm Admission, q float64, pool int) {
 // Poisson count around pool times the mean, however a router spreads
 // them. Read at the crossing itself, the pool would reach it about half
 // the time, and every request arriving then waits in the EPP's queue,
-// where the engines' latencies cannot show it: on the demo fleet (4
-// replicas crossing at about 20 requests each) the quote sold the rate at
-// 20 while the ladder's edge, where that wait took the p95 time to first
-// token to 2 s, held 16 in the engines. A request meeting the queue is
-// counted as missing its objective, as a request in an engine past the
-// measured loads is (Curve.At). The tail is interpolated between whole
+// where the engines' latencies cannot show it; so the load is read where
+// the pool reaches the crossing at most 1-q of the time
+// (TestAdmittedLoad). A request meeting the queue is counted as missing
+// its objective, as a request in an engine past the measured loads is
+// (Curve.At). The tail is interpolated between whole
 // counts, so the answer moves smoothly with the crossing; 0 when the
 // crossing or pool gives nothing to read.
 func AdmittedLoad(crossing float64, pool int, q float64) float64 {

@@ -4,59 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"sort"
-	"time"
 
 	"github.com/omnious/provider-node/internal/isotonic"
 )
-
-// Histogram is a cumulative latency histogram on the curve's shared
-// bounds: Counts[i] observations at or below the i-th bound, Count all of
-// them (observations above the last bound are Count minus the last
-// cumulative count).
-type Histogram struct {
-	Counts []float64 `json:"counts"`
-	Count  float64   `json:"count"`
-	Sum    float64   `json:"sum"`
-}
-
-// Within is the share of observations at or below x, interpolating
-// linearly inside the bucket that holds x (as Prometheus'
-// histogram_quantile does). 1 for an empty histogram.
-func (h *Histogram) Within(bounds []float64, x float64) float64 {
-	if h.Count <= 0 {
-		return 1
-	}
-	lo, below := 0.0, 0.0
-	for i, b := range bounds {
-		if i >= len(h.Counts) {
-			break
-		}
-		c := h.Counts[i]
-		if x <= b {
-			if b > lo {
-				below += (c - below) * (x - lo) / (b - lo)
-			}
-			return math.Min(below/h.Count, 1)
-		}
-		lo, below = b, c
-	}
-	// Past the last bound: the +Inf bucket has no width to interpolate in,
-	// so only what is known to be below counts.
-	return math.Min(below/h.Count, 1)
-}
-
-func (h *Histogram) add(o *Histogram, scale float64) {
-	if len(h.Counts) < len(o.Counts) {
-		h.Counts = append(h.Counts, make([]float64, len(o.Counts)-len(h.Counts))...)
-	}
-	for i, c := range o.Counts {
-		h.Counts[i] += c * scale
-	}
-	h.Count += o.Count * scale
-	h.Sum += o.Sum * scale
-}
 
 // Bin is the engine's behaviour at one load: every scrape window whose
 // mean count of requests in the engine (running or waiting) fell in the
@@ -119,171 +70,6 @@ type Curve struct {
 	Sustained []SustainedBin `json:"sustained,omitempty"`
 }
 
-// Prefill is what an engine's prefill did, apart from the bins. A curve
-// keyed by the requests in the engine cannot see an engine whose prefill
-// is its bottleneck: once arrivals need more new prompt tokens per second
-// than it computes, its queue grows at whatever concurrency, and a queue
-// passing through a bin leaves times to first token there that no steady
-// load at that rate would see. So the request rate a curve is read at is
-// bounded by the measured prefill rate over the new (uncached) prompt
-// tokens each request of the current mix brings (Curve.At).
-type Prefill struct {
-	// QueuedSeconds, QueuedWindows and QueuedTokens are the time and
-	// number of the windows of saturated runs, and the new prompt tokens
-	// the engine took into prefill in them: their ratio is its prefill
-	// rate. A run is consecutive windows with a request waiting at every
-	// scrape and the KV cache below kvRoomy, at least MinWindows of them
-	// over minRunSeconds; the engine then spends its token budget on every
-	// step. Engines count a prompt's tokens when they admit it, not as
-	// they compute them, so a window's own count says little: a long
-	// prompt admitted before the window is computed in it uncounted. Over
-	// a run those ends cancel on average; selecting windows by a deeper
-	// queue at both ends would not, as it picks the windows in which no
-	// request was admitted. A queue for want of KV below kvRoomy, or of
-	// sequence slots, takes in fewer tokens, which errs on the safe side.
-	// Decayed as the bins are.
-	QueuedSeconds float64 `json:"queued_seconds"`
-	QueuedWindows float64 `json:"queued_windows"`
-	QueuedTokens  float64 `json:"queued_tokens"`
-	// Requests, NewTokens and OutputTokens are the first tokens, new
-	// prompt tokens and output tokens of the busy windows: the mix. They
-	// forget faster than the bins, by mixHalfLife of busy time, so that
-	// the mix is the current traffic's rather than a calibration run's or
-	// yesterday's. Every busy window counts: the engines count a request's
-	// prompt when they admit it and the request when its first token
-	// comes, so keeping some windows and not others (those of a queue,
-	// say) keeps some requests' tokens and other requests' first tokens.
-	Requests     float64 `json:"requests"`
-	NewTokens    float64 `json:"new_tokens"`
-	OutputTokens float64 `json:"output_tokens"`
-}
-
-// kvRoomy is the KV usage below which a queue is not for want of KV;
-// minRunSeconds the shortest saturated run that counts: long against one
-// request's prefill, so that a run's ends matter little, and against the
-// instants a request waits for the next step while the engine keeps up.
-const (
-	kvRoomy       = 0.9
-	minRunSeconds = 5
-)
-
-// mixHalfLife is how fast the mix forgets, in busy time: a few hundred
-// requests at the loads a quote is read at.
-const mixHalfLife = 2 * time.Minute
-
-// MinRequests is the first tokens the mix needs before it bounds a curve.
-const MinRequests = 20
-
-func (p *Prefill) add(o *Prefill) {
-	p.addRate(o)
-	p.addMix(o)
-}
-
-func (p *Prefill) addRate(o *Prefill) {
-	p.QueuedSeconds += o.QueuedSeconds
-	p.QueuedWindows += o.QueuedWindows
-	p.QueuedTokens += o.QueuedTokens
-}
-
-func (p *Prefill) addMix(o *Prefill) {
-	p.Requests += o.Requests
-	p.NewTokens += o.NewTokens
-	p.OutputTokens += o.OutputTokens
-}
-
-func (p *Prefill) scaleRate(f float64) {
-	p.QueuedSeconds *= f
-	p.QueuedWindows *= f
-	p.QueuedTokens *= f
-}
-
-func (p *Prefill) scaleMix(f float64) {
-	p.Requests *= f
-	p.NewTokens *= f
-	p.OutputTokens *= f
-}
-
-// addMixWindow adds a window's mix after forgetting by mixHalfLife over
-// its time.
-func (p *Prefill) addMixWindow(w *Window) {
-	p.scaleMix(math.Exp2(-w.Seconds / mixHalfLife.Seconds()))
-	p.Requests += w.FirstTokens
-	p.NewTokens += w.newTokens()
-	p.OutputTokens += w.OutputTokensPerSec * w.Seconds
-}
-
-// prefillRun is a saturated run under way: its windows' rate sums.
-type prefillRun struct{ p Prefill }
-
-func (r *prefillRun) add(w *Window) {
-	r.p.QueuedSeconds += w.Seconds
-	r.p.QueuedWindows++
-	r.p.QueuedTokens += w.newTokens()
-}
-
-// counts reports whether the run is long enough to measure the rate.
-func (r *prefillRun) counts() bool {
-	return r.p.QueuedWindows >= MinWindows && r.p.QueuedSeconds >= minRunSeconds
-}
-
-// saturated reports whether the window belongs to a saturated run.
-func (w *Window) saturated() bool { return w.WaitingMin >= 1 && w.KVUsage < kvRoomy }
-
-func (w *Window) newTokens() float64 { return w.NewPromptTokensPerSec * w.Seconds }
-
-// rateMeasured and mixMeasured report whether each half has enough data.
-func (p *Prefill) rateMeasured() bool { return p.QueuedWindows >= MinWindows && p.QueuedSeconds > 0 }
-func (p *Prefill) mixMeasured() bool  { return p.Requests >= MinRequests }
-
-// Bound is the output tokens per second an engine can be sold while its
-// prefill keeps times to first token within the objective, and whether
-// it was measured (both the rate and the mix). With mu the requests per
-// second the engine prefills (its rate over the mix's new tokens per
-// request), its prefill is taken as one first-come-first-served server, as
-// vLLM's and SGLang's schedulers admit waiting requests in order: an
-// M/M/1 queue, whose time in system is exponential with rate mu - lambda,
-// keeps the quantile within the objective while
-//
-//	lambda <= mu - ln(1/(1-q)) / TTFT
-//
-// That lambda times the mix's output tokens per request is the bound; 0
-// when even one request alone would miss. A mix with no new tokens (every
-// prompt cached) leaves prefill unbounded.
-func (p *Prefill) Bound(o Objectives) (tokensPerSec float64, ok bool) {
-	if !p.rateMeasured() || !p.mixMeasured() || p.NewTokens <= 0 || o.TTFT <= 0 || o.Quantile <= 0 || o.Quantile >= 1 {
-		return 0, false
-	}
-	rate := p.QueuedTokens / p.QueuedSeconds
-	mu := rate / (p.NewTokens / p.Requests)
-	lambda := mu - math.Log(1/(1-o.Quantile))/o.TTFT.Seconds()
-	b := max(lambda, 0) * p.OutputTokens / p.Requests
-	if math.IsNaN(b) || math.IsInf(b, 0) {
-		return 0, false
-	}
-	return b, true
-}
-
-// Window is one scrape interval of one engine, the unit a Learner takes.
-type Window struct {
-	Seconds                   float64
-	Running, Waiting, KVUsage float64
-	// WaitingMin is the smaller of the waiting counts at the window's two
-	// ends.
-	WaitingMin float64
-	// NewPromptTokensPerSec is the prompt tokens the engine computed
-	// (prefix-cache queries minus hits) per second, and FirstTokens the
-	// requests whose prefill ended in the window.
-	NewPromptTokensPerSec float64
-	FirstTokens           float64
-	// ConcurrencyNow is the engine's running plus waiting count at the
-	// window's end, one sample of the load's spread.
-	ConcurrencyNow        float64
-	OutputTokensPerSec    float64
-	PromptTokensPerSec    float64
-	TTFTBounds, ITLBounds []float64
-	TTFT, ITL             Histogram
-}
-
 // binIndex maps a concurrency to its bin: one bin per request up to 16,
 // then bins 1/16 wide (about 6%), so a capacity is read to within a few
 // percent at any size.
@@ -294,89 +80,20 @@ func binIndex(concurrency float64) int {
 	return 16 + int(math.Log(concurrency/16)/math.Log1p(1.0/16))
 }
 
-// Learner accumulates an engine's windows into a Curve, forgetting with a
-// half-life counted in busy time, so the curve follows the current
-// prompt/output mix and an idle engine keeps what it last learnt. It is
-// not safe for concurrent use.
-type Learner struct {
-	halfLife time.Duration
-	curve    Curve
-	idx      []int // bin index of curve.Bins[i]
-	// mean and sq are exponentially weighted moments of ConcurrencyNow over
-	// the last dispersionSamples busy scrapes; n counts them up to that.
-	mean, sq float64
-	n        int
-	run      prefillRun // the saturated run under way, if any
-	// prefillLoad is the new-token rate averaged over stallSmoothing, the
-	// key of the window's stall bin.
-	prefillLoad float64
-	recent      recent
-	span        SustainedBin // the sustained span under way
-}
-
-// dispersionSamples is how many recent busy scrapes the load's spread is
-// measured over: enough for a variance, few enough to follow the load.
-const dispersionSamples = 32
-
-// NewLearner returns a learner whose data halves every halfLife of busy
-// time (0: never forgets).
-func NewLearner(halfLife time.Duration) *Learner {
-	return &Learner{halfLife: halfLife}
-}
-
-// Add records one window. Idle windows (no request in the engine) carry
-// no latency-versus-load information and are dropped, as are windows whose
-// histogram buckets differ from the curve's (the engine was replaced): the
-// curve then starts over.
-func (l *Learner) Add(w Window) {
-	if w.Seconds > 0 && !math.IsInf(w.Seconds, 0) {
-		if x := w.NewPromptTokensPerSec; x >= 0 && !math.IsInf(x, 0) {
-			l.prefillLoad += -math.Expm1(-w.Seconds/stallSmoothing.Seconds()) * (x - l.prefillLoad)
-		}
-		l.recent.add(&w)
+// addBinWindow forgets the bins by f, then adds the window to the bin of
+// its load, its times to first token to the bin of the load they waited
+// under (queuedLoad) where that is another.
+func (l *Learner) addBinWindow(w *Window, f float64) {
+	for i := range l.curve.Bins {
+		scaleBin(&l.curve.Bins[i], f)
 	}
 	conc := w.Running + w.Waiting
-	if w.Seconds <= 0 || w.Running < 0 || w.Waiting < 0 || !(conc > 0) || math.IsInf(conc, 0) {
-		if conc == 0 {
-			l.endRun() // idle: no queue
-		}
-		return
-	}
-	if !equalBounds(l.curve.TTFTBounds, w.TTFTBounds) || !equalBounds(l.curve.ITLBounds, w.ITLBounds) {
-		l.curve = Curve{TTFTBounds: append([]float64(nil), w.TTFTBounds...), ITLBounds: append([]float64(nil), w.ITLBounds...)}
-		l.idx = l.idx[:0]
-		l.run = prefillRun{}
-		l.span = SustainedBin{}
-	}
-	if l.halfLife > 0 {
-		f := math.Exp2(-w.Seconds / l.halfLife.Seconds())
-		for i := range l.curve.Bins {
-			scaleBin(&l.curve.Bins[i], f)
-		}
-		for i := range l.curve.Stall {
-			scaleStall(&l.curve.Stall[i], f)
-		}
-		l.curve.Prefill.scaleRate(f)
-	}
-	if w.saturated() {
-		l.run.add(&w)
-	} else {
-		l.endRun()
-	}
-	l.curve.Prefill.addMixWindow(&w)
-	l.addSustainedWindow(&w)
-	if x := w.ConcurrencyNow; x >= 0 && !math.IsNaN(x) && !math.IsInf(x, 0) {
-		l.n = min(l.n+1, dispersionSamples)
-		a := 1 / float64(l.n)
-		l.mean += a * (x - l.mean)
-		l.sq += a * (x*x - l.sq)
-	}
-	if q := l.queuedLoad(&w); binIndex(q) != binIndex(conc) {
+	own := *w
+	if q := l.queuedLoad(w); binIndex(q) != binIndex(conc) {
 		l.bin(q).TTFT.add(&w.TTFT, 1)
-		w.TTFT = Histogram{}
+		own.TTFT = Histogram{}
 	}
-	addWindow(l.bin(conc), &w)
-	l.curve.addStallWindow(&w, l.prefillLoad)
+	addWindow(l.bin(conc), &own)
 }
 
 // queuedLoad is the load the window's first tokens waited under, the key
@@ -407,63 +124,6 @@ func (l *Learner) bin(c float64) *Bin {
 		l.curve.Bins[i] = Bin{Concurrency: c}
 	}
 	return &l.curve.Bins[i]
-}
-
-// endRun ends the saturated run under way, which measures the prefill
-// rate if it lasted long enough.
-func (l *Learner) endRun() {
-	if l.run.counts() {
-		l.curve.Prefill.addRate(&l.run.p)
-	}
-	l.run = prefillRun{}
-}
-
-// Curve returns a copy of what has been learnt, with the dispersion of
-// the recent busy scrapes once there are enough of them and a saturated
-// run under way that counts already.
-func (l *Learner) Curve() Curve {
-	c := l.curve.Clone()
-	c.Dispersion = l.Summary().Dispersion
-	if l.run.counts() {
-		c.Prefill.addRate(&l.run.p)
-	}
-	return c
-}
-
-// OutputRate is the engine's output tokens per second over its last
-// RateSpan of scrapes, idle ones included.
-func (l *Learner) OutputRate() float64 { return l.recent.rate() }
-
-// Load is the mean number of requests in the engine, running or waiting,
-// over the last RateSpan of scrapes, idle ones included.
-func (l *Learner) Load() float64 { return l.recent.loadOver(RateSpan.Seconds()) }
-
-// Summary is what a learner has, for its metrics.
-type Summary struct {
-	// Largest is the largest concurrency a bin has enough data to be read
-	// at; Dispersion what Curve would report (0 when not measured);
-	// PrefillTokensPerSec the prefill rate measured while requests were
-	// queued (0 when not measured).
-	Largest, Dispersion, PrefillTokensPerSec float64
-}
-
-// Summary is what the learner has, without copying its curve.
-func (l *Learner) Summary() Summary {
-	var s Summary
-	if bins := l.curve.pooled(); len(bins) > 0 {
-		s.Largest = bins[len(bins)-1].Concurrency
-	}
-	if l.n >= dispersionSamples/2 && l.mean >= 1 {
-		s.Dispersion = max(l.sq-l.mean*l.mean, 0) / l.mean
-	}
-	p := l.curve.Prefill
-	if l.run.counts() {
-		p.addRate(&l.run.p)
-	}
-	if p.rateMeasured() {
-		s.PrefillTokensPerSec = p.QueuedTokens / p.QueuedSeconds
-	}
-	return s
 }
 
 // Clone returns a deep copy.
@@ -507,39 +167,11 @@ func addBin(b, o *Bin) {
 	b.ITL.add(&o.ITL, 1)
 }
 
-// between is x moved the share w of the way to y: a mean weighted by
-// time, kept within [x, y] where rounding would leave it. The sum form
-// (x*wx+y*wy)/(wx+wy) turned two windows of a hair under 4 into 4.0, a
-// bin equal to the next one, and a pooled curve that failed Validate.
-func between(x, y, w float64) float64 {
-	return min(max(x+(y-x)*w, min(x, y)), max(x, y))
-}
-
 func scaleBin(b *Bin, f float64) {
 	b.Seconds *= f
 	b.Windows *= f
 	b.TTFT.scale(f)
 	b.ITL.scale(f)
-}
-
-func (h *Histogram) scale(f float64) {
-	for i := range h.Counts {
-		h.Counts[i] *= f
-	}
-	h.Count *= f
-	h.Sum *= f
-}
-
-func equalBounds(a, b []float64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // AtObjectives is a curve read at objectives: the most an engine can run
@@ -592,18 +224,15 @@ type AtObjectives struct {
 	// bounds (prefill, prefill-itl) and the held load bound Concurrency,
 	// not Streams. Arrivals from many independent clients at
 	// OutputTokensPerSec hold fewer (Concurrency): they bunch, and the
-	// engine must keep room for their bursts. Read so, Streams is still
-	// on the safe side of a closed loop: on a Mooncake proof (moon33 in
-	// quoter/PROOFS.md) the replicas read 11.0 to 20.1 streams, 106.3
-	// for the fleet, against a closed-loop edge of 109.5 (106 streams
-	// held 2 of 3 steps, 111 broke 2 of 3).
+	// engine must keep room for their bursts. Read so, Streams is a load
+	// the bins themselves held within both objectives, never past the
+	// largest load measured (TestCurveAt).
 	//
 	// Past the crossing a client's further requests wait in the EPP's
 	// queue, and that wait is not sold: a saturated pool serves fewer
-	// requests a second than at the crossing (on a demo proof, 38 to 41
-	// QPS with 81 to 98 streams against 54 at 65, its prefix hits down
-	// from 0.89 to 0.69 to 0.72), so the rate at the crossing does not say
-	// how long the queue takes to drain.
+	// requests a second than at the crossing, so the rate at the crossing
+	// does not say how long the queue takes to drain. Streams is at most
+	// the crossing (TestAtAdmittedStreams).
 	Streams float64 `json:"streams"`
 }
 
@@ -684,15 +313,52 @@ var ErrNoData = errors.New("no load measured with enough observations")
 // at one load, without the mixture, the prefill bounds or the held load
 // (AtObjectives.Streams).
 func (c Curve) At(o Objectives) (AtObjectives, error) {
-	at, err := c.atObjectives(o)
-	if err == nil {
-		at.hold(c)
-	}
-	return at, err
+	return reading{}.at(c, o, nil, 0)
 }
 
-// atObjectives is At before the held load bounds its concurrency.
-func (c Curve) atObjectives(o Objectives) (AtObjectives, error) {
+// bound is one of the bounds a reading of a curve applies: an objective
+// read from the bins (ttft, itl), the end of the measurements (measured),
+// the prefill bounds (prefill, prefill-itl), flow control (admission)
+// and the load held at the rate read (held). Each only ever lowers the
+// capacity (TestAblation).
+type bound uint
+
+const (
+	boundTTFT bound = iota
+	boundITL
+	boundMeasured
+	boundPrefill
+	boundStall
+	boundAdmission
+	boundHeld
+)
+
+// reading reads a curve with every bound on but those in off. Every
+// reading the package exports is the zero reading, all bounds on; only
+// tests switch one off, to see what it earns (TestAblation).
+type reading struct{ off uint }
+
+// on reports whether the reading applies b.
+func (r reading) on(b bound) bool { return r.off&(1<<b) == 0 }
+
+// at is At, and with adm AtAdmitted, as r reads them.
+func (r reading) at(c Curve, o Objectives, adm *Admission, pool int) (AtObjectives, error) {
+	at, err := r.atObjectives(c, o)
+	if err != nil {
+		return at, err
+	}
+	if adm != nil && r.on(boundAdmission) {
+		at.admit(c, *adm, o.Quantile, pool)
+	}
+	if r.on(boundHeld) {
+		at.hold(c)
+	}
+	return at, nil
+}
+
+// atObjectives is At before flow control and the held load bound its
+// concurrency.
+func (r reading) atObjectives(c Curve, o Objectives) (AtObjectives, error) {
 	bins := c.pooled()
 	if len(bins) == 0 {
 		return AtObjectives{}, ErrNoData
@@ -708,6 +374,12 @@ func (c Curve) atObjectives(o Objectives) (AtObjectives, error) {
 		x[i] = b.Concurrency
 		itl[i], wi[i] = b.ITL.Within(c.ITLBounds, o.ITL.Seconds()), b.ITL.Count
 		ttft[i], wt[i] = b.TTFT.Within(c.TTFTBounds, o.TTFT.Seconds()), b.TTFT.Count
+		if !r.on(boundITL) {
+			itl[i] = 1
+		}
+		if !r.on(boundTTFT) {
+			ttft[i] = 1
+		}
 	}
 	isotonic.NonIncreasing(itl, wi)
 	isotonic.NonIncreasing(ttft, wt)
@@ -726,17 +398,8 @@ func (c Curve) atObjectives(o Objectives) (AtObjectives, error) {
 		a, b := x[j-1], x[j]
 		return s[j-1] + (s[j]-s[j-1])*(k-a)/(b-a)
 	}
-	// The load is d times a Poisson(m/d) count: mean m, variance d*m.
-	// d is at most 1: a measured spread wider than Poisson comes mostly
-	// from the load changing under the measurement (a step ending, a
-	// queue draining), and read as such it sold half the capacity in the
-	// bench's proof. It is at least 0.25, so a noisy estimate cannot make
-	// the load look steadier than a router could hold it.
-	d := c.Dispersion
-	if !(d > 0) || math.IsInf(d, 0) {
-		d = 1
-	}
-	d = min(max(d, 0.25), 1)
+	// The load is d times a Poisson(m/d) count (readDispersion).
+	d := readDispersion(c.Dispersion)
 	// mix is the mixture of both shares over that load.
 	mix := func(m, beyond float64) (fi, ft float64) {
 		var wI, wT float64
@@ -754,8 +417,13 @@ func (c Curve) atObjectives(o Objectives) (AtObjectives, error) {
 		}
 		return fi, ft / wT
 	}
+	// Loads past the measurements count as breaking both objectives.
+	beyond := 0.0
+	if !r.on(boundMeasured) {
+		beyond = 1
+	}
 	holds := func(m float64) bool {
-		fi, ft := mix(m, 0)
+		fi, ft := mix(m, beyond)
 		return fi >= o.Quantile && ft >= o.Quantile
 	}
 	const smallest = 1e-3
@@ -767,11 +435,11 @@ func (c Curve) atObjectives(o Objectives) (AtObjectives, error) {
 	out.Concurrency = lo
 	out.Limit = limitAt(mix, hi, o.Quantile)
 	out.OutputTokensPerSec, out.PromptTokensPerSec = ratesAt(bins, lo)
-	if bound, ok := c.Prefill.Bound(o); ok {
+	if bound, ok := c.Prefill.Bound(o); ok && r.on(boundPrefill) {
 		out.PrefillBoundTokensPerSec = bound
 		out.lower(bound, LimitPrefill)
 	}
-	if bound, ok := c.StallBound(o); ok {
+	if bound, ok := c.StallBound(o); ok && r.on(boundStall) {
 		out.StallBoundTokensPerSec = bound
 		out.lower(bound, LimitStall)
 	}
@@ -812,35 +480,6 @@ func bisect(lo, hi float64, ok func(float64) bool) (float64, float64) {
 // left at the top too thin even pooled joins the last readable group.
 func (c Curve) pooled() []*Bin { return pool(c.Bins, (*Bin).readable, addBin, cloneBin) }
 
-// pool is pooled for any kind of bin.
-func pool[B any](bins []B, readable func(*B) bool, add func(b, o *B), clone func(B) B) []*B {
-	var out []*B
-	var acc *B
-	for i := range bins {
-		b := &bins[i]
-		if acc == nil {
-			if readable(b) {
-				out = append(out, b)
-				continue
-			}
-			nb := clone(*b)
-			acc = &nb
-		} else {
-			add(acc, b)
-		}
-		if readable(acc) {
-			out = append(out, acc)
-			acc = nil
-		}
-	}
-	if acc != nil && len(out) > 0 {
-		last := clone(*out[len(out)-1])
-		add(&last, acc)
-		out[len(out)-1] = &last
-	}
-	return out
-}
-
 // limitAt names what breaks at mean m: the measured region's ITL or TTFT,
 // or, when both would hold if the unmeasured sizes were fine, the end of
 // the measurements.
@@ -879,10 +518,10 @@ func poisson(m float64, f func(k int, p float64)) {
 // time. A continuously batching engine serves more requests at once as its
 // load rises, and past saturation its rates hold; a bin's rate is the
 // mean of a few windows, and read raw one high bin next to the load a
-// quote stops at sold what its neighbours did not show (a demo replica:
-// 694 output tokens/s at 18.8 requests between 615 at 17.4 and 637 at
-// 19.9). A rate that falls under overload pools with the lighter loads
-// before it, which reads below the peak, never above.
+// quote stops at would sell what its neighbours did not show: it pools
+// with the loads after it. A rate that falls under overload pools with
+// the lighter loads before it, which reads below the peak, never above
+// (TestRatesAt).
 func ratesAt(bins []*Bin, x float64) (output, prompt float64) {
 	n := len(bins)
 	load, out, in, w := make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n)
@@ -934,48 +573,6 @@ func (c Curve) Merge(o Curve) (Curve, error) {
 	return out, nil
 }
 
-// mergeBins returns live with other's bins added where live has no bin of
-// the same index, or one too thin to stand alone (replaced rather than
-// mixing two regimes), ascending by index.
-func mergeBins[B any](live, other []B, index func(*B) int, readable func(*B) bool, clone func(B) B) []B {
-	have := make(map[int]int, len(live))
-	for i := range live {
-		have[index(&live[i])] = i
-	}
-	for _, b := range other {
-		if i, ok := have[index(&b)]; ok {
-			if !readable(&live[i]) {
-				live[i] = clone(b)
-			}
-			continue
-		}
-		live = append(live, clone(b))
-	}
-	sort.Slice(live, func(i, j int) bool { return index(&live[i]) < index(&live[j]) })
-	return live
-}
-
-// binOf returns bins with a bin of index k, b inserted in order where
-// there was none, and its position; bins are ascending by index.
-func binOf[B any](bins []B, k int, index func(*B) int, b B) ([]B, int) {
-	i := sort.Search(len(bins), func(i int) bool { return index(&bins[i]) >= k })
-	if i == len(bins) || index(&bins[i]) != k {
-		bins = slices.Insert(bins, i, b)
-	}
-	return bins, i
-}
-
-// over is p with each half o has and p has not measured taken from o.
-func (p Prefill) over(o Prefill) Prefill {
-	if !p.rateMeasured() {
-		p.QueuedSeconds, p.QueuedWindows, p.QueuedTokens = o.QueuedSeconds, o.QueuedWindows, o.QueuedTokens
-	}
-	if !p.mixMeasured() {
-		p.Requests, p.NewTokens, p.OutputTokens = o.Requests, o.NewTokens, o.OutputTokens
-	}
-	return p
-}
-
 func cloneBin(b Bin) Bin {
 	b.TTFT.Counts = append([]float64(nil), b.TTFT.Counts...)
 	b.ITL.Counts = append([]float64(nil), b.ITL.Counts...)
@@ -990,11 +587,8 @@ func (c Curve) Validate() error {
 	if !(c.Dispersion >= 0) || math.IsInf(c.Dispersion, 0) {
 		return errors.New("dispersion is negative or not finite")
 	}
-	p := c.Prefill
-	for _, v := range []float64{p.QueuedSeconds, p.QueuedWindows, p.QueuedTokens, p.Requests, p.NewTokens, p.OutputTokens} {
-		if !(v >= 0) || math.IsInf(v, 0) {
-			return errors.New("prefill has a negative or non-finite value")
-		}
+	if err := c.Prefill.validate(); err != nil {
+		return err
 	}
 	for _, bs := range [][]float64{c.TTFTBounds, c.ITLBounds} {
 		for i, b := range bs {
@@ -1023,49 +617,8 @@ func (c Curve) Validate() error {
 			}
 		}
 	}
-	prev = -1
-	for i, b := range c.Stall {
-		for _, v := range []float64{b.NewTokensPerSec, b.Seconds, b.Windows} {
-			if !(v >= 0) || math.IsInf(v, 0) {
-				return fmt.Errorf("stall bin %d has a negative or non-finite value", i)
-			}
-		}
-		if b.NewTokensPerSec <= prev {
-			return fmt.Errorf("stall bin %d: new-token rates are not ascending", i)
-		}
-		prev = b.NewTokensPerSec
-		if err := c.Stall[i].ITL.validate(c.ITLBounds); err != nil {
-			return fmt.Errorf("stall bin %d itl: %w", i, err)
-		}
+	if err := validateStall(c.Stall, c.ITLBounds); err != nil {
+		return err
 	}
-	prev = -1
-	for i, b := range c.Sustained {
-		for _, v := range []float64{b.Concurrency, b.OutputTokensPerSec, b.Seconds, b.Spans} {
-			if !(v >= 0) || math.IsInf(v, 0) {
-				return fmt.Errorf("sustained bin %d has a negative or non-finite value", i)
-			}
-		}
-		if b.Concurrency <= prev {
-			return fmt.Errorf("sustained bin %d: concurrencies are not ascending", i)
-		}
-		prev = b.Concurrency
-	}
-	return nil
-}
-
-func (h *Histogram) validate(bounds []float64) error {
-	if len(h.Counts) > len(bounds) {
-		return errors.New("more counts than bounds")
-	}
-	last := 0.0
-	for _, c := range h.Counts {
-		if !(c >= last) || math.IsInf(c, 0) {
-			return errors.New("cumulative counts decrease or are not finite")
-		}
-		last = c
-	}
-	if !(h.Count >= last) || math.IsInf(h.Count, 0) || math.IsNaN(h.Sum) || math.IsInf(h.Sum, 0) {
-		return errors.New("count is below the buckets or not finite")
-	}
-	return nil
+	return validateSustained(c.Sustained)
 }

@@ -10,12 +10,9 @@ const LimitKV = "kv"
 // output tokens, and whether the mix is measured. The part of its prompt
 // the prefix cache already holds is shared with whatever holds it, so a
 // mix of long shared prompts is not counted as holding each prompt whole
-// (on the demo mix, 1,200 prompt tokens a request of which 1,000 are a
-// shared system prompt, counted whole that would sell a 16,000-token
-// replica 12.8 requests where demo29's streams ladder held 20 a replica).
-// It can read light where a hit is on blocks no running request holds
-// (what a finished request left): then the bound is looser than the
-// cache, never tighter.
+// (TestKVTokensPerRequest). It can read light where a hit is on blocks
+// no running request holds (what a finished request left): then the
+// bound is looser than the cache, never tighter.
 func (p *Prefill) KVTokensPerRequest() (float64, bool) {
 	if !p.mixMeasured() {
 		return 0, false

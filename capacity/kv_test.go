@@ -44,3 +44,26 @@ func toMap(a AtObjectives) map[string]float64 {
 	return map[string]float64{"concurrency": a.Concurrency, "streams": a.Streams, "output": a.OutputTokensPerSec,
 		"prompt": a.PromptTokensPerSec, "kv": a.KVBoundStreams}
 }
+
+// A request's prompt tokens the prefix cache already holds are shared
+// with whatever holds them: a mix of 1,200-token prompts of which 1,000
+// are cached takes 200 new tokens and its output a request, not 1,300.
+func TestKVTokensPerRequest(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mix  Prefill
+		want float64
+		ok   bool
+	}{
+		{"shared prefixes are not counted", Prefill{Requests: 100, NewTokens: 20_000, OutputTokens: 10_000}, 300, true},
+		{"every prompt new", Prefill{Requests: 100, NewTokens: 120_000, OutputTokens: 10_000}, 1_300, true},
+		{"too few requests", Prefill{Requests: MinRequests - 1, NewTokens: 20_000, OutputTokens: 10_000}, 0, false},
+		{"no tokens", Prefill{Requests: 100}, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := tc.mix.KVTokensPerRequest()
+			require.Equal(t, tc.ok, ok)
+			require.InDelta(t, tc.want, got, 1e-9)
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package capacity
 
 import (
+	"fmt"
 	"math"
 	"sort"
 	"time"
@@ -38,8 +39,8 @@ type StallBin struct {
 // stallSmoothing is the time constant of the moving average a window's
 // new-token rate is keyed by. Engines count a prompt's tokens when they
 // admit it, and its prefill then stalls the batch for as long as it takes:
-// seconds for one long prompt, 13 s for the Mooncake trace's longest at
-// the simulator's rate. Averaged over about as long as the longest, the
+// seconds for one long prompt, over ten for the longest prompts of
+// long-context traffic. Averaged over about as long as the longest, the
 // rate a window is keyed by counts the prompts stalling it, not a burst
 // of admissions in one window and none in the next.
 const stallSmoothing = 15 * time.Second
@@ -78,15 +79,27 @@ func cloneStall(b StallBin) StallBin {
 	return b
 }
 
-// addStallWindow adds a window's inter-token latencies to the stall bin
-// of the smoothed rate x.
-func (c *Curve) addStallWindow(w *Window, x float64) {
+// addPrefillLoad moves the smoothed new-token rate, the key of the
+// window's stall bin, towards the window's over stallSmoothing.
+func (l *Learner) addPrefillLoad(w *Window) {
+	if x := w.NewPromptTokensPerSec; x >= 0 && !math.IsInf(x, 0) {
+		l.prefillLoad += -math.Expm1(-w.Seconds/stallSmoothing.Seconds()) * (x - l.prefillLoad)
+	}
+}
+
+// addStallWindow forgets the stall bins by f, then adds a window's
+// inter-token latencies to the stall bin of the smoothed new-token rate.
+func (l *Learner) addStallWindow(w *Window, f float64) {
+	for i := range l.curve.Stall {
+		scaleStall(&l.curve.Stall[i], f)
+	}
 	if w.ITL.Count <= 0 {
 		return
 	}
+	x := l.prefillLoad
 	var i int
-	c.Stall, i = binOf(c.Stall, stallIndex(x), func(b *StallBin) int { return stallIndex(b.NewTokensPerSec) }, StallBin{NewTokensPerSec: x})
-	addStall(&c.Stall[i], &StallBin{NewTokensPerSec: x, Seconds: w.Seconds, Windows: 1, ITL: w.ITL})
+	l.curve.Stall, i = binOf(l.curve.Stall, stallIndex(x), func(b *StallBin) int { return stallIndex(b.NewTokensPerSec) }, StallBin{NewTokensPerSec: x})
+	addStall(&l.curve.Stall[i], &StallBin{NewTokensPerSec: x, Seconds: w.Seconds, Windows: 1, ITL: w.ITL})
 }
 
 // StallBound is the output tokens per second an engine can be sold while
@@ -130,4 +143,26 @@ func (c Curve) StallBound(o Objectives) (tokensPerSec float64, ok bool) {
 		return 0, false
 	}
 	return bound, true
+}
+
+// validateStall reports stall bins that are not ascending by new-token
+// rate with finite non-negative values and well-formed histograms on
+// itlBounds (Curve.Validate).
+func validateStall(stall []StallBin, itlBounds []float64) error {
+	prev := -1.0
+	for i, b := range stall {
+		for _, v := range []float64{b.NewTokensPerSec, b.Seconds, b.Windows} {
+			if !(v >= 0) || math.IsInf(v, 0) {
+				return fmt.Errorf("stall bin %d has a negative or non-finite value", i)
+			}
+		}
+		if b.NewTokensPerSec <= prev {
+			return fmt.Errorf("stall bin %d: new-token rates are not ascending", i)
+		}
+		prev = b.NewTokensPerSec
+		if err := stall[i].ITL.validate(itlBounds); err != nil {
+			return fmt.Errorf("stall bin %d itl: %w", i, err)
+		}
+	}
+	return nil
 }

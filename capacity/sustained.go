@@ -1,6 +1,7 @@
 package capacity
 
 import (
+	"fmt"
 	"math"
 	"time"
 
@@ -19,9 +20,7 @@ import (
 // arrivals keep in flight at a rate is what the engine held over spans
 // long enough for those moments to come and go (Curve.heldAt): the
 // capacity's Concurrency, where Streams is what a client holding its
-// requests open may hold. On a demo capacity proof the windows read 18
-// requests a replica at the rate the fleet served, in the open ladder,
-// with 14.
+// requests open may hold (TestAtHoldsTheSustainedLoad).
 type SustainedBin struct {
 	// Concurrency is the mean number of requests in the engine over the
 	// spans, running or waiting: the key. OutputTokensPerSec is the mean
@@ -98,13 +97,12 @@ func (l *Learner) addSustainedWindow(w *Window) {
 // upTo (the load the capacity stops at) are left out: there the engine
 // ran a queue the capacity does not sell, its batch full and its rate on
 // the plateau, and where a full batch ran faster than the saturated spans
-// (on a demo proof, overload spans at 41 to 110 requests read 500 to 750
-// tok/s against 625 at 17) the fit rose through them and read 62 requests
-// on a replica that held the rate with 16. Past the fastest rate held the
-// load is the peak's scaled up in proportion: no request takes longer than
-// it did there, which reads fewer than a fuller engine would hold, the
-// side a promise errs on. Spans forgotten to less than minHeldSpans are
-// another mix's and left out.
+// the fit would rise through them and read the overload's load for a
+// rate the engine held with far fewer (TestHeldAt). Past the fastest
+// rate held the load is the peak's scaled up in proportion: no request
+// takes longer than it did there, which reads fewer than a fuller engine
+// would hold, the side a promise errs on. Spans forgotten to less than
+// minHeldSpans are another mix's and left out.
 func (c Curve) heldAt(r, upTo float64) (float64, bool) {
 	if !(r > 0) || math.IsInf(r, 0) {
 		return 0, false
@@ -146,4 +144,22 @@ func (a *AtObjectives) hold(c Curve) {
 		a.HeldConcurrency = held
 		a.Concurrency = min(a.Concurrency, held)
 	}
+}
+
+// validateSustained reports sustained bins that are not ascending by
+// load with finite non-negative values (Curve.Validate).
+func validateSustained(held []SustainedBin) error {
+	prev := -1.0
+	for i, b := range held {
+		for _, v := range []float64{b.Concurrency, b.OutputTokensPerSec, b.Seconds, b.Spans} {
+			if !(v >= 0) || math.IsInf(v, 0) {
+				return fmt.Errorf("sustained bin %d has a negative or non-finite value", i)
+			}
+		}
+		if b.Concurrency <= prev {
+			return fmt.Errorf("sustained bin %d: concurrencies are not ascending", i)
+		}
+		prev = b.Concurrency
+	}
+	return nil
 }

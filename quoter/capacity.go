@@ -27,12 +27,10 @@ type CapacityClient struct {
 var ErrEPPUnreachable = errors.New("EPP capacity endpoint unreachable")
 
 // maxSnapshotBytes bounds the snapshot body. It carries every replica's
-// curve, its histograms in every bin: the demo's replicas send about 150
-// KB each, and a replica with a bin at every load to 1,024 requests and a
-// stall bin at every new-token rate to 100,000 tokens/s about 210 KB. The
-// former 4 MiB stopped a pool of 28 demo replicas from being quoted at all;
-// 64 MiB holds about 300 of the largest, and decoding a body that size
-// took about 130 MiB of heap, within the chart's 256 MiB limit.
+// curve, its histograms in every bin: a replica with a bin at every load
+// to 1,024 requests and a stall bin at every new-token rate to 100,000
+// tokens/s sends about 210 KB, and 64 MiB holds about 300 of those; a
+// pool of 64 of them is read whole (TestCapacityClientFetchLargePool).
 const maxSnapshotBytes = 64 << 20
 
 // Fetch returns the current snapshot.
@@ -141,19 +139,17 @@ type ReplicaAssessment struct {
 // as none left. The per-stream bound reads the pool's concurrency, not
 // each replica's: a pool's replicas are alike (one model server on one
 // kind of accelerator), and each one's estimate of the load that goes
-// with its rate scatters where their sum does not (on a Mooncake proof,
-// 5.1 to 14.1 requests for 257 to 417 tok/s), which cut the half-loaded
-// quote from that proof's snapshot from 1,114 tok/s to 971.
+// with its rate scatters where their sum does not (TestComputeHeadroom,
+// "the per-stream bound reads the pool's concurrency").
 // The load is its sustained one, as a quote holds for minutes: one
 // scrape's rate swings by half or more on long prompts, and one scrape's
-// count of requests by as much as the arrivals bunch (on a half-loaded
-// Mooncake proof, 46 requests where the load held 35 on average), while
-// the requests the EPP routed and the engine has not counted yet are
-// added as they are. A replica holding no request now still counts its
-// mean: at a light load an engine is empty between requests, and read as
-// a load that has ended, two of eight Mooncake replicas empty at the
-// half-loaded quote sold the 315 tok/s they were serving, and the
-// background plus that quote broke its ITL objective. A load that has
+// count of requests by as much as the arrivals bunch, while the requests
+// the EPP routed and the engine has not counted yet are added as they
+// are (TestComputeHeadroom, "a burst above the sustained load"). A
+// replica holding no request now still counts its mean: at a light load
+// an engine is empty between requests, and read as a load that has
+// ended it would sell again the rate it is serving (TestComputeHeadroom,
+// "a replica empty now counts its 30 s mean"). A load that has
 // ended is counted for up to 30 s more, the side a promise errs on. A
 // replica whose EPP reports no mean (an older EPP) counts its requests
 // now. The second bound on tokens/s keeps the promise per stream: a
