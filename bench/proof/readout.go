@@ -1,9 +1,7 @@
-package main
+package proof
 
 import (
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -14,69 +12,28 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/omnious/provider-node/bench/compare"
 	"github.com/omnious/provider-node/capacity"
 	"github.com/omnious/provider-node/quoter"
-	"github.com/omnious/provider-node/scheduler"
 )
 
-// runWindows is `bench windows`: what the engines did at each load in
-// spans of a windows file that `bench capacity -record-windows` wrote,
-// side by side, so that the loads of two kinds of traffic (an open ladder
-// of arrivals, a client's closed loops) can be compared.
-func runWindows(args []string) error {
-	fs := flag.NewFlagSet("bench windows", flag.ContinueOnError)
-	file := fs.String("file", "", "windows file (DIR/windows.jsonl of bench capacity -record-windows)")
-	var spans listFlag
-	fs.Var(&spans, "span", "FROM:TO, seconds since the recording started (TO empty: to the end); repeat for columns side by side")
-	def := quoter.Config{}.WithDefaults()
-	itl := fs.Duration("slo-itl-p95", def.SLOITLP95, "inter-token objective, in the engines' time: the shares are counted against it, and a replay reads the curves at it")
-	ttft := fs.Duration("slo-ttft-p95", def.SLOTTFTP95, "time-to-first-token objective a replay reads the curves at, in the engines' time")
-	every := fs.Duration("every", 0, "also print the fleet's load (requests in the engines) at this interval (0: not)")
-	replay := fs.Int("replay", -1, "feed the windows before snapshot N's mark to fresh curves, as the EPP learnt them, and print the headroom they and snapshot-N.json (beside the file) read (-1: no replay)")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if *file == "" || fs.NArg() > 0 {
-		return errors.New("bench windows: want -file and no arguments")
-	}
-	ss, err := parseSpans(spans)
-	if err != nil {
-		return err
-	}
-	f, err := os.Open(*file)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	q := compare.WindowQuery{Spans: ss, ITL: *itl, Every: every.Seconds()}
-	if *replay >= 0 {
-		q.ReplayTo, q.HalfLife = replay, *scheduler.DefaultConfig().Signals.CapacityHalfLife
-	}
-	st, err := compare.ReadWindows(f, q)
-	if err != nil {
-		return err
-	}
-	printWindows(os.Stdout, st, ss, *itl)
-	if *replay < 0 {
-		return nil
-	}
-	path := filepath.Join(filepath.Dir(*file), fmt.Sprintf("snapshot-%d.json", *replay))
+// ReadSnapshot reads snapshot-N.json, the EPP's capacity snapshot at the
+// proof's Nth quote, from beside the windows file it recorded.
+func ReadSnapshot(windowsFile string, n int) (capacity.Snapshot, error) {
+	var snap capacity.Snapshot
+	path := filepath.Join(filepath.Dir(windowsFile), fmt.Sprintf("snapshot-%d.json", n))
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return err
+		return snap, err
 	}
-	var snap capacity.Snapshot
 	if err := json.Unmarshal(b, &snap); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+		return snap, fmt.Errorf("%s: %w", path, err)
 	}
-	printReplay(os.Stdout, snap, st.Curves, quoter.Config{SLOTTFTP95: *ttft, SLOITLP95: *itl}.Objectives())
-	return nil
+	return snap, nil
 }
 
-// printReplay prints, per model of snap, the headroom read from the
+// WriteReplay prints, per model of snap, the headroom read from the
 // snapshot's curves and from the replayed ones, per replica.
-func printReplay(w io.Writer, snap capacity.Snapshot, curves map[string]capacity.Curve, o capacity.Objectives) {
+func WriteReplay(w io.Writer, snap capacity.Snapshot, curves map[string]capacity.Curve, o capacity.Objectives) {
 	for _, m := range snap.Models {
 		_, saved := quoter.ComputeHeadroom(m, nil, o)
 		replayed := m
@@ -108,17 +65,19 @@ func printReplay(w io.Writer, snap capacity.Snapshot, curves map[string]capacity
 	}
 }
 
-func parseSpans(in []string) ([]compare.WindowSpan, error) {
+// ParseSpans reads FROM:TO spans, in seconds since the recording started
+// (TO empty: to the end); none is the whole recording.
+func ParseSpans(in []string) ([]WindowSpan, error) {
 	if len(in) == 0 {
-		return []compare.WindowSpan{{}}, nil
+		return []WindowSpan{{}}, nil
 	}
-	out := make([]compare.WindowSpan, 0, len(in))
+	out := make([]WindowSpan, 0, len(in))
 	for _, s := range in {
 		from, to, ok := strings.Cut(s, ":")
 		if !ok {
 			return nil, fmt.Errorf("span %q is not FROM:TO", s)
 		}
-		var sp compare.WindowSpan
+		var sp WindowSpan
 		var err error
 		if sp.From, err = strconv.ParseFloat(from, 64); err != nil || sp.From < 0 {
 			return nil, fmt.Errorf("span %q: FROM is not a number of seconds", s)
@@ -133,11 +92,15 @@ func parseSpans(in []string) ([]compare.WindowSpan, error) {
 	return out, nil
 }
 
-// windowColumns are printWindows' columns for each span after its seconds
+// windowColumns are WriteTable's columns for each span after its seconds
 // and inter-token share.
 var windowColumns = []string{"queued", "ITL queued/free", "rising/falling", "ITL rising/falling", "new tok/s", "out tok/s", "new/out", "hits"}
 
-func printWindows(w io.Writer, st *compare.WindowStats, spans []compare.WindowSpan, itl time.Duration) {
+// WriteTable prints the snapshots' marks, the load series (WindowQuery's
+// Every) and a table of what the engines did at each load, one row a
+// load, each span's columns side by side (a dash where a span never ran at
+// that load); the inter-token shares are counted against itl.
+func (st *WindowStats) WriteTable(w io.Writer, spans []WindowSpan, itl time.Duration) {
 	for _, m := range st.Marks {
 		fmt.Fprintf(w, "snapshot-%d.json at %.0f s\n", m.Snapshot, m.Seconds)
 	}
@@ -154,13 +117,13 @@ func printWindows(w io.Writer, st *compare.WindowStats, spans []compare.WindowSp
 		fmt.Fprintf(tw, "%.0f-%s s\tITL<=%v\t%s\t", s.From, to, itl, strings.Join(windowColumns, "\t"))
 	}
 	fmt.Fprintln(tw)
-	rows := make(map[int][]*compare.WindowLoad)
+	rows := make(map[int][]*WindowLoad)
 	var loads []int
 	for i, ls := range st.Loads {
 		for j := range ls {
 			l := &ls[j]
 			if rows[l.Load] == nil {
-				rows[l.Load] = make([]*compare.WindowLoad, len(spans))
+				rows[l.Load] = make([]*WindowLoad, len(spans))
 				loads = append(loads, l.Load)
 			}
 			rows[l.Load][i] = l

@@ -1,4 +1,4 @@
-package compare
+package rig
 
 import (
 	"context"
@@ -18,10 +18,10 @@ import (
 	"github.com/omnious/provider-node/scheduler"
 )
 
-// scrapeInterval is how often the EPP scrapes a simulated fleet when the
+// ScrapeInterval is how often the EPP scrapes a simulated fleet when the
 // policy does not say: simulated fleets run faster than real time, so the
 // production default (2s) would see them through a keyhole.
-const scrapeInterval = 250 * time.Millisecond
+const ScrapeInterval = 250 * time.Millisecond
 
 // EPPLauncher runs each policy as a real EPP (epp, in process)
 // with the test gateway in front of it: client -> gateway -> ext_proc ->
@@ -33,12 +33,6 @@ const scrapeInterval = 250 * time.Millisecond
 // replica's KV events and scraping every replica, as the Helm chart's
 // replicas do; the gateway spreads streams over them.
 func EPPLauncher(log *zap.Logger, ext ExternalOptions) Launcher {
-	return eppLauncher(log, ext, nil)
-}
-
-// eppLauncher is EPPLauncher whose first EPP, when onWindow is set, gives
-// it every scrape window its capacity curves learn from.
-func eppLauncher(log *zap.Logger, ext ExternalOptions, onWindow func(addr string, w capacity.Window)) Launcher {
 	ext = ext.WithDefaults()
 	return func(ctx context.Context, policy string, fleet []endpoint.Endpoint, epps int) (Target, error) {
 		if x, ok, err := parseExternal(policy); ok {
@@ -47,53 +41,63 @@ func eppLauncher(log *zap.Logger, ext ExternalOptions, onWindow func(addr string
 			}
 			return launchExternal(ctx, x, fleet, ext.Dir, *ext.Settle, epps, log)
 		}
-		sc, err := schedulerConfig(policy)
-		if err != nil {
-			return nil, err
-		}
-		// The stand-in tokenizer is exact for enginesim only; real engines
-		// are routed in approximate mode (no tokenizer configured here).
-		simulated := !slices.ContainsFunc(fleet, func(ep endpoint.Endpoint) bool { return ep.KVEvents == "" })
-		t := &eppTarget{}
-		// Every endpoint of a decision (max_endpoints 0): the test gateway
-		// walks the fallback list, as the comparison has always measured.
-		tok := "none"
-		if simulated {
-			tok = launch.TokenizerStandIn
-		}
-		var addrs []string
-		for i := range max(epps, 1) {
-			l := log
-			if epps > 1 {
-				l = log.With(zap.Int("epp", i))
-			}
-			c := launch.InProcessConfig{Spec: launch.Spec{Scheduler: sc, Endpoints: fleet, Tokenizer: tok,
-				MaxEndpoints: new(0), DrainTimeout: 5 * time.Second}, OnPick: t.observe, Log: l}
-			if i == 0 {
-				c.OnWindow = onWindow
-			}
-			e, err := launch.StartInProcess(c)
-			if err != nil {
-				return nil, errors.Join(fmt.Errorf("policy %s: %w", policy, err), t.Close())
-			}
-			t.epps = append(t.epps, e)
-			addrs = append(addrs, e.GRPCAddr())
-		}
-		if t.gw, err = launch.StartGateway(testgw.Config{EPPs: addrs}, log); err != nil {
-			return nil, errors.Join(err, t.Close())
-		}
-		for _, e := range t.epps {
-			if _, err := e.WaitReady(ctx, len(fleet)); err != nil {
-				return nil, errors.Join(err, t.Close())
-			}
-		}
-		return t, nil
+		return StartEPPs(ctx, log, policy, fleet, epps, nil)
 	}
 }
 
+// StartEPPs runs policy (a scheduler policy name or config file, as
+// EPPLauncher takes it) as epps real EPPs in process behind the test
+// gateway, and waits until each has seen every replica. The first EPP,
+// when onWindow is set, gives it every scrape window its capacity curves
+// learn from.
+func StartEPPs(ctx context.Context, log *zap.Logger, policy string, fleet []endpoint.Endpoint, epps int,
+	onWindow func(addr string, w capacity.Window)) (*EPPTarget, error) {
+	sc, err := schedulerConfig(policy)
+	if err != nil {
+		return nil, err
+	}
+	// The stand-in tokenizer is exact for enginesim only; real engines
+	// are routed in approximate mode (no tokenizer configured here).
+	simulated := !slices.ContainsFunc(fleet, func(ep endpoint.Endpoint) bool { return ep.KVEvents == "" })
+	t := &EPPTarget{}
+	// Every endpoint of a decision (max_endpoints 0): the test gateway
+	// walks the fallback list, as the comparison has always measured.
+	tok := "none"
+	if simulated {
+		tok = launch.TokenizerStandIn
+	}
+	var addrs []string
+	for i := range max(epps, 1) {
+		l := log
+		if epps > 1 {
+			l = log.With(zap.Int("epp", i))
+		}
+		c := launch.InProcessConfig{Spec: launch.Spec{Scheduler: sc, Endpoints: fleet, Tokenizer: tok,
+			MaxEndpoints: new(0), DrainTimeout: 5 * time.Second}, OnPick: t.observe, Log: l}
+		if i == 0 {
+			c.OnWindow = onWindow
+		}
+		e, err := launch.StartInProcess(c)
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("policy %s: %w", policy, err), t.Close())
+		}
+		t.epps = append(t.epps, e)
+		addrs = append(addrs, e.GRPCAddr())
+	}
+	if t.gw, err = launch.StartGateway(testgw.Config{EPPs: addrs}, log); err != nil {
+		return nil, errors.Join(err, t.Close())
+	}
+	for _, e := range t.epps {
+		if _, err := e.WaitReady(ctx, len(fleet)); err != nil {
+			return nil, errors.Join(err, t.Close())
+		}
+	}
+	return t, nil
+}
+
 func schedulerConfig(policy string) (scheduler.Config, error) {
-	if isPolicyName(policy) {
-		return launch.Tuning{Policy: policy, ScrapeInterval: scrapeInterval, ScrapeTimeout: scrapeInterval}.Config()
+	if IsPolicyName(policy) {
+		return launch.Tuning{Policy: policy, ScrapeInterval: ScrapeInterval, ScrapeTimeout: ScrapeInterval}.Config()
 	}
 	data, err := os.ReadFile(policy)
 	if err != nil {
@@ -102,9 +106,11 @@ func schedulerConfig(policy string) (scheduler.Config, error) {
 	return scheduler.ParseConfig(data)
 }
 
-func isPolicyName(s string) bool { return slices.Contains(DefaultPolicies(), s) }
+// IsPolicyName is whether s names a built-in policy (DefaultPolicies).
+func IsPolicyName(s string) bool { return slices.Contains(DefaultPolicies(), s) }
 
-type eppTarget struct {
+// EPPTarget is a policy run by the bench's own EPPs (StartEPPs).
+type EPPTarget struct {
 	epps []*launch.EPP
 	gw   *launch.Gateway // nil until started
 
@@ -112,24 +118,30 @@ type eppTarget struct {
 	latencies []time.Duration
 }
 
-func (t *eppTarget) observe(d time.Duration) {
+func (t *EPPTarget) observe(d time.Duration) {
 	t.mu.Lock()
 	t.latencies = append(t.latencies, d)
 	t.mu.Unlock()
 }
 
-func (t *eppTarget) URL() string { return t.gw.URL() }
+// URL is the gateway's base URL.
+func (t *EPPTarget) URL() string { return t.gw.URL() }
 
-func (t *eppTarget) DecisionLatencies() []time.Duration {
+// DecisionLatencies are the EPPs' scheduling decisions' durations so far.
+func (t *EPPTarget) DecisionLatencies() []time.Duration {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return append([]time.Duration(nil), t.latencies...)
 }
 
-func (t *eppTarget) eppCount() int { return len(t.epps) }
+// EPPCount is how many EPPs serve the policy.
+func (t *EPPTarget) EPPCount() int { return len(t.epps) }
+
+// EPPs are the EPPs serving the policy, the one given onWindow first.
+func (t *EPPTarget) EPPs() []*launch.EPP { return t.epps }
 
 // Close stops the gateway, then every EPP started.
-func (t *eppTarget) Close() error {
+func (t *EPPTarget) Close() error {
 	var errs []error
 	if t.gw != nil {
 		errs = append(errs, t.gw.Close())

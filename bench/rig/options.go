@@ -1,9 +1,8 @@
-package compare
+package rig
 
 import (
 	"errors"
 	"fmt"
-	"io"
 	"time"
 
 	"go.uber.org/zap"
@@ -19,10 +18,6 @@ const (
 	FleetURLs      = "urls"
 )
 
-// maxEPPs bounds Options.EPPs: more EPPs than this on one small machine
-// measure the machine, not the routing.
-const maxEPPs = 8
-
 // Workload kinds.
 const (
 	WorkloadTrace        = "trace"
@@ -30,18 +25,11 @@ const (
 	WorkloadChat         = "chat"
 )
 
-// Options is one bench run. Every default is applied in WithDefaults.
+// Options are the fleet, the traffic and the client of one bench run.
+// Every default is applied in WithDefaults.
 type Options struct {
 	// Scenario names the run in the report. Default: the workload kind.
 	Scenario string
-	// Policies are run one after another, each on a fresh fleet: policy
-	// names, EPP config files, or external EPPs (PolicyExec, PolicyAddr).
-	// Default DefaultPolicies().
-	Policies []string
-	// Labels, when set, name Policies in the results (one per policy); the
-	// sweep uses them for generated config files. Default: the policy
-	// itself, an external EPP's label.
-	Labels []string
 	// Seed seeds the workload and the replicas. Default 1.
 	Seed int64
 	// Fleet is the replicas.
@@ -50,24 +38,12 @@ type Options struct {
 	Workload WorkloadOptions
 	// RequestTimeout bounds one request in wall time. Default 10m.
 	RequestTimeout time.Duration
-	// EPPs is how many EPPs serve the pool side by side, each with the
-	// policy's config, behind the one gateway, which spreads streams over
-	// them as an Envoy cluster does (the Helm chart deploys 2). An exec:
-	// EPP runs as that many processes; an addr: EPP is the one it names.
-	// Default 1.
-	EPPs int
 	// MaxInFlight bounds concurrent requests of the open-loop client, so a
 	// broken target cannot exhaust the machine; arrivals beyond it wait.
 	// Default 4096.
 	MaxInFlight int
-	// Progress receives a progress bar (carriage-return updates); nil for
-	// none.
-	Progress io.Writer
 	// Log is the logger. Default zap.NewNop().
 	Log *zap.Logger
-	// Published is the published run a preset reproduces, printed beside
-	// this one's stages; nil for none.
-	Published *Published
 }
 
 // FleetOptions are the replicas.
@@ -221,13 +197,9 @@ func (o ExternalOptions) WithDefaults() ExternalOptions {
 
 // WithDefaults fills every unset field.
 func (o Options) WithDefaults() Options {
-	if len(o.Policies) == 0 {
-		o.Policies = DefaultPolicies()
-	}
 	def(&o.Seed, 1)
 	def(&o.RequestTimeout, 10*time.Minute)
 	def(&o.MaxInFlight, 4096)
-	def(&o.EPPs, 1)
 	if o.Log == nil {
 		o.Log = zap.NewNop()
 	}
@@ -277,13 +249,6 @@ func def[T comparable](p *T, v T) {
 // Validate reports every problem with defaulted options.
 func (o Options) Validate() error {
 	var errs []error
-	if len(o.Labels) != 0 && len(o.Labels) != len(o.Policies) {
-		errs = append(errs, fmt.Errorf("%d labels for %d policies", len(o.Labels), len(o.Policies)))
-	}
-	errs = append(errs, o.validatePolicies()...)
-	if o.EPPs < 1 || o.EPPs > maxEPPs {
-		errs = append(errs, fmt.Errorf("epps %d: want 1..%d", o.EPPs, maxEPPs))
-	}
 	f := o.Fleet
 	switch f.Mode {
 	case FleetInProcess, FleetProcess:
@@ -351,31 +316,4 @@ func (o Options) Validate() error {
 		errs = append(errs, fmt.Errorf("workload %q: want trace, shared-prefix or chat", w.Kind))
 	}
 	return errors.Join(errs...)
-}
-
-// validatePolicies checks the exec: and addr: policies and that every
-// result has its own name.
-func (o Options) validatePolicies() []error {
-	var errs []error
-	seen := map[string]bool{}
-	for i, p := range o.Policies {
-		x, ext, err := parseExternal(p)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if ext && x.kind == KindAddr && o.Fleet.Mode != FleetURLs {
-			errs = append(errs, fmt.Errorf("policy %q: an EPP already running routes to the endpoints it was given, "+
-				"but a simulated fleet starts afresh, on new ports, for each policy: race it with -urls on a fleet you started, or start it with exec:", p))
-		}
-		label := policyLabel(p)
-		if len(o.Labels) == len(o.Policies) {
-			label = o.Labels[i]
-		}
-		if seen[label] {
-			errs = append(errs, fmt.Errorf("two policies are named %q: give each exec:/addr: policy its own label (exec:LABEL=COMMAND)", label))
-		}
-		seen[label] = true
-	}
-	return errs
 }
