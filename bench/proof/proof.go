@@ -44,7 +44,8 @@ import (
 // own); the EPP runs the precise policy.
 type Options struct {
 	Base rig.Options
-	// Objectives are the quoter's SLOs. Default p95 TTFT 2s, p95 ITL 50ms.
+	// Objectives are the quoter's SLOs. Zero fields default to
+	// capacity.DefaultObjectives'; a negative one is refused (Validate).
 	Objectives capacity.Objectives
 	// StageDuration is each measured step, in model time. Default 40s,
 	// with which the demo fleet's proof at time scale 1 met every target
@@ -165,15 +166,7 @@ type Report struct {
 // WithDefaults fills unset fields.
 func (o Options) WithDefaults() Options {
 	o.Base = o.Base.WithDefaults()
-	if o.Objectives.TTFT <= 0 {
-		o.Objectives.TTFT = 2 * time.Second
-	}
-	if o.Objectives.ITL <= 0 {
-		o.Objectives.ITL = 50 * time.Millisecond
-	}
-	if o.Objectives.Quantile <= 0 {
-		o.Objectives.Quantile = 0.95
-	}
+	o.Objectives = o.Objectives.WithDefaults()
 	if o.StageDuration <= 0 {
 		o.StageDuration = 40 * time.Second
 	}
@@ -187,6 +180,15 @@ func (o Options) WithDefaults() Options {
 		o.Confirm = new(2)
 	}
 	return o
+}
+
+// Validate refuses defaulted options whose objectives are negative or at a
+// quantile outside (0, 1).
+func (o Options) Validate() error {
+	if err := o.Objectives.Validate(); err != nil {
+		return fmt.Errorf("objectives: %w", err)
+	}
+	return nil
 }
 
 // capacityRun is the fleet, EPP and quoter of one proof.
@@ -222,6 +224,9 @@ type capacityRun struct {
 // by a ladder of them, and the quote after one replica is lost.
 func Run(ctx context.Context, o Options) (*Report, error) {
 	o = o.WithDefaults()
+	if err := o.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid capacity proof options: %w", err)
+	}
 	var trace []rig.TraceRecord
 	switch o.Base.Workload.Kind {
 	case rig.WorkloadSharedPrefix:

@@ -502,3 +502,27 @@ func smallOptions(t *testing.T) rig.Options {
 			NumGroups: 4, PromptsPerGroup: 2, SystemPromptLen: 300, QuestionLen: 40, OutputLen: 8,
 			QPS: []float64{10, 20}, StageDuration: 2 * time.Second}}}
 }
+
+// TestOptionsObjectives: unset objectives take capacity.DefaultObjectives,
+// and a negative one is refused.
+func TestOptionsObjectives(t *testing.T) {
+	require.Equal(t, capacity.DefaultObjectives, Options{}.WithDefaults().Objectives)
+	require.NoError(t, Options{}.WithDefaults().Validate())
+	tests := []struct {
+		name    string
+		o       capacity.Objectives
+		wantErr string
+	}{
+		{"negative TTFT", capacity.Objectives{TTFT: -time.Second}, "TTFT objective"},
+		{"negative ITL", capacity.Objectives{ITL: -time.Millisecond}, "ITL objective"},
+		{"quantile of 1", capacity.Objectives{Quantile: 1}, "quantile"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			o := Options{Objectives: tc.o}.WithDefaults()
+			require.ErrorContains(t, o.Validate(), tc.wantErr)
+			_, err := Run(context.Background(), o)
+			require.ErrorContains(t, err, tc.wantErr)
+		})
+	}
+}
