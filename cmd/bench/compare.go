@@ -369,18 +369,7 @@ func (c *checkFlags) run(rep *compare.Report) error {
 	if err != nil {
 		return err
 	}
-	failed := 0
-	for _, r := range results {
-		verdict := "PASS"
-		if !r.OK {
-			verdict, failed = "FAIL", failed+1
-		}
-		fmt.Printf("%s  %s: %s\n", verdict, r.Name, r.Got)
-	}
-	if failed > 0 {
-		return fmt.Errorf("%d acceptance checks failed for %s", failed, c.policy)
-	}
-	return nil
+	return compare.WriteChecks(os.Stdout, c.policy, results)
 }
 
 // splitPolicies splits one -policies value at its commas, except that an
