@@ -143,6 +143,9 @@ func runCompare(args []string, sweep bool) error {
 	f := &compareFlags{}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	f.register(fs)
+	if !sweep {
+		fs.Usage = func() { usage(fs.Output()); fs.PrintDefaults() }
+	}
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
