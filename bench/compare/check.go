@@ -2,6 +2,7 @@ package compare
 
 import (
 	"fmt"
+	"io"
 	"math"
 )
 
@@ -46,4 +47,21 @@ func (r *Report) Check(policy string, minBoundShare, maxLoad float64, withThroug
 		}
 	}
 	return out, nil
+}
+
+// WriteChecks prints each of policy's checks, PASS or FAIL, and fails if
+// any did.
+func WriteChecks(w io.Writer, policy string, results []CheckResult) error {
+	failed := 0
+	for _, r := range results {
+		verdict := "PASS"
+		if !r.OK {
+			verdict, failed = "FAIL", failed+1
+		}
+		fmt.Fprintf(w, "%s  %s: %s\n", verdict, r.Name, r.Got)
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d acceptance checks failed for %s", failed, policy)
+	}
+	return nil
 }

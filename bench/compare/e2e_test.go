@@ -3,10 +3,8 @@ package compare
 import (
 	"context"
 	"encoding/json"
-	"net"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -14,98 +12,34 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/omnious/provider-node/bench/internal/leak"
+	"github.com/omnious/provider-node/bench/rig"
 	"github.com/omnious/provider-node/endpoint"
-
 	"github.com/omnious/provider-node/engines/sim/simtest"
 )
 
-// settleGoroutines waits until the goroutine count is back to at most base.
-// Goroutines of go-zeromq/zmq4's PUB writer are not counted: zmq4 v0.17
-// never stops them (pubSocket.Close does not close its pubMWriter), which is
-// a library leak outside the bench's control.
-func settleGoroutines(t *testing.T, base int) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	n, stacks := liveGoroutines()
-	for n > base && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-		n, stacks = liveGoroutines()
-	}
-	if n > base {
-		t.Fatalf("%d goroutines left running (baseline %d):\n%s", n, base, stacks)
-	}
-}
-
-func liveGoroutines() (int, string) {
-	buf := make([]byte, 4<<20)
-	buf = buf[:runtime.Stack(buf, true)]
-	n := 0
-	var kept []string
-	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, "zmq4.(*pubMWriter).run") {
-			continue
-		}
-		n++
-		kept = append(kept, g)
-	}
-	return n, strings.Join(kept, "\n\n")
-}
-
-func requireFree(t *testing.T, hostport string) {
-	t.Helper()
-	l, err := net.Listen("tcp", hostport)
-	require.NoError(t, err, "port %s still bound", hostport)
-	require.NoError(t, l.Close())
-}
-
 func smallOptions(t *testing.T) Options {
-	return Options{Scenario: "e2e", Seed: 3, Log: zaptest.NewLogger(t),
-		Fleet: FleetOptions{Replicas: 2, TimeScale: 4, NumGPUBlocks: 400},
-		Workload: WorkloadOptions{Kind: WorkloadSharedPrefix, SharedPrefix: SharedPrefixOptions{
+	return Options{Options: rig.Options{Scenario: "e2e", Seed: 3, Log: zaptest.NewLogger(t),
+		Fleet: rig.FleetOptions{Replicas: 2, TimeScale: 4, NumGPUBlocks: 400},
+		Workload: rig.WorkloadOptions{Kind: rig.WorkloadSharedPrefix, SharedPrefix: rig.SharedPrefixOptions{
 			NumGroups: 4, PromptsPerGroup: 2, SystemPromptLen: 300, QuestionLen: 40, OutputLen: 8,
-			QPS: []float64{10, 20}, StageDuration: 2 * time.Second}}}
-}
-
-func TestFleetStopsEverything(t *testing.T) {
-	base, _ := liveGoroutines()
-	o := smallOptions(t).WithDefaults()
-	f, err := startFleet(context.Background(), o.Fleet, 1, 1000, o.Log)
-	require.NoError(t, err)
-	eps := f.Endpoints()
-	require.Len(t, eps, 2)
-	for _, ep := range eps {
-		require.True(t, strings.HasPrefix(ep.KVEvents, "tcp://127.0.0.1:"), ep.KVEvents)
-		require.True(t, strings.HasPrefix(ep.KVReplay, "tcp://127.0.0.1:"), ep.KVReplay)
-		require.NotEqual(t, ep.KVEvents, ep.KVReplay)
-		require.Equal(t, "vllm", ep.Engine)
-		require.Equal(t, "http://"+ep.Addr+"/metrics", ep.MetricsURL)
-	}
-	c := f.counters(context.Background())
-	require.Len(t, c, 2)
-	require.True(t, c[0].OK, "the simulator exposes prefix-cache counters")
-	require.NoError(t, f.Stop())
-	for _, ep := range eps {
-		requireFree(t, ep.Addr)
-		requireFree(t, strings.TrimPrefix(ep.KVEvents, "tcp://"))
-		requireFree(t, strings.TrimPrefix(ep.KVReplay, "tcp://"))
-	}
-	settleGoroutines(t, base)
+			QPS: []float64{10, 20}, StageDuration: 2 * time.Second}}}}
 }
 
 // recordingLauncher wraps a launcher and remembers the fleets it saw.
-func recordingLauncher(inner Launcher, seen *[][]endpoint.Endpoint) Launcher {
-	return func(ctx context.Context, policy string, fleet []endpoint.Endpoint, epps int) (Target, error) {
+func recordingLauncher(inner rig.Launcher, seen *[][]endpoint.Endpoint) rig.Launcher {
+	return func(ctx context.Context, policy string, fleet []endpoint.Endpoint, epps int) (rig.Target, error) {
 		*seen = append(*seen, fleet)
 		return inner(ctx, policy, fleet, epps)
 	}
 }
 
 func TestRunEndToEnd(t *testing.T) {
-	base, _ := liveGoroutines()
+	base, _ := leak.Goroutines()
 	o := smallOptions(t)
 	o.Policies = []string{"round-robin", "random", "precise"}
 	var fleets [][]endpoint.Endpoint
-	rep, err := Run(context.Background(), o, recordingLauncher(DirectLauncher(1), &fleets))
+	rep, err := Run(context.Background(), o, recordingLauncher(rig.DirectLauncher(1), &fleets))
 	require.NoError(t, err)
 	require.Len(t, rep.Results, 3)
 	require.Len(t, fleets, 3)
@@ -143,18 +77,18 @@ func TestRunEndToEnd(t *testing.T) {
 	require.NoError(t, rep.WriteHTMLFile(filepath.Join(dir, "out.html")))
 	for _, fl := range fleets {
 		for _, ep := range fl {
-			requireFree(t, ep.Addr)
+			leak.RequireFree(t, ep.Addr)
 		}
 	}
-	settleGoroutines(t, base)
+	leak.Settle(t, base)
 }
 
 func TestRunChatWithTools(t *testing.T) {
 	o := smallOptions(t)
 	o.Policies = []string{"round-robin"}
-	o.Workload = WorkloadOptions{Kind: WorkloadChat, Chat: ChatOptions{Sessions: 3, Turns: 3, SystemPromptLen: 200,
+	o.Workload = rig.WorkloadOptions{Kind: rig.WorkloadChat, Chat: rig.ChatOptions{Sessions: 3, Turns: 3, SystemPromptLen: 200,
 		UserLen: 20, OutputLen: 48, SessionRate: 20, ThinkTime: 100 * time.Millisecond, Tools: true}}
-	rep, err := Run(context.Background(), o, DirectLauncher(1))
+	rep, err := Run(context.Background(), o, rig.DirectLauncher(1))
 	require.NoError(t, err)
 	pr := rep.Results[0]
 	require.Zero(t, pr.Errors, pr.FirstError)
@@ -180,8 +114,8 @@ func TestRunTraceReplay(t *testing.T) {
 	o := smallOptions(t)
 	o.Policies = []string{"round-robin"}
 	o.Fleet.Replicas = 1
-	o.Workload = WorkloadOptions{Kind: WorkloadTrace, Trace: TraceOptions{Path: trace, Limit: 3}}
-	rep, err := Run(context.Background(), o, DirectLauncher(1))
+	o.Workload = rig.WorkloadOptions{Kind: rig.WorkloadTrace, Trace: rig.TraceOptions{Path: trace, Limit: 3}}
+	rep, err := Run(context.Background(), o, rig.DirectLauncher(1))
 	require.NoError(t, err)
 	require.Equal(t, 3, rep.Requests)
 	// Bound of the first three: hits 188 (id 2 partial) + 512 + 512 of 2324.
@@ -198,9 +132,9 @@ func TestProcessFleet(t *testing.T) {
 
 	o := smallOptions(t)
 	o.Policies = []string{"round-robin"}
-	o.Fleet.Mode, o.Fleet.EnginesimBin = FleetProcess, bin
+	o.Fleet.Mode, o.Fleet.EnginesimBin = rig.FleetProcess, bin
 	var fleets [][]endpoint.Endpoint
-	rep, err := Run(context.Background(), o, recordingLauncher(DirectLauncher(1), &fleets))
+	rep, err := Run(context.Background(), o, recordingLauncher(rig.DirectLauncher(1), &fleets))
 	require.NoError(t, err)
 	pr := rep.Results[0]
 	require.Zero(t, pr.Errors, pr.FirstError)
@@ -210,53 +144,20 @@ func TestProcessFleet(t *testing.T) {
 	for _, ep := range fleets[0] {
 		require.NotEmpty(t, ep.KVEvents)
 		// The processes are gone: their ports are free again.
-		requireFree(t, ep.Addr)
-		requireFree(t, strings.TrimPrefix(ep.KVEvents, "tcp://"))
-		requireFree(t, strings.TrimPrefix(ep.KVReplay, "tcp://"))
+		leak.RequireFree(t, ep.Addr)
+		leak.RequireFree(t, strings.TrimPrefix(ep.KVEvents, "tcp://"))
+		leak.RequireFree(t, strings.TrimPrefix(ep.KVReplay, "tcp://"))
 	}
 
 	o.Fleet.EnginesimBin = filepath.Join(t.TempDir(), "missing")
-	_, err = Run(context.Background(), o, DirectLauncher(1))
+	_, err = Run(context.Background(), o, rig.DirectLauncher(1))
 	require.ErrorContains(t, err, "cannot find enginesim")
-}
-
-// The capacity proof kills the last replica of a simulated fleet, in
-// process or as a process; a fleet of real URLs has none to kill.
-func TestFleetKills(t *testing.T) {
-	bin := simtest.Binary(t)
-	for _, mode := range []string{FleetInProcess, FleetProcess} {
-		t.Run(mode, func(t *testing.T) {
-			o := smallOptions(t).WithDefaults()
-			o.Fleet.Mode, o.Fleet.EnginesimBin = mode, bin
-			f, err := startFleet(context.Background(), o.Fleet, 1, 1000, o.Log)
-			require.NoError(t, err)
-			defer func() { require.NoError(t, f.Stop()) }()
-			require.Len(t, f.kills, len(f.Endpoints()))
-			f.kills[len(f.kills)-1]()
-			last := f.Endpoints()[len(f.Endpoints())-1]
-			require.Eventually(t, func() bool {
-				l, err := net.Listen("tcp", last.Addr)
-				if err == nil {
-					_ = l.Close()
-				}
-				return err == nil
-			}, 10*time.Second, 20*time.Millisecond, "the killed replica's port is still bound")
-			resp, err := f.http.Get("http://" + f.Endpoints()[0].Addr + "/health")
-			require.NoError(t, err, "the others still serve")
-			require.NoError(t, resp.Body.Close())
-		})
-	}
-	u := FleetOptions{Mode: FleetURLs, URLs: []string{"http://127.0.0.1:1"}, Model: "m"}
-	f, err := startFleet(context.Background(), u, 1, 1000, zaptest.NewLogger(t))
-	require.NoError(t, err)
-	require.Empty(t, f.kills)
-	require.NoError(t, f.Stop())
 }
 
 func TestURLFleet(t *testing.T) {
 	// Two replicas the bench did not start stand in for real endpoints.
 	o := smallOptions(t).WithDefaults()
-	f, err := startFleet(context.Background(), o.Fleet, 1, 1000, o.Log)
+	f, err := rig.StartFleet(context.Background(), o.Fleet, 1, 1000, o.Log)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, f.Stop()) }()
 	var urls []string
@@ -265,11 +166,11 @@ func TestURLFleet(t *testing.T) {
 	}
 	u := smallOptions(t)
 	u.Policies = []string{"round-robin"}
-	u.Fleet = FleetOptions{Mode: FleetURLs, URLs: urls}
+	u.Fleet = rig.FleetOptions{Mode: rig.FleetURLs, URLs: urls}
 	u.Workload.SharedPrefix.QPS = []float64{10}
 	u.Workload.SharedPrefix.StageDuration = 2 * time.Second
 	var fleets [][]endpoint.Endpoint
-	rep, err := Run(context.Background(), u, recordingLauncher(DirectLauncher(1), &fleets))
+	rep, err := Run(context.Background(), u, recordingLauncher(rig.DirectLauncher(1), &fleets))
 	require.NoError(t, err)
 	require.False(t, rep.Simulated)
 	require.Equal(t, 2, rep.Replicas)
@@ -282,6 +183,6 @@ func TestURLFleet(t *testing.T) {
 	require.Contains(t, pr.Warning, "could not reset the prefix cache")
 
 	u.Fleet.URLs = []string{"http://10.1.2.3:8000"}
-	_, err = Run(context.Background(), u, DirectLauncher(1))
+	_, err = Run(context.Background(), u, rig.DirectLauncher(1))
 	require.ErrorContains(t, err, "not on loopback")
 }

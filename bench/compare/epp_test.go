@@ -9,24 +9,25 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnious/provider-node/bench/internal/promtext"
+	"github.com/omnious/provider-node/bench/rig"
 	"github.com/omnious/provider-node/endpoint"
 )
 
 // decisionsTarget reads every EPP's decision counter just before the
 // target closes, when the run is over and the EPPs still answer.
 type decisionsTarget struct {
-	*eppTarget
+	*rig.EPPTarget
 	decided *[]float64
 }
 
 func (t decisionsTarget) Close() error {
 	var pages []func() (io.Reader, error)
-	for _, e := range t.epps {
+	for _, e := range t.EPPs() {
 		pages = append(pages, func() (io.Reader, error) { return e.Metrics(context.Background()) })
 	}
 	n, err := readCounter(pages, "omnious_epp_decisions_total")
 	*t.decided = n
-	return errors.Join(err, t.eppTarget.Close())
+	return errors.Join(err, t.EPPTarget.Close())
 }
 
 // readCounter reads counter name from each metrics page.
@@ -55,14 +56,14 @@ func TestSeveralEPPsServeOnePool(t *testing.T) {
 	o.Policies = []string{"precise", "approximate"}
 	o.EPPs = 2
 	var decided [][]float64
-	inner := EPPLauncher(o.Log, ExternalOptions{})
-	launch := func(ctx context.Context, policy string, fleet []endpoint.Endpoint, epps int) (Target, error) {
+	inner := rig.EPPLauncher(o.Log, rig.ExternalOptions{})
+	launch := func(ctx context.Context, policy string, fleet []endpoint.Endpoint, epps int) (rig.Target, error) {
 		tg, err := inner(ctx, policy, fleet, epps)
 		if err != nil {
 			return nil, err
 		}
 		decided = append(decided, nil)
-		return decisionsTarget{eppTarget: tg.(*eppTarget), decided: &decided[len(decided)-1]}, nil
+		return decisionsTarget{EPPTarget: tg.(*rig.EPPTarget), decided: &decided[len(decided)-1]}, nil
 	}
 	rep, err := Run(context.Background(), o, launch)
 	require.NoError(t, err)

@@ -25,55 +25,11 @@ import (
 
 	"github.com/omnious/provider-node/bench/internal/launch"
 	"github.com/omnious/provider-node/bench/internal/launch/launchtest"
+	"github.com/omnious/provider-node/bench/internal/leak"
+	"github.com/omnious/provider-node/bench/rig"
 	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/extproc/testgw"
 )
-
-func TestParseExternal(t *testing.T) {
-	tests := []struct {
-		policy                     string
-		ok                         bool
-		kind, label, command, addr string
-		metrics, err               string
-	}{
-		{policy: "precise"},
-		{policy: "configs/epp.yaml"},
-		{policy: "exec:bin/epp -policy precise", ok: true, kind: KindExec, label: "exec:epp", command: "bin/epp -policy precise"},
-		{policy: "exec:llmd=./epp --config-file {file:c.yaml}, --x", ok: true, kind: KindExec, label: "llmd",
-			command: "./epp --config-file {file:c.yaml}, --x"},
-		{policy: "exec:path/to=x y", ok: true, kind: KindExec, label: "exec:to=x", command: "path/to=x y"},
-		{policy: "exec:", ok: true, err: "needs a command"},
-		{policy: "exec:ours=  ", ok: true, err: "needs a command"},
-		{policy: "addr:127.0.0.1:9002", ok: true, kind: KindAddr, label: "addr:127.0.0.1:9002", addr: "127.0.0.1:9002"},
-		{policy: "addr:peer=localhost:9002+127.0.0.1:9090", ok: true, kind: KindAddr, label: "peer", addr: "localhost:9002",
-			metrics: "127.0.0.1:9090"},
-		{policy: "addr:[::1]:9002", ok: true, kind: KindAddr, label: "addr:[::1]:9002", addr: "[::1]:9002"},
-		{policy: "addr:10.0.0.1:9002", ok: true, err: "not on loopback"},
-		{policy: "addr:127.0.0.1:9002+10.0.0.1:9090", ok: true, err: "metrics address"},
-		{policy: "addr:127.0.0.1", ok: true, err: "want host:port"},
-		{policy: "addr:127.0.0.1:0", ok: true, err: "bad port"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.policy, func(t *testing.T) {
-			x, ok, err := parseExternal(tc.policy)
-			require.Equal(t, tc.ok, ok)
-			if tc.err != "" {
-				require.ErrorContains(t, err, tc.err)
-				return
-			}
-			require.NoError(t, err)
-			if !ok {
-				require.Equal(t, tc.policy, policyLabel(tc.policy))
-				return
-			}
-			require.Equal(t, external{kind: tc.kind, label: tc.label, command: tc.command, addr: tc.addr, metrics: tc.metrics}, x)
-			require.Equal(t, tc.label, policyLabel(tc.policy))
-			require.Equal(t, tc.kind, policyKind(tc.policy))
-		})
-	}
-	require.Equal(t, KindPolicy, policyKind("approximate"))
-	require.Equal(t, KindConfig, policyKind("my.yaml"))
-}
 
 func TestValidateExternalPolicies(t *testing.T) {
 	o := smallOptions(t)
@@ -87,7 +43,7 @@ func TestValidateExternalPolicies(t *testing.T) {
 	require.ErrorContains(t, o.WithDefaults().Validate(), "not on loopback")
 	o.Policies = []string{"exec:a=bin/epp -x", "exec:b=bin/epp -x"}
 	require.NoError(t, o.WithDefaults().Validate())
-	o.Fleet = FleetOptions{Mode: FleetURLs, URLs: []string{"http://127.0.0.1:8000"}}
+	o.Fleet = rig.FleetOptions{Mode: rig.FleetURLs, URLs: []string{"http://127.0.0.1:8000"}}
 	o.Policies = []string{"addr:127.0.0.1:9002", "precise"}
 	require.NoError(t, o.WithDefaults().Validate())
 }
@@ -104,7 +60,7 @@ func eppCommand(bin, policy string) string {
 func raceOptions(t *testing.T) Options {
 	o := smallOptions(t)
 	o.Fleet.Replicas = 3
-	o.Workload.SharedPrefix = SharedPrefixOptions{NumGroups: 6, PromptsPerGroup: 2, SystemPromptLen: 600, QuestionLen: 40,
+	o.Workload.SharedPrefix = rig.SharedPrefixOptions{NumGroups: 6, PromptsPerGroup: 2, SystemPromptLen: 600, QuestionLen: 40,
 		OutputLen: 8, QPS: []float64{6}, StageDuration: 4 * time.Second}
 	return o
 }
@@ -123,15 +79,15 @@ func TestRaceExecEPP(t *testing.T) {
 	o.Policies = []string{"precise", "exec:ours=" + eppCommand(bin, "precise"), "exec:" + eppCommand(bin, "round-robin"),
 		"exec:bound=" + eppCommand(bin, "precise") + " -kv-events-bind {kv_events_bind}"}
 	settle := 500 * time.Millisecond
-	rep, err := Run(context.Background(), o, EPPLauncher(o.Log, ExternalOptions{Dir: dir, Settle: &settle}))
+	rep, err := Run(context.Background(), o, rig.EPPLauncher(o.Log, rig.ExternalOptions{Dir: dir, Settle: &settle}))
 	require.NoError(t, err)
 	require.Len(t, rep.Results, 4)
 	inproc, ours, rr, bound := rep.Results[0], rep.Results[1], rep.Results[2], rep.Results[3]
 	require.Equal(t, []string{"precise", "ours", "exec:epp", "bound"}, rep.policyNames())
-	require.Equal(t, KindPolicy, inproc.Kind)
+	require.Equal(t, rig.KindPolicy, inproc.Kind)
 	require.Nil(t, inproc.EPP)
 	for _, pr := range []PolicyResult{ours, rr, bound} {
-		require.Equal(t, KindExec, pr.Kind)
+		require.Equal(t, rig.KindExec, pr.Kind)
 		require.Zero(t, pr.Errors, pr.FirstError)
 		require.Equal(t, rep.Requests, pr.Requests)
 		require.Greater(t, pr.TTFTP50, 0.0)
@@ -166,7 +122,7 @@ func TestRaceExecEPP(t *testing.T) {
 		require.NoError(t, err)
 		m := grpcAddrRE.FindStringSubmatch(string(cmd))
 		require.NotNil(t, m, string(cmd))
-		requireFree(t, m[1])
+		leak.RequireFree(t, m[1])
 		require.FileExists(t, filepath.Join(dir, label, "gie-endpoints.yaml"))
 	}
 
@@ -213,14 +169,14 @@ func TestRaceExecEPPSideBySide(t *testing.T) {
 	o.EPPs = 2
 	o.Policies = []string{"exec:pair=" + eppCommand(bin, "precise") + " -kv-events-bind {kv_events_bind}"}
 	settle := 500 * time.Millisecond
-	inner := EPPLauncher(o.Log, ExternalOptions{Dir: dir, Settle: &settle})
+	inner := rig.EPPLauncher(o.Log, rig.ExternalOptions{Dir: dir, Settle: &settle})
 	var routed []float64
-	launch := func(ctx context.Context, policy string, fleet []endpoint.Endpoint, epps int) (Target, error) {
+	launch := func(ctx context.Context, policy string, fleet []endpoint.Endpoint, epps int) (rig.Target, error) {
 		tg, err := inner(ctx, policy, fleet, epps)
 		if err != nil {
 			return nil, err
 		}
-		return countingTarget{externalTarget: tg.(*externalTarget), routed: &routed}, nil
+		return countingTarget{externalTarget: tg.(externalTarget), routed: &routed}, nil
 	}
 	rep, err := Run(context.Background(), o, launch)
 	require.NoError(t, err)
@@ -243,29 +199,35 @@ func TestRaceExecEPPSideBySide(t *testing.T) {
 		m := grpcAddrRE.FindStringSubmatch(string(cmd))
 		require.NotNil(t, m, string(cmd))
 		require.Contains(t, pr.EPP.Addr, m[1])
-		requireFree(t, m[1])
+		leak.RequireFree(t, m[1])
 		require.FileExists(t, filepath.Join(dir, "pair", sub, "epp.log"))
 	}
+}
+
+// externalTarget is what the rig's exec: target offers besides a Target.
+type externalTarget interface {
+	rig.Target
+	EPPCount() int
+	Info(context.Context) *rig.EPPInfo
+	Metrics(context.Context) ([][]byte, error)
 }
 
 // countingTarget reads each external member's routed-request counter just
 // before the target closes.
 type countingTarget struct {
-	*externalTarget
+	externalTarget
 	routed *[]float64
 }
 
 func (t countingTarget) Close() error {
+	members, err := t.Metrics(context.Background())
 	var pages []func() (io.Reader, error)
-	for _, m := range t.members {
-		pages = append(pages, func() (io.Reader, error) {
-			b, err := m.scrape(context.Background())
-			return bytes.NewReader(b), err
-		})
+	for _, b := range members {
+		pages = append(pages, func() (io.Reader, error) { return bytes.NewReader(b), nil })
 	}
-	n, err := readCounter(pages, "inference_objective_request_total")
+	n, rerr := readCounter(pages, "inference_objective_request_total")
 	*t.routed = n
-	return errors.Join(err, t.externalTarget.Close())
+	return errors.Join(err, rerr, t.externalTarget.Close())
 }
 
 // TestRaceExecEPPFailsClearly: a command that dies at start is reported
@@ -273,10 +235,10 @@ func (t countingTarget) Close() error {
 func TestRaceExecEPPFailsClearly(t *testing.T) {
 	o := smallOptions(t)
 	o.Policies = []string{"exec:broken=echo no such flag -x >&2; exit 2", "round-robin"}
-	rep, err := Run(context.Background(), o, EPPLauncher(o.Log, ExternalOptions{Dir: t.TempDir()}))
+	rep, err := Run(context.Background(), o, rig.EPPLauncher(o.Log, rig.ExternalOptions{Dir: t.TempDir()}))
 	require.NoError(t, err)
 	require.Equal(t, rep.Requests, rep.Results[0].Errors)
-	require.Equal(t, KindExec, rep.Results[0].Kind)
+	require.Equal(t, rig.KindExec, rep.Results[0].Kind)
 	require.Contains(t, rep.Results[0].FirstError, "exited during start-up")
 	require.Contains(t, rep.Results[0].FirstError, "no such flag -x")
 	require.Zero(t, rep.Results[1].Errors, rep.Results[1].FirstError)
@@ -288,7 +250,7 @@ func urlFleet(t *testing.T, replicas int) ([]endpoint.Endpoint, []string) {
 	o := smallOptions(t)
 	o.Fleet.Replicas = replicas
 	o = o.WithDefaults()
-	f, err := startFleet(context.Background(), o.Fleet, 1, 1000, o.Log)
+	f, err := rig.StartFleet(context.Background(), o.Fleet, 1, 1000, o.Log)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, f.Stop()) })
 	var urls []string
@@ -303,7 +265,7 @@ func urlFleet(t *testing.T, replicas int) ([]endpoint.Endpoint, []string) {
 // scrapes its metrics, and leaves it running.
 func TestRaceAddrEPP(t *testing.T) {
 	eps, urls := urlFleet(t, 2)
-	sc, err := schedulerConfig("precise")
+	sc, err := launch.Tuning{Policy: "precise", ScrapeInterval: rig.ScrapeInterval, ScrapeTimeout: rig.ScrapeInterval}.Config()
 	require.NoError(t, err)
 	e, err := launch.StartProcess(launch.ProcessConfig{Spec: launch.Spec{Scheduler: sc, Endpoints: eps, Tokenizer: launch.TokenizerStandIn,
 		DrainTimeout: time.Second}, Bin: launchtest.EPPBinary(t), Dir: t.TempDir()})
@@ -313,18 +275,18 @@ func TestRaceAddrEPP(t *testing.T) {
 	require.NoError(t, err)
 
 	o := smallOptions(t)
-	o.Fleet = FleetOptions{Mode: FleetURLs, URLs: urls}
+	o.Fleet = rig.FleetOptions{Mode: rig.FleetURLs, URLs: urls}
 	o.Workload.SharedPrefix.QPS = []float64{10}
 	metrics := strings.TrimSuffix(strings.TrimPrefix(e.MetricsURL(), "http://"), "/metrics")
 	o.Policies = []string{"addr:mine=" + e.GRPCAddr() + "+" + metrics, "addr:" + e.GRPCAddr()}
 	settle := time.Duration(0)
-	rep, err := Run(context.Background(), o, EPPLauncher(o.Log, ExternalOptions{Dir: t.TempDir(), Settle: &settle}))
+	rep, err := Run(context.Background(), o, rig.EPPLauncher(o.Log, rig.ExternalOptions{Dir: t.TempDir(), Settle: &settle}))
 	require.NoError(t, err)
 	mine, bare := rep.Results[0], rep.Results[1]
 	require.Equal(t, "mine", mine.Policy)
 	require.Equal(t, "addr:"+e.GRPCAddr(), bare.Policy)
 	for _, pr := range rep.Results {
-		require.Equal(t, KindAddr, pr.Kind)
+		require.Equal(t, rig.KindAddr, pr.Kind)
 		require.Zero(t, pr.Errors, pr.FirstError)
 		require.Greater(t, pr.HitRate, 0.0, "the engines' counters are read as for any policy")
 		require.Equal(t, e.GRPCAddr(), pr.EPP.Addr)
@@ -334,7 +296,7 @@ func TestRaceAddrEPP(t *testing.T) {
 	require.Greater(t, mine.DecisionP99us, 0.0)
 	require.Empty(t, bare.EPP.MetricsURL, "no metrics address given")
 	require.True(t, isNaN(bare.DecisionP99us))
-	require.Contains(t, bare.EPP.describe(), "metrics not known")
+	require.Contains(t, describeEPP(bare.EPP), "metrics not known")
 
 	// The bench did not stop it.
 	require.NoError(t, e.WaitServing(context.Background(), 5*time.Second))
@@ -399,12 +361,12 @@ func TestRaceEchoingEPP(t *testing.T) {
 
 	o := smallOptions(t)
 	o.Log = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
-	o.Fleet = FleetOptions{Mode: FleetURLs, URLs: urls}
+	o.Fleet = rig.FleetOptions{Mode: rig.FleetURLs, URLs: urls}
 	o.Workload.SharedPrefix.QPS = []float64{10}
 	o.Policies = []string{"addr:echo=" + lis.Addr().String()}
 	rejected := testgw.RejectedMutations()
 	settle := time.Duration(0)
-	rep, err := Run(context.Background(), o, EPPLauncher(o.Log, ExternalOptions{Dir: t.TempDir(), Settle: &settle}))
+	rep, err := Run(context.Background(), o, rig.EPPLauncher(o.Log, rig.ExternalOptions{Dir: t.TempDir(), Settle: &settle}))
 	require.NoError(t, err)
 	pr := rep.Results[0]
 	require.Zero(t, pr.Errors, pr.FirstError)

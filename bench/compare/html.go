@@ -8,93 +8,9 @@ import (
 	"math"
 	"os"
 	"strings"
+
+	"github.com/omnious/provider-node/bench/internal/chart"
 )
-
-// palette colours series by policy index.
-var palette = [...]string{"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"}
-
-func colour(i int) string { return palette[i%len(palette)] }
-
-// svgChart is a hand-written SVG plot area with axes.
-type svgChart struct {
-	b                      strings.Builder
-	w, h                   float64
-	left, right, top, bott float64
-	xmin, xmax, ymin, ymax float64
-}
-
-func newChart(title, xlabel, ylabel string, xmin, xmax, ymin, ymax float64) *svgChart {
-	c := &svgChart{w: 560, h: 320, left: 64, right: 150, top: 30, bott: 46, xmin: xmin, xmax: xmax, ymin: ymin, ymax: ymax}
-	if !(c.xmax > c.xmin) {
-		c.xmax = c.xmin + 1
-	}
-	if !(c.ymax > c.ymin) {
-		c.ymax = c.ymin + 1
-	}
-	fmt.Fprintf(&c.b, `<svg xmlns="http://www.w3.org/2000/svg" width="%g" height="%g" viewBox="0 0 %g %g" font-family="sans-serif" font-size="11">`, c.w, c.h, c.w, c.h)
-	fmt.Fprintf(&c.b, `<text x="%g" y="18" font-size="13" font-weight="bold">%s</text>`, c.left, html.EscapeString(title))
-	x0, y0, x1, y1 := c.left, c.h-c.bott, c.w-c.right, c.top
-	fmt.Fprintf(&c.b, `<line x1="%g" y1="%g" x2="%g" y2="%g" stroke="#333"/><line x1="%g" y1="%g" x2="%g" y2="%g" stroke="#333"/>`, x0, y0, x1, y0, x0, y0, x0, y1)
-	for i := 0; i <= 4; i++ {
-		v := c.ymin + (c.ymax-c.ymin)*float64(i)/4
-		y := c.y(v)
-		fmt.Fprintf(&c.b, `<line x1="%g" y1="%.1f" x2="%g" y2="%.1f" stroke="#ddd"/><text x="%g" y="%.1f" text-anchor="end">%s</text>`, x0, y, x1, y, x0-4, y+4, tick(v))
-	}
-	fmt.Fprintf(&c.b, `<text x="%g" y="%g" text-anchor="middle">%s</text>`, (x0+x1)/2, c.h-8, html.EscapeString(xlabel))
-	fmt.Fprintf(&c.b, `<text x="14" y="%g" text-anchor="middle" transform="rotate(-90 14 %g)">%s</text>`, (y0+y1)/2, (y0+y1)/2, html.EscapeString(ylabel))
-	return c
-}
-
-func tick(v float64) string {
-	switch a := math.Abs(v); {
-	case a == 0:
-		return "0"
-	case a >= 1e6:
-		return fmt.Sprintf("%.1fM", v/1e6)
-	case a >= 1e4:
-		return fmt.Sprintf("%.0fk", v/1e3)
-	case a >= 100:
-		return fmt.Sprintf("%.0f", v)
-	case a >= 1:
-		return fmt.Sprintf("%.1f", v)
-	}
-	return fmt.Sprintf("%.2f", v)
-}
-
-func (c *svgChart) x(v float64) float64 {
-	return c.left + (v-c.xmin)/(c.xmax-c.xmin)*(c.w-c.left-c.right)
-}
-
-func (c *svgChart) y(v float64) float64 {
-	return c.h - c.bott - (v-c.ymin)/(c.ymax-c.ymin)*(c.h-c.top-c.bott)
-}
-
-func (c *svgChart) xTicks(vals []float64) {
-	for _, v := range vals {
-		fmt.Fprintf(&c.b, `<text x="%.1f" y="%g" text-anchor="middle">%s</text>`, c.x(v), c.h-c.bott+14, tick(v))
-	}
-}
-
-func (c *svgChart) legend(i int, name string) {
-	y := c.top + 14*float64(i)
-	fmt.Fprintf(&c.b, `<rect x="%g" y="%g" width="10" height="10" fill="%s"/><text x="%g" y="%g">%s</text>`,
-		c.w-c.right+10, y, colour(i), c.w-c.right+24, y+9, html.EscapeString(name))
-}
-
-func (c *svgChart) svg() template.HTML {
-	c.b.WriteString(`</svg>`)
-	return template.HTML(c.b.String()) // built from escaped parts only
-}
-
-func finiteMax(vals ...float64) float64 {
-	m := 0.0
-	for _, v := range vals {
-		if !math.IsNaN(v) && !math.IsInf(v, 0) {
-			m = math.Max(m, v)
-		}
-	}
-	return m
-}
 
 // lineChart plots one series per policy against the ladder's QPS.
 func lineChart(title, ylabel string, r *Report, val func(StageResult) float64) template.HTML {
@@ -110,8 +26,8 @@ func lineChart(title, ylabel string, r *Report, val func(StageResult) float64) t
 			all = append(all, val(s))
 		}
 	}
-	c := newChart(title, "QPS (model time)", ylabel, 0, finiteMax(qps...)*1.05, 0, finiteMax(all...)*1.1)
-	c.xTicks(qps)
+	c := chart.New(title, "QPS (model time)", ylabel, 0, chart.FiniteMax(qps...)*1.05, 0, chart.FiniteMax(all...)*1.1)
+	c.XTicks(qps)
 	for i, p := range r.Results {
 		var pts []string
 		for _, s := range p.Stages {
@@ -119,13 +35,13 @@ func lineChart(title, ylabel string, r *Report, val func(StageResult) float64) t
 			if math.IsNaN(v) {
 				continue
 			}
-			pts = append(pts, fmt.Sprintf("%.1f,%.1f", c.x(s.QPS), c.y(v)))
-			fmt.Fprintf(&c.b, `<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>`, c.x(s.QPS), c.y(v), colour(i))
+			pts = append(pts, fmt.Sprintf("%.1f,%.1f", c.X(s.QPS), c.Y(v)))
+			c.Printf(`<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>`, c.X(s.QPS), c.Y(v), chart.Colour(i))
 		}
-		fmt.Fprintf(&c.b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`, colour(i), strings.Join(pts, " "))
-		c.legend(i, p.Policy)
+		c.Printf(`<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`, chart.Colour(i), strings.Join(pts, " "))
+		c.Legend(i, p.Policy)
 	}
-	return c.svg()
+	return c.SVG()
 }
 
 // refLine is a labelled horizontal reference in a bar chart.
@@ -144,27 +60,27 @@ func barChart(title, ylabel string, r *Report, val func(PolicyResult) float64, r
 	for _, rl := range refs {
 		all = append(all, rl.v)
 	}
-	top := finiteMax(all...) * 1.15
-	c := newChart(title, "policy", ylabel, 0, float64(max(len(vals), 1)), 0, top)
-	bw := (c.w - c.left - c.right) / float64(max(len(vals), 1))
+	top := chart.FiniteMax(all...) * 1.15
+	c := chart.New(title, "policy", ylabel, 0, float64(max(len(vals), 1)), 0, top)
+	bw := c.PlotWidth() / float64(max(len(vals), 1))
 	for i, v := range vals {
 		if math.IsNaN(v) {
 			continue
 		}
-		x := c.x(float64(i)) + bw*0.15
-		fmt.Fprintf(&c.b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/><text x="%.1f" y="%.1f" text-anchor="middle">%s</text>`,
-			x, c.y(v), bw*0.7, c.y(0)-c.y(v), colour(i), x+bw*0.35, c.y(v)-3, tick(v))
-		c.legend(i, r.Results[i].Policy)
+		x := c.X(float64(i)) + bw*0.15
+		c.Printf(`<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/><text x="%.1f" y="%.1f" text-anchor="middle">%s</text>`,
+			x, c.Y(v), bw*0.7, c.Y(0)-c.Y(v), chart.Colour(i), x+bw*0.35, c.Y(v)-3, chart.Tick(v))
+		c.Legend(i, r.Results[i].Policy)
 	}
 	for i, rl := range refs {
 		if math.IsNaN(rl.v) {
 			continue
 		}
 		dash := []string{"6 4", "2 3"}[i%2]
-		fmt.Fprintf(&c.b, `<line x1="%g" y1="%.1f" x2="%g" y2="%.1f" stroke="#000" stroke-dasharray="%s"/><text x="%g" y="%.1f">%s</text>`,
-			c.left, c.y(rl.v), c.w-c.right, c.y(rl.v), dash, c.left+4+120*float64(i), c.y(rl.v)-4, html.EscapeString(rl.name))
+		c.Printf(`<line x1="%g" y1="%.1f" x2="%g" y2="%.1f" stroke="#000" stroke-dasharray="%s"/><text x="%g" y="%.1f">%s</text>`,
+			c.Left(), c.Y(rl.v), c.Right(), c.Y(rl.v), dash, c.Left()+4+120*float64(i), c.Y(rl.v)-4, html.EscapeString(rl.name))
 	}
-	return c.svg()
+	return c.SVG()
 }
 
 // loadChart draws each policy's per-replica load relative to the mean.
@@ -187,24 +103,24 @@ func loadChart(r *Report) template.HTML {
 			all = append(all, x)
 		}
 	}
-	c := newChart("Requests per replica (1 = mean)", "replica", "load / mean", 0, float64(max(n, 1)), 0, math.Max(finiteMax(all...)*1.1, 1.2))
-	slot := (c.w - c.left - c.right) / float64(max(n, 1))
+	c := chart.New("Requests per replica (1 = mean)", "replica", "load / mean", 0, float64(max(n, 1)), 0, math.Max(chart.FiniteMax(all...)*1.1, 1.2))
+	slot := c.PlotWidth() / float64(max(n, 1))
 	bw := slot * 0.8 / float64(max(len(r.Results), 1))
 	for rep := 0; rep < n; rep++ {
-		fmt.Fprintf(&c.b, `<text x="%.1f" y="%g" text-anchor="middle">%d</text>`, c.x(float64(rep))+slot/2, c.h-c.bott+14, rep)
+		c.Printf(`<text x="%.1f" y="%g" text-anchor="middle">%d</text>`, c.X(float64(rep))+slot/2, c.Bottom()+14, rep)
 	}
 	for i, vals := range rel {
 		for rep, v := range vals {
 			if math.IsNaN(v) {
 				continue
 			}
-			fmt.Fprintf(&c.b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`,
-				c.x(float64(rep))+slot*0.1+bw*float64(i), c.y(v), bw, c.y(0)-c.y(v), colour(i))
+			c.Printf(`<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`,
+				c.X(float64(rep))+slot*0.1+bw*float64(i), c.Y(v), bw, c.Y(0)-c.Y(v), chart.Colour(i))
 		}
-		c.legend(i, r.Results[i].Policy)
+		c.Legend(i, r.Results[i].Policy)
 	}
-	fmt.Fprintf(&c.b, `<line x1="%g" y1="%.1f" x2="%g" y2="%.1f" stroke="#000" stroke-dasharray="6 4"/>`, c.left, c.y(1), c.w-c.right, c.y(1))
-	return c.svg()
+	c.Printf(`<line x1="%g" y1="%.1f" x2="%g" y2="%.1f" stroke="#000" stroke-dasharray="6 4"/>`, c.Left(), c.Y(1), c.Right(), c.Y(1))
+	return c.SVG()
 }
 
 // paretoChart plots sweep points: throughput against TTFT p90, the front
@@ -214,8 +130,8 @@ func paretoChart(r *Report) template.HTML {
 	for _, p := range r.Results {
 		xs, ys = append(xs, p.OutputTokPS), append(ys, p.TTFTP90)
 	}
-	c := newChart("Sweep: TTFT p90 vs throughput (front in red)", "output tok/s", "TTFT p90 ms", 0, finiteMax(xs...)*1.1, 0, finiteMax(ys...)*1.1)
-	c.xTicks([]float64{0, finiteMax(xs...) / 2, finiteMax(xs...)})
+	c := chart.New("Sweep: TTFT p90 vs throughput (front in red)", "output tok/s", "TTFT p90 ms", 0, chart.FiniteMax(xs...)*1.1, 0, chart.FiniteMax(ys...)*1.1)
+	c.XTicks([]float64{0, chart.FiniteMax(xs...) / 2, chart.FiniteMax(xs...)})
 	front := map[int]bool{}
 	for _, i := range r.Sweep.Front {
 		front[i] = true
@@ -228,10 +144,10 @@ func paretoChart(r *Report) template.HTML {
 		if front[i] {
 			fill = "#d62728"
 		}
-		fmt.Fprintf(&c.b, `<circle cx="%.1f" cy="%.1f" r="4" fill="%s"><title>%s</title></circle><text x="%.1f" y="%.1f" font-size="9">%d</text>`,
-			c.x(xs[i]), c.y(ys[i]), fill, html.EscapeString(r.Results[i].Policy), c.x(xs[i])+5, c.y(ys[i])-5, i)
+		c.Printf(`<circle cx="%.1f" cy="%.1f" r="4" fill="%s"><title>%s</title></circle><text x="%.1f" y="%.1f" font-size="9">%d</text>`,
+			c.X(xs[i]), c.Y(ys[i]), fill, html.EscapeString(r.Results[i].Policy), c.X(xs[i])+5, c.Y(ys[i])-5, i)
 	}
-	return c.svg()
+	return c.SVG()
 }
 
 var reportTmpl = template.Must(template.New("report").Parse(`<!DOCTYPE html>

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/omnious/provider-node/bench/rig"
 	"github.com/omnious/provider-node/engines/sim/engine"
 )
 
@@ -43,12 +44,12 @@ func Preset(name string) (Options, error) {
 // events, is the same in both, so precise EPPs find where the other put
 // a group. With one EPP the two policies tie on this workload.
 func DemoOptions() Options {
-	sp := SharedPrefixOptions{NumGroups: 40, PromptsPerGroup: 5, SystemPromptLen: 1000, QuestionLen: 200, OutputLen: 50,
+	sp := rig.SharedPrefixOptions{NumGroups: 40, PromptsPerGroup: 5, SystemPromptLen: 1000, QuestionLen: 200, OutputLen: 50,
 		GroupSkew: 1, QPS: []float64{8, 16, 24}, StageDuration: 20 * time.Second}
 	const blockSize = 16
-	return Options{Scenario: PresetDemo, EPPs: 2,
-		Fleet:    FleetOptions{Replicas: 4, TimeScale: 4, BlockSize: blockSize, NumGPUBlocks: 16000 / blockSize},
-		Workload: WorkloadOptions{Kind: WorkloadSharedPrefix, SharedPrefix: sp}}
+	return Options{EPPs: 2, Options: rig.Options{Scenario: PresetDemo,
+		Fleet:    rig.FleetOptions{Replicas: 4, TimeScale: 4, BlockSize: blockSize, NumGPUBlocks: 16000 / blockSize},
+		Workload: rig.WorkloadOptions{Kind: rig.WorkloadSharedPrefix, SharedPrefix: sp}}}
 }
 
 // The published "73% capacity" run (llm-d's precise-prefix-cache-aware
@@ -109,22 +110,22 @@ func LLMD73Options(k float64) Options {
 	for i, d := range llmd73Durations {
 		durs[i] = time.Duration(d) * time.Second
 	}
-	sp := SharedPrefixOptions{NumGroups: 150, PromptsPerGroup: 5, SystemPromptLen: scale(6000), QuestionLen: scale(1200),
+	sp := rig.SharedPrefixOptions{NumGroups: 150, PromptsPerGroup: 5, SystemPromptLen: scale(6000), QuestionLen: scale(1200),
 		OutputLen: scale(1000), QPS: llmd73QPS, StageDurations: durs, StageDuration: durs[0], WarmupStages: 1, Cycle: true}
 	inv := func(d time.Duration) time.Duration { return time.Duration(float64(d) / k) }
 	t := engine.DefaultTiming()
 	const blockSize = 16
 	const timeScale = 4
-	return Options{Scenario: PresetLLMD73,
+	return Options{Options: rig.Options{Scenario: PresetLLMD73,
 		MaxInFlight:    llmd73Concurrency,
 		RequestTimeout: time.Duration(float64(llmd73ClientTimeout) / timeScale),
-		Fleet: FleetOptions{Replicas: 8, TimeScale: timeScale, BlockSize: blockSize,
+		Fleet: rig.FleetOptions{Replicas: 8, TimeScale: timeScale, BlockSize: blockSize,
 			NumGPUBlocks:        scale(llmd73KVTokens) / blockSize,
 			MaxNumBatchedTokens: scale(8192),
 			MaxNumSeqs:          1024,
 			Timing: engine.Timing{PrefillBase: t.PrefillBase, PrefillPerToken: new(inv(*t.PrefillPerToken)),
 				DecodeBase: new(inv(*t.DecodeBase)), DecodePerSeq: new(inv(*t.DecodePerSeq)),
 				KVTerm: new(inv(*t.KVTerm)), CPULoadPerToken: new(inv(*t.CPULoadPerToken))}},
-		Workload:  WorkloadOptions{Kind: WorkloadSharedPrefix, SharedPrefix: sp},
+		Workload: rig.WorkloadOptions{Kind: rig.WorkloadSharedPrefix, SharedPrefix: sp}},
 		Published: LLMD73Published(k)}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnious/provider-node/bench/internal/stat"
+	"github.com/omnious/provider-node/bench/rig"
 	"github.com/omnious/provider-node/engines/sim/engine"
 )
 
@@ -96,7 +97,7 @@ func replayPublished(tb testing.TB, k float64, route func(g, n int) int) (StageS
 	}
 	var arrivals []arrival
 	var start time.Duration
-	for s, d := range sp.stageDurations() {
+	for s, d := range sp.StageLengths() {
 		q := sp.QPS[s]
 		for t := rng.ExpFloat64() / q; t < d.Seconds(); t += rng.ExpFloat64() / q {
 			arrivals = append(arrivals, arrival{at: start + time.Duration(t*float64(time.Second)),
@@ -110,7 +111,7 @@ func replayPublished(tb testing.TB, k float64, route func(g, n int) int) (StageS
 		perReplica[r] = append(perReplica[r], a)
 	}
 
-	cfg := simConfig(f, 1, 0).Engine
+	cfg := rig.SimConfig(f, 1, 0).Engine
 	cfg.TimeScale = 1 // model time is the fake clock's
 	timeout := time.Duration(float64(o.RequestTimeout) * f.TimeScale)
 	output := make([]uint32, sp.OutputLen)

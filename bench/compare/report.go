@@ -11,6 +11,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/omnious/provider-node/bench/rig"
 	"github.com/omnious/provider-node/scheduler"
 )
 
@@ -279,14 +280,14 @@ func (r *Report) notes() []string {
 			out = append(out, p.Policy+": WARNING: "+p.Warning)
 		}
 		if p.EPP != nil {
-			out = append(out, p.Policy+": "+p.EPP.describe())
+			out = append(out, p.Policy+": "+describeEPP(p.EPP))
 		}
 	}
 	return out
 }
 
-// describe says what the bench knows about an external EPP's run.
-func (e *EPPInfo) describe() string {
+// describeEPP says what the bench knows about an external EPP's run.
+func describeEPP(e *rig.EPPInfo) string {
 	parts := []string{"external EPP on " + e.Addr + " (hit rate, latencies and throughput measured by the engines and the client)"}
 	if e.Log != "" {
 		parts = append(parts, "output in "+e.Log)

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/omnious/provider-node/bench/rig"
 )
 
 func TestMaxMean(t *testing.T) {
@@ -24,13 +26,13 @@ func TestMaxMean(t *testing.T) {
 
 func TestSummarise(t *testing.T) {
 	t0 := time.Now()
-	w := &Workload{Stages: []Stage{{QPS: 1, End: time.Second}, {QPS: 2, Start: time.Second, End: 2 * time.Second}}}
-	res := []*result{
+	w := &rig.Workload{Stages: []rig.Stage{{QPS: 1, End: time.Second}, {QPS: 2, Start: time.Second, End: 2 * time.Second}}}
+	res := []*rig.Result{
 		{Stage: 0, Start: t0, TTFT: 10 * time.Millisecond, E2E: 100 * time.Millisecond, ITL: []time.Duration{time.Millisecond, 3 * time.Millisecond}, Output: 10, Prompt: 100, Cached: 50},
 		{Stage: 1, Start: t0.Add(time.Second), TTFT: 30 * time.Millisecond, E2E: 1000 * time.Millisecond, Output: 30, Prompt: 100, Cached: 0},
 		{Stage: 1, Start: t0.Add(time.Second), Err: io.ErrUnexpectedEOF},
 	}
-	delta := []counters{{OK: true, Queries: 100, Hits: 50, Requests: 1, PromptTokens: 100}, {OK: true, Queries: 100, Hits: 0, Requests: 1, PromptTokens: 100}}
+	delta := []rig.Counters{{OK: true, Queries: 100, Hits: 50, Requests: 1, PromptTokens: 100}, {OK: true, Queries: 100, Hits: 0, Requests: 1, PromptTokens: 100}}
 	pr := summarise("p", w, res, delta, []time.Duration{time.Microsecond, 3 * time.Microsecond}, 2)
 	require.Equal(t, 3, pr.Requests)
 	require.Equal(t, 1, pr.Errors)
@@ -83,10 +85,10 @@ func sampleReport() *Report {
 func TestContractJSON(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "out.json")
 	rep := sampleReport()
-	rep.Results[0].Kind, rep.Results[0].EPPs = KindPolicy, 2
+	rep.Results[0].Kind, rep.Results[0].EPPs = rig.KindPolicy, 2
 	// An external EPP whose metrics were not known.
-	rep.Results = append(rep.Results, PolicyResult{Policy: "peer", Kind: KindExec, EPPs: 1, TTFTP90: 30, HitRate: 0.4, DecisionP99us: math.NaN(),
-		EPP: &EPPInfo{Addr: "127.0.0.1:9002", Requests: math.NaN()}})
+	rep.Results = append(rep.Results, PolicyResult{Policy: "peer", Kind: rig.KindExec, EPPs: 1, TTFTP90: 30, HitRate: 0.4, DecisionP99us: math.NaN(),
+		EPP: &rig.EPPInfo{Addr: "127.0.0.1:9002", Requests: math.NaN()}})
 	require.NoError(t, rep.WriteJSON(path))
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
@@ -176,26 +178,8 @@ func TestWriteTable(t *testing.T) {
 	require.Regexp(t, `hit rate / bound\s+40\.0%\s+90\.0%`, out)
 }
 
-func TestParseCounters(t *testing.T) {
-	vllm := `# HELP vllm:prefix_cache_queries_total x
-vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000
-vllm:prefix_cache_hits_total{engine="0",model_name="m"} 250
-vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 3
-vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 4
-vllm:prompt_tokens_total{engine="0",model_name="m"} 1.5e3
-vllm:num_requests_running{engine="0",model_name="m"} 9
-`
-	require.Equal(t, counters{OK: true, Queries: 1000, Hits: 250, Requests: 7, PromptTokens: 1500}, parseCounters([]byte(vllm)))
-	sgl := `sglang:prompt_tokens_total{model_name="m"} 400
-sglang:cached_tokens_total{model_name="m"} 100
-sglang:num_requests_total{model_name="m"} 5
-`
-	require.Equal(t, counters{OK: true, Queries: 400, Hits: 100, Requests: 5, PromptTokens: 400}, parseCounters([]byte(sgl)))
-	require.Equal(t, counters{}, parseCounters([]byte("garbage {\nfoo 1\n")))
-}
-
 func TestLagWarning(t *testing.T) {
-	f := Options{Fleet: FleetOptions{TimeScale: 4}}.WithDefaults().Fleet
+	f := rig.Options{Fleet: rig.FleetOptions{TimeScale: 4}}.WithDefaults().Fleet
 	require.Empty(t, lagWarning(PolicyResult{ITLP50: 11}, f))
 	require.Empty(t, lagWarning(PolicyResult{ITLP50: math.NaN()}, f))
 	require.Contains(t, lagWarning(PolicyResult{ITLP50: 0.02}, f), "time scale 4")

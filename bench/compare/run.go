@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/omnious/provider-node/bench/rig"
 	"github.com/omnious/provider-node/engines/tokenizer"
 )
 
@@ -43,12 +44,12 @@ type Report struct {
 // the fleet. A policy that cannot be launched is reported with every request
 // counted as an error; cancelling ctx stops the run (the fleet is always
 // stopped).
-func Run(ctx context.Context, opts Options, launch Launcher) (*Report, error) {
+func Run(ctx context.Context, opts Options, launch rig.Launcher) (*Report, error) {
 	opts = opts.WithDefaults()
 	if err := opts.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid bench options: %w", err)
 	}
-	w, err := BuildWorkload(opts)
+	w, err := rig.BuildWorkload(opts.Options)
 	if err != nil {
 		return nil, err
 	}
@@ -56,18 +57,18 @@ func Run(ctx context.Context, opts Options, launch Launcher) (*Report, error) {
 		return nil, errors.New("the workload has no requests (raise the QPS, stage duration or limit)")
 	}
 	rep := &Report{Scenario: opts.Scenario, Workload: w.Name, Replicas: opts.Fleet.Replicas,
-		Simulated: opts.Fleet.Mode != FleetURLs, TimeScale: opts.Fleet.TimeScale,
+		Simulated: opts.Fleet.Mode != rig.FleetURLs, TimeScale: opts.Fleet.TimeScale,
 		Bound: w.Bound, BoundNote: w.BoundNote, Requests: countRequests(opts, w), Started: time.Now(),
 		Published: opts.Published}
 	rep.FleetBound = math.NaN()
 	if rep.Simulated {
-		e := simConfig(opts.Fleet, opts.Seed, w.MaxLen).Engine
+		e := rig.SimConfig(opts.Fleet, opts.Seed, w.MaxLen).Engine
 		rep.FleetBound = w.LRUBound(int64(opts.Fleet.Replicas) * int64(e.NumGPUBlocks) * int64(e.BlockSize))
 	}
 	prog := newProgress(opts.Progress, len(opts.Policies)*rep.Requests)
 	defer prog.finish()
 	for i, policy := range opts.Policies {
-		label := policyLabel(policy)
+		label := rig.PolicyLabel(policy)
 		if len(opts.Labels) > 0 {
 			label = opts.Labels[i]
 		}
@@ -76,7 +77,7 @@ func Run(ctx context.Context, opts Options, launch Launcher) (*Report, error) {
 		if err != nil {
 			return nil, err
 		}
-		if math.IsNaN(rep.Bound) && opts.Workload.Kind == WorkloadChat {
+		if math.IsNaN(rep.Bound) && opts.Workload.Kind == rig.WorkloadChat {
 			rep.Bound = chatBound(res, chatSystemTokens(w))
 		}
 		rep.Results = append(rep.Results, pr)
@@ -90,14 +91,14 @@ func Run(ctx context.Context, opts Options, launch Launcher) (*Report, error) {
 }
 
 // countRequests is the number of HTTP requests the workload makes.
-func countRequests(o Options, w *Workload) int {
-	if o.Workload.Kind == WorkloadChat {
+func countRequests(o Options, w *rig.Workload) int {
+	if o.Workload.Kind == rig.WorkloadChat {
 		return len(w.Requests) * o.Workload.Chat.Turns
 	}
 	return len(w.Requests)
 }
 
-func chatSystemTokens(w *Workload) int {
+func chatSystemTokens(w *rig.Workload) int {
 	for _, r := range w.Requests {
 		if r.Session != nil {
 			// The stand-in ChatML rendering of the system message.
@@ -108,9 +109,9 @@ func chatSystemTokens(w *Workload) int {
 }
 
 // runPolicy runs one policy on a fresh fleet and always stops it.
-func runPolicy(ctx context.Context, opts Options, w *Workload, policy, label string, launch Launcher, tick func()) (pr PolicyResult, res []*result, err error) {
+func runPolicy(ctx context.Context, opts Options, w *rig.Workload, policy, label string, launch rig.Launcher, tick func()) (pr PolicyResult, res []*rig.Result, err error) {
 	log := opts.Log.With(zap.String("policy", label))
-	f, err := startFleet(ctx, opts.Fleet, opts.Seed, w.MaxLen, log)
+	f, err := rig.StartFleet(ctx, opts.Fleet, opts.Seed, w.MaxLen, log)
 	if err != nil {
 		return pr, nil, fmt.Errorf("cannot start fleet for %s: %w", label, err)
 	}
@@ -120,14 +121,14 @@ func runPolicy(ctx context.Context, opts Options, w *Workload, policy, label str
 		}
 	}()
 	resetWarning := ""
-	if opts.Fleet.Mode == FleetURLs {
-		resetWarning = f.resetCaches(ctx)
+	if opts.Fleet.Mode == rig.FleetURLs {
+		resetWarning = f.ResetCaches(ctx)
 	}
-	before := f.counters(ctx)
+	before := f.Counters(ctx)
 	target, lerr := launch(ctx, policy, f.Endpoints(), opts.EPPs)
 	if lerr != nil {
 		log.Error("cannot launch policy", zap.Error(lerr))
-		pr = PolicyResult{Policy: label, Kind: policyKind(policy), Requests: countRequests(opts, w), Errors: countRequests(opts, w),
+		pr = PolicyResult{Policy: label, Kind: rig.PolicyKind(policy), Requests: countRequests(opts, w), Errors: countRequests(opts, w),
 			FirstError: "launch: " + lerr.Error(), HitRate: math.NaN(), MaxMeanLoad: math.NaN(), MaxMeanPromptLoad: math.NaN(),
 			TTFTP50: math.NaN(), TTFTP90: math.NaN(), TTFTP99: math.NaN(), ITLP50: math.NaN(), ITLP99: math.NaN(),
 			E2EP50: math.NaN(), E2EP90: math.NaN(), E2EP99: math.NaN(), DecisionP50us: math.NaN(), DecisionP99us: math.NaN()}
@@ -142,30 +143,30 @@ func runPolicy(ctx context.Context, opts Options, w *Workload, policy, label str
 	if eps := f.Endpoints(); len(eps) > 0 {
 		model = eps[0].Model
 	}
-	c := newClient(target.URL(), model)
-	defer c.close()
-	res = replay(ctx, c, w, opts.MaxInFlight, opts.RequestTimeout, tick)
-	after := f.counters(context.Background())
-	delta := make([]counters, len(after))
+	c := rig.NewClient(target.URL(), model)
+	defer c.Close()
+	res = rig.Replay(ctx, c, w, opts.MaxInFlight, opts.RequestTimeout, tick)
+	after := f.Counters(context.Background())
+	delta := make([]rig.Counters, len(after))
 	for i := range after {
-		delta[i] = after[i].sub(before[i])
+		delta[i] = after[i].Sub(before[i])
 	}
 	scale := 1.0
-	if f.simulated {
+	if f.Simulated() {
 		scale = opts.Fleet.TimeScale
 	}
 	pr = summarise(label, w, res, delta, target.DecisionLatencies(), scale)
-	pr.Kind = policyKind(policy)
+	pr.Kind = rig.PolicyKind(policy)
 	if n, ok := target.(eppCounter); ok {
-		pr.EPPs = n.eppCount()
+		pr.EPPs = n.EPPCount()
 	}
 	if x, ok := target.(externalInfo); ok {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		pr.EPP = x.eppInfo(sctx)
+		pr.EPP = x.Info(sctx)
 		cancel()
-		pr.DecisionP50us, pr.DecisionP99us = pr.EPP.decP50, pr.EPP.decP99
+		pr.DecisionP50us, pr.DecisionP99us = pr.EPP.DecisionPercentiles()
 	}
-	if f.simulated {
+	if f.Simulated() {
 		pr.Warning = lagWarning(pr, opts.Fleet)
 	} else {
 		pr.Warning = resetWarning
@@ -178,9 +179,9 @@ func runPolicy(ctx context.Context, opts Options, w *Workload, policy, label str
 // eppCounter is a target that knows how many EPPs serve it; externalInfo
 // one that reads an external EPP's own metrics.
 type (
-	eppCounter   interface{ eppCount() int }
+	eppCounter   interface{ EPPCount() int }
 	externalInfo interface {
-		eppInfo(context.Context) *EPPInfo
+		Info(context.Context) *rig.EPPInfo
 	}
 )
 
@@ -189,8 +190,8 @@ type (
 // engines run behind real time or the readers starve, tokens arrive in
 // bursts, the median gap between them drops far below one decode step, and
 // every model-time latency (wall * time scale) is inflated.
-func lagWarning(pr PolicyResult, f FleetOptions) string {
-	step := *simConfig(f, 0, 0).Engine.Timing.DecodeBase
+func lagWarning(pr PolicyResult, f rig.FleetOptions) string {
+	step := *rig.SimConfig(f, 0, 0).Engine.Timing.DecodeBase
 	stepMS := float64(step) / float64(time.Millisecond)
 	if math.IsNaN(pr.ITLP50) || pr.ITLP50 >= stepMS/2 {
 		return ""

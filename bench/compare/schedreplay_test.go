@@ -15,6 +15,7 @@ import (
 
 	"github.com/omnious/provider-node/bench/internal/launch"
 	"github.com/omnious/provider-node/bench/internal/stat"
+	"github.com/omnious/provider-node/bench/rig"
 	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/engines/kvevents"
 	"github.com/omnious/provider-node/engines/metrics"
@@ -77,10 +78,10 @@ const (
 func replayScheduler(tb testing.TB, k float64, policy string, tune func(*scheduler.Config)) ([]replayStage, float64) {
 	tb.Helper()
 	o := LLMD73Options(k).WithDefaults()
-	w, err := BuildWorkload(o)
+	w, err := rig.BuildWorkload(o.Options)
 	require.NoError(tb, err)
 	f := o.Fleet
-	cfg, err := launch.Tuning{Policy: policy, Seed: 7, ScrapeInterval: scrapeInterval, ScrapeTimeout: scrapeInterval}.Config()
+	cfg, err := launch.Tuning{Policy: policy, Seed: 7, ScrapeInterval: rig.ScrapeInterval, ScrapeTimeout: rig.ScrapeInterval}.Config()
 	require.NoError(tb, err)
 	if tune != nil {
 		tune(&cfg)
@@ -88,7 +89,7 @@ func replayScheduler(tb testing.TB, k float64, policy string, tune func(*schedul
 	clock := &fakeClock{t: time.Unix(1_800_000_000, 0)}
 	t0 := clock.Now()
 	ix := kvindex.New(kvindex.Config{})
-	sc := simConfig(f, o.Seed, w.MaxLen)
+	sc := rig.SimConfig(f, o.Seed, w.MaxLen)
 	s, err := scheduler.New(cfg, ix, nil, nil, scheduler.WithClock(clock.Now))
 	require.NoError(tb, err)
 	type replica struct {
@@ -421,9 +422,9 @@ func BenchmarkReplaySchedulerLLMD73(b *testing.B) {
 		name, policy string
 		scrape       time.Duration // wall time
 	}{
-		{scheduler.PolicyPrecise, scheduler.PolicyPrecise, scrapeInterval},
-		{scheduler.PolicyApproximate, scheduler.PolicyApproximate, scrapeInterval},
-		{scheduler.PolicyRandom, scheduler.PolicyRandom, scrapeInterval},
+		{scheduler.PolicyPrecise, scheduler.PolicyPrecise, rig.ScrapeInterval},
+		{scheduler.PolicyApproximate, scheduler.PolicyApproximate, rig.ScrapeInterval},
+		{scheduler.PolicyRandom, scheduler.PolicyRandom, rig.ScrapeInterval},
 		{scheduler.PolicyPrecise + "-scrape-2s", scheduler.PolicyPrecise, production},
 		{scheduler.PolicyApproximate + "-scrape-2s", scheduler.PolicyApproximate, production},
 	} {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/omnious/provider-node/bench/internal/stat"
+	"github.com/omnious/provider-node/bench/rig"
 )
 
 // StageResult is one QPS-ladder stage of one policy.
@@ -28,7 +29,7 @@ type PolicyResult struct {
 	// KindAddr.
 	Kind string
 	// EPP is an external EPP's run (exec:, addr:); nil otherwise.
-	EPP *EPPInfo
+	EPP *rig.EPPInfo
 	// EPPs is how many EPPs served it side by side (0: none, the direct
 	// proxy).
 	EPPs     int
@@ -122,7 +123,7 @@ func maxMean(xs []float64) float64 {
 }
 
 // summarise turns one policy's results and counter deltas into figures.
-func summarise(policy string, w *Workload, res []*result, delta []counters, decisions []time.Duration, scale float64) PolicyResult {
+func summarise(policy string, w *rig.Workload, res []*rig.Result, delta []rig.Counters, decisions []time.Duration, scale float64) PolicyResult {
 	pr := PolicyResult{Policy: policy, Requests: len(res), HitRate: math.NaN()}
 	var ttft, itl, e2e []time.Duration
 	var first, last time.Time
@@ -231,9 +232,9 @@ func summarise(policy string, w *Workload, res []*result, delta []counters, deci
 // run's usage: turn k of a session can hit at most the previous turn's
 // prompt and answer (capped at its own prompt), and the first turn of every
 // session but the first the shared system prompt (sysTokens).
-func chatBound(res []*result, sysTokens int) float64 {
+func chatBound(res []*rig.Result, sysTokens int) float64 {
 	type key struct{ s, t int }
-	byTurn := map[key]*result{}
+	byTurn := map[key]*rig.Result{}
 	for _, r := range res {
 		if r.Session >= 0 && r.Err == nil {
 			byTurn[key{r.Session, r.Turn}] = r

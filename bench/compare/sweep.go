@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/omnious/provider-node/bench/rig"
 )
 
 // Grid is a sweep over EPP configuration keys. Its YAML form:
@@ -137,11 +139,11 @@ func pointLabel(p []override) string {
 // pointConfig renders the config file of one grid point.
 func pointConfig(base string, p []override) ([]byte, error) {
 	doc := map[string]any{}
-	if isPolicyName(base) {
-		// The same scrape period the named policies get (schedulerConfig),
+	if rig.IsPolicyName(base) {
+		// The same scrape period the named policies get (rig.StartEPPs),
 		// so that a point with no overrides reproduces its base policy.
 		doc["policy"] = base
-		doc["signals"] = map[string]any{"scrape_interval": scrapeInterval.String(), "scrape_timeout": scrapeInterval.String()}
+		doc["signals"] = map[string]any{"scrape_interval": rig.ScrapeInterval.String(), "scrape_timeout": rig.ScrapeInterval.String()}
 	} else {
 		b, err := os.ReadFile(base)
 		if err != nil {
@@ -205,7 +207,7 @@ func paretoFront(rs []PolicyResult) []int {
 // Sweep runs every point of the grid as a policy (its generated config
 // file, written under dir) and reports the Pareto front of TTFT p90 against
 // throughput.
-func Sweep(ctx context.Context, opts Options, g Grid, dir string, launch Launcher) (*Report, error) {
+func Sweep(ctx context.Context, opts Options, g Grid, dir string, launch rig.Launcher) (*Report, error) {
 	if err := g.validate(); err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/omnious/provider-node/bench/rig"
 	"github.com/omnious/provider-node/endpoint"
 )
 
@@ -73,7 +74,7 @@ func TestSweepEndToEnd(t *testing.T) {
 	// A launcher that reads the generated config and runs its policy with
 	// the direct proxy, as the EPP launcher would read its config file.
 	var seen []map[string]any
-	launch := func(ctx context.Context, policy string, fleet []endpoint.Endpoint, epps int) (Target, error) {
+	launch := func(ctx context.Context, policy string, fleet []endpoint.Endpoint, epps int) (rig.Target, error) {
 		b, err := os.ReadFile(policy)
 		if err != nil {
 			return nil, err
@@ -83,7 +84,7 @@ func TestSweepEndToEnd(t *testing.T) {
 			return nil, err
 		}
 		seen = append(seen, doc)
-		return DirectLauncher(1)(ctx, doc["policy"].(string), fleet, epps)
+		return rig.DirectLauncher(1)(ctx, doc["policy"].(string), fleet, epps)
 	}
 	o := smallOptions(t)
 	o.Workload.SharedPrefix.QPS = []float64{20}

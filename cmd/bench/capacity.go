@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -9,14 +8,16 @@ import (
 	"path/filepath"
 
 	"github.com/omnious/provider-node/bench/compare"
+	"github.com/omnious/provider-node/bench/proof"
+	"github.com/omnious/provider-node/bench/rig"
 )
 
 // runCapacity is `bench capacity`: does a quote promise what the fleet
 // serves within its objectives?
 func runCapacity(args []string) error {
 	fs := flag.NewFlagSet("bench capacity", flag.ContinueOnError)
-	var o compare.CapacityOptions
-	def := compare.CapacityOptions{}.WithDefaults()
+	var o proof.Options
+	def := proof.Options{}.WithDefaults()
 	scenario := fs.String("scenario", compare.PresetDemo, "fleet and traffic: a preset ("+compare.PresetDemo+")")
 	replicas := fs.Int("replicas", 0, "replicas (0: the scenario's)")
 	trace := fs.String("trace", "", "drive a Mooncake-format trace's mix (its records in order, Poisson arrivals at each step's rate) instead of the scenario's shared-prefix traffic")
@@ -65,27 +66,23 @@ func runCapacity(args []string) error {
 		base.Fleet.Mode = *fleetMode
 	}
 	if *trace != "" {
-		base.Workload = compare.WorkloadOptions{Kind: compare.WorkloadTrace, Trace: compare.TraceOptions{Path: *trace}}
+		base.Workload = rig.WorkloadOptions{Kind: rig.WorkloadTrace, Trace: rig.TraceOptions{Path: *trace}}
 		base.Scenario = "trace mix " + filepath.Base(*trace)
 	}
-	o.Base = base
+	o.Base = base.Options
 	ctx, log, done, err := session(*logLevel)
 	if err != nil {
 		return err
 	}
 	defer done()
 	o.Base.Log = log
-	rep, err := compare.RunCapacity(ctx, o)
+	rep, err := proof.Run(ctx, o)
 	if err != nil {
 		return err
 	}
 	if *jsonOut != "" {
-		b, err := json.MarshalIndent(rep, "", "  ")
-		if err != nil {
+		if err := rep.WriteJSONFile(*jsonOut); err != nil {
 			return err
-		}
-		if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
-			return fmt.Errorf("cannot write %s: %w", *jsonOut, err)
 		}
 	}
 	if *htmlOut != "" {

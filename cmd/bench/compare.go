@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/omnious/provider-node/bench/compare"
+	"github.com/omnious/provider-node/bench/rig"
 )
 
 // compareFlags are the flags of the comparison and of bench sweep.
@@ -72,7 +73,7 @@ func (f *compareFlags) register(fs *flag.FlagSet) {
 	fs.Var(&f.policies, "policies", "comma-separated policies or EPP config files (default all five); repeatable; "+
 		"exec:[LABEL=]COMMAND (the rest of the value, commas included) starts another EPP, addr:[LABEL=]HOST:PORT[+METRICS_HOST:PORT] races one already running")
 	fs.StringVar(&f.eppDir, "epp-dir", "out/bench-epp", "exec: policies: one directory per label for the fleet files, the command and the EPP's output")
-	fs.DurationVar(&f.eppSettle, "epp-settle", compare.DefaultExternalSettle, "exec:/addr: policies: wait after the EPP answers gRPC health SERVING, before traffic")
+	fs.DurationVar(&f.eppSettle, "epp-settle", rig.DefaultExternalSettle, "exec:/addr: policies: wait after the EPP answers gRPC health SERVING, before traffic")
 	fs.IntVar(&f.epps, "epps", 1, "EPPs serving the pool side by side behind the gateway, each with the policy (an exec: EPP runs as that many processes; an addr: EPP is the one it names)")
 	fs.BoolVar(&f.direct, "direct", false, "use a plain reverse proxy (round-robin, random) instead of the EPP")
 	fs.Int64Var(&f.seed, "seed", 1, "workload and replica seed")
@@ -142,6 +143,9 @@ func runCompare(args []string, sweep bool) error {
 	f := &compareFlags{}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	f.register(fs)
+	if !sweep {
+		fs.Usage = func() { usage(fs.Output()); fs.PrintDefaults() }
+	}
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -161,7 +165,7 @@ func runCompare(args []string, sweep bool) error {
 		opts.Progress = os.Stderr
 	}
 	rep, err := f.report(ctx, opts, sweep, launcher(f.direct, f.seed, log,
-		compare.ExternalOptions{Dir: f.eppDir, Settle: &f.eppSettle}))
+		rig.ExternalOptions{Dir: f.eppDir, Settle: &f.eppSettle}))
 	if rep == nil {
 		return err
 	}
@@ -175,11 +179,11 @@ func runCompare(args []string, sweep bool) error {
 }
 
 // launcher is the one place the bench gets its Launcher.
-func launcher(direct bool, seed int64, log *zap.Logger, ext compare.ExternalOptions) compare.Launcher {
+func launcher(direct bool, seed int64, log *zap.Logger, ext rig.ExternalOptions) rig.Launcher {
 	if direct {
-		return compare.DirectLauncher(seed)
+		return rig.DirectLauncher(seed)
 	}
-	return compare.EPPLauncher(log, ext)
+	return rig.EPPLauncher(log, ext)
 }
 
 // options are a preset's (or the defaults') options with the flags given
@@ -208,12 +212,12 @@ func (f *compareFlags) options(sweep bool) (compare.Options, error) {
 	return opts, f.workload.apply(&opts.Workload, f.set)
 }
 
-func (f *fleetFlags) apply(o *compare.FleetOptions, set map[string]bool) {
+func (f *fleetFlags) apply(o *rig.FleetOptions, set map[string]bool) {
 	if set["fleet"] {
 		o.Mode = f.mode
 	}
 	if f.urls != "" {
-		o.Mode, o.URLs = compare.FleetURLs, splitList(f.urls)
+		o.Mode, o.URLs = rig.FleetURLs, splitList(f.urls)
 	}
 	if set["replicas"] || o.Replicas == 0 {
 		o.Replicas = f.replicas
@@ -250,14 +254,14 @@ func (f *fleetFlags) apply(o *compare.FleetOptions, set map[string]bool) {
 	}
 }
 
-func (f *workloadFlags) apply(w *compare.WorkloadOptions, set map[string]bool) error {
+func (f *workloadFlags) apply(w *rig.WorkloadOptions, set map[string]bool) error {
 	switch {
 	case set["workload"]:
 		w.Kind = f.kind
 	case f.trace != "":
-		w.Kind = compare.WorkloadTrace
+		w.Kind = rig.WorkloadTrace
 	}
-	w.Trace = compare.TraceOptions{Path: f.trace, Speedup: f.speedup, Limit: f.limit, Text: f.text}
+	w.Trace = rig.TraceOptions{Path: f.trace, Speedup: f.speedup, Limit: f.limit, Text: f.text}
 	sp, ch := &w.SharedPrefix, &w.Chat
 	setInt := func(name string, v int, dst ...*int) {
 		if set[name] {
@@ -301,7 +305,7 @@ func (f *workloadFlags) apply(w *compare.WorkloadOptions, set map[string]bool) e
 }
 
 // report runs the comparison, or the sweep.
-func (f *compareFlags) report(ctx context.Context, opts compare.Options, sweep bool, launch compare.Launcher) (*compare.Report, error) {
+func (f *compareFlags) report(ctx context.Context, opts compare.Options, sweep bool, launch rig.Launcher) (*compare.Report, error) {
 	if !sweep {
 		return compare.Run(ctx, opts, launch)
 	}
@@ -368,18 +372,7 @@ func (c *checkFlags) run(rep *compare.Report) error {
 	if err != nil {
 		return err
 	}
-	failed := 0
-	for _, r := range results {
-		verdict := "PASS"
-		if !r.OK {
-			verdict, failed = "FAIL", failed+1
-		}
-		fmt.Printf("%s  %s: %s\n", verdict, r.Name, r.Got)
-	}
-	if failed > 0 {
-		return fmt.Errorf("%d acceptance checks failed for %s", failed, c.policy)
-	}
-	return nil
+	return compare.WriteChecks(os.Stdout, c.policy, results)
 }
 
 // splitPolicies splits one -policies value at its commas, except that an
@@ -388,7 +381,7 @@ func splitPolicies(v string) []string {
 	var out []string
 	for v != "" {
 		item, rest, _ := strings.Cut(v, ",")
-		if t := strings.TrimSpace(v); strings.HasPrefix(t, compare.PolicyExec) {
+		if t := strings.TrimSpace(v); strings.HasPrefix(t, rig.PolicyExec) {
 			item, rest = t, ""
 		}
 		if item = strings.TrimSpace(item); item != "" {

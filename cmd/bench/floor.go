@@ -12,7 +12,9 @@ import (
 )
 
 // runFloor is `bench floor`: the no-op ext_proc server `bench load -floor`
-// runs in the EPP's place, on a loopback address, until SIGTERM.
+// runs in the EPP's place, on a loopback address, until SIGTERM. It is
+// internal, the child process launch.StartFloor starts, not a user command:
+// usage leaves it out (floorCommand).
 func runFloor(args []string) error {
 	fs := flag.NewFlagSet("bench floor", flag.ContinueOnError)
 	addr := fs.String("grpc-addr", "127.0.0.1:9002", "loopback address to serve ext_proc on")

@@ -1,12 +1,13 @@
-// Command bench runs the project's benchmarks, one subcommand per harness:
+// Command bench runs the project's benchmarks: the routing-policy
+// comparison by default, the other harnesses as subcommands (bench -h
+// lists them all; bench SUBCOMMAND -h a subcommand's flags):
 //
-//	bench [flags]            compare routing policies (bench/compare), each on a fresh fleet
+//	bench [flags]            compare routing policies, each on a fresh fleet (bench/compare)
 //	bench sweep [flags]      sweep EPP config keys and report the Pareto front (bench/compare)
 //	bench chaos [flags]      the fault-injection suite (bench/chaos)
 //	bench load [flags]       the EPP alone: decisions/s, added latency, memory soak (bench/load)
-//	bench floor [flags]      the no-op ext_proc server bench load -floor runs in the EPP's place
-//	bench capacity [flags]   the capacity proof: quotes against the fleet's true SLO capacity
-//	bench windows [flags]    what the engines did at each load, from bench capacity -record-windows
+//	bench capacity [flags]   the capacity proof: quotes against the fleet's true SLO capacity (bench/proof)
+//	bench windows [flags]    what the engines did at each load, from bench capacity -record-windows (bench/proof)
 //
 // The comparison replays a workload through routing policies, each on a
 // fresh fleet of (simulated or real) engine replicas, and prints a table on
@@ -25,7 +26,7 @@
 //	bench sweep -base precise -set scoring.weights.prefix=1,3,5 -set prefix.balance_rel=1.25,2
 //	bench chaos [-scenarios engine-kill,...]             scripted faults, expected vs observed (make chaos)
 //	bench load [-prompt-bytes 32k] [-rates 500,1000,2000] [-soak 10m]   EPP decisions/s and added latency; memory soak
-//	bench load -floor                                    the same ladder against a no-op ext_proc server (bench floor)
+//	bench load -floor                                    the same ladder against a no-op ext_proc server (a child process bench load starts)
 //
 // Latencies of simulated fleets are in model time (wall time x time scale).
 // -direct replaces the EPP by a plain round-robin/random reverse proxy.
@@ -34,6 +35,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strings"
@@ -51,25 +53,56 @@ func main() {
 	}
 }
 
+// subcommand is one of bench's user commands besides the comparison.
+type subcommand struct {
+	name, doc string
+	run       func(args []string) error
+}
+
+// subcommands are every user subcommand, in the order usage lists them
+// (TestUsage).
+func subcommands() []subcommand {
+	return []subcommand{
+		{"sweep", "sweep EPP config keys and report the Pareto front", func(args []string) error { return runCompare(args, true) }},
+		{"chaos", "the fault-injection suite: scripted faults, expected vs observed", runChaos},
+		{"load", "the EPP alone: decisions/s, added latency, memory soak", runLoad},
+		{"capacity", "the capacity proof: quotes against the fleet's true SLO capacity", runCapacity},
+		{"windows", "what the engines did at each load, from bench capacity -record-windows", runWindows},
+	}
+}
+
+// floorCommand is the no-op ext_proc server `bench load -floor` starts as
+// a child process in the EPP's place (launch.StartFloor): internal, so
+// usage does not list it, but it must keep its name and flags
+// (TestFloorIsInternal).
+const floorCommand = "floor"
+
 // run hands args to the subcommand they name, the comparison by default.
 func run(args []string) error {
 	if len(args) > 0 {
-		switch args[0] {
-		case "chaos":
-			return runChaos(args[1:])
-		case "load":
-			return runLoad(args[1:])
-		case "floor":
+		if args[0] == floorCommand {
 			return runFloor(args[1:])
-		case "sweep":
-			return runCompare(args[1:], true)
-		case "capacity":
-			return runCapacity(args[1:])
-		case "windows":
-			return runWindows(args[1:])
+		}
+		for _, c := range subcommands() {
+			if args[0] == c.name {
+				return c.run(args[1:])
+			}
 		}
 	}
 	return runCompare(args, false)
+}
+
+// usage lists every user subcommand; `bench -h` prints it before the
+// comparison's flags.
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "Usage:")
+	fmt.Fprintf(w, "  bench [flags]\n\tcompare routing policies, each on a fresh fleet (the flags below)\n")
+	for _, c := range subcommands() {
+		fmt.Fprintf(w, "  bench %s [flags]\n\t%s\n", c.name, c.doc)
+	}
+	fmt.Fprintln(w, "bench SUBCOMMAND -h lists a subcommand's flags.")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Flags of the comparison:")
 }
 
 // session is what every harness run needs: a logger at the -log-level and

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -117,4 +118,22 @@ func TestExternalPolicyFlags(t *testing.T) {
 
 	require.ErrorContains(t, run([]string{"-policies", "exec:", "-html", ""}), "exec: needs a command")
 	require.ErrorContains(t, run([]string{"-policies", "addr:127.0.0.1:9002", "-html", ""}), "race it with -urls")
+}
+
+// TestUsage: bench -h lists every user subcommand, and not the internal
+// floor server.
+func TestUsage(t *testing.T) {
+	var b strings.Builder
+	usage(&b)
+	out := b.String()
+	for _, c := range []string{"sweep", "chaos", "load", "capacity", "windows"} {
+		require.Contains(t, out, "bench "+c+" [flags]")
+	}
+	require.NotContains(t, out, floorCommand)
+}
+
+// TestFloorIsInternal: bench floor, which bench load -floor starts as a
+// child process, still answers to its name and flags.
+func TestFloorIsInternal(t *testing.T) {
+	require.ErrorContains(t, run([]string{floorCommand, "extra"}), "bench floor: want -dest and no arguments")
 }

@@ -1,4 +1,4 @@
-package compare
+package proof
 
 import (
 	"bytes"
@@ -11,40 +11,42 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/omnious/provider-node/bench/internal/stat"
+	"github.com/omnious/provider-node/bench/rig"
 	"github.com/omnious/provider-node/capacity"
 )
 
 func TestCapacityEdge(t *testing.T) {
-	r := &capacityRun{o: CapacityOptions{Objectives: capacity.Objectives{TTFT: 2 * time.Second, ITL: 50 * time.Millisecond, Quantile: 0.95}}}
-	step := func(qps, itl float64) CapacityStep {
-		return CapacityStep{QPS: qps, Requests: 100, TTFTP95ms: 100, ITLP95ms: itl, OutputTokPS: qps * 50, Concurrency: qps, Within: itl <= 50}
+	r := &capacityRun{o: Options{Objectives: capacity.Objectives{TTFT: 2 * time.Second, ITL: 50 * time.Millisecond, Quantile: 0.95}}}
+	step := func(qps, itl float64) Step {
+		return Step{QPS: qps, Requests: 100, TTFTP95ms: 100, ITLP95ms: itl, OutputTokPS: qps * 50, Concurrency: qps, Within: itl <= 50}
 	}
 	for _, tc := range []struct {
 		name  string
-		steps []CapacityStep
+		steps []Step
 		qps   float64
 	}{
-		{"crossing between two steps", []CapacityStep{step(10, 30), step(20, 40), step(30, 60)}, 25},
+		{"crossing between two steps", []Step{step(10, 30), step(20, 40), step(30, 60)}, 25},
 		// 52.5 at 32 and 45 at 34 pool to 48.75; the crossing moves past 34.
-		{"a noisy step is pooled with its neighbour", []CapacityStep{step(16, 30), step(32, 52.5), step(34, 45), step(36, 60)},
+		{"a noisy step is pooled with its neighbour", []Step{step(16, 30), step(32, 52.5), step(34, 45), step(36, 60)},
 			34 + 2*(50-48.75)/(60-48.75)},
-		{"never crosses: the highest step", []CapacityStep{step(10, 30), step(20, 40)}, 20},
-		{"an errored step counts as past the edge", []CapacityStep{step(10, 30), {QPS: 20, Requests: 10, Errors: 1}}, 10},
+		{"never crosses: the highest step", []Step{step(10, 30), step(20, 40)}, 20},
+		{"an errored step counts as past the edge", []Step{step(10, 30), {QPS: 20, Requests: 10, Errors: 1}}, 10},
 		// 30 and 80 at 20 merge to 55: the rate that held once by chance
 		// is past the edge, not on it.
-		{"a rate measured twice is one point", []CapacityStep{step(10, 30), step(20, 30), step(40, 90), step(20, 80)},
+		{"a rate measured twice is one point", []Step{step(10, 30), step(20, 30), step(40, 90), step(20, 80)},
 			10 + 10*(50-30)/(55-30.0)},
 		// Three at 20: the median, 40, holds.
-		{"a rate measured three times reads its median", []CapacityStep{step(10, 30), step(20, 30), step(20, 80), step(40, 90), step(20, 40)},
+		{"a rate measured three times reads its median", []Step{step(10, 30), step(20, 30), step(20, 80), step(40, 90), step(20, 40)},
 			20 + 20*(50-40)/(90-40.0)},
 		// Merged to 45 at 20, the crossing is between 20 and 40.
-		{"a repeat that holds keeps the rate", []CapacityStep{step(10, 30), step(20, 40), step(40, 90), step(20, 50)},
+		{"a repeat that holds keeps the rate", []Step{step(10, 30), step(20, 40), step(40, 90), step(20, 50)},
 			20 + 20*(50-45)/(90-45.0)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r.rep = &CapacityReport{Ladder: tc.steps}
+			r.rep = &Report{Ladder: tc.steps}
 			got := r.edge()
 			require.InDelta(t, tc.qps, got.QPS, 1e-9)
 			// The confirming step goes to the highest rate held, which
@@ -74,8 +76,8 @@ func TestCapacityLadder(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			seen := map[float64]int{}
-			r := &capacityRun{rep: &CapacityReport{}, o: CapacityOptions{Confirm: new(tc.confirm)}.WithDefaults(),
-				probe: func(label string, qps float64) CapacityStep {
+			r := &capacityRun{rep: &Report{}, o: Options{Confirm: new(tc.confirm)}.WithDefaults(),
+				probe: func(label string, qps float64) Step {
 					seen[qps]++
 					within := qps < 21
 					if seen[qps] == 1 && (qps == 16 || qps == 22) {
@@ -85,7 +87,7 @@ func TestCapacityLadder(t *testing.T) {
 					if within {
 						itl = 40
 					}
-					return CapacityStep{Label: label, QPS: qps, Requests: 100, TTFTP95ms: 100, ITLP95ms: itl, OutputTokPS: 50 * qps, Within: within}
+					return Step{Label: label, QPS: qps, Requests: 100, TTFTP95ms: 100, ITLP95ms: itl, OutputTokPS: 50 * qps, Within: within}
 				}}
 			r.o.StartQPS = 4
 			require.NoError(t, r.ladder(context.Background()))
@@ -118,11 +120,11 @@ func TestCapacityStreamsLadder(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			seen := map[int]int{}
-			r := &capacityRun{o: CapacityOptions{Objectives: capacity.Objectives{TTFT: 2 * time.Second, ITL: 50 * time.Millisecond,
-				Quantile: 0.95}, Confirm: new(tc.confirm)}, rep: &CapacityReport{True: CapacityStep{Concurrency: tc.start}},
-				streamProbe: func(n int) CapacityStep {
+			r := &capacityRun{o: Options{Objectives: capacity.Objectives{TTFT: 2 * time.Second, ITL: 50 * time.Millisecond,
+				Quantile: 0.95}, Confirm: new(tc.confirm)}, rep: &Report{True: Step{Concurrency: tc.start}},
+				streamProbe: func(n int) Step {
 					seen[n]++
-					st := CapacityStep{Streams: n, Requests: 100, TTFTP95ms: 100, ITLP95ms: float64(n), Within: n <= 50}
+					st := Step{Streams: n, Requests: 100, TTFTP95ms: 100, ITLP95ms: float64(n), Within: n <= 50}
 					if tc.confirm > 0 && seen[n] == 1 {
 						switch n {
 						case 30:
@@ -142,8 +144,8 @@ func TestCapacityStreamsLadder(t *testing.T) {
 			require.InDelta(t, 50, r.rep.TrueStreams, 1e-9, "read where the fit crosses the objective")
 		})
 	}
-	r := &capacityRun{o: CapacityOptions{Confirm: new(2)}, rep: &CapacityReport{True: CapacityStep{Concurrency: 3}},
-		streamProbe: func(n int) CapacityStep { return CapacityStep{Streams: n, Requests: 1, Errors: 1} }}
+	r := &capacityRun{o: Options{Confirm: new(2)}, rep: &Report{True: Step{Concurrency: 3}},
+		streamProbe: func(n int) Step { return Step{Streams: n, Requests: 1, Errors: 1} }}
 	require.ErrorContains(t, r.streamsLadder(context.Background()), "one stream")
 }
 
@@ -162,11 +164,11 @@ func TestCapacityCheck(t *testing.T) {
 		{"once without confirm", 0, []bool{false, true, true}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := &capacityRun{o: CapacityOptions{Confirm: new(tc.confirm)}, rep: &CapacityReport{}}
+			r := &capacityRun{o: Options{Confirm: new(tc.confirm)}, rep: &Report{}}
 			i := 0
-			r.check(context.Background(), func() CapacityStep {
+			r.check(context.Background(), func() Step {
 				i++
-				return CapacityStep{Label: "1.00x idle quote", Within: tc.outcomes[i-1]}
+				return Step{Label: "1.00x idle quote", Within: tc.outcomes[i-1]}
 			})
 			require.Len(t, r.rep.Checks, tc.steps)
 			for k, st := range r.rep.Checks {
@@ -177,12 +179,12 @@ func TestCapacityCheck(t *testing.T) {
 }
 
 func TestCapacityVerdicts(t *testing.T) {
-	r := &CapacityReport{Replicas: 4, Objectives: capacity.ObjectivesJSON{TTFTSeconds: 2, ITLSeconds: 0.05, Quantile: 0.95},
-		True: CapacityStep{QPS: 30, OutputTokPS: 1500, Concurrency: 30}, TrueStreams: 40,
-		HalfLoad: CapacityStep{OutputTokPS: 900, Within: true}, HalfLoadAtQuote: 750,
-		Quotes: []CapacityQuote{{Label: "idle", TokensPerS: 1425, Concurrency: 38}, {Label: "half loaded", TokensPerS: 700},
+	r := &Report{Replicas: 4, Objectives: capacity.ObjectivesJSON{TTFTSeconds: 2, ITLSeconds: 0.05, Quantile: 0.95},
+		True: Step{QPS: 30, OutputTokPS: 1500, Concurrency: 30}, TrueStreams: 40,
+		HalfLoad: Step{OutputTokPS: 900, Within: true}, HalfLoadAtQuote: 750,
+		Quotes: []Quote{{Label: "idle", TokensPerS: 1425, Concurrency: 38}, {Label: "half loaded", TokensPerS: 700},
 			{Label: "idle, before the loss", TokensPerS: 1400}, {Label: "one replica lost", TokensPerS: 1050}},
-		Checks: []CapacityStep{{Label: "0.50x idle quote", Within: true}, {Label: "1.00x idle quote", Within: true},
+		Checks: []Step{{Label: "0.50x idle quote", Within: true}, {Label: "1.00x idle quote", Within: true},
 			{Label: "1.25x idle quote", Within: false}, {Label: "half load + 1.00x quote", Within: true},
 			{Label: "1.00x quoted concurrency", Streams: 38, Within: true}, {Label: "1.25x quoted concurrency", Streams: 48, Within: false}}}
 	v := r.Verdicts()
@@ -194,16 +196,16 @@ func TestCapacityVerdicts(t *testing.T) {
 	require.InDelta(t, 700.0/750, v.HalfTokens, 1e-9, "the load the quote read, not the step's mean")
 	require.True(t, v.HalfAtQuote)
 	require.InDelta(t, 1.0, v.LostTokens, 1e-9)
-	require.True(t, math.IsNaN((&CapacityReport{}).Verdicts().IdleTokens))
+	require.True(t, math.IsNaN((&Report{}).Verdicts().IdleTokens))
 	// The quote holds only if both its rate and its streams do.
 	r.Checks[4].Within = false
 	require.False(t, r.Verdicts().AtQuote)
 	r.Checks[4].Within = true
 	// A check repeated is judged by the majority of its steps; as many
 	// of each count against the quote, whichever way it is judged.
-	steps := func(label string, within ...bool) (out []CapacityStep) {
+	steps := func(label string, within ...bool) (out []Step) {
 		for _, w := range within {
-			out = append(out, CapacityStep{Label: label, Within: w})
+			out = append(out, Step{Label: label, Within: w})
 		}
 		return out
 	}
@@ -243,14 +245,14 @@ func TestCapacityVerdicts(t *testing.T) {
 // next, and no record comes again before the walks have been through the
 // trace.
 func TestCapacityTraceStepDrawsTheWholeTrace(t *testing.T) {
-	trace := make([]TraceRecord, 1000)
+	trace := make([]rig.TraceRecord, 1000)
 	mean := 0.0
 	for i := range trace {
-		trace[i] = TraceRecord{Timestamp: int64(i), InputLength: 10, OutputLength: i + 1, HashIDs: []int64{int64(i)}}
+		trace[i] = rig.TraceRecord{Timestamp: int64(i), InputLength: 10, OutputLength: i + 1, HashIDs: []int64{int64(i)}}
 		mean += float64(i+1) / float64(len(trace))
 	}
 	r := &capacityRun{trace: trace}
-	o := Options{Fleet: FleetOptions{TimeScale: 1}}
+	o := rig.Options{Fleet: rig.FleetOptions{TimeScale: 1}}
 	seen := map[int]bool{}
 	before := 0    // rounds the steps before took
 	var last []int // the last record of each walk
@@ -303,12 +305,12 @@ func TestCapacityTraceStepDrawsTheWholeTrace(t *testing.T) {
 // been through the trace, however little of what they draw the steps send;
 // a step drawn meanwhile keeps its rounds.
 func TestCapacityUnsentRounds(t *testing.T) {
-	trace := make([]TraceRecord, 1000) // 100 rounds a pass
+	trace := make([]rig.TraceRecord, 1000) // 100 rounds a pass
 	for i := range trace {
-		trace[i] = TraceRecord{InputLength: 10, OutputLength: i + 1, HashIDs: []int64{int64(i)}}
+		trace[i] = rig.TraceRecord{InputLength: 10, OutputLength: i + 1, HashIDs: []int64{int64(i)}}
 	}
 	r := &capacityRun{trace: trace}
-	o := Options{Fleet: FleetOptions{TimeScale: 1}}
+	o := rig.Options{Fleet: rig.FleetOptions{TimeScale: 1}}
 	seen := map[int]bool{}
 	sentRounds := int64(0)
 	for step := range 8 {
@@ -351,22 +353,22 @@ func TestOutputRate(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
 	// Chunks at 100, 200, ..., 1000 ms after t0.
-	ten := &result{Start: t0, TTFT: ms(100), ITL: slices.Repeat([]time.Duration{ms(100)}, 9), Output: 10}
+	ten := &rig.Result{Start: t0, TTFT: ms(100), ITL: slices.Repeat([]time.Duration{ms(100)}, 9), Output: 10}
 	// Two chunks of 5 tokens each (usage over chunks), at 300 and 800 ms.
-	bundled := &result{Start: t0.Add(ms(200)), TTFT: ms(100), ITL: []time.Duration{ms(500)}, Output: 10}
-	failed := &result{Start: t0, TTFT: ms(100), ITL: []time.Duration{ms(100)}, Output: 2, Err: errors.New("reset")}
+	bundled := &rig.Result{Start: t0.Add(ms(200)), TTFT: ms(100), ITL: []time.Duration{ms(500)}, Output: 10}
+	failed := &rig.Result{Start: t0, TTFT: ms(100), ITL: []time.Duration{ms(100)}, Output: 2, Err: errors.New("reset")}
 	for _, tc := range []struct {
 		name     string
-		res      []*result
+		res      []*rig.Result
 		from, to time.Duration
 		want     float64
 	}{
-		{name: "whole", res: []*result{ten}, from: 0, to: ms(1001), want: 10 / 1.001},
-		{name: "half open", res: []*result{ten}, from: ms(100), to: ms(600), want: 5 / 0.5},
-		{name: "bundled chunks", res: []*result{bundled}, from: ms(250), to: ms(750), want: 5 / 0.5},
-		{name: "both", res: []*result{ten, bundled}, from: 0, to: ms(2000), want: 20 / 2.0},
-		{name: "failed", res: []*result{failed}, from: 0, to: ms(2000), want: 0},
-		{name: "empty window", res: []*result{ten}, from: ms(500), to: ms(500), want: 0},
+		{name: "whole", res: []*rig.Result{ten}, from: 0, to: ms(1001), want: 10 / 1.001},
+		{name: "half open", res: []*rig.Result{ten}, from: ms(100), to: ms(600), want: 5 / 0.5},
+		{name: "bundled chunks", res: []*rig.Result{bundled}, from: ms(250), to: ms(750), want: 5 / 0.5},
+		{name: "both", res: []*rig.Result{ten, bundled}, from: 0, to: ms(2000), want: 20 / 2.0},
+		{name: "failed", res: []*rig.Result{failed}, from: 0, to: ms(2000), want: 0},
+		{name: "empty window", res: []*rig.Result{ten}, from: ms(500), to: ms(500), want: 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			require.InDelta(t, tc.want, outputRate(tc.res, t0.Add(tc.from), t0.Add(tc.to)), 1e-9)
@@ -381,8 +383,8 @@ func TestOutputRate(t *testing.T) {
 func TestMeasureGapsInTheStep(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	s := func(x float64) time.Duration { return time.Duration(x * float64(time.Second)) }
-	req := func(start, ttft float64, gaps ...float64) *result {
-		x := &result{Start: t0.Add(s(start)), TTFT: s(ttft), Output: len(gaps) + 1}
+	req := func(start, ttft float64, gaps ...float64) *rig.Result {
+		x := &rig.Result{Start: t0.Add(s(start)), TTFT: s(ttft), Output: len(gaps) + 1}
 		for _, g := range gaps {
 			x.ITL = append(x.ITL, s(g))
 		}
@@ -391,14 +393,14 @@ func TestMeasureGapsInTheStep(t *testing.T) {
 	failed := req(5, 0.1, 0.1)
 	failed.Err = errors.New("reset")
 	// A 10 s step measures from 2 s on.
-	res := []*result{
+	res := []*rig.Result{
 		req(0, 1, 0.5, 1.5, 8),       // chunks at 1, 1.5 (before), 3 (in), 11 (after the end)
 		req(3, 0.25, 0.05, 0.1, 6.5), // chunks at 3.25, 3.3, 3.4 (in), 9.9 (in)
 		req(9, 0.5, 0.2, 3),          // chunks at 9.5, 9.7 (in), 12.7 (after)
 		failed,
 		{}, // never sent
 	}
-	r := &capacityRun{o: CapacityOptions{Objectives: capacity.Objectives{TTFT: s(2), ITL: s(2), Quantile: 0.95}}, log: zap.NewNop()}
+	r := &capacityRun{o: Options{Objectives: capacity.Objectives{TTFT: s(2), ITL: s(2), Quantile: 0.95}}, log: zap.NewNop()}
 	st := r.measure("step", res, t0, s(10), nil)
 	require.Equal(t, 3, st.Requests, "begun in the step: two served, one failed")
 	require.Equal(t, 1, st.Errors)
@@ -424,11 +426,11 @@ func TestMeasureGapsInTheStep(t *testing.T) {
 // both ran, up to the step's end; never sent, or sent after, they do not.
 func TestAlongside(t *testing.T) {
 	t0 := time.Unix(1000, 0)
-	at := func(s int) *result { return &result{Start: t0.Add(time.Duration(s) * time.Second)} }
-	step := []*result{at(10), at(15)}
-	before, during, after, unsent := at(2), at(12), at(20), &result{}
-	got := alongside(step, []*result{before, during, after, unsent}, t0.Add(20*time.Second))
-	require.Equal(t, []*result{step[0], step[1], before, during}, got)
+	at := func(s int) *rig.Result { return &rig.Result{Start: t0.Add(time.Duration(s) * time.Second)} }
+	step := []*rig.Result{at(10), at(15)}
+	before, during, after, unsent := at(2), at(12), at(20), &rig.Result{}
+	got := alongside(step, []*rig.Result{before, during, after, unsent}, t0.Add(20*time.Second))
+	require.Equal(t, []*rig.Result{step[0], step[1], before, during}, got)
 	require.Len(t, step, 2, "the step's own slice is left as it was")
 }
 
@@ -470,17 +472,17 @@ func TestEngineMeans(t *testing.T) {
 // engines never count more requests than there are streams.
 func TestCapacityClosedStep(t *testing.T) {
 	ctx := context.Background()
-	o := CapacityOptions{Base: smallOptions(t), StageDuration: 8 * time.Second}.WithDefaults()
+	o := Options{Base: smallOptions(t), StageDuration: 8 * time.Second}.WithDefaults()
 	sp := o.Base.Workload.SharedPrefix
-	f, err := startFleet(ctx, o.Base.Fleet, o.Base.Seed, sp.SystemPromptLen+sp.QuestionLen+sp.OutputLen, o.Base.Log)
+	f, err := rig.StartFleet(ctx, o.Base.Fleet, o.Base.Seed, sp.SystemPromptLen+sp.QuestionLen+sp.OutputLen, o.Base.Log)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, f.Stop()) }()
-	target, err := EPPLauncher(o.Base.Log, ExternalOptions{})(ctx, "precise", f.Endpoints(), 1)
+	target, err := rig.EPPLauncher(o.Base.Log, rig.ExternalOptions{})(ctx, "precise", f.Endpoints(), 1)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, target.Close()) }()
-	r := &capacityRun{o: o, log: o.Base.Log, rep: &CapacityReport{True: CapacityStep{QPS: 20, Concurrency: 4}}, f: f, t: target.(*eppTarget)}
-	r.c = newClient(r.t.URL(), f.Endpoints()[0].Model)
-	defer r.c.close()
+	r := &capacityRun{o: o, log: o.Base.Log, rep: &Report{True: Step{QPS: 20, Concurrency: 4}}, f: f, t: target.(*rig.EPPTarget)}
+	r.c = rig.NewClient(r.t.URL(), f.Endpoints()[0].Model)
+	defer r.c.Close()
 
 	const n = 3
 	st := r.closedStep(ctx, "closed", n)
@@ -490,4 +492,37 @@ func TestCapacityClosedStep(t *testing.T) {
 	require.InDelta(t, n, st.Concurrency, 0.5*n)
 	require.LessOrEqual(t, st.Running+st.Waiting, float64(n))
 	require.InDelta(t, float64(st.Requests)/(0.8*o.StageDuration.Seconds()), st.QPS, 1e-9)
+}
+
+// smallOptions is a fleet and traffic small enough for a test.
+func smallOptions(t *testing.T) rig.Options {
+	return rig.Options{Scenario: "e2e", Seed: 3, Log: zaptest.NewLogger(t),
+		Fleet: rig.FleetOptions{Replicas: 2, TimeScale: 4, NumGPUBlocks: 400},
+		Workload: rig.WorkloadOptions{Kind: rig.WorkloadSharedPrefix, SharedPrefix: rig.SharedPrefixOptions{
+			NumGroups: 4, PromptsPerGroup: 2, SystemPromptLen: 300, QuestionLen: 40, OutputLen: 8,
+			QPS: []float64{10, 20}, StageDuration: 2 * time.Second}}}
+}
+
+// TestOptionsObjectives: unset objectives take capacity.DefaultObjectives,
+// and a negative one is refused.
+func TestOptionsObjectives(t *testing.T) {
+	require.Equal(t, capacity.DefaultObjectives, Options{}.WithDefaults().Objectives)
+	require.NoError(t, Options{}.WithDefaults().Validate())
+	tests := []struct {
+		name    string
+		o       capacity.Objectives
+		wantErr string
+	}{
+		{"negative TTFT", capacity.Objectives{TTFT: -time.Second}, "TTFT objective"},
+		{"negative ITL", capacity.Objectives{ITL: -time.Millisecond}, "ITL objective"},
+		{"quantile of 1", capacity.Objectives{Quantile: 1}, "quantile"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			o := Options{Objectives: tc.o}.WithDefaults()
+			require.ErrorContains(t, o.Validate(), tc.wantErr)
+			_, err := Run(context.Background(), o)
+			require.ErrorContains(t, err, tc.wantErr)
+		})
+	}
 }

@@ -1,4 +1,4 @@
-package compare
+package proof
 
 import (
 	"bytes"
@@ -9,6 +9,8 @@ import (
 	"os"
 	"sort"
 	"strings"
+
+	"github.com/omnious/provider-node/bench/internal/chart"
 )
 
 // capacityTmpl is the capacity proof's HTML report: the table as printed
@@ -26,20 +28,20 @@ var capacityTmpl = template.Must(template.New("capacity").Parse(`<!doctype html>
 // WriteHTML renders the report with its charts: the ladder's p95s over
 // their objectives against QPS with the quote's rate marked, quoted against
 // true capacity, and the latency at 0.5x, 1x and 1.25x of the quote.
-func (r *CapacityReport) WriteHTML(w io.Writer) error {
+func (r *Report) WriteHTML(w io.Writer) error {
 	var table bytes.Buffer
 	if err := r.WriteTable(&table); err != nil {
 		return err
 	}
 	return capacityTmpl.Execute(w, struct {
-		R      *CapacityReport
+		R      *Report
 		Table  string
 		Charts []template.HTML
 	}{r, table.String(), []template.HTML{r.ladderChart(), r.quoteChart(), r.checkChart()}})
 }
 
 // WriteHTMLFile writes the HTML report to path.
-func (r *CapacityReport) WriteHTMLFile(path string) error {
+func (r *Report) WriteHTMLFile(path string) error {
 	var b bytes.Buffer
 	if err := r.WriteHTML(&b); err != nil {
 		return fmt.Errorf("cannot render capacity report: %w", err)
@@ -50,12 +52,12 @@ func (r *CapacityReport) WriteHTMLFile(path string) error {
 	return nil
 }
 
-func (r *CapacityReport) over(s CapacityStep) (ttft, itl float64) {
+func (r *Report) over(s Step) (ttft, itl float64) {
 	return s.TTFTP95ms / (r.Objectives.TTFTSeconds * 1000), s.ITLP95ms / (r.Objectives.ITLSeconds * 1000)
 }
 
-func (r *CapacityReport) ladderChart() template.HTML {
-	steps := append([]CapacityStep(nil), r.Ladder...)
+func (r *Report) ladderChart() template.HTML {
+	steps := append([]Step(nil), r.Ladder...)
 	sort.Slice(steps, func(i, j int) bool { return steps[i].QPS < steps[j].QPS })
 	var qps, all []float64
 	for _, s := range steps {
@@ -63,9 +65,9 @@ func (r *CapacityReport) ladderChart() template.HTML {
 		qps = append(qps, s.QPS)
 		all = append(all, math.Min(t, 3), math.Min(i, 3))
 	}
-	c := newChart("Ladder: p95 over objective vs offered QPS", "QPS (model time)", "p95 / objective (capped at 3)",
-		0, finiteMax(qps...)*1.05, 0, math.Max(finiteMax(all...), 1.2)*1.05)
-	c.xTicks(qps)
+	c := chart.New("Ladder: p95 over objective vs offered QPS", "QPS (model time)", "p95 / objective (capped at 3)",
+		0, chart.FiniteMax(qps...)*1.05, 0, math.Max(chart.FiniteMax(all...), 1.2)*1.05)
+	c.XTicks(qps)
 	for k, name := range []string{"TTFT", "ITL"} {
 		var pts []string
 		for _, s := range steps {
@@ -74,12 +76,12 @@ func (r *CapacityReport) ladderChart() template.HTML {
 			if math.IsNaN(v) {
 				continue
 			}
-			pts = append(pts, fmt.Sprintf("%.1f,%.1f", c.x(s.QPS), c.y(v)))
+			pts = append(pts, fmt.Sprintf("%.1f,%.1f", c.X(s.QPS), c.Y(v)))
 		}
-		fmt.Fprintf(&c.b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`, colour(k), strings.Join(pts, " "))
-		c.legend(k, name)
+		c.Printf(`<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`, chart.Colour(k), strings.Join(pts, " "))
+		c.Legend(k, name)
 	}
-	fmt.Fprintf(&c.b, `<line x1="%g" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#000" stroke-dasharray="4 3"/>`, c.left, c.y(1), c.x(c.xmax), c.y(1))
+	c.Printf(`<line x1="%g" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#000" stroke-dasharray="4 3"/>`, c.Left(), c.Y(1), c.X(c.XMax()), c.Y(1))
 	marks := []struct {
 		qps  float64
 		name string
@@ -94,15 +96,15 @@ func (r *CapacityReport) ladderChart() template.HTML {
 		}
 	}
 	for i, m := range marks {
-		fmt.Fprintf(&c.b, `<line x1="%.1f" y1="%g" x2="%.1f" y2="%g" stroke="%s" stroke-dasharray="2 2"/>`, c.x(m.qps), c.top, c.x(m.qps), c.h-c.bott, colour(2+i))
-		c.legend(2+i, m.name)
+		c.Printf(`<line x1="%.1f" y1="%g" x2="%.1f" y2="%g" stroke="%s" stroke-dasharray="2 2"/>`, c.X(m.qps), c.Top(), c.X(m.qps), c.Bottom(), chart.Colour(2+i))
+		c.Legend(2+i, m.name)
 	}
-	return c.svg()
+	return c.SVG()
 }
 
 // quoteChart: each quote's promised tokens/s (plus the load it was read
 // under) against what the fleet served within the objectives.
-func (r *CapacityReport) quoteChart() template.HTML {
+func (r *Report) quoteChart() template.HTML {
 	type bar struct {
 		name         string
 		quoted, true float64
@@ -124,30 +126,30 @@ func (r *CapacityReport) quoteChart() template.HTML {
 	for _, b := range bars {
 		all = append(all, b.quoted, b.true)
 	}
-	c := newChart("Quoted (+ load it was read under) vs true capacity", "", "output tok/s", 0, float64(len(bars)), 0, finiteMax(all...)*1.1)
-	bw := (c.w - c.left - c.right) / float64(max(len(bars), 1)) / 3
+	c := chart.New("Quoted (+ load it was read under) vs true capacity", "", "output tok/s", 0, float64(len(bars)), 0, chart.FiniteMax(all...)*1.1)
+	bw := c.PlotWidth() / float64(max(len(bars), 1)) / 3
 	for i, b := range bars {
 		for k, v := range []float64{b.quoted, b.true} {
-			x := c.x(float64(i)) + bw*(0.5+float64(k))
-			fmt.Fprintf(&c.b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`, x, c.y(v), bw, c.y(0)-c.y(v), colour(k))
+			x := c.X(float64(i)) + bw*(0.5+float64(k))
+			c.Printf(`<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`, x, c.Y(v), bw, c.Y(0)-c.Y(v), chart.Colour(k))
 		}
-		fmt.Fprintf(&c.b, `<text x="%.1f" y="%g" text-anchor="middle" font-size="9">%s</text>`, c.x(float64(i))+bw*1.5, c.h-c.bott+14, template.HTMLEscapeString(b.name))
+		c.Printf(`<text x="%.1f" y="%g" text-anchor="middle" font-size="9">%s</text>`, c.X(float64(i))+bw*1.5, c.Bottom()+14, template.HTMLEscapeString(b.name))
 	}
-	c.legend(0, "quoted")
-	c.legend(1, "true (x (n-1)/n when lost)")
-	return c.svg()
+	c.Legend(0, "quoted")
+	c.Legend(1, "true (x (n-1)/n when lost)")
+	return c.SVG()
 }
 
 // checkChart: p95 over objective at the loads offered against the quotes.
-func (r *CapacityReport) checkChart() template.HTML {
+func (r *Report) checkChart() template.HTML {
 	var all []float64
 	for _, s := range r.Checks {
 		t, i := r.over(s)
 		all = append(all, math.Min(t, 3), math.Min(i, 3))
 	}
-	c := newChart("p95 over objective at multiples of the quote", "", "p95 / objective (capped at 3)", 0, float64(len(r.Checks)), 0,
-		math.Max(finiteMax(all...), 1.2)*1.05)
-	bw := (c.w - c.left - c.right) / float64(max(len(r.Checks), 1)) / 3
+	c := chart.New("p95 over objective at multiples of the quote", "", "p95 / objective (capped at 3)", 0, float64(len(r.Checks)), 0,
+		math.Max(chart.FiniteMax(all...), 1.2)*1.05)
+	bw := c.PlotWidth() / float64(max(len(r.Checks), 1)) / 3
 	for i, s := range r.Checks {
 		t, it := r.over(s)
 		for k, v := range []float64{t, it} {
@@ -155,13 +157,13 @@ func (r *CapacityReport) checkChart() template.HTML {
 			if math.IsNaN(v) {
 				continue
 			}
-			x := c.x(float64(i)) + bw*(0.5+float64(k))
-			fmt.Fprintf(&c.b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`, x, c.y(v), bw, c.y(0)-c.y(v), colour(k))
+			x := c.X(float64(i)) + bw*(0.5+float64(k))
+			c.Printf(`<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`, x, c.Y(v), bw, c.Y(0)-c.Y(v), chart.Colour(k))
 		}
-		fmt.Fprintf(&c.b, `<text x="%.1f" y="%g" text-anchor="middle" font-size="9">%s</text>`, c.x(float64(i))+bw*1.5, c.h-c.bott+14, template.HTMLEscapeString(s.Label))
+		c.Printf(`<text x="%.1f" y="%g" text-anchor="middle" font-size="9">%s</text>`, c.X(float64(i))+bw*1.5, c.Bottom()+14, template.HTMLEscapeString(s.Label))
 	}
-	fmt.Fprintf(&c.b, `<line x1="%g" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#000" stroke-dasharray="4 3"/>`, c.left, c.y(1), c.x(c.xmax), c.y(1))
-	c.legend(0, "TTFT")
-	c.legend(1, "ITL")
-	return c.svg()
+	c.Printf(`<line x1="%g" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#000" stroke-dasharray="4 3"/>`, c.Left(), c.Y(1), c.X(c.XMax()), c.Y(1))
+	c.Legend(0, "TTFT")
+	c.Legend(1, "ITL")
+	return c.SVG()
 }

@@ -1,4 +1,4 @@
-package main
+package proof
 
 import (
 	"fmt"
@@ -8,7 +8,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/omnious/provider-node/bench/compare"
 	"github.com/omnious/provider-node/capacity"
 	"github.com/omnious/provider-node/quoter"
 )
@@ -16,18 +15,18 @@ import (
 func TestParseSpans(t *testing.T) {
 	for _, tc := range []struct {
 		in   []string
-		want []compare.WindowSpan
+		want []WindowSpan
 		err  string
 	}{
-		{nil, []compare.WindowSpan{{}}, ""},
-		{[]string{"0:1902", "3240:"}, []compare.WindowSpan{{From: 0, To: 1902}, {From: 3240}}, ""},
+		{nil, []WindowSpan{{}}, ""},
+		{[]string{"0:1902", "3240:"}, []WindowSpan{{From: 0, To: 1902}, {From: 3240}}, ""},
 		{[]string{"12"}, nil, "not FROM:TO"},
 		{[]string{"x:3"}, nil, "FROM is not"},
 		{[]string{"-1:3"}, nil, "FROM is not"},
 		{[]string{"5:5"}, nil, "TO is not"},
 		{[]string{"5:y"}, nil, "TO is not"},
 	} {
-		got, err := parseSpans(tc.in)
+		got, err := ParseSpans(tc.in)
 		if tc.err != "" {
 			require.ErrorContains(t, err, tc.err, tc.in)
 			continue
@@ -37,10 +36,10 @@ func TestParseSpans(t *testing.T) {
 	}
 }
 
-// TestPrintReplay: the headroom read from the snapshot's curves and from
+// TestWriteReplay: the headroom read from the snapshot's curves and from
 // the replayed ones, per replica, and the healthy replicas' curves pooled
 // into one engine's, read alone.
-func TestPrintReplay(t *testing.T) {
+func TestWriteReplay(t *testing.T) {
 	l := capacity.NewLearner(time.Hour)
 	bounds := []float64{0.05, 0.1}
 	for range 20 {
@@ -60,23 +59,23 @@ func TestPrintReplay(t *testing.T) {
 		{Addr: "c", Curve: c}, // not healthy: sells nothing, pools nothing
 	}}}}
 	var b strings.Builder
-	printReplay(&b, snap, map[string]capacity.Curve{"a": c, "b": c, "c": c}, o)
+	WriteReplay(&b, snap, map[string]capacity.Curve{"a": c, "b": c, "c": c}, o)
 	out := b.String()
 	require.Contains(t, out, fmt.Sprintf("m: streams %.1f from the snapshot's curves, %.1f replayed", 2*one.Streams, 2*one.Streams))
 	require.Contains(t, out, fmt.Sprintf("  a  streams %.2f / %.2f  limit", one.Streams, one.Streams))
 	require.Contains(t, out, fmt.Sprintf("  pooled: streams %.2f an engine, %.1f for 2 replicas", one.Streams, 2*one.Streams))
 }
 
-// TestPrintWindows: one row a load, each span's columns side by side, a
+// TestWriteWindowsTable: one row a load, each span's columns side by side, a
 // dash for every column of a span that never ran at that load.
-func TestPrintWindows(t *testing.T) {
-	st := &compare.WindowStats{Loads: [][]compare.WindowLoad{
+func TestWriteWindowsTable(t *testing.T) {
+	st := &WindowStats{Loads: [][]WindowLoad{
 		{{Load: 3, Seconds: 10, ITLWithin: 0.9, Queued: 0.25, ITLWithinQueued: 0.5, ITLWithinFree: 1, Rising: 0.4, Falling: 0.1,
 			ITLWithinRising: 0.75, ITLWithinFalling: 1, NewTokensPerSec: 200, OutputTokensPerSec: 100, PromptTokensPerSec: 1000}},
 		{},
 	}}
 	var b strings.Builder
-	printWindows(&b, st, []compare.WindowSpan{{From: 0, To: 60}, {From: 60}}, 50*time.Millisecond)
+	st.WriteTable(&b, []WindowSpan{{From: 0, To: 60}, {From: 60}}, 50*time.Millisecond)
 	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
 	require.Len(t, lines, 2)
 	require.Equal(t, []string{"load", "0-60", "s", "ITL<=50ms", "queued", "ITL", "queued/free", "rising/falling", "ITL", "rising/falling",

@@ -1,4 +1,4 @@
-package compare
+package rig
 
 import (
 	"bytes"
@@ -16,8 +16,8 @@ import (
 	"github.com/omnious/provider-node/engines/openai"
 )
 
-// result is one request's measurements, in wall time.
-type result struct {
+// Result is one request's measurements, in wall time.
+type Result struct {
 	Stage   int
 	Session int // -1 outside chat
 	Turn    int
@@ -42,18 +42,21 @@ type toolCall struct {
 	} `json:"function"`
 }
 
-// client sends requests to one target and measures them.
-type client struct {
+// Client sends requests to one target and measures them.
+type Client struct {
 	http  *http.Client
 	base  string
 	model string
 }
 
-func newClient(base, model string) *client {
-	return &client{http: &http.Client{Transport: loopback.Transport()}, base: strings.TrimRight(base, "/"), model: model}
+// NewClient is a client of the OpenAI API at base (through a gateway)
+// that asks for model.
+func NewClient(base, model string) *Client {
+	return &Client{http: &http.Client{Transport: loopback.Transport()}, base: strings.TrimRight(base, "/"), model: model}
 }
 
-func (c *client) close() { c.http.CloseIdleConnections() }
+// Close closes the client's idle connections.
+func (c *Client) Close() { c.http.CloseIdleConnections() }
 
 type streamOptions struct {
 	IncludeUsage bool `json:"include_usage"`
@@ -89,8 +92,8 @@ type chatBody struct {
 // weatherTool is the tool offered by chat sessions with tools.
 var weatherTool = json.RawMessage(`[{"type":"function","function":{"name":"get_weather","description":"Current weather in a city","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}]`)
 
-// completion sends one /v1/completions request.
-func (c *client) completion(ctx context.Context, r *Request) *result {
+// Completion sends one /v1/completions request and measures it.
+func (c *Client) Completion(ctx context.Context, r *Request) *Result {
 	body := completionBody{Model: c.model, MaxTokens: r.MaxTokens, IgnoreEOS: true, Stream: true,
 		StreamOptions: streamOptions{IncludeUsage: true}}
 	if r.Tokens != nil {
@@ -98,7 +101,7 @@ func (c *client) completion(ctx context.Context, r *Request) *result {
 	} else {
 		body.Prompt = r.Text
 	}
-	res := &result{Stage: r.Stage, Session: -1}
+	res := &Result{Stage: r.Stage, Session: -1}
 	b, err := json.Marshal(body)
 	if err != nil {
 		res.Err = fmt.Errorf("cannot encode request: %w", err)
@@ -109,13 +112,13 @@ func (c *client) completion(ctx context.Context, r *Request) *result {
 }
 
 // chat sends one /v1/chat/completions request.
-func (c *client) chat(ctx context.Context, msgs []chatMessage, s *Session, stage int) *result {
+func (c *Client) chat(ctx context.Context, msgs []chatMessage, s *Session, stage int) *Result {
 	body := chatBody{Model: c.model, Messages: msgs, MaxTokens: s.MaxTokens, IgnoreEOS: true, Stream: true,
 		StreamOptions: streamOptions{IncludeUsage: true}}
 	if s.Tools {
 		body.Tools, body.ToolChoice = weatherTool, "auto"
 	}
-	res := &result{Stage: stage}
+	res := &Result{Stage: stage}
 	b, err := json.Marshal(body)
 	if err != nil {
 		res.Err = fmt.Errorf("cannot encode request: %w", err)
@@ -156,7 +159,7 @@ type streamChunk struct {
 }
 
 // post sends body and reads the SSE stream into res.
-func (c *client) post(ctx context.Context, path string, body []byte, res *result) {
+func (c *Client) post(ctx context.Context, path string, body []byte, res *Result) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+path, bytes.NewReader(body))
 	if err != nil {
 		res.Err = fmt.Errorf("cannot build request: %w", err)
@@ -257,16 +260,16 @@ func (c *client) post(ctx context.Context, path string, body []byte, res *result
 	}
 }
 
-// replay sends the workload to base and returns every request's result. It
+// Replay sends the workload to base and returns every request's result. It
 // is open-loop: requests start at their arrival times whatever the answers'
 // pace, up to maxInFlight at once. tick is called after each result.
-func replay(ctx context.Context, c *client, w *Workload, maxInFlight int, timeout time.Duration, tick func()) []*result {
+func Replay(ctx context.Context, c *Client, w *Workload, maxInFlight int, timeout time.Duration, tick func()) []*Result {
 	var (
 		mu  sync.Mutex
-		out []*result
+		out []*Result
 		wg  sync.WaitGroup
 	)
-	add := func(r *result) {
+	add := func(r *Result) {
 		mu.Lock()
 		out = append(out, r)
 		mu.Unlock()
@@ -305,7 +308,7 @@ loop:
 				runSession(rctx, c, r, idx, add)
 				return
 			}
-			add(c.completion(rctx, r))
+			add(c.Completion(rctx, r))
 		}(i)
 	}
 	wg.Wait()
@@ -314,7 +317,7 @@ loop:
 
 // runSession runs one conversation turn by turn; each turn sends the whole
 // conversation, including the previous answers (and tool exchanges).
-func runSession(ctx context.Context, c *client, r *Request, idx int, add func(*result)) {
+func runSession(ctx context.Context, c *Client, r *Request, idx int, add func(*Result)) {
 	s := r.Session
 	msgs := []chatMessage{{Role: "system", Content: s.System}}
 	for turn, u := range s.Users {

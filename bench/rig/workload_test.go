@@ -1,4 +1,4 @@
-package compare
+package rig
 
 import (
 	"math"
@@ -87,9 +87,9 @@ func TestTraceBound(t *testing.T) {
 func TestPoissonLadderDeterministic(t *testing.T) {
 	qps := []float64{5, 20}
 	durs := []time.Duration{10 * time.Second, 10 * time.Second}
-	a, sa := poissonLadder(7, qps, durs, 2)
-	b, sb := poissonLadder(7, qps, durs, 2)
-	c, _ := poissonLadder(8, qps, durs, 2)
+	a, sa := PoissonLadder(7, qps, durs, 2)
+	b, sb := PoissonLadder(7, qps, durs, 2)
+	c, _ := PoissonLadder(8, qps, durs, 2)
 	require.Equal(t, a, b)
 	require.Equal(t, sa, sb)
 	require.NotEqual(t, a, c)
@@ -112,7 +112,7 @@ func TestPoissonLadderDeterministic(t *testing.T) {
 	require.InDelta(t, 200, len(a[1]), 5*math.Sqrt(200))
 
 	// Stages of their own lengths follow one another.
-	_, sv := poissonLadder(7, qps, []time.Duration{4 * time.Second, 30 * time.Second}, 2)
+	_, sv := PoissonLadder(7, qps, []time.Duration{4 * time.Second, 30 * time.Second}, 2)
 	require.Equal(t, Stage{QPS: 5, Start: 0, End: 2 * time.Second}, sv[0])
 	require.Equal(t, Stage{QPS: 20, Start: 2 * time.Second, End: 17 * time.Second}, sv[1])
 }
@@ -163,35 +163,6 @@ func BenchmarkTraceTokens(b *testing.B) {
 	b.ReportMetric(float64(b.N)*float64(r.InputLength)/b.Elapsed().Seconds()/1e6, "Mtokens/s")
 }
 
-func TestPresets(t *testing.T) {
-	// Distinct prompt tokens over the fleet's KV cache: llmd-73 fills 73%
-	// of it as published; the demo's working set is five replicas' caches.
-	for name, fill := range map[string]float64{PresetDemo: 1.25, PresetLLMD73: 0.73} {
-		o, err := Preset(name)
-		require.NoError(t, err)
-		o = o.WithDefaults()
-		require.NoError(t, o.Validate())
-		w, err := BuildWorkload(o)
-		require.NoError(t, err)
-		require.NotEmpty(t, w.Requests)
-		sp := o.Workload.SharedPrefix
-		distinct := sp.NumGroups*sp.SystemPromptLen + sp.NumGroups*sp.PromptsPerGroup*sp.QuestionLen
-		capacity := o.Fleet.Replicas * o.Fleet.NumGPUBlocks * o.Fleet.BlockSize
-		require.InDelta(t, fill, float64(distinct)/float64(capacity), 0.01, name)
-	}
-	o := LLMD73Options(0.1)
-	require.Equal(t, []float64{15, 3, 10, 15, 20, 22, 25, 30, 35, 40, 43, 46, 49, 52, 55, 57, 60}, o.Workload.SharedPrefix.QPS)
-	require.Equal(t, 1, o.Workload.SharedPrefix.WarmupStages)
-	require.Equal(t, 400, o.MaxInFlight)
-	require.Equal(t, 3072, o.Fleet.NumGPUBlocks*o.Fleet.BlockSize/10, "307,328 tokens per pod, scaled")
-	require.Equal(t, 600, o.Workload.SharedPrefix.SystemPromptLen)
-	require.Equal(t, 120, o.Workload.SharedPrefix.QuestionLen)
-	require.Equal(t, 100, o.Workload.SharedPrefix.OutputLen)
-	require.Equal(t, 630*time.Microsecond, *o.Fleet.Timing.PrefillPerToken)
-	_, err := Preset("nope")
-	require.Error(t, err)
-}
-
 func TestValidateOptions(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -207,7 +178,6 @@ func TestValidateOptions(t *testing.T) {
 		{"qps", func(o *Options) { o.Workload.SharedPrefix.QPS = []float64{1, 0} }, "QPS 0"},
 		{"chat", func(o *Options) { o.Workload.Kind = WorkloadChat; o.Workload.Chat.SessionRate = -1 }, "chat"},
 		{"workload", func(o *Options) { o.Workload.Kind = "mystery" }, "workload"},
-		{"labels", func(o *Options) { o.Labels = []string{"a"} }, "labels"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

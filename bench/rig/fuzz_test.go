@@ -1,4 +1,4 @@
-package compare
+package rig
 
 import (
 	"bytes"
@@ -44,15 +44,15 @@ func FuzzParseExternal(f *testing.F) {
 	f.Fuzz(func(t *testing.T, policy string) {
 		x, ok, err := parseExternal(policy)
 		if !ok {
-			if err != nil || policyLabel(policy) != policy {
-				t.Fatalf("%q: not external but %v / %q", policy, err, policyLabel(policy))
+			if err != nil || PolicyLabel(policy) != policy {
+				t.Fatalf("%q: not external but %v / %q", policy, err, PolicyLabel(policy))
 			}
 			return
 		}
 		if err != nil {
 			return
 		}
-		if x.label == "" || policyLabel(policy) != x.label {
+		if x.label == "" || PolicyLabel(policy) != x.label {
 			t.Fatalf("%q: label %q", policy, x.label)
 		}
 		switch x.kind {

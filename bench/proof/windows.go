@@ -1,4 +1,4 @@
-package compare
+package proof
 
 import (
 	"bufio"
@@ -167,7 +167,7 @@ type WindowQuery struct {
 	HalfLife time.Duration
 }
 
-// ReadWindows reads a windows file (CapacityOptions.RecordWindows) as q
+// ReadWindows reads a windows file (Options.RecordWindows) as q
 // asks. A line that does not parse ends the reading with an error naming
 // it.
 func ReadWindows(r io.Reader, q WindowQuery) (*WindowStats, error) {

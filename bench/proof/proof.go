@@ -1,4 +1,14 @@
-package compare
+// Package proof is the capacity proof (bench capacity): on the rig
+// (bench/rig) it finds a fleet's true capacity within its objectives by a
+// ladder of rates and of streams held open, reads the quoter's quotes
+// (idle, half loaded, after a replica is lost) and offers their load back
+// to the fleet, and reports whether each quote promised what the fleet
+// served (Report.Verdicts), as a table, JSON and HTML with charts. With
+// RecordWindows it records every scrape window the EPP's capacity curves
+// learnt from; ReadWindows reads such a recording back (bench windows):
+// what the engines did at each load, and the curves replayed up to a
+// quote.
+package proof
 
 import (
 	"context"
@@ -21,19 +31,21 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/omnious/provider-node/bench/internal/stat"
+	"github.com/omnious/provider-node/bench/rig"
 	"github.com/omnious/provider-node/capacity"
 	"github.com/omnious/provider-node/internal/isotonic"
 	"github.com/omnious/provider-node/quoter"
 	"github.com/omnious/provider-node/quoter/calibration"
 )
 
-// CapacityOptions is one capacity proof: does a quote promise what the
+// Options is one capacity proof: does a quote promise what the
 // fleet serves within its objectives? Base gives the fleet and the traffic
 // (a shared-prefix workload, whose QPS ladder the proof replaces by its
 // own); the EPP runs the precise policy.
-type CapacityOptions struct {
-	Base Options
-	// Objectives are the quoter's SLOs. Default p95 TTFT 2s, p95 ITL 50ms.
+type Options struct {
+	Base rig.Options
+	// Objectives are the quoter's SLOs. Zero fields default to
+	// capacity.DefaultObjectives'; a negative one is refused (Validate).
 	Objectives capacity.Objectives
 	// StageDuration is each measured step, in model time. Default 40s,
 	// with which the demo fleet's proof at time scale 1 met every target
@@ -70,8 +82,8 @@ type CapacityOptions struct {
 	RecordWindows bool
 }
 
-// CapacityStep is one measured load: client-side latencies in model time.
-type CapacityStep struct {
+// Step is one measured load: client-side latencies in model time.
+type Step struct {
 	Label string  `json:"label"`
 	QPS   float64 `json:"qps"`
 	// Streams is a closed loop's requests kept in flight (closedStep); 0
@@ -99,8 +111,8 @@ type CapacityStep struct {
 	Within        bool    `json:"within"`
 }
 
-// CapacityQuote is a quote the proof read, in model time.
-type CapacityQuote struct {
+// Quote is a quote the proof read, in model time.
+type Quote struct {
 	Label       string  `json:"label"`
 	TokensPerS  float64 `json:"tokens_per_s"`
 	Concurrency float64 `json:"concurrency"`
@@ -120,8 +132,8 @@ type CapacityQuote struct {
 	PerReplica []quoter.ReplicaAssessment `json:"per_replica"`
 }
 
-// CapacityReport is the proof's result.
-type CapacityReport struct {
+// Report is the proof's result.
+type Report struct {
 	Scenario   string                  `json:"scenario"`
 	Objectives capacity.ObjectivesJSON `json:"objectives"`
 	Replicas   int                     `json:"replicas"`
@@ -129,19 +141,19 @@ type CapacityReport struct {
 	Calibration *capacity.AtObjectives `json:"calibration,omitempty"`
 	// Ladder is the search for the true capacity; True its highest step
 	// within the objectives.
-	Ladder []CapacityStep `json:"ladder"`
-	True   CapacityStep   `json:"true"`
+	Ladder []Step `json:"ladder"`
+	True   Step   `json:"true"`
 	// StreamsLadder is the search for the most streams a closed loop keeps
 	// open within the objectives (streamsLadder); TrueStreams that number,
 	// read where the fit of its steps crosses the objectives.
-	StreamsLadder []CapacityStep `json:"streams_ladder"`
-	TrueStreams   float64        `json:"true_streams"`
+	StreamsLadder []Step  `json:"streams_ladder"`
+	TrueStreams   float64 `json:"true_streams"`
 	// Quotes and Checks are the quotes read and the loads offered at them.
-	Quotes []CapacityQuote `json:"quotes"`
-	Checks []CapacityStep  `json:"checks"`
+	Quotes []Quote `json:"quotes"`
+	Checks []Step  `json:"checks"`
 	// HalfLoad is the background of the half-loaded check's first trial,
 	// the one its quote was read under.
-	HalfLoad CapacityStep `json:"half_load"`
+	HalfLoad Step `json:"half_load"`
 	// HalfLoadAtQuote is the background's output tokens per second over
 	// the capacity.RateSpan before the half-loaded quote, by the client's
 	// count: the load that quote subtracts, which a bursty mix moves away
@@ -152,17 +164,9 @@ type CapacityReport struct {
 }
 
 // WithDefaults fills unset fields.
-func (o CapacityOptions) WithDefaults() CapacityOptions {
+func (o Options) WithDefaults() Options {
 	o.Base = o.Base.WithDefaults()
-	if o.Objectives.TTFT <= 0 {
-		o.Objectives.TTFT = 2 * time.Second
-	}
-	if o.Objectives.ITL <= 0 {
-		o.Objectives.ITL = 50 * time.Millisecond
-	}
-	if o.Objectives.Quantile <= 0 {
-		o.Objectives.Quantile = 0.95
-	}
+	o.Objectives = o.Objectives.WithDefaults()
 	if o.StageDuration <= 0 {
 		o.StageDuration = 40 * time.Second
 	}
@@ -178,21 +182,30 @@ func (o CapacityOptions) WithDefaults() CapacityOptions {
 	return o
 }
 
+// Validate refuses defaulted options whose objectives are negative or at a
+// quantile outside (0, 1).
+func (o Options) Validate() error {
+	if err := o.Objectives.Validate(); err != nil {
+		return fmt.Errorf("objectives: %w", err)
+	}
+	return nil
+}
+
 // capacityRun is the fleet, EPP and quoter of one proof.
 type capacityRun struct {
-	o    CapacityOptions
-	f    *fleet
-	t    *eppTarget
-	c    *client
+	o    Options
+	f    *rig.Fleet
+	t    *rig.EPPTarget
+	c    *rig.Client
 	q    *quoter.Service
 	log  *zap.Logger
 	dir  string
 	seed atomic.Int64
-	rep  *CapacityReport
+	rep  *Report
 	// outLen is the mean output length; trace, for a trace workload, its
 	// records, in time order.
 	outLen float64
-	trace  []TraceRecord
+	trace  []rig.TraceRecord
 	// traceRounds is how many rounds of the trace's walks the steps have
 	// taken (traceStep).
 	traceRounds atomic.Int64
@@ -200,22 +213,25 @@ type capacityRun struct {
 	windows *windowRecorder
 	// probe and streamProbe, when set, measure a ladder step in place of
 	// the fleet.
-	probe       func(label string, qps float64) CapacityStep
-	streamProbe func(n int) CapacityStep
+	probe       func(label string, qps float64) Step
+	streamProbe func(n int) Step
 }
 
-// RunCapacity runs the proof: the true capacity by a ladder of rates, the
+// Run runs the proof: the true capacity by a ladder of rates, the
 // quote on the idle fleet and its rate as arrivals (1x and 1.25x), the
 // same with the fleet half loaded, the idle quote's concurrency as
 // streams held open (1x and 1.25x) and the most streams the fleet holds
 // by a ladder of them, and the quote after one replica is lost.
-func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error) {
+func Run(ctx context.Context, o Options) (*Report, error) {
 	o = o.WithDefaults()
-	var trace []TraceRecord
+	if err := o.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid capacity proof options: %w", err)
+	}
+	var trace []rig.TraceRecord
 	switch o.Base.Workload.Kind {
-	case WorkloadSharedPrefix:
-	case WorkloadTrace:
-		recs, err := readTrace(o.Base.Workload.Trace.Path)
+	case rig.WorkloadSharedPrefix:
+	case rig.WorkloadTrace:
+		recs, err := rig.ReadTrace(o.Base.Workload.Trace.Path)
 		if err != nil {
 			return nil, err
 		}
@@ -251,10 +267,10 @@ func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error
 		outLen /= float64(len(trace))
 	}
 	r := &capacityRun{o: o, log: log, dir: dir, outLen: outLen, trace: trace,
-		rep: &CapacityReport{Scenario: o.Base.Scenario, Replicas: o.Base.Fleet.Replicas,
+		rep: &Report{Scenario: o.Base.Scenario, Replicas: o.Base.Fleet.Replicas,
 			Objectives: capacity.ObjectivesJSON{TTFTSeconds: o.Objectives.TTFT.Seconds(), ITLSeconds: o.Objectives.ITL.Seconds(),
 				Quantile: o.Objectives.Quantile}}}
-	f, err := startFleet(ctx, o.Base.Fleet, o.Base.Seed, maxLen, log)
+	f, err := rig.StartFleet(ctx, o.Base.Fleet, o.Base.Seed, maxLen, log)
 	if err != nil {
 		return nil, fmt.Errorf("cannot start fleet: %w", err)
 	}
@@ -274,14 +290,14 @@ func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error
 		}()
 		r.windows, onWindow = rec, rec.window
 	}
-	target, err := eppLauncher(log, ExternalOptions{}, onWindow)(ctx, "precise", f.Endpoints(), 1)
+	target, err := rig.StartEPPs(ctx, log, "precise", f.Endpoints(), 1, onWindow)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { _ = target.Close() }()
-	r.t = target.(*eppTarget)
-	r.c = newClient(r.t.URL(), f.Endpoints()[0].Model)
-	defer r.c.close()
+	r.t = target
+	r.c = rig.NewClient(r.t.URL(), f.Endpoints()[0].Model)
+	defer r.c.Close()
 
 	calFile := ""
 	if !o.SkipCalibration {
@@ -323,7 +339,7 @@ func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error
 	}
 	r.rep.Checks = append(r.rep.Checks, r.step(ctx, "0.50x idle quote", r.qpsOf(idle.TokensPerS/2), 0))
 	for _, k := range []float64{1, 1.25} {
-		r.check(ctx, func() CapacityStep {
+		r.check(ctx, func() Step {
 			r.idle(ctx)
 			return r.step(ctx, fmt.Sprintf("%.2fx idle quote", k), r.qpsOf(idle.TokensPerS*k), 0)
 		})
@@ -340,7 +356,7 @@ func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error
 	// after its streams ladder, 1.20 times the edge of its arrivals).
 	for _, k := range []float64{1, 1.25} {
 		if n := int(math.Round(idle.Concurrency * k)); n > 0 {
-			r.check(ctx, func() CapacityStep {
+			r.check(ctx, func() Step {
 				r.idle(ctx)
 				return r.closedStep(ctx, fmt.Sprintf("%.2fx quoted concurrency", k), n)
 			})
@@ -351,7 +367,7 @@ func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error
 	}
 
 	// One replica lost: the next quote must drop by its share.
-	if len(r.f.kills) == 0 {
+	if len(r.f.Kills()) == 0 {
 		r.log.Warn("the replicas are real URLs the bench does not kill: no lost-replica check")
 		return r.rep, nil
 	}
@@ -359,8 +375,8 @@ func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error
 	if _, err := r.quote(ctx, "idle, before the loss"); err != nil {
 		return nil, err
 	}
-	r.f.kills[len(r.f.kills)-1]()
-	r.awaitHealthy(ctx, len(r.f.kills)-1)
+	r.f.Kills()[len(r.f.Kills())-1]()
+	r.awaitHealthy(ctx, len(r.f.Kills())-1)
 	if _, err := r.quote(ctx, "one replica lost"); err != nil {
 		return nil, err
 	}
@@ -378,12 +394,12 @@ func RunCapacity(ctx context.Context, o CapacityOptions) (*CapacityReport, error
 func (r *capacityRun) halfLoaded(ctx context.Context) error {
 	const label = "half load + 1.00x quote"
 	bgQPS := r.rep.True.QPS / 2
-	var half CapacityQuote
+	var half Quote
 	type background struct {
-		st  CapacityStep
-		res []*result
+		st  Step
+		res []*rig.Result
 	}
-	trial := func(first bool) (CapacityStep, error) {
+	trial := func(first bool) (Step, error) {
 		r.idle(ctx)
 		bgDone := make(chan background, 1)
 		go func() {
@@ -396,12 +412,12 @@ func (r *capacityRun) halfLoaded(ctx context.Context) error {
 			q, err := r.quote(ctx, "half loaded")
 			if err != nil {
 				<-bgDone
-				return CapacityStep{}, err
+				return Step{}, err
 			}
 			half = q
 		}
 		qps := r.qpsOf(half.TokensPerS)
-		var res []*result
+		var res []*rig.Result
 		var loads []engineLoad
 		var wall time.Duration
 		if qps > 0 {
@@ -413,7 +429,7 @@ func (r *capacityRun) halfLoaded(ctx context.Context) error {
 			r.rep.HalfLoadAtQuote = outputRate(bg.res, quotedAt.Add(-capacity.RateSpan), quotedAt) / r.timeScale()
 		}
 		if qps <= 0 {
-			return CapacityStep{Label: label}, nil
+			return Step{Label: label}, nil
 		}
 		start := startOf(res)
 		st := r.measure(label, alongside(res, bg.res, start.Add(wall)), start, wall, loads)
@@ -429,7 +445,7 @@ func (r *capacityRun) halfLoaded(ctx context.Context) error {
 	if *r.o.Confirm == 0 || st.Requests == 0 {
 		return nil
 	}
-	held, broke := tally(r.rep.Checks, func(c CapacityStep) bool { return c.Label == label })
+	held, broke := tally(r.rep.Checks, func(c Step) bool { return c.Label == label })
 	untilTwoAgree(ctx, held, broke, func() bool {
 		st, _ := trial(false) // only the first trial reads a quote, and only that fails
 		r.rep.Checks = append(r.rep.Checks, st)
@@ -442,8 +458,8 @@ func (r *capacityRun) halfLoaded(ctx context.Context) error {
 // started before the step ended, at end: every request the fleet served
 // while both ran (measure counts the inter-token gaps of all of them in
 // its window, the times to first token of those begun in it).
-func alongside(res, bg []*result, end time.Time) []*result {
-	out := append([]*result(nil), res...)
+func alongside(res, bg []*rig.Result, end time.Time) []*rig.Result {
+	out := append([]*rig.Result(nil), res...)
 	for _, x := range bg {
 		if !x.Start.IsZero() && x.Start.Before(end) {
 			out = append(out, x)
@@ -465,7 +481,7 @@ func (r *capacityRun) awaitHealthy(ctx context.Context, n int) {
 func (r *capacityRun) awaitSnapshot(ctx context.Context, v func(capacity.Model) int, ok func(int) bool) {
 	deadline := time.Now().Add(5 * time.Minute)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		snap, err := r.t.epps[0].Capacity(ctx)
+		snap, err := r.t.EPPs()[0].Capacity(ctx)
 		sum := 0
 		for _, m := range snap.Models {
 			sum += v(m)
@@ -497,7 +513,7 @@ func (r *capacityRun) calibrate(ctx context.Context, model string) (*capacity.Ca
 	ts := r.timeScale()
 	wall := func(d time.Duration) time.Duration { return time.Duration(float64(d) / ts) }
 	warm := wall(5 * time.Second)
-	return calibration.Run(ctx, calibration.Config{URL: r.t.URL(), Model: model, CapacityURL: r.t.epps[0].AdminURL(),
+	return calibration.Run(ctx, calibration.Config{URL: r.t.URL(), Model: model, CapacityURL: r.t.EPPs()[0].AdminURL(),
 		Objectives:       capacity.Objectives{TTFT: wall(r.o.Objectives.TTFT), ITL: wall(r.o.Objectives.ITL), Quantile: r.o.Objectives.Quantile},
 		Mix:              mix,
 		StartConcurrency: r.o.Base.Fleet.Replicas, LevelDuration: wall(r.o.StageDuration / 2), Warmup: &warm,
@@ -510,26 +526,26 @@ func (r *capacityRun) startQuoter(dir, calFile, model string) (*quoter.Service, 
 		return nil, err
 	}
 	cfg := quoter.Config{ProviderID: "bench", Model: model, ModelClass: "bench", ServingURL: r.t.URL(),
-		CapacityURL: r.t.epps[0].AdminURL(), StateFile: filepath.Join(dir, "quoter-state.json"),
+		CapacityURL: r.t.EPPs()[0].AdminURL(), StateFile: filepath.Join(dir, "quoter-state.json"),
 		FloorIn: big.NewInt(1), FloorOut: big.NewInt(1), SkipConformance: true,
 		SLOTTFTP95: r.o.Objectives.TTFT, SLOITLP95: r.o.Objectives.ITL, CalibrationFile: calFile}
 	return quoter.New(cfg, key, r.log.Named("quoter"), quoter.Options{})
 }
 
 // quote signs one quote and reads its headroom in model time.
-func (r *capacityRun) quote(ctx context.Context, label string) (CapacityQuote, error) {
+func (r *capacityRun) quote(ctx context.Context, label string) (Quote, error) {
 	sq, err := r.q.SignOnce(ctx)
 	if err != nil {
-		return CapacityQuote{}, fmt.Errorf("quote %s: %w", label, err)
+		return Quote{}, fmt.Errorf("quote %s: %w", label, err)
 	}
 	tps, _ := strconv.ParseFloat(sq.Message.HeadroomTokensPerSec, 64)
 	conc, _ := strconv.ParseFloat(sq.Message.HeadroomConcurrency, 64)
 	ts := r.timeScale()
 	a := r.q.LastAssessment()
-	q := CapacityQuote{Label: label, TokensPerS: tps / ts, Concurrency: conc, CapacityTokensPerS: a.OutputTokensPerSec / ts,
+	q := Quote{Label: label, TokensPerS: tps / ts, Concurrency: conc, CapacityTokensPerS: a.OutputTokensPerSec / ts,
 		CapacityConcurrency: a.Concurrency, CapacityStreams: a.Streams, BusyTokensPerS: a.BusyTokensPerSec / ts, Busy: a.Busy, PerReplica: a.Replicas}
 	if err := r.saveSnapshot(ctx, len(r.rep.Quotes)); err != nil {
-		return CapacityQuote{}, fmt.Errorf("quote %s: %w", label, err)
+		return Quote{}, fmt.Errorf("quote %s: %w", label, err)
 	}
 	for _, ra := range a.Replicas {
 		if ra.Capacity.Concurrency > 0 {
@@ -546,7 +562,7 @@ func (r *capacityRun) quote(ctx context.Context, label string) (CapacityQuote, e
 // saveSnapshot writes the EPP's capacity snapshot to the work directory
 // as snapshot-n.json.
 func (r *capacityRun) saveSnapshot(ctx context.Context, n int) error {
-	snap, err := r.t.epps[0].Capacity(ctx)
+	snap, err := r.t.EPPs()[0].Capacity(ctx)
 	if err != nil {
 		return fmt.Errorf("cannot read the EPP's capacity snapshot: %w", err)
 	}
@@ -567,11 +583,11 @@ func (r *capacityRun) qpsOf(tps float64) float64 { return tps / max(r.outLen, 1)
 // streams a client holds open. Both are searched, confirmed and fitted
 // the same way; they differ in what sets a step and how one is measured.
 type rungs struct {
-	steps *[]CapacityStep
+	steps *[]Step
 	// at is what set a step: its rate, or its streams.
-	at func(CapacityStep) float64
+	at func(Step) float64
 	// measure measures one step at x.
-	measure func(ctx context.Context, label string, x float64) CapacityStep
+	measure func(ctx context.Context, label string, x float64) Step
 	// label is a step's label; unit formats a rung for an error.
 	label, unit string
 }
@@ -584,8 +600,8 @@ func (l rungs) brokenAt(x float64) error {
 // rates is the ladder of arrival rates.
 func (r *capacityRun) rates() rungs {
 	return rungs{steps: &r.rep.Ladder, label: "ladder", unit: "%.2f QPS",
-		at: func(s CapacityStep) float64 { return s.QPS },
-		measure: func(ctx context.Context, label string, qps float64) CapacityStep {
+		at: func(s Step) float64 { return s.QPS },
+		measure: func(ctx context.Context, label string, qps float64) Step {
 			if r.probe != nil {
 				return r.probe(label, qps)
 			}
@@ -597,8 +613,8 @@ func (r *capacityRun) rates() rungs {
 // streams is the ladder of streams held open.
 func (r *capacityRun) streams() rungs {
 	return rungs{steps: &r.rep.StreamsLadder, label: "streams", unit: "%.0f streams",
-		at: func(s CapacityStep) float64 { return float64(s.Streams) },
-		measure: func(ctx context.Context, label string, x float64) CapacityStep {
+		at: func(s Step) float64 { return float64(s.Streams) },
+		measure: func(ctx context.Context, label string, x float64) Step {
 			n := int(math.Round(x))
 			if r.streamProbe != nil {
 				return r.streamProbe(n)
@@ -683,12 +699,12 @@ func (r *capacityRun) holds(ctx context.Context, l rungs, x float64) bool {
 // majority measures rung x again until two of its steps agree, and says
 // whether they held.
 func (r *capacityRun) majority(ctx context.Context, l rungs, x float64) bool {
-	held, broke := tally(*l.steps, func(st CapacityStep) bool { return l.at(st) == x })
+	held, broke := tally(*l.steps, func(st Step) bool { return l.at(st) == x })
 	return untilTwoAgree(ctx, held, broke, func() bool { return r.trial(ctx, l, "again", x) })
 }
 
 // tally counts the steps picked that held and that broke.
-func tally(steps []CapacityStep, pick func(CapacityStep) bool) (held, broke int) {
+func tally(steps []Step, pick func(Step) bool) (held, broke int) {
 	for _, st := range steps {
 		switch {
 		case !pick(st):
@@ -721,7 +737,7 @@ func untilTwoAgree(ctx context.Context, held, broke int, trial func() bool) bool
 // proof 52 QPS held twice on the ladder, and the quote's 51.16 QPS broke
 // once). Every step is kept under the check's label, and the verdict is
 // their majority (Verdicts).
-func (r *capacityRun) check(ctx context.Context, measure func() CapacityStep) {
+func (r *capacityRun) check(ctx context.Context, measure func() Step) {
 	trial := func() bool {
 		st := measure()
 		r.rep.Checks = append(r.rep.Checks, st)
@@ -743,14 +759,14 @@ func (r *capacityRun) trial(ctx context.Context, l rungs, label string, x float6
 
 // heldBelow is the highest rung of l below x whose steps' fit holds, and
 // whether there is one.
-func (r *capacityRun) heldBelow(l rungs, x float64) (CapacityStep, bool) {
+func (r *capacityRun) heldBelow(l rungs, x float64) (Step, bool) {
 	steps, load := r.fit(l)
 	for i := len(steps) - 1; i >= 0; i-- {
 		if l.at(steps[i]) < x && load[i] <= 1 {
 			return steps[i], true
 		}
 	}
-	return CapacityStep{}, false
+	return Step{}, false
 }
 
 // streamsLadder finds the most streams a client keeping them open (each
@@ -813,7 +829,7 @@ const streamsResolution = 0.06
 // loadOf is how far a step is from its objectives: its p95 over its
 // objective, the worse of the two, 1 at the edge; an errored step is past
 // any objective (pastAny).
-func (r *capacityRun) loadOf(s CapacityStep) float64 {
+func (r *capacityRun) loadOf(s Step) float64 {
 	l := max(s.TTFTP95ms/msOf(r.o.Objectives.TTFT), s.ITLP95ms/msOf(r.o.Objectives.ITL))
 	if s.Errors > 0 || math.IsNaN(l) {
 		return pastAny
@@ -839,15 +855,15 @@ func crossing(l, h float64) float64 {
 // for an even count), the loads fitted non-decreasing in the rung by pool
 // adjacent violators: a step's p95s are noisy, and a rung measured again
 // is one point of the fit, read as its majority read it.
-func (r *capacityRun) fit(l rungs) ([]CapacityStep, []float64) {
-	steps := append([]CapacityStep(nil), *l.steps...)
+func (r *capacityRun) fit(l rungs) ([]Step, []float64) {
+	steps := append([]Step(nil), *l.steps...)
 	sort.SliceStable(steps, func(i, j int) bool {
 		if x, y := l.at(steps[i]), l.at(steps[j]); x != y {
 			return x < y
 		}
 		return r.loadOf(steps[i]) < r.loadOf(steps[j])
 	})
-	var out []CapacityStep
+	var out []Step
 	var load, w []float64
 	for i := 0; i < len(steps); {
 		j := i
@@ -871,7 +887,7 @@ func (r *capacityRun) fit(l rungs) ([]CapacityStep, []float64) {
 // either side of it and how far from the first to the second (crossing).
 // Without a crossing it is the highest step within them, and ok is
 // false.
-func (r *capacityRun) fitCrossing(l rungs) (a, b CapacityStep, x float64, ok bool) {
+func (r *capacityRun) fitCrossing(l rungs) (a, b Step, x float64, ok bool) {
 	steps, load := r.fit(l)
 	for i := 1; i < len(steps); i++ {
 		if load[i-1] <= 1 && load[i] > 1 {
@@ -881,13 +897,13 @@ func (r *capacityRun) fitCrossing(l rungs) (a, b CapacityStep, x float64, ok boo
 	if n := len(steps); n > 0 && load[n-1] <= 1 {
 		a = steps[n-1]
 	}
-	return a, CapacityStep{}, 0, false
+	return a, Step{}, 0, false
 }
 
 // mergeSteps is two measurements of one rung, averaged.
-func mergeSteps(a, b CapacityStep) CapacityStep {
+func mergeSteps(a, b Step) Step {
 	mean := func(x, y float64) float64 { return (x + y) / 2 }
-	return CapacityStep{Label: a.Label, QPS: a.QPS, Streams: a.Streams, Requests: (a.Requests + b.Requests) / 2, Errors: (a.Errors + b.Errors) / 2,
+	return Step{Label: a.Label, QPS: a.QPS, Streams: a.Streams, Requests: (a.Requests + b.Requests) / 2, Errors: (a.Errors + b.Errors) / 2,
 		TTFTP95ms: mean(a.TTFTP95ms, b.TTFTP95ms), ITLP95ms: mean(a.ITLP95ms, b.ITLP95ms),
 		OutputTokPS: mean(a.OutputTokPS, b.OutputTokPS), Concurrency: mean(a.Concurrency, b.Concurrency),
 		Running: mean(a.Running, b.Running), Waiting: mean(a.Waiting, b.Waiting), PrefixHitRate: mean(a.PrefixHitRate, b.PrefixHitRate),
@@ -901,7 +917,7 @@ func mergeSteps(a, b CapacityStep) CapacityStep {
 // while the fleet keeps up, and Little's law gives concurrency; past the
 // edge both run away and say nothing about it). Without a crossing it is
 // the highest rate within the objectives.
-func (r *capacityRun) edge() CapacityStep {
+func (r *capacityRun) edge() Step {
 	a, b, x, ok := r.fitCrossing(r.rates())
 	if !ok {
 		a.Label = "true capacity"
@@ -909,7 +925,7 @@ func (r *capacityRun) edge() CapacityStep {
 	}
 	at := func(u, v float64) float64 { return u + x*(v-u) }
 	qps := at(a.QPS, b.QPS)
-	return CapacityStep{Label: "true capacity (fit)", QPS: qps, OutputTokPS: a.OutputTokPS * qps / a.QPS,
+	return Step{Label: "true capacity (fit)", QPS: qps, OutputTokPS: a.OutputTokPS * qps / a.QPS,
 		Concurrency: a.Concurrency * qps / a.QPS, Running: a.Running * qps / a.QPS, Waiting: a.Waiting * qps / a.QPS,
 		TTFTP95ms: at(a.TTFTP95ms, b.TTFTP95ms), ITLP95ms: at(a.ITLP95ms, b.ITLP95ms),
 		PrefixHitRate: a.PrefixHitRate, Requests: a.Requests, Within: true}
@@ -917,19 +933,19 @@ func (r *capacityRun) edge() CapacityStep {
 
 func msOf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-func (r *capacityRun) step(ctx context.Context, label string, qps float64, stream int) CapacityStep {
+func (r *capacityRun) step(ctx context.Context, label string, qps float64, stream int) Step {
 	return r.stepFor(ctx, label, qps, r.o.StageDuration, stream)
 }
 
 // stepFor offers qps (model time) for d (model time) and measures it
 // after the first fifth, when queues have formed (measure).
-func (r *capacityRun) stepFor(ctx context.Context, label string, qps float64, d time.Duration, stream int) CapacityStep {
+func (r *capacityRun) stepFor(ctx context.Context, label string, qps float64, d time.Duration, stream int) Step {
 	st, _ := r.stepResults(ctx, label, qps, d, stream)
 	return st
 }
 
 // stepResults is stepFor with every request's result.
-func (r *capacityRun) stepResults(ctx context.Context, label string, qps float64, d time.Duration, stream int) (CapacityStep, []*result) {
+func (r *capacityRun) stepResults(ctx context.Context, label string, qps float64, d time.Duration, stream int) (Step, []*rig.Result) {
 	res, loads, wall := r.offer(ctx, qps, d, stream)
 	st := r.measure(label, res, startOf(res), wall, loads)
 	st.QPS = qps
@@ -940,15 +956,15 @@ func (r *capacityRun) stepResults(ctx context.Context, label string, qps float64
 // offer sends a step's requests at qps (model time) for d (model time):
 // every request's result, the engines' load polled meanwhile, and d in
 // wall time.
-func (r *capacityRun) offer(ctx context.Context, qps float64, d time.Duration, stream int) ([]*result, []engineLoad, time.Duration) {
+func (r *capacityRun) offer(ctx context.Context, qps float64, d time.Duration, stream int) ([]*rig.Result, []engineLoad, time.Duration) {
 	w := r.stepWorkload(qps, d, stream)
 	polled := r.pollDuring(ctx)
-	res := replay(ctx, r.c, w, r.o.Base.MaxInFlight, r.o.Base.RequestTimeout, nil)
+	res := rig.Replay(ctx, r.c, w, r.o.Base.MaxInFlight, r.o.Base.RequestTimeout, nil)
 	return res, polled(), time.Duration(float64(d) / r.timeScale())
 }
 
 // stepWorkload is a step's requests: qps (model time) for d (model time).
-func (r *capacityRun) stepWorkload(qps float64, d time.Duration, stream int) *Workload {
+func (r *capacityRun) stepWorkload(qps float64, d time.Duration, stream int) *rig.Workload {
 	o := r.o.Base
 	// Every step sends the same prompts (one content seed), so the fleet's
 	// caches are in the steady state the ladder measured, whatever stream
@@ -962,7 +978,7 @@ func (r *capacityRun) stepWorkload(qps float64, d time.Duration, stream int) *Wo
 	o.Workload.SharedPrefix.StageDuration = d
 	o.Workload.SharedPrefix.StageDurations = nil
 	o.Workload.SharedPrefix.WarmupStages = 0
-	return sharedPrefix(o)
+	return rig.SharedPrefixWorkload(o)
 }
 
 // closedStep keeps n requests in flight for StageDuration (model time),
@@ -974,7 +990,7 @@ func (r *capacityRun) stepWorkload(qps float64, d time.Duration, stream int) *Wo
 // (on a trace, the records they leave unsent go back to the walks,
 // unsentRounds), and started over should they send them all, as a request
 // sent again finds its prompt cached.
-func (r *capacityRun) closedStep(ctx context.Context, label string, n int) CapacityStep {
+func (r *capacityRun) closedStep(ctx context.Context, label string, n int) Step {
 	d := r.o.StageDuration
 	qps := 2 * float64(n)
 	if t := r.rep.True; t.Concurrency > 0 && t.QPS > 0 {
@@ -990,7 +1006,7 @@ func (r *capacityRun) closedStep(ctx context.Context, label string, n int) Capac
 	var (
 		next atomic.Int64
 		mu   sync.Mutex
-		res  []*result
+		res  []*rig.Result
 		wg   sync.WaitGroup
 	)
 	for range n {
@@ -998,7 +1014,7 @@ func (r *capacityRun) closedStep(ctx context.Context, label string, n int) Capac
 			for ctx.Err() == nil && time.Now().Before(end) {
 				req := &w.Requests[int(next.Add(1)-1)%len(w.Requests)]
 				rctx, cancel := context.WithTimeout(ctx, r.o.Base.RequestTimeout)
-				x := r.c.completion(rctx, req)
+				x := r.c.Completion(rctx, req)
 				cancel()
 				mu.Lock()
 				res = append(res, x)
@@ -1027,10 +1043,10 @@ func (r *capacityRun) closedStep(ctx context.Context, label string, n int) Capac
 // new to prefill and so no stall in their decoding: counted with the
 // step, those tokens would dilute the tail of a load the fleet no longer
 // carried.
-func (r *capacityRun) measure(label string, res []*result, start time.Time, d time.Duration, loads []engineLoad) CapacityStep {
+func (r *capacityRun) measure(label string, res []*rig.Result, start time.Time, d time.Duration, loads []engineLoad) Step {
 	scale := r.timeScale()
 	skip := d - measuredSpan(d)
-	st := CapacityStep{Label: label}
+	st := Step{Label: label}
 	var ttft, itl []time.Duration
 	var out int
 	var inflight time.Duration
@@ -1078,7 +1094,7 @@ func (r *capacityRun) measure(label string, res []*result, start time.Time, d ti
 // all but its first fifth.
 func measuredSpan(d time.Duration) time.Duration { return d - d/5 }
 
-func (r *capacityRun) logStep(st CapacityStep) {
+func (r *capacityRun) logStep(st Step) {
 	r.log.Info("capacity step", zap.String("label", st.Label), zap.Float64("qps", st.QPS), zap.Int("streams", st.Streams),
 		zap.Int("requests", st.Requests), zap.Float64("ttft_p95_ms", st.TTFTP95ms), zap.Float64("itl_p95_ms", st.ITLP95ms),
 		zap.Float64("tok_per_s", st.OutputTokPS), zap.Float64("concurrency", st.Concurrency), zap.Bool("within", st.Within))
@@ -1087,7 +1103,7 @@ func (r *capacityRun) logStep(st CapacityStep) {
 // outputRate is the output tokens per second of wall time that res
 // streamed within [from, to): a request's tokens are spread over its
 // content chunks, the first at its first token and one after each gap.
-func outputRate(res []*result, from, to time.Time) float64 {
+func outputRate(res []*rig.Result, from, to time.Time) float64 {
 	if !to.After(from) {
 		return 0
 	}
@@ -1108,7 +1124,7 @@ func outputRate(res []*result, from, to time.Time) float64 {
 
 // chunks calls f with each of a request's content chunks in order: its
 // index, when it arrived and the gap before it (none for the first).
-func chunks(x *result, f func(i int, at time.Time, gap time.Duration)) {
+func chunks(x *rig.Result, f func(i int, at time.Time, gap time.Duration)) {
 	if x.TTFT == 0 {
 		return
 	}
@@ -1144,16 +1160,16 @@ func chunks(x *result, f func(i int, at time.Time, gap time.Duration)) {
 // the records of the steps just before them to a varying degree: one
 // step's prefix hits read 0.99 where the steps either side read 0.67 and
 // 0.68.
-func (r *capacityRun) traceStep(o Options, qps float64, d time.Duration) *Workload {
-	arrivals, stages := poissonLadder(o.Seed, []float64{qps}, []time.Duration{d}, o.Fleet.TimeScale)
+func (r *capacityRun) traceStep(o rig.Options, qps float64, d time.Duration) *rig.Workload {
+	arrivals, stages := rig.PoissonLadder(o.Seed, []float64{qps}, []time.Duration{d}, o.Fleet.TimeScale)
 	rounds := int64(len(arrivals[0])+traceStreams-1) / traceStreams
 	first := r.traceRounds.Add(rounds) - rounds
 	n := int64(len(r.trace))
-	w := &Workload{Stages: stages}
+	w := &rig.Workload{Stages: stages}
 	for i, at := range arrivals[0] {
 		walk, round := int64(i%traceStreams), first+int64(i/traceStreams)
 		rec := r.trace[(walk*n/traceStreams+round)%n]
-		w.Requests = append(w.Requests, Request{At: at, MaxTokens: rec.OutputLength, Tokens: TraceTokens(r.o.Base.Seed, rec)})
+		w.Requests = append(w.Requests, rig.Request{At: at, MaxTokens: rec.OutputLength, Tokens: rig.TraceTokens(r.o.Base.Seed, rec)})
 	}
 	return w
 }
@@ -1206,7 +1222,7 @@ func (r *capacityRun) pollDuring(ctx context.Context) func() []engineLoad {
 // pollLoad reads the EPP's snapshot once a scrape until ctx ends.
 func (r *capacityRun) pollLoad(ctx context.Context) []engineLoad {
 	var out []engineLoad
-	t := time.NewTicker(scrapeInterval)
+	t := time.NewTicker(rig.ScrapeInterval)
 	defer t.Stop()
 	for {
 		select {
@@ -1214,7 +1230,7 @@ func (r *capacityRun) pollLoad(ctx context.Context) []engineLoad {
 			return out
 		case <-t.C:
 		}
-		snap, err := r.t.epps[0].Capacity(ctx)
+		snap, err := r.t.EPPs()[0].Capacity(ctx)
 		if err != nil {
 			continue
 		}
@@ -1255,7 +1271,7 @@ func engineMeans(loads []engineLoad, from, to time.Time) (running, waiting, hitR
 	return running, waiting, hitRate
 }
 
-func startOf(res []*result) time.Time {
+func startOf(res []*rig.Result) time.Time {
 	var t time.Time
 	for _, x := range res {
 		if !x.Start.IsZero() && (t.IsZero() || x.Start.Before(t)) {
@@ -1268,7 +1284,7 @@ func startOf(res []*result) time.Time {
 // idle waits until the fleet has drained and been scraped since.
 func (r *capacityRun) idle(ctx context.Context) {
 	r.awaitSnapshot(ctx, func(m capacity.Model) int { return m.Running + m.Waiting + m.InFlight }, func(busy int) bool { return busy == 0 })
-	time.Sleep(3 * scrapeInterval)
+	time.Sleep(3 * rig.ScrapeInterval)
 }
 
 // quiet is idle, and then until no replica's load of the last
@@ -1328,9 +1344,9 @@ type Verdicts struct {
 }
 
 // Verdicts computes the acceptance figures (NaN where a step is missing).
-func (r *CapacityReport) Verdicts() Verdicts {
+func (r *Report) Verdicts() Verdicts {
 	v := Verdicts{IdleTokens: math.NaN(), IdleConcurrency: math.NaN(), HalfTokens: math.NaN(), LostTokens: math.NaN()}
-	quote := func(label string) *CapacityQuote {
+	quote := func(label string) *Quote {
 		for i := range r.Quotes {
 			if r.Quotes[i].Label == label {
 				return &r.Quotes[i]
@@ -1342,7 +1358,7 @@ func (r *CapacityReport) Verdicts() Verdicts {
 	// ones (0: none, or as many of each, which counts against the quote
 	// either way), and whether it has any.
 	check := func(label string) (majority int, ok bool) {
-		held, broke := tally(r.Checks, func(c CapacityStep) bool { return c.Label == label })
+		held, broke := tally(r.Checks, func(c Step) bool { return c.Label == label })
 		return held - broke, held+broke > 0
 	}
 	if q := quote("idle"); q != nil {
@@ -1367,8 +1383,20 @@ func (r *CapacityReport) Verdicts() Verdicts {
 	return v
 }
 
+// WriteJSONFile writes the report as indented JSON to path.
+func (r *Report) WriteJSONFile(path string) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("cannot write %s: %w", path, err)
+	}
+	return nil
+}
+
 // WriteTable prints the ladder, the quotes, the checks and the verdicts.
-func (r *CapacityReport) WriteTable(w io.Writer) error {
+func (r *Report) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "capacity proof: %s, %d replicas, objectives p%.0f TTFT %.0f ms, ITL %.0f ms (model time)\n",
 		r.Scenario, r.Replicas, r.Objectives.Quantile*100, r.Objectives.TTFTSeconds*1000, r.Objectives.ITLSeconds*1000)
@@ -1376,7 +1404,7 @@ func (r *CapacityReport) WriteTable(w io.Writer) error {
 		fmt.Fprintf(tw, "calibration: %.1f concurrency, %.0f tok/s per replica (wall), limit %s\n", c.Concurrency, c.OutputTokensPerSec, c.Limit)
 	}
 	fmt.Fprintln(tw, "step\tQPS\tstreams\trequests\terrors\tTTFT p95 ms\tITL p95 ms\tout tok/s\tconcurrency\trunning\twaiting\tprefix hits\twithin\t")
-	row := func(s CapacityStep) {
+	row := func(s Step) {
 		streams := ""
 		if s.Streams > 0 {
 			streams = strconv.Itoa(s.Streams)

@@ -1,4 +1,4 @@
-package compare
+package rig
 
 import (
 	"bytes"
@@ -126,24 +126,40 @@ func isLoopbackHost(host string) bool {
 	return host == "localhost" || ip != nil && ip.IsLoopback()
 }
 
-// policyLabel is how a policy is named in the results: an exec:/addr:
+// ValidatePolicy checks an exec: or addr: policy (any other is accepted
+// here: the launcher reads a config file when it starts it): malformed is
+// what is wrong with its text, misplaced why it cannot race on a fleet of
+// fleetMode.
+func ValidatePolicy(policy, fleetMode string) (malformed, misplaced error) {
+	x, ext, err := parseExternal(policy)
+	if err != nil {
+		return err, nil
+	}
+	if ext && x.kind == KindAddr && fleetMode != FleetURLs {
+		return nil, fmt.Errorf("policy %q: an EPP already running routes to the endpoints it was given, "+
+			"but a simulated fleet starts afresh, on new ports, for each policy: race it with -urls on a fleet you started, or start it with exec:", policy)
+	}
+	return nil, nil
+}
+
+// PolicyLabel is how a policy is named in the results: an exec:/addr:
 // policy by its label, any other by itself.
-func policyLabel(policy string) string {
+func PolicyLabel(policy string) string {
 	if x, ok, err := parseExternal(policy); ok && err == nil {
 		return x.label
 	}
 	return policy
 }
 
-// policyKind is how a policy is run (KindPolicy, KindConfig, KindExec or
+// PolicyKind is how a policy is run (KindPolicy, KindConfig, KindExec or
 // KindAddr).
-func policyKind(policy string) string {
+func PolicyKind(policy string) string {
 	switch {
 	case strings.HasPrefix(policy, PolicyExec):
 		return KindExec
 	case strings.HasPrefix(policy, PolicyAddr):
 		return KindAddr
-	case isPolicyName(policy):
+	case IsPolicyName(policy):
 		return KindPolicy
 	}
 	return KindConfig
@@ -185,6 +201,10 @@ type EPPInfo struct {
 	RequestsCounter string
 	decP50, decP99  float64 // µs, NaN when unknown
 }
+
+// DecisionPercentiles are the p50 and p99 of its scheduling decisions over
+// the run, in µs, read from DecisionHistogram; NaN when unknown.
+func (e *EPPInfo) DecisionPercentiles() (p50, p99 float64) { return e.decP50, e.decP99 }
 
 // decisionHistograms are the scheduling-latency histograms the bench knows,
 // first match wins: this project's EPP (routing share, flow control
@@ -268,10 +288,11 @@ type externalEPP struct {
 
 func (t *externalTarget) URL() string { return t.gw.URL() }
 
-func (t *externalTarget) eppCount() int { return len(t.members) }
+// EPPCount is how many EPP processes serve the policy.
+func (t *externalTarget) EPPCount() int { return len(t.members) }
 
 // DecisionLatencies are not observable from outside the EPP: its own
-// histogram, if any, stands in (eppInfo).
+// histogram, if any, stands in (Info).
 func (t *externalTarget) DecisionLatencies() []time.Duration { return nil }
 
 func (t *externalTarget) Close() error { return errors.Join(t.gw.Close(), t.stopEPPs()) }
@@ -304,10 +325,24 @@ func (m *externalEPP) scrape(ctx context.Context) ([]byte, error) {
 	return b.Bytes(), err
 }
 
-// eppInfo scrapes every member once more and reads what the run changed
+// Metrics scrapes every member's metrics page, in start order (nil for a
+// member whose metrics address is not known).
+func (t *externalTarget) Metrics(ctx context.Context) ([][]byte, error) {
+	var pages [][]byte
+	for _, m := range t.members {
+		b, err := m.scrape(ctx)
+		if err != nil {
+			return pages, err
+		}
+		pages = append(pages, b)
+	}
+	return pages, nil
+}
+
+// Info scrapes every member once more and reads what the run changed
 // in the metrics the bench knows, summed over the members; addresses,
 // logs and metrics URLs are listed comma-separated.
-func (t *externalTarget) eppInfo(ctx context.Context) *EPPInfo {
+func (t *externalTarget) Info(ctx context.Context) *EPPInfo {
 	info := EPPInfo{Requests: math.NaN(), decP50: math.NaN(), decP99: math.NaN()}
 	var addrs, logs, urls, binds, errs []string
 	afters := make([][]byte, len(t.members))

@@ -1,4 +1,4 @@
-package compare
+package rig
 
 import (
 	"bytes"
@@ -21,22 +21,29 @@ import (
 	"github.com/omnious/provider-node/engines/sim"
 )
 
-// fleet is a started set of replicas. Stop it exactly once.
-type fleet struct {
+// Fleet is a started set of replicas. Stop it exactly once.
+type Fleet struct {
 	endpoints []endpoint.Endpoint
 	simulated bool
 	stop      func() error
 	http      *http.Client
-	// kills stop one simulated replica each (the capacity proof's lost
-	// replica); nil for real URLs.
+	// kills stop one simulated replica each (Kills); nil for real URLs.
 	kills []func()
 }
 
 // Endpoints are the replicas, in a stable order.
-func (f *fleet) Endpoints() []endpoint.Endpoint { return f.endpoints }
+func (f *Fleet) Endpoints() []endpoint.Endpoint { return f.endpoints }
+
+// Simulated is whether the bench started the replicas (in process or as
+// processes): their latencies are in model time.
+func (f *Fleet) Simulated() bool { return f.simulated }
+
+// Kills stop one simulated replica each, the last one last; nil for real
+// URLs, which the bench does not stop.
+func (f *Fleet) Kills() []func() { return f.kills }
 
 // Stop stops every replica the bench started and waits for them.
-func (f *fleet) Stop() error {
+func (f *Fleet) Stop() error {
 	f.http.CloseIdleConnections()
 	if f.stop == nil {
 		return nil
@@ -44,8 +51,9 @@ func (f *fleet) Stop() error {
 	return f.stop()
 }
 
-// simConfig is one simulated replica's configuration.
-func simConfig(o FleetOptions, seed int64, maxLen int) sim.Config {
+// SimConfig is one simulated replica's configuration in a fleet of o;
+// maxLen is the workload's longest request.
+func SimConfig(o FleetOptions, seed int64, maxLen int) sim.Config {
 	c := sim.Config{Listen: "127.0.0.1:0", Seed: seed, Model: o.Model, MaxModelLen: o.MaxModelLen}
 	if c.MaxModelLen == 0 {
 		c.MaxModelLen = max(40960, maxLen+16)
@@ -62,11 +70,11 @@ func simConfig(o FleetOptions, seed int64, maxLen int) sim.Config {
 	return c.WithDefaults()
 }
 
-// startFleet starts (or, for URLs, attaches to) the fleet. Every replica
+// StartFleet starts (or, for URLs, attaches to) the fleet. Every replica
 // gets the same seed, so outputs do not depend on routing. maxLen is the
 // workload's longest request, to size simulated context limits.
-func startFleet(ctx context.Context, o FleetOptions, seed int64, maxLen int, log *zap.Logger) (*fleet, error) {
-	f := &fleet{http: loopback.Client(10 * time.Second)}
+func StartFleet(ctx context.Context, o FleetOptions, seed int64, maxLen int, log *zap.Logger) (*Fleet, error) {
+	f := &Fleet{http: loopback.Client(10 * time.Second)}
 	var err error
 	switch o.Mode {
 	case FleetInProcess:
@@ -85,9 +93,9 @@ func startFleet(ctx context.Context, o FleetOptions, seed int64, maxLen int, log
 	return f, nil
 }
 
-func (f *fleet) startInProcess(o FleetOptions, seed int64, maxLen int, log *zap.Logger) error {
+func (f *Fleet) startInProcess(o FleetOptions, seed int64, maxLen int, log *zap.Logger) error {
 	f.simulated = true
-	cfg := simConfig(o, seed, maxLen)
+	cfg := SimConfig(o, seed, maxLen)
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("invalid replica config: %w", err)
 	}
@@ -128,7 +136,7 @@ func (f *fleet) startInProcess(o FleetOptions, seed int64, maxLen int, log *zap.
 }
 
 // describe reads a simulated replica's bound KV-event endpoints.
-func (f *fleet) describe(ctx context.Context, base, model, flavour string) (endpoint.Endpoint, error) {
+func (f *Fleet) describe(ctx context.Context, base, model, flavour string) (endpoint.Endpoint, error) {
 	u, _ := url.Parse(base)
 	ep := endpoint.Endpoint{Addr: u.Host, Model: model, Engine: flavour, MetricsURL: base + "/metrics"}
 	var stats struct {
@@ -145,13 +153,13 @@ func (f *fleet) describe(ctx context.Context, base, model, flavour string) (endp
 }
 
 // startProcesses runs each replica as an enginesim process.
-func (f *fleet) startProcesses(ctx context.Context, o FleetOptions, seed int64, maxLen int) error {
+func (f *Fleet) startProcesses(ctx context.Context, o FleetOptions, seed int64, maxLen int) error {
 	f.simulated = true
 	bin, err := launch.FindEnginesim(o.EnginesimBin)
 	if err != nil {
 		return err
 	}
-	cfg := simConfig(o, seed, maxLen)
+	cfg := SimConfig(o, seed, maxLen)
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("invalid replica config: %w", err)
 	}
@@ -172,7 +180,7 @@ func (f *fleet) startProcesses(ctx context.Context, o FleetOptions, seed int64, 
 }
 
 // attach describes real endpoints; only loopback addresses are accepted.
-func (f *fleet) attach(ctx context.Context, o FleetOptions) error {
+func (f *Fleet) attach(ctx context.Context, o FleetOptions) error {
 	for _, raw := range o.URLs {
 		u, err := url.Parse(strings.TrimRight(raw, "/"))
 		if err != nil || u.Host == "" {
@@ -200,7 +208,7 @@ func (f *fleet) attach(ctx context.Context, o FleetOptions) error {
 }
 
 // flavourOf guesses a real endpoint's engine from its metric names.
-func (f *fleet) flavourOf(ctx context.Context, base string) string {
+func (f *Fleet) flavourOf(ctx context.Context, base string) string {
 	body, err := loopback.Get(ctx, f.http, base+"/metrics")
 	if err != nil {
 		return ""
@@ -214,11 +222,11 @@ func (f *fleet) flavourOf(ctx context.Context, base string) string {
 	return ""
 }
 
-// resetCaches empties the prefix caches of real endpoints before a policy,
+// ResetCaches empties the prefix caches of real endpoints before a policy,
 // so that it does not profit from the previous policy's cache: vLLM's
 // POST /reset_prefix_cache (served in its dev mode) or SGLang's POST
 // /flush_cache. It returns a warning naming the endpoints it could not reset.
-func (f *fleet) resetCaches(ctx context.Context) string {
+func (f *Fleet) ResetCaches(ctx context.Context) string {
 	var failed []string
 	for _, ep := range f.endpoints {
 		ok := false
@@ -247,22 +255,23 @@ func (f *fleet) resetCaches(ctx context.Context) string {
 	return "could not reset the prefix cache of " + strings.Join(failed, ", ") + ": this policy may profit from the previous one's cache"
 }
 
-// counters are a replica's cumulative engine counters.
-type counters struct {
+// Counters are a replica's cumulative engine counters.
+type Counters struct {
 	OK                     bool // the replica exposed prefix-cache counters
 	Queries, Hits          float64
 	Requests, PromptTokens float64
 }
 
-func (c counters) sub(b counters) counters {
-	return counters{OK: c.OK && b.OK, Queries: c.Queries - b.Queries, Hits: c.Hits - b.Hits,
+// Sub is c less b, counter by counter: what a run added.
+func (c Counters) Sub(b Counters) Counters {
+	return Counters{OK: c.OK && b.OK, Queries: c.Queries - b.Queries, Hits: c.Hits - b.Hits,
 		Requests: c.Requests - b.Requests, PromptTokens: c.PromptTokens - b.PromptTokens}
 }
 
-// counters scrapes every replica's counters (a replica that cannot be read
+// Counters scrapes every replica's counters (a replica that cannot be read
 // gives zero counters with OK false).
-func (f *fleet) counters(ctx context.Context) []counters {
-	out := make([]counters, len(f.endpoints))
+func (f *Fleet) Counters(ctx context.Context) []Counters {
+	out := make([]Counters, len(f.endpoints))
 	for i, ep := range f.endpoints {
 		if body, err := loopback.Get(ctx, f.http, ep.MetricsURL); err == nil {
 			out[i] = parseCounters(body)
@@ -278,7 +287,7 @@ var counterNames = []string{"vllm:prefix_cache_queries_total", "vllm:prefix_cach
 // parseCounters sums the counters the bench needs over their label sets,
 // for vLLM and SGLang names, from the Prometheus text format. Lines it
 // cannot read are skipped.
-func parseCounters(body []byte) counters {
+func parseCounters(body []byte) Counters {
 	vals, seen, _ := promtext.Sum(bytes.NewReader(body), counterNames...)
 	sums := make(map[string]float64, len(counterNames))
 	for i, n := range counterNames {
@@ -287,13 +296,13 @@ func parseCounters(body []byte) counters {
 		}
 	}
 	if _, ok := sums["vllm:prefix_cache_queries_total"]; ok {
-		return counters{OK: true, Queries: sums["vllm:prefix_cache_queries_total"], Hits: sums["vllm:prefix_cache_hits_total"],
+		return Counters{OK: true, Queries: sums["vllm:prefix_cache_queries_total"], Hits: sums["vllm:prefix_cache_hits_total"],
 			Requests: sums["vllm:request_success_total"], PromptTokens: sums["vllm:prompt_tokens_total"]}
 	}
 	if _, ok := sums["sglang:cached_tokens_total"]; ok {
-		return counters{OK: true, Queries: sums["sglang:prompt_tokens_total"], Hits: sums["sglang:cached_tokens_total"],
+		return Counters{OK: true, Queries: sums["sglang:prompt_tokens_total"], Hits: sums["sglang:cached_tokens_total"],
 			Requests: sums["sglang:num_requests_total"], PromptTokens: sums["sglang:prompt_tokens_total"]}
 	}
-	return counters{Requests: sums["vllm:request_success_total"] + sums["sglang:num_requests_total"],
+	return Counters{Requests: sums["vllm:request_success_total"] + sums["sglang:num_requests_total"],
 		PromptTokens: sums["vllm:prompt_tokens_total"] + sums["sglang:prompt_tokens_total"]}
 }

@@ -1,4 +1,4 @@
-package compare
+package rig
 
 import (
 	"bufio"
@@ -300,8 +300,8 @@ func words(seed int64, kind string, a, b, n int) string {
 	return sb.String()
 }
 
-// readTrace reads a trace file's records, in file order.
-func readTrace(path string) ([]TraceRecord, error) {
+// ReadTrace reads a trace file's records, in file order.
+func ReadTrace(path string) ([]TraceRecord, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("cannot open trace: %w", err)
@@ -312,7 +312,7 @@ func readTrace(path string) ([]TraceRecord, error) {
 
 // loadTrace builds the trace workload.
 func loadTrace(o Options) (*Workload, error) {
-	recs, err := readTrace(o.Workload.Trace.Path)
+	recs, err := ReadTrace(o.Workload.Trace.Path)
 	if err != nil {
 		return nil, err
 	}
@@ -345,10 +345,10 @@ func loadTrace(o Options) (*Workload, error) {
 	return w, nil
 }
 
-// poissonLadder returns arrival offsets (wall time) for each stage: a
+// PoissonLadder returns arrival offsets (wall time) for each stage: a
 // Poisson process at qps[i] requests per model second for dur model time,
 // compressed by timeScale. The same seed gives the same arrivals.
-func poissonLadder(seed int64, qps []float64, durs []time.Duration, timeScale float64) ([][]time.Duration, []Stage) {
+func PoissonLadder(seed int64, qps []float64, durs []time.Duration, timeScale float64) ([][]time.Duration, []Stage) {
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x6c6164646572))
 	var out [][]time.Duration
 	var stages []Stage
@@ -372,8 +372,9 @@ func poissonLadder(seed int64, qps []float64, durs []time.Duration, timeScale fl
 	return out, stages
 }
 
-// stageDurations is each stage's model-time length.
-func (sp SharedPrefixOptions) stageDurations() []time.Duration {
+// StageLengths are the stages' model-time lengths: StageDurations, or
+// StageDuration for each QPS step.
+func (sp SharedPrefixOptions) StageLengths() []time.Duration {
 	if len(sp.StageDurations) == len(sp.QPS) {
 		return sp.StageDurations
 	}
@@ -384,11 +385,11 @@ func (sp SharedPrefixOptions) stageDurations() []time.Duration {
 	return durs
 }
 
-// sharedPrefix builds the shared-prefix workload: prompts are text, one
+// SharedPrefixWorkload builds the shared-prefix workload: prompts are text, one
 // token per word, so prompt lengths are exact for the stand-in tokenizer.
-func sharedPrefix(o Options) *Workload {
+func SharedPrefixWorkload(o Options) *Workload {
 	sp := o.Workload.SharedPrefix
-	arrivals, stages := poissonLadder(o.Seed, sp.QPS, sp.stageDurations(), o.Fleet.TimeScale)
+	arrivals, stages := PoissonLadder(o.Seed, sp.QPS, sp.StageLengths(), o.Fleet.TimeScale)
 	for i := range min(sp.WarmupStages, len(stages)) {
 		stages[i].Warmup = true
 	}
@@ -493,7 +494,7 @@ func BuildWorkload(o Options) (*Workload, error) {
 	case WorkloadTrace:
 		return loadTrace(o)
 	case WorkloadSharedPrefix:
-		return sharedPrefix(o), nil
+		return SharedPrefixWorkload(o), nil
 	case WorkloadChat:
 		return chatSessions(o), nil
 	}

@@ -1,4 +1,4 @@
-package compare
+package proof
 
 import (
 	"bufio"

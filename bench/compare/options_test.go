@@ -1,0 +1,66 @@
+package compare
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/omnious/provider-node/bench/rig"
+)
+
+func TestPresets(t *testing.T) {
+	// Distinct prompt tokens over the fleet's KV cache: llmd-73 fills 73%
+	// of it as published; the demo's working set is five replicas' caches.
+	for name, fill := range map[string]float64{PresetDemo: 1.25, PresetLLMD73: 0.73} {
+		o, err := Preset(name)
+		require.NoError(t, err)
+		o = o.WithDefaults()
+		require.NoError(t, o.Validate())
+		w, err := rig.BuildWorkload(o.Options)
+		require.NoError(t, err)
+		require.NotEmpty(t, w.Requests)
+		sp := o.Workload.SharedPrefix
+		distinct := sp.NumGroups*sp.SystemPromptLen + sp.NumGroups*sp.PromptsPerGroup*sp.QuestionLen
+		capacity := o.Fleet.Replicas * o.Fleet.NumGPUBlocks * o.Fleet.BlockSize
+		require.InDelta(t, fill, float64(distinct)/float64(capacity), 0.01, name)
+	}
+	o := LLMD73Options(0.1)
+	require.Equal(t, []float64{15, 3, 10, 15, 20, 22, 25, 30, 35, 40, 43, 46, 49, 52, 55, 57, 60}, o.Workload.SharedPrefix.QPS)
+	require.Equal(t, 1, o.Workload.SharedPrefix.WarmupStages)
+	require.Equal(t, 400, o.MaxInFlight)
+	require.Equal(t, 3072, o.Fleet.NumGPUBlocks*o.Fleet.BlockSize/10, "307,328 tokens per pod, scaled")
+	require.Equal(t, 600, o.Workload.SharedPrefix.SystemPromptLen)
+	require.Equal(t, 120, o.Workload.SharedPrefix.QuestionLen)
+	require.Equal(t, 100, o.Workload.SharedPrefix.OutputLen)
+	require.Equal(t, 630*time.Microsecond, *o.Fleet.Timing.PrefillPerToken)
+	_, err := Preset("nope")
+	require.Error(t, err)
+}
+
+func TestValidateOptions(t *testing.T) {
+	tests := []struct {
+		name    string
+		mod     func(o *Options)
+		wantErr string
+	}{
+		{"defaults", func(o *Options) {}, ""},
+		{"labels", func(o *Options) { o.Labels = []string{"a"} }, "labels"},
+		{"epps", func(o *Options) { o.EPPs = maxEPPs + 1 }, "epps"},
+		{"addr on a simulated fleet", func(o *Options) { o.Policies = []string{"addr:127.0.0.1:9002"} }, "simulated fleet"},
+		{"two names alike", func(o *Options) { o.Policies = []string{"precise", "precise"} }, "two policies"},
+		{"rig options", func(o *Options) { o.Fleet.Mode = "cloud" }, "fleet mode"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			o := Options{}
+			tc.mod(&o)
+			err := o.WithDefaults().Validate()
+			if tc.wantErr == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorContains(t, err, tc.wantErr)
+		})
+	}
+}

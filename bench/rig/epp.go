@@ -1,0 +1,153 @@
+package rig
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/omnious/provider-node/bench/internal/launch"
+	"github.com/omnious/provider-node/capacity"
+	"github.com/omnious/provider-node/endpoint"
+	"github.com/omnious/provider-node/extproc/testgw"
+	"github.com/omnious/provider-node/scheduler"
+)
+
+// ScrapeInterval is how often the EPP scrapes a simulated fleet when the
+// policy does not say: simulated fleets run faster than real time, so the
+// production default (2s) would see them through a keyhole.
+const ScrapeInterval = 250 * time.Millisecond
+
+// EPPLauncher runs each policy as a real EPP (epp, in process)
+// with the test gateway in front of it: client -> gateway -> ext_proc ->
+// replica, the path production takes through Envoy. policy is a scheduler
+// policy name or the path of a scheduler config file (the `scheduler:`
+// section of an EPP config, as bench sweep writes them); an exec: or addr:
+// policy is another EndpointPicker behind the same gateway, run as ext
+// says. epps EPPs side by side serve a policy, each subscribed to every
+// replica's KV events and scraping every replica, as the Helm chart's
+// replicas do; the gateway spreads streams over them.
+func EPPLauncher(log *zap.Logger, ext ExternalOptions) Launcher {
+	ext = ext.WithDefaults()
+	return func(ctx context.Context, policy string, fleet []endpoint.Endpoint, epps int) (Target, error) {
+		if x, ok, err := parseExternal(policy); ok {
+			if err != nil {
+				return nil, err
+			}
+			return launchExternal(ctx, x, fleet, ext.Dir, *ext.Settle, epps, log)
+		}
+		return StartEPPs(ctx, log, policy, fleet, epps, nil)
+	}
+}
+
+// StartEPPs runs policy (a scheduler policy name or config file, as
+// EPPLauncher takes it) as epps real EPPs in process behind the test
+// gateway, and waits until each has seen every replica. The first EPP,
+// when onWindow is set, gives it every scrape window its capacity curves
+// learn from.
+func StartEPPs(ctx context.Context, log *zap.Logger, policy string, fleet []endpoint.Endpoint, epps int,
+	onWindow func(addr string, w capacity.Window)) (*EPPTarget, error) {
+	sc, err := schedulerConfig(policy)
+	if err != nil {
+		return nil, err
+	}
+	// The stand-in tokenizer is exact for enginesim only; real engines
+	// are routed in approximate mode (no tokenizer configured here).
+	simulated := !slices.ContainsFunc(fleet, func(ep endpoint.Endpoint) bool { return ep.KVEvents == "" })
+	t := &EPPTarget{}
+	// Every endpoint of a decision (max_endpoints 0): the test gateway
+	// walks the fallback list, as the comparison has always measured.
+	tok := "none"
+	if simulated {
+		tok = launch.TokenizerStandIn
+	}
+	var addrs []string
+	for i := range max(epps, 1) {
+		l := log
+		if epps > 1 {
+			l = log.With(zap.Int("epp", i))
+		}
+		c := launch.InProcessConfig{Spec: launch.Spec{Scheduler: sc, Endpoints: fleet, Tokenizer: tok,
+			MaxEndpoints: new(0), DrainTimeout: 5 * time.Second}, OnPick: t.observe, Log: l}
+		if i == 0 {
+			c.OnWindow = onWindow
+		}
+		e, err := launch.StartInProcess(c)
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("policy %s: %w", policy, err), t.Close())
+		}
+		t.epps = append(t.epps, e)
+		addrs = append(addrs, e.GRPCAddr())
+	}
+	if t.gw, err = launch.StartGateway(testgw.Config{EPPs: addrs}, log); err != nil {
+		return nil, errors.Join(err, t.Close())
+	}
+	for _, e := range t.epps {
+		if _, err := e.WaitReady(ctx, len(fleet)); err != nil {
+			return nil, errors.Join(err, t.Close())
+		}
+	}
+	return t, nil
+}
+
+func schedulerConfig(policy string) (scheduler.Config, error) {
+	if IsPolicyName(policy) {
+		return launch.Tuning{Policy: policy, ScrapeInterval: ScrapeInterval, ScrapeTimeout: ScrapeInterval}.Config()
+	}
+	data, err := os.ReadFile(policy)
+	if err != nil {
+		return scheduler.Config{}, fmt.Errorf("policy %q is neither a policy name nor a readable config file: %w", policy, err)
+	}
+	return scheduler.ParseConfig(data)
+}
+
+// IsPolicyName is whether s names a built-in policy (DefaultPolicies).
+func IsPolicyName(s string) bool { return slices.Contains(DefaultPolicies(), s) }
+
+// EPPTarget is a policy run by the bench's own EPPs (StartEPPs).
+type EPPTarget struct {
+	epps []*launch.EPP
+	gw   *launch.Gateway // nil until started
+
+	mu        sync.Mutex
+	latencies []time.Duration
+}
+
+func (t *EPPTarget) observe(d time.Duration) {
+	t.mu.Lock()
+	t.latencies = append(t.latencies, d)
+	t.mu.Unlock()
+}
+
+// URL is the gateway's base URL.
+func (t *EPPTarget) URL() string { return t.gw.URL() }
+
+// DecisionLatencies are the EPPs' scheduling decisions' durations so far.
+func (t *EPPTarget) DecisionLatencies() []time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([]time.Duration(nil), t.latencies...)
+}
+
+// EPPCount is how many EPPs serve the policy.
+func (t *EPPTarget) EPPCount() int { return len(t.epps) }
+
+// EPPs are the EPPs serving the policy, the one given onWindow first.
+func (t *EPPTarget) EPPs() []*launch.EPP { return t.epps }
+
+// Close stops the gateway, then every EPP started.
+func (t *EPPTarget) Close() error {
+	var errs []error
+	if t.gw != nil {
+		errs = append(errs, t.gw.Close())
+	}
+	for _, e := range t.epps {
+		errs = append(errs, e.Stop())
+	}
+	return errors.Join(errs...)
+}

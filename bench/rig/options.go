@@ -1,0 +1,319 @@
+package rig
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/omnious/provider-node/engines/sim/engine"
+	"github.com/omnious/provider-node/internal/opt"
+)
+
+// Fleet modes.
+const (
+	FleetInProcess = "inproc"
+	FleetProcess   = "process"
+	FleetURLs      = "urls"
+)
+
+// Workload kinds.
+const (
+	WorkloadTrace        = "trace"
+	WorkloadSharedPrefix = "shared-prefix"
+	WorkloadChat         = "chat"
+)
+
+// Options are the fleet, the traffic and the client of one bench run.
+// Every default is applied in WithDefaults.
+type Options struct {
+	// Scenario names the run in the report. Default: the workload kind.
+	Scenario string
+	// Seed seeds the workload and the replicas. Default 1.
+	Seed int64
+	// Fleet is the replicas.
+	Fleet FleetOptions
+	// Workload is the traffic.
+	Workload WorkloadOptions
+	// RequestTimeout bounds one request in wall time. Default 10m.
+	RequestTimeout time.Duration
+	// MaxInFlight bounds concurrent requests of the open-loop client, so a
+	// broken target cannot exhaust the machine; arrivals beyond it wait.
+	// Default 4096.
+	MaxInFlight int
+	// Log is the logger. Default zap.NewNop().
+	Log *zap.Logger
+}
+
+// FleetOptions are the replicas.
+type FleetOptions struct {
+	// Mode is "inproc" (simulated replicas in this process, default),
+	// "process" (enginesim processes) or "urls" (real endpoints).
+	Mode string
+	// Replicas is the number of simulated replicas. Default 2.
+	Replicas int
+	// URLs are the real OpenAI endpoints (base URLs, e.g.
+	// http://127.0.0.1:8000) in mode "urls"; only loopback is accepted.
+	URLs []string
+	// Model is the served model name. Default "Qwen/Qwen3-32B" for
+	// simulated fleets; for URLs, the first model /v1/models lists.
+	Model string
+	// Engine is the simulated flavour, "vllm" (default) or "sglang".
+	Engine string
+	// NumGPUBlocks is each simulated replica's KV capacity in blocks.
+	// Default: the simulator's (281,600 tokens).
+	NumGPUBlocks int
+	// BlockSize is the simulated KV block size. Default 16.
+	BlockSize int
+	// MaxNumBatchedTokens is the simulated step token budget. Default 8192.
+	MaxNumBatchedTokens int
+	// MaxNumSeqs caps each simulated replica's running requests. Default:
+	// the simulator's (256).
+	MaxNumSeqs int
+	// MaxModelLen is the simulated context limit. Default: 40960, raised to
+	// fit the workload's longest request.
+	MaxModelLen int
+	// TimeScale runs simulated replicas this many times faster than real
+	// time; latencies are reported in model time (wall * TimeScale).
+	// Default 1.
+	TimeScale float64
+	// Timing are the simulated step-time coefficients; zero fields take the
+	// simulator's defaults.
+	Timing engine.Timing
+	// EnginesimBin is the enginesim binary for mode "process".
+	// Default "bin/enginesim".
+	EnginesimBin string
+}
+
+// WorkloadOptions select and shape the traffic.
+type WorkloadOptions struct {
+	// Kind is "trace", "shared-prefix" (default) or "chat".
+	Kind string
+	// Trace is a Mooncake trace (kind "trace").
+	Trace TraceOptions
+	// SharedPrefix is the shared-prefix workload (kind "shared-prefix").
+	SharedPrefix SharedPrefixOptions
+	// Chat is the multi-turn chat workload (kind "chat").
+	Chat ChatOptions
+}
+
+// TraceOptions replay a Mooncake-format JSONL trace.
+type TraceOptions struct {
+	// Path is the JSONL file.
+	Path string
+	// Speedup divides the trace's timestamps. Default: Fleet.TimeScale, so
+	// the trace keeps its shape in model time.
+	Speedup float64
+	// Limit keeps the first Limit requests (0: all).
+	Limit int
+	// Text sends prompts as text (one stand-in token per word) instead of
+	// token-id lists, for policies and endpoints that need text. Default false.
+	Text bool
+}
+
+// SharedPrefixOptions are groups of prompts sharing a system prompt, as in
+// the Inference Extension's and llm-d's published benchmarks. Each request
+// picks a group and one of its prompts uniformly at random.
+type SharedPrefixOptions struct {
+	// NumGroups is the number of distinct system prompts. Default 16.
+	NumGroups int
+	// PromptsPerGroup is the distinct questions per group. Default 5.
+	PromptsPerGroup int
+	// SystemPromptLen is the shared prefix in tokens. Default 2000.
+	SystemPromptLen int
+	// QuestionLen is the per-prompt suffix in tokens. Default 200.
+	QuestionLen int
+	// OutputLen is the output of every request in tokens. Default 50.
+	OutputLen int
+	// QPS is the ladder of arrival rates in model time (requests per model
+	// second), one stage each. Default [5, 15].
+	QPS []float64
+	// StageDuration is each stage's length in model time. Default 10s.
+	StageDuration time.Duration
+	// StageDurations, when set, gives each stage its own length (one per
+	// QPS entry) instead of StageDuration.
+	StageDurations []time.Duration
+	// WarmupStages leading stages seat the caches and are left out of the
+	// summary across stages (inference-perf's warm-up convention).
+	WarmupStages int
+	// GroupSkew draws groups from a Zipf distribution with this exponent
+	// (group g with weight 1/(g+1)^GroupSkew); 0 (default) draws them
+	// uniformly. Ignored with Cycle.
+	GroupSkew float64
+	// ContentSeed, when set, seeds the prompts' words apart from the
+	// arrivals and choices (Options.Seed), so differently seeded streams
+	// send the same prompts. Default 0: Options.Seed seeds both.
+	ContentSeed int64
+	// Cycle sends the groups' prompts in one shuffled order, over and over,
+	// as inference-perf's shared_prefix data does; false (default) draws
+	// each request's group and prompt at random.
+	Cycle bool
+}
+
+// ChatOptions are multi-turn chat sessions through /v1/chat/completions:
+// each turn sends the whole conversation so far, including the previous
+// answers. Sessions start as a Poisson process.
+type ChatOptions struct {
+	// Sessions is the number of conversations. Default 20.
+	Sessions int
+	// Turns per session. Default 4.
+	Turns int
+	// SystemPromptLen is the system prompt shared by every session, in
+	// words. Default 500.
+	SystemPromptLen int
+	// UserLen is each user message in words. Default 100.
+	UserLen int
+	// OutputLen is each answer's max_tokens. Default 64.
+	OutputLen int
+	// SessionRate is new sessions per model second. Default 2.
+	SessionRate float64
+	// ThinkTime is the model-time pause between an answer and the next turn.
+	// Default 2s.
+	ThinkTime time.Duration
+	// Tools offers a tool (a weather lookup) with tool_choice "auto"; a
+	// tool call is answered with a tool message. Default false.
+	Tools bool
+}
+
+// ExternalOptions are how EPPLauncher runs exec: and addr: policies.
+type ExternalOptions struct {
+	// Dir receives one directory per exec: policy, named after its label:
+	// the fleet's endpoint files, rendered templates, the command as run
+	// and the EPP's output (epp.log). Default "out/bench-epp".
+	Dir string
+	// Settle is how long the bench waits after an external EPP answers
+	// gRPC health SERVING before it sends traffic. nil:
+	// DefaultExternalSettle (2s); 0 sends at once.
+	Settle *time.Duration
+}
+
+// WithDefaults fills every unset field.
+func (o ExternalOptions) WithDefaults() ExternalOptions {
+	def(&o.Dir, "out/bench-epp")
+	o.Settle = opt.Or(o.Settle, DefaultExternalSettle)
+	return o
+}
+
+// WithDefaults fills every unset field.
+func (o Options) WithDefaults() Options {
+	def(&o.Seed, 1)
+	def(&o.RequestTimeout, 10*time.Minute)
+	def(&o.MaxInFlight, 4096)
+	if o.Log == nil {
+		o.Log = zap.NewNop()
+	}
+	f := &o.Fleet
+	def(&f.Mode, FleetInProcess)
+	def(&f.Replicas, 2)
+	def(&f.Engine, engine.FlavourVLLM)
+	def(&f.TimeScale, 1)
+	if f.Mode == FleetURLs {
+		f.TimeScale = 1 // real engines run in real time
+		f.Replicas = len(f.URLs)
+	}
+	def(&f.EnginesimBin, "bin/enginesim")
+	w := &o.Workload
+	def(&w.Kind, WorkloadSharedPrefix)
+	def(&w.Trace.Speedup, f.TimeScale)
+	sp := &w.SharedPrefix
+	def(&sp.NumGroups, 16)
+	def(&sp.PromptsPerGroup, 5)
+	def(&sp.SystemPromptLen, 2000)
+	def(&sp.QuestionLen, 200)
+	def(&sp.OutputLen, 50)
+	if len(sp.QPS) == 0 {
+		sp.QPS = []float64{5, 15}
+	}
+	def(&sp.StageDuration, 10*time.Second)
+	c := &w.Chat
+	def(&c.Sessions, 20)
+	def(&c.Turns, 4)
+	def(&c.SystemPromptLen, 500)
+	def(&c.UserLen, 100)
+	def(&c.OutputLen, 64)
+	def(&c.SessionRate, 2)
+	def(&c.ThinkTime, 2*time.Second)
+	def(&o.Scenario, w.Kind)
+	return o
+}
+
+// def sets *p to v when it is the zero value.
+func def[T comparable](p *T, v T) {
+	var zero T
+	if *p == zero {
+		*p = v
+	}
+}
+
+// Validate reports every problem with defaulted options.
+func (o Options) Validate() error {
+	var errs []error
+	f := o.Fleet
+	switch f.Mode {
+	case FleetInProcess, FleetProcess:
+		if f.Replicas < 1 || f.Replicas > 64 {
+			errs = append(errs, fmt.Errorf("replicas %d: want 1..64", f.Replicas))
+		}
+	case FleetURLs:
+		if len(f.URLs) == 0 {
+			errs = append(errs, errors.New("fleet mode urls needs at least one URL"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("fleet mode %q: want inproc, process or urls", f.Mode))
+	}
+	if !(f.TimeScale > 0) || f.TimeScale > 1000 {
+		errs = append(errs, fmt.Errorf("time scale %v: want > 0 and <= 1000", f.TimeScale))
+	}
+	if f.NumGPUBlocks < 0 || f.BlockSize < 0 || f.MaxNumBatchedTokens < 0 || f.MaxNumSeqs < 0 || f.MaxModelLen < 0 {
+		errs = append(errs, errors.New("fleet sizes must not be negative"))
+	}
+	w := o.Workload
+	switch w.Kind {
+	case WorkloadTrace:
+		if w.Trace.Path == "" {
+			errs = append(errs, errors.New("workload trace needs a trace path"))
+		}
+		if !(w.Trace.Speedup > 0) {
+			errs = append(errs, fmt.Errorf("speedup %v: want > 0", w.Trace.Speedup))
+		}
+		if w.Trace.Limit < 0 {
+			errs = append(errs, fmt.Errorf("limit %d: want >= 0", w.Trace.Limit))
+		}
+	case WorkloadSharedPrefix:
+		sp := w.SharedPrefix
+		if sp.NumGroups < 1 || sp.PromptsPerGroup < 1 || sp.SystemPromptLen < 0 || sp.QuestionLen < 1 || sp.OutputLen < 1 {
+			errs = append(errs, errors.New("shared-prefix: groups, prompts per group, question and output lengths must be positive"))
+		}
+		for _, q := range sp.QPS {
+			if !(q > 0) {
+				errs = append(errs, fmt.Errorf("shared-prefix: QPS %v: want > 0", q))
+			}
+		}
+		if sp.StageDuration <= 0 {
+			errs = append(errs, errors.New("shared-prefix: stage duration must be positive"))
+		}
+		if len(sp.StageDurations) != 0 && len(sp.StageDurations) != len(sp.QPS) {
+			errs = append(errs, fmt.Errorf("shared-prefix: %d stage durations for %d QPS stages", len(sp.StageDurations), len(sp.QPS)))
+		}
+		for _, d := range sp.StageDurations {
+			if d <= 0 {
+				errs = append(errs, fmt.Errorf("shared-prefix: stage duration %v: want > 0", d))
+			}
+		}
+		if sp.GroupSkew < 0 {
+			errs = append(errs, fmt.Errorf("shared-prefix: group skew %v: want >= 0", sp.GroupSkew))
+		}
+		if sp.WarmupStages < 0 || sp.WarmupStages >= len(sp.QPS) {
+			errs = append(errs, fmt.Errorf("shared-prefix: %d warm-up stages of %d: want 0..%d", sp.WarmupStages, len(sp.QPS), len(sp.QPS)-1))
+		}
+	case WorkloadChat:
+		c := w.Chat
+		if c.Sessions < 1 || c.Turns < 1 || c.UserLen < 1 || c.OutputLen < 1 || c.SystemPromptLen < 0 || !(c.SessionRate > 0) || c.ThinkTime < 0 {
+			errs = append(errs, errors.New("chat: sessions, turns, lengths and session rate must be positive"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("workload %q: want trace, shared-prefix or chat", w.Kind))
+	}
+	return errors.Join(errs...)
+}
