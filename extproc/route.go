@@ -141,7 +141,9 @@ func (st *stream) route(headersOnly, eos bool) error {
 // pick asks the picker where the request goes. A nil decision means the
 // request got its answer (a rejection) or the stream fails with err. It is
 // a function of its own so that its frame (the request, the prompt input,
-// the error paths) is off the stack while route sends the replies.
+// the error paths) is off the stack while route sends the replies, which
+// matters on a goroutine whose stack has not grown yet (the handler's,
+// when both idle timeouts are off; BenchmarkReceiveLoop shows the cost).
 func (st *stream) pick(api API, body []byte, parsed, inference bool) (*scheduler.Decision, string, error) {
 	s := st.s
 	req := &st.req
@@ -217,7 +219,8 @@ func (st *stream) destination(d *scheduler.Decision) string {
 // The log lines of route are written by functions of their own: their
 // fields are arrays on the stack, which in route would enlarge the frame
 // under every Send of the request's replies past the goroutine's first
-// stack, to be copied into a larger one on every stream.
+// stack, to be copied into a larger one on every stream that runs on a
+// fresh goroutine (BenchmarkReceiveLoop).
 
 func (st *stream) logRouted(ce *zapcore.CheckedEntry, d *scheduler.Decision, dest, mode string, bytes int) {
 	ce.Write(zap.String("id", st.id), zap.String("model", st.targetModel), zap.String("destination", dest),

@@ -57,8 +57,9 @@ type stream struct {
 	decision                                            *scheduler.Decision
 	req                                                 scheduler.Request
 
-	// The replies are built in place: the stream is one allocation, and
-	// gRPC's Send has encoded a message when it returns.
+	// The replies are built in place, in the recycled stream state
+	// (TestAllocsReplies, TestAllocsStreamState): gRPC's Send has encoded
+	// a message when it returns.
 	reply routeReply
 	chunk chunkReply
 
@@ -77,7 +78,8 @@ type stream struct {
 // watch returns a stream's state for srv: a recycled one when there is
 // one. A stream's state is a few kilobytes with pointers, to be zeroed and
 // scanned; allocating one per stream was 3 KB of the 18.5 KB a 1 KB round
-// trip allocated on both sides (BenchmarkExtProcRoundTrip).
+// trip allocated on both sides (BenchmarkExtProcRoundTrip). A stream
+// allocates none of it: TestAllocsStreamState.
 func (s *Server) watch(srv grpc.BidiStreamingServer[extprocv3.ProcessingRequest, extprocv3.ProcessingResponse]) *watch {
 	w, _ := s.watches.Get().(*watch)
 	if w == nil {
@@ -86,7 +88,8 @@ func (s *Server) watch(srv grpc.BidiStreamingServer[extprocv3.ProcessingRequest,
 	}
 	// Field by field, on w.st zeroed by recycle: a composite literal
 	// would be built in a temporary on the stack, several kilobytes the
-	// handler goroutine's small stack had to grow for.
+	// handler goroutine's small stack had to grow for (a fresh
+	// goroutine's growth: BenchmarkReceiveLoop).
 	w.srv = srv
 	st := &w.st
 	st.s, st.ctx, st.send = s, srv.Context(), w.send
@@ -110,8 +113,9 @@ const receiverKeep = time.Second
 // goroutine. A fresh goroutine's stack is small, and receiving, routing
 // and sending a request need a larger one: growing it copied the stack on
 // every stream, about 6% of a 1 KB exchange against the floor server
-// (BenchmarkExtProcVsFloor, median ratio 1.24 -> 1.17). A goroutine that
-// finds no stream for receiverKeep exits.
+// (BenchmarkExtProcVsFloor, median ratio 1.24 -> 1.17);
+// BenchmarkReceiveLoop sets the two side by side without gRPC. A
+// goroutine that finds no stream for receiverKeep exits.
 func (s *Server) receiver(w *watch) {
 	var keep *time.Timer
 	for {
