@@ -93,7 +93,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 
 // series are the metric children of one (client, target) model label pair,
 // resolved once: a request updates a dozen of them, and WithLabelValues
-// hashes the label values and looks the child up every time.
+// hashes the label values and looks the child up every time. A lookup
+// allocates nothing: TestAllocsSeries.
 type series struct {
 	requests                                prometheus.Counter
 	incomplete, upstream5xx, upstream4xx    prometheus.Counter

@@ -139,12 +139,12 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) error {
 		return nil // Envoy sends nothing after end of stream; tolerate it
 	}
 	if st.body == nil && b.EndOfStream {
-		st.body = b.Body // the whole body in one message: keep it, no copy
+		st.body = b.Body // the whole body in one message: keep it, no copy (TestAllocsRequest)
 	} else {
 		switch {
 		case st.body == nil:
-			// The body's one gathering buffer, sized from Content-Length
-			// when known.
+			// The body's one gathering buffer, pooled and sized from
+			// Content-Length when known (TestAllocsRequest).
 			n := max(int(min(st.contentLength, st.s.cfg.MaxBodyBytes)), 2*len(b.Body))
 			st.body = append(st.s.bufs.get(n), b.Body...)
 		case len(st.body)+len(b.Body) > cap(st.body):
@@ -176,7 +176,7 @@ func (st *stream) requestTrailers() error {
 
 // headerValue returns h's value. RawValue is the received message's own
 // copy (unmarshalling copies bytes fields) and nothing writes it, so the
-// string shares its memory.
+// string shares its memory (TestAllocsViews).
 func headerValue(h *corev3.HeaderValue) string {
 	if len(h.RawValue) > 0 {
 		return unsafe.String(unsafe.SliceData(h.RawValue), len(h.RawValue))
@@ -185,7 +185,7 @@ func headerValue(h *corev3.HeaderValue) string {
 }
 
 // stringBytes views s as bytes for a message field that is only encoded,
-// never written.
+// never written (TestAllocsViews).
 func stringBytes(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
 
 // API is the OpenAI endpoint a request addresses.

@@ -322,7 +322,7 @@ func (r *respState) sseChunk(data []byte, eos bool) []byte {
 }
 
 // sseEvents rewrites complete events; it returns b itself when nothing
-// changes.
+// changes (TestAllocsResponse).
 func (r *respState) sseEvents(b []byte) []byte {
 	r.edits = r.edits[:0]
 	for pos := 0; pos < len(b); {
