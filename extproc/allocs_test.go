@@ -132,7 +132,8 @@ func TestAllocsRequest(t *testing.T) {
 }
 
 // TestAllocsReplies: the routing reply (routeReply, encoded into its own
-// array) and the body chunks (chunkReply) are built in place.
+// array, a replaced BUFFERED body left a message field) and the body
+// chunks (chunkReply) are built in place.
 func TestAllocsReplies(t *testing.T) {
 	var r routeReply
 	dest, strip := "127.0.0.1:8000", []string{HeaderModelRewrite}
@@ -143,6 +144,7 @@ func TestAllocsReplies(t *testing.T) {
 	}
 	var c chunkReply
 	body := make([]byte, 200<<10)
+	replaced := &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: body}}
 	st := &stream{s: NewServer(Config{}, onePicker{}, nil, nil, zap.NewNop()),
 		send: func(*extprocv3.ProcessingResponse) error { return nil }}
 	for _, tt := range []struct {
@@ -151,6 +153,7 @@ func TestAllocsReplies(t *testing.T) {
 	}{
 		{"headers", func() { routed(); _ = r.onHeaders(strip, dest) }},
 		{"buffered body", func() { routed(); _ = r.onRequestBody(strip, dest, nil) }},
+		{"buffered body, replaced", func() { routed(); _ = r.onRequestBody(strip, dest, replaced) }},
 		{"chunk", func() { _ = c.message(body, true, true) }},
 		{"body in chunks", func() { _ = st.sendBody(body, true, false) }},
 	} {

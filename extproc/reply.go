@@ -61,7 +61,7 @@ func (r *routeReply) onHeaders(remove []string, dest string) *extprocv3.Processi
 
 // onRequestBody returns the reply to a BUFFERED body: as onHeaders, and
 // the body replaced by m when m is not nil. The body stays a message
-// field: encoding it here would copy it once more.
+// field: encoding it here would copy it once more (TestAllocsReplies).
 func (r *routeReply) onRequestBody(remove []string, dest string, m *extprocv3.BodyMutation) *extprocv3.ProcessingResponse {
 	common := r.appendCommon(r.wire[:0], remove, r.mutationSize(remove))
 	r.common.BodyMutation = m
