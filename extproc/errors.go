@@ -8,6 +8,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"go.uber.org/zap"
 
 	"github.com/omnious/provider-node/engines/openai"
 )
@@ -51,4 +52,18 @@ func errorType(code int) string {
 		return "InternalServerError"
 	}
 	return http.StatusText(code)
+}
+
+// reject answers the client directly with an OpenAI-style error.
+func (st *stream) reject(code int, reason, msg string) error {
+	st.phase = phaseDone
+	st.end = "immediate"
+	st.rejected, st.rejectReason = code, reason
+	cl, tl := st.modelLabels()
+	st.s.m.errors.WithLabelValues(cl, tl, reason).Inc()
+	if ce := st.s.log.Check(zap.DebugLevel, "rejected"); ce != nil {
+		ce.Write(zap.String("id", st.id), zap.Int("status", code), zap.String("reason", reason), zap.String("msg", msg))
+	}
+	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
+		ImmediateResponse: immediateResponse(code, reason, msg)}})
 }

@@ -11,7 +11,7 @@ import (
 // A minimal JSON scanner over the body bytes: it walks the top-level object
 // once, records the byte spans of the few members routing needs, and skips
 // everything else without decoding it. Nothing is copied; spans alias the
-// body. Structure is validated (brackets, strings, literals, numbers);
+// body (TestAllocsParse). Structure is validated (brackets, strings, literals, numbers);
 // string contents are not checked beyond their escapes, the engine does that.
 
 const maxJSONDepth = 256
@@ -193,7 +193,8 @@ func skipNumber(b []byte, i int) (int, error) {
 	return i, nil
 }
 
-// objIter walks the members of one object without allocating.
+// objIter walks the members of one object without allocating
+// (TestAllocsParse).
 type objIter struct {
 	b     []byte
 	i     int // next read position; after the closing brace once done

@@ -90,3 +90,98 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	return m, errors.Join(errs...)
 }
+
+// series are the metric children of one (client, target) model label pair,
+// resolved once: a request updates a dozen of them, and WithLabelValues
+// hashes the label values and looks the child up every time. A lookup
+// allocates nothing: TestAllocsSeries.
+type series struct {
+	requests                                prometheus.Counter
+	incomplete, upstream5xx, upstream4xx    prometheus.Counter
+	requestSizes, responseSizes, duration   prometheus.Observer
+	inputTokens, outputTokens, cachedTokens prometheus.Observer
+	running                                 prometheus.Gauge
+}
+
+// seriesOf returns the children of the label pair (client, target); both
+// come from the bounded label sets, so the table is bounded too.
+func (s *Server) seriesOf(client, target string) *series {
+	key := [2]string{client, target}
+	if m := s.series.Load(); m != nil {
+		if v := (*m)[key]; v != nil {
+			return v
+		}
+	}
+	s.seriesMu.Lock()
+	defer s.seriesMu.Unlock()
+	old := s.series.Load()
+	if old != nil {
+		if v := (*old)[key]; v != nil {
+			return v
+		}
+	}
+	m := s.m
+	v := &series{
+		requests:      m.requests.WithLabelValues(client, target),
+		incomplete:    m.errors.WithLabelValues(client, target, "upstream_incomplete"),
+		upstream5xx:   m.errors.WithLabelValues(client, target, "upstream_5xx"),
+		upstream4xx:   m.errors.WithLabelValues(client, target, "upstream_4xx"),
+		requestSizes:  m.requestSizes.WithLabelValues(client, target),
+		responseSizes: m.responseSizes.WithLabelValues(client, target),
+		duration:      m.duration.WithLabelValues(client, target),
+		inputTokens:   m.inputTokens.WithLabelValues(client, target),
+		outputTokens:  m.outputTokens.WithLabelValues(client, target),
+		cachedTokens:  m.cachedTokens.WithLabelValues(client, target),
+		running:       m.running.WithLabelValues(client),
+	}
+	next := make(map[[2]string]*series, 1)
+	if old != nil {
+		next = make(map[[2]string]*series, len(*old)+1)
+		for k, x := range *old {
+			next[k] = x
+		}
+	}
+	next[key] = v
+	s.series.Store(&next)
+	return v
+}
+
+// Label values of omnious_extproc_streams_total and
+// omnious_extproc_prompt_mode_total.
+var (
+	streamEndValues  = []string{"completed", "immediate", "cancelled", "error", "timeout"}
+	promptModeValues = []string{"precise", "approximate", "none"}
+)
+
+func children(v *prometheus.CounterVec, values []string) map[string]prometheus.Counter {
+	m := make(map[string]prometheus.Counter, len(values))
+	for _, x := range values {
+		m[x] = v.WithLabelValues(x)
+	}
+	return m
+}
+
+// inc increments m's child for v, resolving v when m has none.
+func inc(m map[string]prometheus.Counter, v *prometheus.CounterVec, x string) {
+	if c, ok := m[x]; ok {
+		c.Inc()
+		return
+	}
+	v.WithLabelValues(x).Inc()
+}
+
+// modelLabels are the metric labels of the request's models: as chosen at
+// routing, or before it names already known (a request for a model nobody
+// serves is "unknown", so a client cannot mint label values).
+func (st *stream) modelLabels() (client, target string) {
+	if st.decision != nil {
+		return st.clientLabel, st.targetLabel
+	}
+	s := st.s
+	target = s.models.Known(st.targetModel)
+	client = target
+	if st.clientModel != st.targetModel {
+		client = s.aliases.Known(st.clientModel)
+	}
+	return client, target
+}

@@ -142,7 +142,8 @@ func responsesMessages(in *PromptInput) ([]openai.Message, error) {
 
 // decodeMessages decodes a chat request's messages array with the body
 // scanner: content stays a span of the body (ContentText decodes it once,
-// later), and only tool_calls, rare and small, go through encoding/json.
+// later; TestAllocsDecodeMessages), and only tool_calls, rare and small,
+// go through encoding/json.
 // Keys match exactly, as in the engines' Python parsers; unknown keys are
 // skipped; a repeated key keeps its last value.
 func decodeMessages(raw []byte) ([]openai.Message, error) {

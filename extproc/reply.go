@@ -14,7 +14,8 @@ import (
 // envoy.lb metadata are encoded here, in the wire format proto marshals
 // them to, and carried as unknown fields: on the wire the reply is the one
 // proto would marshal from the nested messages, but the codec copies bytes
-// instead of walking a dozen messages by reflection (BenchmarkRouteReply).
+// instead of walking a dozen messages by reflection (BenchmarkRouteReply),
+// and builds it in wire without allocating (TestAllocsReplies).
 // On headers the bytes are exactly proto's; on a BUFFERED body the fields
 // come in another order, which decodes the same.
 type routeReply struct {
@@ -60,7 +61,7 @@ func (r *routeReply) onHeaders(remove []string, dest string) *extprocv3.Processi
 
 // onRequestBody returns the reply to a BUFFERED body: as onHeaders, and
 // the body replaced by m when m is not nil. The body stays a message
-// field: encoding it here would copy it once more.
+// field: encoding it here would copy it once more (TestAllocsReplies).
 func (r *routeReply) onRequestBody(remove []string, dest string, m *extprocv3.BodyMutation) *extprocv3.ProcessingResponse {
 	common := r.appendCommon(r.wire[:0], remove, r.mutationSize(remove))
 	r.common.BodyMutation = m
@@ -204,4 +205,62 @@ func appendLBMetadata(b []byte, dest string) []byte {
 	b = protowire.AppendString(protowire.AppendTag(b, mapKey, protowire.BytesType), HeaderDestination)
 	b = appendLen(b, mapValue, destValue)
 	return protowire.AppendString(protowire.AppendTag(b, valueString, protowire.BytesType), dest)
+}
+
+// chunkReply is the message sendBody sends each body chunk in, built in
+// place (TestAllocsReplies).
+type chunkReply struct {
+	resp     extprocv3.ProcessingResponse
+	onReq    extprocv3.ProcessingResponse_RequestBody
+	onResp   extprocv3.ProcessingResponse_ResponseBody
+	body     extprocv3.BodyResponse
+	common   extprocv3.CommonResponse
+	mutation extprocv3.BodyMutation
+	streamed extprocv3.BodyMutation_StreamedResponse
+	chunk    extprocv3.StreamedBodyResponse
+}
+
+// message returns the reply for chunk b of the request's (request) or the
+// response's body.
+func (c *chunkReply) message(b []byte, eos, request bool) *extprocv3.ProcessingResponse {
+	if c.body.Response == nil {
+		c.streamed.StreamedResponse = &c.chunk
+		c.mutation.Mutation = &c.streamed
+		c.common.BodyMutation = &c.mutation
+		c.body.Response = &c.common
+		c.onReq.RequestBody, c.onResp.ResponseBody = &c.body, &c.body
+	}
+	c.chunk.Body, c.chunk.EndOfStream = b, eos
+	if request {
+		c.resp.Response = &c.onReq
+	} else {
+		c.resp.Response = &c.onResp
+	}
+	return &c.resp
+}
+
+// sendBody emits b as streamed_response chunks of at most ChunkSize bytes
+// (FULL_DUPLEX_STREAMED). An empty b still sends one message when it
+// carries end of stream.
+func (st *stream) sendBody(b []byte, eos, request bool) error {
+	size := st.s.cfg.ChunkSize
+	for first := true; first || len(b) > 0; first = false {
+		n := min(len(b), size)
+		last := n == len(b)
+		if n == 0 && !(eos && last) {
+			return nil
+		}
+		if err := st.send(st.chunk.message(b[:n], eos && last, request)); err != nil {
+			return err
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+func setHeader(k, v string) *corev3.HeaderValueOption {
+	return &corev3.HeaderValueOption{
+		Header:       &corev3.HeaderValue{Key: k, RawValue: []byte(v)},
+		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+	}
 }

@@ -4,10 +4,189 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"time"
+	"unsafe"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/omnious/provider-node/internal/jsonstr"
+	"github.com/omnious/provider-node/scheduler"
 )
+
+// requestHeaders stores the request's headers and reads the ones the EPP
+// acts on. A request without body is routed at once; in BUFFERED mode the
+// headers are answered so that Envoy sends the body.
+func (st *stream) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) error {
+	if st.phase != phaseRequest || !st.arrived.IsZero() {
+		return status.Error(codes.FailedPrecondition, "request headers received twice")
+	}
+	if st.reqMode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED && st.reqMode != filterv3.ProcessingMode_BUFFERED {
+		return status.Errorf(codes.FailedPrecondition, "request body mode %s is not supported: use FULL_DUPLEX_STREAMED or BUFFERED", st.reqMode)
+	}
+	st.arrived = time.Now()
+	cfg := &st.s.cfg
+	contentLength := int64(-1)
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		switch k := hv.Key; k {
+		case ":path":
+			st.path = headerValue(hv)
+		case ":method":
+			st.method = headerValue(hv)
+		case headerRequestID:
+			st.id = headerValue(hv)
+		case HeaderModelRewrite:
+			st.rewriteHdr = headerValue(hv)
+			st.strip = append(st.strip, k)
+		case headerContentLen:
+			if n, err := strconv.ParseInt(headerValue(hv), 10, 64); err == nil {
+				contentLength = n
+			}
+		case headerTraceparent:
+			st.trace.parent = headerValue(hv)
+		case headerTracestate:
+			st.trace.state = headerValue(hv)
+		case KeyServed, KeySubset:
+			// Only the gateway may say these, in metadata; a client's
+			// header of that name must not reach the engine as if it had.
+			st.strip = append(st.strip, k)
+		default:
+			switch k {
+			case cfg.BandHeader:
+				st.band = headerValue(hv)
+				st.strip = append(st.strip, k)
+			case cfg.TenantHeader:
+				if t := headerValue(hv); t != scheduler.CalibrationTenant && st.tenant != scheduler.CalibrationTenant {
+					// The calibration tenant is only given by the
+					// calibration header, never claimed by name.
+					st.tenant = t
+				}
+				st.strip = append(st.strip, k)
+			case HeaderCalibration:
+				if headerValue(hv) == "1" {
+					st.tenant = scheduler.CalibrationTenant
+				}
+				st.strip = append(st.strip, k)
+			case cfg.SessionHeader:
+				st.session = headerValue(hv)
+			}
+		}
+	}
+	if st.id == "" {
+		st.id = st.s.idPrefix + strconv.FormatUint(st.s.ids.Add(1), 10)
+		st.genID = true
+	}
+	if st.s.tracer != nil {
+		st.startSpan()
+	}
+	st.subset = subsetHint(req.GetMetadataContext())
+	if contentLength > cfg.MaxBodyBytes {
+		return st.reject(413, "body_too_large", fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", contentLength, cfg.MaxBodyBytes))
+	}
+	if h.EndOfStream {
+		return st.route(true, false)
+	}
+	if st.reqMode == filterv3.ProcessingMode_BUFFERED {
+		// Envoy holds the body until the headers are answered; the
+		// destination goes into the body response instead.
+		return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
+			RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}}}})
+	}
+	st.contentLength = contentLength
+	return nil
+}
+
+// subsetHint reads the gateway's subset hint: nil when absent, a non-nil
+// (possibly empty) list when present.
+func subsetHint(md *corev3.Metadata) []string {
+	if md == nil {
+		return nil
+	}
+	f := md.FilterMetadata[MetadataSubset]
+	if f == nil {
+		return nil
+	}
+	v, ok := f.Fields[KeySubset]
+	if !ok {
+		return nil
+	}
+	out := []string{}
+	switch x := v.Kind.(type) {
+	case *structpb.Value_ListValue:
+		for _, e := range x.ListValue.GetValues() {
+			if s := strings.TrimSpace(e.GetStringValue()); s != "" {
+				out = append(out, s)
+			}
+		}
+	case *structpb.Value_StringValue:
+		for _, s := range strings.Split(x.StringValue, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				out = append(out, s)
+			}
+		}
+	}
+	return out
+}
+
+func (st *stream) requestBody(b *extprocv3.HttpBody) error {
+	if st.phase != phaseRequest {
+		return nil // Envoy sends nothing after end of stream; tolerate it
+	}
+	if st.body == nil && b.EndOfStream {
+		st.body = b.Body // the whole body in one message: keep it, no copy (TestAllocsRequest)
+	} else {
+		switch {
+		case st.body == nil:
+			// The body's one gathering buffer, pooled and sized from
+			// Content-Length when known (TestAllocsRequest).
+			n := max(int(min(st.contentLength, st.s.cfg.MaxBodyBytes)), 2*len(b.Body))
+			st.body = append(st.s.bufs.get(n), b.Body...)
+		case len(st.body)+len(b.Body) > cap(st.body):
+			grown := append(st.s.bufs.get(2*(len(st.body)+len(b.Body))), st.body...)
+			st.s.bufs.put(st.body)
+			st.body = append(grown, b.Body...)
+		default:
+			st.body = append(st.body, b.Body...)
+		}
+		st.owned = st.body
+	}
+	if int64(len(st.body)) > st.s.cfg.MaxBodyBytes {
+		return st.reject(413, "body_too_large", fmt.Sprintf("request body exceeds the limit of %d bytes", st.s.cfg.MaxBodyBytes))
+	}
+	if b.EndOfStream {
+		return st.route(false, true)
+	}
+	return nil
+}
+
+func (st *stream) requestTrailers() error {
+	if st.phase == phaseRequest {
+		if err := st.route(false, false); err != nil || st.phase == phaseDone {
+			return err
+		}
+	}
+	return st.sendTrailers(&extprocv3.ProcessingRequest_RequestTrailers{})
+}
+
+// headerValue returns h's value. RawValue is the received message's own
+// copy (unmarshalling copies bytes fields) and nothing writes it, so the
+// string shares its memory (TestAllocsViews).
+func headerValue(h *corev3.HeaderValue) string {
+	if len(h.RawValue) > 0 {
+		return unsafe.String(unsafe.SliceData(h.RawValue), len(h.RawValue))
+	}
+	return h.Value
+}
+
+// stringBytes views s as bytes for a message field that is only encoded,
+// never written (TestAllocsViews).
+func stringBytes(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
 
 // API is the OpenAI endpoint a request addresses.
 type API uint8

@@ -2,7 +2,174 @@ package extproc
 
 import (
 	"bytes"
+	"strconv"
+	"strings"
+	"time"
+
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/omnious/provider-node/scheduler"
 )
+
+// responseHeaders reads the response's status and content type, decides
+// how its body is handled (SSE, buffered JSON, passed through) and
+// answers the headers; a response without body ends the request here.
+func (st *stream) responseHeaders(h *extprocv3.HttpHeaders) error {
+	if st.phase == phaseRequest {
+		return status.Error(codes.FailedPrecondition, "response headers before the request was routed")
+	}
+	st.phase = phaseResponse
+	ctype := ""
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		switch hv.Key {
+		case ":status":
+			st.status, _ = strconv.Atoi(headerValue(hv))
+		case headerContentType:
+			ctype = strings.ToLower(headerValue(hv))
+		}
+	}
+	r := &st.resp
+	r.sse = strings.Contains(ctype, "text/event-stream")
+	r.buffer = !r.sse && strings.Contains(ctype, "json")
+	if m := st.replyModel(); m != "" {
+		r.rewrite = quoteJSON(m)
+	}
+	r.strip = st.injected && r.sse
+	common := &extprocv3.CommonResponse{}
+	if r.rewrite != "" || r.strip {
+		// The body changes size; Envoy re-frames it.
+		common.HeaderMutation = &extprocv3.HeaderMutation{RemoveHeaders: []string{headerContentLen}}
+	}
+	st.fallbackHeader(common)
+	if err := st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
+		ResponseHeaders: &extprocv3.HeadersResponse{Response: common}}}); err != nil {
+		return err
+	}
+	if h.EndOfStream || st.respMode == filterv3.ProcessingMode_NONE {
+		// No body follows, or Envoy does not show it to us: the response
+		// is as complete as we will see it.
+		st.firstByte = time.Since(st.arrived)
+		st.finish(nil, "completed")
+	}
+	return nil
+}
+
+// responseBody forwards a response body message, rewritten as the
+// response's handling says, and ends the request at end of stream.
+func (st *stream) responseBody(b *extprocv3.HttpBody) error {
+	if st.phase != phaseResponse {
+		return status.Error(codes.FailedPrecondition, "response body before response headers")
+	}
+	if st.firstByte == 0 && len(b.Body) > 0 {
+		st.firstByte = time.Since(st.arrived)
+	}
+	st.respBytes += len(b.Body)
+	r := &st.resp
+	var out []byte
+	switch {
+	case r.sse:
+		out = r.sseChunk(b.Body, b.EndOfStream)
+	case r.buffer && int64(len(r.pending)+len(b.Body)) > st.s.cfg.MaxBodyBytes:
+		// Too large to hold: pass it through untouched from here on.
+		out = append(r.pending, b.Body...)
+		r.pending, r.buffer = nil, false
+	case r.buffer:
+		if r.pending == nil && b.EndOfStream {
+			out = r.jsonBody(b.Body)
+		} else {
+			r.pending = append(r.pending, b.Body...)
+			if b.EndOfStream {
+				out = r.jsonBody(r.pending)
+				r.pending = nil
+			}
+		}
+	default:
+		out = b.Body
+	}
+	if err := st.emitResponse(out, b.Body, b.EndOfStream); err != nil {
+		return err
+	}
+	if b.EndOfStream {
+		st.finish(nil, "completed")
+	}
+	return nil
+}
+
+// emitResponse sends out in the response body mode Envoy uses: any number
+// of streamed chunks in FULL_DUPLEX_STREAMED, else exactly one reply per
+// received message, replacing it only when it changed.
+func (st *stream) emitResponse(out, in []byte, eos bool) error {
+	if st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		return st.sendBody(out, eos, false)
+	}
+	common := &extprocv3.CommonResponse{}
+	if len(out) != len(in) || (len(out) > 0 && &out[0] != &in[0]) {
+		common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: out}}
+	}
+	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
+		ResponseBody: &extprocv3.BodyResponse{Response: common}}})
+}
+
+func (st *stream) responseTrailers() error {
+	if st.phase == phaseResponse && st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		var out []byte
+		switch r := &st.resp; {
+		case r.sse && len(r.pending) > 0:
+			out = r.sseEvents(r.pending)
+		case r.buffer && len(r.pending) > 0:
+			out = r.jsonBody(r.pending)
+		}
+		st.resp.pending = nil
+		if len(out) > 0 {
+			if err := st.sendBody(out, false, false); err != nil {
+				return err
+			}
+		}
+	}
+	if err := st.sendTrailers(&extprocv3.ProcessingRequest_ResponseTrailers{}); err != nil {
+		return err
+	}
+	st.finish(nil, "completed")
+	return nil
+}
+
+// finish reports the end of the routed request to the scheduler, once.
+func (st *stream) finish(err error, end string) {
+	if st.phase == phaseDone {
+		return
+	}
+	st.phase = phaseDone
+	st.end = end
+	d := st.decision
+	if d == nil {
+		return
+	}
+	total := time.Since(st.arrived)
+	u := st.resp.usage
+	d.Done(scheduler.DoneInfo{Served: st.served, Status: st.status, Err: err,
+		PromptTokens: u.prompt, CachedTokens: u.cached, CompletionTokens: u.completion,
+		FirstByte: st.firstByte, Total: total})
+	m := st.series
+	m.running.Dec()
+	m.duration.Observe(total.Seconds())
+	m.responseSizes.Observe(float64(st.respBytes))
+	if u.seen {
+		m.inputTokens.Observe(float64(u.prompt))
+		m.outputTokens.Observe(float64(u.completion))
+		m.cachedTokens.Observe(float64(u.cached))
+	}
+	switch {
+	case err != nil:
+		m.incomplete.Inc()
+	case st.status >= 500:
+		m.upstream5xx.Inc()
+	case st.status >= 400:
+		m.upstream4xx.Inc()
+	}
+}
 
 // usage is the token accounting parsed from a response.
 type usage struct {
@@ -155,7 +322,7 @@ func (r *respState) sseChunk(data []byte, eos bool) []byte {
 }
 
 // sseEvents rewrites complete events; it returns b itself when nothing
-// changes.
+// changes (TestAllocsResponse).
 func (r *respState) sseEvents(b []byte) []byte {
 	r.edits = r.edits[:0]
 	for pos := 0; pos < len(b); {

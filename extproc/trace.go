@@ -36,7 +36,8 @@ func (s *Server) SetTracerProvider(tp trace.TracerProvider) {
 }
 
 // traceHeaders carries the W3C trace context between the header list and
-// the propagator without building a map of every header.
+// the propagator: the two headers it knows, read while the request's
+// headers are scanned.
 type traceHeaders struct{ parent, state string }
 
 func (h *traceHeaders) Get(key string) string {

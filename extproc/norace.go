@@ -1,0 +1,6 @@
+//go:build !race
+
+package extproc
+
+// raceEnabled says the race detector is on; see race.go.
+const raceEnabled = false
