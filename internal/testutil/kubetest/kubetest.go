@@ -165,7 +165,7 @@ func BinDir() (string, error) {
 		if err != nil {
 			return "", err
 		}
-		key, err := cacheKey(filepath.Join(root, "internal", "kubetest", "controlplane", "go.mod"))
+		key, err := cacheKey(filepath.Join(root, "internal", "testutil", "kubetest", "controlplane", "go.mod"))
 		if err != nil {
 			return "", err
 		}

@@ -90,7 +90,7 @@ func TestKubeconfigAndKubectl(t *testing.T) {
 func TestInstallCRDsAndApply(t *testing.T) {
 	env := kubetest.Shared(t)
 	ns := env.Namespace(t, "kubetest-apply")
-	env.InstallCRDs(t, filepath.Join("..", "..", "deploy", "crds", "inference.networking.k8s.io_inferencepools.yaml"))
+	env.InstallCRDs(t, filepath.Join("..", "..", "..", "deploy", "crds", "inference.networking.k8s.io_inferencepools.yaml"))
 	ctx := context.Background()
 	pool := []byte(`
 apiVersion: inference.networking.k8s.io/v1
