@@ -108,7 +108,7 @@ ENGINE="${ENGINE:-vllm}"
 # Without TOOL_PROFILE, setup.sh's result decides when it was made for this
 # MODEL_ID and ENGINE: its custom parser is used as given, an auto result is
 # resolved again from the current registry.
-tool_source=""
+tool_source="" saved_parser=""
 if [[ -z "${TOOL_PROFILE:-}" && -n "${MODEL_ID:-}" && -r "$setup_result" ]]; then
 	tool_profile_load "$setup_result"
 	if [[ "$saved_model" == "$MODEL_ID" && "$saved_engine" == "$ENGINE" ]]; then
