@@ -68,3 +68,13 @@ chaos: build
 
 clean:
 	rm -rf $(BIN) out
+
+# The project's image without a Docker engine (deploy/image): the binaries
+# the chart runs, static, as 65532:65532 on an empty base, written as one
+# tar that is an OCI layout and a docker-save archive, named as the chart's
+# default image. Push it or load it: deploy/README.md, "Images".
+IMAGE_PLATFORM ?= linux/amd64
+IMAGE_TAR ?= out/provider-node-image.tar
+.PHONY: image
+image:
+	$(GO) run ./deploy/image -platform $(IMAGE_PLATFORM) -out $(IMAGE_TAR)

@@ -11,7 +11,10 @@
 #     chart and the systemd unit start it sends one destination, as Envoy's
 #     ORIGINAL_DST cluster needs);
 #   - systemd unit syntax (when systemd-analyze exists);
-#   - install.sh --dry-run with good and bad inputs.
+#   - install.sh --dry-run with good and bad inputs;
+#   - the runbook's own commands, as written, in a copy of the tree named
+#     provider-node: the install (dry run and stub cluster) and both
+#     ./setup.sh forms.
 # Tools: deploy/tools.sh. Nothing here needs a cluster or the network.
 set -euo pipefail
 
@@ -253,6 +256,17 @@ render slo &&
 # name and never renders one.
 if cat "$work"/*.yaml | grep -q '^kind: Secret$'; then bad "a render contains a Secret"; else pass "no Secret rendered (keys stay out of Helm)"; fi
 
+# Images are named in values.yaml only: no template names one, so the
+# engine, Envoy and project image versions have one place.
+if grep -rnE '^[[:space:]]*(- )?image:' "$chart/templates" | grep -v '{{' >"$work/images.out"; then
+	bad "a template names an image instead of taking it from values.yaml"
+	sed 's/^/       /' "$work/images.out" >&2
+else
+	pass "every image comes from values.yaml"
+fi
+expect vllm-standalone-keda_off-mon_off "the EPP, quoter, calibration, canary and test run the image make image builds" \
+	eval '[[ "$(grep -E "^ +image: " "$work/vllm-standalone-keda_off-mon_off.yaml" | grep -c "ghcr.io/omnious/provider-node:$(sed -n "s/^appVersion: \"*\([^\"]*\)\"*$/\1/p" "$chart/Chart.yaml")\$")" == 5 ]]'
+
 section "renders that must fail"
 must_fail() { # DESCRIPTION EXPECTED-MESSAGE helm-args...
 	local what="$1" msg="$2"
@@ -357,12 +371,15 @@ good_env=(PROVIDER_ID=acme-qwen "PROVIDER_KEY=$work/provider.key" MODEL_ID=Qwen/
 # quoter on PATH resolves tool profiles; without it install.sh uses awk.
 nopath="$work/nopath"
 mkdir -p "$nopath"
-for t in bash awk tr head stat grep sed mktemp chmod rm cat printf dirname id; do
+for t in bash awk tr head stat grep sed mktemp chmod rm cat printf dirname id mkdir; do
 	p="$(command -v "$t")" && ln -sf "$p" "$nopath/$t"
 done
 printf '0x%064x\n' 1 >"$work/open.key"
 chmod 644 "$work/open.key"
 dry_stdin=/dev/null
+# isolate: a setup.sh result left in this tree (out/tool-profile.env) is
+# not read by the runs here; the runbook's runs below use their copy's own.
+isolate=("TOOL_PROFILE_ENV=$work/no-setup.env")
 dry() { # LABEL expected-rc pattern env... -- args...
 	local label="$1" rc_want="$2" pattern="$3"
 	shift 3
@@ -370,7 +387,7 @@ dry() { # LABEL expected-rc pattern env... -- args...
 	while (($#)) && [[ "$1" != -- ]]; do envs+=("$1"); shift; done
 	shift
 	local rc=0
-	env -i PATH="$nopath" HOME="$work" "${envs[@]}" bash "$here/install.sh" --dry-run "$@" <"$dry_stdin" >"$work/dry.out" 2>&1 || rc=$?
+	env -i PATH="$nopath" HOME="$work" "${isolate[@]}" "${envs[@]}" bash "$here/install.sh" --dry-run "$@" <"$dry_stdin" >"$work/dry.out" 2>&1 || rc=$?
 	if [[ "$rc" != "$rc_want" ]]; then
 		bad "install.sh $label: exit $rc, want $rc_want"
 		sed 's/^/       /' "$work/dry.out" >&2
@@ -456,14 +473,16 @@ EOF
 chmod +x "$stubs/kubectl" "$stubs/helm"
 # stub_install LABEL env...: a real run against the stubs; the key and the
 # HF token reach kubectl only on stdin, never an argv, the environment of a
-# program the installer ran, the Helm values or the output.
+# program the installer ran, the Helm values or the output. It runs
+# stub_cmd in stub_dir, installing release stub_release.
+stub_cmd=(bash "$here/install.sh" --env stub) stub_dir="$here" stub_release=provider-node-stub
 stub_install() {
 	local label="$1"
 	shift
 	rm -f "$work/argv" "$work/stdin" "$work/values" "$work/env"
 	local rc=0
-	env -i PATH="$stubs" HOME="$work" STUB_ARGV="$work/argv" STUB_STDIN="$work/stdin" STUB_VALUES="$work/values" STUB_ENV="$work/env" \
-		"$@" bash "$here/install.sh" --env stub </dev/null >"$work/real.out" 2>&1 || rc=$?
+	(cd "$stub_dir" && env -i PATH="$stubs" HOME="$work" STUB_ARGV="$work/argv" STUB_STDIN="$work/stdin" STUB_VALUES="$work/values" STUB_ENV="$work/env" \
+		"${isolate[@]}" "$@" "${stub_cmd[@]}") </dev/null >"$work/real.out" 2>&1 || rc=$?
 	local keyb64
 	keyb64="$(base64 -w0 <"$work/provider.key")"
 	if ((rc)); then
@@ -475,8 +494,8 @@ stub_install() {
 		bad "install.sh (stub cluster, $label): secret material in a command line, an environment, the Helm values or the output"
 	elif ! grep -qF -- "$keyb64" "$work/stdin" || ! grep -qF "$(printf hf_secret_token_value | base64 -w0)" "$work/stdin"; then
 		bad "install.sh (stub cluster, $label): the Secrets did not reach kubectl apply on stdin"
-	elif ! grep -q '^helm upgrade --install provider-node-stub .* --wait' "$work/argv" || ! grep -q '^helm test provider-node-stub' "$work/argv" ||
-		! grep -q 'existingSecret: "provider-node-stub-quoter-key"' "$work/values"; then
+	elif ! grep -q "^helm upgrade --install $stub_release .* --wait" "$work/argv" || ! grep -q "^helm test $stub_release" "$work/argv" ||
+		! grep -q "existingSecret: \"$stub_release-quoter-key\"" "$work/values"; then
 		bad "install.sh (stub cluster, $label): helm upgrade --install --wait / helm test / values"
 		sed 's/^/       /' "$work/argv" >&2
 	else
@@ -485,6 +504,83 @@ stub_install() {
 }
 stub_install "key file" "${good_env[@]}"
 stub_install "inline key" "${good_env[@]}" "PROVIDER_KEY=$keyhex"
+
+# ---------------------------------------------------------------- runbook
+# The runbook's commands exactly as it shows them, in a fresh copy of the
+# tree named provider-node (no bin/, no out/): the install from the clone's
+# parent (dry run, then against the stub cluster), and both ./setup.sh
+# forms inside it, whose result the next install reads. Only placeholders
+# are filled in: PROVIDER_KEY=0x... with a key, HF_TOKEN=hf_... with a
+# token, <official-parser> with a parser name. The setup.sh runs get the
+# install command's variables but the secrets, as an exported environment.
+section "the runbook's commands, as written"
+parent="$work/runbook"
+clone="$parent/provider-node"
+mkdir -p "$clone"
+tar -C "$root" -cf - README.md install.sh setup.sh config deploy | tar -C "$clone" -xf -
+rm -rf "$clone/out" "$clone/bin"
+isolate=()
+runbook_env=(PROVIDER_ID=acme-qwen "PROVIDER_KEY=$keyhex" MODEL_ID=Qwen/Qwen3-32B MODEL_CLASS=qwen3-32b
+	FLOOR_IN=210000 FLOOR_OUT=680000 HF_TOKEN=hf_secret_token_value)
+setup_env=(PROVIDER_ID=acme-qwen MODEL_ID=Qwen/Qwen3-32B MODEL_CLASS=qwen3-32b FLOOR_IN=210000 FLOOR_OUT=680000)
+for f in install.sh setup.sh config/tool-profiles.tsv config/omnious-model-tool-profiles.json README.md; do
+	[[ -e "$clone/$f" ]] || bad "runbook: provider-node/$f does not resolve"
+done
+expect runbook "config/tool-profiles.tsv and config/omnious-model-tool-profiles.json are deploy/config's" \
+	eval 'cmp -s "$clone/config/tool-profiles.tsv" "$here/config/tool-profiles.tsv" && cmp -s "$clone/config/omnious-model-tool-profiles.json" "$here/config/omnious-model-tool-profiles.json"'
+expect runbook "deploy/README.md has the allowlist data the runbook points to" grep -q '^## Allowlist data$' "$here/README.md"
+# runbook LABEL DIR expected-rc pattern env... -- command...: one command as
+# written, run in DIR (the clone's parent or the clone).
+runbook() {
+	local label="$1" dir="$2" rc_want="$3" pattern="$4"
+	shift 4
+	local envs=()
+	while (($#)) && [[ "$1" != -- ]]; do envs+=("$1"); shift; done
+	shift
+	local rc=0
+	(cd "$dir" && env -i PATH="$nopath" HOME="$work" "${envs[@]}" "$@") </dev/null >"$work/runbook.out" 2>&1 || rc=$?
+	if [[ "$rc" != "$rc_want" ]]; then
+		bad "runbook: $label: exit $rc, want $rc_want"
+		sed 's/^/       /' "$work/runbook.out" >&2
+	elif ! grep -qE -- "$pattern" "$work/runbook.out"; then
+		bad "runbook: $label: output lacks /$pattern/"
+		sed 's/^/       /' "$work/runbook.out" >&2
+	elif grep -qF -- "${keyhex#0x}" "$work/runbook.out" || grep -qF hf_secret_token_value "$work/runbook.out"; then
+		bad "runbook: $label: printed secret material"
+	else
+		pass "runbook: $label"
+	fi
+}
+runbook "./provider-node/install.sh --dry-run (Qwen/Qwen3-32B: hermes, reasoning qwen3)" "$parent" 0 \
+	"^\+ helm upgrade --install provider-node-mainnet $clone/deploy/helm/provider-node .* --wait" "${runbook_env[@]}" -- ./provider-node/install.sh --dry-run
+expect runbook "install dry run: the Qwen3 profile, Secrets via stdin, helm test" \
+	eval 'grep -q "toolParser: {name: \"hermes\", reasoning: \"qwen3\", family: \"Qwen3\"}" "$work/runbook.out" && grep -q "^+ kubectl create secret generic provider-node-mainnet-quoter-key .*| kubectl apply" "$work/runbook.out" && grep -q "^+ helm test provider-node-mainnet" "$work/runbook.out"'
+stub_cmd=(./provider-node/install.sh) stub_dir="$parent" stub_release=provider-node-mainnet
+stub_install "the runbook's ./provider-node/install.sh" "${runbook_env[@]}"
+runbook "TOOL_PROFILE=auto ./setup.sh" "$clone" 0 "parser 'hermes', reasoning parser 'qwen3' \(auto\)" "${setup_env[@]}" TOOL_PROFILE=auto -- ./setup.sh
+expect runbook "setup.sh left its result in out/tool-profile.env" \
+	eval 'grep -qx "MODEL_ID=Qwen/Qwen3-32B" "$clone/out/tool-profile.env" && grep -qx "TOOL_CALL_PARSER=hermes" "$clone/out/tool-profile.env"'
+runbook "the install reads setup.sh's result" "$parent" 0 "parser 'hermes', reasoning parser 'qwen3' \(from setup.sh: $clone/out/tool-profile.env\)" \
+	"${runbook_env[@]}" -- ./provider-node/install.sh --dry-run
+runbook "TOOL_PROFILE=custom VLLM_TOOL_CALL_PARSER=<official-parser> ./setup.sh" "$clone" 0 "acme/new-model on vllm: tool family 'custom', parser 'my_parser' \(custom\)" \
+	"${setup_env[@]}" MODEL_ID=acme/new-model TOOL_PROFILE=custom VLLM_TOOL_CALL_PARSER=my_parser -- ./setup.sh
+runbook "the install takes setup.sh's reviewed override" "$parent" 0 "toolParser: \{name: \"my_parser\", reasoning: \"\", family: \"custom\"\}" \
+	"${runbook_env[@]}" MODEL_ID=acme/new-model -- ./provider-node/install.sh --dry-run
+runbook "the install of another model resolves alone" "$parent" 0 "note: .* is setup.sh's result for MODEL_ID 'acme/new-model' on vllm, not this install's" \
+	"${runbook_env[@]}" -- ./provider-node/install.sh --dry-run
+runbook "setup.sh, unknown family: fails closed with its reason" "$clone" 2 "no reviewed tool profile matches MODEL_ID 'acme/new-model' \(fail closed\)" \
+	"${setup_env[@]}" MODEL_ID=acme/new-model TOOL_PROFILE=auto -- ./setup.sh
+expect runbook "a failed setup.sh leaves no result" eval '[[ ! -e "$clone/out/tool-profile.env" ]]'
+runbook "setup.sh without MODEL_ID says where it comes from" "$clone" 2 "MODEL_ID is required" TOOL_PROFILE=auto -- ./setup.sh
+runbook "the install of the unknown family then fails closed too" "$parent" 2 "no reviewed tool profile matches MODEL_ID 'acme/new-model' \(fail closed\)" \
+	"${runbook_env[@]}" MODEL_ID=acme/new-model -- ./provider-node/install.sh --dry-run
+runbook "setup.sh, SGLang without a reviewed parser: fails closed" "$clone" 2 "has no reviewed sglang parser \(fail closed\)" \
+	"${setup_env[@]}" MODEL_ID=allenai/Olmo-3-7B-Instruct ENGINE=sglang TOOL_PROFILE=auto -- ./setup.sh
+runbook "setup.sh, SGLANG_TOOL_CALL_PARSER override" "$clone" 0 "parser 'olmo3_sg' \(custom\)" \
+	"${setup_env[@]}" MODEL_ID=allenai/Olmo-3-7B-Instruct ENGINE=sglang TOOL_PROFILE=custom SGLANG_TOOL_CALL_PARSER=olmo3_sg -- ./setup.sh
+runbook "deploy/install.sh keeps working from the clone" "$clone" 0 "^\+ helm test provider-node-mainnet" "${runbook_env[@]}" -- ./deploy/install.sh --dry-run
+stub_cmd=(bash "$here/install.sh" --env stub) stub_dir="$here" stub_release=provider-node-stub
+isolate=("TOOL_PROFILE_ENV=$work/no-setup.env")
 
 # With the quoter binary (built by `make build`), resolution goes through
 # `quoter tool-profile` and must agree with the awk fallback.

@@ -13,6 +13,9 @@
 #   MODEL_ID=Qwen/Qwen3-32B MODEL_CLASS=qwen3-32b \
 #   FLOOR_IN=210000 FLOOR_OUT=680000 HF_TOKEN=hf_... \
 #   ./deploy/install.sh [--env NAME] [--dry-run]
+#
+# The runbook's ./provider-node/install.sh is the same installer: the root
+# install.sh hands over to this file.
 set -euo pipefail
 
 # The secrets leave the environment before any program starts: every child
@@ -40,7 +43,9 @@ Optional environment:
   HF_TOKEN      Hugging Face token (gated models)
   ENGINE        vllm (default) or sglang
   TOOL_PROFILE  auto (default: reviewed family from deploy/config/tool-profiles.tsv)
-                or custom (with VLLM_TOOL_CALL_PARSER or SGLANG_TOOL_CALL_PARSER)
+                or custom (with VLLM_TOOL_CALL_PARSER or SGLANG_TOOL_CALL_PARSER);
+                unset, what setup.sh left in out/tool-profile.env
+                (TOOL_PROFILE_ENV) for the same MODEL_ID and ENGINE, else auto
   BLOCK_SIZE    KV block size for engine and EPP (default 16)
   MODE          standalone (default) or gateway (then GATEWAY_NAME, SERVING_URL)
   GATEWAY_NAME, GATEWAY_NAMESPACE, SERVING_URL, MARKET_URL, FAILURE_MODE
@@ -68,6 +73,10 @@ crds=(
 	"llm-d.ai_inferencemodelrewrites.yaml inferencemodelrewrites.llm-d.ai llm-d\.ai/bundle-version v0.10.0"
 )
 profiles="${TOOL_PROFILES_FILE:-$here/config/tool-profiles.tsv}"
+# Where setup.sh leaves its result (deploy/setup.sh).
+setup_result="${TOOL_PROFILE_ENV:-$(cd "$here/.." && pwd)/out/tool-profile.env}"
+# shellcheck source=tool-profile.sh
+source "$here/tool-profile.sh"
 
 dry_run=0 env_name="mainnet" namespace="" release="" extra_values="" skip_test=0
 while (($#)); do
@@ -96,6 +105,21 @@ namespace="${namespace:-omnious-$env_name}"
 [[ "$namespace" =~ $dns_label ]] || fail "namespace '$namespace' must be a DNS label"
 
 ENGINE="${ENGINE:-vllm}"
+# Without TOOL_PROFILE, setup.sh's result decides when it was made for this
+# MODEL_ID and ENGINE: its custom parser is used as given, an auto result is
+# resolved again from the current registry.
+tool_source="" saved_parser=""
+if [[ -z "${TOOL_PROFILE:-}" && -n "${MODEL_ID:-}" && -r "$setup_result" ]]; then
+	tool_profile_load "$setup_result"
+	if [[ "$saved_model" == "$MODEL_ID" && "$saved_engine" == "$ENGINE" ]]; then
+		TOOL_PROFILE="$saved_mode" tool_source=" (from setup.sh: $setup_result)"
+		if [[ "$saved_mode" == custom ]]; then
+			VLLM_TOOL_CALL_PARSER="$saved_parser" SGLANG_TOOL_CALL_PARSER="$saved_parser"
+		fi
+	else
+		echo "install.sh: note: $setup_result is setup.sh's result for MODEL_ID '$saved_model' on ${saved_engine:-?}, not this install's; resolving the tool profile here" >&2
+	fi
+fi
 TOOL_PROFILE="${TOOL_PROFILE:-auto}"
 BLOCK_SIZE="${BLOCK_SIZE:-16}"
 MODE="${MODE:-standalone}"
@@ -195,63 +219,14 @@ else
 fi
 provider_key=""
 
-# Tool-call parser: the reviewed profile of the exact model family. Unknown
-# families fail closed (conformance would fail anyway, after a GPU rollout).
+# Tool-call parser: the reviewed profile of the exact model family
+# (deploy/tool-profile.sh, shared with setup.sh).
 tool_family="" tool_parser="" reasoning_parser=""
-resolve_with_awk() {
-	awk -F'\t' -v model="$(printf '%s' "$MODEL_ID" | tr '[:upper:]' '[:lower:]')" -v engine="$ENGINE" '
-		/^#/ || $1 == "family" || NF < 5 { next }
-		model ~ tolower($2) {
-			parser = (engine == "sglang") ? $5 : $3
-			reasoning = (engine == "sglang") ? "-" : $4
-			printf "%s\t%s\t%s\n", $1, parser, reasoning
-			exit
-		}' "$profiles"
-}
 if [[ -n "${MODEL_ID:-}" ]]; then
-	case "$TOOL_PROFILE" in
-	auto)
-		if command -v quoter >/dev/null 2>&1; then
-			if out="$(quoter tool-profile --profiles "$profiles" --mode auto --model "$MODEL_ID" --engine "$ENGINE" --format env 2>&1)"; then
-				while IFS='=' read -r k v; do
-					v="${v#\'}" v="${v%\'}"
-					case "$k" in
-					TOOL_FAMILY) tool_family="$v" ;;
-					TOOL_CALL_PARSER) tool_parser="$v" ;;
-					REASONING_PARSER) reasoning_parser="$v" ;;
-					esac
-				done <<<"$out"
-				[[ -n "$tool_parser" ]] || fail "quoter tool-profile resolved no parser for MODEL_ID '$MODEL_ID' on $ENGINE"
-			else
-				fail "no reviewed tool profile for MODEL_ID '$MODEL_ID' on $ENGINE (fail closed): ${out##*: }"
-			fi
-		elif [[ ! -r "$profiles" ]]; then
-			fail "tool profiles $profiles not readable"
-		else
-			row="$(resolve_with_awk)"
-			if [[ -z "$row" ]]; then
-				fail "no reviewed tool profile matches MODEL_ID '$MODEL_ID' (fail closed); after reviewing the family's official parser, set TOOL_PROFILE=custom and VLLM_TOOL_CALL_PARSER (or SGLANG_TOOL_CALL_PARSER)"
-			else
-				IFS=$'\t' read -r tool_family tool_parser reasoning_parser <<<"$row"
-				if [[ "$tool_parser" == "-" || -z "$tool_parser" ]]; then
-					fail "tool family '$tool_family' has no reviewed $ENGINE parser (fail closed); use ENGINE=vllm or a reviewed custom parser"
-				fi
-			fi
-		fi
-		[[ "$reasoning_parser" == "-" ]] && reasoning_parser=""
-		;;
-	custom)
-		tool_family="custom"
-		if [[ "$ENGINE" == sglang ]]; then
-			tool_parser="${SGLANG_TOOL_CALL_PARSER:-${VLLM_TOOL_CALL_PARSER:-}}"
-		else
-			tool_parser="${VLLM_TOOL_CALL_PARSER:-}"
-		fi
-		[[ -n "$tool_parser" ]] || fail "TOOL_PROFILE=custom needs VLLM_TOOL_CALL_PARSER (or SGLANG_TOOL_CALL_PARSER for sglang)"
-		[[ -z "$tool_parser" || "$tool_parser" =~ ^[a-z0-9][a-z0-9_-]*$ ]] || fail "tool parser '$tool_parser' is not a parser name"
-		;;
-	*) fail "TOOL_PROFILE '$TOOL_PROFILE' must be auto or custom" ;;
-	esac
+	tool_profile_resolve
+	if [[ -n "$tool_source" && "$TOOL_PROFILE" == auto && -n "$tool_parser" && "$tool_parser" != "$saved_parser" ]]; then
+		echo "install.sh: note: setup.sh resolved parser '$saved_parser'; the registry now says '$tool_parser' (used)" >&2
+	fi
 fi
 
 if [[ -n "${MARKET_URL:-}" && -z "${SERVING_URL:-}" ]]; then
@@ -292,7 +267,7 @@ apply_secret() {
 }
 
 echo "install.sh: release $release in namespace $namespace (env $env_name), $ENGINE, block size $BLOCK_SIZE, $MODE mode"
-echo "install.sh: tool family '${tool_family}', parser '${tool_parser}'${reasoning_parser:+, reasoning parser '$reasoning_parser'}"
+echo "install.sh: tool family '${tool_family}', parser '${tool_parser}'${reasoning_parser:+, reasoning parser '$reasoning_parser'}$tool_source"
 if [[ "$SKIP_CALIBRATION" == 1 ]]; then
 	echo "install.sh: objectives p95 TTFT $SLO_TTFT_P95, p95 ITL $SLO_ITL_P95; calibration skipped (SKIP_CALIBRATION=1)"
 else
