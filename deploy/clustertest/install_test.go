@@ -67,6 +67,8 @@ func newInstaller(t *testing.T, env *kubetest.Env) *installer {
 		"HELM_CACHE_HOME=" + filepath.Join(work, "helm-cache"), "HELM_CONFIG_HOME=" + filepath.Join(work, "helm-config"),
 		"HELM_DATA_HOME=" + filepath.Join(work, "helm-data"),
 		"HELM_TIMEOUT=5m",
+		// A setup.sh result left in the tree must not steer these runs.
+		"TOOL_PROFILE_ENV=" + filepath.Join(work, "none.env"),
 	}
 	return in
 }
