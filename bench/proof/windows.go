@@ -114,7 +114,8 @@ type WindowLoad struct {
 	// that falls left as answers ended, and nothing new is prefilled. So
 	// one load reads differently by where it is going, and arrivals and a
 	// client's closed loops pass it going different ways
-	// (quoter/PROOFS.md, "Where the load is going").
+	// (docs/notebook/history/proofs.md, "Where the load is going";
+	// TestReadWindows keeps the split).
 	Rising, Falling                   float64
 	ITLWithinRising, ITLWithinFalling float64
 }

@@ -1,6 +1,8 @@
 // Package openai owns the OpenAI-compatible request and response shapes as
 // vLLM and SGLang serve them: chat completions, completions, tool calls,
-// streamed chunks, usage and the error body.
+// streamed chunks, usage and the error body; and Events, the one reader
+// of a streamed answer's server-sent events, which times each line's
+// arrival before anything decodes it.
 package openai
 
 import (
