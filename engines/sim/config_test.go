@@ -10,10 +10,10 @@ import (
 	"github.com/omnious/provider-node/internal/testutil/conftest"
 )
 
-// TestREADMEDefaults keeps the simulator table of the repository README
+// TestREADMEDefaults keeps the configuration table of the package README
 // equal to WithDefaults of an empty config.
 func TestREADMEDefaults(t *testing.T) {
-	rows := conftest.Table(t, "../../README.md", "Engine simulator", "key", "default")
+	rows := conftest.Table(t, "README.md", "Configuration", "key", "default")
 	conftest.Check(t, rows, 0, 1, conftest.Fields(Config{}.WithDefaults()), nil)
 }
 
