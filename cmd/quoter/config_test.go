@@ -1,0 +1,53 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"io"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/omnious/provider-node/internal/testutil/conftest"
+)
+
+// TestFlagsNegative walks every numeric flag of every command: its help
+// says what 0 means, and a negative value is refused naming the flag, or
+// its help says what negative means. `quoter run --refresh -5s` once
+// refreshed every 10s.
+func TestFlagsNegative(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // no command gets to do anything
+	sets := map[string]*flag.FlagSet{}
+	orig := newFlagSet
+	t.Cleanup(func() { newFlagSet = orig })
+	newFlagSet = func(name string, stderr io.Writer) *flag.FlagSet {
+		fs := orig(name, stderr)
+		sets[name] = fs
+		return fs
+	}
+	for _, cmd := range []string{"sign", "verify", "run", "conformance", "calibrate", "headroom", "tool-profile", "tool-profiles-json"} {
+		run(ctx, []string{cmd, "-h"}, io.Discard, io.Discard)
+		fs := sets[cmd]
+		require.NotNil(t, fs, "%s builds its flags with newFlagSet", cmd)
+		conftest.Flags(t, fs, func(name, value string) string {
+			var stderr bytes.Buffer
+			args := []string{cmd, "--" + name, value}
+			if cmd == "sign" {
+				args = append(args, "--once")
+			}
+			run(ctx, args, io.Discard, &stderr)
+			return stderr.String()
+		})
+	}
+}
+
+func TestRunRefusesNegativeRefresh(t *testing.T) {
+	var stderr bytes.Buffer
+	code := run(context.Background(), []string{"run", "--refresh", "-5s", "--provider-id", "p", "--model", "m", "--model-class", "c",
+		"--serving-url", "http://127.0.0.1:1", "--capacity-url", "http://127.0.0.1:2", "--floor-in", "1", "--floor-out", "1",
+		"--state-file", t.TempDir() + "/state.json"}, io.Discard, &stderr)
+	require.Equal(t, exitUsage, code)
+	require.Equal(t, "quoter run: --refresh -5s is negative; give a positive duration, or 0 for the default (10s)\n", stderr.String())
+}
