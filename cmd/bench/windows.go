@@ -16,7 +16,7 @@ import (
 
 	"github.com/omnious/provider-node/bench/compare"
 	"github.com/omnious/provider-node/capacity"
-	"github.com/omnious/provider-node/internal/opt"
+	"github.com/omnious/provider-node/internal/cli"
 	"github.com/omnious/provider-node/quoter"
 	"github.com/omnious/provider-node/scheduler"
 )
@@ -38,11 +38,10 @@ func runWindows(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	obj := capacity.Objectives{TTFT: *ttft, ITL: *itl}.WithDefaults()
-	if err := errors.Join(opt.DefaultNonNegative("-slo-itl-p95", *itl, def.ITL), opt.DefaultNonNegative("-slo-ttft-p95", *ttft, def.TTFT),
-		opt.NonNegative("-every", *every)); err != nil {
-		return fmt.Errorf("bench windows: %w", err)
+	if err := cli.NonNegative(fs); err != nil {
+		return fmt.Errorf("%s: %w", fs.Name(), err)
 	}
+	obj := capacity.Objectives{TTFT: *ttft, ITL: *itl}.WithDefaults()
 	*itl = obj.ITL
 	if *file == "" || fs.NArg() > 0 {
 		return errors.New("bench windows: want -file and no arguments")
