@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -43,7 +44,7 @@ func cmdCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	cfg.Warmup = warmup
 	cfg.PastBreak = pastBreak
-	if err := cfg.WithDefaults().Validate(); err != nil {
+	if err := errors.Join(envDurationErrors(), cfg.WithDefaults().Validate()); err != nil {
 		fmt.Fprintf(stderr, "quoter calibrate: %v\n%s\n", err, calibrateUsage)
 		return exitUsage
 	}

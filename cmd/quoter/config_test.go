@@ -51,3 +51,40 @@ func TestRunRefusesNegativeRefresh(t *testing.T) {
 	require.Equal(t, exitUsage, code)
 	require.Equal(t, "quoter run: --refresh -5s is negative; give a positive duration, or 0 for the default (10s)\n", stderr.String())
 }
+
+// TestEnvironment: the environment variables the runbook's installer sets
+// reach the config as before; a duration variable that does not parse, or
+// is negative, is refused naming it, not taken as the default.
+func TestEnvironment(t *testing.T) {
+	args := []string{"run", "--serving-url", "http://127.0.0.1:1", "--capacity-url", "http://127.0.0.1:2"}
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		{"runbook", map[string]string{"SLO_TTFT_P95": "1500ms"}, ""},
+		{"unparsable", map[string]string{"QUOTER_REFRESH": "soon"}, `QUOTER_REFRESH "soon" is not a duration such as 10s`},
+		{"negative", map[string]string{"QUOTER_REFRESH": "-5s"}, "--refresh -5s is negative"},
+		{"negative objective", map[string]string{"SLO_ITL_P95": "-1ms"}, "--slo-itl-p95 -1ms is negative"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range map[string]string{"PROVIDER_ID": "acme-qwen", "MODEL_ID": "Qwen/Qwen3-32B", "MODEL_CLASS": "qwen3-32b",
+				"FLOOR_IN": "210000", "FLOOR_OUT": "680000", "QUOTER_STATE_FILE": t.TempDir() + "/state.json"} {
+				t.Setenv(k, v)
+			}
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			var stderr bytes.Buffer
+			code := run(context.Background(), args, io.Discard, &stderr)
+			if tc.want == "" {
+				// Past validation, the run stops at the missing key.
+				require.Equal(t, exitFail, code, stderr.String())
+				require.Contains(t, stderr.String(), "cannot start quoter")
+				return
+			}
+			require.Equal(t, exitUsage, code)
+			require.Contains(t, stderr.String(), tc.want)
+		})
+	}
+}

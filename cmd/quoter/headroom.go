@@ -37,7 +37,7 @@ func cmdHeadroom(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return exitUsage
 	}
 	o := f.objectives().WithDefaults()
-	if err := errors.Join(opt.DefaultNonNegative("--slo-ttft-p95", o.TTFT, capacity.DefaultObjectives.TTFT),
+	if err := errors.Join(envDurationErrors(), opt.DefaultNonNegative("--slo-ttft-p95", o.TTFT, capacity.DefaultObjectives.TTFT),
 		opt.DefaultNonNegative("--slo-itl-p95", o.ITL, capacity.DefaultObjectives.ITL)); err != nil {
 		fmt.Fprintln(stderr, "quoter headroom:", err)
 		return exitUsage

@@ -125,6 +125,9 @@ func env(name, def string) string {
 	return def
 }
 
+// envDuration is the duration in the environment variable name, or def
+// when it is unset or empty. One that does not parse is def here and an
+// error of envDurationErrors, which the commands check with their flags.
 func envDuration(name string, def time.Duration) time.Duration {
 	if v := os.Getenv(name); v != "" {
 		if d, err := time.ParseDuration(v); err == nil {
@@ -132,6 +135,24 @@ func envDuration(name string, def time.Duration) time.Duration {
 		}
 	}
 	return def
+}
+
+// durationEnv are the environment variables the commands read as
+// durations.
+var durationEnv = []string{"SLO_TTFT_P95", "SLO_ITL_P95", "QUOTER_REFRESH", "QUOTER_TTL", "QUOTER_CANARY_INTERVAL", "QUOTER_MAX_SNAPSHOT_AGE"}
+
+// envDurationErrors refuses each set durationEnv variable that is not a
+// duration, rather than leaving its flag at the default.
+func envDurationErrors() error {
+	var errs []error
+	for _, name := range durationEnv {
+		if v := os.Getenv(name); v != "" {
+			if _, err := time.ParseDuration(v); err != nil {
+				errs = append(errs, fmt.Errorf("%s %q is not a duration such as 10s", name, v))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // newFlagSet is every command's flag set, writing its errors and help to
@@ -244,7 +265,7 @@ func (f *serviceFlags) validate() error {
 		zero := new(big.Int)
 		cfg.FloorIn, cfg.FloorOut, cfg.ChainID = cmpOr(cfg.FloorIn, zero), cmpOr(cfg.FloorOut, zero), cmpOr(cfg.ChainID, big.NewInt(1))
 	}
-	return errors.Join(err, cfg.WithDefaults().Validate())
+	return errors.Join(envDurationErrors(), err, cfg.WithDefaults().Validate())
 }
 
 // cmpOr is p, or def when p is nil.
