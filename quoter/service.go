@@ -103,8 +103,9 @@ func (c Config) WithDefaults() Config {
 	opt.Zero(&c.Objectives.ITL, c.SLOITLP95)
 	c.Objectives = c.Objectives.WithDefaults()
 	c.SLOTTFTP95, c.SLOITLP95 = c.Objectives.TTFT, c.Objectives.ITL
+	// The checks' own defaults are applied where they run
+	// (conformance.Run), after New gives them the service's HTTP client.
 	c.Conformance.URL, c.Conformance.Model = c.ServingURL, c.Model
-	c.Conformance = c.Conformance.WithDefaults()
 	c.Breaker = c.Breaker.WithDefaults()
 	return c
 }
@@ -137,7 +138,7 @@ func (c Config) Validate() error {
 		opt.DefaultNonNegative("PublishMaxBackoff", c.PublishMaxBackoff, defaults.PublishMaxBackoff),
 		opt.DefaultNonNegative("--slo-ttft-p95", c.Objectives.TTFT, capacity.DefaultObjectives.TTFT),
 		opt.DefaultNonNegative("--slo-itl-p95", c.Objectives.ITL, capacity.DefaultObjectives.ITL),
-		c.Conformance.Validate(), c.Breaker.Validate())
+		c.Conformance.WithDefaults().Validate(), c.Breaker.Validate())
 	if c.Objectives.TTFT >= 0 && c.Objectives.ITL >= 0 {
 		errs = append(errs, c.Objectives.Validate())
 	}
