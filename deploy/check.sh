@@ -290,6 +290,10 @@ must_fail "bad keyFormat" "quoter.keyFormat must be file or keystore" -f "$ci/ba
 must_fail "SLO not a duration" "quoter.slo.itlP95 must be a Go duration such as 2s or 50ms" -f "$ci/base.yaml" --set quoter.slo.itlP95=50
 must_fail "SLO of zero" "quoter.slo.ttftP95 must be above zero" -f "$ci/base.yaml" --set quoter.slo.ttftP95=0s
 must_fail "SLO with a space" "quoter.slo.ttftP95 must be a Go duration" -f "$ci/base.yaml" --set-string "quoter.slo.ttftP95=2 s"
+must_fail "negative quoter.refresh" "at '/quoter/refresh': '-5s' does not match pattern" -f "$ci/base.yaml" --set quoter.refresh=-5s
+must_fail "negative server.replicas" "at '/server/replicas': minimum: got -1, want 0" -f "$ci/base.yaml" --set server.replicas=-1
+must_fail "negative blockSize" "at '/blockSize': minimum: got -1, want 0" -f "$ci/base.yaml" --set blockSize=-1
+must_fail "negative SLO" "at '/quoter/slo/ttftP95': 'not' failed" -f "$ci/base.yaml" --set quoter.slo.ttftP95=-1s
 if helm template pn "$chart" --kube-version "$kube" -f "$ci/base.yaml" --set quoter.enabled=false --set quoter.existingSecret= >/dev/null 2>&1; then
 	pass "quoter.enabled=false needs no key Secret"
 else

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/omnious/provider-node/endpoint"
+	"github.com/omnious/provider-node/internal/opt"
 	"github.com/omnious/provider-node/rules"
 	"go.uber.org/zap"
 	"go.yaml.in/yaml/v3"
@@ -299,8 +300,7 @@ type FileConfig struct {
 	// Path is the endpoint file. Required.
 	Path string
 	// PollInterval is how often the file's content hash is checked for a
-	// change; zero or negative (never a legal interval) takes the default.
-	// Default 1s. Polling the content (not the mtime or inotify) also
+	// change; zero takes the default, negative is refused. Default 1s. Polling the content (not the mtime or inotify) also
 	// catches ConfigMap symlink swaps and edits within one second.
 	PollInterval time.Duration
 	// Rules receives the file's model rules (objectives, rewrites,
@@ -311,10 +311,16 @@ type FileConfig struct {
 
 // WithDefaults returns c with every unset field at its default.
 func (c FileConfig) WithDefaults() FileConfig {
-	if c.PollInterval <= 0 {
-		c.PollInterval = time.Second
-	}
+	opt.Zero(&c.PollInterval, defaultPollInterval)
 	return c
+}
+
+// defaultPollInterval is FileConfig.PollInterval's default.
+const defaultPollInterval = time.Second
+
+// Validate refuses a negative field of a defaulted config.
+func (c FileConfig) Validate() error {
+	return opt.DefaultNonNegative("PollInterval", c.PollInterval, defaultPollInterval)
 }
 
 // File is the static endpoint file source.
@@ -331,6 +337,9 @@ func NewFile(cfg FileConfig, log *zap.Logger) (*File, error) {
 		return nil, errors.New("endpoint file path is empty")
 	}
 	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	if log == nil {
 		log = zap.NewNop()
 	}

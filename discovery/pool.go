@@ -118,8 +118,8 @@ func (c *PoolConfig) fill() error {
 	if !strings.HasPrefix(c.MetricsPath, "/") {
 		return fmt.Errorf("metrics path %q must start with /", c.MetricsPath)
 	}
-	if c.CRDRecheck < 0 {
-		return fmt.Errorf("CRD recheck interval %v must be positive", c.CRDRecheck)
+	if err := opt.DefaultNonNegative("CRDRecheck", c.CRDRecheck, time.Minute); err != nil {
+		return err
 	}
 	return nil
 }

@@ -157,8 +157,8 @@ func (c Config) Validate() error {
 	}{{"drain_delay", c.DrainDelay}, {"drain_timeout", c.DrainTimeout}} {
 		if d.v == nil {
 			errs = append(errs, fmt.Errorf("%s unset: Validate wants a config from WithDefaults", d.name))
-		} else if *d.v < 0 {
-			errs = append(errs, fmt.Errorf("%s %v must not be negative", d.name, *d.v))
+		} else {
+			errs = append(errs, opt.NonNegative(d.name, *d.v))
 		}
 	}
 	if c.EndpointsFile != "" && c.PoolName != "" {
@@ -185,6 +185,7 @@ func (c Config) Validate() error {
 	if err := c.WarmStart.validate(); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, c.Index.kvindex().Validate(), c.Ingest.Validate())
 	if err := c.ExtProc.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("extproc: %w", err))
 	}

@@ -34,10 +34,16 @@ type WarmStartConfig struct {
 	MaxBytes int64 `yaml:"max_bytes"`
 }
 
+// Defaults of WarmStartConfig.
+const (
+	defaultWarmTimeout  = 5 * time.Second
+	defaultWarmMaxBytes = 1 << 30
+)
+
 // WithDefaults returns c with every unset field at its default.
 func (c WarmStartConfig) WithDefaults() WarmStartConfig {
-	opt.Zero(&c.Timeout, 5*time.Second)
-	opt.Zero(&c.MaxBytes, 1<<30)
+	opt.Zero(&c.Timeout, defaultWarmTimeout)
+	opt.Zero(&c.MaxBytes, defaultWarmMaxBytes)
 	return c
 }
 
@@ -53,9 +59,8 @@ func (c WarmStartConfig) validate() error {
 			errs = append(errs, fmt.Errorf("warm_start.peer_service: %q is not host:port", c.PeerService))
 		}
 	}
-	if c.Timeout < 0 || c.MaxBytes < 0 {
-		errs = append(errs, errors.New("warm_start.timeout and warm_start.max_bytes must not be negative"))
-	}
+	errs = append(errs, opt.DefaultNonNegative("warm_start.timeout", c.Timeout, defaultWarmTimeout),
+		opt.DefaultNonNegative("warm_start.max_bytes", c.MaxBytes, defaultWarmMaxBytes))
 	return errors.Join(errs...)
 }
 

@@ -17,8 +17,8 @@ import (
 // WithDefaults. MaxEndpoints, whose zero is a setting, is a pointer (nil =
 // unset); for the other fields zero means unset.
 type Config struct {
-	// MaxBodyBytes bounds a request body; larger ones get 413. Positive.
-	// Default 32 MiB.
+	// MaxBodyBytes bounds a request body; larger ones get 413. Default
+	// (0) 32 MiB; negative is refused.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// InjectUsage asks the engine for stream usage
 	// (stream_options.include_usage) when a streaming client did not, so
@@ -51,7 +51,7 @@ type Config struct {
 	TenantHeader string `yaml:"tenant_header"`
 	// MaxRecvMsgSize and MaxSendMsgSize bound one gRPC message. A BUFFERED
 	// request arrives as one message, so the receive limit must exceed
-	// MaxBodyBytes. Positive. Default 64 MiB each.
+	// MaxBodyBytes. Default (0) 64 MiB each; negative is refused.
 	MaxRecvMsgSize int `yaml:"max_recv_msg_size"`
 	MaxSendMsgSize int `yaml:"max_send_msg_size"`
 	// RequestIdleTimeout bounds the wait for Envoy's next message while a
@@ -110,22 +110,18 @@ func (c Config) Validate() error {
 	if c.InjectUsage == nil || c.MaxEndpoints == nil {
 		return errors.New("inject_usage or max_endpoints unset: Validate wants a config from WithDefaults")
 	}
-	if c.MaxBodyBytes < 1 {
-		errs = append(errs, fmt.Errorf("max_body_bytes %d must be positive", c.MaxBodyBytes))
-	}
-	if c.ChunkSize < 1 || c.ChunkSize > 64<<10 {
-		errs = append(errs, fmt.Errorf("chunk_size %d must be in [1, 65536]", c.ChunkSize))
-	}
-	if *c.MaxEndpoints < 0 {
-		errs = append(errs, errors.New("max_endpoints must not be negative"))
+	errs = append(errs, opt.DefaultNonNegative("max_body_bytes", c.MaxBodyBytes, 32<<20),
+		opt.DefaultNonNegative("chunk_size", c.ChunkSize, 62000),
+		opt.NonNegative("max_endpoints", *c.MaxEndpoints),
+		opt.DefaultNonNegative("max_recv_msg_size", c.MaxRecvMsgSize, 64<<20),
+		opt.DefaultNonNegative("max_send_msg_size", c.MaxSendMsgSize, 64<<20))
+	if c.ChunkSize > 64<<10 {
+		errs = append(errs, fmt.Errorf("chunk_size %d must be at most 65536", c.ChunkSize))
 	}
 	if c.DefaultBodyMode != ModeFullDuplex && c.DefaultBodyMode != ModeBuffered {
 		errs = append(errs, fmt.Errorf("default_body_mode %q is not %s or %s", c.DefaultBodyMode, ModeFullDuplex, ModeBuffered))
 	}
-	if c.MaxRecvMsgSize < 1 || c.MaxSendMsgSize < 1 {
-		errs = append(errs, errors.New("max_recv_msg_size and max_send_msg_size must be positive"))
-	}
-	if int64(c.MaxRecvMsgSize) < c.MaxBodyBytes && c.MaxBodyBytes < math.MaxInt32 {
+	if c.MaxRecvMsgSize > 0 && int64(c.MaxRecvMsgSize) < c.MaxBodyBytes && c.MaxBodyBytes < math.MaxInt32 {
 		errs = append(errs, fmt.Errorf("max_recv_msg_size %d is below max_body_bytes %d: a BUFFERED body arrives in one message", c.MaxRecvMsgSize, c.MaxBodyBytes))
 	}
 	return errors.Join(errs...)

@@ -29,10 +29,13 @@
 package kvindex
 
 import (
+	"errors"
 	"math/bits"
 	"sync"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/omnious/provider-node/internal/opt"
 )
 
 // Replica is a replica's small integer id, assigned by the caller.
@@ -55,7 +58,7 @@ const (
 )
 
 // Config configures an Index. The zero value is usable; WithDefaults fills
-// every zero (or negative) field, neither being a legal setting.
+// every zero field, and Validate refuses a negative one.
 type Config struct {
 	// MemoryBudget bounds Stats.Bytes, the exact accounting of the index's
 	// live structures. Above it the least recently touched keys are evicted.
@@ -67,15 +70,24 @@ type Config struct {
 	MaxReplicaBlocks int
 }
 
+// Defaults of Config.
+const (
+	DefaultMemoryBudget     = 256 << 20
+	DefaultMaxReplicaBlocks = 1 << 22
+)
+
 // WithDefaults returns c with every unset field at its default.
 func (c Config) WithDefaults() Config {
-	if c.MemoryBudget <= 0 {
-		c.MemoryBudget = 256 << 20
-	}
-	if c.MaxReplicaBlocks <= 0 {
-		c.MaxReplicaBlocks = 1 << 22
-	}
+	opt.Zero(&c.MemoryBudget, DefaultMemoryBudget)
+	opt.Zero(&c.MaxReplicaBlocks, DefaultMaxReplicaBlocks)
 	return c
+}
+
+// Validate refuses a negative field of a defaulted config, named as the
+// EPP's YAML names it (index.memory_budget).
+func (c Config) Validate() error {
+	return errors.Join(opt.DefaultNonNegative("index.memory_budget", c.MemoryBudget, DefaultMemoryBudget),
+		opt.DefaultNonNegative("MaxReplicaBlocks", c.MaxReplicaBlocks, DefaultMaxReplicaBlocks))
 }
 
 // Match is one replica's result for a lookup.
@@ -225,9 +237,15 @@ type Index struct {
 	idPool sync.Pool
 }
 
-// New returns an empty index.
+// New returns an empty index. It panics on a config Validate refuses
+// (a negative field): callers validate their config first, as the EPP's
+// Validate does.
 func New(cfg Config) *Index {
-	ix := &Index{cfg: cfg.WithDefaults(), head: -1, tail: -1}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		panic("kvindex.New: " + err.Error())
+	}
+	ix := &Index{cfg: cfg, head: -1, tail: -1}
 	ix.resetTableLocked(minSlots)
 	return ix
 }

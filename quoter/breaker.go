@@ -1,9 +1,12 @@
 package quoter
 
 import (
+	"errors"
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/omnious/provider-node/internal/opt"
 )
 
 // BreakerState is the health breaker's state.
@@ -29,8 +32,8 @@ func (s BreakerState) String() string {
 	return "unknown"
 }
 
-// BreakerConfig tunes the breaker; zero (or negative) fields, never legal
-// settings, take the documented default.
+// BreakerConfig tunes the breaker; a zero field takes the documented
+// default, a negative one is refused by Validate.
 type BreakerConfig struct {
 	// ConsecutiveFailures canary failures in a row trip it. Default 3.
 	ConsecutiveFailures int
@@ -53,33 +56,36 @@ type BreakerConfig struct {
 	ResetAfter time.Duration
 }
 
-// WithDefaults fills unset fields.
+// breakerDefaults are BreakerConfig's defaults, written once.
+var breakerDefaults = BreakerConfig{ConsecutiveFailures: 3, FailureRate: 0.5, Window: 10, MinSamples: 4, CloseAfter: 3,
+	HoldDown: 30 * time.Second, MaxHoldDown: 10 * time.Minute, ResetAfter: 10 * time.Minute}
+
+// WithDefaults fills unset (zero) fields.
 func (c BreakerConfig) WithDefaults() BreakerConfig {
-	if c.ConsecutiveFailures <= 0 {
-		c.ConsecutiveFailures = 3
-	}
-	if c.FailureRate <= 0 {
-		c.FailureRate = 0.5
-	}
-	if c.Window <= 0 {
-		c.Window = 10
-	}
-	if c.MinSamples <= 0 {
-		c.MinSamples = 4
-	}
-	if c.CloseAfter <= 0 {
-		c.CloseAfter = 3
-	}
-	if c.HoldDown <= 0 {
-		c.HoldDown = 30 * time.Second
-	}
-	if c.MaxHoldDown <= 0 {
-		c.MaxHoldDown = 10 * time.Minute
-	}
-	if c.ResetAfter <= 0 {
-		c.ResetAfter = 10 * time.Minute
-	}
+	d := breakerDefaults
+	opt.Zero(&c.ConsecutiveFailures, d.ConsecutiveFailures)
+	opt.Zero(&c.FailureRate, d.FailureRate)
+	opt.Zero(&c.Window, d.Window)
+	opt.Zero(&c.MinSamples, d.MinSamples)
+	opt.Zero(&c.CloseAfter, d.CloseAfter)
+	opt.Zero(&c.HoldDown, d.HoldDown)
+	opt.Zero(&c.MaxHoldDown, d.MaxHoldDown)
+	opt.Zero(&c.ResetAfter, d.ResetAfter)
 	return c
+}
+
+// Validate refuses a negative field of a defaulted config.
+func (c BreakerConfig) Validate() error {
+	d := breakerDefaults
+	return errors.Join(
+		opt.DefaultNonNegative("Breaker.ConsecutiveFailures", c.ConsecutiveFailures, d.ConsecutiveFailures),
+		opt.DefaultNonNegative("Breaker.FailureRate", c.FailureRate, d.FailureRate),
+		opt.DefaultNonNegative("Breaker.Window", c.Window, d.Window),
+		opt.DefaultNonNegative("Breaker.MinSamples", c.MinSamples, d.MinSamples),
+		opt.DefaultNonNegative("Breaker.CloseAfter", c.CloseAfter, d.CloseAfter),
+		opt.DefaultNonNegative("Breaker.HoldDown", c.HoldDown, d.HoldDown),
+		opt.DefaultNonNegative("Breaker.MaxHoldDown", c.MaxHoldDown, d.MaxHoldDown),
+		opt.DefaultNonNegative("Breaker.ResetAfter", c.ResetAfter, d.ResetAfter))
 }
 
 // Breaker is the quoter's local health breaker:

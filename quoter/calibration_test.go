@@ -65,7 +65,7 @@ func TestCalibrationFile(t *testing.T) {
 	// Headroom from that calibration alone: an idle replica with no live
 	// curve is quoted from it; without it, nothing is sold.
 	m := capacity.Model{ReplicaCapacity: []capacity.Replica{{Addr: "r", Healthy: true, MaxRunning: 256}}}
-	obj := Config{}.WithDefaults().Objectives()
+	obj := Config{}.WithDefaults().Objectives
 	h, _ := ComputeHeadroom(m, f.get(), obj)
 	require.Positive(t, h.Concurrency)
 	h, a := ComputeHeadroom(m, nil, obj)

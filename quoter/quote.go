@@ -22,6 +22,8 @@ import (
 	"github.com/ethereum/go-ethereum/common/math"
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/signer/core/apitypes"
+
+	"github.com/omnious/provider-node/internal/opt"
 )
 
 // EIP-712 identity of a quote. Changing any of these invalidates every
@@ -248,9 +250,11 @@ var (
 type VerifyOptions struct {
 	// Now is the verifier's clock. Default time.Now.
 	Now func() time.Time
-	// MaxSkew is how far in the future issuedAt may be. Default 5s.
+	// MaxSkew is how far in the future issuedAt may be. Zero means the
+	// default, 5s; a negative one is refused.
 	MaxSkew time.Duration
-	// MaxTTL bounds expiry-issuedAt. Default 0 (no bound).
+	// MaxTTL bounds expiry-issuedAt. Default 0 (no bound); a negative one
+	// is refused.
 	MaxTTL time.Duration
 	// ChainID, when set, must equal the domain's chainId.
 	ChainID *big.Int
@@ -275,8 +279,10 @@ func Verify(sq *SignedQuote, opts VerifyOptions) (Verified, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	if opts.MaxSkew == 0 {
-		opts.MaxSkew = 5 * time.Second
+	opt.Zero(&opts.MaxSkew, 5*time.Second)
+	if err := errors.Join(opt.DefaultNonNegative("--max-skew", opts.MaxSkew, 5*time.Second),
+		opt.NonNegative("--max-ttl", opts.MaxTTL)); err != nil {
+		return v, err
 	}
 	if sq.PrimaryType != PrimaryType {
 		return v, fmt.Errorf("%w: primaryType %q, want %q", ErrWrongDomain, sq.PrimaryType, PrimaryType)

@@ -18,11 +18,13 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/omnious/provider-node/capacity"
+	"github.com/omnious/provider-node/internal/opt"
 	"github.com/omnious/provider-node/quoter/conformance"
 )
 
-// Config configures the quote loop. Defaults are applied by WithDefaults;
-// zero (or negative) durations, never legal settings, take them.
+// Config configures the quote loop. Defaults are applied by WithDefaults:
+// zero means the default, a negative duration is refused by Validate (the
+// rule of package opt).
 type Config struct {
 	// ProviderID is the market's provider identifier. Required.
 	ProviderID string
@@ -64,10 +66,14 @@ type Config struct {
 	// PublishBackoff and PublishMaxBackoff bound publish retries.
 	// Defaults 500ms and 10s.
 	PublishBackoff, PublishMaxBackoff time.Duration
-	// SLOTTFTP95 and SLOITLP95 are the latency objectives a quote's
-	// headroom must hold: the 95th percentile of time to first token and of
-	// inter-token latency (SLO_TTFT_P95, SLO_ITL_P95). Defaults 2s and 50ms,
-	// interactive chat.
+	// Objectives are the latency objectives a quote's headroom must hold
+	// (SLO_TTFT_P95, SLO_ITL_P95 set their TTFT and ITL). Zero fields take
+	// capacity.DefaultObjectives: interactive chat.
+	Objectives capacity.Objectives
+	// SLOTTFTP95 and SLOITLP95 are Objectives.TTFT and Objectives.ITL,
+	// taken by WithDefaults when those are zero.
+	//
+	// Deprecated: set Objectives.
 	SLOTTFTP95, SLOITLP95 time.Duration
 	// CalibrationFile is a `quoter calibrate` document; the quote loop
 	// re-reads it when it changes. An idle pool is quoted from it until
@@ -76,46 +82,36 @@ type Config struct {
 	CalibrationFile string
 }
 
-// Objectives are the config's SLOs as the capacity package reads them.
-func (c Config) Objectives() capacity.Objectives {
-	return capacity.Objectives{TTFT: c.SLOTTFTP95, ITL: c.SLOITLP95, Quantile: 0.95}
-}
+// defaults are Config's defaults, written once: WithDefaults fills them
+// and Validate's messages quote them.
+var defaults = Config{Refresh: 10 * time.Second, TTL: 30 * time.Second, MaxSnapshotAge: 30 * time.Second,
+	CanaryInterval: 30 * time.Second, PublishBackoff: 500 * time.Millisecond, PublishMaxBackoff: 10 * time.Second}
 
-// WithDefaults fills unset fields.
+// WithDefaults fills unset (zero) fields. A negative one is kept for
+// Validate to refuse.
 func (c Config) WithDefaults() Config {
 	if c.ChainID == nil {
 		c.ChainID = big.NewInt(1)
 	}
-	if c.Refresh <= 0 {
-		c.Refresh = 10 * time.Second
-	}
-	if c.TTL <= 0 {
-		c.TTL = 30 * time.Second
-	}
-	if c.MaxSnapshotAge <= 0 {
-		c.MaxSnapshotAge = 30 * time.Second
-	}
-	if c.CanaryInterval <= 0 {
-		c.CanaryInterval = 30 * time.Second
-	}
-	if c.PublishBackoff <= 0 {
-		c.PublishBackoff = 500 * time.Millisecond
-	}
-	if c.PublishMaxBackoff <= 0 {
-		c.PublishMaxBackoff = 10 * time.Second
-	}
-	if c.SLOTTFTP95 <= 0 {
-		c.SLOTTFTP95 = 2 * time.Second
-	}
-	if c.SLOITLP95 <= 0 {
-		c.SLOITLP95 = 50 * time.Millisecond
-	}
+	opt.Zero(&c.Refresh, defaults.Refresh)
+	opt.Zero(&c.TTL, defaults.TTL)
+	opt.Zero(&c.MaxSnapshotAge, defaults.MaxSnapshotAge)
+	opt.Zero(&c.CanaryInterval, defaults.CanaryInterval)
+	opt.Zero(&c.PublishBackoff, defaults.PublishBackoff)
+	opt.Zero(&c.PublishMaxBackoff, defaults.PublishMaxBackoff)
+	opt.Zero(&c.Objectives.TTFT, c.SLOTTFTP95)
+	opt.Zero(&c.Objectives.ITL, c.SLOITLP95)
+	c.Objectives = c.Objectives.WithDefaults()
+	c.SLOTTFTP95, c.SLOITLP95 = c.Objectives.TTFT, c.Objectives.ITL
+	// The checks' own defaults are applied where they run
+	// (conformance.Run), after New gives them the service's HTTP client.
 	c.Conformance.URL, c.Conformance.Model = c.ServingURL, c.Model
 	c.Breaker = c.Breaker.WithDefaults()
 	return c
 }
 
-// Validate reports every problem with a defaulted config.
+// Validate reports every problem with a defaulted config. Settings are
+// named by the flags of cmd/quoter that set them (TestFlagsNegative).
 func (c Config) Validate() error {
 	var errs []error
 	for name, v := range map[string]string{"provider id": c.ProviderID, "model": c.Model, "model class": c.ModelClass,
@@ -133,11 +129,24 @@ func (c Config) Validate() error {
 	if c.ChainID.Sign() <= 0 {
 		errs = append(errs, errors.New("chain id must be positive"))
 	}
-	if c.TTL < time.Second || c.TTL%time.Second != 0 {
-		errs = append(errs, fmt.Errorf("TTL %s must be a whole number of seconds, at least 1s", c.TTL))
+	errs = append(errs,
+		opt.DefaultNonNegative("--refresh", c.Refresh, defaults.Refresh),
+		opt.DefaultNonNegative("--ttl", c.TTL, defaults.TTL),
+		opt.DefaultNonNegative("--max-snapshot-age", c.MaxSnapshotAge, defaults.MaxSnapshotAge),
+		opt.DefaultNonNegative("--canary-interval", c.CanaryInterval, defaults.CanaryInterval),
+		opt.DefaultNonNegative("PublishBackoff", c.PublishBackoff, defaults.PublishBackoff),
+		opt.DefaultNonNegative("PublishMaxBackoff", c.PublishMaxBackoff, defaults.PublishMaxBackoff),
+		opt.DefaultNonNegative("--slo-ttft-p95", c.Objectives.TTFT, capacity.DefaultObjectives.TTFT),
+		opt.DefaultNonNegative("--slo-itl-p95", c.Objectives.ITL, capacity.DefaultObjectives.ITL),
+		c.Conformance.WithDefaults().Validate(), c.Breaker.Validate())
+	if c.Objectives.TTFT >= 0 && c.Objectives.ITL >= 0 {
+		errs = append(errs, c.Objectives.Validate())
 	}
-	if c.Refresh >= c.TTL {
-		errs = append(errs, fmt.Errorf("refresh %s must be shorter than the TTL %s, or quotes lapse between renewals", c.Refresh, c.TTL))
+	if c.TTL > 0 && (c.TTL < time.Second || c.TTL%time.Second != 0) {
+		errs = append(errs, fmt.Errorf("--ttl %s must be a whole number of seconds, at least 1s", c.TTL))
+	}
+	if c.Refresh > 0 && c.Refresh >= c.TTL {
+		errs = append(errs, fmt.Errorf("--refresh %s must be shorter than the --ttl %s, or quotes lapse between renewals", c.Refresh, c.TTL))
 	}
 	return errors.Join(errs...)
 }
@@ -399,7 +408,7 @@ func (s *Service) SignOnce(ctx context.Context) (*SignedQuote, error) {
 
 func (s *Service) sign(snap capacity.Snapshot) (*SignedQuote, error) {
 	m, _ := FindModel(snap, s.cfg.Model)
-	h, a := ComputeHeadroom(m, s.cal.get(), s.cfg.Objectives())
+	h, a := ComputeHeadroom(m, s.cal.get(), s.cfg.Objectives)
 	s.mu.Lock()
 	s.assessment = a
 	s.mu.Unlock()

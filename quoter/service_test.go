@@ -213,7 +213,7 @@ func TestBreakerAgainstSimulator(t *testing.T) {
 		_, err = Verify(served, VerifyOptions{Signer: crypto.PubkeyToAddress(key.PublicKey), ChainID: big.NewInt(8453)})
 		return err == nil
 	}, 5*time.Second, 20*time.Millisecond, "no valid quote served: %s", body)
-	at, err := testCurve.Clone().At(Config{}.WithDefaults().Objectives())
+	at, err := testCurve.Clone().At(Config{}.WithDefaults().Objectives)
 	require.NoError(t, err)
 	// What the curve holds within the objectives minus the 2 running and
 	// the 100 tokens/s the snapshot shows.
@@ -408,7 +408,7 @@ func TestConfigValidate(t *testing.T) {
 	c.TTL = 1500 * time.Millisecond
 	require.ErrorContains(t, c.WithDefaults().Validate(), "whole number of seconds")
 	c.TTL, c.Refresh = time.Second, 2*time.Second
-	require.ErrorContains(t, c.WithDefaults().Validate(), "must be shorter than the TTL")
+	require.ErrorContains(t, c.WithDefaults().Validate(), "must be shorter than the --ttl")
 }
 
 func TestSignOnceRefusesUnhealthyOrNonConformant(t *testing.T) {

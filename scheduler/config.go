@@ -45,7 +45,7 @@ type Config struct {
 	// are not (yet) reported as loaded by any engine. Default none.
 	Adapters map[string]string `yaml:"adapters"`
 	// Seed seeds the tie-break/softmax random source; 0 seeds from the
-	// clock. Default 0.
+	// clock, and any other value, negative too, is a seed. Default 0.
 	Seed int64 `yaml:"seed"`
 
 	Signals   SignalsConfig   `yaml:"signals"`
@@ -326,9 +326,8 @@ func (c *Config) Validate() error {
 		bad("signals.stale_after %v: want >= scrape_interval %v", c.Signals.StaleAfter, c.Signals.ScrapeInterval)
 	}
 	p := c.Prefix
-	if *p.MinMatch < 0 || *p.MinMatchBytes < 0 {
-		bad("prefix.min_match/min_match_bytes must not be negative")
-	}
+	errs = append(errs, opt.NonNegative("prefix.min_match", *p.MinMatch), opt.NonNegative("prefix.min_match_bytes", *p.MinMatchBytes),
+		opt.NonNegative("prefix.speculative_ttl", *p.SpeculativeTTL), opt.NonNegative("signals.capacity_half_life", *c.Signals.CapacityHalfLife))
 	if *p.MatchRatio < 0 || *p.MatchRatio > 1 {
 		bad("prefix.match_ratio %v: want 0..1", *p.MatchRatio)
 	}
@@ -338,8 +337,8 @@ func (c *Config) Validate() error {
 	if p.BalanceRel < 1 {
 		bad("prefix.balance_rel %v: want >= 1", p.BalanceRel)
 	}
-	if *p.SpeculativeTTL < 0 || p.TTL <= 0 {
-		bad("prefix.speculative_ttl and prefix.ttl must be positive")
+	if p.TTL <= 0 {
+		bad("prefix.ttl %v: want > 0", p.TTL)
 	}
 	if p.ChunkBytes < 16 {
 		bad("prefix.chunk_bytes %d: want >= 16", p.ChunkBytes)
@@ -347,12 +346,18 @@ func (c *Config) Validate() error {
 	if p.MaxNodes < 1 {
 		bad("prefix.max_nodes %d: want >= 1", p.MaxNodes)
 	}
-	if *p.CPUWeight < 0 || *p.CPUWeight > 1 || *p.StorageWeight < 0 || *p.StorageWeight > 1 {
-		bad("prefix.cpu_weight/storage_weight: want 0..1")
+	if *p.CPUWeight < 0 || *p.CPUWeight > 1 {
+		bad("prefix.cpu_weight %v: want 0..1", *p.CPUWeight)
+	}
+	if *p.StorageWeight < 0 || *p.StorageWeight > 1 {
+		bad("prefix.storage_weight %v: want 0..1", *p.StorageWeight)
 	}
 	s := c.Scoring
-	if s.TargetWaiting <= 0 || s.TargetInflight <= 0 {
-		bad("scoring.target_waiting and target_inflight must be positive")
+	if s.TargetWaiting <= 0 {
+		bad("scoring.target_waiting %v: want > 0", s.TargetWaiting)
+	}
+	if s.TargetInflight <= 0 {
+		bad("scoring.target_inflight %v: want > 0", s.TargetInflight)
 	}
 	if s.KVCeiling <= 0 || s.KVCeiling > 1 {
 		bad("scoring.kv_ceiling %v: want (0, 1]", s.KVCeiling)
@@ -376,9 +381,7 @@ func (c *Config) Validate() error {
 		{"prefix", s.Weights.Prefix}, {"queue", s.Weights.Queue}, {"inflight", s.Weights.Inflight},
 		{"kv", s.Weights.KV}, {"session", s.Weights.Session}, {"lora", s.Weights.LoRA},
 	} {
-		if w.v == nil || *w.v < 0 {
-			bad("scoring.weights.%s: want a value >= 0", w.name)
-		}
+		errs = append(errs, opt.NonNegative("scoring.weights."+w.name, *w.v))
 	}
 	if c.Breaker.FailureThreshold < 1 {
 		bad("breaker.failure_threshold %d: want >= 1", c.Breaker.FailureThreshold)
@@ -414,8 +417,8 @@ func (c *Config) Validate() error {
 	if a.Interval < time.Millisecond {
 		bad("admission.interval %v: want >= 1ms", a.Interval)
 	}
-	if len(errs) > 0 {
-		return fmt.Errorf("invalid scheduler config: %w", errors.Join(errs...))
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("invalid scheduler config: %w", err)
 	}
 	return nil
 }

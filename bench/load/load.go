@@ -28,6 +28,7 @@ import (
 	"github.com/omnious/provider-node/bench/internal/loopback"
 	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/extproc/testgw"
+	"github.com/omnious/provider-node/internal/opt"
 )
 
 // Options configure `bench load`: the EPP (bin/epp as its own process,
@@ -182,9 +183,16 @@ func (o Options) WithDefaults() Options {
 // Validate reports options that cannot work.
 func (o Options) Validate() error {
 	var errs []error
-	if o.Replicas < 1 || o.Groups < 1 || o.MaxInFlight < 1 {
-		errs = append(errs, errors.New("replicas, groups and max in-flight must be positive"))
-	}
+	// Named by the flags of `bench load` that set them.
+	errs = append(errs, opt.DefaultNonNegative("-replicas", o.Replicas, 4),
+		opt.DefaultNonNegative("-groups", o.Groups, 16),
+		opt.DefaultNonNegative("-max-in-flight", o.MaxInFlight, 512),
+		opt.DefaultNonNegative("-step", o.Step, 10*time.Second),
+		opt.DefaultNonNegative("-step-warmup", o.StepWarmup, 2*time.Second),
+		opt.DefaultNonNegative("Timeout", o.Timeout, 10*time.Second),
+		opt.DefaultNonNegative("-budget-p99", o.BudgetP99, 2*time.Millisecond),
+		opt.DefaultNonNegative("-budget-errors", o.BudgetErrors, 0.001),
+		opt.NonNegative("-soak", o.Soak))
 	if o.PromptBytes < 1024 {
 		errs = append(errs, fmt.Errorf("prompt bytes %d: want at least 1024", o.PromptBytes))
 	}

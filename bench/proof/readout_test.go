@@ -49,7 +49,7 @@ func TestWriteReplay(t *testing.T) {
 		}
 	}
 	c := l.Curve()
-	o := quoter.Config{}.WithDefaults().Objectives()
+	o := quoter.Config{}.WithDefaults().Objectives
 	one, err := c.At(o)
 	require.NoError(t, err)
 	require.Greater(t, one.Streams, 2.0)

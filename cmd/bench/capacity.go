@@ -10,6 +10,7 @@ import (
 	"github.com/omnious/provider-node/bench/compare"
 	"github.com/omnious/provider-node/bench/proof"
 	"github.com/omnious/provider-node/bench/rig"
+	"github.com/omnious/provider-node/internal/cli"
 )
 
 // runCapacity is `bench capacity`: does a quote promise what the fleet
@@ -42,6 +43,9 @@ func runCapacity(args []string) error {
 	logLevel := fs.String("log-level", "warn", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if err := cli.NonNegative(fs); err != nil {
+		return fmt.Errorf("%s: %w", fs.Name(), err)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("bench capacity: unexpected arguments %v", fs.Args())

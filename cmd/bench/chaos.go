@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/omnious/provider-node/bench/chaos"
+	"github.com/omnious/provider-node/internal/cli"
 )
 
 // errChaosFailed makes the command exit non-zero after printing the table.
@@ -24,6 +25,9 @@ func runChaos(args []string) error {
 	logLevel := fs.String("log-level", "error", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if err := cli.NonNegative(fs); err != nil {
+		return fmt.Errorf("%s: %w", fs.Name(), err)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %v", fs.Args())

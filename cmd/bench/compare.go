@@ -14,6 +14,7 @@ import (
 
 	"github.com/omnious/provider-node/bench/compare"
 	"github.com/omnious/provider-node/bench/rig"
+	"github.com/omnious/provider-node/internal/cli"
 )
 
 // compareFlags are the flags of the comparison and of bench sweep.
@@ -76,7 +77,7 @@ func (f *compareFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.eppSettle, "epp-settle", rig.DefaultExternalSettle, "exec:/addr: policies: wait after the EPP answers gRPC health SERVING, before traffic")
 	fs.IntVar(&f.epps, "epps", 1, "EPPs serving the pool side by side behind the gateway, each with the policy (an exec: EPP runs as that many processes; an addr: EPP is the one it names)")
 	fs.BoolVar(&f.direct, "direct", false, "use a plain reverse proxy (round-robin, random) instead of the EPP")
-	fs.Int64Var(&f.seed, "seed", 1, "workload and replica seed")
+	fs.Int64Var(&f.seed, "seed", 1, "workload and replica seed (negative: a seed too)")
 	fs.StringVar(&f.jsonOut, "json", "", "write the JSON contract to this file")
 	fs.StringVar(&f.htmlOut, "html", "out/bench-report.html", "write the HTML report to this file (empty: none)")
 	fs.StringVar(&f.logLevel, "log-level", "error", "debug, info, warn or error")
@@ -148,6 +149,9 @@ func runCompare(args []string, sweep bool) error {
 	}
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if err := cli.NonNegative(fs); err != nil {
+		return fmt.Errorf("%s: %w", fs.Name(), err)
 	}
 	f.set = map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/omnious/provider-node/bench/load"
+	"github.com/omnious/provider-node/internal/cli"
 )
 
 // runFloor is `bench floor`: the no-op ext_proc server `bench load -floor`
@@ -21,6 +23,9 @@ func runFloor(args []string) error {
 	dests := fs.String("dest", "", "comma-separated ip:port endpoints to route to in turn (required)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if err := cli.NonNegative(fs); err != nil {
+		return fmt.Errorf("%s: %w", fs.Name(), err)
 	}
 	if fs.NArg() > 0 {
 		return errors.New("bench floor: want -dest and no arguments")

@@ -10,6 +10,7 @@ import (
 	"strconv"
 
 	"github.com/omnious/provider-node/bench/load"
+	"github.com/omnious/provider-node/internal/cli"
 )
 
 // loadFlags are the flags of bench load that do not map one to one onto
@@ -83,6 +84,9 @@ func runLoad(args []string) error {
 	f.register(fs, &o)
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if err := cli.NonNegative(fs); err != nil {
+		return fmt.Errorf("%s: %w", fs.Name(), err)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("bench load: unexpected arguments %v", fs.Args())

@@ -42,43 +42,16 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	fs := flag.NewFlagSet("epp", flag.ContinueOnError)
-	fs.String("config", "", "YAML config file; flags override it")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	fs.StringVar(&cfg.GRPCAddr, "grpc-addr", cfg.GRPCAddr, "ext_proc gRPC address (also serves gRPC health)")
-	fs.StringVar(&cfg.HealthAddr, "health-addr", cfg.HealthAddr, "gRPC health address for probes")
-	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", cfg.MetricsAddr, "Prometheus /metrics address")
-	fs.StringVar(&cfg.AdminAddr, "admin-addr", cfg.AdminAddr, "admin address: pprof, /debug/*, /v1/capacity (keep private)")
-	fs.StringVar(&cfg.TLSCertFile, "tls-cert-file", cfg.TLSCertFile, "TLS certificate for the gRPC port")
-	fs.StringVar(&cfg.TLSKeyFile, "tls-key-file", cfg.TLSKeyFile, "TLS key for the gRPC port")
-	fs.DurationVar(cfg.DrainDelay, "drain-delay", *cfg.DrainDelay, "on SIGTERM, how long new streams are still served after health turns NOT_SERVING")
-	fs.DurationVar(cfg.DrainTimeout, "drain-timeout", *cfg.DrainTimeout, "graceful drain on SIGTERM")
-	fs.StringVar(&cfg.EndpointsFile, "endpoints-file", cfg.EndpointsFile, "static endpoint file (bare metal), hot-reloaded")
-	fs.StringVar(&cfg.PoolName, "pool-name", cfg.PoolName, "InferencePool to serve (Kubernetes)")
-	fs.StringVar(&cfg.PoolNamespace, "pool-namespace", cfg.PoolNamespace, "namespace of the InferencePool")
-	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file outside a cluster (default: in-cluster service account)")
-	fs.BoolVar(&cfg.StandInTokenizer, "standin-tokenizer", cfg.StandInTokenizer, "tokenize as enginesim does (simulated fleets only)")
-	tokenizers := fs.String("tokenizers", "", "model=dir[,model=dir...]: tokenizer.json directories for exact prompt tokens")
-	fs.StringVar(&cfg.Scheduler.Policy, "policy", cfg.Scheduler.Policy, "precise, approximate, random, round-robin or least-queue")
-	fs.IntVar(&cfg.Scheduler.BlockSize, "block-size", cfg.Scheduler.BlockSize, "engines' KV block size in tokens")
-	fs.Int64Var(&cfg.Index.MemoryBudget, "index-memory-budget", cfg.Index.MemoryBudget, "KV index memory budget in bytes (0: 256 MiB)")
-	peers := fs.String("peers", strings.Join(cfg.WarmStart.Peers, ","), "host:port[,host:port...]: sibling EPPs' admin addresses to take the KV index from at start")
-	fs.StringVar(&cfg.WarmStart.PeerService, "peer-service", cfg.WarmStart.PeerService,
-		"host:port of the EPPs' headless Service (admin port): its addresses are the siblings to take the KV index from at start")
-	fs.StringVar(&cfg.Ingest.Bind, "kv-events-bind", cfg.Ingest.Bind, "ZMQ endpoint to bind for engines that publish KV events by connecting (tcp://*:5557)")
-	fs.IntVar(&cfg.ExtProc.MaxRecvMsgSize, "grpc-max-recv-msg-size", cfg.ExtProc.MaxRecvMsgSize, "largest gRPC message accepted")
-	fs.DurationVar(&cfg.ExtProc.RequestIdleTimeout, "request-idle-timeout", cfg.ExtProc.RequestIdleTimeout,
-		"close an ext_proc stream (408) when the proxy sends nothing for this long while the request is gathered (negative: never)")
-	fs.DurationVar(&cfg.ExtProc.ResponseIdleTimeout, "response-idle-timeout", cfg.ExtProc.ResponseIdleTimeout,
-		"close an ext_proc stream when the proxy sends nothing for this long after routing (negative: never)")
-	fs.StringVar(&cfg.Tracing.OTLPEndpoint, "otlp-endpoint", cfg.Tracing.OTLPEndpoint,
-		"OTLP/gRPC collector host:port: a span per request, carried to the engine in traceparent (empty: no tracing)")
-	fs.BoolVar(&cfg.Tracing.Insecure, "otlp-insecure", cfg.Tracing.Insecure, "send spans to the collector without TLS")
-	fs.Float64Var(cfg.Tracing.SampleRatio, "trace-sample-ratio", *cfg.Tracing.SampleRatio,
-		"share of traces started by the EPP that are recorded (a client's sampled trace is always followed)")
+	fs, f := newFlags(&cfg)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if err := cli.NonNegative(fs); err != nil {
+		return err
+	}
+	// A flag set to 0 asks for the default, as a zero in the file does.
+	cfg = cfg.WithDefaults()
+	peers, tokenizers, logLevel, kubeconfig := f.peers, f.tokenizers, f.logLevel, f.kubeconfig
 	cfg.WarmStart.Peers = nil
 	for _, p := range strings.Split(*peers, ",") {
 		if p = strings.TrimSpace(p); p != "" {
@@ -94,6 +67,9 @@ func run(args []string) error {
 			}
 			cfg.Tokenizers[model] = dir
 		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
 	}
 	log, err := cli.NewLogger(*logLevel)
 	if err != nil {
@@ -116,6 +92,52 @@ func run(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return e.Run(ctx)
+}
+
+// flagValues are the flags that are not fields of epp.Config.
+type flagValues struct {
+	logLevel, kubeconfig, tokenizers, peers *string
+}
+
+// newFlags defines epp's flags over cfg, their defaults its values (the
+// config file's, defaulted).
+func newFlags(cfg *epp.Config) (*flag.FlagSet, flagValues) {
+	fs := flag.NewFlagSet("epp", flag.ContinueOnError)
+	var f flagValues
+	fs.String("config", "", "YAML config file; flags override it")
+	f.logLevel = fs.String("log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&cfg.GRPCAddr, "grpc-addr", cfg.GRPCAddr, "ext_proc gRPC address (also serves gRPC health)")
+	fs.StringVar(&cfg.HealthAddr, "health-addr", cfg.HealthAddr, "gRPC health address for probes")
+	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", cfg.MetricsAddr, "Prometheus /metrics address")
+	fs.StringVar(&cfg.AdminAddr, "admin-addr", cfg.AdminAddr, "admin address: pprof, /debug/*, /v1/capacity (keep private)")
+	fs.StringVar(&cfg.TLSCertFile, "tls-cert-file", cfg.TLSCertFile, "TLS certificate for the gRPC port")
+	fs.StringVar(&cfg.TLSKeyFile, "tls-key-file", cfg.TLSKeyFile, "TLS key for the gRPC port")
+	fs.DurationVar(cfg.DrainDelay, "drain-delay", *cfg.DrainDelay, "on SIGTERM, how long new streams are still served after health turns NOT_SERVING (0s: stop at once)")
+	fs.DurationVar(cfg.DrainTimeout, "drain-timeout", *cfg.DrainTimeout, "graceful drain on SIGTERM: how long open streams get to finish (0s: close them at once)")
+	fs.StringVar(&cfg.EndpointsFile, "endpoints-file", cfg.EndpointsFile, "static endpoint file (bare metal), hot-reloaded")
+	fs.StringVar(&cfg.PoolName, "pool-name", cfg.PoolName, "InferencePool to serve (Kubernetes)")
+	fs.StringVar(&cfg.PoolNamespace, "pool-namespace", cfg.PoolNamespace, "namespace of the InferencePool")
+	f.kubeconfig = fs.String("kubeconfig", "", "kubeconfig file outside a cluster (default: in-cluster service account)")
+	fs.BoolVar(&cfg.StandInTokenizer, "standin-tokenizer", cfg.StandInTokenizer, "tokenize as enginesim does (simulated fleets only)")
+	f.tokenizers = fs.String("tokenizers", "", "model=dir[,model=dir...]: tokenizer.json directories for exact prompt tokens")
+	fs.StringVar(&cfg.Scheduler.Policy, "policy", cfg.Scheduler.Policy, "precise, approximate, random, round-robin or least-queue")
+	fs.IntVar(&cfg.Scheduler.BlockSize, "block-size", cfg.Scheduler.BlockSize, "engines' KV block size in tokens (0: the default, 16)")
+	fs.Int64Var(&cfg.Index.MemoryBudget, "index-memory-budget", cfg.Index.MemoryBudget, "KV index memory budget in bytes (0: 256 MiB)")
+	f.peers = fs.String("peers", strings.Join(cfg.WarmStart.Peers, ","), "host:port[,host:port...]: sibling EPPs' admin addresses to take the KV index from at start")
+	fs.StringVar(&cfg.WarmStart.PeerService, "peer-service", cfg.WarmStart.PeerService,
+		"host:port of the EPPs' headless Service (admin port): its addresses are the siblings to take the KV index from at start")
+	fs.StringVar(&cfg.Ingest.Bind, "kv-events-bind", cfg.Ingest.Bind, "ZMQ endpoint to bind for engines that publish KV events by connecting (tcp://*:5557)")
+	fs.IntVar(&cfg.ExtProc.MaxRecvMsgSize, "grpc-max-recv-msg-size", cfg.ExtProc.MaxRecvMsgSize, "largest gRPC message accepted (0: the default, 64 MiB)")
+	fs.DurationVar(&cfg.ExtProc.RequestIdleTimeout, "request-idle-timeout", cfg.ExtProc.RequestIdleTimeout,
+		"close an ext_proc stream (408) when the proxy sends nothing for this long while the request is gathered (0: the default, 30s; negative: never)")
+	fs.DurationVar(&cfg.ExtProc.ResponseIdleTimeout, "response-idle-timeout", cfg.ExtProc.ResponseIdleTimeout,
+		"close an ext_proc stream when the proxy sends nothing for this long after routing (0: the default, 1h; negative: never)")
+	fs.StringVar(&cfg.Tracing.OTLPEndpoint, "otlp-endpoint", cfg.Tracing.OTLPEndpoint,
+		"OTLP/gRPC collector host:port: a span per request, carried to the engine in traceparent (empty: no tracing)")
+	fs.BoolVar(&cfg.Tracing.Insecure, "otlp-insecure", cfg.Tracing.Insecure, "send spans to the collector without TLS")
+	fs.Float64Var(cfg.Tracing.SampleRatio, "trace-sample-ratio", *cfg.Tracing.SampleRatio,
+		"share of traces started by the EPP that are recorded, 0..1; a client's sampled trace is always followed (0: only those)")
+	return fs, f
 }
 
 // source picks the discovery source the config names; it feeds rs the

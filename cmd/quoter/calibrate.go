@@ -3,7 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
-	"flag"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -15,8 +15,7 @@ import (
 const calibrateUsage = "usage: quoter calibrate --url URL --model ID --capacity-url EPP_ADMIN_URL (--out FILE | --configmap NAME [--namespace NS]) [flags]"
 
 func cmdCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("calibrate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("calibrate", stderr)
 	// The defaults are the package's own, so there is one place they are
 	// set.
 	def := calibration.Config{}.WithDefaults()
@@ -24,18 +23,18 @@ func cmdCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.StringVar(&cfg.URL, "url", env("SERVING_URL", ""), "serving base URL the load is sent to (env SERVING_URL)")
 	fs.StringVar(&cfg.Model, "model", env("MODEL_ID", ""), "model id (env MODEL_ID)")
 	fs.StringVar(&cfg.CapacityURL, "capacity-url", env("EPP_ADMIN_URL", ""), "EPP admin base URL serving /v1/capacity (env EPP_ADMIN_URL)")
-	fs.DurationVar(&cfg.Objectives.TTFT, "slo-ttft-p95", envDuration("SLO_TTFT_P95", def.Objectives.TTFT), "p95 time-to-first-token objective (env SLO_TTFT_P95)")
-	fs.DurationVar(&cfg.Objectives.ITL, "slo-itl-p95", envDuration("SLO_ITL_P95", def.Objectives.ITL), "p95 inter-token latency objective (env SLO_ITL_P95)")
-	fs.IntVar(&cfg.Mix.PromptTokens, "prompt-tokens", def.Mix.PromptTokens, "prompt length in the engine's tokens, chat template included (random words, fitted to it by the first requests)")
-	fs.IntVar(&cfg.Mix.SharedPrefixTokens, "shared-prefix-tokens", def.Mix.SharedPrefixTokens, "leading prompt tokens common to a group")
-	fs.IntVar(&cfg.Mix.Groups, "groups", def.Mix.Groups, "groups sharing a prefix")
-	fs.IntVar(&cfg.Mix.OutputTokens, "output-tokens", def.Mix.OutputTokens, "tokens generated per request (max_tokens = min_tokens)")
-	fs.IntVar(&cfg.StartConcurrency, "start-concurrency", def.StartConcurrency, "first concurrency level")
-	fs.Float64Var(&cfg.Factor, "factor", def.Factor, "ladder growth: next level max(prev+1, ceil(prev*factor))")
+	fs.DurationVar(&cfg.Objectives.TTFT, "slo-ttft-p95", envDuration("SLO_TTFT_P95", def.Objectives.TTFT), "p95 time-to-first-token objective (env SLO_TTFT_P95; 0: the default)")
+	fs.DurationVar(&cfg.Objectives.ITL, "slo-itl-p95", envDuration("SLO_ITL_P95", def.Objectives.ITL), "p95 inter-token latency objective (env SLO_ITL_P95; 0: the default)")
+	fs.IntVar(&cfg.Mix.PromptTokens, "prompt-tokens", def.Mix.PromptTokens, "prompt length in the engine's tokens, chat template included (random words, fitted to it by the first requests; 0: the default)")
+	fs.IntVar(&cfg.Mix.SharedPrefixTokens, "shared-prefix-tokens", def.Mix.SharedPrefixTokens, "leading prompt tokens common to a group (0: none)")
+	fs.IntVar(&cfg.Mix.Groups, "groups", def.Mix.Groups, "groups sharing a prefix (0: the default)")
+	fs.IntVar(&cfg.Mix.OutputTokens, "output-tokens", def.Mix.OutputTokens, "tokens generated per request, max_tokens = min_tokens (0: the default)")
+	fs.IntVar(&cfg.StartConcurrency, "start-concurrency", def.StartConcurrency, "first concurrency level (0: the default)")
+	fs.Float64Var(&cfg.Factor, "factor", def.Factor, "ladder growth: next level max(prev+1, ceil(prev*factor)) (0: the default)")
 	fs.IntVar(&cfg.MaxConcurrency, "max-concurrency", 0, "last level (0: the healthy replicas' batch-size targets summed)")
-	fs.DurationVar(&cfg.LevelDuration, "level-duration", def.LevelDuration, "measured time per level")
-	warmup := fs.Duration("warmup", *def.Warmup, "unmeasured time at the start of each level")
-	pastBreak := fs.Int("past-break", *def.PastBreak, "levels measured past the first that breaks an objective (the quote never reads beyond the loads measured)")
+	fs.DurationVar(&cfg.LevelDuration, "level-duration", def.LevelDuration, "measured time per level (0: the default)")
+	warmup := fs.Duration("warmup", *def.Warmup, "unmeasured time at the start of each level (0s: measure at once)")
+	pastBreak := fs.Int("past-break", *def.PastBreak, "levels measured past the first that breaks an objective, the quote never reading beyond the loads measured (0: stop at the first)")
 	out := fs.String("out", "", "write the calibration to FILE (atomically)")
 	configMap := fs.String("configmap", "", "write the calibration into ConfigMap NAME")
 	namespace := fs.String("namespace", env("POD_NAMESPACE", "default"), "the ConfigMap's namespace (env POD_NAMESPACE)")
@@ -43,14 +42,14 @@ func cmdCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
-	if cfg.URL == "" || cfg.Model == "" || cfg.CapacityURL == "" || fs.NArg() > 0 || (*out == "") == (*configMap == "") {
-		fmt.Fprintln(stderr, calibrateUsage)
-		return exitUsage
-	}
 	cfg.Warmup = warmup
 	cfg.PastBreak = pastBreak
-	if err := cfg.WithDefaults().Validate(); err != nil {
+	if err := errors.Join(envDurationErrors(), cfg.WithDefaults().Validate()); err != nil {
 		fmt.Fprintf(stderr, "quoter calibrate: %v\n%s\n", err, calibrateUsage)
+		return exitUsage
+	}
+	if fs.NArg() > 0 || (*out == "") == (*configMap == "") {
+		fmt.Fprintln(stderr, calibrateUsage)
 		return exitUsage
 	}
 	log, err := newLogger(stderr, *logLevel)

@@ -3,12 +3,13 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 
 	"github.com/omnious/provider-node/capacity"
+	"github.com/omnious/provider-node/internal/opt"
 	"github.com/omnious/provider-node/quoter"
 )
 
@@ -27,13 +28,18 @@ type headroomReport struct {
 // earlier (`bench capacity -dir` keeps one at each quote), to see why a
 // quote read what it did.
 func cmdHeadroom(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("headroom", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("headroom", stderr)
 	var f capacityFlags
 	f.register(fs, quoter.Config{}.WithDefaults())
 	snapFile := fs.String("snapshot", "", "a saved /v1/capacity document to read instead of --capacity-url")
 	model := fs.String("model", env("MODEL_ID", ""), "model to read (env MODEL_ID; empty: every model in the snapshot)")
 	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	o := f.objectives().WithDefaults()
+	if err := errors.Join(envDurationErrors(), opt.DefaultNonNegative("--slo-ttft-p95", o.TTFT, capacity.DefaultObjectives.TTFT),
+		opt.DefaultNonNegative("--slo-itl-p95", o.ITL, capacity.DefaultObjectives.ITL)); err != nil {
+		fmt.Fprintln(stderr, "quoter headroom:", err)
 		return exitUsage
 	}
 	if fs.NArg() > 0 || (f.capacityURL == "") == (*snapFile == "") {
@@ -67,7 +73,6 @@ func cmdHeadroom(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		}
 		cal = c
 	}
-	o := quoter.Config{SLOTTFTP95: f.sloTTFT, SLOITLP95: f.sloITL}.Objectives()
 	var out []headroomReport
 	for _, m := range snap.Models {
 		if *model != "" && m.Model != *model {

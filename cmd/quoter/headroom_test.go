@@ -45,7 +45,7 @@ func TestHeadroomCommand(t *testing.T) {
 	cal := write("cal.json", capacity.Calibration{Version: capacity.CalibrationVersion, Model: "b", Replicas: 1,
 		Objectives: capacity.ObjectivesJSON{TTFTSeconds: 2, ITLSeconds: 0.05, Quantile: 0.95}, Curve: curve})
 	// What the quote loop would offer, from the quoter's own computation.
-	obj := quoter.Config{}.WithDefaults().Objectives()
+	obj := quoter.Config{}.WithDefaults().Objectives
 	want := func(i int) headroomReport {
 		h, a := quoter.ComputeHeadroom(snap.Models[i], nil, obj)
 		return headroomReport{Model: snap.Models[i].Model, TokensPerSec: h.TokensPerSec, Concurrency: h.Concurrency, Assessment: a}

@@ -36,6 +36,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/omnious/provider-node/capacity"
+	"github.com/omnious/provider-node/internal/opt"
 	"github.com/omnious/provider-node/quoter"
 	"github.com/omnious/provider-node/quoter/conformance"
 	"github.com/omnious/provider-node/quoter/toolprofile"
@@ -123,6 +125,9 @@ func env(name, def string) string {
 	return def
 }
 
+// envDuration is the duration in the environment variable name, or def
+// when it is unset or empty. One that does not parse is def here and an
+// error of envDurationErrors, which the commands check with their flags.
 func envDuration(name string, def time.Duration) time.Duration {
 	if v := os.Getenv(name); v != "" {
 		if d, err := time.ParseDuration(v); err == nil {
@@ -130,6 +135,32 @@ func envDuration(name string, def time.Duration) time.Duration {
 		}
 	}
 	return def
+}
+
+// durationEnv are the environment variables the commands read as
+// durations.
+var durationEnv = []string{"SLO_TTFT_P95", "SLO_ITL_P95", "QUOTER_REFRESH", "QUOTER_TTL", "QUOTER_CANARY_INTERVAL", "QUOTER_MAX_SNAPSHOT_AGE"}
+
+// envDurationErrors refuses each set durationEnv variable that is not a
+// duration, rather than leaving its flag at the default.
+func envDurationErrors() error {
+	var errs []error
+	for _, name := range durationEnv {
+		if v := os.Getenv(name); v != "" {
+			if _, err := time.ParseDuration(v); err != nil {
+				errs = append(errs, fmt.Errorf("%s %q is not a duration such as 10s", name, v))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// newFlagSet is every command's flag set, writing its errors and help to
+// stderr. Tests replace it to see each command's flags (TestFlagsNegative).
+var newFlagSet = func(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
 }
 
 func newLogger(w io.Writer, level string) (*zap.Logger, error) {
@@ -164,9 +195,14 @@ type capacityFlags struct {
 
 func (f *capacityFlags) register(fs *flag.FlagSet, def quoter.Config) {
 	fs.StringVar(&f.capacityURL, "capacity-url", env("EPP_ADMIN_URL", ""), "EPP admin base URL serving /v1/capacity (env EPP_ADMIN_URL)")
-	fs.DurationVar(&f.sloTTFT, "slo-ttft-p95", envDuration("SLO_TTFT_P95", def.SLOTTFTP95), "objective for the 95th percentile of time to first token (env SLO_TTFT_P95)")
-	fs.DurationVar(&f.sloITL, "slo-itl-p95", envDuration("SLO_ITL_P95", def.SLOITLP95), "objective for the 95th percentile of inter-token latency (env SLO_ITL_P95)")
+	fs.DurationVar(&f.sloTTFT, "slo-ttft-p95", envDuration("SLO_TTFT_P95", def.Objectives.TTFT), "objective for the 95th percentile of time to first token (env SLO_TTFT_P95; 0: the default)")
+	fs.DurationVar(&f.sloITL, "slo-itl-p95", envDuration("SLO_ITL_P95", def.Objectives.ITL), "objective for the 95th percentile of inter-token latency (env SLO_ITL_P95; 0: the default)")
 	fs.StringVar(&f.calibrationFile, "calibration-file", env("QUOTER_CALIBRATION_FILE", ""), "quoter calibrate output to quote an idle pool from (env QUOTER_CALIBRATION_FILE)")
+}
+
+// objectives are the flags' objectives, zero fields to be defaulted.
+func (f *capacityFlags) objectives() capacity.Objectives {
+	return capacity.Objectives{TTFT: f.sloTTFT, ITL: f.sloITL}
 }
 
 func (f *serviceFlags) register(fs *flag.FlagSet) {
@@ -186,10 +222,12 @@ func (f *serviceFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.keyFile, "key-file", env("QUOTER_KEY_FILE", ""), "PATH of a hex private key file, mode 0600/0400 (env QUOTER_KEY_FILE)")
 	fs.StringVar(&f.keystoreFile, "keystore-file", env("QUOTER_KEYSTORE_FILE", ""), "PATH of a keystore JSON file (env QUOTER_KEYSTORE_FILE)")
 	fs.StringVar(&f.passwordFile, "password-file", env("QUOTER_PASSWORD_FILE", ""), "PATH of the keystore password file (env QUOTER_PASSWORD_FILE)")
-	fs.DurationVar(&f.refresh, "refresh", envDuration("QUOTER_REFRESH", def.Refresh), "signing interval")
-	fs.DurationVar(&f.ttl, "ttl", envDuration("QUOTER_TTL", def.TTL), "quote validity (whole seconds)")
-	fs.DurationVar(&f.canaryInterval, "canary-interval", envDuration("QUOTER_CANARY_INTERVAL", def.CanaryInterval), "canary probe interval while healthy")
-	fs.DurationVar(&f.maxSnapshotAge, "max-snapshot-age", envDuration("QUOTER_MAX_SNAPSHOT_AGE", def.MaxSnapshotAge), "oldest trusted capacity snapshot")
+	fs.DurationVar(&f.refresh, "refresh", envDuration("QUOTER_REFRESH", def.Refresh), "signing interval (env QUOTER_REFRESH; 0: the default)")
+	fs.DurationVar(&f.ttl, "ttl", envDuration("QUOTER_TTL", def.TTL), "quote validity, whole seconds (env QUOTER_TTL; 0: the default)")
+	fs.DurationVar(&f.canaryInterval, "canary-interval", envDuration("QUOTER_CANARY_INTERVAL", def.CanaryInterval),
+		"canary probe interval while healthy (env QUOTER_CANARY_INTERVAL; 0: the default)")
+	fs.DurationVar(&f.maxSnapshotAge, "max-snapshot-age", envDuration("QUOTER_MAX_SNAPSHOT_AGE", def.MaxSnapshotAge),
+		"oldest trusted capacity snapshot (env QUOTER_MAX_SNAPSHOT_AGE; 0: the default)")
 	fs.StringVar(&f.logLevel, "log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error")
 }
 
@@ -201,6 +239,8 @@ func parseUint256(name, s string) (*big.Int, error) {
 	return v, nil
 }
 
+// config is the flags' config, and the errors of the flags that do not
+// parse (their fields left nil).
 func (f *serviceFlags) config() (quoter.Config, error) {
 	var errs []error
 	in, err := parseUint256("--floor-in", f.floorIn)
@@ -209,13 +249,31 @@ func (f *serviceFlags) config() (quoter.Config, error) {
 	errs = append(errs, err)
 	chain, err := parseUint256("--chain-id", f.chainID)
 	errs = append(errs, err)
-	if err := errors.Join(errs...); err != nil {
-		return quoter.Config{}, err
-	}
 	return quoter.Config{ProviderID: f.providerID, Model: f.model, ModelClass: f.modelClass, ServingURL: f.servingURL,
 		CapacityURL: f.capacityURL, MarketURL: f.marketURL, FloorIn: in, FloorOut: out, ChainID: chain,
 		StateFile: f.stateFile, Refresh: f.refresh, TTL: f.ttl, CanaryInterval: f.canaryInterval,
-		MaxSnapshotAge: f.maxSnapshotAge, SLOTTFTP95: f.sloTTFT, SLOITLP95: f.sloITL, CalibrationFile: f.calibrationFile}, nil
+		MaxSnapshotAge: f.maxSnapshotAge, Objectives: f.objectives(), CalibrationFile: f.calibrationFile}, errors.Join(errs...)
+}
+
+// validate refuses what the quote loop's config would: a negative
+// duration, a missing setting; before any key is read.
+func (f *serviceFlags) validate() error {
+	cfg, err := f.config()
+	if err != nil {
+		// Every other setting is still checked; the ones that did not
+		// parse are reported once, as flags.
+		zero := new(big.Int)
+		cfg.FloorIn, cfg.FloorOut, cfg.ChainID = cmpOr(cfg.FloorIn, zero), cmpOr(cfg.FloorOut, zero), cmpOr(cfg.ChainID, big.NewInt(1))
+	}
+	return errors.Join(envDurationErrors(), err, cfg.WithDefaults().Validate())
+}
+
+// cmpOr is p, or def when p is nil.
+func cmpOr(p, def *big.Int) *big.Int {
+	if p == nil {
+		return def
+	}
+	return p
 }
 
 func (f *serviceFlags) service(log *zap.Logger, skipConformance bool) (*quoter.Service, error) {
@@ -232,8 +290,7 @@ func (f *serviceFlags) service(log *zap.Logger, skipConformance bool) (*quoter.S
 }
 
 func cmdSign(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("sign", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("sign", stderr)
 	var f serviceFlags
 	f.register(fs)
 	once := fs.Bool("once", false, "sign one quote and exit (required)")
@@ -243,6 +300,10 @@ func cmdSign(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if !*once || fs.NArg() > 0 {
 		fmt.Fprintln(stderr, "quoter sign: use --once (the loop is `quoter run`)")
+		return exitUsage
+	}
+	if err := f.validate(); err != nil {
+		fmt.Fprintln(stderr, "quoter sign:", err)
 		return exitUsage
 	}
 	log, err := newLogger(stderr, f.logLevel)
@@ -265,14 +326,17 @@ func cmdSign(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 func cmdVerify(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("verify", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	maxSkew := fs.Duration("max-skew", 5*time.Second, "how far in the future issuedAt may be")
-	maxTTL := fs.Duration("max-ttl", 0, "reject quotes valid longer than this (0 = no limit)")
+	fs := newFlagSet("verify", stderr)
+	maxSkew := fs.Duration("max-skew", 5*time.Second, "how far in the future issuedAt may be (0: the default)")
+	maxTTL := fs.Duration("max-ttl", 0, "reject quotes valid longer than this (0: no limit)")
 	chainID := fs.String("chain-id", "", "required domain chainId (empty = any)")
 	signer := fs.String("signer", "", "required signer address (empty = any)")
 	at := fs.String("at", "", "verify as of this RFC 3339 time instead of now")
 	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if err := errors.Join(opt.DefaultNonNegative("--max-skew", *maxSkew, 5*time.Second), opt.NonNegative("--max-ttl", *maxTTL)); err != nil {
+		fmt.Fprintln(stderr, "quoter verify:", err)
 		return exitUsage
 	}
 	if fs.NArg() != 1 {
@@ -330,12 +394,15 @@ func cmdVerify(args []string, stdout, stderr io.Writer) int {
 }
 
 func cmdRun(ctx context.Context, args []string, stderr io.Writer) int {
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("run", stderr)
 	var f serviceFlags
 	f.register(fs)
 	listen := fs.String("listen", env("QUOTER_LISTEN", ":9464"), "address serving /v1/quote, /metrics, /healthz")
 	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if err := f.validate(); err != nil {
+		fmt.Fprintln(stderr, "quoter run:", err)
 		return exitUsage
 	}
 	log, err := newLogger(stderr, f.logLevel)
@@ -373,14 +440,17 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) int {
 }
 
 func cmdConformance(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("conformance", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("conformance", stderr)
 	url := fs.String("url", env("SERVING_URL", ""), "exact serving base URL (env SERVING_URL)")
 	model := fs.String("model", env("MODEL_ID", ""), "model id (env MODEL_ID)")
 	quick := fs.Bool("quick", false, "run the short pre-quote suite only")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
-	timeout := fs.Duration("timeout", 60*time.Second, "timeout per check")
+	timeout := fs.Duration("timeout", 60*time.Second, "timeout per check (0: the default)")
 	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if err := (conformance.Config{CheckTimeout: *timeout}).WithDefaults().Validate(); err != nil {
+		fmt.Fprintln(stderr, "quoter conformance:", err)
 		return exitUsage
 	}
 	if *url == "" || *model == "" || fs.NArg() > 0 {
@@ -411,8 +481,7 @@ func cmdConformance(ctx context.Context, args []string, stdout, stderr io.Writer
 const defaultProfiles = "deploy/config/tool-profiles.tsv"
 
 func cmdToolProfile(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("tool-profile", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("tool-profile", stderr)
 	profiles := fs.String("profiles", env("TOOL_PROFILES_FILE", defaultProfiles), "tool-profiles.tsv path (env TOOL_PROFILES_FILE)")
 	mode := fs.String("mode", env("TOOL_PROFILE", toolprofile.ModeAuto), "auto or custom (env TOOL_PROFILE)")
 	model := fs.String("model", env("MODEL_ID", ""), "model id (env MODEL_ID)")
@@ -454,8 +523,7 @@ func cmdToolProfile(args []string, stdout, stderr io.Writer) int {
 }
 
 func cmdToolProfilesJSON(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("tool-profiles-json", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("tool-profiles-json", stderr)
 	profiles := fs.String("profiles", defaultProfiles, "tool-profiles.tsv path")
 	out := fs.String("out", "deploy/config/omnious-model-tool-profiles.json", "output path (- for stdout)")
 	check := fs.Bool("check", false, "fail if the output file is out of date instead of writing it")

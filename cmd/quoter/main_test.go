@@ -142,7 +142,7 @@ func TestKeyMaterialNeverPrinted(t *testing.T) {
 	v, err := quoter.Verify(sq, quoter.VerifyOptions{})
 	require.NoError(t, err)
 	require.Equal(t, crypto.PubkeyToAddress(key.PublicKey), v.Signer)
-	want, _ := quoter.ComputeHeadroom(eppSnapshot().Models[0], nil, quoter.Config{}.WithDefaults().Objectives())
+	want, _ := quoter.ComputeHeadroom(eppSnapshot().Models[0], nil, quoter.Config{}.WithDefaults().Objectives)
 	require.Positive(t, want.Concurrency)
 	require.Equal(t, strconv.FormatUint(uint64(want.Concurrency), 10), sq.Message.HeadroomConcurrency)
 	require.Equal(t, strconv.FormatUint(want.TokensPerSec, 10), sq.Message.HeadroomTokensPerSec)

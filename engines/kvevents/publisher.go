@@ -10,6 +10,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"go.uber.org/zap"
+
+	"github.com/omnious/provider-node/internal/opt"
 )
 
 // PublisherConfig configures a Publisher. Zero values take the defaults
@@ -93,12 +95,12 @@ func NewPublisher(cfg PublisherConfig, log *zap.Logger) (*Publisher, error) {
 	if cfg.Format > FormatArraySGLang || cfg.HashEncoding > HashBytes || cfg.ReplayLayout > ReplayLayoutTopicSeq {
 		return nil, errors.New("cannot create publisher: unknown format, hash encoding or replay layout")
 	}
-	if cfg.BufferSteps <= 0 {
-		cfg.BufferSteps = defaultBufferSteps
+	if err := errors.Join(opt.DefaultNonNegative("BufferSteps", cfg.BufferSteps, defaultBufferSteps),
+		opt.DefaultNonNegative("HWM", cfg.HWM, defaultHWM)); err != nil {
+		return nil, fmt.Errorf("cannot create publisher: %w", err)
 	}
-	if cfg.HWM <= 0 {
-		cfg.HWM = defaultHWM
-	}
+	opt.Zero(&cfg.BufferSteps, defaultBufferSteps)
+	opt.Zero(&cfg.HWM, defaultHWM)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}

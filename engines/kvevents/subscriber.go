@@ -12,6 +12,8 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/go-zeromq/zmq4"
 	"go.uber.org/zap"
+
+	"github.com/omnious/provider-node/internal/opt"
 )
 
 // Handler receives a subscriber's batches and resets, from the subscriber's
@@ -229,18 +231,16 @@ func NewSubscriber(cfg SubscriberConfig, h Handler, log *zap.Logger) (*Subscribe
 	if cfg.Resume != nil && (cfg.Bind || cfg.ReplayEndpoint == "") {
 		return nil, errors.New("cannot create subscriber: Resume needs dial mode and a replay endpoint to prove the engine run continues")
 	}
-	if cfg.ReplayTimeout <= 0 {
-		cfg.ReplayTimeout = 2 * time.Second
+	if err := errors.Join(opt.NonNegative("ReplayTimeout", cfg.ReplayTimeout), opt.NonNegative("MinBackoff", cfg.MinBackoff),
+		opt.NonNegative("MaxBackoff", cfg.MaxBackoff), opt.NonNegative("MaxReplicas", cfg.MaxReplicas)); err != nil {
+		return nil, fmt.Errorf("cannot create subscriber: %w", err)
 	}
-	if cfg.MinBackoff <= 0 {
-		cfg.MinBackoff = 100 * time.Millisecond
-	}
+	opt.Zero(&cfg.ReplayTimeout, 2*time.Second)
+	opt.Zero(&cfg.MinBackoff, 100*time.Millisecond)
 	if cfg.MaxBackoff < cfg.MinBackoff {
 		cfg.MaxBackoff = max(5*time.Second, cfg.MinBackoff)
 	}
-	if cfg.MaxReplicas <= 0 {
-		cfg.MaxReplicas = 4096
-	}
+	opt.Zero(&cfg.MaxReplicas, 4096)
 	if log == nil {
 		log = zap.NewNop()
 	}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/omnious/provider-node/internal/opt"
 )
 
 // Sample is the scraper's view of one target. Samples are immutable once
@@ -63,18 +65,11 @@ type ScraperConfig struct {
 	OnSample func(*Sample)
 }
 
-// WithDefaults returns c with every unset (zero or negative, never a legal
-// setting) field at its default.
+// WithDefaults returns c with every unset (zero) field at its default.
 func (c ScraperConfig) WithDefaults() ScraperConfig {
-	if c.Interval <= 0 {
-		c.Interval = 2 * time.Second
-	}
-	if c.Timeout <= 0 {
-		c.Timeout = time.Second
-	}
-	if c.MaxBody <= 0 {
-		c.MaxBody = 8 << 20
-	}
+	opt.Zero(&c.Interval, 2*time.Second)
+	opt.Zero(&c.Timeout, time.Second)
+	opt.Zero(&c.MaxBody, 8<<20)
 	if c.Client == nil {
 		c.Client = &http.Client{Transport: &http.Transport{
 			MaxIdleConnsPerHost: 2,
@@ -103,12 +98,24 @@ type target struct {
 	busy bool
 }
 
-// NewScraper returns a Scraper with no targets.
+// Validate refuses a negative field of a defaulted config.
+func (c ScraperConfig) Validate() error {
+	return errors.Join(opt.NonNegative("Interval", c.Interval), opt.NonNegative("Timeout", c.Timeout),
+		opt.NonNegative("MaxBody", c.MaxBody))
+}
+
+// NewScraper returns a Scraper with no targets. It panics on a config
+// Validate refuses: callers validate theirs first (the scheduler's
+// signals.scrape_interval and scrape_timeout).
 func NewScraper(cfg ScraperConfig, log *zap.Logger) *Scraper {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		panic("metrics.NewScraper: " + err.Error())
+	}
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Scraper{cfg: cfg.WithDefaults(), log: log, targets: make(map[string]*target)}
+	return &Scraper{cfg: cfg, log: log, targets: make(map[string]*target)}
 }
 
 // SetTargets replaces the set of URLs; known URLs keep their state.

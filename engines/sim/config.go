@@ -30,8 +30,8 @@ type Config struct {
 	Model string `yaml:"model"`
 	// MaxModelLen is the longest prompt plus output, in tokens. Default 40960.
 	MaxModelLen int `yaml:"max_model_len"`
-	// MaxBodyBytes bounds a request body; larger ones get 413. Positive.
-	// Default 32 MiB.
+	// MaxBodyBytes bounds a request body; larger ones get 413. Default (0)
+	// 32 MiB.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// DataParallelSize runs that many independent ranks on consecutive HTTP,
 	// KV-event and replay ports, as llm-d deploys data parallelism. Default 1.
@@ -41,7 +41,8 @@ type Config struct {
 	// ToolCallParser mirrors --tool-call-parser; the simulator speaks the
 	// Hermes format. Default "hermes".
 	ToolCallParser string `yaml:"tool_call_parser"`
-	// Seed makes outputs deterministic. Default 0.
+	// Seed makes outputs deterministic; any value, negative too, is a seed.
+	// Default 0.
 	Seed int64 `yaml:"seed"`
 	// Engine is the batching engine and KV cache (flavour, blocks, timing).
 	Engine engine.Config `yaml:"engine"`
@@ -90,7 +91,7 @@ type Faults struct {
 	ErrorRate float64 `yaml:"error_rate" json:"error_rate"`
 	// ErrorStatus is the HTTP status of injected errors. Default 500.
 	ErrorStatus int `yaml:"error_status" json:"error_status"`
-	// Latency is added before a request is admitted.
+	// Latency is added before a request is admitted. Default 0s (none).
 	Latency time.Duration `yaml:"latency" json:"latency"`
 	// StallAfterTokens stalls a streamed response after that many chunks
 	// (0 = no stall) for StallFor (0 = until the client goes away).
@@ -187,6 +188,8 @@ func (c Config) Validate() error {
 	if c.Faults.ErrorRate < 0 || c.Faults.ErrorRate > 1 {
 		errs = append(errs, fmt.Errorf("faults.error_rate %v is outside 0..1", c.Faults.ErrorRate))
 	}
+	errs = append(errs, opt.NonNegative("faults.latency", c.Faults.Latency),
+		opt.NonNegative("faults.stall_after_tokens", c.Faults.StallAfterTokens), opt.NonNegative("faults.stall_for", c.Faults.StallFor))
 	if c.Faults.ErrorStatus < 400 || c.Faults.ErrorStatus > 599 {
 		errs = append(errs, fmt.Errorf("faults.error_status %d is not an HTTP error status", c.Faults.ErrorStatus))
 	}

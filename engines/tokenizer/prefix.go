@@ -1,11 +1,14 @@
 package tokenizer
 
 import (
+	"fmt"
 	"slices"
 	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
 	lru "github.com/hashicorp/golang-lru/v2"
+
+	"github.com/omnious/provider-node/internal/opt"
 )
 
 // PrefixCacheConfig sizes a PrefixCache.
@@ -127,20 +130,17 @@ type Restarting interface {
 	encode(dst []uint32, text string, cont bool, mids []int, cut func(end, n int)) []uint32
 }
 
-// NewPrefixCache wraps tok with a prefix cache.
+// NewPrefixCache wraps tok with a prefix cache. Zero fields of cfg take
+// the defaults; a negative one panics, the config being the caller's code,
+// never a file.
 func NewPrefixCache(tok Restarting, cfg PrefixCacheConfig) *PrefixCache {
-	if cfg.MaxEntries <= 0 {
-		cfg.MaxEntries = 4096
+	if cfg.MaxEntries < 0 || cfg.CutsPerText < 0 || cfg.MaxBytes < 0 || cfg.CutEvery < 0 {
+		panic(fmt.Sprintf("tokenizer.NewPrefixCache: negative setting in %+v", cfg))
 	}
-	if cfg.CutsPerText <= 0 {
-		cfg.CutsPerText = 16
-	}
-	if cfg.MaxBytes <= 0 {
-		cfg.MaxBytes = 64 << 20
-	}
-	if cfg.CutEvery <= 0 {
-		cfg.CutEvery = 4096
-	}
+	opt.Zero(&cfg.MaxEntries, 4096)
+	opt.Zero(&cfg.CutsPerText, 16)
+	opt.Zero(&cfg.MaxBytes, 64<<20)
+	opt.Zero(&cfg.CutEvery, 4096)
 	pc := &PrefixCache{tok: tok, cuts: cfg.CutsPerText, every: cfg.CutEvery, maxBytes: cfg.MaxBytes}
 	c, err := lru.NewWithEvict(cfg.MaxEntries, func(_ uint64, e *prefixEntry) { pc.release(e) })
 	if err != nil {

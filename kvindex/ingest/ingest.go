@@ -69,11 +69,24 @@ type Config struct {
 	Bind string `yaml:"bind"`
 }
 
+// Defaults of Config.
+const (
+	defaultReplayTimeout = 2 * time.Second
+	defaultMaxBackoff    = 5 * time.Second
+)
+
 // WithDefaults returns c with every unset field at its default.
 func (c Config) WithDefaults() Config {
-	opt.Zero(&c.ReplayTimeout, 2*time.Second)
-	opt.Zero(&c.MaxBackoff, 5*time.Second)
+	opt.Zero(&c.ReplayTimeout, defaultReplayTimeout)
+	opt.Zero(&c.MaxBackoff, defaultMaxBackoff)
 	return c
+}
+
+// Validate refuses a negative field of a defaulted config, named as the
+// EPP's YAML names it.
+func (c Config) Validate() error {
+	return errors.Join(opt.DefaultNonNegative("ingest.replay_timeout", c.ReplayTimeout, defaultReplayTimeout),
+		opt.DefaultNonNegative("ingest.max_backoff", c.MaxBackoff, defaultMaxBackoff))
 }
 
 // maxWarnedTopics bounds the unknown topics remembered for logging once.
@@ -133,7 +146,11 @@ type feed struct {
 // counted and logged. With Config.Bind it binds that endpoint, and fails if
 // it cannot. Register exposes its metrics.
 func New(cfg Config, blockSize int, ix *kvindex.Index, log *zap.Logger) (*Manager, error) {
-	m := &Manager{cfg: cfg.WithDefaults(), blockSize: blockSize, ix: ix, log: log,
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	m := &Manager{cfg: cfg, blockSize: blockSize, ix: ix, log: log,
 		running: map[kvindex.Replica]*feed{}, connected: map[string]*feed{}, warned: map[string]bool{}, noBind: map[string]bool{}}
 	if m.cfg.Bind == "" {
 		return m, nil

@@ -87,20 +87,25 @@ type Config struct {
 	Log *zap.Logger
 }
 
+// defaults are Config's plain defaults, written once: WithDefaults fills
+// them and Validate's messages quote them. The objectives default through
+// capacity.Objectives.
+var defaults = Config{Mix: capacity.Mix{PromptTokens: 1000, OutputTokens: 200, Groups: 1}, StartConcurrency: 1,
+	Factor: 1.25, LevelDuration: 30 * time.Second, RequestTimeout: 5 * time.Minute}
+
 // WithDefaults returns c with every unset field at its default.
 func (c Config) WithDefaults() Config {
-	opt.Zero(&c.Objectives.TTFT, 2*time.Second)
-	opt.Zero(&c.Objectives.ITL, 50*time.Millisecond)
-	opt.Zero(&c.Objectives.Quantile, 0.95)
-	opt.Zero(&c.Mix.PromptTokens, 1000)
-	opt.Zero(&c.Mix.OutputTokens, 200)
-	opt.Zero(&c.Mix.Groups, 1)
-	opt.Zero(&c.StartConcurrency, 1)
-	opt.Zero(&c.Factor, 1.25)
-	opt.Zero(&c.LevelDuration, 30*time.Second)
+	c.Objectives = c.Objectives.WithDefaults()
+	d := defaults
+	opt.Zero(&c.Mix.PromptTokens, d.Mix.PromptTokens)
+	opt.Zero(&c.Mix.OutputTokens, d.Mix.OutputTokens)
+	opt.Zero(&c.Mix.Groups, d.Mix.Groups)
+	opt.Zero(&c.StartConcurrency, d.StartConcurrency)
+	opt.Zero(&c.Factor, d.Factor)
+	opt.Zero(&c.LevelDuration, d.LevelDuration)
 	c.Warmup = opt.Or(c.Warmup, 5*time.Second)
 	c.PastBreak = opt.Or(c.PastBreak, 1)
-	opt.Zero(&c.RequestTimeout, 5*time.Minute)
+	opt.Zero(&c.RequestTimeout, d.RequestTimeout)
 	if c.Log == nil {
 		c.Log = zap.NewNop()
 	}
@@ -120,33 +125,33 @@ func (c Config) Validate() error {
 	if c.CapacityURL == "" {
 		bad("no EPP admin URL (the capacity snapshot)")
 	}
-	if c.Objectives.TTFT < 0 || c.Objectives.ITL < 0 {
-		bad("objectives must be positive")
-	}
+	obj := capacity.DefaultObjectives
+	errs = append(errs, opt.DefaultNonNegative("--slo-ttft-p95", c.Objectives.TTFT, obj.TTFT),
+		opt.DefaultNonNegative("--slo-itl-p95", c.Objectives.ITL, obj.ITL))
 	if !(c.Objectives.Quantile > 0 && c.Objectives.Quantile < 1) {
 		bad("quantile %v is not in (0, 1)", c.Objectives.Quantile)
 	}
 	m := c.Mix
-	if m.PromptTokens < 1 || m.OutputTokens < 1 || m.Groups < 1 || m.SharedPrefixTokens < 0 {
-		bad("mix %+v: tokens and groups must be positive", m)
-	}
+	errs = append(errs, opt.DefaultNonNegative("--prompt-tokens", m.PromptTokens, defaults.Mix.PromptTokens),
+		opt.DefaultNonNegative("--output-tokens", m.OutputTokens, defaults.Mix.OutputTokens),
+		opt.DefaultNonNegative("--groups", m.Groups, defaults.Mix.Groups),
+		opt.NonNegative("--shared-prefix-tokens", m.SharedPrefixTokens),
+		opt.DefaultNonNegative("--start-concurrency", c.StartConcurrency, defaults.StartConcurrency),
+		opt.NonNegative("--max-concurrency", c.MaxConcurrency),
+		opt.DefaultNonNegative("--level-duration", c.LevelDuration, defaults.LevelDuration),
+		opt.NonNegative("--warmup", *c.Warmup),
+		opt.NonNegative("--past-break", *c.PastBreak),
+		opt.DefaultNonNegative("RequestTimeout", c.RequestTimeout, defaults.RequestTimeout))
 	if m.SharedPrefixTokens > m.PromptTokens {
 		bad("shared prefix of %d tokens is longer than the %d-token prompt", m.SharedPrefixTokens, m.PromptTokens)
-	}
-	if c.StartConcurrency < 1 || c.MaxConcurrency < 0 {
-		bad("concurrency must be positive")
 	}
 	if c.MaxConcurrency > 0 && c.StartConcurrency > c.MaxConcurrency {
 		bad("start concurrency %d is above the maximum %d", c.StartConcurrency, c.MaxConcurrency)
 	}
-	if !(c.Factor > 1) || math.IsInf(c.Factor, 0) {
-		bad("factor %v: want > 1", c.Factor)
-	}
-	if *c.PastBreak < 0 {
-		bad("past-break %d: want >= 0", *c.PastBreak)
-	}
-	if c.LevelDuration < 0 || *c.Warmup < 0 || c.RequestTimeout < 0 {
-		bad("durations must not be negative")
+	if c.Factor < 0 {
+		errs = append(errs, opt.DefaultNonNegative("--factor", c.Factor, defaults.Factor))
+	} else if !(c.Factor > 1) || math.IsInf(c.Factor, 0) {
+		bad("--factor %v: want > 1", c.Factor)
 	}
 	return errors.Join(errs...)
 }

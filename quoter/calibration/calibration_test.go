@@ -119,11 +119,11 @@ func TestValidate(t *testing.T) {
 		{"ok", func(*Config) {}, ""},
 		{"no url", func(c *Config) { c.URL = "" }, "no serving URL"},
 		{"prefix too long", func(c *Config) { c.Mix.SharedPrefixTokens = 2000 }, "longer than the 1000-token prompt"},
-		{"factor", func(c *Config) { c.Factor = 1 }, "factor 1: want > 1"},
+		{"factor", func(c *Config) { c.Factor = 1 }, "--factor 1: want > 1"},
 		{"start above max", func(c *Config) { c.StartConcurrency, c.MaxConcurrency = 8, 4 }, "above the maximum"},
 		{"quantile", func(c *Config) { c.Objectives.Quantile = 1 }, "quantile 1 is not in (0, 1)"},
-		{"negative warmup", func(c *Config) { d := -time.Second; c.Warmup = &d }, "must not be negative"},
-		{"negative past-break", func(c *Config) { n := -1; c.PastBreak = &n }, "past-break -1: want >= 0"},
+		{"negative warmup", func(c *Config) { d := -time.Second; c.Warmup = &d }, "--warmup -1s is negative"},
+		{"negative past-break", func(c *Config) { n := -1; c.PastBreak = &n }, "--past-break -1 is negative"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := ok

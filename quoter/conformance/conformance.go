@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/omnious/provider-node/engines/openai"
+	"github.com/omnious/provider-node/internal/opt"
 )
 
 // Check names, as they appear in reports.
@@ -67,21 +68,26 @@ type Config struct {
 	Attempts int
 }
 
+// defaults are Config's defaults, written once.
+var defaults = Config{CheckTimeout: 60 * time.Second, MaxTokens: 256, Attempts: 2}
+
+// Validate refuses a negative field of a defaulted config.
+func (c Config) Validate() error {
+	return errors.Join(
+		opt.DefaultNonNegative("--timeout", c.CheckTimeout, defaults.CheckTimeout),
+		opt.DefaultNonNegative("MaxTokens", c.MaxTokens, defaults.MaxTokens),
+		opt.DefaultNonNegative("Attempts", c.Attempts, defaults.Attempts))
+}
+
 // WithDefaults returns c with every unset field at its default and URL
 // without a trailing "/" or "/v1".
 func (c Config) WithDefaults() Config {
 	if c.HTTP == nil {
 		c.HTTP = &http.Client{Timeout: 60 * time.Second}
 	}
-	if c.CheckTimeout <= 0 {
-		c.CheckTimeout = 60 * time.Second
-	}
-	if c.MaxTokens <= 0 {
-		c.MaxTokens = 256
-	}
-	if c.Attempts <= 0 {
-		c.Attempts = 2
-	}
+	opt.Zero(&c.CheckTimeout, defaults.CheckTimeout)
+	opt.Zero(&c.MaxTokens, defaults.MaxTokens)
+	opt.Zero(&c.Attempts, defaults.Attempts)
 	c.URL = strings.TrimSuffix(strings.TrimSuffix(c.URL, "/"), "/v1")
 	return c
 }

@@ -45,7 +45,8 @@ type Config struct {
 	DisablePrefixCaching bool `yaml:"disable_prefix_caching"`
 	// Seed is the hash seed (vLLM's PYTHONHASHSEED); NONE_HASH is the sha256
 	// of its decimal string. 0 is a seed like any other, so the field is a
-	// pointer: unset, the simulator's seed is used. Default 0.
+	// pointer: unset, the simulator's seed is used. A negative value is a
+	// seed too. Default 0.
 	Seed *int64 `yaml:"seed"`
 	// TimeScale speeds the simulation up: wall time = model time / TimeScale.
 	// Default 1.
@@ -78,36 +79,29 @@ func (c Config) Validate() error {
 	if c.Flavour != FlavourVLLM && c.Flavour != FlavourSGLang {
 		errs = append(errs, fmt.Errorf("flavour %q: want %q or %q", c.Flavour, FlavourVLLM, FlavourSGLang))
 	}
-	if c.BlockSize <= 0 || c.BlockSize > 4096 {
-		errs = append(errs, fmt.Errorf("block size %d: want 1..4096", c.BlockSize))
+	if c.BlockSize > 4096 {
+		errs = append(errs, fmt.Errorf("block_size %d: want 1..4096", c.BlockSize))
 	}
-	if c.NumGPUBlocks <= 0 {
-		errs = append(errs, fmt.Errorf("num GPU blocks %d: want > 0", c.NumGPUBlocks))
+	errs = append(errs, opt.DefaultNonNegative("block_size", c.BlockSize, 16),
+		opt.NonNegative("num_cpu_blocks", c.NumCPUBlocks),
+		opt.DefaultNonNegative("max_num_seqs", c.MaxNumSeqs, 256),
+		opt.DefaultNonNegative("max_num_batched_tokens", c.MaxNumBatchedTokens, 8192),
+		opt.DefaultNonNegative("time_scale", c.TimeScale, 1))
+	if c.NumGPUBlocks < 0 {
+		errs = append(errs, fmt.Errorf("num_gpu_blocks %d is negative; give a positive value, or 0 for the default (DefaultKVTokens / block_size)", c.NumGPUBlocks))
 	}
-	if c.NumCPUBlocks < 0 {
-		errs = append(errs, fmt.Errorf("num CPU blocks %d: want >= 0", c.NumCPUBlocks))
-	}
-	if c.MaxNumSeqs <= 0 {
-		errs = append(errs, fmt.Errorf("max num seqs %d: want > 0", c.MaxNumSeqs))
-	}
-	if c.MaxNumBatchedTokens <= 0 {
-		errs = append(errs, fmt.Errorf("max num batched tokens %d: want > 0", c.MaxNumBatchedTokens))
-	}
-	if !(c.TimeScale > 0) || c.TimeScale > 1e6 {
-		errs = append(errs, fmt.Errorf("time scale %v: want > 0 and <= 1e6", c.TimeScale))
+	if c.TimeScale > 1e6 {
+		errs = append(errs, fmt.Errorf("time_scale %v: want at most 1e6", c.TimeScale))
 	}
 	if c.Seed == nil {
 		errs = append(errs, errors.New("seed unset: Validate wants a config from WithDefaults"))
 	}
-	for _, d := range c.Timing.coefficients() {
+	for i, d := range c.Timing.coefficients() {
 		if d == nil {
 			errs = append(errs, errors.New("timing: a duration is unset: Validate wants a config from WithDefaults"))
 			break
 		}
-		if *d < 0 {
-			errs = append(errs, errors.New("timing: durations must not be negative"))
-			break
-		}
+		errs = append(errs, opt.NonNegative("timing."+timingKeys[i], *d))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("invalid engine config: %w", err)

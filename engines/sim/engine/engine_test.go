@@ -20,12 +20,12 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		{"defaults", func(c *Config) {}, ""},
 		{"flavour", func(c *Config) { c.Flavour = "tgi" }, `flavour "tgi"`},
-		{"block size", func(c *Config) { c.BlockSize = -1 }, "block size -1"},
-		{"gpu blocks", func(c *Config) { c.NumGPUBlocks = -3 }, "num GPU blocks -3"},
-		{"cpu blocks", func(c *Config) { c.NumCPUBlocks = -1 }, "num CPU blocks -1"},
-		{"max seqs", func(c *Config) { c.MaxNumSeqs = -1 }, "max num seqs"},
-		{"budget", func(c *Config) { c.MaxNumBatchedTokens = -1 }, "max num batched tokens"},
-		{"time scale", func(c *Config) { c.TimeScale = -2 }, "time scale"},
+		{"block size", func(c *Config) { c.BlockSize = -1 }, "block_size -1"},
+		{"gpu blocks", func(c *Config) { c.NumGPUBlocks = -3 }, "num_gpu_blocks -3"},
+		{"cpu blocks", func(c *Config) { c.NumCPUBlocks = -1 }, "num_cpu_blocks -1"},
+		{"max seqs", func(c *Config) { c.MaxNumSeqs = -1 }, "max_num_seqs -1"},
+		{"budget", func(c *Config) { c.MaxNumBatchedTokens = -1 }, "max_num_batched_tokens -1"},
+		{"time scale", func(c *Config) { c.TimeScale = -2 }, "time_scale -2"},
 		{"timing", func(c *Config) { c.Timing.DecodeBase = new(-time.Millisecond) }, "timing"},
 	}
 	for _, tt := range tests {

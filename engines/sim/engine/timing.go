@@ -69,6 +69,9 @@ func (t Timing) withDefaults() Timing {
 }
 
 // coefficients are the fields in order, for validation.
+// timingKeys are the YAML keys of coefficients, in its order.
+var timingKeys = []string{"prefill_base", "prefill_per_token", "decode_base", "decode_per_seq", "kv_term", "cpu_load_per_token"}
+
 func (t Timing) coefficients() []*time.Duration {
 	return []*time.Duration{t.PrefillBase, t.PrefillPerToken, t.DecodeBase, t.DecodePerSeq, t.KVTerm, t.CPULoadPerToken}
 }
