@@ -21,7 +21,7 @@ func TestConfigNegative(t *testing.T) {
 		{"canary", func(c *Config) { c.CanaryInterval = -time.Second }, "--canary-interval -1s is negative"},
 		{"publish backoff", func(c *Config) { c.PublishMaxBackoff = -time.Second }, "PublishMaxBackoff -1s is negative"},
 		{"objective", func(c *Config) { c.Objectives.ITL = -time.Millisecond }, "--slo-itl-p95 -1ms is negative"},
-		{"deprecated objective", func(c *Config) { c.SLOTTFTP95 = -time.Second }, "--slo-ttft-p95 -1s is negative"},
+		{"first-token objective", func(c *Config) { c.Objectives.TTFT = -time.Second }, "--slo-ttft-p95 -1s is negative"},
 		{"breaker", func(c *Config) { c.Breaker.HoldDown = -time.Second }, "Breaker.HoldDown -1s is negative"},
 		{"conformance", func(c *Config) { c.Conformance.CheckTimeout = -time.Second }, "--timeout -1s is negative"},
 	} {

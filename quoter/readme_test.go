@@ -10,14 +10,13 @@ import (
 // TestREADMEDefaults keeps the README's configuration table equal to
 // WithDefaults of an empty config. The conformance section takes its
 // defaults where the checks run (conformance.Run), and its HTTP client
-// from the service. The deprecated SLOTTFTP95 and SLOITLP95 are Objectives'
-// and have no row.
+// from the service.
 func TestREADMEDefaults(t *testing.T) {
 	c := Config{}.WithDefaults()
 	c.Conformance = c.Conformance.WithDefaults()
 	var fields []conftest.Field
 	for _, f := range conftest.Fields(c) {
-		if !strings.HasSuffix(f.Key, ".HTTP") && f.Key != "SLOTTFTP95" && f.Key != "SLOITLP95" {
+		if !strings.HasSuffix(f.Key, ".HTTP") {
 			fields = append(fields, f)
 		}
 	}

@@ -70,11 +70,6 @@ type Config struct {
 	// (SLO_TTFT_P95, SLO_ITL_P95 set their TTFT and ITL). Zero fields take
 	// capacity.DefaultObjectives: interactive chat.
 	Objectives capacity.Objectives
-	// SLOTTFTP95 and SLOITLP95 are Objectives.TTFT and Objectives.ITL,
-	// taken by WithDefaults when those are zero.
-	//
-	// Deprecated: set Objectives.
-	SLOTTFTP95, SLOITLP95 time.Duration
 	// CalibrationFile is a `quoter calibrate` document; the quote loop
 	// re-reads it when it changes. An idle pool is quoted from it until
 	// the replicas have measured their own curves. Default "" (none: only
@@ -99,10 +94,7 @@ func (c Config) WithDefaults() Config {
 	opt.Zero(&c.CanaryInterval, defaults.CanaryInterval)
 	opt.Zero(&c.PublishBackoff, defaults.PublishBackoff)
 	opt.Zero(&c.PublishMaxBackoff, defaults.PublishMaxBackoff)
-	opt.Zero(&c.Objectives.TTFT, c.SLOTTFTP95)
-	opt.Zero(&c.Objectives.ITL, c.SLOITLP95)
 	c.Objectives = c.Objectives.WithDefaults()
-	c.SLOTTFTP95, c.SLOITLP95 = c.Objectives.TTFT, c.Objectives.ITL
 	// The checks' own defaults are applied where they run
 	// (conformance.Run), after New gives them the service's HTTP client.
 	c.Conformance.URL, c.Conformance.Model = c.ServingURL, c.Model

@@ -34,6 +34,7 @@ import (
 	"github.com/omnious/provider-node/bench/rig"
 	"github.com/omnious/provider-node/capacity"
 	"github.com/omnious/provider-node/internal/isotonic"
+	"github.com/omnious/provider-node/internal/opt"
 	"github.com/omnious/provider-node/quoter"
 	"github.com/omnious/provider-node/quoter/calibration"
 )
@@ -167,28 +168,29 @@ type Report struct {
 func (o Options) WithDefaults() Options {
 	o.Base = o.Base.WithDefaults()
 	o.Objectives = o.Objectives.WithDefaults()
-	if o.StageDuration <= 0 {
-		o.StageDuration = 40 * time.Second
-	}
-	if o.StartQPS <= 0 {
-		o.StartQPS = 2
-	}
-	if o.Refine <= 0 {
-		o.Refine = 4
-	}
-	if o.Confirm == nil {
-		o.Confirm = new(2)
-	}
+	opt.Zero(&o.StageDuration, defaults.StageDuration)
+	opt.Zero(&o.StartQPS, defaults.StartQPS)
+	opt.Zero(&o.Refine, defaults.Refine)
+	o.Confirm = opt.Or(o.Confirm, *defaults.Confirm)
 	return o
 }
 
-// Validate refuses defaulted options whose objectives are negative or at a
-// quantile outside (0, 1).
+// defaults are Options' own defaults, written once: WithDefaults fills them
+// and Validate's messages quote them.
+var defaults = Options{StageDuration: 40 * time.Second, StartQPS: 2, Refine: 4, Confirm: new(2)}
+
+// Validate refuses defaulted options with a negative setting, named by its
+// bench capacity flag, or objectives at a quantile outside (0, 1).
 func (o Options) Validate() error {
+	var errs []error
 	if err := o.Objectives.Validate(); err != nil {
-		return fmt.Errorf("objectives: %w", err)
+		errs = append(errs, fmt.Errorf("objectives: %w", err))
 	}
-	return nil
+	return errors.Join(append(errs,
+		opt.DefaultNonNegative("-stage", o.StageDuration, defaults.StageDuration),
+		opt.DefaultNonNegative("-start-qps", o.StartQPS, defaults.StartQPS),
+		opt.DefaultNonNegative("-refine", o.Refine, defaults.Refine),
+		opt.NonNegative("-confirm", *o.Confirm))...)
 }
 
 // capacityRun is the fleet, EPP and quoter of one proof.
@@ -528,7 +530,7 @@ func (r *capacityRun) startQuoter(dir, calFile, model string) (*quoter.Service, 
 	cfg := quoter.Config{ProviderID: "bench", Model: model, ModelClass: "bench", ServingURL: r.t.URL(),
 		CapacityURL: r.t.EPPs()[0].AdminURL(), StateFile: filepath.Join(dir, "quoter-state.json"),
 		FloorIn: big.NewInt(1), FloorOut: big.NewInt(1), SkipConformance: true,
-		SLOTTFTP95: r.o.Objectives.TTFT, SLOITLP95: r.o.Objectives.ITL, CalibrationFile: calFile}
+		Objectives: capacity.Objectives{TTFT: r.o.Objectives.TTFT, ITL: r.o.Objectives.ITL}, CalibrationFile: calFile}
 	return quoter.New(cfg, key, r.log.Named("quoter"), quoter.Options{})
 }
 

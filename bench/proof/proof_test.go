@@ -505,21 +505,25 @@ func smallOptions(t *testing.T) rig.Options {
 
 // TestOptionsObjectives: unset objectives take capacity.DefaultObjectives,
 // and a negative one is refused.
-func TestOptionsObjectives(t *testing.T) {
+func TestOptionsValidate(t *testing.T) {
 	require.Equal(t, capacity.DefaultObjectives, Options{}.WithDefaults().Objectives)
 	require.NoError(t, Options{}.WithDefaults().Validate())
 	tests := []struct {
 		name    string
-		o       capacity.Objectives
+		o       Options
 		wantErr string
 	}{
-		{"negative TTFT", capacity.Objectives{TTFT: -time.Second}, "TTFT objective"},
-		{"negative ITL", capacity.Objectives{ITL: -time.Millisecond}, "ITL objective"},
-		{"quantile of 1", capacity.Objectives{Quantile: 1}, "quantile"},
+		{"negative TTFT", Options{Objectives: capacity.Objectives{TTFT: -time.Second}}, "TTFT objective"},
+		{"negative ITL", Options{Objectives: capacity.Objectives{ITL: -time.Millisecond}}, "ITL objective"},
+		{"quantile of 1", Options{Objectives: capacity.Objectives{Quantile: 1}}, "quantile"},
+		{"negative stage", Options{StageDuration: -time.Second}, "-stage -1s is negative; give a positive duration, or 0 for the default (40s)"},
+		{"negative start rate", Options{StartQPS: -1}, "-start-qps -1 is negative"},
+		{"negative refine", Options{Refine: -1}, "-refine -1 is negative"},
+		{"negative confirm", Options{Confirm: new(-1)}, "-confirm -1 is negative"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			o := Options{Objectives: tc.o}.WithDefaults()
+			o := tc.o.WithDefaults()
 			require.ErrorContains(t, o.Validate(), tc.wantErr)
 			_, err := Run(context.Background(), o)
 			require.ErrorContains(t, err, tc.wantErr)
