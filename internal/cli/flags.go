@@ -24,7 +24,7 @@ func NonNegative(fs *flag.FlagSet) error {
 	var errs []error
 	fs.Visit(func(f *flag.Flag) {
 		g, ok := f.Value.(flag.Getter)
-		if !ok || negativeHelp.MatchString(f.Usage) {
+		if !ok || NegativeDocumented(f.Usage) {
 			return
 		}
 		var negative bool
@@ -42,10 +42,25 @@ func NonNegative(fs *flag.FlagSet) error {
 			return
 		}
 		err := fmt.Sprintf("-%s %s is negative; give a positive value", f.Name, f.Value)
-		if m := zeroHelp.FindStringSubmatch(f.Usage); m != nil {
-			err += ", or 0 (" + m[1] + ")"
+		if zero, ok := ZeroDocumented(f.Usage); ok {
+			err += ", or 0 (" + zero + ")"
 		}
 		errs = append(errs, errors.New(err))
 	})
 	return errors.Join(errs...)
 }
+
+// ZeroDocumented returns what a flag's help says 0 means ("(0: 256 MiB)"
+// gives "256 MiB"), and whether it says so. Package opt's rule wants every
+// numeric flag's help to; conftest.Flags checks it with this function.
+func ZeroDocumented(usage string) (string, bool) {
+	m := zeroHelp.FindStringSubmatch(usage)
+	if m == nil {
+		return "", false
+	}
+	return m[1], true
+}
+
+// NegativeDocumented reports whether a flag's help gives negative values a
+// meaning ("(negative: never)"), so that NonNegative leaves them be.
+func NegativeDocumented(usage string) bool { return negativeHelp.MatchString(usage) }

@@ -3,21 +3,13 @@ package conftest
 import (
 	"flag"
 	"reflect"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-)
 
-var (
-	// zeroDoc is how a numeric flag's help says what zero means:
-	// "(0: the default)", "(0s: measure at once)", "; 0: no limit".
-	zeroDoc = regexp.MustCompile(`(^|[ (;])0s?: `)
-	// negativeDoc is how a flag's help says what a negative value means,
-	// when it is not refused: "(negative: never)".
-	negativeDoc = regexp.MustCompile(`(^|[ (;])negative: `)
+	"github.com/omnious/provider-node/internal/cli"
 )
 
 // negativeValue is the negative value to try on a flag, and false for a
@@ -49,8 +41,9 @@ func Flags(t *testing.T, fs *flag.FlagSet, run func(flag, value string) string) 
 			return
 		}
 		t.Run(fs.Name()+"/"+f.Name, func(t *testing.T) {
-			require.Regexp(t, zeroDoc, f.Usage, "-%s: the help says what 0 means", f.Name)
-			if negativeDoc.MatchString(f.Usage) {
+			_, ok := cli.ZeroDocumented(f.Usage)
+			require.True(t, ok, "-%s: the help says what 0 means: %q", f.Name, f.Usage)
+			if cli.NegativeDocumented(f.Usage) {
 				return
 			}
 			out := run(f.Name, v)
