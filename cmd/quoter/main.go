@@ -17,6 +17,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -263,17 +264,9 @@ func (f *serviceFlags) validate() error {
 		// Every other setting is still checked; the ones that did not
 		// parse are reported once, as flags.
 		zero := new(big.Int)
-		cfg.FloorIn, cfg.FloorOut, cfg.ChainID = cmpOr(cfg.FloorIn, zero), cmpOr(cfg.FloorOut, zero), cmpOr(cfg.ChainID, big.NewInt(1))
+		cfg.FloorIn, cfg.FloorOut, cfg.ChainID = cmp.Or(cfg.FloorIn, zero), cmp.Or(cfg.FloorOut, zero), cmp.Or(cfg.ChainID, big.NewInt(1))
 	}
 	return errors.Join(envDurationErrors(), err, cfg.WithDefaults().Validate())
-}
-
-// cmpOr is p, or def when p is nil.
-func cmpOr(p, def *big.Int) *big.Int {
-	if p == nil {
-		return def
-	}
-	return p
 }
 
 func (f *serviceFlags) service(log *zap.Logger, skipConformance bool) (*quoter.Service, error) {
