@@ -384,6 +384,23 @@ dry_stdin=/dev/null
 # isolate: a setup.sh result left in this tree (out/tool-profile.env) is
 # not read by the runs here; the runbook's runs below use their copy's own.
 isolate=("TOOL_PROFILE_ENV=$work/no-setup.env")
+# judge LABEL rc expected-rc pattern OUTPUT: an installer run passes when
+# it exits as expected, its output matches pattern, and it printed no
+# secret (the test key, the HF token).
+judge() {
+	local label="$1" rc="$2" rc_want="$3" pattern="$4" out="$5"
+	if [[ "$rc" != "$rc_want" ]]; then
+		bad "$label: exit $rc, want $rc_want"
+		sed 's/^/       /' "$out" >&2
+	elif ! grep -qE -- "$pattern" "$out"; then
+		bad "$label: output lacks /$pattern/"
+		sed 's/^/       /' "$out" >&2
+	elif grep -qF -- "${keyhex#0x}" "$out" || grep -qF hf_secret_token_value "$out"; then
+		bad "$label: printed secret material"
+	else
+		pass "$label"
+	fi
+}
 dry() { # LABEL expected-rc pattern env... -- args...
 	local label="$1" rc_want="$2" pattern="$3"
 	shift 3
@@ -392,17 +409,7 @@ dry() { # LABEL expected-rc pattern env... -- args...
 	shift
 	local rc=0
 	env -i PATH="$nopath" HOME="$work" "${isolate[@]}" "${envs[@]}" bash "$here/install.sh" --dry-run "$@" <"$dry_stdin" >"$work/dry.out" 2>&1 || rc=$?
-	if [[ "$rc" != "$rc_want" ]]; then
-		bad "install.sh $label: exit $rc, want $rc_want"
-		sed 's/^/       /' "$work/dry.out" >&2
-	elif ! grep -qE -- "$pattern" "$work/dry.out"; then
-		bad "install.sh $label: output lacks /$pattern/"
-		sed 's/^/       /' "$work/dry.out" >&2
-	elif grep -qF -- "${keyhex#0x}" "$work/dry.out" || grep -qF hf_secret_token_value "$work/dry.out"; then
-		bad "install.sh $label: printed secret material"
-	else
-		pass "install.sh $label"
-	fi
+	judge "install.sh $label" "$rc" "$rc_want" "$pattern" "$work/dry.out"
 }
 dry "good input" 0 "^\+ helm test provider-node-mainnet --namespace omnious-mainnet" "${good_env[@]}" --
 expect "install.sh" "dry run prints CRD, Secrets via stdin, helm upgrade --install --wait" \
@@ -543,17 +550,7 @@ runbook() {
 	shift
 	local rc=0
 	(cd "$dir" && env -i PATH="$nopath" HOME="$work" "${envs[@]}" "$@") </dev/null >"$work/runbook.out" 2>&1 || rc=$?
-	if [[ "$rc" != "$rc_want" ]]; then
-		bad "runbook: $label: exit $rc, want $rc_want"
-		sed 's/^/       /' "$work/runbook.out" >&2
-	elif ! grep -qE -- "$pattern" "$work/runbook.out"; then
-		bad "runbook: $label: output lacks /$pattern/"
-		sed 's/^/       /' "$work/runbook.out" >&2
-	elif grep -qF -- "${keyhex#0x}" "$work/runbook.out" || grep -qF hf_secret_token_value "$work/runbook.out"; then
-		bad "runbook: $label: printed secret material"
-	else
-		pass "runbook: $label"
-	fi
+	judge "runbook: $label" "$rc" "$rc_want" "$pattern" "$work/runbook.out"
 }
 runbook "./provider-node/install.sh --dry-run (Qwen/Qwen3-32B: hermes, reasoning qwen3)" "$parent" 0 \
 	"^\+ helm upgrade --install provider-node-mainnet $clone/deploy/helm/provider-node .* --wait" "${runbook_env[@]}" -- ./provider-node/install.sh --dry-run
