@@ -2,6 +2,8 @@ package capacity
 
 import (
 	"bytes"
+	"encoding/json"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -525,5 +527,64 @@ func TestRatesAt(t *testing.T) {
 				require.InDelta(t, 10*tc.want, prompt, 1e-9, "the prompt rate is fitted alike")
 			}
 		})
+	}
+}
+
+// A non-finite figure anywhere in a window keeps the window from every
+// estimator: the curve stays finite and valid, and where the window's
+// length is the broken figure (so not even the recent rates take its
+// time) the curve is the one learnt without it.
+func TestAddNonFinite(t *testing.T) {
+	good := func(running float64) Window {
+		return Window{Seconds: 1, Running: running, Waiting: 1, WaitingMin: 1, KVUsage: 0.5,
+			NewPromptTokensPerSec: 900, FirstTokens: 2, ConcurrencyNow: running + 1,
+			OutputTokensPerSec: running * 30, PromptTokensPerSec: 1000,
+			TTFTBounds: testTTFTBounds, ITLBounds: testITLBounds,
+			ITL:  Histogram{Counts: []float64{0, 95, 100}, Count: 100, Sum: 3},
+			TTFT: Histogram{Counts: []float64{5, 10, 10}, Count: 10, Sum: 4}}
+	}
+	feed := func(bad *Window) Curve {
+		l := NewLearner(time.Minute)
+		for i := range 3 * MinWindows {
+			l.Add(good(float64(2 + i%5)))
+			if bad != nil && i == MinWindows {
+				l.Add(*bad)
+			}
+		}
+		return l.Curve()
+	}
+	want := feed(nil)
+	fields := map[string]func(w *Window, v float64){
+		"Seconds":               func(w *Window, v float64) { w.Seconds = v },
+		"Running":               func(w *Window, v float64) { w.Running = v },
+		"Waiting":               func(w *Window, v float64) { w.Waiting = v },
+		"KVUsage":               func(w *Window, v float64) { w.KVUsage = v },
+		"WaitingMin":            func(w *Window, v float64) { w.WaitingMin = v },
+		"NewPromptTokensPerSec": func(w *Window, v float64) { w.NewPromptTokensPerSec = v },
+		"FirstTokens":           func(w *Window, v float64) { w.FirstTokens = v },
+		"ConcurrencyNow":        func(w *Window, v float64) { w.ConcurrencyNow = v },
+		"OutputTokensPerSec":    func(w *Window, v float64) { w.OutputTokensPerSec = v },
+		"PromptTokensPerSec":    func(w *Window, v float64) { w.PromptTokensPerSec = v },
+		"TTFT.Count":            func(w *Window, v float64) { w.TTFT.Count = v },
+		"TTFT.Sum":              func(w *Window, v float64) { w.TTFT.Sum = v },
+		"TTFT.Counts":           func(w *Window, v float64) { w.TTFT.Counts = []float64{v, 10, 10} },
+		"ITL.Count":             func(w *Window, v float64) { w.ITL.Count = v },
+		"ITL.Sum":               func(w *Window, v float64) { w.ITL.Sum = v },
+		"ITL.Counts":            func(w *Window, v float64) { w.ITL.Counts = []float64{0, v, 100} },
+	}
+	for name, set := range fields {
+		for _, v := range []float64{math.NaN(), math.Inf(1), math.Inf(-1)} {
+			t.Run(fmt.Sprintf("%s=%v", name, v), func(t *testing.T) {
+				bad := good(4)
+				set(&bad, v)
+				got := feed(&bad)
+				require.NoError(t, got.Validate())
+				_, err := json.Marshal(got)
+				require.NoError(t, err, "a NaN or an infinity reached the curve")
+				if name == "Seconds" {
+					require.Equal(t, want, got)
+				}
+			})
+		}
 	}
 }

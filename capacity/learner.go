@@ -51,14 +51,17 @@ func NewLearner(halfLife time.Duration) *Learner {
 // Add records one window. Idle windows (no request in the engine) carry
 // no latency-versus-load information and are dropped, as are windows whose
 // histogram buckets differ from the curve's (the engine was replaced): the
-// curve then starts over.
+// curve then starts over. A window with a figure that is not finite (a NaN
+// or an infinity scraped from a broken exposition) still passes its time
+// in the recent rates, as time with nothing counted, but is not evidence
+// for the curve: it cannot poison what was learnt (TestAddNonFinite).
 func (l *Learner) Add(w Window) {
 	if w.Seconds > 0 && !math.IsInf(w.Seconds, 0) {
 		l.addPrefillLoad(&w) // the new-token rate stalls are keyed by
 		l.recent.add(&w)     // the last windows' loads and output rates
 	}
 	conc := w.Running + w.Waiting
-	if w.Seconds <= 0 || w.Running < 0 || w.Waiting < 0 || !(conc > 0) || math.IsInf(conc, 0) {
+	if !w.finite() || w.Seconds <= 0 || w.Running < 0 || w.Waiting < 0 || !(conc > 0) {
 		if conc == 0 {
 			l.endRun() // idle: no queue
 		}
@@ -74,6 +77,26 @@ func (l *Learner) Add(w Window) {
 	l.dispersion.add(w.ConcurrencyNow) // the spread of the load around its mean
 	l.addBinWindow(&w, f)              // the latencies at each load
 	l.addStallWindow(&w, f)            // the inter-token latency at each prefill load
+}
+
+// finite reports whether every figure of w is a finite number; the
+// buckets' bounds may end in +Inf and are not figures.
+func (w *Window) finite() bool {
+	for _, v := range [...]float64{w.Seconds, w.Running, w.Waiting, w.KVUsage, w.WaitingMin,
+		w.NewPromptTokensPerSec, w.FirstTokens, w.ConcurrencyNow, w.OutputTokensPerSec,
+		w.PromptTokensPerSec, w.TTFT.Count, w.TTFT.Sum, w.ITL.Count, w.ITL.Sum} {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return false
+		}
+	}
+	for _, h := range [...]*Histogram{&w.TTFT, &w.ITL} {
+		for _, v := range h.Counts {
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // reset starts the curve over on w's histogram buckets, another engine's:
