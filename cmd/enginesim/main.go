@@ -19,7 +19,7 @@ import (
 )
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
+	if err := run(os.Args[1:]); cli.Failed(err) {
 		fmt.Fprintln(os.Stderr, "enginesim:", err)
 		os.Exit(1)
 	}

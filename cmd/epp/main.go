@@ -29,7 +29,7 @@ import (
 )
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
+	if err := run(os.Args[1:]); cli.Failed(err) {
 		fmt.Fprintln(os.Stderr, "epp:", err)
 		os.Exit(1)
 	}

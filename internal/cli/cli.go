@@ -3,6 +3,8 @@
 package cli
 
 import (
+	"errors"
+	"flag"
 	"fmt"
 	"strings"
 
@@ -37,4 +39,11 @@ func NewLogger(level string) (*zap.Logger, error) {
 	cfg.Level = zap.NewAtomicLevelAt(lvl)
 	cfg.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
 	return cfg.Build()
+}
+
+// Failed reports whether run's error should fail the process: -h and
+// --help print the usage and return flag.ErrHelp, which is not a failure
+// (TestFailed).
+func Failed(err error) bool {
+	return err != nil && !errors.Is(err, flag.ErrHelp)
 }

@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"errors"
 	"flag"
+	"fmt"
 	"testing"
 	"time"
 
@@ -60,5 +62,20 @@ func TestNonNegative(t *testing.T) {
 			}
 			require.EqualError(t, err, tt.want)
 		})
+	}
+}
+
+func TestFailed(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"no error", nil, false},
+		{"help", flag.ErrHelp, false},
+		{"wrapped help", fmt.Errorf("compare: %w", flag.ErrHelp), false},
+		{"error", errors.New("bad flag"), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) { require.Equal(t, tc.want, Failed(tc.err)) })
 	}
 }
