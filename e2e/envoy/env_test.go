@@ -197,6 +197,24 @@ scheduler:
 // keys to its scheduler: section; log nil logs errors to t.
 func startEPP(t testing.TB, reps []*replica, schedExtra string, log *zap.Logger) *eppProc {
 	t.Helper()
+	var eps []endpoint.Endpoint
+	for _, r := range reps {
+		eps = append(eps, r.endpoint())
+	}
+	p := startEPPOn(t, eps, schedExtra, log)
+	p.waitReady(len(reps))
+	return p
+}
+
+// startEPPOver runs the EPP over eps until t ends, without waiting for
+// it to see them healthy.
+func startEPPOver(t testing.TB, eps []endpoint.Endpoint) *eppProc {
+	t.Helper()
+	return startEPPOn(t, eps, "", nil)
+}
+
+func startEPPOn(t testing.TB, eps []endpoint.Endpoint, schedExtra string, log *zap.Logger) *eppProc {
+	t.Helper()
 	cfg, err := epp.Parse([]byte(eppYAML + schedExtra))
 	require.NoError(t, err)
 	a := ports(t, 4)
@@ -204,13 +222,9 @@ func startEPP(t testing.TB, reps []*replica, schedExtra string, log *zap.Logger)
 	if log == nil {
 		log = zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel))
 	}
-	p := &eppProc{t: t, log: log.Named("epp"), cfg: cfg.WithDefaults(), grpc: a[0], health: a[1]}
-	for _, r := range reps {
-		p.eps = append(p.eps, r.endpoint())
-	}
+	p := &eppProc{t: t, log: log.Named("epp"), cfg: cfg.WithDefaults(), grpc: a[0], health: a[1], eps: eps}
 	p.start()
 	t.Cleanup(p.stop)
-	p.waitReady(len(reps))
 	return p
 }
 
