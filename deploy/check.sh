@@ -325,10 +325,11 @@ done
 # binary: $ENVOY, else the pinned one (scripts/pyenv.sh envoy).
 envoy_bin="${ENVOY:-}"
 if [[ -z "$envoy_bin" ]]; then
-	for f in "$root"/.cache/py/envoy/lib/python3*/site-packages/envoy/_bin/envoy; do [[ -x "$f" ]] && envoy_bin="$f"; done
+	for f in "$root"/.cache/py/envoy/lib/python3*/site-packages/envoy/_bin/envoy; do if [[ -x "$f" ]]; then envoy_bin="$f"; fi; done
 fi
 if [[ -z "$envoy_bin" || ! -x "$envoy_bin" ]]; then
 	bad "envoy --mode validate: no envoy binary (ENVOY='${ENVOY:-}'); run scripts/pyenv.sh envoy"
+	if [[ -f "$root/.cache/py/envoy.err" ]]; then sed 's/^/       /' "$root/.cache/py/envoy.err" >&2; fi
 else
 	awk '/^  envoy.yaml: \|$/ { on = 1; next } on && /^    / { print substr($0, 5); next } on && /^$/ { print; next } on { exit }' \
 		"$work/envoy-open.yaml" >"$work/chart-envoy-FailOpen.yaml"
