@@ -52,9 +52,11 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
 # The bench's bundled scenario: a simulated fleet, every routing policy
-# through the real ext_proc path, the comparison table and an HTML report.
+# through the real ext_proc path behind the real Envoy (the pinned one,
+# scripts/pyenv.sh envoy), the comparison table and an HTML report.
 demo: build
-	@$(BIN)/bench -scenario demo -log-level warn
+	@./scripts/pyenv.sh envoy
+	@$(BIN)/bench -scenario demo -gateway envoy -log-level warn
 
 # The chaos suite: scripted faults (engine killed mid-stream, restarted,
 # dropped KV events, vanished publisher, hanging metrics, all replicas

@@ -10,6 +10,8 @@
 #     dashboard JSON: datasource variable, unique panel ids; the EPP as the
 #     chart and the systemd unit start it sends one destination, as Envoy's
 #     ORIGINAL_DST cluster needs);
+#   - envoy --mode validate on every shipped Envoy config (deploy/envoy/ and
+#     the chart's rendered ConfigMap), with the pinned Envoy;
 #   - systemd unit syntax (when systemd-analyze exists);
 #   - install.sh --dry-run with good and bad inputs;
 #   - the runbook's own commands, as written, in a copy of the tree named
@@ -318,6 +320,34 @@ render envoy-open &&
 for name in $(awk '!/^#/ && NF { print $1 }' "$renders"); do
 	[[ -f "$work/$name.yaml" ]] || bad "renders.txt: $name is never rendered here"
 done
+# Envoy itself loads every config the project ships: the bare-metal files
+# and the chart's rendered ConfigMap (default values and FailOpen). The
+# binary: $ENVOY, else the pinned one (scripts/pyenv.sh envoy).
+envoy_bin="${ENVOY:-}"
+if [[ -z "$envoy_bin" ]]; then
+	for f in "$root"/.cache/py/envoy/lib/python3*/site-packages/envoy/_bin/envoy; do if [[ -x "$f" ]]; then envoy_bin="$f"; fi; done
+fi
+if [[ -z "$envoy_bin" || ! -x "$envoy_bin" ]]; then
+	bad "envoy --mode validate: no envoy binary (ENVOY='${ENVOY:-}'); run scripts/pyenv.sh envoy"
+	if [[ -f "$root/.cache/py/envoy.err" ]]; then sed 's/^/       /' "$root/.cache/py/envoy.err" >&2; fi
+else
+	awk '/^  envoy.yaml: \|$/ { on = 1; next } on && /^    / { print substr($0, 5); next } on && /^$/ { print; next } on { exit }' \
+		"$work/envoy-open.yaml" >"$work/chart-envoy-FailOpen.yaml"
+	# Envoy reads a file as YAML by its extension.
+	cp "$work/envoy.rendered" "$work/chart-envoy-default.yaml"
+	for f in "$here"/envoy/*.yaml "$work/chart-envoy-default.yaml" "$work/chart-envoy-FailOpen.yaml"; do
+		label="${f#"$root"/}"
+		[[ "$f" == "$work"/* ]] && label="the chart's ConfigMap ($(basename "$f" .yaml | sed 's/^chart-envoy-//'))"
+		if [[ ! -s "$f" ]]; then
+			bad "envoy --mode validate $label: empty"
+		elif "$envoy_bin" --mode validate -c "$f" --use-dynamic-base-id --log-level warn >"$work/validate.out" 2>&1; then
+			pass "envoy --mode validate $label ($("$envoy_bin" --version | grep -o '/[0-9.]*/' | tr -d /))"
+		else
+			bad "envoy --mode validate $label"
+			sed 's/^/       /' "$work/validate.out" >&2
+		fi
+	done
+fi
 
 # ---------------------------------------------------------------- PromQL
 section "prometheus rules and PromQL"

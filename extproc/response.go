@@ -8,6 +8,7 @@ import (
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -149,6 +150,9 @@ func (st *stream) finish(err error, end string) {
 	}
 	total := time.Since(st.arrived)
 	u := st.resp.usage
+	if ce := st.s.log.Check(zap.DebugLevel, "finished"); ce != nil {
+		ce.Write(zap.String("id", st.id), zap.String("served", st.served), zap.Int("status", st.status), zap.String("end", end))
+	}
 	d.Done(scheduler.DoneInfo{Served: st.served, Status: st.status, Err: err,
 		PromptTokens: u.prompt, CachedTokens: u.cached, CompletionTokens: u.completion,
 		FirstByte: st.firstByte, Total: total})

@@ -45,6 +45,12 @@ const (
 	MetadataSubset = "envoy.lb.subset_hint"
 	KeySubset      = "x-gateway-destination-endpoint-subset"
 	KeyServed      = "x-gateway-destination-endpoint-served"
+	// AttributesExtProc and AttrUpstreamAddress: Envoy's ext_proc filter
+	// sends the attributes its response_attributes lists under its own
+	// name; upstream.address is the ip:port the router connected to, the
+	// served endpoint where no load balancer writes KeyServed (ORIGINAL_DST).
+	AttributesExtProc   = "envoy.filters.http.ext_proc"
+	AttrUpstreamAddress = "upstream.address"
 	// HeaderCalibration marks `quoter calibrate`'s requests ("1"): their
 	// tokens count under scheduler.CalibrationTenant, never as a
 	// customer's. It changes nothing else about a request (no band, no

@@ -241,6 +241,15 @@ func (st *stream) handle(req *extprocv3.ProcessingRequest) error {
 			}
 		}
 	}
+	// The address Envoy connected to, when the config asks for it
+	// (deploy/envoy: response_attributes); a load balancer's KeyServed,
+	// when present, names the same host and wins. e2e/envoy's
+	// TestServedEndpointReported keeps Envoy sending it.
+	if a := req.GetAttributes()[AttributesExtProc]; a != nil && st.served == "" {
+		if v := a.Fields[AttrUpstreamAddress]; v != nil && v.GetStringValue() != "" {
+			st.served = v.GetStringValue()
+		}
+	}
 	if st.phase == phaseDone {
 		// Finished (or answered): only trailers still need a reply, and
 		// only when the request went upstream.

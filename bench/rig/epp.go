@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -33,16 +34,44 @@ const ScrapeInterval = 250 * time.Millisecond
 // replica's KV events and scraping every replica, as the Helm chart's
 // replicas do; the gateway spreads streams over them.
 func EPPLauncher(log *zap.Logger, ext ExternalOptions) Launcher {
+	return EPPLauncherVia(log, ext, GatewayOptions{})
+}
+
+// EPPLauncherVia is EPPLauncher with gw in front of the EPPs; exec: and
+// addr: policies run behind the test gateway only.
+func EPPLauncherVia(log *zap.Logger, ext ExternalOptions, gw GatewayOptions) Launcher {
 	ext = ext.WithDefaults()
 	return func(ctx context.Context, policy string, fleet []endpoint.Endpoint, epps int) (Target, error) {
 		if x, ok, err := parseExternal(policy); ok {
 			if err != nil {
 				return nil, err
 			}
+			if gw.Kind == GatewayEnvoy {
+				return nil, fmt.Errorf("policy %s: -gateway envoy runs the bench's own EPPs only", policy)
+			}
 			return launchExternal(ctx, x, fleet, ext.Dir, *ext.Settle, epps, log)
 		}
-		return StartEPPs(ctx, log, policy, fleet, epps, nil)
+		return StartEPPsVia(ctx, log, gw, policy, fleet, epps, nil)
 	}
+}
+
+// Gateways: what stands in front of the EPPs.
+const (
+	// GatewayBuiltin is the test gateway, extproc/testgw (the default).
+	GatewayBuiltin = "builtin"
+	// GatewayEnvoy is the real Envoy on the shipped deploy/envoy config.
+	GatewayEnvoy = "envoy"
+)
+
+// GatewayOptions choose the gateway in front of the bench's EPPs.
+type GatewayOptions struct {
+	// Kind is GatewayBuiltin (default, also "") or GatewayEnvoy.
+	Kind string
+	// EnvoyBin is the envoy binary for GatewayEnvoy.
+	EnvoyBin string
+	// Dir receives each Envoy's config and log (envoy.yaml, envoy.log);
+	// default: a temporary directory per policy.
+	Dir string
 }
 
 // StartEPPs runs policy (a scheduler policy name or config file, as
@@ -52,6 +81,18 @@ func EPPLauncher(log *zap.Logger, ext ExternalOptions) Launcher {
 // learn from.
 func StartEPPs(ctx context.Context, log *zap.Logger, policy string, fleet []endpoint.Endpoint, epps int,
 	onWindow func(addr string, w capacity.Window)) (*EPPTarget, error) {
+	return StartEPPsVia(ctx, log, GatewayOptions{}, policy, fleet, epps, onWindow)
+}
+
+// StartEPPsVia is StartEPPs behind gw. Behind Envoy each EPP names one
+// endpoint per decision (extproc.max_endpoints 1, the EPP's default):
+// the shipped config's ORIGINAL_DST cluster takes a single ip:port. The
+// test gateway gets every endpoint of a decision and walks them.
+func StartEPPsVia(ctx context.Context, log *zap.Logger, gw GatewayOptions, policy string, fleet []endpoint.Endpoint, epps int,
+	onWindow func(addr string, w capacity.Window)) (*EPPTarget, error) {
+	if gw.Kind != "" && gw.Kind != GatewayBuiltin && gw.Kind != GatewayEnvoy {
+		return nil, fmt.Errorf("gateway %q: want builtin or envoy", gw.Kind)
+	}
 	sc, err := schedulerConfig(policy)
 	if err != nil {
 		return nil, err
@@ -62,6 +103,10 @@ func StartEPPs(ctx context.Context, log *zap.Logger, policy string, fleet []endp
 	t := &EPPTarget{}
 	// Every endpoint of a decision (max_endpoints 0): the test gateway
 	// walks the fallback list, as the comparison has always measured.
+	maxEndpoints := new(0)
+	if gw.Kind == GatewayEnvoy {
+		maxEndpoints = nil
+	}
 	tok := "none"
 	if simulated {
 		tok = launch.TokenizerStandIn
@@ -73,7 +118,7 @@ func StartEPPs(ctx context.Context, log *zap.Logger, policy string, fleet []endp
 			l = log.With(zap.Int("epp", i))
 		}
 		c := launch.InProcessConfig{Spec: launch.Spec{Scheduler: sc, Endpoints: fleet, Tokenizer: tok,
-			MaxEndpoints: new(0), DrainTimeout: 5 * time.Second}, OnPick: t.observe, Log: l}
+			MaxEndpoints: maxEndpoints, DrainTimeout: 5 * time.Second}, OnPick: t.observe, Log: l}
 		if i == 0 {
 			c.OnWindow = onWindow
 		}
@@ -84,8 +129,22 @@ func StartEPPs(ctx context.Context, log *zap.Logger, policy string, fleet []endp
 		t.epps = append(t.epps, e)
 		addrs = append(addrs, e.GRPCAddr())
 	}
-	if t.gw, err = launch.StartGateway(testgw.Config{EPPs: addrs}, log); err != nil {
-		return nil, errors.Join(err, t.Close())
+	if gw.Kind == GatewayEnvoy {
+		dir := gw.Dir
+		if dir != "" {
+			dir = filepath.Join(dir, filepath.Base(policy))
+		}
+		e, err := launch.StartEnvoy(ctx, gw.EnvoyBin, dir, addrs)
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("policy %s: %w", policy, err), t.Close())
+		}
+		t.gw = e
+	} else {
+		g, err := launch.StartGateway(testgw.Config{EPPs: addrs}, log)
+		if err != nil {
+			return nil, errors.Join(err, t.Close())
+		}
+		t.gw = g
 	}
 	for _, e := range t.epps {
 		if _, err := e.WaitReady(ctx, len(fleet)); err != nil {
@@ -112,7 +171,10 @@ func IsPolicyName(s string) bool { return slices.Contains(DefaultPolicies(), s) 
 // EPPTarget is a policy run by the bench's own EPPs (StartEPPs).
 type EPPTarget struct {
 	epps []*launch.EPP
-	gw   *launch.Gateway // nil until started
+	gw   interface {
+		URL() string
+		Close() error
+	} // nil until started
 
 	mu        sync.Mutex
 	latencies []time.Duration

@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -15,6 +18,7 @@ import (
 	"github.com/omnious/provider-node/bench/compare"
 	"github.com/omnious/provider-node/bench/rig"
 	"github.com/omnious/provider-node/internal/cli"
+	"github.com/omnious/provider-node/internal/testutil/envoytest"
 )
 
 // compareFlags are the flags of the comparison and of bench sweep.
@@ -25,6 +29,7 @@ type compareFlags struct {
 	eppSettle        time.Duration
 	epps             int
 	direct           bool
+	gateway, envoy   string
 	seed             int64
 	jsonOut, htmlOut string
 	logLevel         string
@@ -77,6 +82,8 @@ func (f *compareFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.eppSettle, "epp-settle", rig.DefaultExternalSettle, "exec:/addr: policies: wait after the EPP answers gRPC health SERVING, before traffic")
 	fs.IntVar(&f.epps, "epps", 1, "EPPs serving the pool side by side behind the gateway, each with the policy (an exec: EPP runs as that many processes; an addr: EPP is the one it names)")
 	fs.BoolVar(&f.direct, "direct", false, "use a plain reverse proxy (round-robin, random) instead of the EPP")
+	fs.StringVar(&f.gateway, "gateway", rig.GatewayBuiltin, "in front of the EPPs: builtin (the test gateway) or envoy (the real Envoy on deploy/envoy's shipped config; one or two EPPs)")
+	fs.StringVar(&f.envoy, "envoy", "", "-gateway envoy: the envoy binary (default: $ENVOY, then envoy on PATH, then .cache/py/envoy from scripts/pyenv.sh envoy)")
 	fs.Int64Var(&f.seed, "seed", 1, "workload and replica seed (negative: a seed too)")
 	fs.StringVar(&f.jsonOut, "json", "", "write the JSON contract to this file")
 	fs.StringVar(&f.htmlOut, "html", "out/bench-report.html", "write the HTML report to this file (empty: none)")
@@ -168,8 +175,12 @@ func runCompare(args []string, sweep bool) error {
 	if st, err := os.Stderr.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
 		opts.Progress = os.Stderr
 	}
+	gw, err := f.gatewayOptions()
+	if err != nil {
+		return err
+	}
 	rep, err := f.report(ctx, opts, sweep, launcher(f.direct, f.seed, log,
-		rig.ExternalOptions{Dir: f.eppDir, Settle: &f.eppSettle}))
+		rig.ExternalOptions{Dir: f.eppDir, Settle: &f.eppSettle}, gw))
 	if rep == nil {
 		return err
 	}
@@ -183,11 +194,44 @@ func runCompare(args []string, sweep bool) error {
 }
 
 // launcher is the one place the bench gets its Launcher.
-func launcher(direct bool, seed int64, log *zap.Logger, ext rig.ExternalOptions) rig.Launcher {
+func launcher(direct bool, seed int64, log *zap.Logger, ext rig.ExternalOptions, gw rig.GatewayOptions) rig.Launcher {
 	if direct {
 		return rig.DirectLauncher(seed)
 	}
-	return rig.EPPLauncher(log, ext)
+	return rig.EPPLauncherVia(log, ext, gw)
+}
+
+// gatewayOptions checks -gateway and -envoy, finds the Envoy binary, and
+// says on stdout which gateway the run goes through.
+func (f *compareFlags) gatewayOptions() (rig.GatewayOptions, error) {
+	switch f.gateway {
+	case rig.GatewayBuiltin:
+		if f.envoy != "" {
+			return rig.GatewayOptions{}, errors.New("-envoy needs -gateway envoy")
+		}
+		if !f.direct {
+			fmt.Println("gateway: builtin (the test gateway, extproc/testgw)")
+		}
+		return rig.GatewayOptions{Kind: rig.GatewayBuiltin}, nil
+	case rig.GatewayEnvoy:
+		if f.direct {
+			return rig.GatewayOptions{}, errors.New("-direct and -gateway envoy: the direct proxy has no EPP for Envoy to ask")
+		}
+		bin, err := envoytest.Find(f.envoy)
+		if err != nil {
+			return rig.GatewayOptions{}, fmt.Errorf("-gateway envoy: %w", err)
+		}
+		version := "unknown version"
+		if out, err := exec.Command(bin, "--version").Output(); err == nil {
+			if m := regexp.MustCompile(`/(\d+\.\d+\.\d+)/`).FindSubmatch(out); m != nil {
+				version = string(m[1])
+			}
+		}
+		fmt.Printf("gateway: envoy %s (%s) on deploy/envoy's shipped config\n", version, bin)
+		return rig.GatewayOptions{Kind: rig.GatewayEnvoy, EnvoyBin: bin}, nil
+	default:
+		return rig.GatewayOptions{}, fmt.Errorf("-gateway %q: want builtin or envoy", f.gateway)
+	}
 }
 
 // options are a preset's (or the defaults') options with the flags given

@@ -46,6 +46,34 @@ func TestEPPRun(t *testing.T) {
 	require.Greater(t, precise.HitRate, 0.8*doc.Bound)
 }
 
+// TestEnvoyRun: the same comparison with the real Envoy on the shipped
+// two-EPP config in front of two EPPs (scripts/pyenv.sh envoy installs it).
+func TestEnvoyRun(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "out.json")
+	err := run([]string{"-gateway", "envoy", "-epps", "2", "-policies", "round-robin,precise", "-replicas", "3", "-time-scale", "4", "-groups", "6",
+		"-system-len", "600", "-question-len", "40", "-output-len", "8", "-qps", "6", "-stage-duration", "3s",
+		"-json", out, "-html", "", "-log-level", "error"})
+	require.NoError(t, err)
+	b, err := os.ReadFile(out)
+	require.NoError(t, err)
+	var doc struct {
+		Bound   float64 `json:"bound_hit_rate"`
+		Results []struct {
+			Policy   string  `json:"policy"`
+			Requests int     `json:"requests"`
+			Errors   int     `json:"errors"`
+			HitRate  float64 `json:"hit_rate"`
+		} `json:"results"`
+	}
+	require.NoError(t, json.Unmarshal(b, &doc))
+	require.Len(t, doc.Results, 2)
+	for _, r := range doc.Results {
+		require.Positive(t, r.Requests)
+		require.Zero(t, r.Errors, r.Policy)
+	}
+	require.Greater(t, doc.Results[1].HitRate, doc.Results[0].HitRate, "precise beats round-robin through Envoy too")
+}
+
 func TestDirectRun(t *testing.T) {
 	dir := t.TempDir()
 	out := filepath.Join(dir, "out.json")
@@ -75,6 +103,10 @@ func TestBadFlags(t *testing.T) {
 	require.ErrorContains(t, run([]string{"-direct", "-qps", "x"}), "bad -qps")
 	require.ErrorContains(t, run([]string{"-direct", "-scenario", "nope"}), "unknown scenario")
 	require.ErrorContains(t, run([]string{"sweep", "-direct", "-base", "precise"}), "no params")
+	require.ErrorContains(t, run([]string{"-gateway", "istio"}), `-gateway "istio": want builtin or envoy`)
+	require.ErrorContains(t, run([]string{"-envoy", "/bin/true"}), "-envoy needs -gateway envoy")
+	require.ErrorContains(t, run([]string{"-direct", "-gateway", "envoy"}), "the direct proxy has no EPP")
+	require.ErrorContains(t, run([]string{"-gateway", "envoy", "-envoy", filepath.Join(t.TempDir(), "none")}), "envoy binary")
 }
 
 func TestCheckFails(t *testing.T) {

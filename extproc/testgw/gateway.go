@@ -436,14 +436,26 @@ func (x *exchange) closeSend() {
 	}
 }
 
+// singleTries is how often a single destination is tried: the shipped
+// Envoy route's retry policy (deploy/envoy: connect failures, resets and
+// 503, num_retries 2), whose ORIGINAL_DST cluster re-reads the same
+// destination on every retry (e2e/envoy TestReplica503Retried).
+const singleTries = 3
+
 // forward sends the request to the first endpoint that accepts it, walking
-// the fallback list on a connect failure or a 5xx.
+// the fallback list on a connect failure or a 5xx; a single destination is
+// tried singleTries times on a connect failure or a 503, as Envoy retries
+// it.
 func (x *exchange) forward(r *http.Request, h http.Header, body []byte) (*http.Response, string, error) {
 	dest := h.Get(extproc.HeaderDestination)
 	if dest == "" {
 		return nil, "", errors.New("the EPP set no destination")
 	}
 	eps := strings.Split(dest, ",")
+	single := len(eps) == 1
+	if single {
+		eps = slices.Repeat(eps, singleTries)
+	}
 	var lastErr error
 	for i, ep := range eps {
 		ep = strings.TrimSpace(ep)
@@ -461,14 +473,23 @@ func (x *exchange) forward(r *http.Request, h http.Header, body []byte) (*http.R
 			}
 			req.Header[k] = vs
 		}
-		req.ContentLength = int64(len(body))
+		// As Envoy 1.40 forwards a FULL_DUPLEX_STREAMED body: chunked,
+		// whatever Content-Length the EPP set (e2e/envoy TestBodySizes).
+		req.ContentLength = -1
+		if len(body) == 0 {
+			req.ContentLength = 0
+		}
 		req.Header.Del("Content-Length")
 		resp, err := x.g.upstream.Do(req)
 		if err != nil {
 			lastErr = err
 			continue
 		}
-		if resp.StatusCode >= 500 && i < len(eps)-1 {
+		retry := resp.StatusCode >= 500
+		if single {
+			retry = resp.StatusCode == http.StatusServiceUnavailable
+		}
+		if retry && i < len(eps)-1 {
 			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 			resp.Body.Close()
 			lastErr = fmt.Errorf("%s answered %d", ep, resp.StatusCode)

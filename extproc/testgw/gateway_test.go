@@ -425,3 +425,52 @@ func TestTagReportedNotForwarded(t *testing.T) {
 	require.Equal(t, "group-7", (<-timings).Tag)
 	require.Empty(t, (<-seen).Get(HeaderTag))
 }
+
+// TestSingleDestination: one destination is tried three times on a 503,
+// as the shipped Envoy route retries it (num_retries 2, ORIGINAL_DST
+// re-reading the same header), and the body goes chunked, as Envoy
+// forwards a FULL_DUPLEX_STREAMED body.
+func TestSingleDestination(t *testing.T) {
+	tests := []struct {
+		name     string
+		fail     int
+		wantCode int
+		attempts int
+	}{
+		{"served at once", 0, http.StatusOK, 1},
+		{"two 503 then served", 2, http.StatusOK, 3},
+		{"503 past the retries", 5, http.StatusServiceUnavailable, 3},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			g := grpc.NewServer(extproc.Config{}.WithDefaults().ServerOptions()...)
+			extprocv3.RegisterExternalProcessorServer(g, &Floor{Dests: []string{"127.0.0.1:1"}})
+			go func() { _ = g.Serve(lis) }()
+			defer g.Stop()
+			var mu sync.Mutex
+			attempts := 0
+			up := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				mu.Lock()
+				defer mu.Unlock()
+				attempts++
+				require.Equal(t, "127.0.0.1:1", r.URL.Host)
+				require.EqualValues(t, -1, r.ContentLength, "the body goes chunked")
+				if attempts <= tc.fail {
+					return &http.Response{StatusCode: http.StatusServiceUnavailable, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("busy"))}, nil
+				}
+				return &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"application/json"}},
+					Body: io.NopCloser(strings.NewReader(`{}`))}, nil
+			})
+			gw := runGateway(t, Config{EPP: lis.Addr().String(), Upstream: up})
+			rec := httptest.NewRecorder()
+			gw.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(`{"n":1}`)))
+			require.Equal(t, tc.wantCode, rec.Code)
+			mu.Lock()
+			defer mu.Unlock()
+			require.Equal(t, tc.attempts, attempts)
+		})
+	}
+}
