@@ -55,6 +55,7 @@ type EPP struct {
 	tracer  *sdktrace.TracerProvider // nil: no tracing
 
 	grpcLn, healthLn, metricsLn, adminLn net.Listener
+	admin                                http.Handler // the admin mux behind its authentication
 
 	mu        sync.Mutex
 	endpoints []endpoint.Endpoint // for the admin view
@@ -209,10 +210,22 @@ func (e *EPP) build(o options) error {
 	// Envoy health-checks the ext_proc cluster on the ext_proc port itself.
 	healthpb.RegisterHealthServer(e.grpc, e.health)
 
+	if e.admin, err = e.cfg.Admin.auth().Handler(e.adminMux()); err != nil {
+		_ = shutdownTracing(context.Background(), e.tracer)
+		return err
+	}
+	adminTLS, err := e.cfg.Admin.auth().ServerTLS()
+	if err != nil {
+		_ = shutdownTracing(context.Background(), e.tracer)
+		return err
+	}
 	if err := e.listen(); err != nil {
 		e.closeListeners()
 		_ = shutdownTracing(context.Background(), e.tracer)
 		return err
+	}
+	if adminTLS != nil {
+		e.adminLn = tls.NewListener(e.adminLn, adminTLS)
 	}
 	return nil
 }
@@ -303,7 +316,7 @@ func (e *EPP) Run(ctx context.Context) error {
 	metricsMux.Handle("GET /metrics", promhttp.HandlerFor(e.reg, promhttp.HandlerOpts{Registry: e.reg}))
 	e.http = []*http.Server{
 		{Handler: metricsMux, ReadHeaderTimeout: 10 * time.Second},
-		{Handler: e.adminMux(), ReadHeaderTimeout: 10 * time.Second},
+		{Handler: e.admin, ReadHeaderTimeout: 10 * time.Second, ErrorLog: zap.NewStdLog(e.log.Named("admin").WithOptions(zap.IncreaseLevel(zap.WarnLevel)))},
 	}
 	for i, ln := range []net.Listener{e.metricsLn, e.adminLn} {
 		srv := e.http[i]
@@ -396,14 +409,18 @@ func (e *EPP) update(eps []endpoint.Endpoint) {
 
 func (e *EPP) adminMux() *http.ServeMux {
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+capacity.Path, func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, e.sched.Capacity())
+	})
+	mux.HandleFunc("GET "+kvindex.SnapshotPath, e.serveSnapshot)
+	if !e.cfg.Admin.debug(e.cfg.AdminAddr) {
+		return mux
+	}
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	mux.HandleFunc("GET "+capacity.Path, func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, e.sched.Capacity())
-	})
 	mux.HandleFunc("GET /debug/endpoints", func(w http.ResponseWriter, _ *http.Request) {
 		e.mu.Lock()
 		eps := e.endpoints
@@ -427,7 +444,6 @@ func (e *EPP) adminMux() *http.ServeMux {
 	mux.HandleFunc("GET /debug/index", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, e.ix.Stats())
 	})
-	mux.HandleFunc("GET "+kvindex.SnapshotPath, e.serveSnapshot)
 	return mux
 }
 
