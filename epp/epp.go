@@ -28,6 +28,7 @@ import (
 	"github.com/omnious/provider-node/engines/metrics"
 	"github.com/omnious/provider-node/engines/tokenizer"
 	"github.com/omnious/provider-node/extproc"
+	"github.com/omnious/provider-node/internal/adminauth"
 	"github.com/omnious/provider-node/kvindex"
 	"github.com/omnious/provider-node/kvindex/ingest"
 	"github.com/omnious/provider-node/rules"
@@ -185,6 +186,13 @@ func (e *EPP) build(o options) error {
 		}
 	}
 	xp.SetRules(o.rules, e.sched)
+	if f := cfg.ExtProc.CalibrationTokenFile; f != "" {
+		tok, err := adminauth.ReadToken(f)
+		if err != nil {
+			return fmt.Errorf("extproc.calibration_token_file: %w", err)
+		}
+		xp.SetCalibrationToken(tok)
+	}
 	if e.tracer, err = newTracerProvider(cfg.Tracing); err != nil {
 		return err
 	}

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
+	"github.com/omnious/provider-node/internal/adminauth"
 	"github.com/omnious/provider-node/internal/label"
 	"github.com/omnious/provider-node/rules"
 	"github.com/omnious/provider-node/scheduler"
@@ -50,6 +51,13 @@ const (
 	// customer's. It changes nothing else about a request (no band, no
 	// routing), so a client that sends it gains nothing.
 	HeaderCalibration = "x-omnious-calibration"
+	// HeaderCalibrationToken carries the calibration secret
+	// (Config.CalibrationTokenFile); it never reaches the engine.
+	HeaderCalibrationToken = "x-omnious-calibration-token"
+	// MetadataGateway is the ext_proc metadata namespace the gateway
+	// writes the band, tenant and session into, keyed by their header
+	// names (Config.GatewayHeaders).
+	MetadataGateway = "omnious.gateway"
 	headerRequestID   = "x-request-id"
 	headerContentLen  = "content-length"
 	headerContentType = "content-type"
@@ -78,6 +86,7 @@ type Server struct {
 	rules        *rules.Store // nil: no model rules (SetRules)
 	prober       Prober       // nil: fallbacks are never taken
 	rewriteNames *label.Set   // rewrite names on metric labels
+	calToken     *adminauth.Token // nil: no calibration secret (SetCalibrationToken)
 
 	// series holds each (client, target) label pair's metric children,
 	// copied on write under seriesMu; streamEnds and promptModes the
@@ -110,6 +119,14 @@ func (s *Server) firstApprox(model string) bool {
 
 // NewServer builds a server; cfg gets its defaults applied. prompter may be
 // nil (every request is routed in approximate mode); reg may be nil (no
+// SetCalibrationToken sets the secret that marks calibration requests
+// (Config.CalibrationTokenFile, read by the caller); call it before
+// serving.
+func (s *Server) SetCalibrationToken(tok []byte) {
+	t := adminauth.NewToken(tok)
+	s.calToken = &t
+}
+
 // metrics exported). A metric that cannot be registered is logged.
 func NewServer(cfg Config, picker Picker, prompter Prompter, reg prometheus.Registerer, log *zap.Logger) *Server {
 	cfg = cfg.WithDefaults()
