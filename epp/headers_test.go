@@ -149,7 +149,8 @@ func TestGatewayHeaders(t *testing.T) {
 			url, e := gatewayFleet(t, bands+tt.extra, tt.route)
 			require.Equal(t, tt.status, chat(t, url, tt.headers))
 			if tt.tenants == nil {
-				require.Never(t, func() bool { return len(tenants(t, e)) > 0 }, 300*time.Millisecond, 20*time.Millisecond)
+				time.Sleep(300 * time.Millisecond) // what a routed request would have counted by now
+				require.Empty(t, tenants(t, e))
 				return
 			}
 			require.Eventually(t, func() bool { return len(tenants(t, e)) > 0 }, 5*time.Second, 10*time.Millisecond)
