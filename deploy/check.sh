@@ -260,7 +260,7 @@ render nokv &&
 	expect nokv "KV events off" eval 'hasnt nokv "kv-events-config" && hasnt nokv "name: kv-events"'
 render nocal &&
 	expect nocal "calibration off: no Job, no calibration identity, no calibration file" \
-		eval 'eq "$(count nocal Job)" 0 && hasnt nocal "calibration" && has nocal "name: SLO_TTFT_P95"'
+		eval 'eq "$(count nocal Job)" 0 && ! awk '"'"'BEGIN { RS = "\n---\n" } !/\n  name: pn-provider-node-envoy\n/'"'"' "$work/nocal.yaml" | grep -q calibration && has nocal "name: SLO_TTFT_P95"'
 render slo &&
 	expect slo "SLO values reach the quoter and the calibration Job" \
 		eval 'doc slo Deployment pn-provider-node-quoter | grep -A1 "name: SLO_TTFT_P95" | grep -q "value: \"1500ms\"" && doc slo Deployment pn-provider-node-quoter | grep -A1 "name: SLO_ITL_P95" | grep -q "value: \"40ms\"" && docHas slo Job pn-provider-node-calibrate "- --slo-ttft-p95=1500ms" && docHas slo Job pn-provider-node-calibrate "- --slo-itl-p95=40ms" && docHas slo Job pn-provider-node-calibrate "- \"--prompt-tokens=2048\""'

@@ -326,7 +326,7 @@ fi
 admin_secret="$release-epp-admin" calibration_secret="$release-calibration"
 for s in "$admin_secret" "$calibration_secret"; do
 	if ((dry_run)) || ! kubectl get secret "$s" -n "$namespace" >/dev/null 2>&1; then
-		(umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$tmp/$s.token")
+		(umask 077 && head -c 512 /dev/urandom | LC_ALL=C tr -dc 'a-zA-Z0-9' >"$tmp/$s.token")
 		apply_secret "$s" "token=$tmp/$s.token"
 	fi
 done
