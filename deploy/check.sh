@@ -442,10 +442,10 @@ dry "gateway" 0 "mode: \"gateway\"" "${good_env[@]}" MODE=gateway GATEWAY_NAME=g
 dry "missing inputs" 2 "PROVIDER_ID is required" --
 dry "SLO defaults" 0 "objectives p95 TTFT 2s, p95 ITL 50ms; the chart.s hook Job calibrates" "${good_env[@]}" --
 expect "install.sh" "dry run: SLO defaults 2s / 50ms and calibration on in the Helm values" \
-	eval 'grep -q "slo: {ttftP95: \"2s\", itlP95: \"50ms\"}" "$work/dry.out" && grep -q "calibration: {enabled: true}" "$work/dry.out"'
+	eval 'grep -q "slo: {ttftP95: \"2s\", itlP95: \"50ms\"}" "$work/dry.out" && grep -q "calibration: {enabled: true, tokenSecret: \"provider-node-mainnet-calibration\"}" "$work/dry.out" && grep -q "epp: {admin: {token: {existingSecret: \"provider-node-mainnet-epp-admin\"}}}" "$work/dry.out"'
 dry "SLO values and SKIP_CALIBRATION=1" 0 "calibration skipped \(SKIP_CALIBRATION=1\)" "${good_env[@]}" SLO_TTFT_P95=1m30s SLO_ITL_P95=.5ms SKIP_CALIBRATION=1 --
 expect "install.sh" "dry run: SLO values and calibration off in the Helm values" \
-	eval 'grep -q "slo: {ttftP95: \"1m30s\", itlP95: \".5ms\"}" "$work/dry.out" && grep -q "calibration: {enabled: false}" "$work/dry.out"'
+	eval 'grep -q "slo: {ttftP95: \"1m30s\", itlP95: \".5ms\"}" "$work/dry.out" && grep -q "calibration: {enabled: false, tokenSecret: " "$work/dry.out"'
 dry "SLO not a duration" 2 "SLO_ITL_P95 '50' must be a Go duration" "${good_env[@]}" SLO_ITL_P95=50 --
 dry "SLO with a unit Go does not know" 2 "SLO_TTFT_P95 '2sec' must be a Go duration" "${good_env[@]}" SLO_TTFT_P95=2sec --
 dry "SLO of zero" 2 "SLO_TTFT_P95 '0s' must be above zero" "${good_env[@]}" SLO_TTFT_P95=0s --

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	stdlog "log"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -324,7 +325,9 @@ func (e *EPP) Run(ctx context.Context) error {
 	metricsMux.Handle("GET /metrics", promhttp.HandlerFor(e.reg, promhttp.HandlerOpts{Registry: e.reg}))
 	e.http = []*http.Server{
 		{Handler: metricsMux, ReadHeaderTimeout: 10 * time.Second},
-		{Handler: e.admin, ReadHeaderTimeout: 10 * time.Second, ErrorLog: zap.NewStdLog(e.log.Named("admin").WithOptions(zap.IncreaseLevel(zap.WarnLevel)))},
+		// Refused handshakes (a client without the admin certificate) are
+		// warnings; the production logger samples them.
+		{Handler: e.admin, ReadHeaderTimeout: 10 * time.Second, ErrorLog: mustStdLog(e.log.Named("admin"))},
 	}
 	for i, ln := range []net.Listener{e.metricsLn, e.adminLn} {
 		srv := e.http[i]
@@ -372,6 +375,15 @@ func (e *EPP) Run(ctx context.Context) error {
 		all = append(all, err)
 	}
 	return errors.Join(all...)
+}
+
+// mustStdLog is log as a standard logger writing at warn level.
+func mustStdLog(log *zap.Logger) *stdlog.Logger {
+	l, err := zap.NewStdLogAt(log, zap.WarnLevel)
+	if err != nil {
+		panic(err) // only for a level zap does not know
+	}
+	return l
 }
 
 func serveGRPC(s *grpc.Server, ln net.Listener) error {
