@@ -57,7 +57,7 @@ const (
 	// MetadataGateway is the ext_proc metadata namespace the gateway
 	// writes the band, tenant and session into, keyed by their header
 	// names (Config.GatewayHeaders).
-	MetadataGateway = "omnious.gateway"
+	MetadataGateway   = "omnious.gateway"
 	headerRequestID   = "x-request-id"
 	headerContentLen  = "content-length"
 	headerContentType = "content-type"
@@ -86,7 +86,9 @@ type Server struct {
 	rules        *rules.Store // nil: no model rules (SetRules)
 	prober       Prober       // nil: fallbacks are never taken
 	rewriteNames *label.Set   // rewrite names on metric labels
-	calToken     *adminauth.Token // nil: no calibration secret (SetCalibrationToken)
+
+	// calToken is the calibration secret; nil: none (SetCalibrationToken).
+	calToken *adminauth.Token
 
 	// series holds each (client, target) label pair's metric children,
 	// copied on write under seriesMu; streamEnds and promptModes the
@@ -117,8 +119,6 @@ func (s *Server) firstApprox(model string) bool {
 	return added
 }
 
-// NewServer builds a server; cfg gets its defaults applied. prompter may be
-// nil (every request is routed in approximate mode); reg may be nil (no
 // SetCalibrationToken sets the secret that marks calibration requests
 // (Config.CalibrationTokenFile, read by the caller); call it before
 // serving.
@@ -127,6 +127,8 @@ func (s *Server) SetCalibrationToken(tok []byte) {
 	s.calToken = &t
 }
 
+// NewServer builds a server; cfg gets its defaults applied. prompter may be
+// nil (every request is routed in approximate mode); reg may be nil (no
 // metrics exported). A metric that cannot be registered is logged.
 func NewServer(cfg Config, picker Picker, prompter Prompter, reg prometheus.Registerer, log *zap.Logger) *Server {
 	cfg = cfg.WithDefaults()
