@@ -65,8 +65,9 @@ demo: build
 # flapping quoter health) against
 # enginesim processes, the EPP and the test gateway on 127.0.0.1. Prints
 # expected vs observed with recovery times; exits non-zero if any fails.
+# The EPPs' admin ports ask for a bearer token, as the chart's do.
 chaos: build
-	@$(BIN)/bench chaos -enginesim $(BIN)/enginesim -log-level error
+	@$(BIN)/bench chaos -enginesim $(BIN)/enginesim -log-level error -admin-token
 
 clean:
 	rm -rf $(BIN) out

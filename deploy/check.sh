@@ -140,15 +140,16 @@ doc() {
 
 # calibration_checks NAME: the quoter gets the objectives and the optional
 # calibration ConfigMap; the calibration hook Job drives the quoter's own
-# serving URL as its own ServiceAccount, mounts no Secret, and its Role
+# serving URL as its own ServiceAccount, mounts no Secret but the admin
+# token and the calibration token (never the signing key), and its Role
 # creates ConfigMaps and reads or changes only the calibration's.
 calibration_checks() {
 	local name="$1" url
 	url="$(doc "$name" Deployment pn-provider-node-quoter | sed -n 's/^ *- --serving-url=//p')"
 	expect "$name" "quoter env SLO_TTFT_P95=2s SLO_ITL_P95=50ms QUOTER_CALIBRATION_FILE, calibration ConfigMap optional" \
 		eval 'doc "$name" Deployment pn-provider-node-quoter | grep -A1 "name: SLO_TTFT_P95" | grep -q "value: \"2s\"" && doc "$name" Deployment pn-provider-node-quoter | grep -A1 "name: SLO_ITL_P95" | grep -q "value: \"50ms\"" && docHas "$name" Deployment pn-provider-node-quoter "value: /etc/omnious-quoter/calibration/calibration.json" && doc "$name" Deployment pn-provider-node-quoter | grep -A2 "name: pn-provider-node-calibration" | grep -q "optional: true"'
-	expect "$name" "calibration hook Job: post-install/upgrade, the quoter's serving URL, own ServiceAccount, no Secret" \
-		eval '[[ -n "$url" ]] && docHas "$name" Job pn-provider-node-calibrate "helm.sh/hook: post-install,post-upgrade" && docHas "$name" Job pn-provider-node-calibrate "helm.sh/hook-delete-policy: before-hook-creation" && docHas "$name" Job pn-provider-node-calibrate "- --url=$url" && docHas "$name" Job pn-provider-node-calibrate "- --configmap=pn-provider-node-calibration" && docHas "$name" Job pn-provider-node-calibrate "- --slo-ttft-p95=2s" && docHas "$name" Job pn-provider-node-calibrate "serviceAccountName: pn-provider-node-calibration" && ! doc "$name" Job pn-provider-node-calibrate | grep -qi "secret"'
+	expect "$name" "calibration hook Job: post-install/upgrade, the quoter's serving URL, own ServiceAccount, only the admin and calibration tokens" \
+		eval '[[ -n "$url" ]] && docHas "$name" Job pn-provider-node-calibrate "helm.sh/hook: post-install,post-upgrade" && docHas "$name" Job pn-provider-node-calibrate "helm.sh/hook-delete-policy: before-hook-creation" && docHas "$name" Job pn-provider-node-calibrate "- --url=$url" && docHas "$name" Job pn-provider-node-calibrate "- --configmap=pn-provider-node-calibration" && docHas "$name" Job pn-provider-node-calibrate "- --slo-ttft-p95=2s" && docHas "$name" Job pn-provider-node-calibrate "serviceAccountName: pn-provider-node-calibration" && [[ "$(doc "$name" Job pn-provider-node-calibrate | grep "secretName:" | tr -d " " | sort | tr "\n" " ")" == "secretName:pn-calibration secretName:pn-epp-admin " ]] && ! doc "$name" Job pn-provider-node-calibrate | grep -q "pn-quoter-key"'
 	expect "$name" "calibration Role: create configmaps; get and update only on the calibration ConfigMap" \
 		eval '[[ "$(doc "$name" Role pn-provider-node-calibration | sed -n "/^rules:/,\$p" | tr -d " \n")" == "rules:-apiGroups:[\"\"]resources:[\"configmaps\"]verbs:[\"create\"]-apiGroups:[\"\"]resources:[\"configmaps\"]resourceNames:[\"pn-provider-node-calibration\"]verbs:[\"get\",\"update\"]" ]]'
 }
@@ -245,11 +246,23 @@ render epp2 && {
 render epp1 &&
 	expect epp1 "one EPP: no PDB, no anti-affinity" \
 		eval 'eq "$(count epp1 PodDisruptionBudget)" 0 && ! docHas epp1 Deployment pn-provider-node-epp podAntiAffinity'
+# Trust boundaries (docs/security.md): by default the admin port asks for
+# the token Secret, which the EPP, quoter and calibration Job mount; the
+# EPP takes band and tenant from the gateway only and checks the
+# calibration token; mtls, ext_proc TLS and the bind port's policy.
+expect vllm-standalone-keda_off-mon_off "admin token: EPP, quoter and calibration Job present it; gateway-only headers; calibration token" \
+	eval 'docHas vllm-standalone-keda_off-mon_off Deployment pn-provider-node-epp "- --admin-token-file=/etc/omnious-admin/token" && docHas vllm-standalone-keda_off-mon_off Deployment pn-provider-node-epp "- --gateway-headers" && docHas vllm-standalone-keda_off-mon_off Deployment pn-provider-node-epp "- --calibration-token-file=/etc/omnious-calibration/token" && docHas vllm-standalone-keda_off-mon_off Deployment pn-provider-node-quoter "- --capacity-token-file=/etc/omnious-admin/token" && docHas vllm-standalone-keda_off-mon_off Job pn-provider-node-calibrate "- --capacity-token-file=/etc/omnious-admin/token" && docHas vllm-standalone-keda_off-mon_off Job pn-provider-node-calibrate "- --calibration-token-file=/etc/omnious-calibration/token" && docHas vllm-standalone-keda_off-mon_off Deployment pn-provider-node-epp "secretName: pn-epp-admin"'
+render trust &&
+	expect trust "mtls admin port (https, certificates from the Secret), ext_proc TLS in Envoy, bind port open to engines only" \
+		eval 'docHas trust Deployment pn-provider-node-epp "- --admin-client-ca-file=/etc/omnious-admin/ca.crt" && docHas trust Deployment pn-provider-node-epp "- --admin-server-name=pn-provider-node-epp-admin" && docHas trust Deployment pn-provider-node-quoter "- --capacity-url=https://pn-provider-node-epp.omnious-ci.svc:9091" && docHas trust Deployment pn-provider-node-quoter "- --capacity-cert-file=/etc/omnious-admin/tls.crt" && docHas trust Deployment pn-provider-node-epp "- --tls-cert-file=/etc/omnious-extproc/tls.crt" && docHas trust ConfigMap pn-provider-node-envoy "UpstreamTlsContext" && docHas trust ConfigMap pn-provider-node-envoy "filename: /etc/omnious-extproc/ca.crt" && doc trust NetworkPolicy pn-provider-node-epp | grep -A6 "port: 5557" | grep -q "app.kubernetes.io/component: engine" && ! docHas trust Deployment pn-provider-node-epp "- --admin-token-file"'
+render auth-none &&
+	expect auth-none "auth none: said explicitly, no token mounted, headers read as they arrive" \
+		eval 'docHas auth-none Deployment pn-provider-node-epp "- --admin-unauthenticated" && ! has auth-none "admin-credentials" && ! docHas auth-none Deployment pn-provider-node-epp "- --gateway-headers"'
 render nokv &&
 	expect nokv "KV events off" eval 'hasnt nokv "kv-events-config" && hasnt nokv "name: kv-events"'
 render nocal &&
 	expect nocal "calibration off: no Job, no calibration identity, no calibration file" \
-		eval 'eq "$(count nocal Job)" 0 && hasnt nocal "calibration" && has nocal "name: SLO_TTFT_P95"'
+		eval 'eq "$(count nocal Job)" 0 && ! awk '"'"'BEGIN { RS = "\n---\n" } !/\n  name: pn-provider-node-envoy\n/'"'"' "$work/nocal.yaml" | grep -q calibration && has nocal "name: SLO_TTFT_P95"'
 render slo &&
 	expect slo "SLO values reach the quoter and the calibration Job" \
 		eval 'doc slo Deployment pn-provider-node-quoter | grep -A1 "name: SLO_TTFT_P95" | grep -q "value: \"1500ms\"" && doc slo Deployment pn-provider-node-quoter | grep -A1 "name: SLO_ITL_P95" | grep -q "value: \"40ms\"" && docHas slo Job pn-provider-node-calibrate "- --slo-ttft-p95=1500ms" && docHas slo Job pn-provider-node-calibrate "- --slo-itl-p95=40ms" && docHas slo Job pn-provider-node-calibrate "- \"--prompt-tokens=2048\""'
@@ -288,6 +301,11 @@ must_fail "gateway mode without servingURL" "servingURL is required in gateway m
 must_fail "unknown engine" "engine must be vllm or sglang" -f "$ci/base.yaml" --set engine=tgi
 must_fail "blockSize out of range" "blockSize must be between 1 and 128" -f "$ci/base.yaml" --set blockSize=0
 must_fail "bad failureMode" "inferencePool.failureMode must be FailOpen or FailClose" -f "$ci/base.yaml" --set inferencePool.failureMode=Open
+must_fail "bad admin auth" "at '/epp/admin/auth'" -f "$ci/base.yaml" --set epp.admin.auth=basic
+must_fail "admin token without its Secret" "epp.admin.token.existingSecret is required" -f "$ci/base.yaml" --set epp.admin.token.existingSecret=
+must_fail "mtls without its Secret" "epp.admin.mtls.existingSecret is required" -f "$ci/base.yaml" --set epp.admin.auth=mtls
+must_fail "calibration without its token" "quoter.calibration.tokenSecret is required" -f "$ci/base.yaml" --set quoter.calibration.tokenSecret=
+must_fail "ext_proc TLS without its Secret" "epp.extprocTLS.existingSecret is required" -f "$ci/base.yaml" --set epp.extprocTLS.enabled=true
 must_fail "bad keyFormat" "quoter.keyFormat must be file or keystore" -f "$ci/base.yaml" --set quoter.keyFormat=pem
 must_fail "SLO not a duration" "quoter.slo.itlP95 must be a Go duration such as 2s or 50ms" -f "$ci/base.yaml" --set quoter.slo.itlP95=50
 must_fail "SLO of zero" "quoter.slo.ttftP95 must be above zero" -f "$ci/base.yaml" --set quoter.slo.ttftP95=0s
@@ -454,10 +472,10 @@ dry "gateway" 0 "mode: \"gateway\"" "${good_env[@]}" MODE=gateway GATEWAY_NAME=g
 dry "missing inputs" 2 "PROVIDER_ID is required" --
 dry "SLO defaults" 0 "objectives p95 TTFT 2s, p95 ITL 50ms; the chart.s hook Job calibrates" "${good_env[@]}" --
 expect "install.sh" "dry run: SLO defaults 2s / 50ms and calibration on in the Helm values" \
-	eval 'grep -q "slo: {ttftP95: \"2s\", itlP95: \"50ms\"}" "$work/dry.out" && grep -q "calibration: {enabled: true}" "$work/dry.out"'
+	eval 'grep -q "slo: {ttftP95: \"2s\", itlP95: \"50ms\"}" "$work/dry.out" && grep -q "calibration: {enabled: true, tokenSecret: \"provider-node-mainnet-calibration\"}" "$work/dry.out" && grep -q "epp: {admin: {token: {existingSecret: \"provider-node-mainnet-epp-admin\"}}}" "$work/dry.out"'
 dry "SLO values and SKIP_CALIBRATION=1" 0 "calibration skipped \(SKIP_CALIBRATION=1\)" "${good_env[@]}" SLO_TTFT_P95=1m30s SLO_ITL_P95=.5ms SKIP_CALIBRATION=1 --
 expect "install.sh" "dry run: SLO values and calibration off in the Helm values" \
-	eval 'grep -q "slo: {ttftP95: \"1m30s\", itlP95: \".5ms\"}" "$work/dry.out" && grep -q "calibration: {enabled: false}" "$work/dry.out"'
+	eval 'grep -q "slo: {ttftP95: \"1m30s\", itlP95: \".5ms\"}" "$work/dry.out" && grep -q "calibration: {enabled: false, tokenSecret: " "$work/dry.out"'
 dry "SLO not a duration" 2 "SLO_ITL_P95 '50' must be a Go duration" "${good_env[@]}" SLO_ITL_P95=50 --
 dry "SLO with a unit Go does not know" 2 "SLO_TTFT_P95 '2sec' must be a Go duration" "${good_env[@]}" SLO_TTFT_P95=2sec --
 dry "SLO of zero" 2 "SLO_TTFT_P95 '0s' must be above zero" "${good_env[@]}" SLO_TTFT_P95=0s --

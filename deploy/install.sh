@@ -320,6 +320,16 @@ if [[ -n "$hf_token" ]]; then
 	(umask 077 && printf '%s' "$hf_token" >"$tmp/HF_TOKEN")
 	apply_secret "$hf_secret" "HF_TOKEN=$tmp/HF_TOKEN"
 fi
+# The EPP admin port's bearer token and the calibration token
+# (docs/security.md): random, created once and kept across upgrades (the
+# running Pods read them at start), from files, never arguments.
+admin_secret="$release-epp-admin" calibration_secret="$release-calibration"
+for s in "$admin_secret" "$calibration_secret"; do
+	if ((dry_run)) || ! kubectl get secret "$s" -n "$namespace" >/dev/null 2>&1; then
+		(umask 077 && head -c 512 /dev/urandom | LC_ALL=C tr -dc 'a-zA-Z0-9' >"$tmp/$s.token")
+		apply_secret "$s" "token=$tmp/$s.token"
+	fi
+done
 
 # 4. Helm values: names and settings only, never secret material.
 values="$tmp/values.yaml"
@@ -334,6 +344,7 @@ yamlstr() { printf '"%s"' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g')"; 
 	echo "hfToken: {existingSecret: $(yamlstr "$hf_secret")}"
 	echo "inferencePool: {failureMode: $(yamlstr "$FAILURE_MODE")}"
 	echo "gateway: {name: $(yamlstr "${GATEWAY_NAME:-}"), namespace: $(yamlstr "${GATEWAY_NAMESPACE:-}")}"
+	echo "epp: {admin: {token: {existingSecret: $(yamlstr "$admin_secret")}}}"
 	echo "quoter:"
 	echo "  existingSecret: $(yamlstr "$key_secret")"
 	echo "  keyFormat: $key_format"
@@ -342,7 +353,7 @@ yamlstr() { printf '"%s"' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g')"; 
 	echo "  floorOut: $(yamlstr "$FLOOR_OUT")"
 	echo "  marketUrl: $(yamlstr "${MARKET_URL:-}")"
 	echo "  slo: {ttftP95: $(yamlstr "$SLO_TTFT_P95"), itlP95: $(yamlstr "$SLO_ITL_P95")}"
-	echo "  calibration: {enabled: $([[ "$SKIP_CALIBRATION" == 1 ]] && echo false || echo true)}"
+	echo "  calibration: {enabled: $([[ "$SKIP_CALIBRATION" == 1 ]] && echo false || echo true), tokenSecret: $(yamlstr "$calibration_secret")}"
 	echo "autoscaling: {keda: {enabled: $([[ "${KEDA:-0}" == 1 ]] && echo true || echo false)}}"
 	m=$([[ "${MONITORING:-0}" == 1 ]] && echo true || echo false)
 	echo "monitoring: {serviceMonitor: {enabled: $m}, prometheusRule: {enabled: $m}}"

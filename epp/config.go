@@ -16,6 +16,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/omnious/provider-node/extproc"
+	"github.com/omnious/provider-node/internal/adminauth"
 	"github.com/omnious/provider-node/internal/opt"
 	"github.com/omnious/provider-node/kvindex"
 	"github.com/omnious/provider-node/kvindex/ingest"
@@ -37,6 +38,9 @@ type Config struct {
 	// AdminAddr serves pprof, JSON views and the capacity snapshot; keep it
 	// private. Default "127.0.0.1:9091".
 	AdminAddr string `yaml:"admin_addr"`
+	// Admin authenticates the admin port and says what it serves; off
+	// loopback it must authenticate (AdminConfig).
+	Admin AdminConfig `yaml:"admin"`
 	// TLSCertFile and TLSKeyFile enable TLS on the gRPC port. Default off.
 	TLSCertFile string `yaml:"tls_cert_file"`
 	TLSKeyFile  string `yaml:"tls_key_file"`
@@ -82,6 +86,49 @@ type Config struct {
 	Ingest    ingest.Config    `yaml:"ingest"`
 	ExtProc   extproc.Config   `yaml:"extproc"`
 	Scheduler scheduler.Config `yaml:"scheduler"`
+}
+
+// AdminConfig is the admin port's authentication and what it serves. The
+// port holds customers' prompts (the index snapshot's token ids): off
+// loopback a reader must present the bearer token of TokenFile or a client
+// certificate of ClientCAFile, or Unauthenticated must say otherwise
+// (TestAdminAuth). Siblings present the same credentials for warm start.
+type AdminConfig struct {
+	// TokenFile holds the bearer token every request must carry
+	// (Authorization: Bearer), a mounted Secret. Default "" (none).
+	TokenFile string `yaml:"token_file"`
+	// CertFile and KeyFile serve the port over TLS; siblings present the
+	// same pair as their client certificate. Default "" (plain HTTP).
+	CertFile string `yaml:"tls_cert_file"`
+	KeyFile  string `yaml:"tls_key_file"`
+	// ClientCAFile requires client certificates signed by it (mutual
+	// TLS); siblings verify each other against it. Default "" (none).
+	ClientCAFile string `yaml:"client_ca_file"`
+	// ServerName is verified in a sibling's certificate (siblings are
+	// dialed by IP). Default "": the address dialed.
+	ServerName string `yaml:"server_name"`
+	// Debug serves pprof, /debug/endpoints and /debug/index. nil (the
+	// default): on when AdminAddr is loopback, off otherwise. The index
+	// snapshot and /v1/capacity are always served (to authenticated
+	// readers).
+	Debug *bool `yaml:"debug"`
+	// Unauthenticated lets an admin port off loopback serve without
+	// authentication: anyone who reaches it reads the prompts in the
+	// index. Default false (such a config is refused).
+	Unauthenticated bool `yaml:"unauthenticated"`
+}
+
+// auth is the port's authentication.
+func (c AdminConfig) auth() adminauth.Config {
+	return adminauth.Config{TokenFile: c.TokenFile, CertFile: c.CertFile, KeyFile: c.KeyFile, ClientCAFile: c.ClientCAFile, ServerName: c.ServerName}
+}
+
+// debug says whether the debug views are served on addr.
+func (c AdminConfig) debug(addr string) bool {
+	if c.Debug != nil {
+		return *c.Debug
+	}
+	return adminauth.Loopback(addr)
 }
 
 // IndexConfig sizes the KV index.
@@ -166,6 +213,12 @@ func (c Config) Validate() error {
 	}
 	if c.PoolName != "" && c.PoolNamespace == "" {
 		errs = append(errs, errors.New("pool_namespace is required with pool_name"))
+	}
+	if err := c.Admin.auth().Validate("admin"); err != nil {
+		errs = append(errs, err)
+	}
+	if !adminauth.Loopback(c.AdminAddr) && !c.Admin.auth().Enabled() && !c.Admin.Unauthenticated {
+		errs = append(errs, fmt.Errorf("admin_addr %s is off loopback: set admin.token_file or admin.client_ca_file (or admin.unauthenticated: true)", c.AdminAddr))
 	}
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		errs = append(errs, errors.New("tls_cert_file and tls_key_file go together"))

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	stdlog "log"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -28,6 +29,7 @@ import (
 	"github.com/omnious/provider-node/engines/metrics"
 	"github.com/omnious/provider-node/engines/tokenizer"
 	"github.com/omnious/provider-node/extproc"
+	"github.com/omnious/provider-node/internal/adminauth"
 	"github.com/omnious/provider-node/kvindex"
 	"github.com/omnious/provider-node/kvindex/ingest"
 	"github.com/omnious/provider-node/rules"
@@ -55,6 +57,7 @@ type EPP struct {
 	tracer  *sdktrace.TracerProvider // nil: no tracing
 
 	grpcLn, healthLn, metricsLn, adminLn net.Listener
+	admin                                http.Handler // the admin mux behind its authentication
 
 	mu        sync.Mutex
 	endpoints []endpoint.Endpoint // for the admin view
@@ -184,6 +187,13 @@ func (e *EPP) build(o options) error {
 		}
 	}
 	xp.SetRules(o.rules, e.sched)
+	if f := cfg.ExtProc.CalibrationTokenFile; f != "" {
+		tok, err := adminauth.ReadToken(f)
+		if err != nil {
+			return fmt.Errorf("extproc.calibration_token_file: %w", err)
+		}
+		xp.SetCalibrationToken(tok)
+	}
 	if e.tracer, err = newTracerProvider(cfg.Tracing); err != nil {
 		return err
 	}
@@ -209,10 +219,22 @@ func (e *EPP) build(o options) error {
 	// Envoy health-checks the ext_proc cluster on the ext_proc port itself.
 	healthpb.RegisterHealthServer(e.grpc, e.health)
 
+	if e.admin, err = e.cfg.Admin.auth().Handler(e.adminMux()); err != nil {
+		_ = shutdownTracing(context.Background(), e.tracer)
+		return err
+	}
+	adminTLS, err := e.cfg.Admin.auth().ServerTLS()
+	if err != nil {
+		_ = shutdownTracing(context.Background(), e.tracer)
+		return err
+	}
 	if err := e.listen(); err != nil {
 		e.closeListeners()
 		_ = shutdownTracing(context.Background(), e.tracer)
 		return err
+	}
+	if adminTLS != nil {
+		e.adminLn = tls.NewListener(e.adminLn, adminTLS)
 	}
 	return nil
 }
@@ -303,7 +325,9 @@ func (e *EPP) Run(ctx context.Context) error {
 	metricsMux.Handle("GET /metrics", promhttp.HandlerFor(e.reg, promhttp.HandlerOpts{Registry: e.reg}))
 	e.http = []*http.Server{
 		{Handler: metricsMux, ReadHeaderTimeout: 10 * time.Second},
-		{Handler: e.adminMux(), ReadHeaderTimeout: 10 * time.Second},
+		// Refused handshakes (a client without the admin certificate) are
+		// warnings; the production logger samples them.
+		{Handler: e.admin, ReadHeaderTimeout: 10 * time.Second, ErrorLog: mustStdLog(e.log.Named("admin"))},
 	}
 	for i, ln := range []net.Listener{e.metricsLn, e.adminLn} {
 		srv := e.http[i]
@@ -353,6 +377,15 @@ func (e *EPP) Run(ctx context.Context) error {
 	return errors.Join(all...)
 }
 
+// mustStdLog is log as a standard logger writing at warn level.
+func mustStdLog(log *zap.Logger) *stdlog.Logger {
+	l, err := zap.NewStdLogAt(log, zap.WarnLevel)
+	if err != nil {
+		panic(err) // only for a level zap does not know
+	}
+	return l
+}
+
 func serveGRPC(s *grpc.Server, ln net.Listener) error {
 	if err := s.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return err
@@ -396,14 +429,18 @@ func (e *EPP) update(eps []endpoint.Endpoint) {
 
 func (e *EPP) adminMux() *http.ServeMux {
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+capacity.Path, func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, e.sched.Capacity())
+	})
+	mux.HandleFunc("GET "+kvindex.SnapshotPath, e.serveSnapshot)
+	if !e.cfg.Admin.debug(e.cfg.AdminAddr) {
+		return mux
+	}
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	mux.HandleFunc("GET "+capacity.Path, func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, e.sched.Capacity())
-	})
 	mux.HandleFunc("GET /debug/endpoints", func(w http.ResponseWriter, _ *http.Request) {
 		e.mu.Lock()
 		eps := e.endpoints
@@ -427,7 +464,6 @@ func (e *EPP) adminMux() *http.ServeMux {
 	mux.HandleFunc("GET /debug/index", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, e.ix.Stats())
 	})
-	mux.HandleFunc("GET "+kvindex.SnapshotPath, e.serveSnapshot)
 	return mux
 }
 

@@ -94,12 +94,19 @@ func (e *EPP) warmStart() *kvindex.Snapshot {
 	}
 	// A sibling that does not answer within a second is passed over, so
 	// the others are asked within the timeout.
+	// Siblings are asked with this EPP's own admin credentials.
 	dialer := &net.Dialer{Timeout: min(time.Second, ws.Timeout)}
-	client := &http.Client{Transport: &http.Transport{Proxy: nil, DialContext: dialer.DialContext,
-		ResponseHeaderTimeout: min(time.Second, ws.Timeout), DisableCompression: true}}
+	creds := e.cfg.Admin.auth().Client()
+	rt, err := creds.Transport(&http.Transport{Proxy: nil, DialContext: dialer.DialContext,
+		ResponseHeaderTimeout: min(time.Second, ws.Timeout), DisableCompression: true})
+	if err != nil {
+		e.log.Warn("warm start: cannot load the admin credentials; starting cold", zap.Error(err))
+		return nil
+	}
+	client := &http.Client{Transport: rt}
 	defer client.CloseIdleConnections()
 	for _, p := range peers {
-		snap, err := e.fetchSnapshot(ctx, client, p)
+		snap, err := e.fetchSnapshot(ctx, client, creds.Scheme(), p)
 		if err != nil {
 			e.log.Warn("warm start: index snapshot refused", zap.String("peer", p), zap.Error(err))
 			continue
@@ -113,8 +120,8 @@ func (e *EPP) warmStart() *kvindex.Snapshot {
 }
 
 // fetchSnapshot streams a sibling's snapshot into a fresh index.
-func (e *EPP) fetchSnapshot(ctx context.Context, client *http.Client, peer string) (*kvindex.Snapshot, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+peer+kvindex.SnapshotPath, nil)
+func (e *EPP) fetchSnapshot(ctx context.Context, client *http.Client, scheme, peer string) (*kvindex.Snapshot, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+"://"+peer+kvindex.SnapshotPath, nil)
 	if err != nil {
 		return nil, fmt.Errorf("cannot ask %s: %w", peer, err)
 	}

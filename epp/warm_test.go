@@ -84,7 +84,7 @@ func TestConnectingPublisherFeedsTheIndex(t *testing.T) {
 	cfg := testConfig(t, "ingest:\n  bind: tcp://127.0.0.1:0\n")
 	eps := []endpoint.Endpoint{
 		{Addr: "10.1.0.1:8000", Model: testModel, Engine: "vllm", KVConnect: true},
-		{Addr: "10.1.0.2:8000", Model: testModel, Engine: "vllm", KVConnect: true},
+		{Addr: "127.0.0.1:8000", Model: testModel, Engine: "vllm", KVConnect: true},
 	}
 	e, err := New(cfg, discovery.Fixed(eps), zap.NewNop())
 	require.NoError(t, err)
@@ -98,7 +98,7 @@ func TestConnectingPublisherFeedsTheIndex(t *testing.T) {
 		t.Cleanup(func() { _ = p.Close() })
 		return p
 	}
-	known, stranger := pub("kv@10.1.0.2:8000@"+testModel), pub("kv@10.1.0.9:8000@"+testModel)
+	known, stranger := pub("kv@127.0.0.1:8000@"+testModel), pub("kv@10.1.0.9:8000@"+testModel)
 	toks := make([]uint32, 48)
 	for i := range toks {
 		toks[i] = uint32(i + 1)
@@ -111,10 +111,10 @@ func TestConnectingPublisherFeedsTheIndex(t *testing.T) {
 		_, err = stranger.Publish([]kvevents.Event{{Kind: kvevents.KindBlockStored, BlockHashes: []uint64{21}, TokenIDs: toks[:16], BlockSize: 16}})
 		require.NoError(t, err)
 		r := resident(t, e.AdminAddr())
-		return r["10.1.0.2:8000"] == 3 && metricSum(t, e.MetricsAddr(), `omnious_epp_kv_events_total{outcome="unknown_topic",replica="bound"}`) > 0
+		return r["127.0.0.1:8000"] == 3 && metricSum(t, e.MetricsAddr(), `omnious_epp_kv_events_total{outcome="unknown_topic",replica="bound"}`) > 0
 	}, 10*time.Second, 20*time.Millisecond)
 	require.Zero(t, resident(t, e.AdminAddr())["10.1.0.1:8000"])
-	id, ok := e.ids.Lookup("10.1.0.2:8000")
+	id, ok := e.ids.Lookup("127.0.0.1:8000")
 	require.True(t, ok)
 	keys := kvindex.AppendBlockKeys(nil, kvindex.RootKey(testModel, "", ""), toks, 16)
 	require.Equal(t, []kvindex.Match{{Replica: id, Blocks: 3, ByTier: [kvindex.NumTiers]int{3, 0, 0}}}, clean(e.ix.Match(keys, nil)))

@@ -49,6 +49,21 @@ type Config struct {
 	// TenantHeader is the fairness and usage key. Default
 	// "x-gateway-inference-fairness-id".
 	TenantHeader string `yaml:"tenant_header"`
+	// GatewayHeaders takes the band, tenant and session only from the
+	// gateway: the ext_proc request's metadata namespace MetadataGateway,
+	// keyed by the header names, which a client cannot write (the shipped
+	// Envoy configs move their route's values there after removing the
+	// client's headers). Request headers of those names are then ignored
+	// and x-omnious-calibration too (only the calibration token counts).
+	// Default false: the headers are read as they arrive
+	// (TestGatewayHeaders).
+	GatewayHeaders bool `yaml:"gateway_headers"`
+	// CalibrationTokenFile holds the secret the calibration Job sends in
+	// x-omnious-calibration-token; with it, only a request carrying it
+	// counts as calibration, and x-omnious-calibration is ignored.
+	// Default "": x-omnious-calibration: 1 marks calibration (unless
+	// GatewayHeaders).
+	CalibrationTokenFile string `yaml:"calibration_token_file"`
 	// MaxRecvMsgSize and MaxSendMsgSize bound one gRPC message. A BUFFERED
 	// request arrives as one message, so the receive limit must exceed
 	// MaxBodyBytes. Default (0) 64 MiB each; negative is refused.

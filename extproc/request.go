@@ -56,27 +56,39 @@ func (st *stream) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.
 			// Only the gateway may say these, in metadata; a client's
 			// header of that name must not reach the engine as if it had.
 			st.strip = append(st.strip, k)
+		case HeaderCalibrationToken:
+			if st.s.calToken != nil && st.s.calToken.Equal(headerValue(hv)) {
+				st.tenant = scheduler.CalibrationTenant
+			}
+			st.strip = append(st.strip, k)
 		default:
 			switch k {
 			case cfg.BandHeader:
-				st.band = headerValue(hv)
+				if !cfg.GatewayHeaders {
+					st.band = headerValue(hv)
+				}
 				st.strip = append(st.strip, k)
 			case cfg.TenantHeader:
-				if t := headerValue(hv); t != scheduler.CalibrationTenant && st.tenant != scheduler.CalibrationTenant {
-					// The calibration tenant is only given by the
-					// calibration header, never claimed by name.
-					st.tenant = t
+				if !cfg.GatewayHeaders {
+					st.setTenant(headerValue(hv))
 				}
 				st.strip = append(st.strip, k)
 			case HeaderCalibration:
-				if headerValue(hv) == "1" {
+				// Without a secret, the legacy mark; never when only
+				// the gateway may speak.
+				if headerValue(hv) == "1" && st.s.calToken == nil && !cfg.GatewayHeaders {
 					st.tenant = scheduler.CalibrationTenant
 				}
 				st.strip = append(st.strip, k)
 			case cfg.SessionHeader:
-				st.session = headerValue(hv)
+				if !cfg.GatewayHeaders {
+					st.session = headerValue(hv)
+				}
 			}
 		}
+	}
+	if cfg.GatewayHeaders {
+		st.gatewayHeaders(req.GetMetadataContext())
 	}
 	if st.id == "" {
 		st.id = st.s.idPrefix + strconv.FormatUint(st.s.ids.Add(1), 10)
@@ -100,6 +112,28 @@ func (st *stream) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.
 	}
 	st.contentLength = contentLength
 	return nil
+}
+
+// setTenant sets the tenant unless it names the calibration tenant, which
+// only the calibration mark gives, or the mark was already seen.
+func (st *stream) setTenant(t string) {
+	if t != scheduler.CalibrationTenant && st.tenant != scheduler.CalibrationTenant {
+		st.tenant = t
+	}
+}
+
+// gatewayHeaders reads the band, tenant and session the gateway wrote into
+// the MetadataGateway namespace (Config.GatewayHeaders).
+func (st *stream) gatewayHeaders(md *corev3.Metadata) {
+	f := md.GetFilterMetadata()[MetadataGateway]
+	if f == nil {
+		return
+	}
+	cfg := &st.s.cfg
+	str := func(key string) string { return f.GetFields()[key].GetStringValue() }
+	st.band = str(cfg.BandHeader)
+	st.setTenant(str(cfg.TenantHeader))
+	st.session = str(cfg.SessionHeader)
 }
 
 // subsetHint reads the gateway's subset hint: nil when absent, a non-nil

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
+	"github.com/omnious/provider-node/internal/adminauth"
 	"github.com/omnious/provider-node/internal/label"
 	"github.com/omnious/provider-node/rules"
 	"github.com/omnious/provider-node/scheduler"
@@ -56,6 +57,13 @@ const (
 	// customer's. It changes nothing else about a request (no band, no
 	// routing), so a client that sends it gains nothing.
 	HeaderCalibration = "x-omnious-calibration"
+	// HeaderCalibrationToken carries the calibration secret
+	// (Config.CalibrationTokenFile); it never reaches the engine.
+	HeaderCalibrationToken = "x-omnious-calibration-token"
+	// MetadataGateway is the ext_proc metadata namespace the gateway
+	// writes the band, tenant and session into, keyed by their header
+	// names (Config.GatewayHeaders).
+	MetadataGateway   = "omnious.gateway"
 	headerRequestID   = "x-request-id"
 	headerContentLen  = "content-length"
 	headerContentType = "content-type"
@@ -85,6 +93,9 @@ type Server struct {
 	prober       Prober       // nil: fallbacks are never taken
 	rewriteNames *label.Set   // rewrite names on metric labels
 
+	// calToken is the calibration secret; nil: none (SetCalibrationToken).
+	calToken *adminauth.Token
+
 	// series holds each (client, target) label pair's metric children,
 	// copied on write under seriesMu; streamEnds and promptModes the
 	// children of the other counters' few label values.
@@ -112,6 +123,14 @@ const (
 func (s *Server) firstApprox(model string) bool {
 	_, added := s.approxModels.Add(model)
 	return added
+}
+
+// SetCalibrationToken sets the secret that marks calibration requests
+// (Config.CalibrationTokenFile, read by the caller); call it before
+// serving.
+func (s *Server) SetCalibrationToken(tok []byte) {
+	t := adminauth.NewToken(tok)
+	s.calToken = &t
 }
 
 // NewServer builds a server; cfg gets its defaults applied. prompter may be

@@ -1,6 +1,7 @@
 package quoter
 
 import (
+	"cmp"
 	"context"
 	"crypto/ecdsa"
 	"encoding/json"
@@ -155,6 +156,9 @@ type Options struct {
 	// HTTP is used for the EPP, the market and conformance. Default: a
 	// client with a 30 s timeout.
 	HTTP *http.Client
+	// CapacityHTTP reads the EPP's admin port with its credentials
+	// (internal/adminauth). Default: HTTP.
+	CapacityHTTP *http.Client
 	// OnSigned, when set, sees every quote right after signing (audit
 	// logs, tests). It runs on the signing goroutine: keep it fast.
 	OnSigned func(*SignedQuote)
@@ -218,7 +222,7 @@ func New(cfg Config, key *ecdsa.PrivateKey, log *zap.Logger, opts Options) (*Ser
 		cfg.Conformance.HTTP = opts.HTTP
 	}
 	s := &Service{cfg: cfg, key: key, addr: crypto.PubkeyToAddress(key.PublicKey), log: log, now: opts.Now,
-		seq: seq, capacity: &CapacityClient{URL: cfg.CapacityURL, HTTP: opts.HTTP}, m: newMetrics(reg),
+		seq: seq, capacity: &CapacityClient{URL: cfg.CapacityURL, HTTP: cmp.Or(opts.CapacityHTTP, opts.HTTP)}, m: newMetrics(reg),
 		gatherer: gatherer, hc: opts.HTTP, onSigned: opts.OnSigned}
 	s.cal = calibrationFile{path: cfg.CalibrationFile, model: cfg.Model, log: log, loaded: s.m.calibrated}
 	s.breaker = NewBreaker(cfg.Breaker, opts.Now)

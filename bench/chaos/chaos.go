@@ -41,6 +41,10 @@ type Options struct {
 	Log *zap.Logger
 	// Progress, when set, gets one line as each scenario starts and ends.
 	Progress io.Writer
+	// AdminToken makes every EPP's admin port ask for a bearer token (a
+	// random one in the scenario's directory, admin.token_file), which
+	// siblings (warm start), the quoter and the suite's own reads present.
+	AdminToken bool
 }
 
 // Result is one scenario's verdict.
@@ -105,7 +109,7 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
-	var b bins
+	b := bins{adminToken: o.AdminToken}
 	var err error
 	if b.enginesim, err = launch.FindEnginesim(o.EnginesimBin); err != nil {
 		return nil, err

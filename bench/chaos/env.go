@@ -2,6 +2,8 @@ package chaos
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -104,6 +106,9 @@ type setup struct {
 // bins are the binaries a world runs.
 type bins struct {
 	enginesim, epp string
+	// adminToken: the EPPs' admin ports ask for a bearer token
+	// (Options.AdminToken).
+	adminToken bool
 }
 
 func newWorld(ctx context.Context, b bins, s setup, log *zap.Logger) (env *world, err error) {
@@ -156,6 +161,14 @@ func newWorld(ctx context.Context, b bins, s setup, log *zap.Logger) (env *world
 	// request routed to a dead replica fails instead of being rescued by
 	// the gateway's fallback walk, so the client sees what the EPP did.
 	spec := launch.Spec{Scheduler: cfg, Endpoints: eps, Tokenizer: launch.TokenizerStandIn, MaxEndpoints: new(1), DrainTimeout: drainTimeout}
+	if b.adminToken {
+		tok := make([]byte, 32)
+		_, _ = rand.Read(tok)
+		spec.AdminTokenFile = filepath.Join(dir, "admin-token")
+		if err := os.WriteFile(spec.AdminTokenFile, []byte(hex.EncodeToString(tok)), 0o600); err != nil {
+			return env, fmt.Errorf("cannot write the admin token: %w", err)
+		}
+	}
 	gwc := testgw.Config{}
 	if s.eppProcesses == 0 {
 		e, err := launch.StartInProcess(launch.InProcessConfig{Spec: spec, Log: log})

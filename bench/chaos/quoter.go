@@ -111,7 +111,7 @@ func runQuoterFlap(ctx context.Context, env *world, o *outcome) error {
 		Breaker: quoter.BreakerConfig{ConsecutiveFailures: 2, CloseAfter: 2, HoldDown: flapHoldDown, MaxHoldDown: flapMaxHold,
 			ResetAfter: time.Minute}}
 	svc, err := quoter.New(cfg, key, env.log.Named("quoter"), quoter.Options{OnSigned: log.onSigned, OnBreaker: log.onBreaker,
-		HTTP: loopback.Client(10 * time.Second)})
+		HTTP: loopback.Client(10 * time.Second), CapacityHTTP: env.epp.AdminClient()})
 	if err != nil {
 		return fmt.Errorf("cannot start the quoter: %w", err)
 	}

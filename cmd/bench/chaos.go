@@ -23,6 +23,7 @@ func runChaos(args []string) error {
 	enginesim := fs.String("enginesim", "bin/enginesim", "enginesim binary")
 	scenarios := fs.String("scenarios", "", "comma-separated scenarios (default all: "+strings.Join(chaos.Scenarios(), ",")+")")
 	logLevel := fs.String("log-level", "error", "debug, info, warn or error")
+	adminToken := fs.Bool("admin-token", false, "the EPPs' admin ports ask for a bearer token, which siblings, the quoter and the suite present")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -39,7 +40,7 @@ func runChaos(args []string) error {
 	defer done()
 	start := time.Now()
 	results, err := chaos.Run(ctx, chaos.Options{EnginesimBin: *enginesim, Scenarios: splitList(*scenarios),
-		Log: log, Progress: os.Stderr})
+		Log: log, Progress: os.Stderr, AdminToken: *adminToken})
 	if len(results) > 0 {
 		fmt.Println()
 		if werr := chaos.WriteTable(os.Stdout, results); werr != nil {

@@ -110,6 +110,16 @@ func newFlags(cfg *epp.Config) (*flag.FlagSet, flagValues) {
 	fs.StringVar(&cfg.HealthAddr, "health-addr", cfg.HealthAddr, "gRPC health address for probes")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", cfg.MetricsAddr, "Prometheus /metrics address")
 	fs.StringVar(&cfg.AdminAddr, "admin-addr", cfg.AdminAddr, "admin address: pprof, /debug/*, /v1/capacity (keep private)")
+	fs.StringVar(&cfg.Admin.TokenFile, "admin-token-file", cfg.Admin.TokenFile, "file holding the bearer token every admin request must carry (empty: none)")
+	fs.StringVar(&cfg.Admin.CertFile, "admin-tls-cert-file", cfg.Admin.CertFile, "TLS certificate of the admin port, also presented to siblings (empty: plain HTTP)")
+	fs.StringVar(&cfg.Admin.KeyFile, "admin-tls-key-file", cfg.Admin.KeyFile, "TLS key of the admin port")
+	fs.StringVar(&cfg.Admin.ClientCAFile, "admin-client-ca-file", cfg.Admin.ClientCAFile, "CA admin clients' certificates must be signed by (mutual TLS; empty: none)")
+	fs.StringVar(&cfg.Admin.ServerName, "admin-server-name", cfg.Admin.ServerName, "name verified in a sibling's admin certificate (empty: the address dialed)")
+	fs.BoolVar(&cfg.Admin.Unauthenticated, "admin-unauthenticated", cfg.Admin.Unauthenticated, "serve an admin port off loopback without authentication (anyone reaching it reads the index's prompts)")
+	fs.BoolVar(&cfg.ExtProc.GatewayHeaders, "gateway-headers", cfg.ExtProc.GatewayHeaders,
+		"take the band, tenant and session only from the gateway's omnious.gateway ext_proc metadata, never from request headers")
+	fs.StringVar(&cfg.ExtProc.CalibrationTokenFile, "calibration-token-file", cfg.ExtProc.CalibrationTokenFile,
+		"file holding the secret x-omnious-calibration-token must carry to mark calibration (empty: x-omnious-calibration: 1 marks it)")
 	fs.StringVar(&cfg.TLSCertFile, "tls-cert-file", cfg.TLSCertFile, "TLS certificate for the gRPC port")
 	fs.StringVar(&cfg.TLSKeyFile, "tls-key-file", cfg.TLSKeyFile, "TLS key for the gRPC port")
 	fs.DurationVar(cfg.DrainDelay, "drain-delay", *cfg.DrainDelay, "on SIGTERM, how long new streams are still served after health turns NOT_SERVING (0s: stop at once)")

@@ -8,7 +8,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"time"
 
+	"github.com/omnious/provider-node/internal/adminauth"
 	"github.com/omnious/provider-node/quoter/calibration"
 )
 
@@ -23,6 +25,10 @@ func cmdCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.StringVar(&cfg.URL, "url", env("SERVING_URL", ""), "serving base URL the load is sent to (env SERVING_URL)")
 	fs.StringVar(&cfg.Model, "model", env("MODEL_ID", ""), "model id (env MODEL_ID)")
 	fs.StringVar(&cfg.CapacityURL, "capacity-url", env("EPP_ADMIN_URL", ""), "EPP admin base URL serving /v1/capacity (env EPP_ADMIN_URL)")
+	var admin adminauth.Client
+	registerAdmin(fs, &admin)
+	fs.StringVar(&cfg.TokenFile, "calibration-token-file", env("QUOTER_CALIBRATION_TOKEN_FILE", ""),
+		"file holding the calibration secret the EPP checks (env QUOTER_CALIBRATION_TOKEN_FILE; empty: none)")
 	fs.DurationVar(&cfg.Objectives.TTFT, "slo-ttft-p95", envDuration("SLO_TTFT_P95", def.Objectives.TTFT), "p95 time-to-first-token objective (env SLO_TTFT_P95; 0: the default)")
 	fs.DurationVar(&cfg.Objectives.ITL, "slo-itl-p95", envDuration("SLO_ITL_P95", def.Objectives.ITL), "p95 inter-token latency objective (env SLO_ITL_P95; 0: the default)")
 	fs.IntVar(&cfg.Mix.PromptTokens, "prompt-tokens", def.Mix.PromptTokens, "prompt length in the engine's tokens, chat template included (random words, fitted to it by the first requests; 0: the default)")
@@ -59,6 +65,10 @@ func cmdCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	defer func() { _ = log.Sync() }()
 	cfg.Log = log
+	if cfg.CapacityHTTP, err = adminClient(admin, 5*time.Second); err != nil {
+		fmt.Fprintln(stderr, "quoter calibrate:", err)
+		return exitUsage
+	}
 	cal, err := calibration.Run(ctx, cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "quoter calibrate:", err)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 
 	"github.com/omnious/provider-node/capacity"
 	"github.com/omnious/provider-node/internal/opt"
@@ -58,7 +59,12 @@ func cmdHeadroom(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		}
 	} else {
 		var err error
-		if snap, err = (&quoter.CapacityClient{URL: f.capacityURL}).Fetch(ctx); err != nil {
+		hc, herr := adminClient(f.admin, 5*time.Second)
+		if herr != nil {
+			fmt.Fprintln(stderr, "quoter headroom:", herr)
+			return exitUsage
+		}
+		if snap, err = (&quoter.CapacityClient{URL: f.capacityURL, HTTP: hc}).Fetch(ctx); err != nil {
 			fmt.Fprintln(stderr, "quoter headroom:", err)
 			return exitFail
 		}

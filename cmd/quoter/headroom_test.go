@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -12,6 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnious/provider-node/capacity"
+	"github.com/omnious/provider-node/internal/adminauth"
+	"github.com/omnious/provider-node/internal/testutil/certtest"
 	"github.com/omnious/provider-node/quoter"
 )
 
@@ -97,4 +100,42 @@ func TestHeadroomCommand(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &got))
 	require.True(t, got[0].Calibration)
 	require.NotZero(t, got[0].TokensPerSec)
+}
+
+// TestHeadroomAdminCredentials: the quoter reads an EPP admin port that
+// asks for mutual TLS and a bearer token with the credential files it is
+// given, and is refused without them.
+func TestHeadroomAdminCredentials(t *testing.T) {
+	ca := certtest.NewCA(t, "admin")
+	srvCert, srvKey := ca.Issue(t, "epp", "epp.admin")
+	cliCert, cliKey := ca.Issue(t, "quoter", "quoter")
+	tok := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(tok, []byte("admin-secret\n"), 0o600))
+	auth := adminauth.Config{TokenFile: tok, CertFile: srvCert, KeyFile: srvKey, ClientCAFile: ca.CertFile}
+	snap := capacity.Snapshot{Taken: time.Now(), Models: []capacity.Model{{Model: "a", Replicas: 1, Healthy: 1,
+		ReplicaCapacity: []capacity.Replica{{Addr: "10.0.0.1:8000", Healthy: true}}}}}
+	h, err := auth.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _ = json.NewEncoder(w).Encode(snap) }))
+	require.NoError(t, err)
+	srv := httptest.NewUnstartedServer(h)
+	srv.TLS, err = auth.ServerTLS()
+	require.NoError(t, err)
+	srv.StartTLS()
+	defer srv.Close()
+	creds := []string{"--capacity-ca-file", ca.CertFile, "--capacity-cert-file", cliCert, "--capacity-key-file", cliKey, "--capacity-server-name", "epp.admin"}
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+	}{
+		{"certificate and token", append([]string{"--capacity-token-file", tok}, creds...), exitOK},
+		{"certificate only", creds, exitFail},
+		{"token only", []string{"--capacity-token-file", tok, "--capacity-ca-file", ca.CertFile}, exitFail},
+		{"nothing", nil, exitFail},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := invoke(context.Background(), append([]string{"headroom", "--capacity-url", srv.URL}, tc.args...)...)
+			require.Equal(t, tc.code, code, out+errOut)
+			require.NotContains(t, out+errOut, "admin-secret", "the token is never printed")
+		})
+	}
 }

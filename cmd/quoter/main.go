@@ -38,6 +38,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/omnious/provider-node/capacity"
+	"github.com/omnious/provider-node/internal/adminauth"
 	"github.com/omnious/provider-node/internal/opt"
 	"github.com/omnious/provider-node/quoter"
 	"github.com/omnious/provider-node/quoter/conformance"
@@ -191,14 +192,37 @@ type serviceFlags struct {
 // share them, so they read the same environment.
 type capacityFlags struct {
 	capacityURL, calibrationFile string
-	sloTTFT, sloITL              time.Duration
+	// admin are the credentials the EPP's admin port asks for.
+	admin           adminauth.Client
+	sloTTFT, sloITL time.Duration
 }
 
 func (f *capacityFlags) register(fs *flag.FlagSet, def quoter.Config) {
 	fs.StringVar(&f.capacityURL, "capacity-url", env("EPP_ADMIN_URL", ""), "EPP admin base URL serving /v1/capacity (env EPP_ADMIN_URL)")
+	registerAdmin(fs, &f.admin)
 	fs.DurationVar(&f.sloTTFT, "slo-ttft-p95", envDuration("SLO_TTFT_P95", def.Objectives.TTFT), "objective for the 95th percentile of time to first token (env SLO_TTFT_P95; 0: the default)")
 	fs.DurationVar(&f.sloITL, "slo-itl-p95", envDuration("SLO_ITL_P95", def.Objectives.ITL), "objective for the 95th percentile of inter-token latency (env SLO_ITL_P95; 0: the default)")
 	fs.StringVar(&f.calibrationFile, "calibration-file", env("QUOTER_CALIBRATION_FILE", ""), "quoter calibrate output to quote an idle pool from (env QUOTER_CALIBRATION_FILE)")
+}
+
+// registerAdmin defines the flags of the EPP admin port's credentials:
+// files only, so no secret is in argv or the environment.
+func registerAdmin(fs *flag.FlagSet, c *adminauth.Client) {
+	fs.StringVar(&c.TokenFile, "capacity-token-file", env("EPP_ADMIN_TOKEN_FILE", ""), "file holding the EPP admin port's bearer token (env EPP_ADMIN_TOKEN_FILE; empty: none)")
+	fs.StringVar(&c.CAFile, "capacity-ca-file", env("EPP_ADMIN_CA_FILE", ""), "CA verifying the EPP admin port's certificate (env EPP_ADMIN_CA_FILE; empty: system roots)")
+	fs.StringVar(&c.CertFile, "capacity-cert-file", env("EPP_ADMIN_CERT_FILE", ""), "client certificate for the EPP admin port (env EPP_ADMIN_CERT_FILE; empty: none)")
+	fs.StringVar(&c.KeyFile, "capacity-key-file", env("EPP_ADMIN_KEY_FILE", ""), "client key for the EPP admin port (env EPP_ADMIN_KEY_FILE)")
+	fs.StringVar(&c.ServerName, "capacity-server-name", env("EPP_ADMIN_SERVER_NAME", ""), "name verified in the EPP admin port's certificate (env EPP_ADMIN_SERVER_NAME; empty: the URL's host)")
+}
+
+// adminClient is the HTTP client reading the EPP's admin port with c's
+// credentials.
+func adminClient(c adminauth.Client, timeout time.Duration) (*http.Client, error) {
+	rt, err := c.Transport(nil)
+	if err != nil {
+		return nil, fmt.Errorf("EPP admin credentials: %w", err)
+	}
+	return &http.Client{Transport: rt, Timeout: timeout}, nil
 }
 
 // objectives are the flags' objectives, zero fields to be defaulted.
@@ -279,7 +303,11 @@ func (f *serviceFlags) service(log *zap.Logger, skipConformance bool) (*quoter.S
 	if err != nil {
 		return nil, err
 	}
-	return quoter.New(cfg, key, log, quoter.Options{})
+	hc, err := adminClient(f.admin, 30*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	return quoter.New(cfg, key, log, quoter.Options{CapacityHTTP: hc})
 }
 
 func cmdSign(ctx context.Context, args []string, stdout, stderr io.Writer) int {

@@ -8,6 +8,8 @@ import (
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	headermutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
+	headertometadatav3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_to_metadata/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -77,9 +79,33 @@ func TestBootstrap(t *testing.T) {
 	require.Equal(t, "inference_pool", route.GetCluster())
 	require.Positive(t, route.RetryPolicy.GetNumRetries().GetValue())
 
-	require.Len(t, hcm.HttpFilters, 2)
-	require.Equal(t, "envoy.filters.http.router", hcm.HttpFilters[1].Name, "the router is last")
-	ep := unpack(t, hcm.HttpFilters[0].GetTypedConfig(), &extprocfilterv3.ExternalProcessor{})
+	names := make([]string, len(hcm.HttpFilters))
+	for i, f := range hcm.HttpFilters {
+		names[i] = f.Name
+	}
+	// The client's gateway-only headers go before anything reads them;
+	// the route's band and tenant are set, then copied into metadata, and
+	// only then does the EPP see the request.
+	require.Equal(t, []string{"omnious.strip_client_headers", "omnious.route_headers", "envoy.filters.http.header_to_metadata",
+		"envoy.filters.http.ext_proc", "envoy.filters.http.router"}, names)
+	strip := unpack(t, hcm.HttpFilters[0].GetTypedConfig(), &headermutationv3.HeaderMutation{})
+	var removed []string
+	for _, m := range strip.GetMutations().GetRequestMutations() {
+		removed = append(removed, m.GetRemove())
+	}
+	xc := extproc.Config{}.WithDefaults()
+	require.ElementsMatch(t, []string{xc.BandHeader, xc.TenantHeader, xc.SessionHeader, extproc.HeaderCalibration}, removed)
+	require.Empty(t, unpack(t, hcm.HttpFilters[1].GetTypedConfig(), &headermutationv3.HeaderMutation{}).GetMutations().GetRequestMutations(),
+		"route_headers sets only what a route's typed_per_filter_config says")
+	h2m := unpack(t, hcm.HttpFilters[2].GetTypedConfig(), &headertometadatav3.Config{})
+	var copied []string
+	for _, r := range h2m.GetRequestRules() {
+		require.Equal(t, extproc.MetadataGateway, r.GetOnHeaderPresent().GetMetadataNamespace())
+		require.Equal(t, r.GetHeader(), r.GetOnHeaderPresent().GetKey())
+		copied = append(copied, r.GetHeader())
+	}
+	require.ElementsMatch(t, []string{xc.BandHeader, xc.TenantHeader}, copied)
+	ep := unpack(t, hcm.HttpFilters[3].GetTypedConfig(), &extprocfilterv3.ExternalProcessor{})
 	require.Equal(t, "epp", ep.GetGrpcService().GetEnvoyGrpc().ClusterName)
 	require.Equal(t, int64(1000), ep.MessageTimeout.GetSeconds())
 	require.False(t, ep.FailureModeAllow, "FailClose by default; see README")
@@ -90,7 +116,7 @@ func TestBootstrap(t *testing.T) {
 	require.Equal(t, extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, pm.ResponseBodyMode)
 	require.Equal(t, extprocfilterv3.ProcessingMode_SEND, pm.RequestTrailerMode)
 	require.Equal(t, extprocfilterv3.ProcessingMode_SEND, pm.ResponseTrailerMode)
-	require.ElementsMatch(t, []string{extproc.MetadataLB, extproc.MetadataSubset}, ep.MetadataOptions.GetForwardingNamespaces().GetUntyped())
+	require.ElementsMatch(t, []string{extproc.MetadataLB, extproc.MetadataSubset, extproc.MetadataGateway}, ep.MetadataOptions.GetForwardingNamespaces().GetUntyped())
 	require.Equal(t, []string{extproc.MetadataLB}, ep.MetadataOptions.GetReceivingNamespaces().GetUntyped())
 }
 

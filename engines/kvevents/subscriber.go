@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,6 +81,15 @@ type SubscriberConfig struct {
 	// state. Messages with the same key share one sequence. Default nil:
 	// every topic is its own replica.
 	TopicKey func(topic []byte) (key []byte, ok bool)
+	// PeerAllowed, in bind mode, says whether an engine connecting from
+	// this address may publish at all; a refused connection is closed and
+	// counted in Stats.RefusedPeers. Default nil: every address.
+	PeerAllowed func(peer netip.Addr) bool
+	// TopicFrom, in bind mode, says whether the connection from peer may
+	// publish for the replica key (TopicKey's result): a message it
+	// rejects is counted in Stats.ForgedTopics and creates no state.
+	// Default nil: any connection publishes for any key.
+	TopicFrom func(key []byte, peer netip.Addr) bool
 	// Resume, in dial mode with a replay endpoint, is where the handler's
 	// state stands (a snapshot taken at that batch): on the first
 	// connection the subscriber asks the replay buffer for that batch and,
@@ -110,6 +120,11 @@ type Stats struct {
 	Gaps atomic.Uint64
 	// UnknownTopics counts bind-mode messages whose topic TopicKey rejected.
 	UnknownTopics atomic.Uint64
+	// ForgedTopics counts bind-mode messages whose topic names a replica
+	// the connection they came on may not speak for (TopicFrom).
+	ForgedTopics atomic.Uint64
+	// RefusedPeers counts bind-mode connections PeerAllowed refused.
+	RefusedPeers atomic.Uint64
 	// Replays counts replay attempts after a gap or restart; ReplayFailures
 	// those that did not fill the gap.
 	Replays        atomic.Uint64
@@ -206,7 +221,7 @@ type Subscriber struct {
 	log   *zap.Logger
 	stats Stats
 
-	bound zmq4.Socket // bind mode only, opened by NewSubscriber
+	bound net.Listener // bind mode only, opened by NewSubscriber
 
 	mu       sync.Mutex // guards closed and bound's lifetime against Close
 	closed   bool
@@ -218,6 +233,9 @@ type Subscriber struct {
 	topicsMu sync.Mutex
 	replicas map[string]*replica
 	batch    Batch
+	// peer is the address of the connection the bind-mode message being
+	// handled came on (runBound's goroutine only).
+	peer netip.Addr
 }
 
 // NewSubscriber validates cfg and, in bind mode, binds the endpoint.
@@ -246,16 +264,11 @@ func NewSubscriber(cfg SubscriberConfig, h Handler, log *zap.Logger) (*Subscribe
 	}
 	s := &Subscriber{cfg: cfg, h: h, log: log, replicas: make(map[string]*replica), resumeAt: cfg.Resume}
 	if cfg.Bind {
-		sock := zmq4.NewSub(context.Background())
-		if err := sock.SetOption(zmq4.OptionSubscribe, cfg.Topic); err != nil {
-			sock.Close()
-			return nil, fmt.Errorf("cannot create subscriber: subscribe: %w", err)
-		}
-		if err := sock.Listen(cfg.Endpoint); err != nil {
-			sock.Close()
+		ln, err := listenTCP(cfg.Endpoint)
+		if err != nil {
 			return nil, fmt.Errorf("cannot create subscriber on %s: %w", cfg.Endpoint, err)
 		}
-		s.bound = sock
+		s.bound = ln
 	}
 	return s, nil
 }
@@ -267,7 +280,7 @@ func (s *Subscriber) Stats() *Stats { return &s.stats }
 // the configured endpoint.
 func (s *Subscriber) Endpoint() string {
 	if s.bound != nil {
-		return boundEndpoint(s.bound, s.cfg.Endpoint)
+		return "tcp://" + s.bound.Addr().String()
 	}
 	return s.cfg.Endpoint
 }
@@ -467,28 +480,33 @@ func (s *Subscriber) applyReplayed(rep *replica, rr ReplayReply) error {
 	return nil
 }
 
+// runBound accepts engines (acceptPeers) and handles every message on
+// this goroutine, with the address of the connection it came on.
 func (s *Subscriber) runBound(ctx context.Context) error {
-	stop := context.AfterFunc(ctx, func() { _ = s.Close() })
-	defer stop()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	msgs := make(chan peerMsg, 1024)
+	accepted := make(chan struct{})
+	go func() {
+		defer close(accepted)
+		s.acceptPeers(ctx, s.bound, msgs)
+	}()
+	defer func() { <-accepted }()
+	defer cancel()
 	defer s.Close()
 	for {
-		msg, err := s.bound.Recv()
-		if ctx.Err() != nil {
+		select {
+		case <-ctx.Done():
 			return ctx.Err()
-		}
-		if err != nil {
-			s.mu.Lock()
-			closed := s.closed
-			s.mu.Unlock()
-			if closed {
-				return errors.New("subscriber closed")
+		case <-accepted:
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
-			// One engine's connection failed; the others are unaffected.
-			s.stats.Reconnects.Add(1)
-			s.log.Debug("kv event connection lost", zap.Error(err))
-			continue
+			return errors.New("subscriber closed")
+		case m := <-msgs:
+			s.peer = m.peer
+			s.handle(ctx, m.frames, false)
 		}
-		s.handle(ctx, msg.Frames, false)
 	}
 }
 
@@ -513,6 +531,10 @@ func (s *Subscriber) replicaFor(topic []byte) *replica {
 			s.stats.UnknownTopics.Add(1)
 			return nil
 		}
+	}
+	if s.cfg.TopicFrom != nil && !s.cfg.TopicFrom(key, s.peer) {
+		s.stats.ForgedTopics.Add(1)
+		return nil
 	}
 	s.topicsMu.Lock()
 	defer s.topicsMu.Unlock()

@@ -84,6 +84,11 @@ type Config struct {
 	// so that its CPU goes to the ext_proc exchange it measures. Every
 	// endpoint must still be a loopback address.
 	Upstream http.RoundTripper `yaml:"-"`
+	// GatewayMetadata, when set, is written into every request's ext_proc
+	// metadata namespace extproc.MetadataGateway, as the shipped Envoy
+	// config does with the band and tenant its route sets: what the EPP's
+	// extproc.gateway_headers trusts. Default none.
+	GatewayMetadata map[string]string `yaml:"-"`
 }
 
 // Timing is what one request spent waiting on the EPP, as the gateway saw
@@ -313,6 +318,17 @@ func (x *exchange) run(w http.ResponseWriter, r *http.Request) error {
 		}
 		s, _ := structpb.NewStruct(map[string]any{extproc.KeySubset: list})
 		first.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{extproc.MetadataSubset: s}}
+	}
+	if len(x.g.cfg.GatewayMetadata) > 0 {
+		fields := make(map[string]any, len(x.g.cfg.GatewayMetadata))
+		for k, v := range x.g.cfg.GatewayMetadata {
+			fields[k] = v
+		}
+		s, _ := structpb.NewStruct(fields)
+		if first.MetadataContext == nil {
+			first.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{}}
+		}
+		first.MetadataContext.FilterMetadata[extproc.MetadataGateway] = s
 	}
 	if err := x.stream.Send(first); err != nil {
 		return fmt.Errorf("cannot send request headers: %w", err)

@@ -61,7 +61,10 @@ type Config struct {
 	MaxBackoff time.Duration `yaml:"max_backoff"`
 	// Bind is the ZMQ endpoint bound for engines that publish by
 	// connecting (e.g. "tcp://*:5557"); every such engine connects to it
-	// and is told apart by its topic, kv@<ip>:<port>@<model>. Replay is not
+	// and is told apart by its topic, kv@<ip>:<port>@<model>, which is
+	// accepted only on a connection from that ip: a connection from an
+	// address no connecting endpoint has is closed, and a topic of
+	// another endpoint's is dropped. Replay is not
 	// used on it: a gap resets the replica. Several EPP replicas cannot
 	// share engines this way (each engine connects to one address, so
 	// each EPP would see part of the events): run them with engines that
@@ -155,7 +158,8 @@ func New(cfg Config, blockSize int, ix *kvindex.Index, log *zap.Logger) (*Manage
 	if m.cfg.Bind == "" {
 		return m, nil
 	}
-	sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{Endpoint: m.cfg.Bind, Bind: true, TopicKey: m.topicKey},
+	sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{Endpoint: m.cfg.Bind, Bind: true, TopicKey: m.topicKey,
+		PeerAllowed: m.peerAllowed, TopicFrom: m.topicFrom},
 		boundHandler{m}, log.Named("bound"))
 	if err != nil {
 		return nil, fmt.Errorf("cannot bind the KV-event socket: %w", err)
@@ -497,6 +501,42 @@ func (m *Manager) topicKey(topic []byte) ([]byte, bool) {
 	return addr, ok
 }
 
+// peerAllowed says whether a connection from peer may publish: only the
+// address of a connecting source can.
+func (m *Manager) peerAllowed(peer netip.Addr) bool {
+	m.connMu.RLock()
+	defer m.connMu.RUnlock()
+	for addr := range m.connected {
+		if ap, err := netip.ParseAddrPort(addr); err == nil && ap.Addr().Unmap() == peer {
+			return true
+		}
+	}
+	return false
+}
+
+// topicFrom says whether the connection from peer may publish for the
+// source at addr (topicKey's result): only from the address its topic
+// names. Anything else is counted by the subscriber
+// (outcome="forged_topic"), logged once per topic and address, and creates
+// no state (TestForgedPublisher).
+func (m *Manager) topicFrom(addr []byte, peer netip.Addr) bool {
+	if ap, err := netip.ParseAddrPort(string(addr)); err == nil && ap.Addr().Unmap() == peer {
+		return true
+	}
+	key := "forged " + string(addr) + " from " + peer.String()
+	m.warnMu.Lock()
+	first := !m.warned[key] && len(m.warned) < maxWarnedTopics
+	if first {
+		m.warned[key] = true
+	}
+	m.warnMu.Unlock()
+	if first {
+		m.log.Warn("KV events for an endpoint from another address; dropped (counted in omnious_epp_kv_events_total{outcome=\"forged_topic\"})",
+			zap.String("topic_endpoint", string(addr)), zap.Stringer("peer", peer))
+	}
+	return false
+}
+
 func (m *Manager) unknownTopic(topic []byte) {
 	m.warnMu.Lock()
 	first := !m.warned[string(topic)] && len(m.warned) < maxWarnedTopics
@@ -603,6 +643,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		s := b.Stats()
 		subscriber(boundLabel, s)
 		counter(descEvents, s.UnknownTopics.Load(), boundLabel, "unknown_topic")
+		counter(descEvents, s.ForgedTopics.Load(), boundLabel, "forged_topic")
+		counter(descEvents, s.RefusedPeers.Load(), boundLabel, "refused_peer")
 		counter(descEvents, s.DroppedReplicas.Load(), boundLabel, "dropped_too_many_replicas")
 	}
 	for _, f := range feeds {

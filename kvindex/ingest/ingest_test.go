@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -536,11 +538,11 @@ func TestConnectingPublishers(t *testing.T) {
 	defer m.Close()
 	reg := prometheus.NewRegistry()
 	require.NoError(t, m.Register(reg))
-	addrs := []string{"10.0.0.1:8000", "[fd00::1]:8000"}
-	topics := []string{"kv@10.0.0.1:8000@" + model, "kv@fd00::1:8000@" + model} // llm-d spells IPv6 without brackets
+	addrs := []string{"127.0.0.1:8000", "127.0.0.1:8001"}
+	topics := []string{"kv@127.0.0.1:8000@" + model, "kv@127.0.0.1:8001@" + model}
 	m.Set([]Source{{Replica: 0, Name: addrs[0], Model: model, Connect: true}, {Replica: 1, Name: addrs[1], Model: model, Connect: true}})
 	pubs := make([]*kvevents.Publisher, 3)
-	for i, topic := range append(topics, "kv@10.9.9.9:8000@"+model) {
+	for i, topic := range append(topics, "kv@127.0.0.1:8009@"+model) {
 		p, err := kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: m.BoundEndpoint(), Dial: true, Topic: topic, Format: kvevents.FormatMap}, zap.NewNop())
 		require.NoError(t, err)
 		defer p.Close()
@@ -571,6 +573,52 @@ func TestConnectingPublishers(t *testing.T) {
 	m.Set([]Source{{Replica: 0, Name: addrs[0], Model: model, Connect: true}})
 	require.Zero(t, ix.Resident(1), "a connecting source that leaves is purged")
 	require.Positive(t, ix.Resident(0))
+}
+
+// TestForgedPublisher: in bind mode a topic is accepted only on a
+// connection from the address it names. An engine publishing another
+// endpoint's topic is counted (forged_topic) and creates no index state;
+// a connection from an address no connecting source has is closed and
+// counted (refused_peer).
+func TestForgedPublisher(t *testing.T) {
+	ix := kvindex.New(kvindex.Config{})
+	m, err := New(Config{Bind: "tcp://127.0.0.1:0"}, 16, ix, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)))
+	require.NoError(t, err)
+	defer m.Close()
+	reg := prometheus.NewRegistry()
+	require.NoError(t, m.Register(reg))
+	// Only the victim: every connection (from 127.0.0.1) is refused.
+	m.Set([]Source{{Replica: 1, Name: "10.0.0.2:8000", Model: model, Connect: true}})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(m.BoundEndpoint(), "tcp://"))
+	require.NoError(t, err)
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
+	_, err = conn.Read(make([]byte, 1))
+	require.ErrorIs(t, err, io.EOF, "closed by the EPP")
+	conn.Close()
+	require.Equal(t, 1.0, metricValue(t, reg, "omnious_epp_kv_events_total", "refused_peer", "bound"))
+
+	// The attacker is a connecting engine itself (127.0.0.1:8000) and
+	// claims the victim's topic, then sends its own.
+	m.Set([]Source{{Replica: 0, Name: "127.0.0.1:8000", Model: model, Connect: true}, {Replica: 1, Name: "10.0.0.2:8000", Model: model, Connect: true}})
+	forger, err := kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: m.BoundEndpoint(), Dial: true, Topic: "kv@10.0.0.2:8000@" + model,
+		Format: kvevents.FormatMap}, zap.NewNop())
+	require.NoError(t, err)
+	defer forger.Close()
+	own, err := kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: m.BoundEndpoint(), Dial: true, Topic: "kv@127.0.0.1:8000@" + model,
+		Format: kvevents.FormatMap}, zap.NewNop())
+	require.NoError(t, err)
+	defer own.Close()
+	toks := prompt(42, 32)
+	require.Eventually(t, func() bool {
+		for _, p := range []*kvevents.Publisher{forger, own} {
+			_, err := p.Publish([]kvevents.Event{{Kind: kvevents.KindBlockStored, BlockHashes: []uint64{1, 2}, TokenIDs: toks, BlockSize: 16, Medium: "GPU"}})
+			require.NoError(t, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+		return metricValue(t, reg, "omnious_epp_kv_events_total", "forged_topic", "bound") > 0 && indexPrefix(ix, 0, toks) == 2
+	}, 10*time.Second, time.Millisecond)
+	require.Zero(t, ix.Resident(1), "the forged topic created no state for the victim")
+	require.Zero(t, indexPrefix(ix, 1, toks))
 }
 
 // TestNoBindForConnectingSource: a connecting source without a bound

@@ -8,12 +8,15 @@
 package calibration
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"math"
 	"net"
 	"net/http"
+	"os"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -26,6 +29,11 @@ import (
 // Header marks every calibration request, so gateways, logs and the EPP
 // can tell the synthetic load from customers' traffic.
 const Header = "x-omnious-calibration"
+
+// TokenHeader carries the calibration secret (Config.TokenFile): an EPP
+// with extproc.calibration_token_file counts a request as calibration only
+// when it carries that secret, and gateways strip Header from clients.
+const TokenHeader = "x-omnious-calibration-token"
 
 // MaxErrorShare is the share of a level's requests that may fail before
 // the run is a failure: a ladder that errors measures the errors, not the
@@ -83,8 +91,16 @@ type Config struct {
 	// HTTP sends the load and reads the snapshot. Default: a client whose
 	// connection pool keeps a connection per worker.
 	HTTP *http.Client
+	// CapacityHTTP reads the snapshot from the EPP's admin port with its
+	// credentials (internal/adminauth). Default: HTTP.
+	CapacityHTTP *http.Client
+	// TokenFile holds the calibration secret sent in TokenHeader with
+	// every request (a mounted Secret the EPP shares). Default "": none.
+	TokenFile string
 	// Log receives a line per level. Default: none.
 	Log *zap.Logger
+
+	token string // read from TokenFile by Run
 }
 
 // defaults are Config's plain defaults, written once: WithDefaults fills
@@ -171,7 +187,16 @@ func Run(ctx context.Context, cfg Config) (*capacity.Calibration, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("bad calibration config: %w", err)
 	}
-	snapClient := quoter.CapacityClient{URL: cfg.CapacityURL, HTTP: cfg.HTTP}
+	if cfg.TokenFile != "" {
+		b, err := os.ReadFile(cfg.TokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("cannot read the calibration token: %w", err)
+		}
+		if cfg.token = strings.TrimSpace(string(b)); cfg.token == "" {
+			return nil, fmt.Errorf("calibration token file %s is empty", cfg.TokenFile)
+		}
+	}
+	snapClient := quoter.CapacityClient{URL: cfg.CapacityURL, HTTP: cmp.Or(cfg.CapacityHTTP, cfg.HTTP)}
 	healthy, maxRunning, err := healthyReplicas(ctx, &snapClient, cfg.Model)
 	if err != nil {
 		return nil, err

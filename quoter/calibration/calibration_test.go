@@ -144,7 +144,7 @@ func TestValidate(t *testing.T) {
 func TestREADMEDefaults(t *testing.T) {
 	var fields []conftest.Field
 	for _, f := range conftest.Fields(Config{}.WithDefaults()) {
-		if f.Key != "HTTP" && f.Key != "Log" {
+		if f.Key != "HTTP" && f.Key != "CapacityHTTP" && f.Key != "Log" {
 			fields = append(fields, f)
 		}
 	}

@@ -240,6 +240,9 @@ func (g *generator) request(ctx context.Context, prompt string) (res result) {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "text/event-stream")
 	req.Header.Set(Header, "1")
+	if g.cfg.token != "" {
+		req.Header.Set(TokenHeader, g.cfg.token)
+	}
 	sent := time.Now()
 	resp, err := g.cfg.HTTP.Do(req)
 	if err != nil {

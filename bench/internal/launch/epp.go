@@ -32,6 +32,7 @@ import (
 	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/epp"
 	"github.com/omnious/provider-node/extproc/testgw"
+	"github.com/omnious/provider-node/internal/adminauth"
 	"github.com/omnious/provider-node/scheduler"
 )
 
@@ -96,6 +97,10 @@ type Spec struct {
 	// DrainTimeout bounds the drain when it stops (0: open streams are
 	// closed at once).
 	DrainTimeout time.Duration
+	// AdminTokenFile, when set, is the EPP's admin.token_file: its admin
+	// port asks for that bearer token, which the EPP's siblings and this
+	// package's reads (AdminClient) present.
+	AdminTokenFile string
 }
 
 // config is the EPP's config for s on the given addresses.
@@ -104,6 +109,7 @@ func (s Spec) config(grpcAddr, healthAddr, metricsAddr, adminAddr string) (epp.C
 		Scheduler: s.Scheduler, DrainDelay: &s.DrainDelay, DrainTimeout: &s.DrainTimeout}
 	cfg.ExtProc.MaxEndpoints = s.MaxEndpoints
 	cfg.WarmStart.Peers = s.Peers
+	cfg.Admin.TokenFile = s.AdminTokenFile
 	switch s.Tokenizer {
 	case TokenizerStandIn:
 		cfg.StandInTokenizer = true
@@ -152,6 +158,9 @@ func StartInProcess(c InProcessConfig) (*EPP, error) {
 		log = c.Log.Named("epp")
 	}
 	e := &EPP{name: "the EPP", http: loopback.Client(10 * time.Second)}
+	if err := e.presentToken(c.AdminTokenFile); err != nil {
+		return nil, err
+	}
 	e.start = func() (*run, error) {
 		s, err := epp.New(cfg, discovery.Fixed(c.Endpoints), log, opts...)
 		if err != nil {
@@ -221,6 +230,9 @@ func StartProcess(c ProcessConfig) (*EPP, error) {
 	// A graceful stop drains for up to DrainTimeout; past that and a
 	// margin, it is killed (and reported).
 	e := startChildEPP(c.Name, c.Dir, startChild, c.Bin, []string{"-config", cfgFile, "-log-level", c.LogLevel}, c.DrainTimeout+5*time.Second)
+	if err := e.presentToken(c.AdminTokenFile); err != nil {
+		return nil, err
+	}
 	e.setAddrs(addrs[0], addrs[2], addrs[3])
 	if err := e.Start(); err != nil {
 		return nil, err
@@ -395,6 +407,25 @@ func (e *EPP) GRPCAddr() string { return e.grpcAddr }
 
 // MetricsURL is its Prometheus endpoint ("" for the floor server).
 func (e *EPP) MetricsURL() string { return e.metricsURL }
+
+// presentToken makes the EPP's reads present the admin token in file ("":
+// none).
+func (e *EPP) presentToken(file string) error {
+	if file == "" {
+		return nil
+	}
+	base, _ := e.http.Transport.(*http.Transport)
+	rt, err := adminauth.Client{TokenFile: file}.Transport(base)
+	if err != nil {
+		return err
+	}
+	e.http = &http.Client{Transport: rt, Timeout: e.http.Timeout}
+	return nil
+}
+
+// AdminClient is the HTTP client that reads its admin port, with the
+// admin token when it asks for one.
+func (e *EPP) AdminClient() *http.Client { return e.http }
 
 // AdminURL is the base URL of its admin port, which serves the capacity
 // snapshot and /debug/endpoints ("" for the floor server).

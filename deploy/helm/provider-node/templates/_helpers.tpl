@@ -69,7 +69,68 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{- define "pn.eppAdminURL" -}}
-{{- printf "http://%s-epp.%s.svc:%v" (include "pn.fullname" .) .Release.Namespace .Values.epp.ports.admin -}}
+{{- printf "%s://%s-epp.%s.svc:%v" (ternary "https" "http" (eq (include "pn.adminAuth" .) "mtls")) (include "pn.fullname" .) .Release.Namespace .Values.epp.ports.admin -}}
+{{- end -}}
+
+{{/* How the EPP admin port authenticates its readers (docs/security.md). */}}
+{{- define "pn.adminAuth" -}}
+{{- $a := .Values.epp.admin.auth -}}
+{{- if not (has $a (list "token" "mtls" "none")) }}{{ fail "epp.admin.auth must be token, mtls or none" }}{{ end -}}
+{{- $a -}}
+{{- end -}}
+
+{{- define "pn.adminTokenSecret" -}}
+{{- required "epp.admin.token.existingSecret is required with epp.admin.auth token: a Secret holding a random token (deploy/install.sh creates it with kubectl); tokens are never chart values" .Values.epp.admin.token.existingSecret -}}
+{{- end -}}
+
+{{/* The admin certificates' Secret (tls.crt, tls.key, ca.crt). */}}
+{{- define "pn.adminTLSSecret" -}}
+{{- required "epp.admin.mtls.existingSecret is required with epp.admin.auth mtls: a Secret with tls.crt, tls.key and ca.crt (e.g. a cert-manager Certificate's)" .Values.epp.admin.mtls.existingSecret -}}
+{{- end -}}
+
+{{/* The name every reader verifies in the admin certificate. */}}
+{{- define "pn.adminServerName" -}}
+{{- include "pn.fullname" . }}-epp-admin
+{{- end -}}
+
+{{- define "pn.calibrationTokenSecret" -}}
+{{- required "quoter.calibration.tokenSecret is required with calibration on: a Secret holding a random token (deploy/install.sh creates it with kubectl)" .Values.quoter.calibration.tokenSecret -}}
+{{- end -}}
+
+{{/* Arguments of a reader of the EPP admin port (quoter, calibration Job). */}}
+{{- define "pn.adminClientArgs" -}}
+{{- $a := include "pn.adminAuth" . -}}
+{{- if eq $a "token" }}
+- --capacity-token-file=/etc/omnious-admin/{{ .Values.epp.admin.token.key }}
+{{- else if eq $a "mtls" }}
+- --capacity-ca-file=/etc/omnious-admin/ca.crt
+- --capacity-cert-file=/etc/omnious-admin/tls.crt
+- --capacity-key-file=/etc/omnious-admin/tls.key
+- --capacity-server-name={{ include "pn.adminServerName" . }}
+{{- end }}
+{{- end -}}
+
+{{/* The admin credentials' volume (name admin-credentials), "" with auth none. */}}
+{{- define "pn.adminVolume" -}}
+{{- $a := include "pn.adminAuth" . -}}
+{{- if eq $a "token" }}
+- name: admin-credentials
+  secret:
+    secretName: {{ include "pn.adminTokenSecret" . }}
+    defaultMode: 0444
+    items:
+      - key: {{ .Values.epp.admin.token.key }}
+        path: {{ .Values.epp.admin.token.key }}
+{{- else if eq $a "mtls" }}
+- name: admin-credentials
+  secret:
+    secretName: {{ include "pn.adminTLSSecret" . }}
+    defaultMode: 0444
+    items:
+      - {key: tls.crt, path: tls.crt}
+      - {key: tls.key, path: tls.key}
+      - {key: ca.crt, path: ca.crt}
+{{- end }}
 {{- end -}}
 
 {{- define "pn.quoterSecret" -}}
