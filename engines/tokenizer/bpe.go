@@ -37,13 +37,27 @@ func (t *HF) encodeWord(dst []uint32, w string) []uint32 {
 	if whole {
 		dst = append(dst, id)
 	} else {
-		for i := 0; i < len(w); i++ {
-			dst = append(dst, t.byteIDs[w[i]])
-		}
+		dst = t.startSymbols(dst, w)
 		dst = t.merge(dst, start)
 	}
 	if cacheable {
 		t.cache.put(h, w, dst[start:])
+	}
+	return dst
+}
+
+// startSymbols appends the symbols BPE starts word w from: its
+// characters' own tokens where that is exact (chars.go), else its bytes.
+func (t *HF) startSymbols(dst []uint32, w string) []uint32 {
+	start := len(dst)
+	if t.charTok != nil {
+		if out, ok := t.appendChars(dst, w); ok {
+			return out
+		}
+	}
+	dst = dst[:start]
+	for i := 0; i < len(w); i++ {
+		dst = append(dst, t.byteIDs[w[i]])
 	}
 	return dst
 }

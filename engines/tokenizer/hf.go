@@ -25,6 +25,8 @@ type HF struct {
 	ignoreMerges bool
 	vocab        map[string]uint32 // raw bytes of a token -> id
 	byteIDs      [256]uint32       // byte-level: the token of each byte
+	// Byte-level: where a word starts from each character (chars.go).
+	charTok, charMultiIDs []uint32
 
 	// SentencePiece-style BPE: "▁" is prepended to every segment and
 	// replaces spaces; the symbols are characters.
@@ -375,7 +377,11 @@ func (t *HF) buildVocab(vocab map[string]uint32, mergesRaw json.RawMessage) erro
 	if err != nil {
 		return err
 	}
-	return t.buildMerges(vocab, pairs)
+	if err := t.buildMerges(vocab, pairs); err != nil {
+		return err
+	}
+	t.buildCharStart()
+	return nil
 }
 
 func (t *HF) buildSPMVocab(vocab map[string]uint32, mergesRaw json.RawMessage, unk *string) error {
