@@ -60,10 +60,10 @@ func (t *HF) buildCharStart() {
 		th.right[i], th.rightSpace[i], th.left[i] = math.MaxUint32, math.MaxUint32, math.MaxUint32
 	}
 	space := t.byteIDs[' ']
-	for key, v := range t.merges {
+	t.merges.each(func(key, v uint64) {
 		l, r, rank := uint32(key>>32), uint32(key), uint32(v>>32)
 		if l > maxID || r > maxID {
-			continue
+			return
 		}
 		if l == space {
 			th.rightSpace[r] = min(th.rightSpace[r], rank)
@@ -73,7 +73,7 @@ func (t *HF) buildCharStart() {
 		if f, ok := first[r]; ok && utf8.RuneStart(f) {
 			th.left[l] = min(th.left[l], rank)
 		}
-	}
+	})
 	t.charTok = make([]uint32, tableRunes)
 	var buf [utf8.UTFMax]byte
 	for r := rune(0); r < tableRunes; r++ {
@@ -116,7 +116,7 @@ func (t *HF) charStart(b []byte, th *charThreats) (ids []uint32, flag uint32, ok
 		seen = append(seen, parts...)
 		best, bestRank, bestID := -1, uint32(0), uint32(0)
 		for i := 0; i+1 < len(parts); i++ {
-			v, ok := t.merges[uint64(parts[i].id)<<32|uint64(parts[i+1].id)]
+			v, ok := t.merges.get(uint64(parts[i].id)<<32 | uint64(parts[i+1].id))
 			if !ok {
 				continue
 			}

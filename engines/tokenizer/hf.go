@@ -40,9 +40,9 @@ type HF struct {
 	// spmSplit: no token has "▁" after another character, so no merge
 	// can cross the start of a "▁" run and words can be split there.
 	spmSplit   bool
-	merges     map[uint64]uint64 // left<<32|right -> rank<<32|merged id
-	raw        *addedTrie        // added tokens matched before normalization
-	normalized *addedTrie        // added tokens matched after normalization
+	merges     pairTable  // left<<32|right -> rank<<32|merged id
+	raw        *addedTrie // added tokens matched before normalization
+	normalized *addedTrie // added tokens matched after normalization
 	added      map[string]uint32
 	cache      *wordCache
 
@@ -440,7 +440,7 @@ func parseMerges(raw json.RawMessage) ([][2]string, error) {
 }
 
 func (t *HF) buildMerges(vocab map[string]uint32, pairs [][2]string) error {
-	t.merges = make(map[uint64]uint64, len(pairs))
+	t.merges = newPairTable(len(pairs))
 	for rank, p := range pairs {
 		l, ok1 := vocab[p[0]]
 		r, ok2 := vocab[p[1]]
@@ -448,10 +448,7 @@ func (t *HF) buildMerges(vocab map[string]uint32, pairs [][2]string) error {
 		if !ok1 || !ok2 || !ok3 {
 			return fmt.Errorf("merge %d %q refers to a token missing from the vocab", rank, p)
 		}
-		key := uint64(l)<<32 | uint64(r)
-		if _, dup := t.merges[key]; !dup {
-			t.merges[key] = uint64(rank)<<32 | uint64(m)
-		}
+		t.merges.putNew(uint64(l)<<32|uint64(r), uint64(rank)<<32|uint64(m))
 	}
 	return nil
 }
