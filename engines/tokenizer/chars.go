@@ -17,64 +17,75 @@ import (
 // merges is always available, of rank at most maxRank(c), the highest rank
 // its own merges use, and BPE always applies the lowest-ranked available
 // merge. So a boundary merge involving one of c's parts can only run first
-// if its rank is below maxRank(c), or if the part survives c's own merges.
-// A character starts from its tokens when every part touching one of its
-// edges (a part holding its first byte, with a merge that has it on the
-// right; a part holding its last byte, with a merge that has it on the left
-// of a token starting a character) has no such merge; when the only such
-// merge is with the token " " on the left (common: " " joins the lead byte
-// of many scripts), it starts from its tokens except after a space byte.
-// Merges between whole characters are then the same from either start and
-// merges inside different characters touch different symbols, so each
-// character of a word is started either way on its own.
-// TestCharStartMatchesBytes and FuzzCharStart keep the two starts equal.
+// if its rank is below maxRank(c); once c is finished its parts are the same
+// from either start.
+// Such threats are a part holding c's first byte with a token X on its
+// left, or a part holding c's last byte with a token Y on its right; X ends
+// with the byte before c and Y starts with the byte after it, so c starts
+// from its tokens unless the bytes around it in the word are among those
+// its threats end or start with (commonly " " before the lead byte of many
+// scripts). Merges between whole characters are then the same from either
+// start and merges inside different characters touch different symbols,
+// so each character of a word is started either way on its own.
+// TestCharStartMatchesBytes, TestCharStartTrained and FuzzCharStart keep
+// the two starts equal.
 
-// charTok entries: a token id; charMulti|offset<<3|count for a character
-// of several tokens (in charMultiIDs); charFromBytes. charAfterSpace marks
-// a character that must start from bytes after a space byte: the only merge
-// that can take its first part early is with the token " ".
+// charTok entries: a token id, charMulti|offset<<3|count for a character
+// of several tokens (in charMultiIDs), or charFromBytes.
 const (
-	charFromBytes  uint32 = math.MaxUint32
-	charMulti      uint32 = 1 << 31
-	charAfterSpace uint32 = 1 << 30
-	charIDMask            = charAfterSpace - 1
+	charFromBytes uint32 = math.MaxUint32
+	charMulti     uint32 = 1 << 31
 )
 
-// charThreats are, per token, the lowest rank of a merge that has it on
-// the right (with any token but " ", and with " "), and of one that has it
-// on the left before a token that starts a character.
-type charThreats struct {
-	right, rightSpace, left []uint32
+// byteSet is a set of byte values.
+type byteSet [4]uint64
+
+func (s *byteSet) add(b byte)      { s[b>>6] |= 1 << (b & 63) }
+func (s *byteSet) has(b byte) bool { return s[b>>6]&(1<<(b&63)) != 0 }
+
+// charContext holds the bytes that, just before or just after a
+// character, make it start from its bytes.
+type charContext struct{ before, after byteSet }
+
+// byteRank is a boundary merge of a part: the byte its other token ends
+// (on the left) or starts (on the right) with, and its rank.
+type byteRank struct {
+	b    byte
+	rank uint32
 }
 
-// buildCharStart fills charTok for every non-ASCII rune below tableRunes.
+// buildCharStart fills charTok and charCtx for every rune below
+// tableRunes.
 func (t *HF) buildCharStart() {
 	maxID := uint32(0)
-	first := map[uint32]byte{}
-	for s, id := range t.vocab {
+	for _, id := range t.vocab {
 		maxID = max(maxID, id)
-		first[id] = s[0]
 	}
-	th := charThreats{make([]uint32, maxID+1), make([]uint32, maxID+1), make([]uint32, maxID+1)}
-	for i := range th.right {
-		th.right[i], th.rightSpace[i], th.left[i] = math.MaxUint32, math.MaxUint32, math.MaxUint32
+	first, last := make([]byte, maxID+1), make([]byte, maxID+1)
+	partial := make([]bool, maxID+1)
+	for s, id := range t.vocab {
+		first[id], last[id], partial[id] = s[0], s[len(s)-1], !utf8.ValidString(s)
 	}
-	space := t.byteIDs[' ']
+	// Boundary merges of partial tokens: with a token on their left (the
+	// partial then starts with a character's first byte), and with a
+	// token starting a character on their right.
+	withLeft, withRight := map[uint32][]byteRank{}, map[uint32][]byteRank{}
 	t.merges.each(func(key, v uint64) {
 		l, r, rank := uint32(key>>32), uint32(key), uint32(v>>32)
 		if l > maxID || r > maxID {
 			return
 		}
-		if l == space {
-			th.rightSpace[r] = min(th.rightSpace[r], rank)
-		} else {
-			th.right[r] = min(th.right[r], rank)
+		if partial[r] && utf8.RuneStart(first[r]) {
+			withLeft[r] = append(withLeft[r], byteRank{last[l], rank})
 		}
-		if f, ok := first[r]; ok && utf8.RuneStart(f) {
-			th.left[l] = min(th.left[l], rank)
+		if partial[l] && utf8.RuneStart(first[r]) {
+			withRight[l] = append(withRight[l], byteRank{first[r], rank})
 		}
 	})
 	t.charTok = make([]uint32, tableRunes)
+	t.charCtx = make([]uint16, tableRunes)
+	t.charCtxs = []charContext{{}} // 0: none
+	interned := map[charContext]uint16{{}: 0}
 	var buf [utf8.UTFMax]byte
 	for r := rune(0); r < tableRunes; r++ {
 		if r < utf8.RuneSelf || (r >= 0xD800 && r <= 0xDFFF) {
@@ -82,23 +93,31 @@ func (t *HF) buildCharStart() {
 			continue
 		}
 		b := buf[:utf8.EncodeRune(buf[:], r)]
-		ids, flag, ok := t.charStart(b, &th)
-		switch {
-		case !ok:
-			t.charTok[r] = charFromBytes
-		case len(ids) == 1 && ids[0] <= charIDMask:
-			t.charTok[r] = ids[0] | flag
-		default:
-			t.charTok[r] = charMulti | flag | uint32(len(t.charMultiIDs))<<3 | uint32(len(ids))
+		ids, ctx := t.charStart(b, withLeft, withRight)
+		k, ok := interned[ctx]
+		if !ok {
+			if len(t.charCtxs) > math.MaxUint16 {
+				t.charTok[r] = charFromBytes
+				continue
+			}
+			k = uint16(len(t.charCtxs))
+			interned[ctx] = k
+			t.charCtxs = append(t.charCtxs, ctx)
+		}
+		t.charCtx[r] = k
+		if len(ids) == 1 && ids[0] < charMulti {
+			t.charTok[r] = ids[0]
+		} else {
+			t.charTok[r] = charMulti | uint32(len(t.charMultiIDs))<<3 | uint32(len(ids))
 			t.charMultiIDs = append(t.charMultiIDs, ids...)
 		}
 	}
 }
 
-// charStart runs BPE on the bytes of one character and reports its tokens,
-// whether words may start from them (see the comment at the top), and
-// charAfterSpace if not after a space byte.
-func (t *HF) charStart(b []byte, th *charThreats) (ids []uint32, flag uint32, ok bool) {
+// charStart runs BPE on the bytes of one character and returns its tokens
+// and the bytes around it that make it start from bytes instead (see the
+// comment at the top).
+func (t *HF) charStart(b []byte, withLeft, withRight map[uint32][]byteRank) ([]uint32, charContext) {
 	type part struct {
 		id       uint32
 		from, to int
@@ -108,8 +127,6 @@ func (t *HF) charStart(b []byte, th *charThreats) (ids []uint32, flag uint32, ok
 	for i, c := range b {
 		parts[i] = part{t.byteIDs[c], i, i + 1}
 	}
-	// The lowest rank of a boundary merge that any edge part has had,
-	// with a token other than " ", and with " ".
 	var seen []part
 	maxRank := uint32(0)
 	for {
@@ -131,39 +148,32 @@ func (t *HF) charStart(b []byte, th *charThreats) (ids []uint32, flag uint32, ok
 		parts[best] = part{bestID, parts[best].from, parts[best+1].to}
 		parts = append(parts[:best+1], parts[best+2:]...)
 	}
-	final := func(p part) bool {
-		for _, q := range parts {
-			if q == p {
-				return true
-			}
-		}
-		return false
-	}
+	var ctx charContext
 	for _, p := range seen {
-		// A part that survives must never merge across a boundary; one
-		// that the character's own merges take must not before them.
-		limit := maxRank
-		if final(p) {
-			limit = math.MaxUint32
-		}
-		threat := func(rank uint32) bool { return rank != math.MaxUint32 && (rank < limit || limit == math.MaxUint32) }
+		// A boundary merge ranked above all of c's own merges runs only
+		// once c is finished, from either start; a part that survives c's
+		// own merges is in both starts then.
+		threat := func(rank uint32) bool { return rank < maxRank }
 		if p.from == 0 && p.to < len(b) {
-			if threat(th.right[p.id]) {
-				return nil, 0, false
-			}
-			if threat(th.rightSpace[p.id]) {
-				flag = charAfterSpace
+			for _, m := range withLeft[p.id] {
+				if threat(m.rank) {
+					ctx.before.add(m.b)
+				}
 			}
 		}
-		if p.to == len(b) && p.from > 0 && threat(th.left[p.id]) {
-			return nil, 0, false
+		if p.to == len(b) && p.from > 0 {
+			for _, m := range withRight[p.id] {
+				if threat(m.rank) {
+					ctx.after.add(m.b)
+				}
+			}
 		}
 	}
-	ids = make([]uint32, len(parts))
+	ids := make([]uint32, len(parts))
 	for i, p := range parts {
 		ids[i] = p.id
 	}
-	return ids, flag, true
+	return ids, ctx
 }
 
 // appendChars appends the start symbols of word w: each character's own
@@ -184,17 +194,23 @@ func (t *HF) appendChars(dst []uint32, w string) ([]uint32, bool) {
 		v := charFromBytes
 		if r < tableRunes {
 			v = t.charTok[r]
+			if k := t.charCtx[r]; k != 0 && v != charFromBytes {
+				ctx := &t.charCtxs[k]
+				if (i > 0 && ctx.before.has(w[i-1])) || (i+n < len(w) && ctx.after.has(w[i+n])) {
+					v = charFromBytes
+				}
+			}
 		}
 		switch {
-		case v == charFromBytes || (v&charAfterSpace != 0 && i > 0 && w[i-1] == ' '):
+		case v == charFromBytes:
 			for j := i; j < i+n; j++ {
 				dst = append(dst, t.byteIDs[w[j]])
 			}
 		case v&charMulti != 0:
-			off := (v & charIDMask) >> 3
+			off := (v &^ charMulti) >> 3
 			dst = append(dst, t.charMultiIDs[off:off+v&7]...)
 		default:
-			dst = append(dst, v&charIDMask)
+			dst = append(dst, v)
 		}
 		i += n
 	}

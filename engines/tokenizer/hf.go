@@ -27,6 +27,8 @@ type HF struct {
 	byteIDs      [256]uint32       // byte-level: the token of each byte
 	// Byte-level: where a word starts from each character (chars.go).
 	charTok, charMultiIDs []uint32
+	charCtx               []uint16
+	charCtxs              []charContext
 
 	// SentencePiece-style BPE: "▁" is prepended to every segment and
 	// replaces spaces; the symbols are characters.
