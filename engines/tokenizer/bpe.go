@@ -305,6 +305,8 @@ const cacheSlots = 1 << 16
 type cacheEntry struct {
 	word string
 	ids  []uint32
+	// inline holds the ids of most words in the entry's own allocation.
+	inline [4]uint32
 }
 
 func newWordCache() *wordCache { return &wordCache{} }
@@ -318,5 +320,12 @@ func (c *wordCache) get(h uint64, w string) ([]uint32, bool) {
 }
 
 func (c *wordCache) put(h uint64, w string, ids []uint32) {
-	c.slots[h&(cacheSlots-1)].Store(&cacheEntry{word: strings.Clone(w), ids: append([]uint32(nil), ids...)})
+	e := &cacheEntry{word: strings.Clone(w)}
+	if len(ids) <= len(e.inline) {
+		e.ids = e.inline[:len(ids):len(ids)]
+		copy(e.ids, ids)
+	} else {
+		e.ids = append([]uint32(nil), ids...)
+	}
+	c.slots[h&(cacheSlots-1)].Store(e)
 }

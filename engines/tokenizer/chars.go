@@ -30,8 +30,10 @@ import (
 // TestCharStartMatchesBytes, TestCharStartTrained and FuzzCharStart keep
 // the two starts equal.
 
-// charTok entries: a token id, charMulti|offset<<3|count for a character
-// of several tokens (in charMultiIDs), or charFromBytes.
+// charTok entries: the low half is a token id, charMulti|offset<<3|count
+// for a character of several tokens (in charMultiIDs), or charFromBytes;
+// the high half indexes charCtxs (0: starts from its tokens anywhere). One
+// entry per character, so a character costs one read.
 const (
 	charFromBytes uint32 = math.MaxUint32
 	charMulti     uint32 = 1 << 31
@@ -82,33 +84,27 @@ func (t *HF) buildCharStart() {
 			withRight[l] = append(withRight[l], byteRank{first[r], rank})
 		}
 	})
-	t.charTok = make([]uint32, tableRunes)
-	t.charCtx = make([]uint16, tableRunes)
+	t.charTok = make([]uint64, tableRunes)
 	t.charCtxs = []charContext{{}} // 0: none
-	interned := map[charContext]uint16{{}: 0}
+	interned := map[charContext]uint64{{}: 0}
 	var buf [utf8.UTFMax]byte
 	for r := rune(0); r < tableRunes; r++ {
 		if r < utf8.RuneSelf || (r >= 0xD800 && r <= 0xDFFF) {
-			t.charTok[r] = charFromBytes
+			t.charTok[r] = uint64(charFromBytes)
 			continue
 		}
 		b := buf[:utf8.EncodeRune(buf[:], r)]
 		ids, ctx := t.charStart(b, withLeft, withRight)
 		k, ok := interned[ctx]
 		if !ok {
-			if len(t.charCtxs) > math.MaxUint16 {
-				t.charTok[r] = charFromBytes
-				continue
-			}
-			k = uint16(len(t.charCtxs))
+			k = uint64(len(t.charCtxs))
 			interned[ctx] = k
 			t.charCtxs = append(t.charCtxs, ctx)
 		}
-		t.charCtx[r] = k
 		if len(ids) == 1 && ids[0] < charMulti {
-			t.charTok[r] = ids[0]
+			t.charTok[r] = k<<32 | uint64(ids[0])
 		} else {
-			t.charTok[r] = charMulti | uint32(len(t.charMultiIDs))<<3 | uint32(len(ids))
+			t.charTok[r] = k<<32 | uint64(charMulti|uint32(len(t.charMultiIDs))<<3|uint32(len(ids)))
 			t.charMultiIDs = append(t.charMultiIDs, ids...)
 		}
 	}
@@ -193,8 +189,9 @@ func (t *HF) appendChars(dst []uint32, w string) ([]uint32, bool) {
 		}
 		v := charFromBytes
 		if r < tableRunes {
-			v = t.charTok[r]
-			if k := t.charCtx[r]; k != 0 && v != charFromBytes {
+			e := t.charTok[r]
+			v = uint32(e)
+			if k := e >> 32; k != 0 {
 				ctx := &t.charCtxs[k]
 				if (i > 0 && ctx.before.has(w[i-1])) || (i+n < len(w) && ctx.after.has(w[i+n])) {
 					v = charFromBytes

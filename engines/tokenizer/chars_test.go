@@ -52,7 +52,7 @@ func TestCharStartMatchesBytes(t *testing.T) {
 			runes := startRunes()
 			n, cjk := 0, 0
 			for r := rune(utf8.RuneSelf); r < tableRunes; r++ {
-				if tok.charTok[r] != charFromBytes && tok.charCtx[r] == 0 {
+				if uint32(tok.charTok[r]) != charFromBytes && tok.charTok[r]>>32 == 0 {
 					n++
 					if r >= 0x4E00 && r <= 0x9FA5 {
 						cjk++
@@ -173,7 +173,7 @@ func TestCharStartTrained(t *testing.T) {
 			require.Equal(t, bytesStart(tok, w), charStarted(tok, w), "seed %d: %q", seed, w)
 		}
 		for _, r := range chars {
-			if r >= utf8.RuneSelf && tok.charCtx[r] == 0 {
+			if r >= utf8.RuneSelf && tok.charTok[r]>>32 == 0 {
 				started++
 			}
 		}

@@ -26,9 +26,9 @@ type HF struct {
 	vocab        map[string]uint32 // raw bytes of a token -> id
 	byteIDs      [256]uint32       // byte-level: the token of each byte
 	// Byte-level: where a word starts from each character (chars.go).
-	charTok, charMultiIDs []uint32
-	charCtx               []uint16
-	charCtxs              []charContext
+	charTok      []uint64
+	charMultiIDs []uint32
+	charCtxs     []charContext
 
 	// SentencePiece-style BPE: "▁" is prepended to every segment and
 	// replaces spaces; the symbols are characters.
