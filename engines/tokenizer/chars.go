@@ -88,13 +88,16 @@ func (t *HF) buildCharStart() {
 	t.charCtxs = []charContext{{}} // 0: none
 	interned := map[charContext]uint64{{}: 0}
 	var buf [utf8.UTFMax]byte
+	var ids []uint32
+	var seen []charPart
 	for r := rune(0); r < tableRunes; r++ {
 		if r < utf8.RuneSelf || (r >= 0xD800 && r <= 0xDFFF) {
 			t.charTok[r] = uint64(charFromBytes)
 			continue
 		}
 		b := buf[:utf8.EncodeRune(buf[:], r)]
-		ids, ctx := t.charStart(b, withLeft, withRight)
+		var ctx charContext
+		ids, seen = t.charStart(ids[:0], seen[:0], b, withLeft, withRight, &ctx)
 		k, ok := interned[ctx]
 		if !ok {
 			k = uint64(len(t.charCtxs))
@@ -110,20 +113,21 @@ func (t *HF) buildCharStart() {
 	}
 }
 
-// charStart runs BPE on the bytes of one character and returns its tokens
-// and the bytes around it that make it start from bytes instead (see the
-// comment at the top).
-func (t *HF) charStart(b []byte, withLeft, withRight map[uint32][]byteRank) ([]uint32, charContext) {
-	type part struct {
-		id       uint32
-		from, to int
-	}
-	var store [utf8.UTFMax]part
+// charPart is a token holding bytes [from, to) of a character.
+type charPart struct {
+	id       uint32
+	from, to int
+}
+
+// charStart runs BPE on the bytes b of one character, appends its tokens
+// to ids and sets in ctx the bytes around it that make it start from bytes
+// instead (see the comment at the top); seen is scratch space.
+func (t *HF) charStart(ids []uint32, seen []charPart, b []byte, withLeft, withRight map[uint32][]byteRank, ctx *charContext) ([]uint32, []charPart) {
+	var store [utf8.UTFMax]charPart
 	parts := store[:len(b)]
 	for i, c := range b {
-		parts[i] = part{t.byteIDs[c], i, i + 1}
+		parts[i] = charPart{t.byteIDs[c], i, i + 1}
 	}
-	var seen []part
 	maxRank := uint32(0)
 	for {
 		seen = append(seen, parts...)
@@ -141,10 +145,9 @@ func (t *HF) charStart(b []byte, withLeft, withRight map[uint32][]byteRank) ([]u
 			break
 		}
 		maxRank = max(maxRank, bestRank)
-		parts[best] = part{bestID, parts[best].from, parts[best+1].to}
+		parts[best] = charPart{bestID, parts[best].from, parts[best+1].to}
 		parts = append(parts[:best+1], parts[best+2:]...)
 	}
-	var ctx charContext
 	for _, p := range seen {
 		// A boundary merge ranked above all of c's own merges runs only
 		// once c is finished, from either start; a part that survives c's
@@ -165,11 +168,10 @@ func (t *HF) charStart(b []byte, withLeft, withRight map[uint32][]byteRank) ([]u
 			}
 		}
 	}
-	ids := make([]uint32, len(parts))
-	for i, p := range parts {
-		ids[i] = p.id
+	for _, p := range parts {
+		ids = append(ids, p.id)
 	}
-	return ids, ctx
+	return ids, seen
 }
 
 // appendChars appends the start symbols of word w: each character's own

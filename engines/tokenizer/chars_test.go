@@ -2,6 +2,8 @@ package tokenizer
 
 import (
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -207,4 +209,37 @@ func FuzzCharStart(f *testing.F) {
 			})
 		}
 	})
+}
+
+// BenchmarkBuildCharStart is what starting words from characters adds to
+// loading a tokenizer (BenchmarkParse is the whole load).
+func BenchmarkBuildCharStart(b *testing.B) {
+	for _, fam := range vsHFFamilies {
+		tok := loadFamily(b, fam)
+		b.Run(fam, func(b *testing.B) {
+			fresh := *tok
+			b.ReportAllocs()
+			for b.Loop() {
+				fresh.charTok, fresh.charMultiIDs, fresh.charCtxs = nil, nil, nil
+				fresh.buildCharStart()
+			}
+		})
+	}
+}
+
+// BenchmarkParse is loading a tokenizer from its files' contents.
+func BenchmarkParse(b *testing.B) {
+	for _, fam := range vsHFFamilies {
+		tj, err := os.ReadFile(filepath.Join(modelDir(fam), "tokenizer.json"))
+		require.NoError(b, err)
+		cfg, err := os.ReadFile(filepath.Join(modelDir(fam), "tokenizer_config.json"))
+		require.NoError(b, err)
+		b.Run(fam, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				_, err := Parse(fam, tj, cfg)
+				require.NoError(b, err)
+			}
+		})
+	}
 }
