@@ -8,9 +8,9 @@ import (
 	"github.com/cespare/xxhash/v2"
 )
 
-// maxLinearWord is the word length (bytes) up to which BPE rescans all pairs
-// per merge; longer words (long CJK or letter runs) use a heap.
-const maxLinearWord = 24
+// maxLinearWord is the number of symbols up to which BPE finds each merge
+// by scanning the word's pairs; longer words (long letter runs) use a heap.
+const maxLinearWord = 64
 
 // maxCachedWord bounds the words kept in the per-tokenizer word cache.
 const maxCachedWord = 64
@@ -37,13 +37,27 @@ func (t *HF) encodeWord(dst []uint32, w string) []uint32 {
 	if whole {
 		dst = append(dst, id)
 	} else {
-		for i := 0; i < len(w); i++ {
-			dst = append(dst, t.byteIDs[w[i]])
-		}
+		dst = t.startSymbols(dst, w)
 		dst = t.merge(dst, start)
 	}
 	if cacheable {
 		t.cache.put(h, w, dst[start:])
+	}
+	return dst
+}
+
+// startSymbols appends the symbols BPE starts word w from: its
+// characters' own tokens where that is exact (chars.go), else its bytes.
+func (t *HF) startSymbols(dst []uint32, w string) []uint32 {
+	start := len(dst)
+	if t.charTok != nil {
+		if out, ok := t.appendChars(dst, w); ok {
+			return out
+		}
+	}
+	dst = dst[:start]
+	for i := 0; i < len(w); i++ {
+		dst = append(dst, t.byteIDs[w[i]])
 	}
 	return dst
 }
@@ -130,26 +144,46 @@ func (t *HF) merge(dst []uint32, start int) []uint32 {
 }
 
 // mergeLinear applies the lowest-ranked merge, leftmost first, until none
-// applies, in place.
+// applies, in place. The merge of each adjacent pair is looked up once and
+// kept; a merge looks up only the two pairs it changes.
 func (t *HF) mergeLinear(dst []uint32, start int) []uint32 {
 	ids := dst[start:]
-	for len(ids) > 1 {
-		best, bestRank, bestID := -1, uint32(0), uint32(0)
-		for i := 0; i+1 < len(ids); i++ {
-			v, ok := t.merges[uint64(ids[i])<<32|uint64(ids[i+1])]
-			if !ok {
-				continue
-			}
-			if r := uint32(v >> 32); best < 0 || r < bestRank {
-				best, bestRank, bestID = i, r, uint32(v)
+	if len(ids) < 2 {
+		return dst
+	}
+	// pair[i] is the merge of ids[i], ids[i+1] (rank<<32 | id), or noPair.
+	var store [maxLinearWord]uint64
+	pair := store[:len(ids)-1]
+	at := func(i int) uint64 {
+		if v, ok := t.merges.get(uint64(ids[i])<<32 | uint64(ids[i+1])); ok {
+			return v
+		}
+		return noPair
+	}
+	for i := range pair {
+		pair[i] = at(i)
+	}
+	for len(pair) > 0 {
+		best, v := 0, pair[0]
+		for i, p := range pair[1:] {
+			if p < v { // rank in the high half: the lowest rank, leftmost
+				best, v = i+1, p
 			}
 		}
-		if best < 0 {
+		if v == noPair {
 			break
 		}
-		ids[best] = bestID
+		ids[best] = uint32(v)
 		copy(ids[best+1:], ids[best+2:])
 		ids = ids[:len(ids)-1]
+		copy(pair[best:], pair[best+1:])
+		pair = pair[:len(pair)-1]
+		if best > 0 {
+			pair[best-1] = at(best - 1)
+		}
+		if best < len(pair) {
+			pair[best] = at(best)
+		}
 	}
 	return dst[:start+len(ids)]
 }
@@ -225,7 +259,7 @@ func (t *HF) mergeHeap(dst []uint32, start int) []uint32 {
 		if i < 0 || syms[i].next < 0 {
 			return
 		}
-		if v, ok := t.merges[uint64(syms[i].id)<<32|uint64(syms[syms[i].next].id)]; ok {
+		if v, ok := t.merges.get(uint64(syms[i].id)<<32 | uint64(syms[syms[i].next].id)); ok {
 			h.push(mergeItem{rank: uint32(v >> 32), pos: i, id: uint32(v)})
 		}
 	}
@@ -238,7 +272,7 @@ func (t *HF) mergeHeap(dst []uint32, start int) []uint32 {
 		if s.gone || s.next < 0 {
 			continue
 		}
-		v, ok := t.merges[uint64(s.id)<<32|uint64(syms[s.next].id)]
+		v, ok := t.merges.get(uint64(s.id)<<32 | uint64(syms[s.next].id))
 		if !ok || uint32(v) != it.id || uint32(v>>32) != it.rank {
 			continue // stale: a neighbor merged since this pair was queued
 		}
@@ -271,6 +305,8 @@ const cacheSlots = 1 << 16
 type cacheEntry struct {
 	word string
 	ids  []uint32
+	// inline holds the ids of most words in the entry's own allocation.
+	inline [4]uint32
 }
 
 func newWordCache() *wordCache { return &wordCache{} }
@@ -284,5 +320,12 @@ func (c *wordCache) get(h uint64, w string) ([]uint32, bool) {
 }
 
 func (c *wordCache) put(h uint64, w string, ids []uint32) {
-	c.slots[h&(cacheSlots-1)].Store(&cacheEntry{word: strings.Clone(w), ids: append([]uint32(nil), ids...)})
+	e := &cacheEntry{word: strings.Clone(w)}
+	if len(ids) <= len(e.inline) {
+		e.ids = e.inline[:len(ids):len(ids)]
+		copy(e.ids, ids)
+	} else {
+		e.ids = append([]uint32(nil), ids...)
+	}
+	c.slots[h&(cacheSlots-1)].Store(e)
 }

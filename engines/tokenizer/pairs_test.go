@@ -1,0 +1,45 @@
+package tokenizer
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestPairTable checks the table against a map: every stored pair is
+// found with the first value stored for it, absent pairs are not, at
+// sizes from empty to many collisions.
+func TestPairTable(t *testing.T) {
+	for _, n := range []int{0, 1, 7, 1000, 100_000} {
+		rng := rand.New(rand.NewPCG(uint64(n), 3))
+		p := newPairTable(n)
+		want := map[uint64]uint64{}
+		for i := 0; i < n; i++ {
+			// Small ids: dense keys, as real vocabularies have.
+			k := uint64(rng.IntN(2000))<<32 | uint64(rng.IntN(2000))
+			v := uint64(i)<<32 | uint64(rng.Uint32())
+			p.putNew(k, v)
+			if _, dup := want[k]; !dup {
+				want[k] = v
+			}
+		}
+		for k, v := range want {
+			got, ok := p.get(k)
+			require.True(t, ok, "n=%d key %#x", n, k)
+			require.Equal(t, v, got)
+		}
+		for i := 0; i < 10_000; i++ {
+			k := uint64(rng.IntN(4000))<<32 | uint64(rng.IntN(4000))
+			_, ok := p.get(k)
+			_, in := want[k]
+			require.Equal(t, in, ok, "n=%d key %#x", n, k)
+		}
+		seen := 0
+		p.each(func(k, v uint64) {
+			require.Equal(t, want[k], v)
+			seen++
+		})
+		require.Equal(t, len(want), seen)
+	}
+}
