@@ -120,9 +120,10 @@ type replica struct {
 	serve  string // serve.py
 	model  string
 
-	mu  sync.Mutex
-	cmd *exec.Cmd
-	log *os.File
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan struct{} // closed when cmd has exited
+	log    *os.File
 }
 
 func (r *replica) base() string { return "http://127.0.0.1:" + strconv.Itoa(r.port) }
@@ -194,8 +195,9 @@ func (r *replica) start() error {
 		log.Close()
 		return fmt.Errorf("%s: cannot start vllm: %w", r.name, err)
 	}
-	r.cmd, r.log = cmd, log
-	go func() { _ = cmd.Wait() }()
+	exited := make(chan struct{})
+	r.cmd, r.log, r.exited = cmd, log, exited
+	go func() { _ = cmd.Wait(); close(exited) }()
 	return nil
 }
 
@@ -205,10 +207,12 @@ func (r *replica) waitReady(ctx context.Context) error {
 	defer cancel()
 	for {
 		r.mu.Lock()
-		cmd := r.cmd
+		exited := r.exited
 		r.mu.Unlock()
-		if cmd != nil && cmd.ProcessState != nil {
-			return fmt.Errorf("%s exited while starting: %s\n%s", r.name, cmd.ProcessState, r.logTail())
+		select {
+		case <-exited:
+			return fmt.Errorf("%s exited while starting:\n%s", r.name, r.logTail())
+		default:
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, r.base()+"/v1/models", nil)
 		if resp, err := http.DefaultClient.Do(req); err == nil {
@@ -282,6 +286,8 @@ type relay struct {
 	rec    bool         // record forwarded messages
 	msgs   []relayedMsg // recorded
 	latest uint64       // highest sequence forwarded
+	removed int64       // blocks the forwarded BlockRemoved events named
+	batch   kvevents.Batch
 }
 
 type relayedMsg struct {
@@ -331,6 +337,13 @@ func (r *relay) run(ctx context.Context) {
 		r.mu.Lock()
 		if err == nil {
 			r.latest = seq
+			if kvevents.DecodeBatch(payload, &r.batch) == nil {
+				for _, ev := range r.batch.Events {
+					if ev.Kind == kvevents.KindBlockRemoved {
+						r.removed += int64(len(ev.BlockHashes))
+					}
+				}
+			}
 			if r.rec {
 				r.msgs = append(r.msgs, relayedMsg{seq: seq, payload: bytes.Clone(payload)})
 			}
@@ -344,6 +357,13 @@ func (r *relay) run(ctx context.Context) {
 			_ = r.pub.Send(msg)
 		}
 	}
+}
+
+// removedBlocks is how many blocks vLLM reported evicted.
+func (r *relay) removedBlocks() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.removed
 }
 
 // dropNext makes the relay drop the next n messages.
