@@ -281,12 +281,12 @@ type relay struct {
 	cancel  context.CancelFunc
 	done    chan struct{}
 
-	mu     sync.Mutex
-	drop   int          // messages still to drop
-	rec    bool         // record forwarded messages
-	msgs   []relayedMsg // recorded
-	latest uint64       // highest sequence forwarded
-	removed int64       // blocks the forwarded BlockRemoved events named
+	mu      sync.Mutex
+	drop    int          // messages still to drop
+	rec     bool         // record forwarded messages
+	msgs    []relayedMsg // recorded
+	latest  uint64       // highest sequence forwarded
+	removed int64        // blocks the forwarded BlockRemoved events named
 	batch   kvevents.Batch
 }
 
