@@ -4,6 +4,18 @@ template, and seeded random weights. The same bytes on every machine:
 weights come from a seeded CPU generator and are written in a fixed order,
 config.json with sorted keys, and TestModelDeterministic checks the digest.
 
+Purely random weights decode greedily into endless whitespace (with tied
+embeddings a token predicts itself, and the generation prompt ends in a
+newline), and whitespace is what a JSON grammar always allows, so even a
+constrained tool call never ends. The output layer is therefore untied and
+carries a per-token bias: every embedding has 1.0 in dimension 0, which
+RMSNorm turns into a large, nearly constant hidden component, and
+lm_head's column 0 scales it per token. The double quote is preferred,
+then JSON punctuation and the end-of-turn tokens, and everything else
+(whitespace, words, <tool_call>) is far below: free text is a run of
+quotes (non-empty), a grammar-constrained tool call completes as the
+shortest valid JSON and ends, and the model never calls a tool unasked.
+
 usage: python mkmodel.py TOKENIZER_DIR OUT_DIR
 """
 
@@ -45,7 +57,7 @@ CONFIG = {
     "rope_scaling": None,
     "rope_theta": 1000000.0,
     "sliding_window": None,
-    "tie_word_embeddings": True,
+    "tie_word_embeddings": False,
     "torch_dtype": "float32",
     "use_cache": True,
     "use_sliding_window": False,
@@ -59,13 +71,37 @@ GENERATION = {
 }
 
 
-def tensors():
+PUNCT = set('{}[]":,')
+END_OF_TURN = (151643, 151645)  # <|endoftext|>, <|im_end|>
+# Logit biases (before the small random part, whose spread is about 0.03).
+BIAS_QUOTE, BIAS_PUNCT, BIAS_OTHER = 10.0, 0.0, -20.0
+H0 = 7.9  # the hidden state's dimension 0 after the final RMSNorm, about
+
+
+def biases(tok_dir):
+    with open(os.path.join(tok_dir, "tokenizer.json"), encoding="utf-8") as f:
+        vocab = json.load(f)["model"]["vocab"]
+    b = torch.full((VOCAB,), BIAS_OTHER)
+    for token, i in vocab.items():
+        if token and set(token) <= PUNCT:
+            b[i] = BIAS_PUNCT
+    for i in END_OF_TURN:
+        b[i] = BIAS_PUNCT
+    b[vocab['"']] = BIAS_QUOTE
+    return b
+
+
+def tensors(tok_dir):
     g = torch.Generator(device="cpu").manual_seed(SEED)
 
     def rnd(*shape):
         return (torch.randn(*shape, generator=g, dtype=torch.float32) * 0.02).contiguous()
 
-    out = {"model.embed_tokens.weight": rnd(VOCAB, HIDDEN)}
+    embed = rnd(VOCAB, HIDDEN)
+    embed[:, 0] = 1.0
+    head = rnd(VOCAB, HIDDEN)
+    head[:, 0] = biases(tok_dir) / H0
+    out = {"model.embed_tokens.weight": embed.contiguous(), "lm_head.weight": head.contiguous()}
     for i in range(LAYERS):
         p = f"model.layers.{i}."
         out[p + "input_layernorm.weight"] = torch.ones(HIDDEN)
@@ -88,7 +124,7 @@ def main():
     tmp = out_dir + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    save_file(tensors(), os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    save_file(tensors(tok_dir), os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     for name, obj in (("config.json", CONFIG), ("generation_config.json", GENERATION)):
         with open(os.path.join(tmp, name), "w") as f:
             json.dump(obj, f, indent=2, sort_keys=True)
