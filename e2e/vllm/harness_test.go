@@ -151,6 +151,12 @@ func (r *replica) args() []string {
 		"--max-num-seqs", "16",
 		"--enforce-eager",
 		"--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+		// vLLM 0.32 pins a required or named call's arguments to the
+		// tool's schema only for tools marked strict, or at this level;
+		// at its default ("auto") the arguments may be any JSON, and
+		// conformance's tool-required and tool-named checks fail on
+		// arguments that are not an object.
+		"--tool-strict-level", "parameter",
 		"--enable-prompt-tokens-details",
 		"--kv-events-config", string(kv),
 		"--seed", "0",
