@@ -419,13 +419,37 @@ var (
 	sharedOnce sync.Once
 )
 
-// TestMain stops whatever the tests started.
+// TestMain stops whatever the tests started. With E2E_VLLM_HOLD=DIR a
+// fleet the tests started stays up after them for runs by hand (quoter
+// calibrate, bench): DIR/fleet.env gets its URLs, and creating DIR/stop
+// stops it.
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if shared != nil {
+		if dir := os.Getenv("E2E_VLLM_HOLD"); dir != "" {
+			shared.hold(dir)
+		}
 		shared.close()
 	}
 	os.Exit(code)
+}
+
+func (f *fleet) hold(dir string) {
+	env := fmt.Sprintf("SERVING_URL=%s\nEPP_ADMIN_URL=http://%s\nMODEL_ID=%s\n", f.gatewayURL(), f.epp.AdminAddr(), model)
+	for i, r := range f.replicas {
+		env += fmt.Sprintf("REPLICA_%d=%s\n", i, r.base())
+	}
+	if err := os.WriteFile(filepath.Join(dir, "fleet.env"), []byte(env), 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e/vllm: cannot write fleet.env:", err)
+		return
+	}
+	fmt.Fprintf(os.Stderr, "e2e/vllm: fleet held (%s/fleet.env); touch %s/stop to stop it\n", dir, dir)
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "stop")); err == nil {
+			return
+		}
+		time.Sleep(time.Second)
+	}
 }
 
 // getFleet starts the shared fleet on first use; a fleet that cannot start
