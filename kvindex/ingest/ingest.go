@@ -117,6 +117,8 @@ type Manager struct {
 	connected map[string]*feed
 	warnMu    sync.Mutex
 	warned    map[string]bool // unknown topics logged
+
+	lag prometheus.Histogram // omnious_epp_kv_event_apply_lag_seconds
 }
 
 // feed is one running source.
@@ -139,6 +141,7 @@ type feed struct {
 	warnedSiz bool
 	log       *zap.Logger
 	blockSize int
+	lag       prometheus.Histogram // the manager's
 }
 
 // New returns a manager applying events to ix. blockSize is the one the
@@ -151,7 +154,10 @@ func New(cfg Config, blockSize int, ix *kvindex.Index, log *zap.Logger) (*Manage
 		return nil, err
 	}
 	m := &Manager{cfg: cfg, blockSize: blockSize, ix: ix, log: log,
-		running: map[kvindex.Replica]*feed{}, connected: map[string]*feed{}, warned: map[string]bool{}, noBind: map[string]bool{}}
+		running: map[kvindex.Replica]*feed{}, connected: map[string]*feed{}, warned: map[string]bool{}, noBind: map[string]bool{},
+		lag: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "omnious_epp_kv_event_apply_lag_seconds",
+			Help:    "From a KV-event batch's engine timestamp to its application to the index (includes clock skew between hosts; replayed batches count as late as they are).",
+			Buckets: lagBuckets})}
 	if m.cfg.Bind == "" {
 		return m, nil
 	}
@@ -310,7 +316,7 @@ func (m *Manager) Close() {
 }
 
 func (m *Manager) start(s Source, from *kvindex.LoadedReplica) (*feed, error) {
-	f := &feed{src: s, done: make(chan struct{}), log: m.log.With(zap.String("replica", s.Name)), blockSize: m.blockSize}
+	f := &feed{src: s, done: make(chan struct{}), log: m.log.With(zap.String("replica", s.Name)), blockSize: m.blockSize, lag: m.lag}
 	f.state = kvindex.NewReplicaState(m.ix, s.Replica, s.Model)
 	if s.Connect {
 		close(f.done)
@@ -397,6 +403,9 @@ func (f *feed) HandleBatch(_ string, pos kvevents.Position, b *kvevents.Batch) {
 	warn := mismatched > 0 && !f.warnedSiz
 	f.warnedSiz = f.warnedSiz || warn
 	f.mu.Unlock()
+	if lag, ok := applyLag(b.TS, time.Now()); ok {
+		f.lag.Observe(lag)
+	}
 	if warn {
 		// Once per replica: the engines' block size must equal the EPP's.
 		f.log.Warn("engine block size differs from the EPP's; its prefixes cannot match",
@@ -549,7 +558,20 @@ func canonicalAddr(s string) (string, error) {
 
 // Register exposes the ingestion's and the index's counters on reg.
 func (m *Manager) Register(reg prometheus.Registerer) error {
-	return reg.Register(collector{m})
+	return errors.Join(reg.Register(collector{m}), reg.Register(m.lag))
+}
+
+// lagBuckets are the apply-lag histogram's bounds: 1 ms to about 16 s.
+var lagBuckets = prometheus.ExponentialBuckets(0.001, 2, 15)
+
+// applyLag is the time from a batch's engine timestamp ts (seconds since
+// the epoch) to now, clamped at 0 (an engine clock ahead of the EPP's);
+// false when the batch carries no timestamp. TestApplyLag keeps it.
+func applyLag(ts float64, now time.Time) (float64, bool) {
+	if !(ts > 0) {
+		return 0, false
+	}
+	return max(0, float64(now.UnixNano())/1e9-ts), true
 }
 
 var (
