@@ -41,7 +41,13 @@ func newWorkload(o Options) (*workload, error) {
 	}
 	o.PromptBytes = max(4*o.PromptTokens, 1024)
 	if prompter == nil {
-		return buildWorkload(o, prompter)
+		// No tokens in the EPP: the size is 4 bytes a token, as English
+		// has, and the report states the tokens it stands for.
+		w, err := buildWorkload(o, prompter)
+		if err == nil {
+			w.tokens = o.PromptTokens
+		}
+		return w, err
 	}
 	for range 4 {
 		w, err := buildWorkload(o, prompter)
