@@ -185,6 +185,9 @@ func (s *Scraper) Run(ctx context.Context) {
 			return
 		case now := <-tick.C:
 			due := int(now.Sub(start) / max(part, 1))
+			// A whole interval behind (a stalled process, an interval
+			// of a few ns) scrapes each target once, not once per part.
+			done = max(done, due-spreadSlots)
 			for ; done < due; done++ {
 				s.startSlot(ctx, (done+1)%spreadSlots, &wg)
 			}
