@@ -218,8 +218,8 @@ func BenchmarkApplyBlockStored(b *testing.B) {
 // engine simulator's default cache, Qwen3-32B on 2xH100): chains of 110
 // blocks of 16 tokens from Qwen3's 151,936-token vocabulary, the first 10
 // of each chain one of 16 system prompts every replica shares.
-func snapshotStates(b *testing.B, replicas int) []*ReplicaState {
-	const perReplica, chainLen, sharedLen, bs = 17600, 110, 10, 16
+func snapshotStates(b *testing.B, replicas, perReplica int) []*ReplicaState {
+	const chainLen, sharedLen, bs = 110, 10, 16
 	rng := rand.New(rand.NewPCG(51, 52))
 	tokens := func(n int) []uint32 {
 		t := make([]uint32, n)
@@ -276,7 +276,7 @@ func writeSnapshot(b *testing.B, w io.Writer, states []*ReplicaState) int {
 // 8 replicas of 17,600 blocks (each replica's ingestion waits while it is
 // encoded).
 func BenchmarkSnapshotWrite(b *testing.B) {
-	states := snapshotStates(b, 8)
+	states := snapshotStates(b, 8, 17600)
 	var buf bytes.Buffer
 	blocks := writeSnapshot(b, &buf, states)
 	b.SetBytes(int64(buf.Len()))
@@ -295,13 +295,20 @@ var sinkSnapshot *Snapshot
 
 // BenchmarkSnapshotLoad is a warm start's cost on the receiving EPP:
 // decode and verify a snapshot and rebuild its replicas (keys recomputed
-// from the token ids, every block stored in a fresh index), for 8 and 64
-// replicas of 17,600 blocks. The sender's encoding is in the fixture.
+// from the token ids, every block stored in a fresh index), for 8 to 256
+// replicas of 17,600 blocks, and 1,024 replicas of 4,400 (as many blocks
+// as 256 full ones: the time follows the blocks, not the replicas). The
+// sender's encoding is in the fixture. Target: a 1,024-replica pool's
+// snapshot loads in <= 5 s.
 func BenchmarkSnapshotLoad(b *testing.B) {
-	for _, replicas := range []int{8, 64} {
-		b.Run(fmt.Sprintf("replicas=%d", replicas), func(b *testing.B) {
+	for _, tc := range []struct{ replicas, blocks int }{{8, 17600}, {64, 17600}, {256, 17600}, {1024, 4400}} {
+		name := fmt.Sprintf("replicas=%d", tc.replicas)
+		if tc.blocks != 17600 {
+			name += fmt.Sprintf("/blocks=%d", tc.blocks)
+		}
+		b.Run(name, func(b *testing.B) {
 			var buf bytes.Buffer
-			blocks := writeSnapshot(b, &buf, snapshotStates(b, replicas))
+			blocks := writeSnapshot(b, &buf, snapshotStates(b, tc.replicas, tc.blocks))
 			data := buf.Bytes()
 			opts := LoadOptions{Index: Config{MemoryBudget: 1 << 30}, Want: SnapshotHeader{BlockSize: 16}}
 			b.SetBytes(int64(len(data)))

@@ -17,10 +17,11 @@ var sinkDecision *Decision
 // walk, speculative credit, routing memory, scoring, guard, picker,
 // fallbacks, Done) for an 8k-token prompt, tokens already computed. Every
 // replica holds the prompt's first 2k tokens (a shared system prompt),
-// every eighth one the first 6k, and one the whole prompt. Target: <= 10 µs
-// of CPU at 64 replicas, and linear in replicas (the 8 and 16 runs).
+// every eighth one the first 6k, and one the whole prompt. Targets: <= 10 µs
+// of CPU at 64 replicas, <= 50 µs at 1,024 (one EPP for a large pool), and
+// linear in replicas (the 8 to 1,024 runs).
 func BenchmarkSchedule64(b *testing.B) {
-	for _, n := range []int{8, 16, 64} {
+	for _, n := range []int{8, 16, 64, 256, 1024} {
 		b.Run(fmt.Sprintf("replicas=%d", n), func(b *testing.B) {
 			e := newEnv(b, n, func(c *Config) { c.Admission.Enabled = ptr(true) })
 			prompt := tokens(8192, 42)

@@ -22,6 +22,9 @@ const clockTicks = 100
 // message that completed the request to the routing reply.
 const routeMetric = "omnious_extproc_route_duration_seconds"
 
+// lagMetric is the EPP's KV-event apply lag, engine timestamp to index.
+const lagMetric = "omnious_epp_kv_event_apply_lag_seconds"
+
 // memory reads the EPP's Go heap in use and resident set from its /metrics.
 func memory(ctx context.Context, e *launch.EPP) (heap, rss float64, err error) {
 	vals, err := scrape(ctx, e, "go_memstats_heap_inuse_bytes", "process_resident_memory_bytes")

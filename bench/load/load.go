@@ -20,6 +20,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -80,6 +81,23 @@ type Options struct {
 	// its groups' system prompts as stored KV blocks before the run, so
 	// that the index holds what a warm fleet's would.
 	NoKVEvents bool
+	// Unique makes every prompt unique from its first token: no system
+	// prompt or document is shared (Groups and SharedFraction then only
+	// vary the text), the case of a pool with no repeated prefixes.
+	Unique bool
+	// PromptTokens, when set, sizes the prompt in the tokens the EPP sees
+	// (the tokenizer's; 4 bytes a token with "none") instead of
+	// PromptBytes.
+	PromptTokens int
+	// EventRate is the KV-event batches a second each stub publishes
+	// while requests flow (16 blocks stored and as many freed a batch, as
+	// a busy engine's steps; 20 is an engine stepping every 50 ms).
+	// Default 0: none beyond the warm-up.
+	EventRate float64
+	// Idle, when set, measures the EPP's CPU this long with the fleet
+	// connected (scraped, subscribed) and no traffic, before the ladder.
+	// Default 0: not measured.
+	Idle time.Duration
 	// Rates is the ladder of offered requests per second.
 	Rates []float64
 	// Step is how long each rate is measured, after StepWarmup at that
@@ -192,8 +210,9 @@ func (o Options) Validate() error {
 		opt.DefaultNonNegative("Timeout", o.Timeout, 10*time.Second),
 		opt.DefaultNonNegative("-budget-p99", o.BudgetP99, 2*time.Millisecond),
 		opt.DefaultNonNegative("-budget-errors", o.BudgetErrors, 0.001),
-		opt.NonNegative("-soak", o.Soak))
-	if o.PromptBytes < 1024 {
+		opt.NonNegative("-soak", o.Soak), opt.NonNegative("-prompt-tokens", o.PromptTokens),
+		opt.NonNegative("-event-rate", o.EventRate), opt.NonNegative("-idle", o.Idle))
+	if o.PromptBytes < 1024 && o.PromptTokens == 0 {
 		errs = append(errs, fmt.Errorf("prompt bytes %d: want at least 1024", o.PromptBytes))
 	}
 	if o.SharedFraction < 0 || o.SharedFraction >= 1 {
@@ -238,7 +257,7 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 		}
 	}()
 	for range o.Replicas {
-		s, serr := startStub(o.Model, w.tokens, !o.NoKVEvents, o.Log)
+		s, serr := startStub(o.Model, w.tokens, !o.NoKVEvents || o.EventRate > 0, o.Log)
 		if serr != nil {
 			return nil, serr
 		}
@@ -269,11 +288,27 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	}
 
 	rep = &Report{Floor: o.Floor, Policy: o.Policy, Tokenizer: o.Tokenizer, Replicas: o.Replicas, PromptBytes: w.bytes, PromptTokens: w.tokens,
-		CPUs: runtime.NumCPU(), BudgetP99: ms(o.BudgetP99)}
+		Unique: o.Unique, EventRate: o.EventRate, CPUs: runtime.NumCPU(), BudgetP99: ms(o.BudgetP99)}
 	if !o.Floor && !o.NoKVEvents && len(w.system) > 0 {
 		if rep.IndexBlocks, err = l.warmIndex(ctx, stubs); err != nil {
 			return rep, err
 		}
+	}
+	if o.Idle > 0 && !o.Floor {
+		if rep.IdleCores, err = l.idle(ctx, o.Idle); err != nil {
+			return rep, err
+		}
+		l.progress("idle, %d replicas connected: EPP %.3f cores\n", o.Replicas, rep.IdleCores)
+	}
+	if o.EventRate > 0 && !o.Floor {
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for i, s := range stubs {
+			wg.Add(1)
+			phase := time.Duration(float64(time.Second) / o.EventRate * float64(i) / float64(len(stubs)))
+			go func() { defer wg.Done(); s.churn(o.EventRate, phase, uint64(i+1), stop) }()
+		}
+		defer func() { close(stop); wg.Wait() }()
 	}
 	// A first pass over every group, so speculative state and connection
 	// pools are warm before anything is measured.
@@ -289,8 +324,8 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 				return rep, serr
 			}
 			rep.Steps = append(rep.Steps, st)
-			l.progress("rate %6.0f/s: %7.1f decisions/s, EPP %.2f cores, %6.0f decisions/EPP-CPU-s, added p50 %.3f ms p99 %.3f ms (EPP's own %.3f / %.3f), errors %d, dropped %d %s\n",
-				rate, st.Decisions, st.EPPCores, st.PerEPPCore, st.AddedP50, st.AddedP99, st.RouteP50, st.RouteP99, st.Errors, st.Dropped, st.Why)
+			l.progress("rate %6.0f/s: %7.1f decisions/s, EPP %.2f cores (%.4f per req/s), %6.0f decisions/EPP-CPU-s, added p50 %.3f ms p99 %.3f ms (EPP's own %.3f / %.3f), KV apply lag p99 %.1f ms, errors %d, dropped %d %s\n",
+				rate, st.Decisions, st.EPPCores, st.CoresPerReq, st.PerEPPCore, st.AddedP50, st.AddedP99, st.RouteP50, st.RouteP99, st.ApplyLagP99, st.Errors, st.Dropped, st.Why)
 			if !st.Pass {
 				if o.AllRates {
 					continue
@@ -306,6 +341,9 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	rep.ClientOK = int(l.okTotal.Load())
 	if o.Floor {
 		return rep, nil
+	}
+	if rep.PeakRSS, err = epp.PeakRSS(); err != nil {
+		return rep, err
 	}
 	if rep.EPPDecisions, err = counter(ctx, epp, "inference_objective_request_total"); err != nil {
 		return rep, err

@@ -67,6 +67,26 @@ func TestLoadWorkload(t *testing.T) {
 	}
 }
 
+func TestLoadWorkloadUnique(t *testing.T) {
+	o := Options{PromptTokens: 2000, Groups: 4, Unique: true}.WithDefaults()
+	w, err := newWorkload(o)
+	require.NoError(t, err)
+	require.InDelta(t, 2000, w.tokens, 40, "sized in tokens")
+	require.Empty(t, w.system, "nothing shared")
+	first := map[string]bool{}
+	for i := 0; i < 8; i++ {
+		var v struct {
+			Messages []struct{ Role, Content string }
+		}
+		require.NoError(t, json.Unmarshal(w.body(), &v))
+		require.Len(t, v.Messages, 1)
+		require.Equal(t, "user", v.Messages[0].Role)
+		head := v.Messages[0].Content[:counterDigits]
+		require.False(t, first[head], "each prompt differs from its first characters")
+		first[head] = true
+	}
+}
+
 func TestLinearSlope(t *testing.T) {
 	cases := []struct {
 		name   string
@@ -242,6 +262,25 @@ func TestRunLoad(t *testing.T) {
 			require.NoError(t, r.WriteTable(&b))
 			require.Contains(t, b.String(), "no-op ext_proc server")
 			require.NotContains(t, b.String(), "EPP decisions")
+		}},
+		{"sizing: unique prompts, KV-event churn, idle", func(o *Options) {
+			o.BudgetP99, o.AllRates, o.Rates = time.Minute, true, o.Rates[:1]
+			o.Unique, o.EventRate, o.Idle, o.PromptTokens = true, 50, 500*time.Millisecond, 1000
+		}, func(t *testing.T, r *Report) {
+			require.Len(t, r.Steps, 1)
+			s := r.Steps[0]
+			require.Zero(t, s.Errors)
+			require.InDelta(t, s.EPPCores/s.Decisions, s.CoresPerReq, 1e-9)
+			require.Positive(t, s.ApplyLagP99, "the stubs' churn reached the EPP's apply-lag histogram")
+			require.True(t, r.Unique)
+			require.Zero(t, r.IndexBlocks, "nothing shared, nothing warmed")
+			require.InDelta(t, 1000, r.PromptTokens, 20)
+			require.GreaterOrEqual(t, r.IdleCores, 0.0)
+			require.Greater(t, r.PeakRSS, int64(1<<20), "the EPP's peak RSS is read")
+			var b strings.Builder
+			require.NoError(t, r.WriteTable(&b))
+			require.Contains(t, b.String(), "sizing: 2 pods, ")
+			require.Contains(t, b.String(), "no repeated prefixes")
 		}},
 		{"a broken budget ends the ladder", func(o *Options) { o.BudgetP99 = time.Nanosecond }, func(t *testing.T, r *Report) {
 			require.Len(t, r.Steps, 1)

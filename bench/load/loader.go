@@ -172,6 +172,7 @@ type reading struct {
 	at              time.Time
 	epp, self, host time.Duration
 	route           []promtext.Bucket // the EPP's route-duration histogram (stepClocks only)
+	lag             []promtext.Bucket // the EPP's KV-event apply-lag histogram (stepClocks only)
 }
 
 func (l *loader) clocks() (reading, error) {
@@ -187,9 +188,33 @@ func (l *loader) clocks() (reading, error) {
 func (l *loader) stepClocks(ctx context.Context) (reading, error) {
 	c, err := l.clocks()
 	if err == nil && !l.o.Floor {
-		c.route, err = routeHistogram(ctx, l.epp)
+		var page *bytes.Reader
+		if page, err = l.epp.Metrics(ctx); err != nil {
+			return c, err
+		}
+		if c.route, err = promtext.Buckets(page, routeMetric); err != nil {
+			return c, err
+		}
+		_, _ = page.Seek(0, io.SeekStart)
+		c.lag, err = promtext.Buckets(page, lagMetric)
 	}
 	return c, err
+}
+
+// idle is the EPP's cores over d with no traffic.
+func (l *loader) idle(ctx context.Context, d time.Duration) (float64, error) {
+	c0, err := l.clocks()
+	if err != nil {
+		return 0, err
+	}
+	if err := sleepCtx(ctx, d); err != nil {
+		return 0, err
+	}
+	c1, err := l.clocks()
+	if err != nil {
+		return 0, err
+	}
+	return (c1.epp - c0.epp).Seconds() / c1.at.Sub(c0.at).Seconds(), nil
 }
 
 // step offers rate for warmup (not measured) then measure, and summarises
@@ -248,6 +273,12 @@ func (l *loader) summarise(rate float64, w *window, c0, c1 reading, dropped int)
 	st.RequestP99 = stat.Percentile(stat.SortedMillis(w.reqs, 1), 99)
 	if p50 := promtext.Quantile(0.5, c0.route, c1.route); !math.IsNaN(p50) {
 		st.RouteP50, st.RouteP99 = 1000*p50, 1000*promtext.Quantile(0.99, c0.route, c1.route)
+	}
+	if p99 := promtext.Quantile(0.99, c0.lag, c1.lag); !math.IsNaN(p99) {
+		st.ApplyLagP99 = 1000 * p99
+	}
+	if st.Decisions > 0 {
+		st.CoresPerReq = st.EPPCores / st.Decisions
 	}
 	e2e := stat.SortedMillis(w.e2e, 1)
 	st.E2EP50, st.E2EP99 = stat.Percentile(e2e, 50), stat.Percentile(e2e, 99)

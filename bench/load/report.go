@@ -37,10 +37,16 @@ type Step struct {
 	// RequestP99 is the request-path part alone; E2E is the client's
 	// whole request through gateway, EPP and stub.
 	RequestP99 float64 `json:"request_path_p99_ms"`
-	E2EP50     float64 `json:"e2e_p50_ms"`
-	E2EP99     float64 `json:"e2e_p99_ms"`
-	Pass       bool    `json:"pass"`
-	Why        string  `json:"why,omitempty"`
+	// CoresPerReq is EPPCores over Decisions: the EPP's cores per
+	// request a second, the sizing unit. ApplyLagP99 (ms) is the p99 of
+	// the EPP's KV-event apply lag over the step, from its
+	// omnious_epp_kv_event_apply_lag_seconds histogram (0: no events).
+	CoresPerReq float64 `json:"epp_cores_per_req_s"`
+	ApplyLagP99 float64 `json:"kv_apply_lag_p99_ms,omitempty"`
+	E2EP50      float64 `json:"e2e_p50_ms"`
+	E2EP99      float64 `json:"e2e_p99_ms"`
+	Pass        bool    `json:"pass"`
+	Why         string  `json:"why,omitempty"`
 }
 
 // MemSample is one soak sample of the EPP's memory, with what the machine
@@ -98,8 +104,14 @@ type Report struct {
 	PromptTokens int     `json:"prompt_tokens"`
 	CPUs         int     `json:"cpus"`
 	IndexBlocks  int     `json:"index_blocks"`
-	BudgetP99    float64 `json:"budget_p99_ms"`
-	Steps        []Step  `json:"steps,omitempty"`
+	Unique       bool    `json:"unique_prompts,omitempty"`
+	EventRate    float64 `json:"kv_event_batches_per_s_per_replica,omitempty"`
+	// IdleCores is the EPP's CPU with the fleet connected and no traffic
+	// (Options.Idle); PeakRSS its peak resident set over the run, bytes.
+	IdleCores float64 `json:"idle_epp_cores,omitempty"`
+	PeakRSS   int64   `json:"peak_rss_bytes,omitempty"`
+	BudgetP99 float64 `json:"budget_p99_ms"`
+	Steps     []Step  `json:"steps,omitempty"`
 	// Sustained is the fastest step within budget (nil: none).
 	Sustained *Step       `json:"sustained,omitempty"`
 	Soak      *SoakResult `json:"soak,omitempty"`
@@ -165,9 +177,25 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	if !r.Floor {
 		fmt.Fprintf(&b, "EPP decisions %.0f, client successes %d\n", r.EPPDecisions, r.ClientOK)
+		r.writeSizing(&b)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeSizing prints the sizing units (llm-d's: cores and GiB at a stated
+// request rate), one line per step.
+func (r *Report) writeSizing(b *strings.Builder) {
+	prefixes := "repeated prefixes"
+	if r.Unique {
+		prefixes = "no repeated prefixes"
+	}
+	fmt.Fprintf(b, "sizing: %d pods, %d-token prompts, %s, %s tokenizer, KV events %.0f batches/s a pod; idle %.3f cores; peak RSS %.2f GiB\n",
+		r.Replicas, r.PromptTokens, prefixes, r.Tokenizer, r.EventRate, r.IdleCores, float64(r.PeakRSS)/(1<<30))
+	for _, s := range r.Steps {
+		fmt.Fprintf(b, "sizing: %.1f req/s: EPP %.3f cores, %.4f cores per req/s; decision p50 %.2f ms p99 %.2f ms; KV apply lag p99 %.1f ms\n",
+			s.Decisions, s.EPPCores, s.CoresPerReq, s.RouteP50, s.RouteP99, s.ApplyLagP99)
+	}
 }
 
 // WriteJSON writes the report to path.

@@ -205,3 +205,63 @@ func serveInProcess(h http.Handler, req *http.Request) (code int) {
 	h.ServeHTTP(rec, req)
 	return rec.status()
 }
+
+// churnSlots is how many requests a stub's simulated engine runs: each
+// step stores one block for each, chained to that request's previous
+// block; a request that reached churnChain blocks frees them all and a new
+// one starts, so the stub stores and frees blocks at the same rate and its
+// share of the index stays bounded (churnSlots × churnChain blocks).
+const (
+	churnSlots = 16
+	churnChain = 64
+)
+
+// churn publishes rate KV-event batches a second, as a busy engine's steps
+// do, until stop closes; the first batch waits phase. Token ids are drawn
+// so that no block matches a request's prompt: the events cost the EPP
+// what a pool's do without changing its decisions.
+func (s *stub) churn(rate float64, phase time.Duration, salt uint64, stop <-chan struct{}) {
+	if s.pub == nil || !(rate > 0) {
+		return
+	}
+	var chains [churnSlots][]uint64
+	var toks [churnSlots][16]uint32
+	next := salt << 32
+	evs := make([]kvevents.Event, 0, 2*churnSlots)
+	select {
+	case <-stop:
+		return
+	case <-time.After(phase):
+	}
+	tick := time.NewTicker(time.Duration(float64(time.Second) / rate))
+	defer tick.Stop()
+	for {
+		evs = evs[:0]
+		for i := range chains {
+			ch := chains[i]
+			if len(ch) == churnChain {
+				evs = append(evs, kvevents.Event{Kind: kvevents.KindBlockRemoved, BlockHashes: append([]uint64(nil), ch...), Medium: "GPU"})
+				ch = ch[:0]
+			}
+			next++
+			h := mix(next)
+			for j := range toks[i] {
+				toks[i][j] = uint32(200000 + mix(next^uint64(j)<<48)%50000) // past Qwen3's vocabulary: never a prompt's
+			}
+			ev := kvevents.Event{Kind: kvevents.KindBlockStored, BlockHashes: []uint64{h}, TokenIDs: toks[i][:], BlockSize: 16, Medium: "GPU"}
+			if len(ch) > 0 {
+				ev.ParentHash, ev.HasParent = ch[len(ch)-1], true
+			}
+			evs = append(evs, ev)
+			chains[i] = append(ch, h)
+		}
+		if _, err := s.pub.Publish(evs); err != nil {
+			return
+		}
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -27,8 +28,39 @@ type workload struct {
 
 const counterDigits = 16
 
+// newWorkload builds o's requests; with PromptTokens it sizes them in the
+// EPP's tokens, rescaling the bytes until the longest prompt is within 2%
+// of the target.
 func newWorkload(o Options) (*workload, error) {
-	w := &workload{}
+	prompter, err := newPrompter(o)
+	if err != nil {
+		return nil, err
+	}
+	if o.PromptTokens == 0 {
+		return buildWorkload(o, prompter)
+	}
+	o.PromptBytes = max(4*o.PromptTokens, 1024)
+	if prompter == nil {
+		// No tokens in the EPP: the size is 4 bytes a token, as English
+		// has, and the report states the tokens it stands for.
+		w, err := buildWorkload(o, prompter)
+		if err == nil {
+			w.tokens = o.PromptTokens
+		}
+		return w, err
+	}
+	for range 4 {
+		w, err := buildWorkload(o, prompter)
+		if err != nil || math.Abs(float64(w.tokens-o.PromptTokens)) <= 0.02*float64(o.PromptTokens) {
+			return w, err
+		}
+		o.PromptBytes = max(1024, int(float64(o.PromptBytes)*float64(o.PromptTokens)/float64(w.tokens)))
+	}
+	return nil, fmt.Errorf("cannot size the prompts to %d tokens", o.PromptTokens)
+}
+
+// newPrompter is the EPP's prompt path for o's tokenizer (nil: none).
+func newPrompter(o Options) (extproc.Prompter, error) {
 	var prompter extproc.Prompter
 	switch o.Tokenizer {
 	case "standin":
@@ -45,20 +77,32 @@ func newWorkload(o Options) (*workload, error) {
 		}
 		prompter = extproc.NewTokenPrompter(map[string]extproc.ModelTokenizer{o.Model: {Tokenizer: tok, Template: tmpl}}, nil)
 	}
+	return prompter, nil
+}
+
+func buildWorkload(o Options, prompter extproc.Prompter) (*workload, error) {
+	w := &workload{}
 	for g := range o.Groups {
 		// JSON and role overhead is small; fill the rest with text.
 		textBytes := o.PromptBytes - 160
 		sharedText := loadText(uint64(g)<<32, int(float64(textBytes)*o.SharedFraction))
+		if o.Unique {
+			sharedText = ""
+		}
 		userText := loadText(uint64(g)<<32|1, textBytes-len(sharedText)-counterDigits-1)
 		shared, _ := json.Marshal(sharedText)
 		question := strings.Repeat("0", counterDigits) + " " + userText
 		// sharedOnly is the shared text's own message, to find its tokens.
 		var messages, sharedOnly string
-		if o.SharedDocument {
+		switch {
+		case o.Unique:
+			user, _ := json.Marshal(question)
+			messages = `[{"role":"user","content":` + string(user) + `}]`
+		case o.SharedDocument:
 			user, _ := json.Marshal(sharedText + "\n\n" + question)
 			messages = `[{"role":"user","content":` + string(user) + `}]`
 			sharedOnly = `[{"role":"user","content":` + string(shared) + `}]`
-		} else {
+		default:
 			user, _ := json.Marshal(question)
 			messages = `[{"role":"system","content":` + string(shared) + `},{"role":"user","content":` + string(user) + `}]`
 			sharedOnly = `[{"role":"system","content":` + string(shared) + `}]`
@@ -79,8 +123,15 @@ func newWorkload(o Options) (*workload, error) {
 			continue // no tokens: nothing to put in the index
 		}
 		full, ok := prompter.Prompt(o.Model, &extproc.PromptInput{API: extproc.APIChat, Messages: []byte(messages), AddGenerationPrompt: true})
+		if !ok {
+			return nil, errors.New("the tokenizer cannot render the load workload")
+		}
+		w.tokens = max(w.tokens, len(full))
+		if o.Unique {
+			continue // nothing shared: nothing to put in the index
+		}
 		sharedToks, ok2 := prompter.Prompt(o.Model, &extproc.PromptInput{API: extproc.APIChat, Messages: []byte(sharedOnly), AddGenerationPrompt: false})
-		if !ok || !ok2 {
+		if !ok2 {
 			return nil, errors.New("the tokenizer cannot render the load workload")
 		}
 		n := 0
@@ -88,7 +139,6 @@ func newWorkload(o Options) (*workload, error) {
 			n++
 		}
 		w.system = append(w.system, full[:n])
-		w.tokens = max(w.tokens, len(full))
 	}
 	return w, nil
 }

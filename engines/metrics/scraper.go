@@ -90,12 +90,31 @@ type Scraper struct {
 }
 
 // target is one URL's state. buf and the scrape itself are owned by the one
-// goroutine scraping it; last is guarded by Scraper.mu.
+// goroutine scraping it; last is guarded by Scraper.mu. slot is where in
+// each interval Run scrapes it, fixed by its URL.
 type target struct {
 	url  string
+	slot int
 	buf  bytes.Buffer
 	last *Sample
 	busy bool
+}
+
+// spreadSlots is how many parts Run divides the interval into: each target
+// is scraped in the part its URL hashes to, so a large pool's scrapes are
+// spread over the interval (1,024 targets: about 16 every 31 ms at the
+// default 2 s) rather than landing together, and every target is still
+// scraped once an interval. TestScraperSpreadsScrapes keeps it.
+const spreadSlots = 64
+
+// slotOf is url's part of the interval (FNV-1a): stable while the pool
+// changes, so a target keeps its spacing from its own previous scrape.
+func slotOf(url string) int {
+	h := uint32(2166136261)
+	for i := 0; i < len(url); i++ {
+		h = (h ^ uint32(url[i])) * 16777619
+	}
+	return int(h % spreadSlots)
 }
 
 // Validate refuses a negative field of a defaulted config.
@@ -130,7 +149,7 @@ func (s *Scraper) SetTargets(urls []string) {
 		if t, ok := s.targets[u]; ok {
 			keep[u] = t
 		} else {
-			keep[u] = &target{url: u}
+			keep[u] = &target{url: u, slot: slotOf(u)}
 		}
 	}
 	s.targets = keep
@@ -147,32 +166,66 @@ func (s *Scraper) Get(url string) (*Sample, bool) {
 	return t.last, true
 }
 
-// Run scrapes every target each Interval until ctx is done.
+// Run scrapes every target at once, so that signals exist from the start,
+// then each target once every Interval, in its own part of the interval
+// (spreadSlots), until ctx is done. A part that a late wake-up passed is
+// scraped at once, not skipped.
 func (s *Scraper) Run(ctx context.Context) {
-	tick := time.NewTicker(s.cfg.Interval)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	s.ScrapeAll(ctx)
+	part := s.cfg.Interval / spreadSlots
+	start := time.Now()
+	tick := time.NewTicker(max(part, time.Millisecond))
 	defer tick.Stop()
+	done := 0 // parts of the intervals since start that have been scraped
 	for {
-		s.ScrapeAll(ctx)
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case now := <-tick.C:
+			due := int(now.Sub(start) / max(part, 1))
+			// A whole interval behind (a stalled process, an interval
+			// of a few ns) scrapes each target once, not once per part.
+			done = max(done, due-spreadSlots)
+			for ; done < due; done++ {
+				s.startSlot(ctx, (done+1)%spreadSlots, &wg)
+			}
 		}
 	}
+}
+
+// startSlot starts the scrapes of the targets in one part of the interval
+// and returns; wg counts them.
+func (s *Scraper) startSlot(ctx context.Context, slot int, wg *sync.WaitGroup) {
+	for _, t := range s.claim(func(t *target) bool { return t.slot == slot }) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.scrape(ctx, t)
+		}()
+	}
+}
+
+// claim marks busy and returns the targets pick selects whose previous
+// scrape has ended.
+func (s *Scraper) claim(pick func(*target) bool) []*target {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var todo []*target
+	for _, t := range s.targets {
+		if !t.busy && pick(t) {
+			t.busy = true
+			todo = append(todo, t)
+		}
+	}
+	return todo
 }
 
 // ScrapeAll scrapes every target concurrently and waits for all of them. A
 // target whose previous scrape is still running is skipped.
 func (s *Scraper) ScrapeAll(ctx context.Context) {
-	s.mu.Lock()
-	todo := make([]*target, 0, len(s.targets))
-	for _, t := range s.targets {
-		if !t.busy {
-			t.busy = true
-			todo = append(todo, t)
-		}
-	}
-	s.mu.Unlock()
+	todo := s.claim(func(*target) bool { return true })
 	var wg sync.WaitGroup
 	for _, t := range todo {
 		wg.Add(1)

@@ -674,3 +674,24 @@ func FuzzTopicAddr(f *testing.F) {
 		}
 	})
 }
+
+func TestApplyLag(t *testing.T) {
+	now := time.Unix(1_800_000_000, 500_000_000)
+	for _, tc := range []struct {
+		name string
+		ts   float64
+		lag  float64
+		ok   bool
+	}{
+		{"behind", 1_800_000_000.25, 0.25, true},
+		{"engine clock ahead", 1_800_000_001, 0, true},
+		{"no timestamp", 0, 0, false},
+		{"negative timestamp", -1, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lag, ok := applyLag(tc.ts, now)
+			require.Equal(t, tc.ok, ok)
+			require.InDelta(t, tc.lag, lag, 1e-6)
+		})
+	}
+}

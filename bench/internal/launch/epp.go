@@ -657,6 +657,29 @@ func (e *EPP) CPU() (time.Duration, error) {
 	return procCPU(r.pid)
 }
 
+// PeakRSS is a child EPP's peak resident set in bytes (VmHWM, from
+// /proc/<pid>/status).
+func (e *EPP) PeakRSS() (int64, error) {
+	r := e.current()
+	if r == nil || r.pid == 0 {
+		return 0, errors.New("the EPP is not a running child process")
+	}
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(r.pid) + "/status")
+	if err != nil {
+		return 0, fmt.Errorf("cannot read the EPP's memory: %w", err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("cannot parse VmHWM %q: %w", v, err)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, errors.New("no VmHWM in /proc/<pid>/status")
+}
+
 func procCPU(pid int) (time.Duration, error) {
 	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {

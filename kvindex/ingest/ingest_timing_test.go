@@ -1,0 +1,314 @@
+package ingest
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/omnious/provider-node/engines/kvevents"
+	"github.com/omnious/provider-node/internal/cputime"
+	"github.com/omnious/provider-node/kvindex"
+)
+
+// publishersEnv, set in a child's environment, makes the test binary a
+// fleet of that many KV-event publishers (runPublishers) instead of
+// running tests, so that the benchmark's process holds the ingestion alone.
+const publishersEnv = "OMNIOUS_INGEST_BENCH_PUBLISHERS"
+
+// batchRateEnv is the child's batches per second per publisher.
+const batchRateEnv = "OMNIOUS_INGEST_BENCH_RATE"
+
+func TestMain(m *testing.M) {
+	if n, _ := strconv.Atoi(os.Getenv(publishersEnv)); n > 0 {
+		rate, _ := strconv.ParseFloat(os.Getenv(batchRateEnv), 64)
+		if err := runPublishers(n, rate, os.Stdout, os.Stdin); err != nil {
+			fmt.Fprintln(os.Stderr, "publishers:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// slots is how many requests a simulated engine runs: each step stores one
+// 16-token block for each, chained to that request's previous block.
+const (
+	slots      = 16
+	chainLimit = 64 // blocks per request before it ends and its blocks are freed
+	benchBlock = 16
+)
+
+// churn is one simulated engine rank's KV events: every step each running
+// request fills one block, and a request that reached chainLimit blocks
+// frees them all and a new one starts, so the engine stores and removes
+// blocks at the same rate and its cache stays bounded.
+type churn struct {
+	next   uint64
+	chains [slots][]uint64
+	toks   [slots][benchBlock]uint32
+}
+
+func (c *churn) step(dst []kvevents.Event) []kvevents.Event {
+	dst = dst[:0]
+	for i := range c.chains {
+		ch := c.chains[i]
+		if len(ch) == chainLimit {
+			dst = append(dst, kvevents.Event{Kind: kvevents.KindBlockRemoved, BlockHashes: slices.Clone(ch), Medium: "GPU"})
+			ch = ch[:0]
+		}
+		c.next++
+		h := c.next*0x9e3779b97f4a7c15 | 1
+		for j := range c.toks[i] {
+			c.toks[i][j] = uint32((c.next*2654435761 + uint64(j)*40503) % 151936)
+		}
+		ev := kvevents.Event{Kind: kvevents.KindBlockStored, BlockHashes: []uint64{h}, TokenIDs: c.toks[i][:],
+			BlockSize: benchBlock, Medium: "GPU"}
+		if len(ch) > 0 {
+			ev.ParentHash, ev.HasParent = ch[len(ch)-1], true
+		}
+		dst = append(dst, ev)
+		c.chains[i] = append(ch, h)
+	}
+	return dst
+}
+
+// runPublishers binds n publishers on loopback, writes their endpoints to
+// out one a line, then publishes rate batches a second from each, their
+// phases spread evenly over one period, until in closes.
+func runPublishers(n int, rate float64, out io.Writer, in io.Reader) error {
+	if !(rate > 0) {
+		return fmt.Errorf("rate %v: want > 0", rate)
+	}
+	pubs := make([]*kvevents.Publisher, n)
+	defer func() {
+		for _, p := range pubs {
+			if p != nil {
+				_ = p.Close()
+			}
+		}
+	}()
+	w := bufio.NewWriter(out)
+	for i := range pubs {
+		p, err := kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", BufferSteps: 1}, zap.NewNop())
+		if err != nil {
+			return err
+		}
+		pubs[i] = p
+		fmt.Fprintln(w, p.Endpoint())
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { _, _ = io.Copy(io.Discard, in); cancel() }()
+	period := time.Duration(float64(time.Second) / rate)
+	var wg sync.WaitGroup
+	for i, p := range pubs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var c churn
+			var evs []kvevents.Event
+			time.Sleep(period * time.Duration(i) / time.Duration(n))
+			tick := time.NewTicker(period)
+			defer tick.Stop()
+			for {
+				evs = c.step(evs)
+				if _, err := p.Publish(evs); err != nil {
+					return
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return nil
+}
+
+// lagRecorder keeps every apply lag the manager observes.
+type lagRecorder struct {
+	prometheus.Histogram
+	mu      sync.Mutex
+	lags    []float64
+	applied atomic.Int64
+}
+
+func (r *lagRecorder) Observe(v float64) {
+	r.mu.Lock()
+	r.lags = append(r.lags, v)
+	r.mu.Unlock()
+	r.applied.Add(1)
+}
+
+// BenchmarkIngest is one EPP's KV-event ingestion from a pool of engines,
+// each publishing 20 batches a second (a busy engine's step rate, 16 blocks
+// stored a batch, as many freed), from child processes, so this process
+// runs only the subscribers and the index, on one core (GOMAXPROCS 1). One
+// op is one batch applied; it reports the apply lag's p50 and p99 (engine
+// timestamp to index) and the cores ingestion used. Target at 1,024
+// replicas: p99 <= 100 ms on one core.
+func BenchmarkIngest(b *testing.B) {
+	for _, n := range []int{64, 256, 1024} {
+		// One fleet for every round of the sub-benchmark, started by its
+		// first round (none when -bench leaves it out): starting 1,024
+		// publishers and subscriptions takes seconds.
+		var f *ingestFleet
+		b.Run(fmt.Sprintf("replicas=%d", n), func(b *testing.B) {
+			if f == nil {
+				start := time.Now()
+				f = startIngestFleet(b, n, 20)
+				b.Logf("%d publishers followed in %v", n, time.Since(start).Round(time.Millisecond))
+				b.ResetTimer()
+			}
+			f.measure(b)
+		})
+		if f != nil {
+			start := time.Now()
+			f.close()
+			b.Logf("%d publishers closed in %v", n, time.Since(start).Round(time.Millisecond))
+		}
+	}
+}
+
+// ingestFleet is the publishers' child processes and the manager
+// following them.
+type ingestFleet struct {
+	cmds  []*exec.Cmd
+	stdin []io.Closer
+	m     *Manager
+	rec   *lagRecorder
+}
+
+// publishersPerChild bounds one child's publishers: one process of 1,024
+// go-zeromq publishers delivered a fifth of their 20,480 batches a second
+// on the project's 2-core machine, one of 256 all of theirs.
+const publishersPerChild = 256
+
+func startIngestFleet(b *testing.B, n int, rate float64) *ingestFleet {
+	f := &ingestFleet{}
+	endpoints := make([]string, 0, n)
+	for len(endpoints) < n {
+		k := min(publishersPerChild, n-len(endpoints))
+		eps, err := f.startChild(k, rate)
+		if err != nil {
+			f.close()
+			b.Fatal(err)
+		}
+		endpoints = append(endpoints, eps...)
+	}
+	ix := kvindex.New(kvindex.Config{})
+	var err error
+	if f.m, err = New(Config{}, benchBlock, ix, zap.NewNop()); err != nil {
+		f.close()
+		b.Fatal(err)
+	}
+	f.rec = &lagRecorder{Histogram: f.m.lag}
+	f.m.lag = f.rec
+	srcs := make([]Source, n)
+	for i, ep := range endpoints {
+		srcs[i] = Source{Replica: kvindex.Replica(i + 1), Name: fmt.Sprintf("10.0.%d.%d:8000", i/256, i%256), Model: model, Endpoint: ep}
+	}
+	f.m.Set(srcs)
+	// Subscriptions take a moment to reach every publisher (ZMQ drops what
+	// is published before); measure once a second's worth has arrived.
+	warm := int64(float64(n) * rate)
+	deadline := time.Now().Add(60 * time.Second)
+	for f.rec.applied.Load() < warm {
+		if time.Now().After(deadline) {
+			f.close()
+			b.Fatalf("%d batches applied in 60s, want %d", f.rec.applied.Load(), warm)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return f
+}
+
+// startChild starts a child process publishing from n publishers and
+// returns their endpoints.
+func (f *ingestFleet) startChild(n int, rate float64) ([]string, error) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), publishersEnv+"="+strconv.Itoa(n), batchRateEnv+"="+strconv.FormatFloat(rate, 'f', -1, 64))
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("cannot start the publishers: %w", err)
+	}
+	f.cmds, f.stdin = append(f.cmds, cmd), append(f.stdin, stdin)
+	sc := bufio.NewScanner(stdout)
+	endpoints := make([]string, 0, n)
+	for len(endpoints) < n && sc.Scan() {
+		endpoints = append(endpoints, sc.Text())
+	}
+	if len(endpoints) < n {
+		return nil, fmt.Errorf("the publishers named %d endpoints, want %d: %v", len(endpoints), n, sc.Err())
+	}
+	return endpoints, nil
+}
+
+func (f *ingestFleet) close() {
+	if f.m != nil {
+		f.m.Close()
+	}
+	for i, cmd := range f.cmds {
+		_ = f.stdin[i].Close() // a child stops when its stdin closes
+		_ = cmd.Wait()
+	}
+}
+
+// measure waits for b.N batches to be applied on one core.
+func (f *ingestFleet) measure(b *testing.B) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	time.Sleep(100 * time.Millisecond) // what queued at two cores drains
+	rec := f.rec
+	rec.mu.Lock()
+	rec.lags = rec.lags[:0]
+	rec.mu.Unlock()
+	from := rec.applied.Load()
+	start, cpu0 := time.Now(), cputime.Clock()
+	for last, at := from, time.Now(); rec.applied.Load()-from < int64(b.N); {
+		time.Sleep(5 * time.Millisecond)
+		if n := rec.applied.Load(); n != last {
+			last, at = n, time.Now()
+		} else if time.Since(at) > 10*time.Second {
+			b.Fatalf("no batch applied for 10s (%d of %d)", n-from, b.N)
+		}
+	}
+	wall, cpu := time.Since(start), cputime.Clock()-cpu0
+	rec.mu.Lock()
+	lags := slices.Clone(rec.lags)
+	rec.mu.Unlock()
+	if len(lags) == 0 {
+		b.Fatal("no batch applied")
+	}
+	slices.Sort(lags)
+	q := func(p float64) float64 { return 1000 * lags[min(len(lags)-1, int(p*float64(len(lags))))] }
+	b.ReportMetric(q(0.5), "lag-p50-ms")
+	b.ReportMetric(q(0.99), "lag-p99-ms")
+	b.ReportMetric(cpu.Seconds()/wall.Seconds(), "cores")
+	b.ReportMetric(float64(len(lags))/wall.Seconds(), "batches/s")
+	b.ReportMetric(float64(cpu.Microseconds())/float64(len(lags)), "cpu-µs/batch")
+}
