@@ -1,0 +1,176 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omnious/provider-node/engines/metrics"
+)
+
+// sessionEnv is a 2-replica agent scheduler whose engines report
+// kvTokens of KV capacity each, with session admission on and the given
+// changes.
+func sessionEnv(t *testing.T, kvTokens int64, mut func(*Config)) *testEnv {
+	e := newEnv(t, 2, func(c *Config) {
+		c.Policy = PolicyAgent
+		c.Sessions.Admission = ptr(true)
+		c.Sessions.KVFraction = 1
+		if mut != nil {
+			mut(c)
+		}
+	})
+	for i := range 2 {
+		e.setSignals(i, metrics.Signals{Engine: metrics.EngineVLLM, BlockSize: 16, NumGPUBlocks: kvTokens / 16})
+	}
+	return e
+}
+
+// admitAsync runs Admit in a goroutine and returns where its error lands.
+func admitAsync(s *Scheduler, ctx context.Context, req *Request) <-chan error {
+	ch := make(chan error, 1)
+	go func() {
+		_, err := s.Admit(ctx, req)
+		ch <- err
+	}()
+	return ch
+}
+
+func sessReq(key string, n int) *Request {
+	return &Request{Model: testModel, SessionKey: key, Tokens: tokens(n, 3)}
+}
+
+// TestSessionTableBound: the table never holds more than max_sessions
+// sessions and the queue never more than queue_capacity, however many
+// distinct (and however long) keys clients send; the rest get 429
+// session_queue_full at once.
+func TestSessionTableBound(t *testing.T) {
+	for _, tc := range []struct {
+		name                  string
+		maxSessions, capacity int
+		keys                  int
+		keyLen                int
+	}{
+		{"short keys", 3, 2, 50, 8},
+		{"1 MiB keys", 2, 1, 10, 1 << 20},
+		{"no queue", 4, 0, 20, 16},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e := sessionEnv(t, 0, func(c *Config) {
+					c.Sessions.MaxSessions = tc.maxSessions
+					c.Sessions.QueueCapacity = new(tc.capacity)
+				})
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				var waiting []<-chan error
+				full := 0
+				for k := range tc.keys {
+					key := fmt.Sprintf("%d-%s", k, strings.Repeat("k", tc.keyLen))
+					ch := admitAsync(e.s, ctx, sessReq(key, 64))
+					synctest.Wait()
+					select {
+					case err := <-ch:
+						if err != nil {
+							require.ErrorIs(t, err, ErrSessionQueueFull)
+							require.Equal(t, http.StatusTooManyRequests, statusOf(err))
+							full++
+						}
+					default:
+						waiting = append(waiting, ch)
+					}
+					active, queued := e.s.stab.counts()
+					require.LessOrEqual(t, active, tc.maxSessions)
+					require.LessOrEqual(t, queued, tc.capacity)
+				}
+				active, queued := e.s.stab.counts()
+				require.Equal(t, tc.maxSessions, active)
+				require.Equal(t, tc.capacity, queued)
+				require.Len(t, waiting, tc.capacity)
+				require.Equal(t, tc.keys-tc.maxSessions-tc.capacity, full)
+				require.Equal(t, float64(full), testutil.ToFloat64(e.s.m.sessionRefused.WithLabelValues("session_queue_full")))
+				cancel()
+				for _, ch := range waiting {
+					require.ErrorIs(t, <-ch, ErrClientGone)
+				}
+			})
+		})
+	}
+}
+
+// TestSessionQueue: a new session that would push the active sessions'
+// histories past the fleet's KV waits while calls of the admitted session
+// go through; past the queue TTL it gets 429 session_queue_expired, and
+// when the admitted session goes idle for the idle timeout first, the
+// waiting session is admitted into the room it leaves.
+func TestSessionQueue(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		ttl, idle time.Duration
+		want      error
+		waited    time.Duration // b's wait, within a second
+	}{
+		{"expires", 10 * time.Second, time.Minute, ErrSessionQueueExpired, 10 * time.Second},
+		// a's last call ends at 6s: idle from 6s to 16s.
+		{"admitted when the active session ends", time.Minute, 10 * time.Second, nil, 16 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				// 2 replicas x 2048 tokens of KV: 4096 for the sessions.
+				e := sessionEnv(t, 2048, func(c *Config) {
+					c.Sessions.QueueTTL = tc.ttl
+					c.Sessions.IdleTimeout = tc.idle
+				})
+				e.s.now = time.Now // the bubble's clock
+				for i := range 2 {
+					e.setSignals(i, metrics.Signals{Engine: metrics.EngineVLLM, BlockSize: 16, NumGPUBlocks: 2048 / 16})
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				go func() { _ = e.s.Run(ctx) }()
+
+				a, err := e.s.admitPick(ctx, sessReq("a", 3000))
+				require.NoError(t, err)
+				a.Done(DoneInfo{Status: 200, PromptTokens: 3000, CompletionTokens: 200})
+
+				// b needs 2000: 3200 + 2000 > 4096, it waits.
+				start := time.Now()
+				b := admitAsync(e.s, ctx, &Request{Model: testModel, SessionKey: "b", Tokens: tokens(2000, 3), Arrived: start})
+				synctest.Wait()
+				_, queued := e.s.stab.counts()
+				require.Equal(t, 1, queued)
+
+				// a's calls go first: straight through while b waits.
+				for range 3 {
+					time.Sleep(2 * time.Second)
+					d, err := e.s.admitPick(ctx, sessReq("a", 3300))
+					require.NoError(t, err)
+					d.Done(DoneInfo{Status: 200, PromptTokens: 3300, CompletionTokens: 100})
+					_, queued := e.s.stab.counts()
+					require.Equal(t, 1, queued, "b still waits")
+				}
+				err = <-b
+				require.InDelta(t, tc.waited.Seconds(), time.Since(start).Seconds(), 1)
+				active, queued := e.s.stab.counts()
+				require.Zero(t, queued)
+				if tc.want != nil {
+					require.ErrorIs(t, err, tc.want)
+					require.Equal(t, http.StatusTooManyRequests, statusOf(err))
+					require.Equal(t, 1.0, testutil.ToFloat64(e.s.m.sessionRefused.WithLabelValues(tc.want.(*Error).Reason)))
+					require.Equal(t, 1, active)
+					return
+				}
+				require.NoError(t, err)
+				require.Equal(t, 1, active, "a left, b came in")
+				require.Equal(t, 2000.0, testutil.ToFloat64(e.s.m.sessionWorkingSet))
+			})
+		})
+	}
+}
