@@ -9,6 +9,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/cespare/xxhash/v2"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -74,7 +75,7 @@ func (st *stream) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.
 				}
 				st.strip = append(st.strip, k)
 			case cfg.SessionHeader:
-				st.session = headerValue(hv)
+				st.session = sessionHeader(hv)
 			}
 		}
 	}
@@ -177,6 +178,22 @@ func (st *stream) requestTrailers() error {
 // headerValue returns h's value. RawValue is the received message's own
 // copy (unmarshalling copies bytes fields) and nothing writes it, so the
 // string shares its memory (TestAllocsViews).
+// maxSessionKey bounds a session key: the scheduler remembers keys, and a
+// client sends them.
+const maxSessionKey = 128
+
+// sessionHeader is the one place the session header is read: the key of
+// the agent policy, session affinity and session admission. A key longer
+// than maxSessionKey is cut to its head and a hash of the whole, so
+// distinct long keys stay distinct (TestSessionHeaderBound).
+func sessionHeader(h *corev3.HeaderValue) string {
+	v := headerValue(h)
+	if len(v) <= maxSessionKey {
+		return v
+	}
+	return v[:maxSessionKey-17] + "#" + strconv.FormatUint(xxhash.Sum64String(v)|1<<63, 16)
+}
+
 func headerValue(h *corev3.HeaderValue) string {
 	if len(h.RawValue) > 0 {
 		return unsafe.String(unsafe.SliceData(h.RawValue), len(h.RawValue))
