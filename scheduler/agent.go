@@ -11,8 +11,9 @@ import (
 // prefill work:
 //
 //	work(r)  = (pending(r) + uncached(r)) / rate(r)
-//	holder   = the session's last replica (session header), else the
-//	           candidates holding the longest prefix of the prompt
+//	holder   = the session's last replica (session header); without a
+//	           key, the one candidate holding a longer prefix than any
+//	           other; else a new session: least work, then fewest placed
 //	stay     on the least-worked holder while work(holder) <= ttft_objective
 //	else     the candidate of least work; a session that leaves a holder
 //	         is a move (omnious_epp_session_moves_total)
@@ -29,7 +30,10 @@ import (
 type agentView struct {
 	pending, uncached float64 // tokens
 	rate              float64 // tokens per second, > 0
-	holder            bool
+	// placed is how many new sessions were placed on the replica: among
+	// replicas of equal work a new session goes to the fewest.
+	placed int64
+	holder bool
 }
 
 // work is the view's prefill work in seconds, this call's included.
@@ -47,9 +51,9 @@ func agentRule(views []agentView, objective float64, tie func(n int) int) (best 
 				continue
 			}
 			switch w := v.work(); {
-			case best < 0 || w < bestW-tieEpsilon:
+			case best < 0 || w < bestW-tieEpsilon || (w <= bestW+tieEpsilon && v.placed < views[best].placed):
 				best, bestW, ties = i, w, 1
-			case w <= bestW+tieEpsilon:
+			case w <= bestW+tieEpsilon && v.placed == views[best].placed:
 				ties++
 				if tie(ties) == 0 {
 					best = i
@@ -97,17 +101,28 @@ func (s *Scheduler) agentPick(sc *scratch, cands []cand, req *Request, promptUni
 			}
 		}
 	}
-	longest := 0
-	if !byKey {
+	// Without a known holder, the holder is the one candidate holding a
+	// longer prefix than any other: a prefix two replicas hold alike is
+	// the shared system prompt and tools (or a history held twice), no
+	// reason to stay (TestAgentInfersSessionByPrefix).
+	// A key the session memory does not know is a new session.
+	longest, second := 0, 0
+	if !byKey && req.SessionKey != "" {
+		longest = -1
+	} else if !byKey {
 		for i := range cands {
-			longest = max(longest, cands[i].prefixUnits)
+			switch u := cands[i].prefixUnits; {
+			case u > longest:
+				longest, second = u, longest
+			case u > second:
+				second = u
+			}
 		}
-		if longest < max(minMatch, 1) {
-			longest = -1 // nobody holds anything worth staying for
+		if longest < max(minMatch, 1) || longest == second {
+			longest = -1
 		}
 	}
 	views := sc.agent[:0]
-	allHold := true
 	for i := range cands {
 		c := &cands[i]
 		held := c.prefixUnits
@@ -124,21 +139,34 @@ func (s *Scheduler) agentPick(sc *scratch, cands []cand, req *Request, promptUni
 		} else {
 			v.holder = longest > 0 && c.prefixUnits == longest
 		}
-		allHold = allHold && v.holder
 		views = append(views, v)
 	}
 	sc.agent = views
-	if allHold && !byKey {
-		// Every candidate holds the same prefix (a new session: the
-		// shared system prompt everywhere): there is no holder to keep.
+	newSession := !byKey && longest < 0
+	if newSession {
+		// No holder: a new session. Where the
+		// shared prefix happens to be cached is no reason to pile new
+		// sessions onto one replica, whose cache they would then fight
+		// over: each is charged the prompt beyond the longest prefix
+		// any candidate holds, and among equal work the replica with
+		// the fewest sessions placed wins (TestAgentSpreadsNewSessions).
+		common := 0
+		for i := range cands {
+			common = max(common, cands[i].prefixUnits)
+		}
 		for i := range views {
 			views[i].holder = false
+			views[i].uncached = max(prompt-float64(common)/perTok, 0)
+			views[i].placed = cands[i].r.sessionsPlaced.Load()
 		}
 	}
 	for i := range cands {
 		cands[i].score = -views[i].work()
 	}
 	best, stayed, moved := agentRule(views, s.cfg.Sessions.TTFTObjective.Seconds(), func(n int) int { return int(s.rnd() * float64(n)) })
+	if newSession {
+		cands[best].r.sessionsPlaced.Add(1)
+	}
 	switch {
 	case moved:
 		s.m.sessionMoves.Inc()

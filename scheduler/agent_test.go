@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"fmt"
 	"math"
 	"testing"
 
@@ -147,9 +148,9 @@ func TestAgentUsesMeasuredRate(t *testing.T) {
 	history := append(append([]uint32{}, system...), tokens(2048, 9)...)
 	e.store(1, history)
 	e.rep(1).pending.Add(2500) // over 1000 tokens/s × 2s
-	d, err := e.s.admitPick(ctx, &Request{Model: testModel, Tokens: history, SessionKey: "k"})
+	d, err := e.s.admitPick(ctx, &Request{Model: testModel, Tokens: history})
 	require.NoError(t, err)
-	require.Equal(t, ReasonSessionMove, d.Reason, "held nowhere by key yet: inferred by prefix, then moved")
+	require.Equal(t, ReasonSessionMove, d.Reason, "inferred by prefix, then moved")
 	d.Done(DoneInfo{Status: 200})
 
 	e2 := agentEnv(t)
@@ -187,4 +188,33 @@ func indexOf(t *testing.T, a string) int {
 	}
 	t.Fatalf("unknown address %s", a)
 	return -1
+}
+
+// TestAgentSpreadsNewSessions: new sessions are not piled onto the
+// replica that happens to hold the shared prefix; they spread by the
+// sessions placed, with or without keys.
+func TestAgentSpreadsNewSessions(t *testing.T) {
+	for _, keyed := range []bool{true, false} {
+		t.Run(map[bool]string{true: "keys", false: "no keys"}[keyed], func(t *testing.T) {
+			e := agentEnv(t)
+			system := tokens(2048, 7)
+			// Replicas 0 and 1 hold the shared prefix: no reason to
+			// pile new sessions onto them.
+			e.store(0, system)
+			e.store(1, system)
+			per := map[string]int{}
+			for s := range 9 {
+				prompt := append(append([]uint32{}, system...), tokens(300, uint32(50+s))...)
+				key := ""
+				if keyed {
+					key = fmt.Sprint("s", s)
+				}
+				d, err := e.s.admitPick(ctx, &Request{Model: testModel, Tokens: prompt, SessionKey: key})
+				require.NoError(t, err)
+				per[primary(d)]++
+				d.Done(DoneInfo{Status: 200})
+			}
+			require.Equal(t, map[string]int{addr(0): 3, addr(1): 3, addr(2): 3}, per)
+		})
+	}
 }

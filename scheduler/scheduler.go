@@ -73,7 +73,9 @@ type replica struct {
 	// pending is the uncached prompt tokens of this EPP's requests routed
 	// here that have not finished (the agent policy's pending work).
 	pending atomic.Int64
-	sample  atomic.Pointer[sampled]
+	// sessionsPlaced counts the new sessions the agent policy placed here.
+	sessionsPlaced atomic.Int64
+	sample         atomic.Pointer[sampled]
 	// inflightAtSample is this EPP's in-flight count when the last good
 	// sample arrived: what it routed since is not in the engine's counts.
 	inflightAtSample atomic.Int64
