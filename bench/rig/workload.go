@@ -603,3 +603,64 @@ func BuildWorkload(o Options) (*Workload, error) {
 	}
 	return nil, fmt.Errorf("unknown workload %q", o.Workload.Kind)
 }
+
+// PeakSessionTokens is the largest sum, over the sessions active at one
+// moment, of their histories in tokens (words: one stand-in token each,
+// JSON and template tokens left out), had every call taken call (wall
+// time) and tool calls toolCall tokens: what an agent workload asks the
+// fleet's KV cache to hold at its busiest. 0 for other workloads.
+func (w *Workload) PeakSessionTokens(call time.Duration, toolCall int) int64 {
+	type span struct {
+		at      time.Duration
+		history int64
+	}
+	var spans [][]span // per session: history from each call's start
+	var times []time.Duration
+	for _, r := range w.Requests {
+		a := r.Agent
+		if a == nil {
+			continue
+		}
+		h := int64(len(strings.Fields(a.System)) + len(strings.Fields(a.Task)) + toolWords(a.Tools))
+		at := r.At
+		var ss []span
+		for k := range a.Calls() {
+			ss = append(ss, span{at, h})
+			times = append(times, at)
+			if k < len(a.Results) {
+				at += call + a.Gaps[k]
+				h += int64(len(strings.Fields(a.Results[k])) + toolCall)
+			}
+		}
+		ss = append(ss, span{at + call, -1}) // ended
+		spans = append(spans, ss)
+	}
+	var peak int64
+	for _, t := range times {
+		var sum int64
+		for _, ss := range spans {
+			if t < ss[0].at || t >= ss[len(ss)-1].at {
+				continue
+			}
+			i := sort.Search(len(ss), func(i int) bool { return ss[i].at > t }) - 1
+			sum += ss[i].history
+		}
+		peak = max(peak, sum)
+	}
+	return peak
+}
+
+// toolWords counts the words of the tools' descriptions.
+func toolWords(tools json.RawMessage) int {
+	var ts []struct {
+		Function struct{ Description string } `json:"function"`
+	}
+	if json.Unmarshal(tools, &ts) != nil {
+		return 0
+	}
+	n := 0
+	for _, t := range ts {
+		n += len(strings.Fields(t.Function.Description))
+	}
+	return n
+}
