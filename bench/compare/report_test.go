@@ -2,9 +2,9 @@ package compare
 
 import (
 	"bytes"
-	"errors"
 	"encoding/json"
 	"encoding/xml"
+	"errors"
 	"io"
 	"math"
 	"os"
@@ -335,7 +335,7 @@ func TestSessionFigures(t *testing.T) {
 	require.Equal(t, 2, f.Completed)
 	require.Equal(t, 1, f.Refused)
 	require.InDelta(t, 4.5, f.GoodputTokPS, 1e-9) // (10+30+5)/10s
-	require.InDelta(t, 5, f.CompletionP50, 1e-9) // sessions of 9 s and 1 s
+	require.InDelta(t, 5, f.CompletionP50, 1e-9)  // sessions of 9 s and 1 s
 	require.InDelta(t, 8.2, f.CompletionP90, 1e-9)
 	require.True(t, math.IsNaN(f.Moves))
 	// Model time: latencies scale, so the late call counts at scale 0.5.
