@@ -86,9 +86,9 @@ type SessionsConfig struct {
 	// MaxSessions bounds the session table; a new session beyond it waits
 	// as when the KV cache is full. Default 10000.
 	MaxSessions int `yaml:"max_sessions"`
-	// KVFraction is the share of the fleet's KV capacity (the engines'
-	// block size times blocks) the active sessions' histories may take,
-	// (0, 1]. Default 0.9.
+	// KVFraction is the share of a replica's KV capacity (the engine's
+	// block size times blocks) the histories of the active sessions bound
+	// to it may take, (0, 1]. Default 0.9.
 	KVFraction float64 `yaml:"kv_fraction"`
 	// QueueTTL: a new session that waited this long gets 429
 	// session_queue_expired. Default 60s.

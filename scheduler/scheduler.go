@@ -655,7 +655,7 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 	s.sess.set(req.SessionKey, r.id, now)
 	if pk.sessKey = sessionKey(req.SessionKey); pk.sessKey != 0 {
 		perTok := unitsPerToken(d.Mode)
-		s.stab.started(pk.sessKey, int64(float64(promptUnits)/perTok), int64(float64(held)/perTok))
+		s.stab.started(pk.sessKey, r.id, int64(float64(promptUnits)/perTok), int64(float64(held)/perTok))
 	}
 	pk.s, pk.r, pk.probe, pk.tenant = s, r, probe, req.Tenant
 	d.picked = pk

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/omnious/provider-node/kvindex"
 )
 
 // Session admission: flow control for chains of calls rather than calls.
@@ -15,17 +17,21 @@ import (
 // tool gaps; when more sessions are active than the fleet's KV cache can
 // keep, every session's history is evicted in its gaps and re-prefilled on
 // its next call, and all of them slow down. So a new session (a session
-// key the table does not hold) is admitted only while
+// key the table does not hold) is admitted only onto a replica r with
 //
-//	working set + its prompt <= kv_fraction × Σ replicas' KV capacity
+//	working set(r) + its prompt <= kv_fraction × KV capacity(r)
 //
-// where the working set is the sum of the active sessions' history lengths
-// (their longest prompt plus output so far). Otherwise it waits in the
-// session queue, first come first served, until sessions end (idle
-// timeout) and leave room, or sessions.queue_ttl passes (429
-// session_queue_expired). Calls of admitted sessions never wait here.
-// With nothing active a session is always admitted, and before the engines
-// report their KV capacity nothing waits.
+// the one with the most room, where a replica's working set is the sum of
+// the history lengths (longest prompt plus output so far, less the shared
+// prefix the replica held at the session's first call) of the active
+// sessions whose calls went there last. The session is then bound to that
+// replica (the agent policy's holder); when a call moves, its history's
+// tokens move with it. Otherwise it waits in the session queue, first
+// come first served, until sessions end (idle timeout) and leave room, or
+// sessions.queue_ttl passes (429 session_queue_expired). Calls of
+// admitted sessions never wait here. With nothing active a session is
+// always admitted, and before the engines report their KV capacity
+// nothing waits (TestSessionQueue, TestSessionPerReplica).
 //
 // Session keys come from a client header: they are hashed to 64 bits
 // before they reach the map, the table holds at most
@@ -39,19 +45,29 @@ type sessionTable struct {
 
 	mu        sync.Mutex
 	byKey     map[uint64]*sessionEntry
-	working   int64     // Σ entries' tokens
-	queue     list.List // of *sessionWaiter, oldest first
+	working   int64                     // Σ entries' working tokens
+	perRep    map[kvindex.Replica]int64 // the same per bound replica
+	queue     list.List                 // of *sessionWaiter, oldest first
 	lastSweep time.Time
 }
 
 type sessionEntry struct {
-	tokens   int64     // the history's length: longest prompt + output seen
-	inflight int       // calls picked and not done
+	tokens   int64 // the history's length: longest prompt + output seen
+	shared   int64 // held by its replica at its first call: a shared prefix
+	inflight int   // calls picked and not done
+	started  bool  // a call was picked
+	replica  kvindex.Replica
+	bound    bool      // replica is set
 	last     time.Time // the last call's arrival or end
+	key      string    // the client's key, for the session memory
 }
+
+// work is what the session adds to its replica's working set.
+func (e *sessionEntry) work() int64 { return max(e.tokens-e.shared, 0) }
 
 type sessionWaiter struct {
 	key      uint64
+	name     string // the client's key
 	need     int64
 	ch       chan struct{}
 	admitted bool
@@ -67,7 +83,8 @@ var (
 const maxSessionsLimit = 1 << 20
 
 func newSessionTable(s *Scheduler) *sessionTable {
-	return &sessionTable{s: s, enabled: *s.cfg.Sessions.Admission, byKey: make(map[uint64]*sessionEntry)}
+	return &sessionTable{s: s, enabled: *s.cfg.Sessions.Admission, byKey: make(map[uint64]*sessionEntry),
+		perRep: make(map[kvindex.Replica]int64)}
 }
 
 // sessionKey hashes a client's session key; 0 is no session.
@@ -87,27 +104,40 @@ func promptTokens(req *Request) int64 {
 	return int64(len(req.PromptText) / 4)
 }
 
-// budget is kv_fraction of the fleet's KV capacity in tokens, 0 while no
-// engine reports it.
-func (t *sessionTable) budget() int64 {
-	var total int64
+// budgets are kv_fraction of each replica's KV capacity in tokens, by
+// replica id; empty while no engine reports its capacity.
+func (t *sessionTable) budgets() map[kvindex.Replica]int64 {
+	var out map[kvindex.Replica]int64
 	for _, r := range t.s.snap.Load().all {
 		if g := r.signal(); g != nil {
-			total += g.sm.Signals.KVCapacityTokens()
+			if c := g.sm.Signals.KVCapacityTokens(); c > 0 {
+				if out == nil {
+					out = make(map[kvindex.Replica]int64)
+				}
+				out[r.id] = int64(float64(c) * t.s.cfg.Sessions.KVFraction)
+			}
 		}
 	}
-	return int64(float64(total) * t.s.cfg.Sessions.KVFraction)
+	return out
 }
 
-// fitsLocked reports whether a new session needing need tokens may start.
-func (t *sessionTable) fitsLocked(need, budget int64) bool {
-	switch {
-	case len(t.byKey) >= t.s.cfg.Sessions.MaxSessions:
-		return false
-	case len(t.byKey) == 0 || budget == 0:
-		return true
+// placeLocked returns the replica a new session needing need tokens may
+// start on (the one with the most room; ok false when none has room),
+// and whether one was chosen at all (none before capacities are known).
+func (t *sessionTable) placeLocked(need int64, budgets map[kvindex.Replica]int64) (r kvindex.Replica, chosen, ok bool) {
+	if len(t.byKey) >= t.s.cfg.Sessions.MaxSessions {
+		return 0, false, false
 	}
-	return t.working+need <= budget
+	if len(budgets) == 0 {
+		return 0, false, true
+	}
+	best, room := kvindex.Replica(0), int64(-1<<62)
+	for id, b := range budgets {
+		if free := b - t.perRep[id]; free > room || (free == room && id < best) {
+			best, room = id, free
+		}
+	}
+	return best, true, len(t.byKey) == 0 || need <= room
 }
 
 // sweepLocked drops sessions idle for longer than the idle timeout, at most
@@ -120,15 +150,31 @@ func (t *sessionTable) sweepLocked(now time.Time) {
 	t.lastSweep = now
 	for k, e := range t.byKey {
 		if e.inflight == 0 && now.Sub(e.last) >= idle {
-			t.working -= e.tokens
+			t.addLocked(e, -e.work())
 			delete(t.byKey, k)
 		}
 	}
 }
 
-func (t *sessionTable) insertLocked(k uint64, need int64, now time.Time) {
-	t.byKey[k] = &sessionEntry{tokens: need, last: now}
-	t.working += need
+// addLocked adds n to e's replica's working set and the total.
+func (t *sessionTable) addLocked(e *sessionEntry, n int64) {
+	t.working += n
+	if e.bound {
+		if t.perRep[e.replica] += n; t.perRep[e.replica] <= 0 {
+			delete(t.perRep, e.replica)
+		}
+	}
+}
+
+// insertLocked admits session k onto r (when chosen) and tells the
+// session memory, so that the agent policy places its first call there.
+func (t *sessionTable) insertLocked(k uint64, key string, need int64, r kvindex.Replica, chosen bool, now time.Time) {
+	e := &sessionEntry{tokens: need, last: now, replica: r, bound: chosen, key: key}
+	t.byKey[k] = e
+	t.addLocked(e, e.work())
+	if chosen {
+		t.s.sess.set(key, r, now)
+	}
 }
 
 // admit returns when req's session may go on: at once for a request
@@ -141,7 +187,7 @@ func (t *sessionTable) admit(ctx context.Context, req *Request) *Error {
 		return nil
 	}
 	need := promptTokens(req)
-	budget := t.budget()
+	budgets := t.budgets()
 	now := t.s.now()
 	t.mu.Lock()
 	t.sweepLocked(now)
@@ -150,20 +196,22 @@ func (t *sessionTable) admit(ctx context.Context, req *Request) *Error {
 		t.mu.Unlock()
 		return nil
 	}
-	if t.queue.Len() == 0 && t.fitsLocked(need, budget) {
-		t.insertLocked(k, need, now)
-		t.gaugesLocked(budget)
-		t.mu.Unlock()
-		return nil
+	if t.queue.Len() == 0 {
+		if r, chosen, ok := t.placeLocked(need, budgets); ok {
+			t.insertLocked(k, req.SessionKey, need, r, chosen, now)
+			t.gaugesLocked(budgets)
+			t.mu.Unlock()
+			return nil
+		}
 	}
 	if t.queue.Len() >= *t.s.cfg.Sessions.QueueCapacity {
 		t.mu.Unlock()
 		t.s.m.sessionRefused.WithLabelValues(ErrSessionQueueFull.Reason).Inc()
 		return ErrSessionQueueFull
 	}
-	w := &sessionWaiter{key: k, need: need, ch: make(chan struct{})}
+	w := &sessionWaiter{key: k, name: req.SessionKey, need: need, ch: make(chan struct{})}
 	el := t.queue.PushBack(w)
-	t.gaugesLocked(budget)
+	t.gaugesLocked(budgets)
 	t.mu.Unlock()
 
 	start := time.Now()
@@ -190,7 +238,7 @@ func (t *sessionTable) admit(ctx context.Context, req *Request) *Error {
 		return nil
 	}
 	t.queue.Remove(el)
-	t.gaugesLocked(budget)
+	t.gaugesLocked(budgets)
 	t.mu.Unlock()
 	if cause != ErrClientGone {
 		t.s.m.sessionRefused.WithLabelValues(cause.Reason).Inc()
@@ -205,7 +253,7 @@ func (t *sessionTable) dispatch() {
 	if !t.enabled {
 		return
 	}
-	budget := t.budget()
+	budgets := t.budgets()
 	now := t.s.now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -213,28 +261,35 @@ func (t *sessionTable) dispatch() {
 	for t.queue.Len() > 0 {
 		w := t.queue.Front().Value.(*sessionWaiter)
 		if _, ok := t.byKey[w.key]; !ok {
-			if !t.fitsLocked(w.need, budget) {
+			r, chosen, ok := t.placeLocked(w.need, budgets)
+			if !ok {
 				break
 			}
-			t.insertLocked(w.key, w.need, now)
+			t.insertLocked(w.key, w.name, w.need, r, chosen, now)
 		}
 		t.queue.Remove(t.queue.Front())
 		w.admitted = true
 		close(w.ch)
 	}
-	t.gaugesLocked(budget)
+	t.gaugesLocked(budgets)
 }
 
-func (t *sessionTable) gaugesLocked(budget int64) {
+func (t *sessionTable) gaugesLocked(budgets map[kvindex.Replica]int64) {
+	var total int64
+	for _, b := range budgets {
+		total += b
+	}
 	t.s.m.sessionsActive.Set(float64(len(t.byKey)))
 	t.s.m.sessionsQueued.Set(float64(t.queue.Len()))
 	t.s.m.sessionWorkingSet.Set(float64(t.working))
-	t.s.m.sessionKV.Set(float64(budget))
+	t.s.m.sessionKV.Set(float64(total))
 }
 
-// started counts a picked call of session k in flight, whose prompt is
-// prompt tokens of which resident were held by its replica.
-func (t *sessionTable) started(k uint64, prompt, resident int64) {
+// started counts a picked call of session k in flight on replica r,
+// whose prompt is prompt tokens of which resident were held there. At a
+// session's first call what its replica holds is the shared prefix; a call
+// that moved takes the history's tokens to its new replica.
+func (t *sessionTable) started(k uint64, r kvindex.Replica, prompt, resident int64) {
 	if k == 0 {
 		return
 	}
@@ -244,10 +299,18 @@ func (t *sessionTable) started(k uint64, prompt, resident int64) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if e, ok := t.byKey[k]; ok {
-		e.inflight++
-		t.growLocked(e, prompt)
+	e, ok := t.byKey[k]
+	if !ok {
+		return
 	}
+	e.inflight++
+	t.addLocked(e, -e.work())
+	if !e.started {
+		e.started, e.shared = true, min(resident, prompt)
+	}
+	e.replica, e.bound = r, true
+	e.tokens = max(e.tokens, prompt)
+	t.addLocked(e, e.work())
 }
 
 // ended records the end of a call of session k: its history is now at
@@ -262,14 +325,10 @@ func (t *sessionTable) ended(k uint64, history int64) {
 	if e, ok := t.byKey[k]; ok {
 		e.inflight = max(e.inflight-1, 0)
 		e.last = now
-		t.growLocked(e, history)
-	}
-}
-
-func (t *sessionTable) growLocked(e *sessionEntry, n int64) {
-	if n > e.tokens {
-		t.working += n - e.tokens
-		e.tokens = n
+		if history > e.tokens {
+			t.addLocked(e, history-e.tokens)
+			e.tokens = history
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnious/provider-node/engines/metrics"
+	"github.com/omnious/provider-node/kvindex"
 )
 
 // sessionEnv is a 2-replica agent scheduler whose engines report
@@ -106,10 +108,11 @@ func TestSessionTableBound(t *testing.T) {
 }
 
 // TestSessionQueue: a new session that would push the active sessions'
-// histories past the fleet's KV waits while calls of the admitted session
-// go through; past the queue TTL it gets 429 session_queue_expired, and
-// when the admitted session goes idle for the idle timeout first, the
-// waiting session is admitted into the room it leaves.
+// histories past every replica's KV waits while calls of the admitted
+// sessions go through; past the queue TTL it gets 429
+// session_queue_expired, and when an admitted session goes idle for the
+// idle timeout first, the waiting session is admitted into the room it
+// leaves.
 func TestSessionQueue(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -118,8 +121,8 @@ func TestSessionQueue(t *testing.T) {
 		waited    time.Duration // b's wait, within a second
 	}{
 		{"expires", 10 * time.Second, time.Minute, ErrSessionQueueExpired, 10 * time.Second},
-		// a's last call ends at 6s: idle from 6s to 16s.
-		{"admitted when the active session ends", time.Minute, 10 * time.Second, nil, 16 * time.Second},
+		// b's only call ends at once; a's calls keep it active.
+		{"admitted when an active session ends", time.Minute, 12 * time.Second, nil, 12 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -136,25 +139,30 @@ func TestSessionQueue(t *testing.T) {
 				defer cancel()
 				go func() { _ = e.s.Run(ctx) }()
 
+				// a fills one replica, b most of the other.
 				a, err := e.s.admitPick(ctx, sessReq("a", 3000))
 				require.NoError(t, err)
 				a.Done(DoneInfo{Status: 200, PromptTokens: 3000, CompletionTokens: 200})
+				b0, err := e.s.admitPick(ctx, sessReq("b", 1800))
+				require.NoError(t, err)
+				require.NotEqual(t, primary(a), primary(b0), "b is bound to the replica with room")
+				b0.Done(DoneInfo{Status: 200, PromptTokens: 1800, CompletionTokens: 100})
 
-				// b needs 2000: 3200 + 2000 > 4096, it waits.
+				// c needs 2000: no replica has the room, it waits.
 				start := time.Now()
-				b := admitAsync(e.s, ctx, &Request{Model: testModel, SessionKey: "b", Tokens: tokens(2000, 3), Arrived: start})
+				b := admitAsync(e.s, ctx, &Request{Model: testModel, SessionKey: "c", Tokens: tokens(2000, 3), Arrived: start})
 				synctest.Wait()
 				_, queued := e.s.stab.counts()
 				require.Equal(t, 1, queued)
 
-				// a's calls go first: straight through while b waits.
+				// a's calls go first: straight through while c waits.
 				for range 3 {
 					time.Sleep(2 * time.Second)
 					d, err := e.s.admitPick(ctx, sessReq("a", 3300))
 					require.NoError(t, err)
 					d.Done(DoneInfo{Status: 200, PromptTokens: 3300, CompletionTokens: 100})
 					_, queued := e.s.stab.counts()
-					require.Equal(t, 1, queued, "b still waits")
+					require.Equal(t, 1, queued, "c still waits")
 				}
 				err = <-b
 				require.InDelta(t, tc.waited.Seconds(), time.Since(start).Seconds(), 1)
@@ -164,13 +172,59 @@ func TestSessionQueue(t *testing.T) {
 					require.ErrorIs(t, err, tc.want)
 					require.Equal(t, http.StatusTooManyRequests, statusOf(err))
 					require.Equal(t, 1.0, testutil.ToFloat64(e.s.m.sessionRefused.WithLabelValues(tc.want.(*Error).Reason)))
-					require.Equal(t, 1, active)
+					require.Equal(t, 2, active)
 					return
 				}
 				require.NoError(t, err)
-				require.Equal(t, 1, active, "a left, b came in")
-				require.Equal(t, 2000.0, testutil.ToFloat64(e.s.m.sessionWorkingSet))
+				require.Equal(t, 2, active, "b left, c came in")
+				require.Equal(t, 3400.0+2000, testutil.ToFloat64(e.s.m.sessionWorkingSet))
+				// c is bound where b was: its first call goes there.
+				d, err := e.s.Pick(&Request{Model: testModel, SessionKey: "c", Tokens: tokens(2000, 3)}, nil)
+				require.NoError(t, err)
+				require.Equal(t, primary(b0), primary(d))
+				d.Done(DoneInfo{Status: 200})
 			})
 		})
 	}
+}
+
+// TestSessionPerReplica: new sessions are bound to the replica with the
+// most room, a replica's working set leaves out the shared prefix it held
+// at the session's first call, and a call that moves takes its history's
+// tokens to the new replica.
+func TestSessionPerReplica(t *testing.T) {
+	e := sessionEnv(t, 100000, nil)
+	system := tokens(1024, 7)
+	for i := range 2 {
+		e.store(i, system)
+	}
+	perRep := func() map[kvindex.Replica]int64 {
+		e.s.stab.mu.Lock()
+		defer e.s.stab.mu.Unlock()
+		return maps.Clone(e.s.stab.perRep)
+	}
+	var placed []string
+	for i, n := range []int{3000, 1000, 1000} {
+		prompt := append(append([]uint32{}, system...), tokens(n, uint32(20+i))...)
+		d, err := e.s.admitPick(ctx, &Request{Model: testModel, SessionKey: fmt.Sprint("s", i), Tokens: prompt})
+		require.NoError(t, err)
+		placed = append(placed, primary(d))
+		d.Done(DoneInfo{Status: 200, PromptTokens: len(prompt), CompletionTokens: 50})
+	}
+	// s0 on one replica (3000+50 beyond the shared 1024), s1 and s2 on the other.
+	require.NotEqual(t, placed[0], placed[1])
+	require.Equal(t, placed[1], placed[2])
+	r0, r1 := e.s.snap.Load().byAddr[placed[0]].id, e.s.snap.Load().byAddr[placed[1]].id
+	require.Equal(t, map[kvindex.Replica]int64{r0: 3050, r1: 2100}, perRep())
+
+	// s0's replica is over the prefill bound: its next call moves, and
+	// its history's tokens with it.
+	e.s.snap.Load().byAddr[placed[0]].pending.Add(1 << 30)
+	prompt := append(append([]uint32{}, system...), tokens(3100, 20)...)
+	d, err := e.s.admitPick(ctx, &Request{Model: testModel, SessionKey: "s0", Tokens: prompt})
+	require.NoError(t, err)
+	require.Equal(t, ReasonSessionMove, d.Reason)
+	require.Equal(t, placed[1], primary(d))
+	require.Equal(t, map[kvindex.Replica]int64{r1: 2100 + 3100}, perRep())
+	d.Done(DoneInfo{Status: 200})
 }
