@@ -91,7 +91,8 @@ type SessionsConfig struct {
 	// to it may take, (0, 1]. Default 0.9.
 	KVFraction float64 `yaml:"kv_fraction"`
 	// QueueTTL: a new session that waited this long gets 429
-	// session_queue_expired. Default 60s.
+	// session_queue_expired. Default 2m: a session of minutes had rather
+	// start late than not at all.
 	QueueTTL time.Duration `yaml:"queue_ttl"`
 	// QueueCapacity is how many new sessions may wait; beyond it 429
 	// session_queue_full at once (0: never wait). Default 1000.
@@ -323,7 +324,7 @@ func (c Config) WithDefaults() Config {
 	opt.Zero(&se.IdleTimeout, 2*time.Minute)
 	opt.Zero(&se.MaxSessions, 10000)
 	opt.Zero(&se.KVFraction, 0.9)
-	opt.Zero(&se.QueueTTL, 60*time.Second)
+	opt.Zero(&se.QueueTTL, 2*time.Minute)
 	se.QueueCapacity = opt.Or(se.QueueCapacity, 1000)
 	return c
 }

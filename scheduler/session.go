@@ -22,9 +22,10 @@ import (
 //	working set(r) + its prompt <= kv_fraction × KV capacity(r)
 //
 // the one with the most room, where a replica's working set is the sum of
-// the history lengths (longest prompt plus output so far, less the shared
-// prefix the replica held at the session's first call) of the active
-// sessions whose calls went there last. The session is then bound to that
+// the history lengths (longest prompt plus output so far, at least the
+// mean history calls ended with, as a young session will grow; less the
+// shared prefix the replica held at the session's first call) of the
+// active sessions whose calls went there last. The session is then bound to that
 // replica (the agent policy's holder); when a call moves, its history's
 // tokens move with it. Otherwise it waits in the session queue, first
 // come first served, until sessions end (idle timeout) and leave room, or
@@ -43,13 +44,20 @@ type sessionTable struct {
 	s       *Scheduler
 	enabled bool
 
-	mu        sync.Mutex
-	byKey     map[uint64]*sessionEntry
-	working   int64                     // Σ entries' working tokens
-	perRep    map[kvindex.Replica]int64 // the same per bound replica
-	queue     list.List                 // of *sessionWaiter, oldest first
+	mu      sync.Mutex
+	byKey   map[uint64]*sessionEntry
+	working int64                     // Σ entries' working tokens
+	perRep  map[kvindex.Replica]int64 // the same per bound replica
+	// expect is the mean history length sessions' calls have ended with
+	// (an exponentially weighted mean; 0 before the first): a session
+	// counts at least this much, as it will grow.
+	expect    float64
+	queue     list.List // of *sessionWaiter, oldest first
 	lastSweep time.Time
 }
+
+// expectWeight is the weight of one ended call in sessionTable.expect.
+const expectWeight = 0.02
 
 type sessionEntry struct {
 	tokens   int64 // the history's length: longest prompt + output seen
@@ -62,8 +70,9 @@ type sessionEntry struct {
 	key      string    // the client's key, for the session memory
 }
 
-// work is what the session adds to its replica's working set.
-func (e *sessionEntry) work() int64 { return max(e.tokens-e.shared, 0) }
+// work is what the session adds to its replica's working set, counting
+// its history as at least expect tokens long.
+func (e *sessionEntry) work(expect int64) int64 { return max(max(e.tokens, expect)-e.shared, 0) }
 
 type sessionWaiter struct {
 	key      uint64
@@ -131,13 +140,24 @@ func (t *sessionTable) placeLocked(need int64, budgets map[kvindex.Replica]int64
 	if len(budgets) == 0 {
 		return 0, false, true
 	}
+	t.recountLocked()
 	best, room := kvindex.Replica(0), int64(-1<<62)
 	for id, b := range budgets {
 		if free := b - t.perRep[id]; free > room || (free == room && id < best) {
 			best, room = id, free
 		}
 	}
-	return best, true, len(t.byKey) == 0 || need <= room
+	return best, true, len(t.byKey) == 0 || max(need, int64(t.expect)) <= room
+}
+
+// recountLocked sums the working sets again: what a session counts
+// changes with expect.
+func (t *sessionTable) recountLocked() {
+	clear(t.perRep)
+	t.working = 0
+	for _, e := range t.byKey {
+		t.addLocked(e, e.work(int64(t.expect)))
+	}
 }
 
 // sweepLocked drops sessions idle for longer than the idle timeout, at most
@@ -150,7 +170,7 @@ func (t *sessionTable) sweepLocked(now time.Time) {
 	t.lastSweep = now
 	for k, e := range t.byKey {
 		if e.inflight == 0 && now.Sub(e.last) >= idle {
-			t.addLocked(e, -e.work())
+			t.addLocked(e, -e.work(int64(t.expect)))
 			delete(t.byKey, k)
 		}
 	}
@@ -171,7 +191,7 @@ func (t *sessionTable) addLocked(e *sessionEntry, n int64) {
 func (t *sessionTable) insertLocked(k uint64, key string, need int64, r kvindex.Replica, chosen bool, now time.Time) {
 	e := &sessionEntry{tokens: need, last: now, replica: r, bound: chosen, key: key}
 	t.byKey[k] = e
-	t.addLocked(e, e.work())
+	t.addLocked(e, e.work(int64(t.expect)))
 	if chosen {
 		t.s.sess.set(key, r, now)
 	}
@@ -304,13 +324,14 @@ func (t *sessionTable) started(k uint64, r kvindex.Replica, prompt, resident int
 		return
 	}
 	e.inflight++
-	t.addLocked(e, -e.work())
+	x := int64(t.expect)
+	t.addLocked(e, -e.work(x))
 	if !e.started {
 		e.started, e.shared = true, min(resident, prompt)
 	}
 	e.replica, e.bound = r, true
 	e.tokens = max(e.tokens, prompt)
-	t.addLocked(e, e.work())
+	t.addLocked(e, e.work(x))
 }
 
 // ended records the end of a call of session k: its history is now at
@@ -325,9 +346,16 @@ func (t *sessionTable) ended(k uint64, history int64) {
 	if e, ok := t.byKey[k]; ok {
 		e.inflight = max(e.inflight-1, 0)
 		e.last = now
-		if history > e.tokens {
-			t.addLocked(e, history-e.tokens)
-			e.tokens = history
+		x := int64(t.expect)
+		t.addLocked(e, -e.work(x))
+		e.tokens = max(e.tokens, history)
+		t.addLocked(e, e.work(x))
+		if history > 0 {
+			if t.expect == 0 {
+				t.expect = float64(history)
+			} else {
+				t.expect += expectWeight * (float64(history) - t.expect)
+			}
 		}
 	}
 }
