@@ -24,6 +24,18 @@ const (
 	PolicyAgent       = "agent"
 )
 
+// Session admission settings (SessionsConfig.Admission).
+const (
+	SessionAdmissionAuto = "auto"
+	SessionAdmissionOn   = "on"
+	SessionAdmissionOff  = "off"
+)
+
+// sessionAdmission reports whether session admission is on for c.
+func (c *Config) sessionAdmission() bool {
+	return c.Sessions.Admission == SessionAdmissionOn || (c.Sessions.Admission == SessionAdmissionAuto && c.Policy == PolicyAgent)
+}
+
 // Config is the whole scheduler configuration, one YAML document. Unset
 // fields take the defaults written in their comments, filled by
 // WithDefaults, the one place they are set. A field whose zero is a legal
@@ -77,9 +89,11 @@ type SessionsConfig struct {
 	// token), which reproduces published Qwen3-32B on 2×H100 figures.
 	PrefillRate float64 `yaml:"prefill_rate"`
 	// Admission holds new sessions back while the active sessions'
-	// histories fill the fleet's KV cache. Default: true with policy
-	// agent, false otherwise.
-	Admission *bool `yaml:"admission"`
+	// histories fill the replicas' KV caches: "on", "off", or "auto" (on
+	// with policy agent, off otherwise). Default "auto". It is resolved
+	// where the scheduler is built, so a policy set after WithDefaults
+	// (a flag) still turns it on (TestSessionAdmissionAuto).
+	Admission string `yaml:"admission"`
 	// IdleTimeout: a session is active from its first call until this
 	// long after its last call ended. Default 2m.
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
@@ -320,7 +334,7 @@ func (c Config) WithDefaults() Config {
 	se := &c.Sessions
 	opt.Zero(&se.TTFTObjective, capacity.DefaultObjectives.TTFT)
 	opt.Zero(&se.PrefillRate, 16000)
-	se.Admission = opt.Or(se.Admission, c.Policy == PolicyAgent)
+	opt.Zero(&se.Admission, SessionAdmissionAuto)
 	opt.Zero(&se.IdleTimeout, 2*time.Minute)
 	opt.Zero(&se.MaxSessions, 10000)
 	opt.Zero(&se.KVFraction, 0.9)
@@ -472,6 +486,11 @@ func (c *Config) Validate() error {
 		bad("admission.interval %v: want >= 1ms", a.Interval)
 	}
 	se := c.Sessions
+	switch se.Admission {
+	case SessionAdmissionAuto, SessionAdmissionOn, SessionAdmissionOff:
+	default:
+		bad("sessions.admission %q: want auto, on or off", se.Admission)
+	}
 	if se.TTFTObjective <= 0 {
 		bad("sessions.ttft_objective %v: want > 0", se.TTFTObjective)
 	}
@@ -520,7 +539,6 @@ func (c *Config) unsetPointers() []string {
 		{"scoring.stale_factor", c.Scoring.StaleFactor == nil},
 		{"admission.enabled", c.Admission.Enabled == nil},
 		{"admission.queue_capacity_per_band", c.Admission.QueueCapacityPerBand == nil},
-		{"sessions.admission", c.Sessions.Admission == nil},
 		{"sessions.queue_capacity", c.Sessions.QueueCapacity == nil},
 	} {
 		if f.nil {

@@ -92,7 +92,7 @@ var (
 const maxSessionsLimit = 1 << 20
 
 func newSessionTable(s *Scheduler) *sessionTable {
-	return &sessionTable{s: s, enabled: *s.cfg.Sessions.Admission, byKey: make(map[uint64]*sessionEntry),
+	return &sessionTable{s: s, enabled: s.cfg.sessionAdmission(), byKey: make(map[uint64]*sessionEntry),
 		perRep: make(map[kvindex.Replica]int64)}
 }
 

@@ -23,7 +23,7 @@ import (
 func sessionEnv(t *testing.T, kvTokens int64, mut func(*Config)) *testEnv {
 	e := newEnv(t, 2, func(c *Config) {
 		c.Policy = PolicyAgent
-		c.Sessions.Admission = ptr(true)
+		c.Sessions.Admission = SessionAdmissionOn
 		c.Sessions.KVFraction = 1
 		if mut != nil {
 			mut(c)
@@ -253,4 +253,34 @@ func TestSessionExpect(t *testing.T) {
 		cancel()
 		require.ErrorIs(t, <-c, ErrClientGone)
 	})
+}
+
+// TestSessionAdmissionAuto: "auto" turns session admission on with the
+// agent policy even when the policy is set after the defaults (a flag
+// over a config file), and "on" and "off" are what they say.
+func TestSessionAdmissionAuto(t *testing.T) {
+	for _, tc := range []struct {
+		policy, admission string
+		on                bool
+	}{
+		{PolicyAgent, "", true},
+		{PolicyAgent, SessionAdmissionAuto, true},
+		{PolicyAgent, SessionAdmissionOff, false},
+		{PolicyPrecise, "", false},
+		{PolicyPrecise, SessionAdmissionOn, true},
+	} {
+		t.Run(tc.policy+"/"+tc.admission, func(t *testing.T) {
+			c := DefaultConfig()
+			if tc.admission != "" {
+				c.Sessions.Admission = tc.admission
+			}
+			c.Policy = tc.policy // after the defaults
+			s, err := New(c, nil, nil, nil)
+			require.NoError(t, err)
+			require.Equal(t, tc.on, s.stab.enabled)
+		})
+	}
+	c := DefaultConfig()
+	c.Sessions.Admission = "maybe"
+	require.ErrorContains(t, c.Validate(), "sessions.admission")
 }
