@@ -9,6 +9,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/cespare/xxhash/v2"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -81,9 +82,7 @@ func (st *stream) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.
 				}
 				st.strip = append(st.strip, k)
 			case cfg.SessionHeader:
-				if !cfg.GatewayHeaders {
-					st.session = headerValue(hv)
-				}
+				st.session = sessionHeader(hv)
 			}
 		}
 	}
@@ -133,7 +132,9 @@ func (st *stream) gatewayHeaders(md *corev3.Metadata) {
 	str := func(key string) string { return f.GetFields()[key].GetStringValue() }
 	st.band = str(cfg.BandHeader)
 	st.setTenant(str(cfg.TenantHeader))
-	st.session = str(cfg.SessionHeader)
+	if v := str(cfg.SessionHeader); v != "" {
+		st.session, st.gatewaySession = boundSession(v), true
+	}
 }
 
 // subsetHint reads the gateway's subset hint: nil when absent, a non-nil
@@ -206,6 +207,48 @@ func (st *stream) requestTrailers() error {
 		}
 	}
 	return st.sendTrailers(&extprocv3.ProcessingRequest_RequestTrailers{})
+}
+
+// maxSessionKey bounds a session key: the scheduler remembers keys, and a
+// client sends them.
+const maxSessionKey = 128
+
+// sessionHeader is the one place the session header is read: the key of
+// the agent policy, session affinity and session admission, bounded by
+// boundSession.
+func sessionHeader(h *corev3.HeaderValue) string {
+	return boundSession(headerValue(h))
+}
+
+// boundSession bounds a session key. A key longer than maxSessionKey is
+// cut to its head and a hash of the whole, so distinct long keys stay
+// distinct (TestSessionHeaderBound).
+func boundSession(v string) string {
+	if len(v) <= maxSessionKey {
+		return v
+	}
+	return v[:maxSessionKey-17] + "#" + strconv.FormatUint(xxhash.Sum64String(v)|1<<63, 16)
+}
+
+// sessionKey is the request's affinity key: the session header, else the
+// body's "user" field, bounded. When only the gateway may set the band and
+// tenant (Config.GatewayHeaders) a client still names its own sessions,
+// as the seeds' x-session-id does, but its key is scoped to the tenant the
+// gateway named, so it cannot join or jump another tenant's sessions; a
+// session the gateway itself names is taken as it is
+// (TestGatewaySessionScoped).
+func (st *stream) sessionKey() string {
+	if st.gatewaySession {
+		return st.session
+	}
+	k := st.session
+	if k == "" {
+		k = boundSession(st.rb.user)
+	}
+	if k == "" || !st.s.cfg.GatewayHeaders {
+		return k
+	}
+	return boundSession(st.tenant + "\x1f" + k)
 }
 
 // headerValue returns h's value. RawValue is the received message's own

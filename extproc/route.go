@@ -148,11 +148,8 @@ func (st *stream) pick(api API, body []byte, parsed, inference bool) (*scheduler
 	s := st.s
 	req := &st.req
 	*req = scheduler.Request{
-		ID: st.id, Model: st.targetModel, CacheSalt: st.rb.cacheSalt, SessionKey: st.session,
+		ID: st.id, Model: st.targetModel, CacheSalt: st.rb.cacheSalt, SessionKey: st.sessionKey(),
 		Band: st.band, Tenant: st.tenant, Subset: st.subset, Arrived: st.arrived,
-	}
-	if req.SessionKey == "" {
-		req.SessionKey = st.rb.user
 	}
 	mode := "none" // no prompt: GET /v1/models and the like
 	if parsed {

@@ -42,6 +42,7 @@ type stream struct {
 
 	path, method, id, rewriteHdr, band, tenant, session string
 	genID                                               bool     // id made here: sent upstream as x-request-id
+	gatewaySession                                      bool     // session named by the gateway (Config.GatewayHeaders)
 	strip                                               []string // control headers the upstream must not see
 	trace                                               traceHeaders
 	span                                                trace.Span // nil unless tracing

@@ -10,6 +10,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/omnious/provider-node/capacity"
 	"github.com/omnious/provider-node/internal/opt"
 )
 
@@ -20,7 +21,20 @@ const (
 	PolicyRandom      = "random"
 	PolicyRoundRobin  = "round-robin"
 	PolicyLeastQueue  = "least-queue"
+	PolicyAgent       = "agent"
 )
+
+// Session admission settings (SessionsConfig.Admission).
+const (
+	SessionAdmissionAuto = "auto"
+	SessionAdmissionOn   = "on"
+	SessionAdmissionOff  = "off"
+)
+
+// sessionAdmission reports whether session admission is on for c.
+func (c *Config) sessionAdmission() bool {
+	return c.Sessions.Admission == SessionAdmissionOn || (c.Sessions.Admission == SessionAdmissionAuto && c.Policy == PolicyAgent)
+}
 
 // Config is the whole scheduler configuration, one YAML document. Unset
 // fields take the defaults written in their comments, filled by
@@ -31,7 +45,10 @@ const (
 type Config struct {
 	// Policy is "precise" (default: the scoring pipeline; approximate prefix
 	// when a request has no tokens), "approximate" (never uses the index),
-	// "random", "round-robin" or "least-queue" (baselines for the bench).
+	// "random", "round-robin" or "least-queue" (baselines for the bench),
+	// or "agent" (precise matching, and a session's calls stay on the
+	// replica holding its history while that replica's pending prefill
+	// work allows; see SessionsConfig).
 	Policy string `yaml:"policy"`
 	// PoolName labels the inference_pool_* metrics. Default "default".
 	PoolName string `yaml:"pool_name"`
@@ -53,6 +70,47 @@ type Config struct {
 	Scoring   ScoringConfig   `yaml:"scoring"`
 	Breaker   BreakerConfig   `yaml:"breaker"`
 	Admission AdmissionConfig `yaml:"admission"`
+	Sessions  SessionsConfig  `yaml:"sessions"`
+}
+
+// SessionsConfig is the agent policy's stay/move rule and session
+// admission. A session is a chain of calls sharing one history (an agent
+// calling tools), known by the session header or, without one, by the
+// longest prefix a replica holds.
+type SessionsConfig struct {
+	// TTFTObjective bounds a session's stay: a call stays on the replica
+	// holding its history while that replica's pending uncached prefill
+	// work, this call's included, is at most its prefill rate times this.
+	// Default 2s (capacity.DefaultObjectives.TTFT).
+	TTFTObjective time.Duration `yaml:"ttft_objective"`
+	// PrefillRate is the prefill rate, in new prompt tokens per second, of
+	// a replica whose rate the capacity model has not measured yet.
+	// Default 16000: the simulator's default step time (63µs per prompt
+	// token), which reproduces published Qwen3-32B on 2×H100 figures.
+	PrefillRate float64 `yaml:"prefill_rate"`
+	// Admission holds new sessions back while the active sessions'
+	// histories fill the replicas' KV caches: "on", "off", or "auto" (on
+	// with policy agent, off otherwise). Default "auto". It is resolved
+	// where the scheduler is built, so a policy set after WithDefaults
+	// (a flag) still turns it on (TestSessionAdmissionAuto).
+	Admission string `yaml:"admission"`
+	// IdleTimeout: a session is active from its first call until this
+	// long after its last call ended. Default 2m.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// MaxSessions bounds the session table; a new session beyond it waits
+	// as when the KV cache is full. Default 10000.
+	MaxSessions int `yaml:"max_sessions"`
+	// KVFraction is the share of a replica's KV capacity (the engine's
+	// block size times blocks) the histories of the active sessions bound
+	// to it may take, (0, 1]. Default 0.9.
+	KVFraction float64 `yaml:"kv_fraction"`
+	// QueueTTL: a new session that waited this long gets 429
+	// session_queue_expired. Default 2m: a session of minutes had rather
+	// start late than not at all.
+	QueueTTL time.Duration `yaml:"queue_ttl"`
+	// QueueCapacity is how many new sessions may wait; beyond it 429
+	// session_queue_full at once (0: never wait). Default 1000.
+	QueueCapacity *int `yaml:"queue_capacity"`
 }
 
 // SignalsConfig is engine metric scraping.
@@ -272,6 +330,16 @@ func (c Config) WithDefaults() Config {
 	opt.Zero(&a.QueueTTL, 30*time.Second)
 	a.QueueCapacityPerBand = opt.Or(a.QueueCapacityPerBand, 2000)
 	opt.Zero(&a.Interval, 10*time.Millisecond)
+
+	se := &c.Sessions
+	opt.Zero(&se.TTFTObjective, capacity.DefaultObjectives.TTFT)
+	opt.Zero(&se.PrefillRate, 16000)
+	opt.Zero(&se.Admission, SessionAdmissionAuto)
+	opt.Zero(&se.IdleTimeout, 2*time.Minute)
+	opt.Zero(&se.MaxSessions, 10000)
+	opt.Zero(&se.KVFraction, 0.9)
+	opt.Zero(&se.QueueTTL, 2*time.Minute)
+	se.QueueCapacity = opt.Or(se.QueueCapacity, 1000)
 	return c
 }
 
@@ -299,9 +367,9 @@ func (c *Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	switch c.Policy {
-	case PolicyPrecise, PolicyApproximate, PolicyRandom, PolicyRoundRobin, PolicyLeastQueue:
+	case PolicyPrecise, PolicyApproximate, PolicyRandom, PolicyRoundRobin, PolicyLeastQueue, PolicyAgent:
 	default:
-		bad("policy %q: want precise, approximate, random, round-robin or least-queue", c.Policy)
+		bad("policy %q: want precise, approximate, random, round-robin, least-queue or agent", c.Policy)
 	}
 	if c.BlockSize < 1 || c.BlockSize > 4096 {
 		bad("block_size %d: want 1..4096", c.BlockSize)
@@ -417,6 +485,33 @@ func (c *Config) Validate() error {
 	if a.Interval < time.Millisecond {
 		bad("admission.interval %v: want >= 1ms", a.Interval)
 	}
+	se := c.Sessions
+	switch se.Admission {
+	case SessionAdmissionAuto, SessionAdmissionOn, SessionAdmissionOff:
+	default:
+		bad("sessions.admission %q: want auto, on or off", se.Admission)
+	}
+	if se.TTFTObjective <= 0 {
+		bad("sessions.ttft_objective %v: want > 0", se.TTFTObjective)
+	}
+	if !(se.PrefillRate > 0) {
+		bad("sessions.prefill_rate %v: want > 0", se.PrefillRate)
+	}
+	if se.IdleTimeout <= 0 {
+		bad("sessions.idle_timeout %v: want > 0", se.IdleTimeout)
+	}
+	if se.MaxSessions < 1 || se.MaxSessions > maxSessionsLimit {
+		bad("sessions.max_sessions %d: want 1..%d", se.MaxSessions, maxSessionsLimit)
+	}
+	if !(se.KVFraction > 0 && se.KVFraction <= 1) {
+		bad("sessions.kv_fraction %v: want (0, 1]", se.KVFraction)
+	}
+	if se.QueueTTL <= 0 {
+		bad("sessions.queue_ttl %v: want > 0", se.QueueTTL)
+	}
+	if *se.QueueCapacity < 0 || *se.QueueCapacity > maxSessionsLimit {
+		bad("sessions.queue_capacity %d: want 0..%d", *se.QueueCapacity, maxSessionsLimit)
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("invalid scheduler config: %w", err)
 	}
@@ -444,6 +539,7 @@ func (c *Config) unsetPointers() []string {
 		{"scoring.stale_factor", c.Scoring.StaleFactor == nil},
 		{"admission.enabled", c.Admission.Enabled == nil},
 		{"admission.queue_capacity_per_band", c.Admission.QueueCapacityPerBand == nil},
+		{"sessions.queue_capacity", c.Sessions.QueueCapacity == nil},
 	} {
 		if f.nil {
 			unset = append(unset, f.name)

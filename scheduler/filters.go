@@ -110,7 +110,9 @@ func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.
 	// requests wait for prefill holds little KV, and under load it would
 	// otherwise become the only candidate and take every request (bench
 	// llmd-73: max/mean load 3.0).
-	kvStage := stage.over > 0 && stage.over < stage.n && stage.ready
+	// The agent policy skips it: a replica holding sessions' histories
+	// runs with a full cache by design, and the history is there.
+	kvStage := stage.over > 0 && stage.over < stage.n && stage.ready && s.cfg.Policy != PolicyAgent
 	if stage.n == len(cands) && !kvStage {
 		return cands, relaxed, nil
 	}

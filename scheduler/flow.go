@@ -254,6 +254,7 @@ func (f *flow) run(ctx context.Context) {
 		case <-f.kickCh:
 		}
 		f.dispatch()
+		f.s.stab.dispatch()
 	}
 }
 

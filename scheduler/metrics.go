@@ -17,13 +17,16 @@ const (
 	ReasonRandom     = "random"
 	ReasonRoundRobin = "round_robin"
 	ReasonLeastQueue = "least_queue"
+	// ReasonSessionMove: the agent policy moved a session off the replica
+	// holding its history, whose pending prefill work was over the bound.
+	ReasonSessionMove = "session_move"
 
 	ModePrecise     = "precise"
 	ModeApproximate = "approximate"
 )
 
 var allReasons = []string{ReasonPrefix, ReasonRecall, ReasonOverride, ReasonCold, ReasonSession, ReasonFallback,
-	ReasonRandom, ReasonRoundRobin, ReasonLeastQueue}
+	ReasonRandom, ReasonRoundRobin, ReasonLeastQueue, ReasonSessionMove}
 
 // schedMetrics are the scheduler's collectors. Names follow the Gateway API
 // Inference Extension where the meaning is the same, so its dashboards work;
@@ -60,6 +63,14 @@ type schedMetrics struct {
 	capacityPrefill                         *prometheus.GaugeVec
 	lookup                                  prometheus.Histogram
 	outcomes                                [len(outcomeNames)]prometheus.Counter
+
+	// Sessions (the agent policy and session admission).
+	sessionMoves                   prometheus.Counter
+	sessionsActive, sessionsQueued prometheus.Gauge
+	sessionWorkingSet, sessionKV   prometheus.Gauge
+	sessionResident                prometheus.Histogram
+	sessionRefused                 *prometheus.CounterVec
+	sessionWait                    prometheus.Histogram
 }
 
 func newSchedMetrics(reg prometheus.Registerer, pool string) (*schedMetrics, error) {
@@ -136,6 +147,32 @@ func newSchedMetrics(reg prometheus.Registerer, pool string) (*schedMetrics, err
 			Name: "omnious_epp_capacity_prefill_tokens_per_second", Help: "New (uncached) prompt tokens per second an endpoint computed while requests were queued with KV to spare, its prefill rate; it bounds the request rate the quoter sells (0: not measured).",
 		}, []string{"endpoint"}),
 	}
+	m.sessionMoves = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "omnious_epp_session_moves_total", Help: "Session calls the agent policy sent off the replica holding the session's history, whose pending prefill work exceeded its prefill rate times the TTFT objective.",
+	})
+	m.sessionsActive = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "omnious_epp_sessions_active", Help: "Admitted sessions: from their first call until sessions.idle_timeout after their last.",
+	})
+	m.sessionsQueued = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "omnious_epp_sessions_queued", Help: "New sessions waiting for the active sessions' histories to leave room in the fleet's KV cache.",
+	})
+	m.sessionWorkingSet = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "omnious_epp_session_working_set_tokens", Help: "Sum of the active sessions' history lengths, tokens: the KV they need resident.",
+	})
+	m.sessionKV = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "omnious_epp_session_kv_budget_tokens", Help: "The fleet's KV capacity times sessions.kv_fraction, tokens (0: capacity not reported yet, nothing waits).",
+	})
+	m.sessionResident = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "omnious_epp_session_resident_tokens", Help: "Per session call, the tokens of its history the KV index showed resident on the chosen replica.",
+		Buckets: prometheus.ExponentialBuckets(256, 2, 12), // 256 .. 512Ki
+	})
+	m.sessionRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "omnious_epp_sessions_refused_total", Help: "New sessions refused by session admission, by reason (session_queue_full, session_queue_expired).",
+	}, []string{"reason"})
+	m.sessionWait = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "omnious_epp_session_queue_wait_seconds", Help: "Time admitted new sessions waited in the session queue.",
+		Buckets: []float64{0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120},
+	})
 	outcomes := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "omnious_epp_request_outcomes_total",
 		Help: "Routed requests by what their end says about the replica: success, failure (5xx) or unknown (no status, or the stream ended early); only failures count against a breaker.",
@@ -143,7 +180,9 @@ func newSchedMetrics(reg prometheus.Registerer, pool string) (*schedMetrics, err
 	for _, c := range []prometheus.Collector{m.e2e, m.hitRatio, m.perPodQ, m.avgKV, m.avgQueue, m.avgRunning,
 		m.readyPods, m.attempts, m.errors,
 		m.decisions, m.breakerState, m.score, m.queueDepth, m.queueWait, m.tenantTokens, m.stale, m.replicaStale, m.lookup, outcomes,
-		m.capacityConcurrency, m.capacityDispersion, m.capacityPrefill} {
+		m.capacityConcurrency, m.capacityDispersion, m.capacityPrefill,
+		m.sessionMoves, m.sessionsActive, m.sessionsQueued, m.sessionWorkingSet, m.sessionKV, m.sessionResident,
+		m.sessionRefused, m.sessionWait} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("cannot register scheduler metrics: %w", err)
 		}

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -48,6 +49,7 @@ type Scheduler struct {
 	approx  *approximate
 	sess    *sessions
 	flow    *flow
+	stab    *sessionTable // session admission
 	rr      atomic.Uint64
 	tenants *label.Set // tenants with series of their own
 
@@ -68,11 +70,20 @@ type Target struct {
 // decision reads of every replica comes first, together.
 type replica struct {
 	inflight atomic.Int64
-	sample   atomic.Pointer[sampled]
+	// pending is the uncached prompt tokens of this EPP's requests routed
+	// here that have not finished (the agent policy's pending work).
+	pending atomic.Int64
+	// sessionsPlaced counts the new sessions the agent policy placed here.
+	sessionsPlaced atomic.Int64
+	sample         atomic.Pointer[sampled]
 	// inflightAtSample is this EPP's in-flight count when the last good
 	// sample arrived: what it routed since is not in the engine's counts.
 	inflightAtSample atomic.Int64
 	score            atomic.Uint64 // math.Float64bits of the last total score
+	// prefillRate is math.Float64bits of the capacity curve's measured
+	// prefill rate in tokens per second (0: not measured), refreshed with
+	// the gauges.
+	prefillRate atomic.Uint64
 	// sharing is how many replicas report through the same metrics URL
 	// (their engine counts are split evenly between them).
 	sharing atomic.Int32
@@ -208,6 +219,7 @@ func New(cfg Config, ix *kvindex.Index, reg prometheus.Registerer, log *zap.Logg
 	s.scratch.New = func() any { return new(scratch) }
 	s.snap.Store(&snapshot{byAddr: map[string]*replica{}, byURL: map[string][]*replica{}, models: map[string][]*replica{}})
 	s.flow = newFlow(s)
+	s.stab = newSessionTable(s)
 	return s, nil
 }
 
@@ -371,6 +383,7 @@ func (s *Scheduler) refreshGauges() {
 		r.capConcurrencyGauge.Set(sum.Largest)
 		r.capDispersionGauge.Set(sum.Dispersion)
 		r.capPrefillGauge.Set(sum.PrefillTokensPerSec)
+		r.prefillRate.Store(math.Float64bits(sum.PrefillTokensPerSec))
 		if isStale {
 			stale++
 		} else if state == BreakerClosed {
@@ -449,6 +462,10 @@ func (s *Scheduler) Admit(ctx context.Context, req *Request) (*Ticket, error) {
 	}
 	if _, _, _, err := s.serving(s.snap.Load(), req.Model); err != nil {
 		// Not worth a place in the queue: no wait can make it servable.
+		s.failed(err.Reason)
+		return nil, err
+	}
+	if err := s.stab.admit(ctx, req); err != nil {
 		s.failed(err.Reason)
 		return nil, err
 	}
@@ -533,6 +550,7 @@ type scratch struct {
 	hits    []prefixHit
 	hashes  []uint64
 	seen    []specVal // the routing records matchPrefix read
+	agent   []agentView
 	byID    []int32
 	order   []int
 }
@@ -569,6 +587,9 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 	case PolicyLeastQueue:
 		s.rankByLoad(cands)
 		primary, reason = s.pickBest(cands), ReasonLeastQueue
+	case PolicyAgent:
+		d.Mode, promptUnits = s.matchPrefix(sc, snap, cands, req, base, adapter, now)
+		primary, reason = s.agentPick(sc, cands, req, promptUnits, d.Mode, now)
 	default:
 		d.Mode, promptUnits = s.matchPrefix(sc, snap, cands, req, base, adapter, now)
 		override := s.scoreAll(cands, req, adapter, promptUnits, d.Mode, now)
@@ -619,6 +640,10 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 	// the prefix and the session.
 	r := p.r
 	r.inflight.Add(1)
+	if promptUnits > 0 {
+		pk.pending = int64(float64(max(promptUnits-held, 0)) / unitsPerToken(d.Mode))
+		r.pending.Add(pk.pending)
+	}
 	probe := p.probe && r.br.claimProbe(now)
 	switch d.Mode {
 	case ModePrecise:
@@ -628,6 +653,10 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 		s.approx.record(sc.hashes, sc.seen, r.id, now)
 	}
 	s.sess.set(req.SessionKey, r.id, now)
+	if pk.sessKey = sessionKey(req.SessionKey); pk.sessKey != 0 {
+		perTok := unitsPerToken(d.Mode)
+		s.stab.started(pk.sessKey, r.id, int64(float64(promptUnits)/perTok), int64(float64(held)/perTok))
+	}
 	pk.s, pk.r, pk.probe, pk.tenant = s, r, probe, req.Tenant
 	d.picked = pk
 	return d, nil
@@ -643,11 +672,16 @@ type picked struct {
 	r      *replica // the primary
 	probe  bool     // the primary's half-open probe was claimed
 	tenant string
-	eps    [3]*endpoint.Endpoint
+	// pending is what the decision added to r.pending.
+	pending int64
+	sessKey uint64 // sessionKey of the request's session, 0 for none
+	eps     [3]*endpoint.Endpoint
 }
 
 func (pk *picked) done(info DoneInfo) {
 	pk.r.inflight.Add(-1)
+	pk.r.pending.Add(-pk.pending)
+	pk.s.stab.ended(pk.sessKey, int64(info.PromptTokens+info.CompletionTokens))
 	pk.s.done(pk.r, pk.probe, pk.tenant, info)
 }
 

@@ -70,7 +70,7 @@ func clamp01(v float64) float64 {
 // routing memory.
 func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *Request, base, adapter string, now time.Time) (string, int) {
 	sc.keys, sc.matches, sc.hits, sc.hashes, sc.seen = sc.keys[:0], sc.matches[:0], sc.hits[:0], sc.hashes[:0], sc.seen[:0]
-	precise := s.cfg.Policy == PolicyPrecise && s.ix != nil && req.Tokens != nil
+	precise := (s.cfg.Policy == PolicyPrecise || s.cfg.Policy == PolicyAgent) && s.ix != nil && req.Tokens != nil
 	if !precise && len(req.PromptText) == 0 {
 		if req.Tokens != nil {
 			return ModePrecise, 0

@@ -3,6 +3,7 @@ package compare
 import (
 	"context"
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -185,4 +186,31 @@ func TestURLFleet(t *testing.T) {
 	u.Fleet.URLs = []string{"http://10.1.2.3:8000"}
 	_, err = Run(context.Background(), u, rig.DirectLauncher(1))
 	require.ErrorContains(t, err, "not on loopback")
+}
+
+// TestRunAgents: agent sessions through real EPPs with the agent policy,
+// with and without session ids: every call answered, tool calls and the
+// final answer in order, histories hit the cache, the session figures
+// filled.
+func TestRunAgents(t *testing.T) {
+	for _, noIDs := range []bool{false, true} {
+		t.Run(map[bool]string{false: "ids", true: "no ids"}[noIDs], func(t *testing.T) {
+			o := smallOptions(t)
+			o.Policies = []string{"agent"}
+			o.Workload = rig.WorkloadOptions{Kind: rig.WorkloadAgents, Agents: rig.AgentOptions{Sessions: 4, SessionRate: 8,
+				Calls: 3, CallsMax: 4, SystemLen: 200, SchemaLen: 100, TaskLen: 30, ResultLen: 60, ResultMax: 100,
+				OutputLen: 16, Gap: 200 * time.Millisecond, GapMax: 400 * time.Millisecond, NoSessionIDs: noIDs}}
+			rep, err := Run(context.Background(), o, rig.EPPLauncher(zaptest.NewLogger(t), rig.ExternalOptions{TimeScale: 4}))
+			require.NoError(t, err)
+			pr := rep.Results[0]
+			require.Zero(t, pr.Errors, pr.FirstError)
+			require.Equal(t, rep.Requests, pr.Requests)
+			require.NotNil(t, pr.Sessions)
+			require.Equal(t, 4, pr.Sessions.Sessions)
+			require.Equal(t, 4, pr.Sessions.Completed)
+			require.Zero(t, pr.Sessions.Refused)
+			require.False(t, math.IsNaN(pr.Sessions.Moves), "the EPPs' moves are read")
+			require.Greater(t, pr.HitRate, 0.5, "each call extends the last")
+		})
+	}
 }

@@ -64,3 +64,20 @@ func TestValidateOptions(t *testing.T) {
 		})
 	}
 }
+
+// TestAgentsPreset: at its busiest the agents scenario's active sessions'
+// histories are at least 1.5x the fleet's KV cache, the load the
+// acceptance asks for (calls taken as 1 s of model time).
+func TestAgentsPreset(t *testing.T) {
+	o, err := Preset(PresetAgents)
+	require.NoError(t, err)
+	o = o.WithDefaults()
+	require.NoError(t, o.Validate())
+	w, err := rig.BuildWorkload(o.Options)
+	require.NoError(t, err)
+	peak := w.PeakSessionTokens(time.Duration(float64(time.Second)/o.Fleet.TimeScale), 30)
+	fleet := int64(o.Fleet.Replicas * o.Fleet.NumGPUBlocks * o.Fleet.BlockSize)
+	t.Logf("peak active histories %d tokens, fleet KV %d: %.2fx", peak, fleet, float64(peak)/float64(fleet))
+	require.GreaterOrEqual(t, float64(peak)/float64(fleet), 1.5)
+	require.Equal(t, []string{"precise", "approximate", "agent"}, o.Policies)
+}

@@ -12,6 +12,7 @@ import (
 const (
 	PresetDemo   = "demo"
 	PresetLLMD73 = "llmd-73"
+	PresetAgents = "agents"
 )
 
 // Preset returns the options of a named scenario.
@@ -21,8 +22,10 @@ func Preset(name string) (Options, error) {
 		return DemoOptions(), nil
 	case PresetLLMD73:
 		return LLMD73Options(0.1), nil
+	case PresetAgents:
+		return AgentsOptions(), nil
 	}
-	return Options{}, fmt.Errorf("unknown scenario %q: want %s or %s", name, PresetDemo, PresetLLMD73)
+	return Options{}, fmt.Errorf("unknown scenario %q: want %s, %s or %s", name, PresetDemo, PresetLLMD73, PresetAgents)
 }
 
 // DemoOptions is the bundled `make demo` scenario: 4 simulated replicas
@@ -129,3 +132,20 @@ func LLMD73Options(k float64) Options {
 		Workload: rig.WorkloadOptions{Kind: rig.WorkloadSharedPrefix, SharedPrefix: sp}},
 		Published: LLMD73Published(k)}
 }
+
+// AgentsOptions is the agents scenario: tool-using agent sessions
+// (rig.AgentOptions' defaults, bench/README.md cites them) on 4 simulated
+// replicas of agentsKVTokens each, at time scale 4, raced through
+// precise, approximate and agent (with session admission, its default).
+// At the busiest the active sessions' histories are 323,026 tokens, 1.55x
+// the fleet's 208,000 (TestAgentsPreset, calls taken as 1 s);
+// -num-gpu-blocks sets another ratio (10100: 0.5x).
+func AgentsOptions() Options {
+	const blockSize = 16
+	return Options{EPPs: 1, Policies: []string{"precise", "approximate", "agent"}, Options: rig.Options{Scenario: PresetAgents,
+		Fleet:    rig.FleetOptions{Replicas: 4, TimeScale: 4, BlockSize: blockSize, NumGPUBlocks: agentsKVTokens / blockSize},
+		Workload: rig.WorkloadOptions{Kind: rig.WorkloadAgents}}}
+}
+
+// agentsKVTokens is each replica's KV capacity in the agents scenario.
+const agentsKVTokens = 52000

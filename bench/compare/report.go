@@ -68,6 +68,22 @@ type ContractResult struct {
 	// External EPPs only.
 	DecisionSource *string    `json:"decision_source,omitempty"`
 	EPPRequests    *jsonFloat `json:"epp_requests,omitempty"`
+	// Agent workloads only (SessionFigures).
+	Sessions *ContractSessions `json:"sessions,omitempty"`
+}
+
+// ContractSessions is an agent workload's figures of one policy:
+// goodput (output tok/s of calls within the TTFT objective), sessions
+// started, completed and refused (429), completion time percentiles in
+// seconds and the EPPs' session moves (null: unknown).
+type ContractSessions struct {
+	GoodputTokPS jsonFloat `json:"goodput_tok_per_s"`
+	Started      int       `json:"started"`
+	Completed    int       `json:"completed"`
+	Refused      int       `json:"refused"`
+	P50s         jsonFloat `json:"completion_p50_s"`
+	P90s         jsonFloat `json:"completion_p90_s"`
+	Moves        jsonFloat `json:"moves"`
 }
 
 // ContractReplica is one replica's share of a policy's run, from its own
@@ -91,6 +107,10 @@ func (r *Report) Contract() ContractJSON {
 				cr.Replicas = append(cr.Replicas, ContractReplica{Requests: n, PromptTokens: p.LoadPromptTokens[i],
 					HitRate: jsonFloat(p.LoadHitRate[i])})
 			}
+		}
+		if f := p.Sessions; f != nil {
+			cr.Sessions = &ContractSessions{GoodputTokPS: jsonFloat(f.GoodputTokPS), Started: f.Sessions, Completed: f.Completed,
+				Refused: f.Refused, P50s: jsonFloat(f.CompletionP50), P90s: jsonFloat(f.CompletionP90), Moves: jsonFloat(f.Moves)}
 		}
 		if p.EPP != nil {
 			src, n := p.EPP.DecisionHistogram, jsonFloat(p.EPP.Requests)
@@ -157,6 +177,24 @@ func (r *Report) tableRows() [][]string {
 		{"max/mean requests", func(p PolicyResult) string { return fmtNum(p.MaxMeanLoad, 2) }},
 		{"max/mean prompt tok", func(p PolicyResult) string { return fmtNum(p.MaxMeanPromptLoad, 2) }},
 		{"decision p99 us", func(p PolicyResult) string { return fmtNum(p.DecisionP99us, 0) }},
+	}
+	if len(r.Results) > 0 && r.Results[0].Sessions != nil {
+		sess := func(f func(*SessionFigures) string) func(PolicyResult) string {
+			return func(p PolicyResult) string {
+				if p.Sessions == nil {
+					return "-"
+				}
+				return f(p.Sessions)
+			}
+		}
+		rows = append(rows,
+			row{"goodput tok/s (TTFT <= " + GoodputTTFT.String() + ")", sess(func(f *SessionFigures) string { return fmtNum(f.GoodputTokPS, 0) })},
+			row{"sessions done / started", sess(func(f *SessionFigures) string { return fmt.Sprintf("%d / %d", f.Completed, f.Sessions) })},
+			row{"sessions refused (429)", sess(func(f *SessionFigures) string { return strconv.Itoa(f.Refused) })},
+			row{"session time p50 s", sess(func(f *SessionFigures) string { return fmtNum(f.CompletionP50, 1) })},
+			row{"session time p90 s", sess(func(f *SessionFigures) string { return fmtNum(f.CompletionP90, 1) })},
+			row{"session moves", sess(func(f *SessionFigures) string { return fmtNum(f.Moves, 0) })},
+		)
 	}
 	out := [][]string{append([]string{"policy"}, r.policyNames()...)}
 	for _, rw := range rows {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"encoding/xml"
+	"errors"
 	"io"
 	"math"
 	"os"
@@ -312,4 +313,32 @@ func TestWriteTablePublished(t *testing.T) {
 		require.NoError(t, rep.WriteTable(&buf))
 		require.NotContains(t, buf.String(), "published")
 	}
+}
+
+// TestSessionFigures: goodput counts only calls within the TTFT
+// objective, a session is complete when all its calls were answered, and
+// a 429 marks it refused.
+func TestSessionFigures(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	ok := func(s, turn int, start, ttft, e2e time.Duration, out int) *rig.Result {
+		return &rig.Result{Session: s, Turn: turn, Start: t0.Add(start), TTFT: ttft, E2E: e2e, Output: out, Status: 200}
+	}
+	res := []*rig.Result{
+		ok(0, 0, 0, 100*time.Millisecond, time.Second, 10),
+		ok(0, 1, 5*time.Second, 3*time.Second, 4*time.Second, 20), // late: not goodput
+		ok(1, 0, time.Second, 200*time.Millisecond, time.Second, 30),
+		{Session: 2, Turn: 0, Start: t0, Status: 429, Err: errors.New("status 429")},
+		ok(3, 0, 0, 100*time.Millisecond, time.Second, 5), // one of two calls: not complete
+	}
+	f := sessionFigures(res, map[int]int{0: 2, 1: 1, 2: 3, 3: 2}, 10*time.Second, 1)
+	require.Equal(t, 4, f.Sessions)
+	require.Equal(t, 2, f.Completed)
+	require.Equal(t, 1, f.Refused)
+	require.InDelta(t, 4.5, f.GoodputTokPS, 1e-9) // (10+30+5)/10s
+	require.InDelta(t, 5, f.CompletionP50, 1e-9)  // sessions of 9 s and 1 s
+	require.InDelta(t, 8.2, f.CompletionP90, 1e-9)
+	require.True(t, math.IsNaN(f.Moves))
+	// Model time: latencies scale, so the late call counts at scale 0.5.
+	f = sessionFigures(res, map[int]int{0: 2, 1: 1, 2: 3, 3: 2}, 10*time.Second, 0.5)
+	require.InDelta(t, 6.5, f.GoodputTokPS, 1e-9)
 }

@@ -77,7 +77,7 @@ func Run(ctx context.Context, opts Options, launch rig.Launcher) (*Report, error
 		if err != nil {
 			return nil, err
 		}
-		if math.IsNaN(rep.Bound) && opts.Workload.Kind == rig.WorkloadChat {
+		if math.IsNaN(rep.Bound) && (opts.Workload.Kind == rig.WorkloadChat || opts.Workload.Kind == rig.WorkloadAgents) {
 			rep.Bound = chatBound(res, chatSystemTokens(w))
 		}
 		rep.Results = append(rep.Results, pr)
@@ -92,14 +92,24 @@ func Run(ctx context.Context, opts Options, launch rig.Launcher) (*Report, error
 
 // countRequests is the number of HTTP requests the workload makes.
 func countRequests(o Options, w *rig.Workload) int {
-	if o.Workload.Kind == rig.WorkloadChat {
+	switch o.Workload.Kind {
+	case rig.WorkloadChat:
 		return len(w.Requests) * o.Workload.Chat.Turns
+	case rig.WorkloadAgents:
+		n := 0
+		for _, r := range w.Requests {
+			n += r.Agent.Calls()
+		}
+		return n
 	}
 	return len(w.Requests)
 }
 
 func chatSystemTokens(w *rig.Workload) int {
 	for _, r := range w.Requests {
+		if r.Agent != nil {
+			return len(tokenizer.NewStandIn().Encode(nil, "<|im_start|>system\n"+r.Agent.System+"<|im_end|>\n"))
+		}
 		if r.Session != nil {
 			// The stand-in ChatML rendering of the system message.
 			return len(tokenizer.NewStandIn().Encode(nil, "<|im_start|>system\n"+r.Session.System+"<|im_end|>\n"))
@@ -157,6 +167,20 @@ func runPolicy(ctx context.Context, opts Options, w *rig.Workload, policy, label
 	}
 	pr = summarise(label, w, res, delta, target.DecisionLatencies(), scale)
 	pr.Kind = rig.PolicyKind(policy)
+	if opts.Workload.Kind == rig.WorkloadAgents {
+		calls := map[int]int{}
+		for i, r := range w.Requests {
+			calls[i] = r.Agent.Calls()
+		}
+		pr.Sessions = sessionFigures(res, calls, pr.Duration, scale)
+		if m, ok := target.(sessionMover); ok {
+			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if v, err := m.SessionMoves(sctx); err == nil {
+				pr.Sessions.Moves = v
+			}
+			cancel()
+		}
+	}
 	if n, ok := target.(eppCounter); ok {
 		pr.EPPs = n.EPPCount()
 	}
@@ -180,6 +204,9 @@ func runPolicy(ctx context.Context, opts Options, w *rig.Workload, policy, label
 // one that reads an external EPP's own metrics.
 type (
 	eppCounter   interface{ EPPCount() int }
+	sessionMover interface {
+		SessionMoves(context.Context) (float64, error)
+	}
 	externalInfo interface {
 		Info(context.Context) *rig.EPPInfo
 	}

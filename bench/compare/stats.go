@@ -7,6 +7,7 @@ import (
 
 	"github.com/omnious/provider-node/bench/internal/stat"
 	"github.com/omnious/provider-node/bench/rig"
+	"github.com/omnious/provider-node/capacity"
 )
 
 // StageResult is one QPS-ladder stage of one policy.
@@ -69,6 +70,85 @@ type PolicyResult struct {
 	AcrossStages StageSummary
 	// Duration is the run's model-time length.
 	Duration time.Duration
+	// Sessions are an agent workload's figures; nil for other workloads.
+	Sessions *SessionFigures
+}
+
+// GoodputTTFT is the time-to-first-token objective a call must meet for
+// its output to count as goodput: the capacity model's default TTFT
+// objective (model time).
+var GoodputTTFT = capacity.DefaultObjectives.TTFT
+
+// SessionFigures are an agent workload's per-policy figures.
+type SessionFigures struct {
+	// GoodputTokPS is the output tokens per model second of calls whose
+	// TTFT met GoodputTTFT, over the run's duration.
+	GoodputTokPS float64
+	// Sessions is how many sessions started, Completed how many got every
+	// call answered, Refused how many got a 429 (session admission).
+	Sessions, Completed, Refused int
+	// CompletionP50 and CompletionP90 are completed sessions' times from
+	// the first call's send to the last call's end, seconds (model time).
+	CompletionP50, CompletionP90 float64
+	// Moves is what the EPPs' omnious_epp_session_moves_total grew by;
+	// NaN when unknown (another EPP).
+	Moves float64
+}
+
+// sessionFigures summarises an agent workload's results: calls are
+// grouped by Result.Session, and a session is complete when its calls
+// number calls[session] and none failed.
+func sessionFigures(res []*rig.Result, calls map[int]int, duration time.Duration, scale float64) *SessionFigures {
+	f := &SessionFigures{Moves: math.NaN(), CompletionP50: math.NaN(), CompletionP90: math.NaN()}
+	type acc struct {
+		n          int
+		failed     bool
+		refused    bool
+		start, end time.Time
+	}
+	by := map[int]*acc{}
+	var good int64
+	for _, r := range res {
+		a := by[r.Session]
+		if a == nil {
+			a = &acc{}
+			by[r.Session] = a
+		}
+		if r.Status == 429 {
+			a.refused = true
+		}
+		if r.Err != nil {
+			a.failed = true
+			continue
+		}
+		a.n++
+		if a.start.IsZero() || r.Start.Before(a.start) {
+			a.start = r.Start
+		}
+		if e := r.Start.Add(r.E2E); e.After(a.end) {
+			a.end = e
+		}
+		if time.Duration(float64(r.TTFT)*scale) <= GoodputTTFT {
+			good += int64(r.Output)
+		}
+	}
+	var done []float64
+	for s, a := range by {
+		f.Sessions++
+		if a.refused {
+			f.Refused++
+		}
+		if !a.failed && a.n == calls[s] {
+			f.Completed++
+			done = append(done, a.end.Sub(a.start).Seconds()*scale)
+		}
+	}
+	sort.Float64s(done)
+	f.CompletionP50, f.CompletionP90 = stat.Percentile(done, 50), stat.Percentile(done, 90)
+	if duration > 0 {
+		f.GoodputTokPS = float64(good) / duration.Seconds()
+	}
+	return f
 }
 
 // StageSummary is a ladder's summary across stages.

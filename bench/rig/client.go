@@ -28,6 +28,7 @@ type Result struct {
 	Output  int // completion tokens (usage, else content chunks)
 	Prompt  int // prompt tokens (usage)
 	Cached  int // usage.prompt_tokens_details.cached_tokens
+	Status  int // the HTTP status (0: no response)
 	Err     error
 	content strings.Builder
 	calls   []toolCall
@@ -107,7 +108,7 @@ func (c *Client) Completion(ctx context.Context, r *Request) *Result {
 		res.Err = fmt.Errorf("cannot encode request: %w", err)
 		return res
 	}
-	c.post(ctx, "/v1/completions", b, res)
+	c.post(ctx, "/v1/completions", b, res, "")
 	return res
 }
 
@@ -124,7 +125,29 @@ func (c *Client) chat(ctx context.Context, msgs []chatMessage, s *Session, stage
 		res.Err = fmt.Errorf("cannot encode request: %w", err)
 		return res
 	}
-	c.post(ctx, "/v1/chat/completions", b, res)
+	c.post(ctx, "/v1/chat/completions", b, res, "")
+	return res
+}
+
+// SessionHeader carries an agent session's id (the EPP's default
+// extproc session_header).
+const SessionHeader = "x-session-id"
+
+// agentCall sends one call of an agent session: a tool call is required
+// unless final, when the answer must be text.
+func (c *Client) agentCall(ctx context.Context, msgs []chatMessage, a *AgentSession, final bool, stage int) *Result {
+	body := chatBody{Model: c.model, Messages: msgs, MaxTokens: a.ToolCallMax, Stream: true,
+		StreamOptions: streamOptions{IncludeUsage: true}, Tools: a.Tools, ToolChoice: "required"}
+	if final {
+		body.MaxTokens, body.IgnoreEOS, body.ToolChoice = a.OutputLen, true, "none"
+	}
+	res := &Result{Stage: stage}
+	b, err := json.Marshal(body)
+	if err != nil {
+		res.Err = fmt.Errorf("cannot encode request: %w", err)
+		return res
+	}
+	c.post(ctx, "/v1/chat/completions", b, res, a.ID)
 	return res
 }
 
@@ -158,8 +181,9 @@ type streamChunk struct {
 	} `json:"error"`
 }
 
-// post sends body and reads the SSE stream into res.
-func (c *Client) post(ctx context.Context, path string, body []byte, res *Result) {
+// post sends body and reads the SSE stream into res; session, when set,
+// goes in the session header.
+func (c *Client) post(ctx context.Context, path string, body []byte, res *Result, session string) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+path, bytes.NewReader(body))
 	if err != nil {
 		res.Err = fmt.Errorf("cannot build request: %w", err)
@@ -167,6 +191,9 @@ func (c *Client) post(ctx context.Context, path string, body []byte, res *Result
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "text/event-stream")
+	if session != "" {
+		req.Header.Set(SessionHeader, session)
+	}
 	res.Start = time.Now()
 	resp, err := c.http.Do(req)
 	if err != nil {
@@ -174,6 +201,7 @@ func (c *Client) post(ctx context.Context, path string, body []byte, res *Result
 		return
 	}
 	defer resp.Body.Close()
+	res.Status = resp.StatusCode
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		res.Err = fmt.Errorf("status %d: %s", resp.StatusCode, strings.TrimSpace(string(msg)))
@@ -308,6 +336,10 @@ loop:
 				runSession(rctx, c, r, idx, add)
 				return
 			}
+			if r.Agent != nil {
+				runAgent(rctx, c, r, idx, add)
+				return
+			}
 			add(c.Completion(rctx, r))
 		}(i)
 	}
@@ -345,6 +377,51 @@ func runSession(ctx context.Context, c *Client, r *Request, idx int, add func(*R
 				return
 			case <-t.C:
 			}
+		}
+	}
+}
+
+// runAgent runs one agent session call by call: each call sends the whole
+// history; after a tool call the session waits the tool's time and
+// appends its result.
+func runAgent(ctx context.Context, c *Client, r *Request, idx int, add func(*Result)) {
+	a := r.Agent
+	msgs := []chatMessage{{Role: "system", Content: a.System}, {Role: "user", Content: a.Task}}
+	for call := range a.Calls() {
+		final := call == a.Calls()-1
+		res := c.agentCall(ctx, msgs, a, final, r.Stage)
+		res.Session, res.Turn = idx, call
+		add(res)
+		if res.Err != nil || final {
+			return // a session cannot go on without its answer
+		}
+		if d := a.Gaps[call]; d > 0 {
+			t := time.NewTimer(d)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+		msgs = append(msgs, chatMessage{Role: "assistant", Content: res.content.String(), ToolCalls: res.calls})
+		if len(res.calls) == 0 {
+			// No call parsed (cut by max_tokens): the result goes back
+			// as the user's message.
+			msgs = append(msgs, chatMessage{Role: "user", Content: a.Results[call]})
+			continue
+		}
+		for i, tc := range res.calls {
+			id := tc.ID
+			if id == "" {
+				id = fmt.Sprintf("call_%d_%d_%d", idx, call, i)
+				msgs[len(msgs)-1].ToolCalls[i].ID = id
+			}
+			content := `{"ok": true}`
+			if i == 0 {
+				content = a.Results[call]
+			}
+			msgs = append(msgs, chatMessage{Role: "tool", ToolCallID: id, Content: content})
 		}
 	}
 }

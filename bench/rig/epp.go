@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/omnious/provider-node/bench/internal/launch"
+	"github.com/omnious/provider-node/bench/internal/promtext"
 	"github.com/omnious/provider-node/capacity"
 	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/extproc/testgw"
@@ -51,7 +52,7 @@ func EPPLauncherVia(log *zap.Logger, ext ExternalOptions, gw GatewayOptions) Lau
 			}
 			return launchExternal(ctx, x, fleet, ext.Dir, *ext.Settle, epps, log)
 		}
-		return StartEPPsVia(ctx, log, gw, policy, fleet, epps, nil)
+		return startEPPs(ctx, log, gw, policy, fleet, epps, nil, ext.TimeScale)
 	}
 }
 
@@ -81,19 +82,21 @@ type GatewayOptions struct {
 // learn from.
 func StartEPPs(ctx context.Context, log *zap.Logger, policy string, fleet []endpoint.Endpoint, epps int,
 	onWindow func(addr string, w capacity.Window)) (*EPPTarget, error) {
-	return StartEPPsVia(ctx, log, GatewayOptions{}, policy, fleet, epps, onWindow)
+	return startEPPs(ctx, log, GatewayOptions{}, policy, fleet, epps, onWindow, 1)
 }
 
-// StartEPPsVia is StartEPPs behind gw. Behind Envoy each EPP names one
+// startEPPs starts the EPPs behind gw. Behind Envoy each EPP names one
 // endpoint per decision (extproc.max_endpoints 1, the EPP's default):
 // the shipped config's ORIGINAL_DST cluster takes a single ip:port. The
 // test gateway gets every endpoint of a decision and walks them.
-func StartEPPsVia(ctx context.Context, log *zap.Logger, gw GatewayOptions, policy string, fleet []endpoint.Endpoint, epps int,
-	onWindow func(addr string, w capacity.Window)) (*EPPTarget, error) {
+// timeScale is the simulated fleet's (1 for real engines): the built-in
+// policies' session timings run that much faster.
+func startEPPs(ctx context.Context, log *zap.Logger, gw GatewayOptions, policy string, fleet []endpoint.Endpoint, epps int,
+	onWindow func(addr string, w capacity.Window), timeScale float64) (*EPPTarget, error) {
 	if gw.Kind != "" && gw.Kind != GatewayBuiltin && gw.Kind != GatewayEnvoy {
 		return nil, fmt.Errorf("gateway %q: want builtin or envoy", gw.Kind)
 	}
-	sc, err := schedulerConfig(policy)
+	sc, err := schedulerConfig(policy, timeScale)
 	if err != nil {
 		return nil, err
 	}
@@ -154,9 +157,20 @@ func StartEPPsVia(ctx context.Context, log *zap.Logger, gw GatewayOptions, polic
 	return t, nil
 }
 
-func schedulerConfig(policy string) (scheduler.Config, error) {
+// schedulerConfig is a built-in policy's config, its session settings
+// (wall-time objectives and timeouts) scaled to a fleet timeScale times
+// faster than real time, or a config file's as written.
+func schedulerConfig(policy string, timeScale float64) (scheduler.Config, error) {
 	if IsPolicyName(policy) {
-		return launch.Tuning{Policy: policy, ScrapeInterval: ScrapeInterval, ScrapeTimeout: ScrapeInterval}.Config()
+		c, err := launch.Tuning{Policy: policy, ScrapeInterval: ScrapeInterval, ScrapeTimeout: ScrapeInterval}.Config()
+		if err != nil || !(timeScale > 0) || timeScale == 1 {
+			return c, err
+		}
+		se := &c.Sessions
+		wall := func(d time.Duration) time.Duration { return time.Duration(float64(d) / timeScale) }
+		se.TTFTObjective, se.IdleTimeout, se.QueueTTL = wall(se.TTFTObjective), wall(se.IdleTimeout), wall(se.QueueTTL)
+		se.PrefillRate *= timeScale
+		return c, c.Validate()
 	}
 	data, err := os.ReadFile(policy)
 	if err != nil {
@@ -165,8 +179,11 @@ func schedulerConfig(policy string) (scheduler.Config, error) {
 	return scheduler.ParseConfig(data)
 }
 
-// IsPolicyName is whether s names a built-in policy (DefaultPolicies).
-func IsPolicyName(s string) bool { return slices.Contains(DefaultPolicies(), s) }
+// IsPolicyName is whether s names a built-in policy (DefaultPolicies, or
+// agent, which only the agents scenario runs by default).
+func IsPolicyName(s string) bool {
+	return slices.Contains(DefaultPolicies(), s) || s == scheduler.PolicyAgent
+}
 
 // EPPTarget is a policy run by the bench's own EPPs (StartEPPs).
 type EPPTarget struct {
@@ -201,6 +218,24 @@ func (t *EPPTarget) EPPCount() int { return len(t.epps) }
 
 // EPPs are the EPPs serving the policy, the one given onWindow first.
 func (t *EPPTarget) EPPs() []*launch.EPP { return t.epps }
+
+// SessionMoves is the sum of the EPPs' omnious_epp_session_moves_total:
+// the session calls the agent policy moved off their history's replica.
+func (t *EPPTarget) SessionMoves(ctx context.Context) (float64, error) {
+	var total float64
+	for _, e := range t.epps {
+		page, err := e.Metrics(ctx)
+		if err != nil {
+			return 0, err
+		}
+		sums, _, err := promtext.Sum(page, "omnious_epp_session_moves_total")
+		if err != nil {
+			return 0, fmt.Errorf("cannot read session moves: %w", err)
+		}
+		total += sums[0]
+	}
+	return total, nil
+}
 
 // Close stops the gateway, then every EPP started.
 func (t *EPPTarget) Close() error {

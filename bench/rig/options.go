@@ -23,6 +23,7 @@ const (
 	WorkloadTrace        = "trace"
 	WorkloadSharedPrefix = "shared-prefix"
 	WorkloadChat         = "chat"
+	WorkloadAgents       = "agents"
 )
 
 // Options are the fleet, the traffic and the client of one bench run.
@@ -88,7 +89,7 @@ type FleetOptions struct {
 
 // WorkloadOptions select and shape the traffic.
 type WorkloadOptions struct {
-	// Kind is "trace", "shared-prefix" (default) or "chat".
+	// Kind is "trace", "shared-prefix" (default), "chat" or "agents".
 	Kind string
 	// Trace is a Mooncake trace (kind "trace").
 	Trace TraceOptions
@@ -96,6 +97,50 @@ type WorkloadOptions struct {
 	SharedPrefix SharedPrefixOptions
 	// Chat is the multi-turn chat workload (kind "chat").
 	Chat ChatOptions
+	// Agents is the tool-using agent workload (kind "agents").
+	Agents AgentOptions
+}
+
+// AgentOptions are tool-using agent sessions through
+// /v1/chat/completions (bench/README.md cites where each default comes
+// from). Sessions start as a Poisson process; each makes Calls calls.
+// Every call sends the shared system prompt, the tools (their schema is
+// the prompt's second shared part), the session's task and its history;
+// every call but the last must call a tool (tool_choice "required"), the
+// last answers (tool_choice "none", OutputLen tokens). After a tool call
+// the session waits its tool time, then appends the tool's result. Counts
+// and gaps are drawn from log-normal distributions of the given median
+// and Sigma, capped at their max.
+type AgentOptions struct {
+	// Sessions is the number of sessions. Default 64.
+	Sessions int
+	// SessionRate is new sessions per model second. Default 0.5.
+	SessionRate float64
+	// Calls is the median calls per session (at least 2); CallsMax caps
+	// them. Defaults 12 and 40.
+	Calls, CallsMax int
+	// SystemLen is the shared system prompt in tokens (words). Default 1000.
+	SystemLen int
+	// SchemaLen is the tools' descriptions in tokens (words), over Tools
+	// tools. Defaults 1200 and 4.
+	SchemaLen, Tools int
+	// TaskLen is each session's task (first user message) in tokens.
+	// Default 300.
+	TaskLen int
+	// ResultLen is the median tokens of a tool's result; ResultMax caps
+	// them. Defaults 700 and 4000.
+	ResultLen, ResultMax int
+	// OutputLen is the final answer's max_tokens (a tool call is as long
+	// as the engine makes it, within ToolCallMax). Defaults 300 and 256.
+	OutputLen, ToolCallMax int
+	// Gap is the median model-time tool time between a call's answer and
+	// the next call; GapMax caps it. Defaults 5s and 60s.
+	Gap, GapMax time.Duration
+	// Sigma is the log-normal shape of calls, results and gaps. Default 0.8.
+	Sigma float64
+	// NoSessionIDs sends no session header: the router must infer
+	// sessions from prefixes. Default false (x-session-id is sent).
+	NoSessionIDs bool
 }
 
 // TraceOptions replay a Mooncake-format JSONL trace.
@@ -182,6 +227,10 @@ type ExternalOptions struct {
 	// the fleet's endpoint files, rendered templates, the command as run
 	// and the EPP's output (epp.log). Default "out/bench-epp".
 	Dir string
+	// TimeScale is the simulated fleet's: the built-in policies' session
+	// objective and timeouts, which the EPP counts in wall time, are
+	// divided by it and their default prefill rate multiplied. Default 1.
+	TimeScale float64
 	// Settle is how long the bench waits after an external EPP answers
 	// gRPC health SERVING before it sends traffic. nil:
 	// DefaultExternalSettle (2s); 0 sends at once.
@@ -234,6 +283,22 @@ func (o Options) WithDefaults() Options {
 	def(&c.OutputLen, 64)
 	def(&c.SessionRate, 2)
 	def(&c.ThinkTime, 2*time.Second)
+	a := &w.Agents
+	def(&a.Sessions, 64)
+	def(&a.SessionRate, 0.5)
+	def(&a.Calls, 12)
+	def(&a.CallsMax, 40)
+	def(&a.SystemLen, 1000)
+	def(&a.SchemaLen, 1200)
+	def(&a.Tools, 4)
+	def(&a.TaskLen, 300)
+	def(&a.ResultLen, 700)
+	def(&a.ResultMax, 4000)
+	def(&a.OutputLen, 300)
+	def(&a.ToolCallMax, 256)
+	def(&a.Gap, 5*time.Second)
+	def(&a.GapMax, 60*time.Second)
+	def(&a.Sigma, 0.8)
 	def(&o.Scenario, w.Kind)
 	return o
 }
@@ -312,8 +377,15 @@ func (o Options) Validate() error {
 		if c.Sessions < 1 || c.Turns < 1 || c.UserLen < 1 || c.OutputLen < 1 || c.SystemPromptLen < 0 || !(c.SessionRate > 0) || c.ThinkTime < 0 {
 			errs = append(errs, errors.New("chat: sessions, turns, lengths and session rate must be positive"))
 		}
+	case WorkloadAgents:
+		a := w.Agents
+		if a.Sessions < 1 || !(a.SessionRate > 0) || a.Calls < 2 || a.CallsMax < a.Calls || a.SystemLen < 0 || a.SchemaLen < 0 ||
+			a.Tools < 1 || a.TaskLen < 1 || a.ResultLen < 1 || a.ResultMax < a.ResultLen || a.OutputLen < 1 || a.ToolCallMax < 1 ||
+			a.Gap < 0 || a.GapMax < a.Gap || a.Sigma < 0 {
+			errs = append(errs, errors.New("agents: sessions, rate, lengths and tools must be positive, calls at least 2, each max at least its median, gaps and sigma not negative"))
+		}
 	default:
-		errs = append(errs, fmt.Errorf("workload %q: want trace, shared-prefix or chat", w.Kind))
+		errs = append(errs, fmt.Errorf("workload %q: want trace, shared-prefix, chat or agents", w.Kind))
 	}
 	return errors.Join(errs...)
 }

@@ -38,7 +38,30 @@ type Request struct {
 	// Session, when set, makes this request a whole chat session started at
 	// At; Tokens and Text are unused.
 	Session *Session
+	// Agent, when set, makes this request a whole agent session started
+	// at At; Tokens and Text are unused.
+	Agent *AgentSession
 }
+
+// AgentSession is one tool-using agent's chain of calls.
+type AgentSession struct {
+	// ID is the session header's value ("" sends none).
+	ID string
+	// System and Tools are shared by every session; Task is the first
+	// user message.
+	System, Task string
+	Tools        json.RawMessage
+	// Results are the tools' results, one per call but the last, and
+	// Gaps the wall-time tool time before each is sent.
+	Results []string
+	Gaps    []time.Duration
+	// OutputLen is the final answer's max_tokens, ToolCallMax a tool
+	// call's.
+	OutputLen, ToolCallMax int
+}
+
+// Calls is how many calls the session makes.
+func (a *AgentSession) Calls() int { return len(a.Results) + 1 }
 
 // Session is one multi-turn conversation through /v1/chat/completions.
 type Session struct {
@@ -488,6 +511,84 @@ func chatSessions(o Options) *Workload {
 	return w
 }
 
+// agentTools are n function tools whose descriptions total words words:
+// the tool schema every agent call sends after the system prompt.
+func agentTools(seed int64, n, words_ int) json.RawMessage {
+	names := []string{"bash", "str_replace_editor", "find_file", "search_dir", "open_file", "submit"}
+	type fn struct {
+		Name        string          `json:"name"`
+		Description string          `json:"description"`
+		Parameters  json.RawMessage `json:"parameters"`
+	}
+	type tool struct {
+		Type     string `json:"type"`
+		Function fn     `json:"function"`
+	}
+	tools := make([]tool, n)
+	for i := range tools {
+		name := fmt.Sprintf("tool_%d", i)
+		if i < len(names) {
+			name = names[i]
+		}
+		per := words_ / n
+		if i < words_%n {
+			per++
+		}
+		tools[i] = tool{Type: "function", Function: fn{Name: name, Description: strings.TrimSpace(words(seed, "tooldesc", i, 0, per)),
+			Parameters: json.RawMessage(`{"type":"object","properties":{"command":{"type":"string"},"path":{"type":"string"}},"required":["command"]}`)}}
+	}
+	b, _ := json.Marshal(tools) // plain structs: cannot fail
+	return b
+}
+
+// logNormal draws a log-normal value of the given median and shape,
+// capped at hi and at least lo.
+func logNormal(rng *rand.Rand, median, sigma, lo, hi float64) float64 {
+	return min(max(median*math.Exp(sigma*rng.NormFloat64()), lo), hi)
+}
+
+// agentSessions builds the agent workload. Its bound depends on the tool
+// calls the engine makes, so it is estimated from the first run's usage,
+// as chat's is.
+func agentSessions(o Options) *Workload {
+	a := o.Workload.Agents
+	rng := rand.New(rand.NewPCG(uint64(o.Seed), 0x6167656e74))
+	system := "You are an autonomous software engineering agent." + words(o.Seed, "agentsys", 0, 0, a.SystemLen)
+	tools := agentTools(o.Seed, a.Tools, a.SchemaLen)
+	ids := "with session ids"
+	if a.NoSessionIDs {
+		ids = "without session ids"
+	}
+	w := &Workload{Name: fmt.Sprintf("agents: %d sessions at %g/s, median %d calls, %d+%d shared tokens, results median %d, gaps median %v, %s",
+		a.Sessions, a.SessionRate, a.Calls, a.SystemLen, a.SchemaLen, a.ResultLen, a.Gap, ids),
+		Bound: math.NaN(), BoundNote: "estimated from the first policy's usage: each call can hit the previous call's prompt and output, each session after the first the shared system prompt and tools"}
+	t := 0.0
+	for s := 0; s < a.Sessions; s++ {
+		if s > 0 {
+			t += rng.ExpFloat64() / a.SessionRate
+		}
+		calls := int(math.Round(logNormal(rng, float64(a.Calls), a.Sigma, 2, float64(a.CallsMax))))
+		as := &AgentSession{System: system, Tools: tools, OutputLen: a.OutputLen, ToolCallMax: a.ToolCallMax,
+			Task: strings.TrimSpace(words(o.Seed, "agenttask", s, 0, a.TaskLen))}
+		if !a.NoSessionIDs {
+			as.ID = fmt.Sprintf("agent-%d-%d", o.Seed, s)
+		}
+		history := a.SystemLen + a.SchemaLen + a.TaskLen
+		for c := 0; c < calls-1; c++ {
+			n := int(logNormal(rng, float64(a.ResultLen), a.Sigma, 1, float64(a.ResultMax)))
+			gap := logNormal(rng, a.Gap.Seconds(), a.Sigma, 0, a.GapMax.Seconds())
+			as.Results = append(as.Results, strings.TrimSpace(words(o.Seed, "toolresult", s, c, n)))
+			as.Gaps = append(as.Gaps, time.Duration(gap/o.Fleet.TimeScale*float64(time.Second)))
+			history += n + a.ToolCallMax
+		}
+		w.MaxLen = max(w.MaxLen, history+a.OutputLen+64*calls)
+		w.Requests = append(w.Requests, Request{At: time.Duration(t / o.Fleet.TimeScale * float64(time.Second)), Agent: as})
+	}
+	end := w.Requests[len(w.Requests)-1].At
+	w.Stages = []Stage{{QPS: a.SessionRate * float64(a.Calls), End: end}}
+	return w
+}
+
 // BuildWorkload builds the workload of defaulted options.
 func BuildWorkload(o Options) (*Workload, error) {
 	switch o.Workload.Kind {
@@ -497,6 +598,69 @@ func BuildWorkload(o Options) (*Workload, error) {
 		return SharedPrefixWorkload(o), nil
 	case WorkloadChat:
 		return chatSessions(o), nil
+	case WorkloadAgents:
+		return agentSessions(o), nil
 	}
 	return nil, fmt.Errorf("unknown workload %q", o.Workload.Kind)
+}
+
+// PeakSessionTokens is the largest sum, over the sessions active at one
+// moment, of their histories in tokens (words: one stand-in token each,
+// JSON and template tokens left out), had every call taken call (wall
+// time) and tool calls toolCall tokens: what an agent workload asks the
+// fleet's KV cache to hold at its busiest. 0 for other workloads.
+func (w *Workload) PeakSessionTokens(call time.Duration, toolCall int) int64 {
+	type span struct {
+		at      time.Duration
+		history int64
+	}
+	var spans [][]span // per session: history from each call's start
+	var times []time.Duration
+	for _, r := range w.Requests {
+		a := r.Agent
+		if a == nil {
+			continue
+		}
+		h := int64(len(strings.Fields(a.System)) + len(strings.Fields(a.Task)) + toolWords(a.Tools))
+		at := r.At
+		var ss []span
+		for k := range a.Calls() {
+			ss = append(ss, span{at, h})
+			times = append(times, at)
+			if k < len(a.Results) {
+				at += call + a.Gaps[k]
+				h += int64(len(strings.Fields(a.Results[k])) + toolCall)
+			}
+		}
+		ss = append(ss, span{at + call, -1}) // ended
+		spans = append(spans, ss)
+	}
+	var peak int64
+	for _, t := range times {
+		var sum int64
+		for _, ss := range spans {
+			if t < ss[0].at || t >= ss[len(ss)-1].at {
+				continue
+			}
+			i := sort.Search(len(ss), func(i int) bool { return ss[i].at > t }) - 1
+			sum += ss[i].history
+		}
+		peak = max(peak, sum)
+	}
+	return peak
+}
+
+// toolWords counts the words of the tools' descriptions.
+func toolWords(tools json.RawMessage) int {
+	var ts []struct {
+		Function struct{ Description string } `json:"function"`
+	}
+	if json.Unmarshal(tools, &ts) != nil {
+		return 0
+	}
+	n := 0
+	for _, t := range ts {
+		n += len(strings.Fields(t.Function.Description))
+	}
+	return n
 }

@@ -61,6 +61,65 @@ type workloadFlags struct {
 	stageDur                               time.Duration
 	sessions, turns                        int
 	sessionRate                            float64
+	agents                                 agentFlags
+}
+
+// agentFlags are the agents workload's parameters (rig.AgentOptions).
+type agentFlags struct {
+	sessions, calls, callsMax, system, schema, tools int
+	task, result, resultMax, output, toolCallMax     int
+	rate, sigma                                      float64
+	gap, gapMax                                      time.Duration
+	noIDs                                            bool
+}
+
+func (f *agentFlags) register(fs *flag.FlagSet) {
+	fs.IntVar(&f.sessions, "agent-sessions", 0, "agents: sessions (0: 64)")
+	fs.Float64Var(&f.rate, "agent-rate", 0, "agents: new sessions per model second (0: 0.5)")
+	fs.IntVar(&f.calls, "agent-calls", 0, "agents: median calls per session, at least 2 (0: 12)")
+	fs.IntVar(&f.callsMax, "agent-calls-max", 0, "agents: most calls per session (0: 40)")
+	fs.IntVar(&f.system, "agent-system-len", 0, "agents: shared system prompt tokens (0: 1000)")
+	fs.IntVar(&f.schema, "agent-schema-len", 0, "agents: tool descriptions' tokens, shared (0: 1200)")
+	fs.IntVar(&f.tools, "agent-tools", 0, "agents: tools offered (0: 4)")
+	fs.IntVar(&f.task, "agent-task-len", 0, "agents: each session's task tokens (0: 300)")
+	fs.IntVar(&f.result, "agent-result-len", 0, "agents: median tool result tokens (0: 700)")
+	fs.IntVar(&f.resultMax, "agent-result-max", 0, "agents: largest tool result tokens (0: 4000)")
+	fs.IntVar(&f.output, "agent-output-len", 0, "agents: final answer tokens (0: 300)")
+	fs.IntVar(&f.toolCallMax, "agent-tool-call-max", 0, "agents: max_tokens of a tool call (0: 256)")
+	fs.DurationVar(&f.gap, "agent-gap", 0, "agents: median tool time between calls, model time (0: 5s)")
+	fs.DurationVar(&f.gapMax, "agent-gap-max", 0, "agents: longest tool time (0: 60s)")
+	fs.Float64Var(&f.sigma, "agent-sigma", 0, "agents: log-normal shape of calls, results and gaps (0: 0.8)")
+	fs.BoolVar(&f.noIDs, "agent-no-session-ids", false, "agents: send no session header (the router infers sessions from prefixes)")
+}
+
+func (f *agentFlags) apply(a *rig.AgentOptions, set map[string]bool) {
+	for _, v := range []struct {
+		name string
+		src  int
+		dst  *int
+	}{{"agent-sessions", f.sessions, &a.Sessions}, {"agent-calls", f.calls, &a.Calls}, {"agent-calls-max", f.callsMax, &a.CallsMax},
+		{"agent-system-len", f.system, &a.SystemLen}, {"agent-schema-len", f.schema, &a.SchemaLen}, {"agent-tools", f.tools, &a.Tools},
+		{"agent-task-len", f.task, &a.TaskLen}, {"agent-result-len", f.result, &a.ResultLen}, {"agent-result-max", f.resultMax, &a.ResultMax},
+		{"agent-output-len", f.output, &a.OutputLen}, {"agent-tool-call-max", f.toolCallMax, &a.ToolCallMax}} {
+		if set[v.name] {
+			*v.dst = v.src
+		}
+	}
+	if set["agent-rate"] {
+		a.SessionRate = f.rate
+	}
+	if set["agent-sigma"] {
+		a.Sigma = f.sigma
+	}
+	if set["agent-gap"] {
+		a.Gap = f.gap
+	}
+	if set["agent-gap-max"] {
+		a.GapMax = f.gapMax
+	}
+	if set["agent-no-session-ids"] {
+		a.NoSessionIDs = f.noIDs
+	}
 }
 
 type sweepFlags struct {
@@ -75,7 +134,7 @@ type checkFlags struct {
 }
 
 func (f *compareFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.scenario, "scenario", "", "preset scenario: demo or llmd-73 (other flags override it)")
+	fs.StringVar(&f.scenario, "scenario", "", "preset scenario: demo, llmd-73 or agents (other flags override it)")
 	fs.Var(&f.policies, "policies", "comma-separated policies or EPP config files (default all five); repeatable; "+
 		"exec:[LABEL=]COMMAND (the rest of the value, commas included) starts another EPP, addr:[LABEL=]HOST:PORT[+METRICS_HOST:PORT] races one already running")
 	fs.StringVar(&f.eppDir, "epp-dir", "out/bench-epp", "exec: policies: one directory per label for the fleet files, the command and the EPP's output")
@@ -113,7 +172,7 @@ func (f *fleetFlags) register(fs *flag.FlagSet) {
 }
 
 func (f *workloadFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.kind, "workload", "", "shared-prefix, chat or trace (default shared-prefix, or trace with -trace)")
+	fs.StringVar(&f.kind, "workload", "", "shared-prefix, chat, agents or trace (default shared-prefix, or trace with -trace)")
 	fs.StringVar(&f.trace, "trace", "", "Mooncake JSONL trace")
 	fs.Float64Var(&f.speedup, "speedup", 0, "divide trace timestamps by this (default: the time scale)")
 	fs.IntVar(&f.limit, "limit", 0, "replay only the first N trace requests")
@@ -130,6 +189,7 @@ func (f *workloadFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.turns, "turns", 0, "chat: turns per session")
 	fs.Float64Var(&f.sessionRate, "session-rate", 0, "chat: new sessions per model second")
 	fs.BoolVar(&f.tools, "tools", false, "chat: offer a tool (tool_choice auto)")
+	f.agents.register(fs)
 }
 
 func (f *sweepFlags) register(fs *flag.FlagSet) {
@@ -179,8 +239,12 @@ func runCompare(args []string, sweep bool) error {
 	if err != nil {
 		return err
 	}
+	timeScale := opts.Fleet.TimeScale
+	if opts.Fleet.Mode == rig.FleetURLs {
+		timeScale = 1 // real engines run in real time
+	}
 	rep, err := f.report(ctx, opts, sweep, launcher(f.direct, f.seed, log,
-		rig.ExternalOptions{Dir: f.eppDir, Settle: &f.eppSettle}, gw))
+		rig.ExternalOptions{Dir: f.eppDir, Settle: &f.eppSettle, TimeScale: timeScale}, gw))
 	if rep == nil {
 		return err
 	}
@@ -349,6 +413,7 @@ func (f *workloadFlags) apply(w *rig.WorkloadOptions, set map[string]bool) error
 		ch.SessionRate = f.sessionRate
 	}
 	ch.Tools = ch.Tools || f.tools
+	f.agents.apply(&w.Agents, set)
 	return nil
 }
 

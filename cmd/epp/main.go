@@ -130,7 +130,7 @@ func newFlags(cfg *epp.Config) (*flag.FlagSet, flagValues) {
 	f.kubeconfig = fs.String("kubeconfig", "", "kubeconfig file outside a cluster (default: in-cluster service account)")
 	fs.BoolVar(&cfg.StandInTokenizer, "standin-tokenizer", cfg.StandInTokenizer, "tokenize as enginesim does (simulated fleets only)")
 	f.tokenizers = fs.String("tokenizers", "", "model=dir[,model=dir...]: tokenizer.json directories for exact prompt tokens")
-	fs.StringVar(&cfg.Scheduler.Policy, "policy", cfg.Scheduler.Policy, "precise, approximate, random, round-robin or least-queue")
+	fs.StringVar(&cfg.Scheduler.Policy, "policy", cfg.Scheduler.Policy, "precise, approximate, random, round-robin, least-queue or agent")
 	fs.IntVar(&cfg.Scheduler.BlockSize, "block-size", cfg.Scheduler.BlockSize, "engines' KV block size in tokens (0: the default, 16)")
 	fs.Int64Var(&cfg.Index.MemoryBudget, "index-memory-budget", cfg.Index.MemoryBudget, "KV index memory budget in bytes (0: 256 MiB)")
 	f.peers = fs.String("peers", strings.Join(cfg.WarmStart.Peers, ","), "host:port[,host:port...]: sibling EPPs' admin addresses to take the KV index from at start")

@@ -1,0 +1,12 @@
+#!/bin/sh
+# One agents run: precise, approximate, agent and llm-d-router's EPP
+# (built as bench/README.md says; LLMD_EPP names the binary) on one fleet.
+# $1: output name (OUT/$1.txt, .json, .html); the rest: extra bench flags.
+set -e
+name=$1; shift
+cd "$(dirname "$0")/../../.."
+out=${OUT:-out/agents}
+mkdir -p "$out"
+${BENCH:-bin/bench} -scenario agents -policies precise,approximate,agent \
+  -policies "exec:llmd=${LLMD_EPP:-llmd-epp} --config-file {file:docs/notebook/2026-12-06-agents/llmd-epp.yaml} --pool-name bench --grpc-port {grpc_port} --grpc-health-port {health_port} --metrics-port {metrics_port} --secure-serving=false --health-checking --drain-timeout 1s --tracing=false" \
+  -epp-dir "$out/epp-$name" -html "$out/$name.html" -json "$out/$name.json" "$@" > "$out/$name.txt" 2>&1

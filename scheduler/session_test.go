@@ -1,0 +1,286 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net/http"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omnious/provider-node/engines/metrics"
+	"github.com/omnious/provider-node/kvindex"
+)
+
+// sessionEnv is a 2-replica agent scheduler whose engines report
+// kvTokens of KV capacity each, with session admission on and the given
+// changes.
+func sessionEnv(t *testing.T, kvTokens int64, mut func(*Config)) *testEnv {
+	e := newEnv(t, 2, func(c *Config) {
+		c.Policy = PolicyAgent
+		c.Sessions.Admission = SessionAdmissionOn
+		c.Sessions.KVFraction = 1
+		if mut != nil {
+			mut(c)
+		}
+	})
+	for i := range 2 {
+		e.setSignals(i, metrics.Signals{Engine: metrics.EngineVLLM, BlockSize: 16, NumGPUBlocks: kvTokens / 16})
+	}
+	return e
+}
+
+// admitAsync runs Admit in a goroutine and returns where its error lands.
+func admitAsync(s *Scheduler, ctx context.Context, req *Request) <-chan error {
+	ch := make(chan error, 1)
+	go func() {
+		_, err := s.Admit(ctx, req)
+		ch <- err
+	}()
+	return ch
+}
+
+func sessReq(key string, n int) *Request {
+	return &Request{Model: testModel, SessionKey: key, Tokens: tokens(n, 3)}
+}
+
+// TestSessionTableBound: the table never holds more than max_sessions
+// sessions and the queue never more than queue_capacity, however many
+// distinct (and however long) keys clients send; the rest get 429
+// session_queue_full at once.
+func TestSessionTableBound(t *testing.T) {
+	for _, tc := range []struct {
+		name                  string
+		maxSessions, capacity int
+		keys                  int
+		keyLen                int
+	}{
+		{"short keys", 3, 2, 50, 8},
+		{"1 MiB keys", 2, 1, 10, 1 << 20},
+		{"no queue", 4, 0, 20, 16},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e := sessionEnv(t, 0, func(c *Config) {
+					c.Sessions.MaxSessions = tc.maxSessions
+					c.Sessions.QueueCapacity = new(tc.capacity)
+				})
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				var waiting []<-chan error
+				full := 0
+				for k := range tc.keys {
+					key := fmt.Sprintf("%d-%s", k, strings.Repeat("k", tc.keyLen))
+					ch := admitAsync(e.s, ctx, sessReq(key, 64))
+					synctest.Wait()
+					select {
+					case err := <-ch:
+						if err != nil {
+							require.ErrorIs(t, err, ErrSessionQueueFull)
+							require.Equal(t, http.StatusTooManyRequests, statusOf(err))
+							full++
+						}
+					default:
+						waiting = append(waiting, ch)
+					}
+					active, queued := e.s.stab.counts()
+					require.LessOrEqual(t, active, tc.maxSessions)
+					require.LessOrEqual(t, queued, tc.capacity)
+				}
+				active, queued := e.s.stab.counts()
+				require.Equal(t, tc.maxSessions, active)
+				require.Equal(t, tc.capacity, queued)
+				require.Len(t, waiting, tc.capacity)
+				require.Equal(t, tc.keys-tc.maxSessions-tc.capacity, full)
+				require.Equal(t, float64(full), testutil.ToFloat64(e.s.m.sessionRefused.WithLabelValues("session_queue_full")))
+				cancel()
+				for _, ch := range waiting {
+					require.ErrorIs(t, <-ch, ErrClientGone)
+				}
+			})
+		})
+	}
+}
+
+// TestSessionQueue: a new session that would push the active sessions'
+// histories past every replica's KV waits while calls of the admitted
+// sessions go through; past the queue TTL it gets 429
+// session_queue_expired, and when an admitted session goes idle for the
+// idle timeout first, the waiting session is admitted into the room it
+// leaves.
+func TestSessionQueue(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		ttl, idle time.Duration
+		want      error
+		waited    time.Duration // b's wait, within a second
+	}{
+		{"expires", 10 * time.Second, time.Minute, ErrSessionQueueExpired, 10 * time.Second},
+		// b's only call ends at once; a's calls keep it active.
+		{"admitted when an active session ends", time.Minute, 12 * time.Second, nil, 12 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				// 2 replicas x 4096 tokens of KV.
+				e := sessionEnv(t, 4096, func(c *Config) {
+					c.Sessions.QueueTTL = tc.ttl
+					c.Sessions.IdleTimeout = tc.idle
+				})
+				e.s.now = time.Now // the bubble's clock
+				for i := range 2 {
+					e.setSignals(i, metrics.Signals{Engine: metrics.EngineVLLM, BlockSize: 16, NumGPUBlocks: 4096 / 16})
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				go func() { _ = e.s.Run(ctx) }()
+
+				// a fills one replica, b most of the other.
+				a, err := e.s.admitPick(ctx, sessReq("a", 3000))
+				require.NoError(t, err)
+				a.Done(DoneInfo{Status: 200, PromptTokens: 3000, CompletionTokens: 200})
+				b0, err := e.s.admitPick(ctx, sessReq("b", 1800))
+				require.NoError(t, err)
+				require.NotEqual(t, primary(a), primary(b0), "b is bound to the replica with room")
+				b0.Done(DoneInfo{Status: 200, PromptTokens: 1800, CompletionTokens: 100})
+
+				// c needs 2000, or rather the 3,200 sessions end with: no
+				// replica has the room, it waits.
+				start := time.Now()
+				b := admitAsync(e.s, ctx, &Request{Model: testModel, SessionKey: "c", Tokens: tokens(2000, 3), Arrived: start})
+				synctest.Wait()
+				_, queued := e.s.stab.counts()
+				require.Equal(t, 1, queued)
+
+				// a's calls go first: straight through while c waits.
+				for range 3 {
+					time.Sleep(2 * time.Second)
+					d, err := e.s.admitPick(ctx, sessReq("a", 3300))
+					require.NoError(t, err)
+					d.Done(DoneInfo{Status: 200, PromptTokens: 3300, CompletionTokens: 100})
+					_, queued := e.s.stab.counts()
+					require.Equal(t, 1, queued, "c still waits")
+				}
+				err = <-b
+				require.InDelta(t, tc.waited.Seconds(), time.Since(start).Seconds(), 1)
+				active, queued := e.s.stab.counts()
+				require.Zero(t, queued)
+				if tc.want != nil {
+					require.ErrorIs(t, err, tc.want)
+					require.Equal(t, http.StatusTooManyRequests, statusOf(err))
+					require.Equal(t, 1.0, testutil.ToFloat64(e.s.m.sessionRefused.WithLabelValues(tc.want.(*Error).Reason)))
+					require.Equal(t, 2, active)
+					return
+				}
+				require.NoError(t, err)
+				require.Equal(t, 2, active, "b left, c came in")
+				// c is bound where b was: its first call goes there.
+				d, err := e.s.Pick(&Request{Model: testModel, SessionKey: "c", Tokens: tokens(2000, 3)}, nil)
+				require.NoError(t, err)
+				require.Equal(t, primary(b0), primary(d))
+				d.Done(DoneInfo{Status: 200})
+			})
+		})
+	}
+}
+
+// TestSessionPerReplica: new sessions are bound to the replica with the
+// most room, a replica's working set leaves out the shared prefix it held
+// at the session's first call, and a call that moves takes its history's
+// tokens to the new replica.
+func TestSessionPerReplica(t *testing.T) {
+	e := sessionEnv(t, 100000, nil)
+	system := tokens(1024, 7)
+	for i := range 2 {
+		e.store(i, system)
+	}
+	perRep := func() map[kvindex.Replica]int64 {
+		e.s.stab.mu.Lock()
+		defer e.s.stab.mu.Unlock()
+		return maps.Clone(e.s.stab.perRep)
+	}
+	var placed []string
+	for i, n := range []int{3000, 1000, 1000} {
+		prompt := append(append([]uint32{}, system...), tokens(n, uint32(20+i))...)
+		d, err := e.s.admitPick(ctx, &Request{Model: testModel, SessionKey: fmt.Sprint("s", i), Tokens: prompt})
+		require.NoError(t, err)
+		placed = append(placed, primary(d))
+		d.Done(DoneInfo{Status: 200}) // no usage: the history stays the prompt
+	}
+	// s0 on one replica (3000 beyond the shared 1024), s1 and s2 on the other.
+	require.NotEqual(t, placed[0], placed[1])
+	require.Equal(t, placed[1], placed[2])
+	r0, r1 := e.s.snap.Load().byAddr[placed[0]].id, e.s.snap.Load().byAddr[placed[1]].id
+	require.Equal(t, map[kvindex.Replica]int64{r0: 3000, r1: 2000}, perRep())
+
+	// s0's replica is over the prefill bound: its next call moves, and
+	// its history's tokens with it.
+	e.s.snap.Load().byAddr[placed[0]].pending.Add(1 << 30)
+	prompt := append(append([]uint32{}, system...), tokens(3100, 20)...)
+	d, err := e.s.admitPick(ctx, &Request{Model: testModel, SessionKey: "s0", Tokens: prompt})
+	require.NoError(t, err)
+	require.Equal(t, ReasonSessionMove, d.Reason)
+	require.Equal(t, placed[1], primary(d))
+	require.Equal(t, map[kvindex.Replica]int64{r1: 2000 + 3100}, perRep())
+	d.Done(DoneInfo{Status: 200})
+}
+
+// TestSessionExpect: a young session counts at least the mean history
+// calls have ended with, as it will grow: once sessions are known to end
+// at 3000 tokens, two more of 500 do not both fit beside one of 3000 in
+// 2 x 4096 tokens, though their prompts would.
+func TestSessionExpect(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := sessionEnv(t, 4096, nil)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		a, err := e.s.admitPick(ctx, sessReq("a", 1000))
+		require.NoError(t, err)
+		a.Done(DoneInfo{Status: 200, PromptTokens: 2900, CompletionTokens: 100})
+		b, err := e.s.admitPick(ctx, sessReq("b", 500))
+		require.NoError(t, err)
+		require.NotEqual(t, primary(a), primary(b))
+		b.Done(DoneInfo{Status: 200})
+		c := admitAsync(e.s, ctx, sessReq("c", 500))
+		synctest.Wait()
+		active, queued := e.s.stab.counts()
+		require.Equal(t, 2, active)
+		require.Equal(t, 1, queued, "c would grow past either replica's room")
+		cancel()
+		require.ErrorIs(t, <-c, ErrClientGone)
+	})
+}
+
+// TestSessionAdmissionAuto: "auto" turns session admission on with the
+// agent policy even when the policy is set after the defaults (a flag
+// over a config file), and "on" and "off" are what they say.
+func TestSessionAdmissionAuto(t *testing.T) {
+	for _, tc := range []struct {
+		policy, admission string
+		on                bool
+	}{
+		{PolicyAgent, "", true},
+		{PolicyAgent, SessionAdmissionAuto, true},
+		{PolicyAgent, SessionAdmissionOff, false},
+		{PolicyPrecise, "", false},
+		{PolicyPrecise, SessionAdmissionOn, true},
+	} {
+		t.Run(tc.policy+"/"+tc.admission, func(t *testing.T) {
+			c := DefaultConfig()
+			if tc.admission != "" {
+				c.Sessions.Admission = tc.admission
+			}
+			c.Policy = tc.policy // after the defaults
+			s, err := New(c, nil, nil, nil)
+			require.NoError(t, err)
+			require.Equal(t, tc.on, s.stab.enabled)
+		})
+	}
+	c := DefaultConfig()
+	c.Sessions.Admission = "maybe"
+	require.ErrorContains(t, c.Validate(), "sessions.admission")
+}
