@@ -49,14 +49,16 @@ type Config struct {
 	// TenantHeader is the fairness and usage key. Default
 	// "x-gateway-inference-fairness-id".
 	TenantHeader string `yaml:"tenant_header"`
-	// GatewayHeaders takes the band, tenant and session only from the
-	// gateway: the ext_proc request's metadata namespace MetadataGateway,
-	// keyed by the header names, which a client cannot write (the shipped
-	// Envoy configs move their route's values there after removing the
-	// client's headers). Request headers of those names are then ignored
-	// and x-omnious-calibration too (only the calibration token counts).
-	// Default false: the headers are read as they arrive
-	// (TestGatewayHeaders).
+	// GatewayHeaders takes the band and tenant only from the gateway: the
+	// ext_proc request's metadata namespace MetadataGateway, keyed by the
+	// header names, which a client cannot write (the shipped Envoy configs
+	// move their route's values there after removing the client's
+	// headers). Request headers of those names are then ignored, and
+	// x-omnious-calibration too (only the calibration token counts). The
+	// client's session header (or "user" field) still names its sessions,
+	// scoped to the gateway's tenant; a session in the metadata replaces
+	// it. Default false: the headers are read as they arrive
+	// (TestGatewayHeaders, TestGatewaySessionScoped).
 	GatewayHeaders bool `yaml:"gateway_headers"`
 	// CalibrationTokenFile holds the secret the calibration Job sends in
 	// x-omnious-calibration-token; with it, only a request carrying it

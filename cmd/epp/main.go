@@ -117,7 +117,7 @@ func newFlags(cfg *epp.Config) (*flag.FlagSet, flagValues) {
 	fs.StringVar(&cfg.Admin.ServerName, "admin-server-name", cfg.Admin.ServerName, "name verified in a sibling's admin certificate (empty: the address dialed)")
 	fs.BoolVar(&cfg.Admin.Unauthenticated, "admin-unauthenticated", cfg.Admin.Unauthenticated, "serve an admin port off loopback without authentication (anyone reaching it reads the index's prompts)")
 	fs.BoolVar(&cfg.ExtProc.GatewayHeaders, "gateway-headers", cfg.ExtProc.GatewayHeaders,
-		"take the band, tenant and session only from the gateway's omnious.gateway ext_proc metadata, never from request headers")
+		"take the band and tenant only from the gateway's omnious.gateway ext_proc metadata, never from request headers; a client's session key is scoped to that tenant")
 	fs.StringVar(&cfg.ExtProc.CalibrationTokenFile, "calibration-token-file", cfg.ExtProc.CalibrationTokenFile,
 		"file holding the secret x-omnious-calibration-token must carry to mark calibration (empty: x-omnious-calibration: 1 marks it)")
 	fs.StringVar(&cfg.TLSCertFile, "tls-cert-file", cfg.TLSCertFile, "TLS certificate for the gRPC port")

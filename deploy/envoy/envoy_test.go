@@ -11,8 +11,8 @@ import (
 	headermutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
 	headertometadatav3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_to_metadata/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
-	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
@@ -93,8 +93,10 @@ func TestBootstrap(t *testing.T) {
 	for _, m := range strip.GetMutations().GetRequestMutations() {
 		removed = append(removed, m.GetRemove())
 	}
+	// The session header passes: it is the client's own affinity key,
+	// which the EPP scopes to the gateway's tenant.
 	xc := extproc.Config{}.WithDefaults()
-	require.ElementsMatch(t, []string{xc.BandHeader, xc.TenantHeader, xc.SessionHeader, extproc.HeaderCalibration}, removed)
+	require.ElementsMatch(t, []string{xc.BandHeader, xc.TenantHeader, extproc.HeaderCalibration}, removed)
 	require.Empty(t, unpack(t, hcm.HttpFilters[1].GetTypedConfig(), &headermutationv3.HeaderMutation{}).GetMutations().GetRequestMutations(),
 		"route_headers sets only what a route's typed_per_filter_config says")
 	h2m := unpack(t, hcm.HttpFilters[2].GetTypedConfig(), &headertometadatav3.Config{})
