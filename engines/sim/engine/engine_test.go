@@ -400,7 +400,8 @@ func FuzzScheduler(f *testing.F) {
 	f.Add([]byte{40, 30, 0, 1, 1, 1, 250, 7}, uint8(1), uint8(50), true)
 	f.Add([]byte{3, 200, 2, 3, 4, 100, 100, 100}, uint8(16), uint8(8), false)
 	f.Fuzz(func(t *testing.T, data []byte, bs, blocks uint8, sglang bool) {
-		if bs == 0 || bs > 32 || blocks == 0 || blocks > 64 {
+		// vLLM needs a block besides its null block (TestConfigValidate).
+		if bs == 0 || bs > 32 || blocks == 0 || blocks > 64 || blocks == 1 && !sglang {
 			return
 		}
 		flavour := FlavourVLLM
