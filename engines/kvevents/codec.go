@@ -27,7 +27,7 @@ var ErrMalformed = errors.New("malformed msgpack")
 // added) and BlockRemoved as [tag, hashes, medium, group_idx, locality,
 // ownership] as pinned by the engine contract; unset optional slots are nil.
 func AppendBatch(dst []byte, b *Batch, f Format, h HashEncoding) ([]byte, error) {
-	if f > FormatArraySGLang {
+	if f > FormatMapSGLang {
 		return dst, fmt.Errorf("cannot encode batch: unknown format %d", f)
 	}
 	if h > HashBytes {
@@ -42,6 +42,8 @@ func AppendBatch(dst []byte, b *Batch, f Format, h HashEncoding) ([]byte, error)
 		switch f {
 		case FormatMap:
 			dst, err = appendEventMap(dst, ev, h)
+		case FormatMapSGLang:
+			dst, err = appendEventMapSGLang(dst, ev, h)
 		default:
 			dst, err = appendEventArray(dst, ev, f, h)
 		}
@@ -159,6 +161,64 @@ func appendEventMap(dst []byte, ev *Event, h HashEncoding) ([]byte, error) {
 		return dst, fmt.Errorf("unknown event kind %d", ev.Kind)
 	}
 	return dst, nil
+}
+
+// appendEventMapSGLang writes ev as SGLang 0.5.23's msgspec encoder does:
+// required fields always (lora_id as nil: the simulator has no LoRA ids),
+// optional ones only when set, in declaration order (TestSGLangShape).
+func appendEventMapSGLang(dst []byte, ev *Event, h HashEncoding) ([]byte, error) {
+	switch ev.Kind {
+	case KindBlockStored:
+		n := 6
+		for _, s := range [...]string{ev.Medium, ev.CacheSalt, ev.SessionID, ev.LoraName} {
+			if s != "" {
+				n++
+			}
+		}
+		dst = appendMapLen(dst, n)
+		dst = appendStr(dst, "type")
+		dst = appendStr(dst, tagBlockStored)
+		dst = appendStr(dst, "block_hashes")
+		dst = appendHashes(dst, ev.BlockHashes, h)
+		dst = appendStr(dst, "parent_block_hash")
+		dst = appendParent(dst, ev, h)
+		dst = appendStr(dst, "token_ids")
+		dst = appendTokens(dst, ev.TokenIDs)
+		dst = appendStr(dst, "block_size")
+		dst = appendInt(dst, int64(ev.BlockSize))
+		dst = appendStr(dst, "lora_id")
+		dst = appendNil(dst)
+		dst = appendOptField(dst, "medium", ev.Medium)
+		dst = appendOptField(dst, "cache_salt", ev.CacheSalt)
+		dst = appendOptField(dst, "session_id", ev.SessionID)
+		dst = appendOptField(dst, "lora_name", ev.LoraName)
+	case KindBlockRemoved:
+		n := 2
+		if ev.Medium != "" {
+			n++
+		}
+		dst = appendMapLen(dst, n)
+		dst = appendStr(dst, "type")
+		dst = appendStr(dst, tagBlockRemoved)
+		dst = appendStr(dst, "block_hashes")
+		dst = appendHashes(dst, ev.BlockHashes, h)
+		dst = appendOptField(dst, "medium", ev.Medium)
+	case KindAllBlocksCleared:
+		dst = appendMapLen(dst, 1)
+		dst = appendStr(dst, "type")
+		dst = appendStr(dst, tagAllBlocksCleared)
+	default:
+		return dst, fmt.Errorf("unknown event kind %d", ev.Kind)
+	}
+	return dst, nil
+}
+
+// appendOptField writes key and v, or nothing for "" (omit_defaults).
+func appendOptField(dst []byte, key, v string) []byte {
+	if v == "" {
+		return dst
+	}
+	return appendStr(appendStr(dst, key), v)
 }
 
 func appendParent(dst []byte, ev *Event, h HashEncoding) []byte {

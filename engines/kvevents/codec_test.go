@@ -148,9 +148,13 @@ func sampleEvents() []Event {
 func expectAfter(f Format, evs []Event) []Event {
 	out := make([]Event, len(evs))
 	for i, ev := range evs {
-		if f == FormatArraySGLang {
+		ev.SessionID = "" // encoded, never decoded
+		switch f {
+		case FormatArraySGLang:
 			ev.LoraName, ev.GroupIdx, ev.SpecKind = "", 0, ""
-		} else {
+		case FormatMapSGLang:
+			ev.GroupIdx, ev.SpecKind = 0, ""
+		default:
 			ev.CacheSalt = ""
 		}
 		out[i] = ev
@@ -159,13 +163,13 @@ func expectAfter(f Format, evs []Event) []Event {
 }
 
 func TestRoundTrip(t *testing.T) {
-	formats := []Format{FormatArray, FormatMap, FormatArraySGLang}
+	formats := []Format{FormatArray, FormatMap, FormatArraySGLang, FormatMapSGLang}
 	hashes := []HashEncoding{HashUint64, HashInt64, HashBytes}
 	for _, f := range formats {
 		for _, h := range hashes {
 			for k := range sampleEvents() {
 				ev := sampleEvents()[k]
-				name := ev.Kind.String() + "/" + []string{"array", "map", "sglang"}[f] + "/" + []string{"uint64", "int64", "bytes"}[h]
+				name := ev.Kind.String() + "/" + []string{"array", "map", "sglang-array", "sglang"}[f] + "/" + []string{"uint64", "int64", "bytes"}[h]
 				t.Run(name, func(t *testing.T) {
 					in := &Batch{TS: 12.5, Events: []Event{ev}, DPRank: 3, HasDPRank: k%2 == 0}
 					payload, err := AppendBatch(nil, in, f, h)
@@ -435,7 +439,7 @@ func TestDecodeReusesBatch(t *testing.T) {
 }
 
 func FuzzDecodeBatch(f *testing.F) {
-	for _, fm := range []Format{FormatArray, FormatMap, FormatArraySGLang} {
+	for _, fm := range []Format{FormatArray, FormatMap, FormatArraySGLang, FormatMapSGLang} {
 		for _, h := range []HashEncoding{HashUint64, HashInt64, HashBytes} {
 			p, err := AppendBatch(nil, &Batch{TS: 1, Events: sampleEvents(), HasDPRank: true}, fm, h)
 			if err != nil {

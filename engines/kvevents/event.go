@@ -58,6 +58,11 @@ type Event struct {
 	LoraName string
 	// CacheSalt is the request's cache_salt when the engine reports it.
 	CacheSalt string
+	// SessionID is the SGLang session that stored the blocks (attribution
+	// only: the hashes do not depend on it). It is encoded, never decoded:
+	// nothing downstream reads it, and a client-chosen string must not
+	// reach the decoder's intern table.
+	SessionID string
 	// Medium is the storage tier: "GPU", "CPU", "CPU_PINNED", "DISK", ... ;
 	// "" when the engine sent nil (treated as GPU).
 	Medium string
@@ -109,10 +114,21 @@ const (
 	// FormatMap is the tagged-map encoding: "type" first, then the fields in
 	// declaration order, nil optional fields omitted (vLLM 0.26+).
 	FormatMap
-	// FormatArraySGLang is SGLang's legacy positional encoding: BlockStored is
-	// [tag, hashes, parent, token_ids, block_size, lora_id, medium] plus an
-	// optional {"cache_salt": ...} slot, BlockRemoved is [tag, hashes, medium].
+	// FormatArraySGLang is SGLang's positional encoding (msgspec array_like,
+	// 0.4.8 to 0.5.16): BlockStored is [tag, hashes, parent, token_ids,
+	// block_size, lora_id, medium] plus an optional {"cache_salt": ...} slot
+	// (no release checked sends it), BlockRemoved is [tag, hashes, medium].
+	// 0.4.8 and 0.5.3 end BlockStored at lora_id and BlockRemoved at the
+	// hashes, and omit an unset dp_rank; the decoder reads every length
+	// (TestDecodeSGLangArrays).
 	FormatArraySGLang
+	// FormatMapSGLang is SGLang 0.5.23's tagged-map encoding (msgspec
+	// tag=True, omit_defaults=True): "type" first, then BlockStored's
+	// block_hashes, parent_block_hash, token_ids, block_size, lora_id (always
+	// present, nil), then medium, cache_salt, session_id, lora_name only when
+	// set; BlockRemoved is type, block_hashes, medium when set.
+	// TestSGLangShape keeps it equal in shape to SGLang 0.5.23's capture.
+	FormatMapSGLang
 )
 
 // HashEncoding selects how block hashes are represented on the wire.

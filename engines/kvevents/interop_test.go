@@ -50,6 +50,7 @@ func TestPythonSubscriberInterop(t *testing.T) {
 		{"vLLM 0.26 map bytes topic-seq", FormatMap, HashBytes, ReplayLayoutTopicSeq},
 		{"vLLM legacy array uint64 seq", FormatArray, HashUint64, ReplayLayoutSeq},
 		{"SGLang array int64 seq", FormatArraySGLang, HashInt64, ReplayLayoutSeq},
+		{"SGLang 0.5.23 map int64 topic-seq", FormatMapSGLang, HashInt64, ReplayLayoutTopicSeq},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -92,7 +92,7 @@ func NewPublisher(cfg PublisherConfig, log *zap.Logger) (*Publisher, error) {
 	if cfg.Endpoint == "" {
 		return nil, errors.New("cannot create publisher: empty endpoint")
 	}
-	if cfg.Format > FormatArraySGLang || cfg.HashEncoding > HashBytes || cfg.ReplayLayout > ReplayLayoutTopicSeq {
+	if cfg.Format > FormatMapSGLang || cfg.HashEncoding > HashBytes || cfg.ReplayLayout > ReplayLayoutTopicSeq {
 		return nil, errors.New("cannot create publisher: unknown format, hash encoding or replay layout")
 	}
 	if err := errors.Join(opt.DefaultNonNegative("BufferSteps", cfg.BufferSteps, defaultBufferSteps),

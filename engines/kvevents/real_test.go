@@ -103,3 +103,79 @@ func TestDecodeRealSGLang0523(t *testing.T) {
 	require.Equal(t, []uint64{303}, batches[1].Events[0].BlockHashes)
 	require.Equal(t, KindAllBlocksCleared, batches[2].Events[0].Kind)
 }
+
+// TestEncodeSGLang0523 encodes the batches sglang_capture.py published with
+// FormatMapSGLang and HashInt64: every frame equals SGLang 0.5.23's byte for
+// byte (engines/sim's TestSGLangShape checks the same through the
+// simulator's configuration and replay socket).
+func TestEncodeSGLang0523(t *testing.T) {
+	msgs := readHexLines(t, "sglang-0.5.23.frames")
+	neg202 := int64(-202)
+	batches := [][]Event{
+		{
+			{Kind: KindBlockStored, BlockHashes: []uint64{101, uint64(neg202)},
+				TokenIDs: []uint32{1, 2, 3, 4, 5, 6, 7, 8}, BlockSize: 4, Medium: "GPU"},
+			{Kind: KindBlockStored, BlockHashes: []uint64{303}, ParentHash: uint64(neg202), HasParent: true,
+				TokenIDs: []uint32{9, 10, 11, 12}, BlockSize: 4, CacheSalt: "salt-a", SessionID: "s1"},
+		},
+		{{Kind: KindBlockRemoved, BlockHashes: []uint64{303}, Medium: "GPU"}},
+		{{Kind: KindAllBlocksCleared}},
+	}
+	require.Len(t, msgs, len(batches))
+	for i, evs := range batches {
+		payload, err := AppendBatch(nil, &Batch{TS: 1765000000.5, Events: evs, HasDPRank: true}, FormatMapSGLang, HashInt64)
+		require.NoError(t, err)
+		got := MessageFrames([]byte("kv"), uint64(i), payload)
+		require.Len(t, got, len(msgs[i]))
+		for j := range got {
+			require.Equal(t, hex.EncodeToString(msgs[i][j]), hex.EncodeToString(got[j]), "message %d frame %d", i, j)
+		}
+	}
+	// lora_name, set only with an adapter, comes last as in BlockStored's
+	// declaration.
+	b, err := AppendBatch(nil, &Batch{Events: []Event{{Kind: KindBlockStored, BlockHashes: []uint64{1},
+		TokenIDs: []uint32{2}, BlockSize: 1, LoraName: "ad", SessionID: "s"}}}, FormatMapSGLang, HashInt64)
+	require.NoError(t, err)
+	require.True(t, strings.HasSuffix(string(b), "\xaasession_id\xa1s\xa9lora_name\xa2ad\xc0"), "%q", b)
+}
+
+// TestDecodeSGLangArrays decodes the positional layouts of SGLang 0.4.8 to
+// 0.5.16 (msgspec array_like with omit_defaults, read from their
+// kv_events modules): trailing unset fields and the unset dp_rank are
+// left out, so BlockStored may end at lora_id, BlockRemoved at the hashes
+// and the batch after the events.
+func TestDecodeSGLangArrays(t *testing.T) {
+	tests := []struct {
+		name, payload string
+		medium        string
+		hasDPRank     bool
+	}{
+		{"0.4.8 no dp_rank", `92 cb 3f f0 00 00 00 00 00 00 92
+			96 ab "BlockStored" 91 fb c0 92 01 02 02 c0
+			92 ac "BlockRemoved" 91 fb`, "", false},
+		{"0.5.10 medium", `93 cb 3f f0 00 00 00 00 00 00 92
+			97 ab "BlockStored" 91 fb c0 92 01 02 02 c0 a3 "GPU"
+			93 ac "BlockRemoved" 91 fb a3 "GPU" 00`, "GPU", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var b Batch
+			require.NoError(t, DecodeBatch(unhex(t, tt.payload), &b))
+			require.Zero(t, b.Unknown)
+			require.Equal(t, tt.hasDPRank, b.HasDPRank)
+			require.Len(t, b.Events, 2)
+			st, rm := b.Events[0], b.Events[1]
+			require.Equal(t, KindBlockStored, st.Kind)
+			require.Equal(t, []uint64{uint64(neg(5))}, st.BlockHashes)
+			require.False(t, st.HasParent)
+			require.Equal(t, []uint32{1, 2}, st.TokenIDs)
+			require.Equal(t, 2, st.BlockSize)
+			require.Equal(t, tt.medium, st.Medium)
+			require.Equal(t, KindBlockRemoved, rm.Kind)
+			require.Equal(t, []uint64{uint64(neg(5))}, rm.BlockHashes)
+			require.Equal(t, tt.medium, rm.Medium)
+		})
+	}
+}
+
+func neg(v int64) int64 { return -v }

@@ -74,14 +74,16 @@ type KVEventsConfig struct {
 	// Default 10000.
 	BufferSteps int `yaml:"buffer_steps"`
 	// Format is "map" (vLLM 0.26+ tagged maps), "array" (vLLM's legacy
-	// positional arrays) or "sglang" (SGLang's positional arrays).
+	// positional arrays), "sglang" (SGLang 0.5.23's tagged maps) or
+	// "sglang-array" (the positional arrays of SGLang 0.4.8 to 0.5.16).
 	// Default "map" for vllm, "sglang" for sglang.
 	Format string `yaml:"format"`
 	// Hashes is "uint64", "int64" or "bytes". Default "uint64" for vllm,
 	// "int64" for sglang.
 	Hashes string `yaml:"hashes"`
-	// ReplayLayout is "topic-seq" (vLLM 0.26+: topic frame in replies) or
-	// "seq" (older vLLM, SGLang). Default "topic-seq" for vllm, "seq" for sglang.
+	// ReplayLayout is "topic-seq" (vLLM 0.26+, SGLang 0.5.23: topic frame in
+	// replies) or "seq" (older vLLM, SGLang up to 0.5.16). Default
+	// "topic-seq".
 	ReplayLayout string `yaml:"replay_layout"`
 }
 
@@ -143,7 +145,7 @@ func (c Config) WithDefaults() Config {
 	sglang := c.Engine.Flavour == engine.FlavourSGLang
 	opt.Zero(&k.Format, pick(sglang, "sglang", "map"))
 	opt.Zero(&k.Hashes, pick(sglang, "int64", "uint64"))
-	opt.Zero(&k.ReplayLayout, pick(sglang, "seq", "topic-seq"))
+	opt.Zero(&k.ReplayLayout, "topic-seq")
 	opt.Zero(&c.Faults.ErrorStatus, 500)
 	return c
 }
@@ -203,9 +205,11 @@ func (k KVEventsConfig) format() (kvevents.Format, error) {
 	case "array":
 		return kvevents.FormatArray, nil
 	case "sglang":
+		return kvevents.FormatMapSGLang, nil
+	case "sglang-array":
 		return kvevents.FormatArraySGLang, nil
 	}
-	return 0, fmt.Errorf("kv_events.format %q is not map, array or sglang", k.Format)
+	return 0, fmt.Errorf("kv_events.format %q is not map, array, sglang or sglang-array", k.Format)
 }
 
 func (k KVEventsConfig) hashes() (kvevents.HashEncoding, error) {

@@ -732,7 +732,7 @@ func TestLoadConfig(t *testing.T) {
 	require.Equal(t, 5*time.Millisecond, c.Faults.Latency)
 	require.Equal(t, "sglang", c.KVEvents.Format, "SGLang flavour defaults to SGLang's event layout")
 	require.Equal(t, "int64", c.KVEvents.Hashes)
-	require.Equal(t, "seq", c.KVEvents.ReplayLayout)
+	require.Equal(t, "topic-seq", c.KVEvents.ReplayLayout, "SGLang 0.5.23 replays with the topic frame")
 
 	bad := t.TempDir() + "/bad.yaml"
 	require.NoError(t, os.WriteFile(bad, []byte("engine:\n  blok_size: 16\n"), 0o600))

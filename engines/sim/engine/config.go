@@ -29,7 +29,10 @@ type Config struct {
 	// BlockSize is the tokens per KV block (SGLang's page size). Default 16
 	// (vLLM's default; SGLang's own default page size is 1).
 	BlockSize int `yaml:"block_size"`
-	// NumGPUBlocks is the GPU cache size. Default DefaultKVTokens / BlockSize.
+	// NumGPUBlocks is the GPU cache size as the engine reports it. For vllm
+	// it counts, as vLLM's num_gpu_blocks does, the null block vLLM reserves
+	// and never allocates, so NumGPUBlocks-1 blocks hold KV (at least 2);
+	// for sglang every block does. Default DefaultKVTokens / BlockSize.
 	NumGPUBlocks int `yaml:"num_gpu_blocks"`
 	// NumCPUBlocks is the CPU offload tier size; 0 (default) disables it.
 	// Blocks evicted from the GPU are offloaded there (medium "CPU", SGLang
@@ -73,6 +76,16 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
+// usableGPUBlocks is how many GPU blocks can hold KV: vLLM's BlockPool
+// keeps block 0 as its null block (padding for skipped and sliding-window
+// blocks) and never allocates or caches it (TestNullBlock).
+func (c Config) usableGPUBlocks() int {
+	if c.Flavour == FlavourVLLM {
+		return c.NumGPUBlocks - 1
+	}
+	return c.NumGPUBlocks
+}
+
 // Validate reports every invalid setting of a completed config.
 func (c Config) Validate() error {
 	var errs []error
@@ -89,6 +102,9 @@ func (c Config) Validate() error {
 		opt.DefaultNonNegative("time_scale", c.TimeScale, 1))
 	if c.NumGPUBlocks < 0 {
 		errs = append(errs, fmt.Errorf("num_gpu_blocks %d is negative; give a positive value, or 0 for the default (DefaultKVTokens / block_size)", c.NumGPUBlocks))
+	}
+	if c.Flavour == FlavourVLLM && c.NumGPUBlocks == 1 {
+		errs = append(errs, errors.New("num_gpu_blocks 1 leaves vLLM no block besides its null block; give at least 2"))
 	}
 	if c.TimeScale > 1e6 {
 		errs = append(errs, fmt.Errorf("time_scale %v: want at most 1e6", c.TimeScale))

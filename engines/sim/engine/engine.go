@@ -197,7 +197,7 @@ func New(cfg Config, sink EventSink, log *zap.Logger, opts ...Option) (*Engine, 
 	if cfg.Flavour == FlavourSGLang {
 		cpuMedium = MediumCPUPinned
 	}
-	e.cache = newKVCache(cfg.BlockSize, cfg.NumGPUBlocks, cfg.NumCPUBlocks, cpuMedium, e.emitLocked)
+	e.cache = newKVCache(cfg.BlockSize, cfg.usableGPUBlocks(), cfg.NumCPUBlocks, cpuMedium, e.emitLocked)
 	e.stats.NumGPUBlocks, e.stats.NumCPUBlocks = cfg.NumGPUBlocks, cfg.NumCPUBlocks
 	e.reg = prometheus.NewRegistry()
 	m, err := newMetrics(e)
@@ -254,9 +254,9 @@ func (e *Engine) Submit(ctx context.Context, r *Request) (<-chan Update, error) 
 	}
 	// The KV of the last output token is never computed.
 	need := ceilDiv(len(r.Prompt)+len(r.Output)-1, e.cfg.BlockSize)
-	if need > e.cfg.NumGPUBlocks {
+	if need > e.cfg.usableGPUBlocks() {
 		return nil, fmt.Errorf("cannot submit request %q: %d prompt + %d output tokens need %d KV blocks, cache has %d",
-			r.ID, len(r.Prompt), len(r.Output), need, e.cfg.NumGPUBlocks)
+			r.ID, len(r.Prompt), len(r.Output), need, e.cfg.usableGPUBlocks())
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("cannot submit request %q: %w", r.ID, err)

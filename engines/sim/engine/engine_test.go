@@ -22,6 +22,8 @@ func TestConfigValidate(t *testing.T) {
 		{"flavour", func(c *Config) { c.Flavour = "tgi" }, `flavour "tgi"`},
 		{"block size", func(c *Config) { c.BlockSize = -1 }, "block_size -1"},
 		{"gpu blocks", func(c *Config) { c.NumGPUBlocks = -3 }, "num_gpu_blocks -3"},
+		{"only the null block", func(c *Config) { c.NumGPUBlocks = 1 }, "num_gpu_blocks 1"},
+		{"one sglang block", func(c *Config) { c.Flavour, c.NumGPUBlocks = FlavourSGLang, 1 }, ""},
 		{"cpu blocks", func(c *Config) { c.NumCPUBlocks = -1 }, "num_cpu_blocks -1"},
 		{"max seqs", func(c *Config) { c.MaxNumSeqs = -1 }, "max_num_seqs -1"},
 		{"budget", func(c *Config) { c.MaxNumBatchedTokens = -1 }, "max_num_batched_tokens -1"},
@@ -53,8 +55,38 @@ func TestConfigValidate(t *testing.T) {
 	require.Equal(t, 63*time.Microsecond, *d.Timing.PrefillPerToken)
 }
 
+// TestNullBlock: a vllm-flavoured engine given vLLM's num_gpu_blocks holds
+// KV in all but one of them, as vLLM's BlockPool keeps its null block
+// (usage is over the rest, the reported count is the configured one);
+// sglang uses every block.
+func TestNullBlock(t *testing.T) {
+	tests := []struct {
+		flavour string
+		usable  int
+	}{
+		{FlavourVLLM, 2},
+		{FlavourSGLang, 3},
+	}
+	for _, tt := range tests {
+		t.Run(tt.flavour, func(t *testing.T) {
+			h := newHarness(t, Config{Flavour: tt.flavour, BlockSize: 4, NumGPUBlocks: 3})
+			_, err := h.e.Submit(context.Background(), &Request{ID: "big", Prompt: seq(0, 4*tt.usable), Output: []uint32{1, 2}})
+			require.ErrorContains(t, err, fmt.Sprintf("cache has %d", tt.usable))
+			// A request filling every usable block runs at full usage.
+			up := h.submit("fit", seq(0, 4*tt.usable-1), []uint32{1, 2})
+			h.step()
+			s := h.e.Snapshot()
+			require.Equal(t, tt.usable, s.UsedBlocks)
+			require.InDelta(t, 1.0, s.KVUsage, 1e-9)
+			require.Equal(t, 3, s.NumGPUBlocks, "the engine reports the configured count")
+			h.runIdle()
+			drain(t, up)
+		})
+	}
+}
+
 func TestSubmitRejects(t *testing.T) {
-	h := newHarness(t, Config{BlockSize: 4, NumGPUBlocks: 4})
+	h := newHarness(t, Config{BlockSize: 4, NumGPUBlocks: 5}) // 4 and vLLM's null block
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
 	tests := []struct {
@@ -131,7 +163,8 @@ func TestChunkedPrefillBudget(t *testing.T) {
 func TestStepTiming(t *testing.T) {
 	ti := roundTiming
 	const blocks = 100
-	h := newHarness(t, Config{BlockSize: 16, NumGPUBlocks: blocks, Timing: ti.timing()})
+	// vLLM's usage is over the blocks besides its null block.
+	h := newHarness(t, Config{BlockSize: 16, NumGPUBlocks: blocks + 1, Timing: ti.timing()})
 	occ := func(nblocks int) time.Duration {
 		return time.Duration(float64(nblocks) / blocks * float64(ti.KVTerm))
 	}
@@ -367,7 +400,8 @@ func FuzzScheduler(f *testing.F) {
 	f.Add([]byte{40, 30, 0, 1, 1, 1, 250, 7}, uint8(1), uint8(50), true)
 	f.Add([]byte{3, 200, 2, 3, 4, 100, 100, 100}, uint8(16), uint8(8), false)
 	f.Fuzz(func(t *testing.T, data []byte, bs, blocks uint8, sglang bool) {
-		if bs == 0 || bs > 32 || blocks == 0 || blocks > 64 {
+		// vLLM needs a block besides its null block (TestConfigValidate).
+		if bs == 0 || bs > 32 || blocks == 0 || blocks > 64 || blocks == 1 && !sglang {
 			return
 		}
 		flavour := FlavourVLLM

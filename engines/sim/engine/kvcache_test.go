@@ -131,7 +131,7 @@ func TestPrefixCaching(t *testing.T) {
 }
 
 func TestSharedPrefixRefcount(t *testing.T) {
-	h := newHarness(t, Config{BlockSize: 4, NumGPUBlocks: 10})
+	h := newHarness(t, Config{BlockSize: 4, NumGPUBlocks: 11}) // 10 and vLLM's null block
 	// x leaves two cached, unreferenced blocks: the only eviction candidates.
 	h.complete("x", seq(3000, 8), []uint32{1})
 	x := h.sink.take()[0].BlockHashes
@@ -172,7 +172,7 @@ func TestSharedPrefixRefcount(t *testing.T) {
 }
 
 func TestLRUEviction(t *testing.T) {
-	h := newHarness(t, Config{BlockSize: 4, NumGPUBlocks: 4})
+	h := newHarness(t, Config{BlockSize: 4, NumGPUBlocks: 5}) // 4 and vLLM's null block
 	stored := func() []uint64 {
 		var hs []uint64
 		for _, ev := range h.sink.take() {
@@ -210,7 +210,7 @@ func TestLRUEviction(t *testing.T) {
 }
 
 func TestCPUTierOffload(t *testing.T) {
-	cfg := Config{BlockSize: 4, NumGPUBlocks: 3, NumCPUBlocks: 4}
+	cfg := Config{BlockSize: 4, NumGPUBlocks: 4, NumCPUBlocks: 4} // 3 GPU blocks and vLLM's null block
 	h := newHarness(t, cfg)
 	h.complete("a", seq(1, 8), []uint32{1})
 	a := h.sink.take()[0].BlockHashes
@@ -248,7 +248,7 @@ func TestCPUTierOffload(t *testing.T) {
 }
 
 func TestCPUTierLRU(t *testing.T) {
-	h := newHarness(t, Config{BlockSize: 4, NumGPUBlocks: 2, NumCPUBlocks: 2})
+	h := newHarness(t, Config{BlockSize: 4, NumGPUBlocks: 3, NumCPUBlocks: 2}) // 2 and vLLM's null block
 	for i := range 4 {
 		h.complete("r", seq(100*i, 8), []uint32{1})
 	}
