@@ -102,7 +102,7 @@ func newFlags(c *sim.Config, configPath string) (*flag.FlagSet, flagValues) {
 	fs.StringVar(&c.KVEvents.ReplayEndpoint, "kv-events-replay-endpoint", c.KVEvents.ReplayEndpoint, "ZMQ ROUTER replay endpoint of rank 0 (default off)")
 	fs.StringVar(&c.KVEvents.Topic, "kv-events-topic", c.KVEvents.Topic, "ZMQ topic (default \"\")")
 	fs.BoolVar(&c.KVEvents.Connect, "kv-events-connect", c.KVEvents.Connect, "connect the PUB socket to -kv-events-endpoint (a router's bound socket) instead of binding it")
-	fs.StringVar(&c.KVEvents.Format, "kv-events-format", c.KVEvents.Format, "event encoding: map, array (vLLM legacy) or sglang")
+	fs.StringVar(&c.KVEvents.Format, "kv-events-format", c.KVEvents.Format, "event encoding: map (vLLM), array (vLLM legacy), sglang (SGLang 0.5.23 maps) or sglang-array (SGLang 0.4.8 to 0.5.16)")
 	fs.StringVar(&c.KVEvents.Hashes, "kv-events-hashes", c.KVEvents.Hashes, "block hash encoding: uint64, int64 or bytes")
 	f.noEvents = fs.Bool("no-kv-events", false, "do not publish KV events")
 	fs.Float64Var(&c.Faults.ErrorRate, "error-rate", c.Faults.ErrorRate, "share of requests answered with an injected error, 0..1 (0: none)")

@@ -226,9 +226,10 @@ func TestSimulatorFidelity(t *testing.T) {
 	require.NoError(t, err)
 	cfg := sim.Config{Listen: fmt.Sprintf("127.0.0.1:%d", ports[0]), Model: model, MaxModelLen: maxModelLen}
 	cfg.Engine.BlockSize = blockSize
-	// vLLM's num_gpu_blocks counts its null block, which it never
-	// allocates (engines/sim/README.md, "Fidelity to vLLM").
-	cfg.Engine.NumGPUBlocks = kvCacheBytes/512/blockSize - 1
+	// vLLM's own num_gpu_blocks: the simulator's vllm flavour counts the
+	// null block vLLM never allocates (engines/sim/README.md, "Fidelity
+	// to vLLM").
+	cfg.Engine.NumGPUBlocks = kvCacheBytes / 512 / blockSize
 	cfg.Engine.MaxNumSeqs = 16
 	cfg.Engine.MaxNumBatchedTokens = 2048
 	cfg.KVEvents.Endpoint = fmt.Sprintf("tcp://127.0.0.1:%d", ports[1])
