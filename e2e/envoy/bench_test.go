@@ -2,7 +2,6 @@ package envoy
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -95,12 +94,8 @@ func BenchmarkEPPInEnvoy(b *testing.B) {
 	withEPP := envoytest.MustStart(b, cfg, subst(e), nil)
 	withFloor := envoytest.MustStart(b, cfg, map[string]string{"127.0.0.1:9002": floor, "127.0.0.1:9003": floor}, nil)
 	static := envoytest.MustStart(b, cfg, subst(e), withoutExtProc)
-	for _, env := range []*envoytest.Envoy{withEPP, withFloor} {
-		require.Eventually(b, func() bool {
-			v, err := env.Stat(context.Background(), "cluster.epp.membership_healthy")
-			return err == nil && v == 1
-		}, 20*time.Second, 20*time.Millisecond)
-	}
+	waitEPPHealthy(b, withEPP, 1)
+	waitEPPHealthy(b, withFloor, 1)
 	client := &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 4}, Timeout: 30 * time.Second}
 	send := func(url string, body []byte, dest string) time.Duration {
 		req, err := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(body))

@@ -182,7 +182,8 @@ type eppProc struct {
 }
 
 // eppYAML is the EPP's config in these tests; extra is appended (YAML
-// keys of the scheduler: section, indented two spaces).
+// keys of the scheduler: section, indented two spaces, then top-level
+// keys).
 const eppYAML = `
 standin_tokenizer: true
 drain_delay: 0s
@@ -193,15 +194,15 @@ scheduler:
     scrape_timeout: 250ms
 `
 
-// startEPP runs the EPP over the replicas until t ends; schedExtra adds
-// keys to its scheduler: section; log nil logs errors to t.
-func startEPP(t testing.TB, reps []*replica, schedExtra string, log *zap.Logger) *eppProc {
+// startEPP runs the EPP over the replicas until t ends; extra is added
+// to its config (eppYAML); log nil logs errors to t.
+func startEPP(t testing.TB, reps []*replica, extra string, log *zap.Logger) *eppProc {
 	t.Helper()
 	var eps []endpoint.Endpoint
 	for _, r := range reps {
 		eps = append(eps, r.endpoint())
 	}
-	p := startEPPOn(t, eps, schedExtra, log)
+	p := startEPPOn(t, eps, extra, log)
 	p.waitReady(len(reps))
 	return p
 }
@@ -213,9 +214,9 @@ func startEPPOver(t testing.TB, eps []endpoint.Endpoint) *eppProc {
 	return startEPPOn(t, eps, "", nil)
 }
 
-func startEPPOn(t testing.TB, eps []endpoint.Endpoint, schedExtra string, log *zap.Logger) *eppProc {
+func startEPPOn(t testing.TB, eps []endpoint.Endpoint, extra string, log *zap.Logger) *eppProc {
 	t.Helper()
-	cfg, err := epp.Parse([]byte(eppYAML + schedExtra))
+	cfg, err := epp.Parse([]byte(eppYAML + extra))
 	require.NoError(t, err)
 	a := ports(t, 4)
 	cfg.GRPCAddr, cfg.HealthAddr, cfg.MetricsAddr, cfg.AdminAddr = a[0], a[1], a[2], a[3]
@@ -274,7 +275,7 @@ func (p *eppProc) waitReady(n int) {
 	}, 20*time.Second, 50*time.Millisecond, "the EPP never saw %d healthy replicas", n)
 }
 
-// gauge sums the EPP's metric family name over its series.
+// metric is the series of the EPP's metric family name.
 func (p *eppProc) metric(name string) []*dto.Metric {
 	p.t.Helper()
 	mfs, err := p.e.Registry().Gather()
@@ -285,6 +286,23 @@ func (p *eppProc) metric(name string) []*dto.Metric {
 		}
 	}
 	return nil
+}
+
+// sum adds up the values of the counter or gauge family name over its
+// series whose labels hold every name, value pair of labels.
+func (p *eppProc) sum(name string, labels ...string) float64 {
+	p.t.Helper()
+	v := 0.0
+next:
+	for _, m := range p.metric(name) {
+		for i := 0; i+1 < len(labels); i += 2 {
+			if label(m.GetLabel(), labels[i]) != labels[i+1] {
+				continue next
+			}
+		}
+		v += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+	}
+	return v
 }
 
 // subst maps the shipped config's EPP addresses to the EPPs' (the first
@@ -311,6 +329,13 @@ type opts struct {
 	replicas  int     // default 2
 	timeScale float64 // the replicas' speed-up, default 100
 	sched     string  // keys added to the EPPs' scheduler: section
+	epp       string  // top-level keys added to the EPPs' config
+	// envoy's Uncomment and Edit make the test's variant of the shipped
+	// file (its File, Subst and Bin are the stack's).
+	envoy envoytest.Config
+	// unhealthy: do not wait for Envoy to find the EPPs healthy (a test
+	// of an EPP Envoy cannot reach).
+	unhealthy bool
 	log       *zap.Logger
 }
 
@@ -331,20 +356,23 @@ func startStack(t testing.TB, config string, o opts) *stack {
 		epps = 2
 	}
 	for range epps {
-		s.epps = append(s.epps, startEPP(t, s.replicas, o.sched, o.log))
+		s.epps = append(s.epps, startEPP(t, s.replicas, o.sched+o.epp, o.log))
 	}
-	s.envoy = envoytest.MustStart(t, shipped(t, config), subst(s.epps...), nil)
-	s.waitEPPHealthy(t, epps)
+	o.envoy.File, o.envoy.Subst = shipped(t, config), subst(s.epps...)
+	s.envoy = envoytest.MustRun(t, o.envoy)
+	if !o.unhealthy {
+		waitEPPHealthy(t, s.envoy, epps)
+	}
 	return s
 }
 
-// waitEPPHealthy waits until Envoy's health checks found n EPPs healthy.
-func (s *stack) waitEPPHealthy(t testing.TB, n int) {
+// waitEPPHealthy waits until env's health checks found n EPPs healthy.
+func waitEPPHealthy(t testing.TB, env *envoytest.Envoy, n int) {
 	t.Helper()
 	require.Eventually(t, func() bool {
-		v, err := s.envoy.Stat(context.Background(), "cluster.epp.membership_healthy")
+		v, err := env.Stat(context.Background(), "cluster.epp.membership_healthy")
 		return err == nil && v == int64(n)
-	}, 20*time.Second, 50*time.Millisecond, "Envoy never saw %d EPPs healthy", n)
+	}, 20*time.Second, 20*time.Millisecond, "Envoy never saw %d EPPs healthy", n)
 }
 
 // replicaAt is the replica whose front is addr.

@@ -49,9 +49,12 @@ type Config struct {
 	// Dir receives the rewritten config and envoy.log. Default: a new
 	// temporary directory, removed by Stop when the run ended cleanly.
 	Dir string
+	// Uncomment names blocks File carries commented out (Uncomment), each
+	// turned on before the rewrite: a shipped example, run as written.
+	Uncomment []string
 	// Edit, when set, changes the rewritten config (the YAML document as
 	// generic maps and lists) before it is written: a test's variant of
-	// the shipped file, stated in the test.
+	// the shipped file, stated in the test (RouteHeader, ClusterTLS).
 	Edit func(doc map[string]any) error
 	// Concurrency is Envoy's worker threads (--concurrency). Default 2.
 	Concurrency int
@@ -124,6 +127,11 @@ func Start(ctx context.Context, c Config) (*Envoy, error) {
 	raw, err := os.ReadFile(c.File)
 	if err != nil {
 		return nil, fmt.Errorf("envoytest: cannot read the config: %w", err)
+	}
+	for _, key := range c.Uncomment {
+		if raw, err = Uncomment(raw, key); err != nil {
+			return nil, fmt.Errorf("envoytest: %s: %w", c.File, err)
+		}
 	}
 	out, listen, admin, err := Rewrite(raw, c.Subst, c.Edit)
 	if err != nil {
@@ -346,36 +354,31 @@ func Rewrite(raw []byte, subst map[string]string, edit func(map[string]any) erro
 	}
 	clusters, _ := sr["clusters"].([]any)
 	for _, c := range clusters {
-		groups, _ := dig(c, "load_assignment")["endpoints"].([]any)
-		for _, g := range groups {
-			lbs, _ := g.(map[string]any)["lb_endpoints"].([]any)
-			for _, lb := range lbs {
-				ep := dig(lb, "endpoint")
-				sa := dig(ep, "address", "socket_address")
-				if sa == nil {
-					continue
-				}
-				host, from := sa["address"], addrOf(sa)
-				to, ok := subst[from]
+		for _, ep := range endpoints(c) {
+			sa := dig(ep, "address", "socket_address")
+			if sa == nil {
+				continue
+			}
+			host, from := sa["address"], addrOf(sa)
+			to, ok := subst[from]
+			if !ok {
+				return nil, "", "", fmt.Errorf("cluster %v: endpoint %s has no substitution", dig(c)["name"], from)
+			}
+			if err := setAddr(sa, to); err != nil {
+				return nil, "", "", err
+			}
+			if hc := dig(ep, "health_check_config"); hc != nil && hc["port_value"] != nil {
+				hfrom := net.JoinHostPort(fmt.Sprint(host), fmt.Sprint(hc["port_value"]))
+				hto, ok := subst[hfrom]
 				if !ok {
-					return nil, "", "", fmt.Errorf("cluster %v: endpoint %s has no substitution", dig(c)["name"], from)
+					return nil, "", "", fmt.Errorf("cluster %v: health check port %s has no substitution", dig(c)["name"], hfrom)
 				}
-				if err := setAddr(sa, to); err != nil {
+				_, p, err := net.SplitHostPort(hto)
+				if err != nil {
 					return nil, "", "", err
 				}
-				if hc := dig(ep, "health_check_config"); hc != nil && hc["port_value"] != nil {
-					hfrom := net.JoinHostPort(fmt.Sprint(host), fmt.Sprint(hc["port_value"]))
-					hto, ok := subst[hfrom]
-					if !ok {
-						return nil, "", "", fmt.Errorf("cluster %v: health check port %s has no substitution", dig(c)["name"], hfrom)
-					}
-					_, p, err := net.SplitHostPort(hto)
-					if err != nil {
-						return nil, "", "", err
-					}
-					n, _ := strconv.Atoi(p)
-					hc["port_value"] = n
-				}
+				n, _ := strconv.Atoi(p)
+				hc["port_value"] = n
 			}
 		}
 	}
@@ -403,6 +406,22 @@ func dig(v any, keys ...string) map[string]any {
 		m, _ = m[k].(map[string]any)
 	}
 	return m
+}
+
+// endpoints are a cluster's endpoint maps (load_assignment's
+// lb_endpoints[].endpoint), in order.
+func endpoints(cluster any) []map[string]any {
+	var out []map[string]any
+	groups, _ := dig(cluster, "load_assignment")["endpoints"].([]any)
+	for _, g := range groups {
+		lbs, _ := dig(g)["lb_endpoints"].([]any)
+		for _, lb := range lbs {
+			if ep := dig(lb, "endpoint"); ep != nil {
+				out = append(out, ep)
+			}
+		}
+	}
+	return out
 }
 
 func addrOf(sa map[string]any) string {

@@ -12,7 +12,20 @@ import (
 // start or at the stop, fails t with Envoy's log.
 func MustStart(t testing.TB, file string, subst map[string]string, edit func(map[string]any) error) *Envoy {
 	t.Helper()
-	e, err := Start(context.Background(), Config{Bin: pyenv.MustEnvoy(t), File: file, Subst: subst, Dir: t.TempDir(), Edit: edit})
+	return MustRun(t, Config{File: file, Subst: subst, Edit: edit})
+}
+
+// MustRun is MustStart for a whole Config; Bin defaults to the pinned
+// Envoy and Dir to a directory of t's.
+func MustRun(t testing.TB, c Config) *Envoy {
+	t.Helper()
+	if c.Bin == "" {
+		c.Bin = pyenv.MustEnvoy(t)
+	}
+	if c.Dir == "" {
+		c.Dir = t.TempDir()
+	}
+	e, err := Start(context.Background(), c)
 	if err != nil {
 		t.Fatal(err)
 	}
