@@ -345,10 +345,17 @@ func requireCalibration(t *testing.T, env *kubetest.Env, ns, release, ttft, itl 
 
 	require.Equal(t, "post-install,post-upgrade", job.Annotations["helm.sh/hook"])
 	spec := job.Spec.Template.Spec
+	// The Job holds the EPP's admin token (to read capacity) and the
+	// calibration token (to mark its requests), never the signing key.
+	var secrets []string
 	for _, v := range spec.Volumes {
-		require.Nil(t, v.Secret, "the calibration Job mounts Secret volume %s", v.Name)
+		if v.Secret != nil {
+			secrets = append(secrets, v.Secret.SecretName)
+		}
 		require.Nil(t, v.Projected, "the calibration Job mounts projected volume %s", v.Name)
 	}
+	require.ElementsMatch(t, []string{release + "-epp-admin", release + "-calibration"}, secrets,
+		"the calibration Job mounts only the admin and calibration tokens")
 	require.Len(t, spec.Containers, 1)
 	require.Empty(t, spec.InitContainers)
 	c := spec.Containers[0]
