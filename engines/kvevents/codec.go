@@ -116,16 +116,27 @@ func appendEventArray(dst []byte, ev *Event, f Format, h HashEncoding) ([]byte, 
 const opaqueExtraKey = "opaque"
 
 func hasExtraKeys(ev *Event) bool {
-	return len(ev.BlockHashes) > 0 && (ev.LoraName != "" || ev.CacheSalt != "" || ev.Opaque > 0)
+	return len(ev.BlockHashes) > 0 && (ev.LoraName != "" || rootSalt(ev) != "" || ev.Opaque > 0)
+}
+
+// rootSalt is the salt vLLM publishes for ev: only on a request's first
+// block, so only in an event without a parent.
+func rootSalt(ev *Event) string {
+	if ev.HasParent {
+		return ""
+	}
+	return ev.CacheSalt
 }
 
 // appendExtraKeys writes vLLM's untagged extra_keys for ev (see
 // reader.extraKeys): per block the LoRA name, an (identifier, 0) pair for
-// Opaque blocks, and the salt on the first block; nil when none applies.
+// Opaque blocks, and the salt on the first block of a root event; nil when
+// none applies.
 func appendExtraKeys(dst []byte, ev *Event) []byte {
 	if !hasExtraKeys(ev) {
 		return appendNil(dst)
 	}
+	salt := rootSalt(ev)
 	n := len(ev.BlockHashes)
 	first := n - min(max(ev.Opaque, 0), n)
 	dst = appendArrayLen(dst, n)
@@ -137,7 +148,7 @@ func appendExtraKeys(dst []byte, ev *Event) []byte {
 		if i >= first {
 			k++
 		}
-		if i == 0 && ev.CacheSalt != "" {
+		if i == 0 && salt != "" {
 			k++
 		}
 		if k == 0 {
@@ -153,8 +164,8 @@ func appendExtraKeys(dst []byte, ev *Event) []byte {
 			dst = appendStr(dst, opaqueExtraKey)
 			dst = appendInt(dst, 0)
 		}
-		if i == 0 && ev.CacheSalt != "" {
-			dst = appendStr(dst, ev.CacheSalt)
+		if i == 0 && salt != "" {
+			dst = appendStr(dst, salt)
 		}
 	}
 	return dst

@@ -14,7 +14,8 @@ const maxSkipDepth = 64
 const maxInterned = 1024
 
 // MaxSaltLen bounds a cache_salt taken from extra_keys: a client chooses the
-// salt, and it reaches the index's maps. Blocks with a longer salt are left
+// salt, and it reaches the index's maps. vLLM 0.32 refuses salts over 128
+// characters (at most 512 bytes of UTF-8), so a real one always fits. Blocks with a longer salt are left
 // Opaque rather than truncated, since a truncated salt would alias another
 // tenant's (TestDecodeExtraKeys).
 const MaxSaltLen = 1024
