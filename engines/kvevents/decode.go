@@ -13,10 +13,11 @@ const maxSkipDepth = 64
 // maxInterned bounds the per-Batch string cache; past it strings are copied.
 const maxInterned = 1024
 
-// MaxSaltLen bounds a cache_salt taken from extra_keys: a client chooses the
-// salt, and it reaches the index's maps. vLLM 0.32 refuses salts over 128
-// characters (at most 512 bytes of UTF-8), so a real one always fits. Blocks with a longer salt are left
-// Opaque rather than truncated, since a truncated salt would alias another
+// MaxSaltLen bounds a cache_salt an engine reports (extra_keys, or SGLang's
+// cache_salt): a client chooses the salt, and it reaches the index's maps.
+// vLLM 0.32 refuses salts over 128 characters (at most 512 bytes of UTF-8),
+// so a real one always fits. Blocks with a longer salt are left Opaque
+// rather than truncated, since a truncated salt would alias another
 // tenant's (TestDecodeExtraKeys).
 const MaxSaltLen = 1024
 
@@ -603,10 +604,10 @@ func (r *reader) arrayEvent(b *Batch, ev *Event) error {
 				} else {
 					ev.LoraName, err = r.optStr(b, "lora_name")
 				}
-			case 9:
-				ev.GroupIdx, err = r.optInt("group_idx")
 			case 8:
 				err = r.extraKeys(b, ev)
+			case 9:
+				ev.GroupIdx, err = r.optInt("group_idx")
 			case 10:
 				ev.SpecKind, err = r.optStr(b, "kv_cache_spec_kind")
 			default: // lora_id
