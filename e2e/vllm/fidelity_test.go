@@ -270,6 +270,13 @@ func TestSimulatorFidelity(t *testing.T) {
 		}
 	}
 	require.Positive(t, removed, "vLLM evicted nothing: the sequence puts no pressure on the cache")
+	salted := 0
+	for _, e := range realEvents {
+		if e.kind == kvevents.KindBlockStored && e.parent == "" && strings.Contains(e.blocks[0], "@tenant-") {
+			salted++
+		}
+	}
+	require.Positive(t, salted, "vLLM reported no salted root: the salted prompts test nothing")
 	t.Logf("vLLM: %d events, %d blocks removed; enginesim: %d events", len(realEvents), removed, len(simEvents))
 	require.Equal(t, flatten(realEvents), flatten(simEvents), "the simulator's KV events differ from vLLM's")
 
