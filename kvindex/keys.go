@@ -74,6 +74,18 @@ func contentSum(blk []uint32) uint64 {
 	return maphash.Bytes(contentSeed, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(blk))), 4*len(blk)))
 }
 
+// opaqueSeed separates opaqueKey from every chain a prompt can key.
+var opaqueSeed = maphash.Bytes(contentSeed, []byte("opaque block"))
+
+// opaqueKey keys a block whose engine hash mixes in keys a request cannot
+// reproduce (multimodal inputs, prompt embeddings): derived from the engine
+// hash under a process seed, so no prompt's chain from a RootKey reaches it
+// and blocks stored after it chain from it unmatchable too
+// (TestReplicaOpaqueBlocks).
+func opaqueKey(engineHash uint64) Key {
+	return nonZero(chainMix(opaqueSeed, engineHash))
+}
+
 // chainMix folds a block's content sum into its parent's key: the parent is
 // multiplied by an odd constant (so swapping parent and content does not
 // collide), then MurmurHash3's 64-bit finaliser avalanches the result. For a

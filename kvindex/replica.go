@@ -47,6 +47,10 @@ type engineBlock struct {
 	mark      uint16 // snapshot walk, see markEpoch
 	tiers     uint8  // bitmask of Tier
 	hasParent bool
+	// opaque blocks are keyed by opaqueKey: their engine hash mixes in
+	// what no request maps to (kvevents.Event.Opaque). Their tokens cannot
+	// rebuild them, so a snapshot leaves them and their descendants out.
+	opaque bool
 }
 
 // rootSpec is what a root block's key mixes in besides the model.
@@ -244,6 +248,7 @@ func (s *ReplicaState) stored(ev *kvevents.Event) {
 	}
 	s.keys = s.keys[:0]
 	unknownParent := false
+	opaque := n - min(max(ev.Opaque, 0), n) // first block no request can match
 	for i, h := range ev.BlockHashes {
 		// A hash already known keeps its key: engines re-report cache hits
 		// with no parent, and offloads store the same block on another tier.
@@ -262,9 +267,14 @@ func (s *ReplicaState) stored(ev *kvevents.Event) {
 			continue
 		}
 		toks := ev.TokenIDs[i*bs : (i+1)*bs]
-		s.keys = AppendBlockKeys(s.keys, parent, toks, bs)
+		if i >= opaque {
+			s.keys = append(s.keys, opaqueKey(h))
+		} else {
+			s.keys = AppendBlockKeys(s.keys, parent, toks, bs)
+		}
 		parent = s.keys[len(s.keys)-1]
-		nb := engineBlock{key: parent, tiers: bit, tok: s.tokens.put(toks), parent: ev.ParentHash, hasParent: ev.HasParent}
+		nb := engineBlock{key: parent, tiers: bit, tok: s.tokens.put(toks), parent: ev.ParentHash, hasParent: ev.HasParent,
+			opaque: i >= opaque}
 		if i > 0 {
 			nb.parent, nb.hasParent = ev.BlockHashes[i-1], true
 		} else if !ev.HasParent && (ev.LoraName != "" || ev.CacheSalt != "") {

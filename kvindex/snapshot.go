@@ -216,7 +216,7 @@ func (s *ReplicaState) walk(sw *SnapshotWriter) int {
 			if !b.hasParent {
 				root = s.roots[ch]
 			}
-			if !orphan && (len(root.lora) > maxSnapshotString || len(root.salt) > maxSnapshotString) {
+			if !orphan && (b.opaque || len(root.lora) > maxSnapshotString || len(root.salt) > maxSnapshotString) {
 				orphan = true // its descendants cannot be rebuilt either
 			}
 			if orphan {

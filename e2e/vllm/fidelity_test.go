@@ -43,7 +43,10 @@ func (e chainEvent) String() string {
 func chains(t *testing.T, who string, payloads [][]byte) []chainEvent {
 	t.Helper()
 	byHash := map[uint64][]uint32{}
-	name := func(tokens []uint32) string { return fmt.Sprintf("%d:%x", len(tokens), fnv(tokens)) }
+	saltOf := map[uint64]string{} // the cache_salt at the block's root
+	name := func(tokens []uint32, salt string) string {
+		return fmt.Sprintf("%d:%x%s", len(tokens), fnv(tokens), salt)
+	}
 	var out []chainEvent
 	var b kvevents.Batch
 	for _, p := range payloads {
@@ -55,27 +58,34 @@ func chains(t *testing.T, who string, payloads [][]byte) []chainEvent {
 			case kvevents.KindBlockStored:
 				require.Equal(t, blockSize, ev.BlockSize, "%s: block_size", who)
 				require.Len(t, ev.TokenIDs, blockSize*len(ev.BlockHashes), "%s: token ids of %d blocks", who, len(ev.BlockHashes))
+				require.Zero(t, ev.Opaque, "%s: blocks with keys no request maps to", who)
 				var prefix []uint32
+				salt := ""
+				if ev.CacheSalt != "" {
+					salt = "@" + ev.CacheSalt
+				}
 				if ev.HasParent {
 					var ok bool
 					prefix, ok = byHash[ev.ParentHash]
 					require.True(t, ok, "%s: a block stored under a parent never stored", who)
-					ce.parent = name(prefix)
+					salt = saltOf[ev.ParentHash]
+					ce.parent = name(prefix, salt)
 				}
 				for i, h := range ev.BlockHashes {
 					chain := append(slices.Clone(prefix), ev.TokenIDs[i*blockSize:(i+1)*blockSize]...)
-					byHash[h] = chain
-					ce.blocks = append(ce.blocks, name(chain))
+					byHash[h], saltOf[h] = chain, salt
+					ce.blocks = append(ce.blocks, name(chain, salt))
 					prefix = chain
 				}
 			case kvevents.KindBlockRemoved:
 				for _, h := range ev.BlockHashes {
 					chain, ok := byHash[h]
 					require.True(t, ok, "%s: a block removed that was never stored", who)
-					ce.blocks = append(ce.blocks, name(chain))
+					ce.blocks = append(ce.blocks, name(chain, saltOf[h]))
 				}
 			case kvevents.KindAllBlocksCleared:
 				clear(byHash)
+				clear(saltOf)
 			}
 			out = append(out, ce)
 		}
@@ -116,14 +126,19 @@ func fidelityPrompts() [][]uint32 {
 	return out
 }
 
-// runSequence sends prompts one at a time, each generating one token.
+// runSequence sends prompts one at a time, each generating one token;
+// every third carries a cache_salt (one of two), which both engines must
+// report at the root of the blocks it stores.
 func runSequence(t *testing.T, base string, prompts [][]uint32) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	for _, p := range prompts {
-		require.NoError(t, postJSON(ctx, base+"/v1/completions",
-			map[string]any{"model": model, "prompt": p, "max_tokens": 1, "temperature": 0}, nil))
+	for i, p := range prompts {
+		body := map[string]any{"model": model, "prompt": p, "max_tokens": 1, "temperature": 0}
+		if i%3 == 2 {
+			body["cache_salt"] = []string{"tenant-a", "tenant-b"}[i/3%2]
+		}
+		require.NoError(t, postJSON(ctx, base+"/v1/completions", body, nil))
 	}
 }
 
@@ -256,6 +271,13 @@ func TestSimulatorFidelity(t *testing.T) {
 		}
 	}
 	require.Positive(t, removed, "vLLM evicted nothing: the sequence puts no pressure on the cache")
+	salted := 0
+	for _, e := range realEvents {
+		if e.kind == kvevents.KindBlockStored && e.parent == "" && strings.Contains(e.blocks[0], "@tenant-") {
+			salted++
+		}
+	}
+	require.Positive(t, salted, "vLLM reported no salted root: the salted prompts test nothing")
 	t.Logf("vLLM: %d events, %d blocks removed; enginesim: %d events", len(realEvents), removed, len(simEvents))
 	require.Equal(t, flatten(realEvents), flatten(simEvents), "the simulator's KV events differ from vLLM's")
 

@@ -86,7 +86,7 @@ func appendEventArray(dst []byte, ev *Event, f Format, h HashEncoding) ([]byte, 
 			return dst, nil
 		}
 		dst = appendOptStr(dst, ev.LoraName)
-		dst = appendNil(dst) // extra_keys
+		dst = appendExtraKeys(dst, ev)
 		dst = appendInt(dst, int64(ev.GroupIdx))
 		dst = appendOptStr(dst, ev.SpecKind)
 		dst = appendNil(dst) // kv_cache_spec_sliding_window
@@ -113,11 +113,74 @@ func appendEventArray(dst []byte, ev *Event, f Format, h HashEncoding) ([]byte, 
 	return dst, nil
 }
 
+// opaqueExtraKey is the multimodal identifier the encoder writes for Opaque
+// blocks: the decoder treats any (identifier, offset) pair as opaque.
+const opaqueExtraKey = "opaque"
+
+func hasExtraKeys(ev *Event) bool {
+	return len(ev.BlockHashes) > 0 && (ev.LoraName != "" || rootSalt(ev) != "" || ev.Opaque > 0)
+}
+
+// rootSalt is the salt vLLM publishes for ev: only on a request's first
+// block, so only in an event without a parent.
+func rootSalt(ev *Event) string {
+	if ev.HasParent {
+		return ""
+	}
+	return ev.CacheSalt
+}
+
+// appendExtraKeys writes vLLM's untagged extra_keys for ev (see
+// reader.extraKeys): per block the LoRA name, an (identifier, 0) pair for
+// Opaque blocks, and the salt on the first block of a root event; nil when
+// none applies.
+func appendExtraKeys(dst []byte, ev *Event) []byte {
+	if !hasExtraKeys(ev) {
+		return appendNil(dst)
+	}
+	salt := rootSalt(ev)
+	n := len(ev.BlockHashes)
+	first := n - min(max(ev.Opaque, 0), n)
+	dst = appendArrayLen(dst, n)
+	for i := 0; i < n; i++ {
+		k := 0
+		if ev.LoraName != "" {
+			k++
+		}
+		if i >= first {
+			k++
+		}
+		if i == 0 && salt != "" {
+			k++
+		}
+		if k == 0 {
+			dst = appendNil(dst)
+			continue
+		}
+		dst = appendArrayLen(dst, k)
+		if ev.LoraName != "" {
+			dst = appendStr(dst, ev.LoraName)
+		}
+		if i >= first {
+			dst = appendArrayLen(dst, 2)
+			dst = appendStr(dst, opaqueExtraKey)
+			dst = appendInt(dst, 0)
+		}
+		if i == 0 && salt != "" {
+			dst = appendStr(dst, salt)
+		}
+	}
+	return dst
+}
+
 func appendEventMap(dst []byte, ev *Event, h HashEncoding) ([]byte, error) {
 	switch ev.Kind {
 	case KindBlockStored:
 		n := 9
 		if ev.SpecKind != "" {
+			n++
+		}
+		if hasExtraKeys(ev) {
 			n++
 		}
 		dst = appendMapLen(dst, n)
@@ -137,6 +200,10 @@ func appendEventMap(dst []byte, ev *Event, h HashEncoding) ([]byte, error) {
 		dst = appendOptStr(dst, ev.Medium)
 		dst = appendStr(dst, "lora_name")
 		dst = appendOptStr(dst, ev.LoraName)
+		if hasExtraKeys(ev) {
+			dst = appendStr(dst, "extra_keys")
+			dst = appendExtraKeys(dst, ev)
+		}
 		dst = appendStr(dst, "group_idx")
 		dst = appendInt(dst, int64(ev.GroupIdx))
 		if ev.SpecKind != "" {

@@ -155,7 +155,9 @@ func expectAfter(f Format, evs []Event) []Event {
 		case FormatMapSGLang:
 			ev.GroupIdx, ev.SpecKind = 0, ""
 		default:
-			ev.CacheSalt = ""
+			if ev.HasParent {
+				ev.CacheSalt = "" // vLLM sends it on a request's first block only
+			}
 		}
 		out[i] = ev
 	}
@@ -328,7 +330,7 @@ func TestDecodeVariants(t *testing.T) {
 			}, true),
 			want: Batch{TS: 3, DPRank: 4, HasDPRank: true, Unknown: 1, Events: []Event{
 				{Kind: KindBlockStored, BlockHashes: []uint64{1 << 62}, TokenIDs: []uint32{5, 6}, BlockSize: 2, Medium: "GPU",
-					LoraName: "lora-a", GroupIdx: 3, SpecKind: "full_attention"},
+					LoraName: "lora-a", GroupIdx: 3, SpecKind: "full_attention", Opaque: 1},
 				{Kind: KindAllBlocksCleared},
 			}},
 		},
@@ -448,6 +450,15 @@ func FuzzDecodeBatch(f *testing.F) {
 			f.Add(p)
 		}
 	}
+	for _, fm := range []Format{FormatArray, FormatMap} {
+		opaque := Event{Kind: KindBlockStored, BlockHashes: []uint64{1, 2, 3}, TokenIDs: []uint32{1, 2, 3}, BlockSize: 1,
+			LoraName: "ad", CacheSalt: "tenant", Opaque: 2}
+		p, err := AppendBatch(nil, &Batch{Events: []Event{opaque}}, fm, HashUint64)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(p)
+	}
 	f.Add(unhex(f, contractMapPayload))
 	f.Add(unhex(f, contractArrayPayload))
 	f.Add(unhex(f, "93 00 dd ff ff ff ff"))
@@ -465,7 +476,9 @@ func FuzzDecodeBatch(f *testing.F) {
 		require.NoError(t, DecodeBatch(out, &b2))
 		b.Unknown = 0
 		for i := range b.Events {
-			b.Events[i].CacheSalt = "" // not part of the vLLM map schema
+			if ev := &b.Events[i]; len(ev.BlockHashes) == 0 || ev.HasParent {
+				ev.CacheSalt = "" // vLLM carries it in a root event's first block
+			}
 		}
 		requireBatchEqual(t, &b, &b2)
 	})

@@ -13,6 +13,14 @@ const maxSkipDepth = 64
 // maxInterned bounds the per-Batch string cache; past it strings are copied.
 const maxInterned = 1024
 
+// MaxSaltLen bounds a cache_salt an engine reports (extra_keys, or SGLang's
+// cache_salt): a client chooses the salt, and it reaches the index's maps.
+// vLLM 0.32 refuses salts over 128 characters (at most 512 bytes of UTF-8),
+// so a real one always fits. Blocks with a longer salt are left Opaque
+// rather than truncated, since a truncated salt would alias another
+// tenant's (TestDecodeExtraKeys).
+const MaxSaltLen = 1024
+
 // DecodeBatch resets b and fills it from one msgpack EventBatch, reusing b's
 // slices. It accepts the positional and the tagged-map event encodings (even
 // mixed in one batch), an array- or map-encoded batch, any integer width for
@@ -596,11 +604,13 @@ func (r *reader) arrayEvent(b *Batch, ev *Event) error {
 				} else {
 					ev.LoraName, err = r.optStr(b, "lora_name")
 				}
+			case 8:
+				err = r.extraKeys(b, ev)
 			case 9:
 				ev.GroupIdx, err = r.optInt("group_idx")
 			case 10:
 				ev.SpecKind, err = r.optStr(b, "kv_cache_spec_kind")
-			default: // lora_id, extra_keys
+			default: // lora_id
 				err = r.skip("BlockStored field", 0)
 			}
 			if err != nil {
@@ -648,8 +658,11 @@ func (r *reader) sglangExtra(b *Batch, ev *Event) error {
 			return err
 		}
 		if string(k) == "cache_salt" {
-			if ev.CacheSalt, err = r.optStr(b, "cache_salt"); err != nil {
+			if err := r.salt(b, ev); err != nil {
 				return err
+			}
+			if ev.Opaque < 0 {
+				ev.Opaque = len(ev.BlockHashes)
 			}
 			continue
 		}
@@ -668,6 +681,7 @@ func (r *reader) mapEvent(b *Batch, ev *Event) error {
 		return err
 	}
 	var kind Kind
+	extra := -1 // offset of extra_keys, read once lora_name and the hashes are known
 	for j := 0; j < n; j++ {
 		k, err := r.str("event key")
 		if err != nil {
@@ -696,7 +710,10 @@ func (r *reader) mapEvent(b *Batch, ev *Event) error {
 		case "kv_cache_spec_kind":
 			ev.SpecKind, err = r.optStr(b, "kv_cache_spec_kind")
 		case "cache_salt":
-			ev.CacheSalt, err = r.optStr(b, "cache_salt")
+			err = r.salt(b, ev)
+		case "extra_keys":
+			extra = r.off
+			err = r.skip("extra_keys", 0)
 		default:
 			err = r.skip("event field", 0)
 		}
@@ -704,8 +721,112 @@ func (r *reader) mapEvent(b *Batch, ev *Event) error {
 			return err
 		}
 	}
+	if ev.Opaque < 0 { // an over-long cache_salt: no block is plain
+		ev.Opaque = len(ev.BlockHashes)
+	}
+	if extra >= 0 && kind == KindBlockStored {
+		x := reader{b: r.b, off: extra}
+		if err := x.extraKeys(b, ev); err != nil {
+			return err
+		}
+	}
+	if kind != KindBlockStored {
+		ev.CacheSalt, ev.Opaque = "", 0
+	}
 	ev.Kind = kind
 	return nil
+}
+
+// salt reads SGLang's cache_salt; one over MaxSaltLen is not kept and sets
+// ev.Opaque to -1, which the caller turns into every block once the hashes
+// are known.
+func (r *reader) salt(b *Batch, ev *Event) error {
+	if r.nilNext() {
+		return nil
+	}
+	s, err := r.str("cache_salt")
+	if err != nil {
+		return err
+	}
+	if len(s) > MaxSaltLen {
+		ev.CacheSalt, ev.Opaque = "", -1
+		return nil
+	}
+	ev.CacheSalt = b.intern(s)
+	return nil
+}
+
+// extraKeys decodes vLLM's BlockStored extra_keys: one entry per block, nil
+// or an array of the untagged keys the engine mixed into that block's hash,
+// in the order LoRA name, (multimodal identifier, offset) pairs, cache_salt
+// (only on a request's first block) and a prompt-embeds digest (bin). The
+// salt goes to ev.CacheSalt. Blocks carrying a key the router cannot derive
+// from a request (a multimodal pair, a digest, an unknown shape, a salt over
+// MaxSaltLen) are counted in ev.Opaque with every block after them, since
+// later hashes chain from theirs; so are all blocks when the entry count
+// does not match the hashes. It needs ev.LoraName and ev.BlockHashes.
+func (r *reader) extraKeys(b *Batch, ev *Event) error {
+	if r.nilNext() {
+		return nil
+	}
+	n, err := r.arrayLen("extra_keys")
+	if err != nil {
+		return err
+	}
+	first := n
+	for i := 0; i < n; i++ {
+		plain, err := r.blockKeys(b, ev, i)
+		if err != nil {
+			return err
+		}
+		if !plain && first == n {
+			first = i
+		}
+	}
+	switch {
+	case n != len(ev.BlockHashes):
+		ev.Opaque = len(ev.BlockHashes)
+	case first < n:
+		ev.Opaque = max(ev.Opaque, n-first)
+	}
+	return nil
+}
+
+// blockKeys reads block i's extra_keys entry and reports whether the block
+// is plain text under ev's LoRA name and salt.
+func (r *reader) blockKeys(b *Batch, ev *Event, i int) (bool, error) {
+	if r.nilNext() {
+		return true, nil
+	}
+	m, err := r.arrayLen("extra_keys entry")
+	if err != nil {
+		return false, err
+	}
+	plain, strs := true, 0
+	for j := 0; j < m; j++ {
+		if c, _ := r.peek(); !(c&0xe0 == 0xa0 || c == 0xd9 || c == 0xda || c == 0xdb) {
+			plain = false // multimodal pair, prompt-embeds digest, or unknown
+			if err := r.skip("extra_keys entry", 1); err != nil {
+				return false, err
+			}
+			continue
+		}
+		s, err := r.raw("extra_keys entry")
+		if err != nil {
+			return false, err
+		}
+		strs++
+		if ev.LoraName != "" && strs == 1 {
+			plain = plain && string(s) == ev.LoraName
+			continue
+		}
+		if i > 0 || len(s) == 0 || len(s) > MaxSaltLen || (ev.CacheSalt != "" && ev.CacheSalt != string(s)) {
+			plain = false // a second salt, or one the index must not hold
+			continue
+		}
+		ev.CacheSalt = b.intern(s)
+	}
+	return plain, nil
 }
 
 func (r *reader) hashes(ev *Event) error {

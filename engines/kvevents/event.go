@@ -56,13 +56,20 @@ type Event struct {
 	BlockSize int
 	// LoraName is the adapter the blocks belong to ("" for the base model).
 	LoraName string
-	// CacheSalt is the request's cache_salt when the engine reports it.
+	// CacheSalt is the request's cache_salt when the engine reports it
+	// (SGLang's cache_salt, or vLLM's first-block extra_keys entry).
 	CacheSalt string
 	// SessionID is the SGLang session that stored the blocks (attribution
 	// only: the hashes do not depend on it). It is encoded, never decoded:
 	// nothing downstream reads it, and a client-chosen string must not
 	// reach the decoder's intern table.
 	SessionID string
+	// Opaque counts the trailing blocks of BlockHashes whose engine hashes
+	// mix in extra keys a router cannot derive from a request (multimodal
+	// inputs, prompt embeddings, an over-long salt). They, and every block
+	// chained after them, must never match a text prompt
+	// (TestDecodeExtraKeys, TestReplicaOpaqueBlocks).
+	Opaque int
 	// Medium is the storage tier: "GPU", "CPU", "CPU_PINNED", "DISK", ... ;
 	// "" when the engine sent nil (treated as GPU).
 	Medium string
