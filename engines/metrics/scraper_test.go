@@ -2,12 +2,15 @@ package metrics
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -112,50 +115,59 @@ func TestScraperRunStops(t *testing.T) {
 // target in an interval: after the first round (every target at once), no
 // eighth of an interval may hold more than twice its even share of the
 // scrapes, and each target is scraped every interval.
-func TestScraperSpreadsScrapes(t *testing.T) {
-	const targets, interval, rounds = 256, time.Second, 3
-	var mu sync.Mutex
-	at := map[string][]time.Time{}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		at[r.URL.RawQuery] = append(at[r.URL.RawQuery], time.Now())
-		mu.Unlock()
-		_, _ = w.Write([]byte("vllm:num_requests_running 1\n"))
-	}))
-	defer srv.Close()
-	// Keep-alive connections for every target, as a pool of engines has.
-	s := NewScraper(ScraperConfig{Interval: interval, Client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: targets}}}, nil)
-	urls := make([]string, targets)
-	for i := range urls {
-		urls[i] = srv.URL + "/metrics?r=" + strconv.Itoa(i)
-	}
-	s.SetTargets(urls)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	start := time.Now()
-	go func() { s.Run(ctx); close(done) }()
-	time.Sleep(interval/2 + rounds*interval)
-	cancel()
-	<-done
+// roundTrip is an http.RoundTripper of a function.
+type roundTrip func(*http.Request) (*http.Response, error)
 
-	mu.Lock()
-	defer mu.Unlock()
-	require.Equal(t, targets, len(at), "targets scraped")
-	const parts = 8
-	var hist [rounds * parts]int
-	for q, ts := range at {
-		// The first scrape is the initial round; then one per interval.
-		require.GreaterOrEqual(t, len(ts), rounds, "target %s scraped %d times in %d intervals", q, len(ts), rounds)
-		for k := 1; k < len(ts); k++ {
-			if k >= 2 { // the first spread scrape may come up to an interval after the initial round ends
-				require.Less(t, ts[k].Sub(ts[k-1]), interval+interval/4, "target %s: a scrape interval missed", q)
-			}
-			if i := int(ts[k].Sub(start) * parts / interval); i < len(hist) {
-				hist[i]++
+func (f roundTrip) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestScraperSpreadsScrapes: 256 targets are scraped once an interval
+// each, spread over the interval rather than in one burst. The clock is
+// synctest's, so the check is exact whatever the machine's load.
+func TestScraperSpreadsScrapes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const targets, interval, rounds = 256, time.Second, 3
+		var mu sync.Mutex
+		at := map[string][]time.Time{}
+		client := &http.Client{Transport: roundTrip(func(r *http.Request) (*http.Response, error) {
+			mu.Lock()
+			at[r.URL.RawQuery] = append(at[r.URL.RawQuery], time.Now())
+			mu.Unlock()
+			return &http.Response{StatusCode: http.StatusOK, Header: http.Header{},
+				Body: io.NopCloser(strings.NewReader("vllm:num_requests_running 1\n")), Request: r}, nil
+		})}
+		s := NewScraper(ScraperConfig{Interval: interval, Client: client}, nil)
+		urls := make([]string, targets)
+		for i := range urls {
+			urls[i] = "http://engine.test/metrics?r=" + strconv.Itoa(i)
+		}
+		s.SetTargets(urls)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		start := time.Now()
+		go func() { s.Run(ctx); close(done) }()
+		time.Sleep(interval/2 + rounds*interval)
+		cancel()
+		<-done
+
+		mu.Lock()
+		defer mu.Unlock()
+		require.Equal(t, targets, len(at), "targets scraped")
+		const parts = 8
+		var hist [rounds * parts]int
+		for q, ts := range at {
+			// The first scrape is the initial round; then one per interval.
+			require.GreaterOrEqual(t, len(ts), rounds, "target %s scraped %d times in %d intervals", q, len(ts), rounds)
+			for k := 1; k < len(ts); k++ {
+				if k >= 2 { // the first spread scrape may come up to an interval after the initial round ends
+					require.Less(t, ts[k].Sub(ts[k-1]), interval+interval/4, "target %s: a scrape interval missed", q)
+				}
+				if i := int(ts[k].Sub(start) * parts / interval); i < len(hist) {
+					hist[i]++
+				}
 			}
 		}
-	}
-	for i, n := range hist[:(rounds-1)*parts] { // whole intervals only
-		require.LessOrEqual(t, n, 2*targets/parts, "%d scrapes in eighth %d of the interval (even share %d): a burst; all: %v", n, i, targets/parts, hist)
-	}
+		for i, n := range hist[:(rounds-1)*parts] { // whole intervals only
+			require.LessOrEqual(t, n, 2*targets/parts, "%d scrapes in eighth %d of the interval (even share %d): a burst; all: %v", n, i, targets/parts, hist)
+		}
+	})
 }
