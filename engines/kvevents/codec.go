@@ -183,19 +183,7 @@ func appendEventMap(dst []byte, ev *Event, h HashEncoding) ([]byte, error) {
 		if hasExtraKeys(ev) {
 			n++
 		}
-		dst = appendMapLen(dst, n)
-		dst = appendStr(dst, "type")
-		dst = appendStr(dst, tagBlockStored)
-		dst = appendStr(dst, "block_hashes")
-		dst = appendHashes(dst, ev.BlockHashes, h)
-		dst = appendStr(dst, "parent_block_hash")
-		dst = appendParent(dst, ev, h)
-		dst = appendStr(dst, "token_ids")
-		dst = appendTokens(dst, ev.TokenIDs)
-		dst = appendStr(dst, "block_size")
-		dst = appendInt(dst, int64(ev.BlockSize))
-		dst = appendStr(dst, "lora_id")
-		dst = appendNil(dst)
+		dst = appendStoredHead(dst, ev, h, n)
 		dst = appendStr(dst, "medium")
 		dst = appendOptStr(dst, ev.Medium)
 		dst = appendStr(dst, "lora_name")
@@ -230,6 +218,26 @@ func appendEventMap(dst []byte, ev *Event, h HashEncoding) ([]byte, error) {
 	return dst, nil
 }
 
+// appendStoredHead opens a BlockStored map of n fields with the six both
+// engines send first, in their order: type, block_hashes,
+// parent_block_hash, token_ids, block_size, lora_id (nil: the simulator
+// has no LoRA ids).
+func appendStoredHead(dst []byte, ev *Event, h HashEncoding, n int) []byte {
+	dst = appendMapLen(dst, n)
+	dst = appendStr(dst, "type")
+	dst = appendStr(dst, tagBlockStored)
+	dst = appendStr(dst, "block_hashes")
+	dst = appendHashes(dst, ev.BlockHashes, h)
+	dst = appendStr(dst, "parent_block_hash")
+	dst = appendParent(dst, ev, h)
+	dst = appendStr(dst, "token_ids")
+	dst = appendTokens(dst, ev.TokenIDs)
+	dst = appendStr(dst, "block_size")
+	dst = appendInt(dst, int64(ev.BlockSize))
+	dst = appendStr(dst, "lora_id")
+	return appendNil(dst)
+}
+
 // appendEventMapSGLang writes ev as SGLang 0.5.23's msgspec encoder does:
 // required fields always (lora_id as nil: the simulator has no LoRA ids),
 // optional ones only when set, in declaration order (TestSGLangShape).
@@ -242,19 +250,7 @@ func appendEventMapSGLang(dst []byte, ev *Event, h HashEncoding) ([]byte, error)
 				n++
 			}
 		}
-		dst = appendMapLen(dst, n)
-		dst = appendStr(dst, "type")
-		dst = appendStr(dst, tagBlockStored)
-		dst = appendStr(dst, "block_hashes")
-		dst = appendHashes(dst, ev.BlockHashes, h)
-		dst = appendStr(dst, "parent_block_hash")
-		dst = appendParent(dst, ev, h)
-		dst = appendStr(dst, "token_ids")
-		dst = appendTokens(dst, ev.TokenIDs)
-		dst = appendStr(dst, "block_size")
-		dst = appendInt(dst, int64(ev.BlockSize))
-		dst = appendStr(dst, "lora_id")
-		dst = appendNil(dst)
+		dst = appendStoredHead(dst, ev, h, n)
 		dst = appendOptField(dst, "medium", ev.Medium)
 		dst = appendOptField(dst, "cache_salt", ev.CacheSalt)
 		dst = appendOptField(dst, "session_id", ev.SessionID)
