@@ -29,7 +29,9 @@ import (
 
 	"github.com/ethereum/go-ethereum/crypto"
 	"go.uber.org/zap"
+	"go.yaml.in/yaml/v3"
 
+	"github.com/omnious/provider-node/bench/internal/launch"
 	"github.com/omnious/provider-node/bench/internal/stat"
 	"github.com/omnious/provider-node/bench/rig"
 	"github.com/omnious/provider-node/capacity"
@@ -301,7 +303,13 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}()
 		r.windows, onWindow = rec, rec.window
 	}
-	target, err := rig.StartEPPs(ctx, log, "precise", f.Endpoints(), 1, onWindow)
+	policy := "precise"
+	if o.Base.Fleet.Mode == rig.FleetURLs {
+		if policy, err = externalPolicy(dir); err != nil {
+			return nil, err
+		}
+	}
+	target, err := rig.StartEPPs(ctx, log, policy, f.Endpoints(), 1, onWindow)
 	if err != nil {
 		return nil, err
 	}
@@ -483,6 +491,32 @@ func alongside(res, bg []*rig.Result, end time.Time) []*rig.Result {
 		}
 	}
 	return out
+}
+
+// ExternalScrapeTimeout bounds the EPP's scrape of a running engine. The
+// bench's own (rig.ScrapeInterval, 250 ms) suits simulated replicas; a
+// loaded CPU vLLM answered /metrics more slowly than that, its breaker
+// opened and the EPP counted no healthy replica mid-calibration. e2e/vllm
+// scrapes it with 2 s.
+const ExternalScrapeTimeout = 2 * time.Second
+
+// externalPolicy writes the precise policy's scheduler config for running
+// engines into dir and returns its path: the bench's scrape interval, with
+// ExternalScrapeTimeout (TestCapacityURLFleet runs it).
+func externalPolicy(dir string) (string, error) {
+	c, err := launch.Tuning{Policy: "precise", ScrapeInterval: rig.ScrapeInterval, ScrapeTimeout: ExternalScrapeTimeout}.Config()
+	if err != nil {
+		return "", fmt.Errorf("scheduler config for running engines: %w", err)
+	}
+	data, err := yaml.Marshal(c)
+	if err != nil {
+		return "", fmt.Errorf("cannot encode the scheduler config: %w", err)
+	}
+	path := filepath.Join(dir, "scheduler.yaml")
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		return "", fmt.Errorf("cannot write the scheduler config: %w", err)
+	}
+	return path, nil
 }
 
 // skip records a part of the proof not run, with why: the report prints
