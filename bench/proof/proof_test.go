@@ -535,12 +535,14 @@ func TestOptionsValidate(t *testing.T) {
 // simulated engines on 127.0.0.1 given as URLs. It calibrates, quotes the
 // idle fleet and offers that quote, in real time, and names what it could
 // not run: the ladders (QuoteChecksOnly) and the lost replica, which it
-// does not stop. Decode steps slow with the batch (15 ms per request) so
-// that calibration breaks an objective within a few levels.
+// does not stop. Decode steps slow with the batch (40 ms per request)
+// against an ITL objective of 150 ms: one stream per replica (about 50 ms)
+// holds with room for a loaded machine, and calibration breaks the
+// objective within a few levels (at four per replica, about 170 ms).
 func TestCapacityURLFleet(t *testing.T) {
 	ctx := context.Background()
 	sims := rig.Options{Fleet: rig.FleetOptions{Replicas: 2, NumGPUBlocks: 400}}.WithDefaults()
-	sims.Fleet.Timing.DecodePerSeq = new(15 * time.Millisecond)
+	sims.Fleet.Timing.DecodePerSeq = new(40 * time.Millisecond)
 	f, err := rig.StartFleet(ctx, sims.Fleet, 1, 1024, zap.NewNop())
 	require.NoError(t, err)
 	defer func() { require.NoError(t, f.Stop()) }()
@@ -551,7 +553,8 @@ func TestCapacityURLFleet(t *testing.T) {
 
 	base := smallOptions(t)
 	base.Fleet = rig.FleetOptions{Mode: rig.FleetURLs, URLs: urls}
-	rep, err := Run(ctx, Options{Base: base, StageDuration: 5 * time.Second, Confirm: new(0), QuoteChecksOnly: true})
+	rep, err := Run(ctx, Options{Base: base, Objectives: capacity.Objectives{ITL: 150 * time.Millisecond},
+		StageDuration: 5 * time.Second, Confirm: new(0), QuoteChecksOnly: true})
 	require.NoError(t, err)
 
 	require.Equal(t, 2, rep.Replicas)
