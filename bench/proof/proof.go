@@ -88,7 +88,8 @@ type Options struct {
 	// concurrency as streams) after calibration: no ladder for the true
 	// capacity, no half-loaded check (it offers half the true capacity)
 	// and no streams ladder, each named in Report.Skipped. For a fleet of
-	// real engines, where the whole proof takes hours.
+	// real engines, where each of the ladders' tens of steps takes a stage
+	// and a drain in real time (TestCapacityURLFleet).
 	QuoteChecksOnly bool
 }
 
