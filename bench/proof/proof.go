@@ -29,7 +29,9 @@ import (
 
 	"github.com/ethereum/go-ethereum/crypto"
 	"go.uber.org/zap"
+	"go.yaml.in/yaml/v3"
 
+	"github.com/omnious/provider-node/bench/internal/launch"
 	"github.com/omnious/provider-node/bench/internal/stat"
 	"github.com/omnious/provider-node/bench/rig"
 	"github.com/omnious/provider-node/capacity"
@@ -81,6 +83,14 @@ type Options struct {
 	// learn from to Dir/windows.jsonl, with a mark at each snapshot, so
 	// that what a quote was read from can be replayed.
 	RecordWindows bool
+	// QuoteChecksOnly measures only the idle quote's checks (0.50x, 1.00x
+	// and 1.25x of its rate as arrivals, 1.00x and 1.25x of its
+	// concurrency as streams) after calibration: no ladder for the true
+	// capacity, no half-loaded check (it offers half the true capacity)
+	// and no streams ladder, each named in Report.Skipped. For a fleet of
+	// real engines, where each of the ladders' tens of steps takes a stage
+	// and a drain in real time (TestCapacityURLFleet).
+	QuoteChecksOnly bool
 }
 
 // Step is one measured load: client-side latencies in model time.
@@ -152,6 +162,8 @@ type Report struct {
 	// Quotes and Checks are the quotes read and the loads offered at them.
 	Quotes []Quote `json:"quotes"`
 	Checks []Step  `json:"checks"`
+	// Skipped names each part of the proof not run, with why.
+	Skipped []string `json:"skipped,omitempty"`
 	// HalfLoad is the background of the half-loaded check's first trial,
 	// the one its quote was read under.
 	HalfLoad Step `json:"half_load"`
@@ -292,7 +304,13 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}()
 		r.windows, onWindow = rec, rec.window
 	}
-	target, err := rig.StartEPPs(ctx, log, "precise", f.Endpoints(), 1, onWindow)
+	policy := "precise"
+	if o.Base.Fleet.Mode == rig.FleetURLs {
+		if policy, err = externalPolicy(dir); err != nil {
+			return nil, err
+		}
+	}
+	target, err := rig.StartEPPs(ctx, log, policy, f.Endpoints(), 1, onWindow)
 	if err != nil {
 		return nil, err
 	}
@@ -330,7 +348,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 	}
 
-	if err := r.ladder(ctx); err != nil {
+	if o.QuoteChecksOnly {
+		r.skip("true capacity (ladder of rates), half-loaded check and streams ladder: -quote-checks-only")
+	} else if err := r.ladder(ctx); err != nil {
 		return nil, err
 	}
 	// Idle: the quote, then exactly its load and 1.25 times it.
@@ -346,8 +366,10 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			return r.step(ctx, fmt.Sprintf("%.2fx idle quote", k), r.qpsOf(idle.TokensPerS*k), 0)
 		})
 	}
-	if err := r.halfLoaded(ctx); err != nil {
-		return nil, err
+	if !o.QuoteChecksOnly {
+		if err := r.halfLoaded(ctx); err != nil {
+			return nil, err
+		}
 	}
 
 	// The idle quote's concurrency, held by a client keeping that many
@@ -364,13 +386,15 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			})
 		}
 	}
-	if err := r.streamsLadder(ctx); err != nil {
-		return nil, err
+	if !o.QuoteChecksOnly {
+		if err := r.streamsLadder(ctx); err != nil {
+			return nil, err
+		}
 	}
 
 	// One replica lost: the next quote must drop by its share.
 	if len(r.f.Kills()) == 0 {
-		r.log.Warn("the replicas are real URLs the bench does not kill: no lost-replica check")
+		r.skip("lost-replica check: the replicas are external URLs, which the bench does not stop")
 		return r.rep, nil
 	}
 	r.quiet(ctx)
@@ -468,6 +492,39 @@ func alongside(res, bg []*rig.Result, end time.Time) []*rig.Result {
 		}
 	}
 	return out
+}
+
+// ExternalScrapeTimeout bounds the EPP's scrape of a running engine. The
+// bench's own (rig.ScrapeInterval, 250 ms) suits simulated replicas; a
+// loaded CPU vLLM answered /metrics more slowly than that, its breaker
+// opened and the EPP counted no healthy replica mid-calibration. e2e/vllm
+// scrapes it with 2 s.
+const ExternalScrapeTimeout = 2 * time.Second
+
+// externalPolicy writes the precise policy's scheduler config for running
+// engines into dir and returns its path: the bench's scrape interval, with
+// ExternalScrapeTimeout (TestCapacityURLFleet runs it).
+func externalPolicy(dir string) (string, error) {
+	c, err := launch.Tuning{Policy: "precise", ScrapeInterval: rig.ScrapeInterval, ScrapeTimeout: ExternalScrapeTimeout}.Config()
+	if err != nil {
+		return "", fmt.Errorf("scheduler config for running engines: %w", err)
+	}
+	data, err := yaml.Marshal(c)
+	if err != nil {
+		return "", fmt.Errorf("cannot encode the scheduler config: %w", err)
+	}
+	path := filepath.Join(dir, "scheduler.yaml")
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		return "", fmt.Errorf("cannot write the scheduler config: %w", err)
+	}
+	return path, nil
+}
+
+// skip records a part of the proof not run, with why: the report prints
+// it (TestCapacityURLFleet).
+func (r *capacityRun) skip(reason string) {
+	r.rep.Skipped = append(r.rep.Skipped, reason)
+	r.log.Warn("capacity proof: skipped", zap.String("what", reason))
 }
 
 // awaitHealthy waits until the EPP counts n healthy replicas: the lost
@@ -1417,13 +1474,19 @@ func (r *Report) WriteTable(w io.Writer) error {
 	for _, s := range r.Ladder {
 		row(s)
 	}
-	row(r.True)
+	if len(r.Ladder) > 0 {
+		row(r.True)
+	}
 	for _, s := range r.StreamsLadder {
 		row(s)
 	}
-	fmt.Fprintf(tw, "true capacity, streams (fit)\t\t%.1f\t\t\t\t\t\t\t\t\t\t\t\n", r.TrueStreams)
-	row(r.HalfLoad)
-	fmt.Fprintf(tw, "half load, output over the %v before the quote\t\t\t\t\t\t\t%.0f\t\t\t\t\t\t\n", capacity.RateSpan, r.HalfLoadAtQuote)
+	if len(r.StreamsLadder) > 0 {
+		fmt.Fprintf(tw, "true capacity, streams (fit)\t\t%.1f\t\t\t\t\t\t\t\t\t\t\t\n", r.TrueStreams)
+	}
+	if r.HalfLoad.Requests > 0 {
+		row(r.HalfLoad)
+		fmt.Fprintf(tw, "half load, output over the %v before the quote\t\t\t\t\t\t\t%.0f\t\t\t\t\t\t\n", capacity.RateSpan, r.HalfLoadAtQuote)
+	}
 	for _, s := range r.Checks {
 		row(s)
 	}
@@ -1442,5 +1505,13 @@ func (r *Report) WriteTable(w io.Writer) error {
 	fmt.Fprintf(tw, "half-loaded quote / (true - background), tok/s\t%.3f\t0.90-1.10\t\n", v.HalfTokens)
 	fmt.Fprintf(tw, "objectives hold at background + quote\t%v\ttrue\t\n", v.HalfAtQuote)
 	fmt.Fprintf(tw, "quote after a replica is lost / (quote before) x (n-1)/n\t%.3f\t0.90-1.10\t\n", v.LostTokens)
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, s := range r.Skipped {
+		if _, err := fmt.Fprintf(w, "skipped: %s\n", s); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -530,3 +530,64 @@ func TestOptionsValidate(t *testing.T) {
 		})
 	}
 }
+
+// TestCapacityURLFleet runs the proof against replicas it did not start:
+// simulated engines on 127.0.0.1 given as URLs. It calibrates, quotes the
+// idle fleet and offers that quote, in real time, and names what it could
+// not run: the ladders (QuoteChecksOnly) and the lost replica, which it
+// does not stop. Decode steps slow with the batch (40 ms per request)
+// against an ITL objective of 150 ms: one stream per replica (about 50 ms)
+// holds with room for a loaded machine, and calibration breaks the
+// objective within a few levels (at four per replica, about 170 ms).
+func TestCapacityURLFleet(t *testing.T) {
+	ctx := context.Background()
+	sims := rig.Options{Fleet: rig.FleetOptions{Replicas: 2, NumGPUBlocks: 400}}.WithDefaults()
+	sims.Fleet.Timing.DecodePerSeq = new(40 * time.Millisecond)
+	f, err := rig.StartFleet(ctx, sims.Fleet, 1, 1024, zap.NewNop())
+	require.NoError(t, err)
+	defer func() { require.NoError(t, f.Stop()) }()
+	var urls []string
+	for _, ep := range f.Endpoints() {
+		urls = append(urls, "http://"+ep.Addr)
+	}
+
+	base := smallOptions(t)
+	base.Fleet = rig.FleetOptions{Mode: rig.FleetURLs, URLs: urls}
+	rep, err := Run(ctx, Options{Base: base, Objectives: capacity.Objectives{ITL: 150 * time.Millisecond},
+		StageDuration: 5 * time.Second, Confirm: new(0), QuoteChecksOnly: true})
+	require.NoError(t, err)
+
+	require.Equal(t, 2, rep.Replicas)
+	require.NotNil(t, rep.Calibration)
+	require.Empty(t, rep.Ladder)
+	require.Empty(t, rep.StreamsLadder)
+	var quotes []string
+	for _, q := range rep.Quotes {
+		quotes = append(quotes, q.Label)
+	}
+	require.Equal(t, []string{"idle, after calibration", "idle"}, quotes)
+	idle := rep.Quotes[1]
+	require.Greater(t, idle.TokensPerS, 0.0)
+	var checks []string
+	for _, c := range rep.Checks {
+		checks = append(checks, c.Label)
+		require.Greater(t, c.Requests, 0, c.Label)
+		require.Zero(t, c.Errors, c.Label)
+		// Real time: the replicas' decode step is at least 10.5 ms of
+		// wall time, and the proof reports it as such.
+		require.GreaterOrEqual(t, c.ITLP95ms, 10.0, c.Label)
+	}
+	want := []string{"0.50x idle quote", "1.00x idle quote", "1.25x idle quote"}
+	if math.Round(idle.Concurrency) > 0 {
+		want = append(want, "1.00x quoted concurrency", "1.25x quoted concurrency")
+	}
+	require.Equal(t, want, checks)
+	require.Len(t, rep.Skipped, 2)
+	require.Contains(t, rep.Skipped[0], "-quote-checks-only")
+	require.Contains(t, rep.Skipped[1], "lost-replica check")
+
+	var out bytes.Buffer
+	require.NoError(t, rep.WriteTable(&out))
+	require.Contains(t, out.String(), "skipped: lost-replica check: the replicas are external URLs")
+	require.NotContains(t, out.String(), "true capacity, streams")
+}

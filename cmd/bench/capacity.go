@@ -28,7 +28,16 @@ func runCapacity(args []string) error {
 	// ms against 28 ms at 1, so a faster proof measures the machine.
 	timeScale := fs.Float64("time-scale", 1, "simulated replicas run this many times faster than real time (0: the scenario's)")
 	blocks := fs.Int("num-gpu-blocks", 0, "KV blocks per simulated replica (0: the scenario's)")
-	fleetMode := fs.String("fleet", "", "inproc or process (empty: the scenario's)")
+	fleetMode := fs.String("fleet", "", "inproc, process or urls (empty: the scenario's)")
+	urls := fs.String("urls", "", "comma-separated loopback OpenAI base URLs of running engines (implies -fleet urls): real time, no replica is stopped")
+	model := fs.String("model", "", "served model name (empty: the scenario's, or for -urls the first model /v1/models lists)")
+	var mix struct{ groups, perGroup, sysLen, qLen, outLen int }
+	fs.IntVar(&mix.groups, "groups", 0, "shared-prefix: groups (0: the scenario's)")
+	fs.IntVar(&mix.perGroup, "prompts-per-group", 0, "shared-prefix: prompts per group (0: the scenario's)")
+	fs.IntVar(&mix.sysLen, "system-len", 0, "shared-prefix: system prompt tokens (0: the scenario's)")
+	fs.IntVar(&mix.qLen, "question-len", 0, "shared-prefix: question tokens (0: the scenario's)")
+	fs.IntVar(&mix.outLen, "output-len", 0, "shared-prefix: output tokens per request (0: the scenario's)")
+	fs.BoolVar(&o.QuoteChecksOnly, "quote-checks-only", false, "after calibration, measure only the idle quote's checks at 0.50x, 1.00x and 1.25x: no true-capacity ladder, half-loaded check or streams ladder (each printed as skipped)")
 	fs.DurationVar(&o.Objectives.TTFT, "slo-ttft-p95", def.Objectives.TTFT, "objective for p95 time to first token (model time)")
 	fs.DurationVar(&o.Objectives.ITL, "slo-itl-p95", def.Objectives.ITL, "objective for p95 inter-token latency (model time)")
 	fs.DurationVar(&o.StageDuration, "stage", def.StageDuration, "length of each measured step, model time")
@@ -53,6 +62,20 @@ func runCapacity(args []string) error {
 	if o.RecordWindows && o.Dir == "" {
 		return errors.New("bench capacity: -record-windows needs -dir")
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if *urls != "" || *fleetMode == rig.FleetURLs {
+		if err := externalFleetFlags(set, *fleetMode, *urls); err != nil {
+			return err
+		}
+	}
+	if *trace != "" {
+		for _, n := range []string{"groups", "prompts-per-group", "system-len", "question-len", "output-len"} {
+			if set[n] {
+				return fmt.Errorf("bench capacity: -%s shapes the shared-prefix workload, not -trace", n)
+			}
+		}
+	}
 	base, err := compare.Preset(*scenario)
 	if err != nil {
 		return err
@@ -68,6 +91,19 @@ func runCapacity(args []string) error {
 	}
 	if *fleetMode != "" {
 		base.Fleet.Mode = *fleetMode
+	}
+	if *urls != "" {
+		base.Fleet.Mode, base.Fleet.URLs = rig.FleetURLs, splitList(*urls)
+	}
+	if *model != "" {
+		base.Fleet.Model = *model
+	}
+	sp := &base.Workload.SharedPrefix
+	for _, m := range []struct{ dst, v *int }{{&sp.NumGroups, &mix.groups}, {&sp.PromptsPerGroup, &mix.perGroup},
+		{&sp.SystemPromptLen, &mix.sysLen}, {&sp.QuestionLen, &mix.qLen}, {&sp.OutputLen, &mix.outLen}} {
+		if *m.v > 0 {
+			*m.dst = *m.v
+		}
 	}
 	if *trace != "" {
 		base.Workload = rig.WorkloadOptions{Kind: rig.WorkloadTrace, Trace: rig.TraceOptions{Path: *trace}}
@@ -95,4 +131,23 @@ func runCapacity(args []string) error {
 		}
 	}
 	return rep.WriteTable(os.Stdout)
+}
+
+// externalFleetFlags refuses, for a fleet of running engines (-urls or
+// -fleet urls), what only applies to replicas the bench starts: they run
+// in real time, their number is the URLs', their KV cache is their own
+// (TestCapacityExternalFleetFlags).
+func externalFleetFlags(set map[string]bool, mode, urls string) error {
+	if mode != "" && mode != rig.FleetURLs {
+		return fmt.Errorf("bench capacity: -urls needs -fleet urls (or no -fleet), not %q", mode)
+	}
+	if urls == "" {
+		return errors.New("bench capacity: -fleet urls needs -urls URL,URL")
+	}
+	for _, n := range []string{"replicas", "time-scale", "num-gpu-blocks"} {
+		if set[n] {
+			return fmt.Errorf("bench capacity: -%s applies to simulated replicas, not to -urls (running engines, in real time)", n)
+		}
+	}
+	return nil
 }

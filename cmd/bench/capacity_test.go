@@ -1,0 +1,31 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestCapacityExternalFleetFlags: what shapes simulated replicas is refused
+// for running engines, and the fleet's URLs must be loopback ones that
+// answer.
+func TestCapacityExternalFleetFlags(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"urls mode without urls", []string{"-fleet", "urls"}, "-fleet urls needs -urls"},
+		{"urls with another mode", []string{"-fleet", "process", "-urls", "http://127.0.0.1:1"}, `-urls needs -fleet urls (or no -fleet), not "process"`},
+		{"replicas", []string{"-urls", "http://127.0.0.1:1", "-replicas", "3"}, "-replicas applies to simulated replicas"},
+		{"time scale", []string{"-urls", "http://127.0.0.1:1", "-time-scale", "4"}, "-time-scale applies to simulated replicas"},
+		{"KV blocks", []string{"-fleet", "urls", "-urls", "http://127.0.0.1:1", "-num-gpu-blocks", "64"}, "-num-gpu-blocks applies to simulated replicas"},
+		{"mix flag with a trace", []string{"-trace", "x.jsonl", "-system-len", "10"}, "-system-len shapes the shared-prefix workload, not -trace"},
+		{"not loopback", []string{"-urls", "http://192.0.2.1:8000"}, "not on loopback"},
+		{"nothing listening", []string{"-urls", "http://127.0.0.1:1"}, "cannot list models of http://127.0.0.1:1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.ErrorContains(t, runCapacity(tc.args), tc.want)
+		})
+	}
+}
