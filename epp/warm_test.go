@@ -92,9 +92,17 @@ func TestConnectingPublisherFeedsTheIndex(t *testing.T) {
 	bound := e.ingest.BoundEndpoint()
 	require.True(t, strings.HasPrefix(bound, "tcp://127.0.0.1:"), bound)
 
+	// The EPP accepts a connection only from an address one of its
+	// endpoints has, and learns its endpoints from discovery after it
+	// starts; an engine's ZMQ socket redials until it is let in (libzmq
+	// reconnects), so the test does too.
 	pub := func(topic string) *kvevents.Publisher {
-		p, err := kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: bound, Dial: true, Topic: topic, Format: kvevents.FormatMap}, zap.NewNop())
-		require.NoError(t, err)
+		var p *kvevents.Publisher
+		require.Eventually(t, func() bool {
+			var err error
+			p, err = kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: bound, Dial: true, Topic: topic, Format: kvevents.FormatMap}, zap.NewNop())
+			return err == nil
+		}, 10*time.Second, 50*time.Millisecond, "publisher for %s let in", topic)
 		t.Cleanup(func() { _ = p.Close() })
 		return p
 	}
