@@ -93,32 +93,29 @@ func (f *agentFlags) register(fs *flag.FlagSet) {
 }
 
 func (f *agentFlags) apply(a *rig.AgentOptions, set map[string]bool) {
-	for _, v := range []struct {
-		name string
-		src  int
-		dst  *int
-	}{{"agent-sessions", f.sessions, &a.Sessions}, {"agent-calls", f.calls, &a.Calls}, {"agent-calls-max", f.callsMax, &a.CallsMax},
-		{"agent-system-len", f.system, &a.SystemLen}, {"agent-schema-len", f.schema, &a.SchemaLen}, {"agent-tools", f.tools, &a.Tools},
-		{"agent-task-len", f.task, &a.TaskLen}, {"agent-result-len", f.result, &a.ResultLen}, {"agent-result-max", f.resultMax, &a.ResultMax},
-		{"agent-output-len", f.output, &a.OutputLen}, {"agent-tool-call-max", f.toolCallMax, &a.ToolCallMax}} {
-		if set[v.name] {
-			*v.dst = v.src
-		}
-	}
-	if set["agent-rate"] {
-		a.SessionRate = f.rate
-	}
-	if set["agent-sigma"] {
-		a.Sigma = f.sigma
-	}
-	if set["agent-gap"] {
-		a.Gap = f.gap
-	}
-	if set["agent-gap-max"] {
-		a.GapMax = f.gapMax
-	}
-	if set["agent-no-session-ids"] {
-		a.NoSessionIDs = f.noIDs
+	ifSet(set, "agent-sessions", &a.Sessions, f.sessions)
+	ifSet(set, "agent-rate", &a.SessionRate, f.rate)
+	ifSet(set, "agent-calls", &a.Calls, f.calls)
+	ifSet(set, "agent-calls-max", &a.CallsMax, f.callsMax)
+	ifSet(set, "agent-system-len", &a.SystemLen, f.system)
+	ifSet(set, "agent-schema-len", &a.SchemaLen, f.schema)
+	ifSet(set, "agent-tools", &a.Tools, f.tools)
+	ifSet(set, "agent-task-len", &a.TaskLen, f.task)
+	ifSet(set, "agent-result-len", &a.ResultLen, f.result)
+	ifSet(set, "agent-result-max", &a.ResultMax, f.resultMax)
+	ifSet(set, "agent-output-len", &a.OutputLen, f.output)
+	ifSet(set, "agent-tool-call-max", &a.ToolCallMax, f.toolCallMax)
+	ifSet(set, "agent-gap", &a.Gap, f.gap)
+	ifSet(set, "agent-gap-max", &a.GapMax, f.gapMax)
+	ifSet(set, "agent-sigma", &a.Sigma, f.sigma)
+	ifSet(set, "agent-no-session-ids", &a.NoSessionIDs, f.noIDs)
+}
+
+// ifSet copies v to dst when the flag name was given on the command line,
+// so a preset's value stays unless the user overrides it.
+func ifSet[T any](set map[string]bool, name string, dst *T, v T) {
+	if set[name] {
+		*dst = v
 	}
 }
 

@@ -15,55 +15,47 @@ import (
 // small shared-prefix workload: precise routing keeps each group on the
 // replica holding its prefix, round-robin scatters it.
 func TestEPPRun(t *testing.T) {
-	dir := t.TempDir()
-	out := filepath.Join(dir, "out.json")
-	err := run([]string{"-policies", "round-robin,precise", "-replicas", "3", "-time-scale", "4", "-groups", "6",
-		"-system-len", "600", "-question-len", "40", "-output-len", "8", "-qps", "6", "-stage-duration", "3s",
-		"-json", out, "-html", "", "-log-level", "error"})
-	require.NoError(t, err)
-	b, err := os.ReadFile(out)
-	require.NoError(t, err)
-	var doc struct {
-		Bound   float64 `json:"bound_hit_rate"`
-		Results []struct {
-			Policy   string  `json:"policy"`
-			Requests int     `json:"requests"`
-			Errors   int     `json:"errors"`
-			HitRate  float64 `json:"hit_rate"`
-			Decision float64 `json:"decision_p99_us"`
-		} `json:"results"`
-	}
-	require.NoError(t, json.Unmarshal(b, &doc))
-	require.Len(t, doc.Results, 2)
-	rr, precise := doc.Results[0], doc.Results[1]
+	bound, results := runComparison(t)
+	rr, precise := results[0], results[1]
 	require.Equal(t, "precise", precise.Policy)
-	for _, r := range doc.Results {
-		require.Positive(t, r.Requests)
-		require.Zero(t, r.Errors, r.Policy)
+	for _, r := range results {
 		require.Positive(t, r.Decision, "decision latency is measured through the EPP")
 	}
 	require.Greater(t, precise.HitRate, rr.HitRate, "precise prefix routing beats round-robin on cache hits")
-	require.Greater(t, precise.HitRate, 0.8*doc.Bound)
+	require.Greater(t, precise.HitRate, 0.8*bound)
 }
 
 // TestEnvoyRun: the same comparison with the real Envoy on the shipped
 // two-EPP config in front of two EPPs (scripts/pyenv.sh envoy installs it).
 func TestEnvoyRun(t *testing.T) {
+	_, results := runComparison(t, "-gateway", "envoy", "-epps", "2")
+	require.Greater(t, results[1].HitRate, results[0].HitRate, "precise beats round-robin through Envoy too")
+}
+
+// comparisonResult is one policy's row of the comparison's JSON report.
+type comparisonResult struct {
+	Policy   string  `json:"policy"`
+	Requests int     `json:"requests"`
+	Errors   int     `json:"errors"`
+	HitRate  float64 `json:"hit_rate"`
+	Decision float64 `json:"decision_p99_us"`
+}
+
+// runComparison runs round-robin and precise over a small shared-prefix
+// workload, with extra flags, and returns the bound hit rate and the two
+// policies' rows, each of which served requests without an error.
+func runComparison(t *testing.T, extra ...string) (float64, []comparisonResult) {
+	t.Helper()
 	out := filepath.Join(t.TempDir(), "out.json")
-	err := run([]string{"-gateway", "envoy", "-epps", "2", "-policies", "round-robin,precise", "-replicas", "3", "-time-scale", "4", "-groups", "6",
+	args := append(extra, "-policies", "round-robin,precise", "-replicas", "3", "-time-scale", "4", "-groups", "6",
 		"-system-len", "600", "-question-len", "40", "-output-len", "8", "-qps", "6", "-stage-duration", "3s",
-		"-json", out, "-html", "", "-log-level", "error"})
-	require.NoError(t, err)
+		"-json", out, "-html", "", "-log-level", "error")
+	require.NoError(t, run(args))
 	b, err := os.ReadFile(out)
 	require.NoError(t, err)
 	var doc struct {
-		Bound   float64 `json:"bound_hit_rate"`
-		Results []struct {
-			Policy   string  `json:"policy"`
-			Requests int     `json:"requests"`
-			Errors   int     `json:"errors"`
-			HitRate  float64 `json:"hit_rate"`
-		} `json:"results"`
+		Bound   float64            `json:"bound_hit_rate"`
+		Results []comparisonResult `json:"results"`
 	}
 	require.NoError(t, json.Unmarshal(b, &doc))
 	require.Len(t, doc.Results, 2)
@@ -71,7 +63,7 @@ func TestEnvoyRun(t *testing.T) {
 		require.Positive(t, r.Requests)
 		require.Zero(t, r.Errors, r.Policy)
 	}
-	require.Greater(t, doc.Results[1].HitRate, doc.Results[0].HitRate, "precise beats round-robin through Envoy too")
+	return doc.Bound, doc.Results
 }
 
 func TestDirectRun(t *testing.T) {
