@@ -40,28 +40,12 @@ func gatewayFleet(t *testing.T, extra string, route map[string]string) (string, 
 		t.Cleanup(func() { cancel(); <-done })
 		return "http://" + gw.Addr()
 	}
-	base := "http://" + r.Addr()
-	simtest.SetFaults(t, base, `{"stall_after_tokens": 1, "stall_for": "2s"}`)
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
 	// Its tokens count under a tenant of its own, in either mode.
 	holder := map[string]string{"x-gateway-inference-fairness-id": "holder"}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, gateway(holder)+"/v1/chat/completions",
-		strings.NewReader(`{"model":"`+testModel+`","max_tokens":50,"stream":true,"messages":[{"role":"user","content":"hold"}]}`))
-	require.NoError(t, err)
-	req.Header.Set("x-gateway-inference-fairness-id", "holder")
-	go func() {
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-	}()
+	simtest.Hold(t, http.DefaultClient, "http://"+r.Addr(), gateway(holder), testModel, holder)
 	require.Eventually(t, func() bool {
 		return metricSum(t, e.MetricsAddr(), "inference_objective_running_requests") == 1
 	}, 5*time.Second, 5*time.Millisecond, "a request in flight")
-	// The stall stays set: the engine reads its faults when the request
-	// reaches it, which can be after the EPP counts it, and only streamed
-	// answers stall (the tests' own requests are not streamed).
 	return gateway(route), e
 }
 

@@ -2,11 +2,8 @@ package envoy
 
 import (
 	"context"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -44,21 +41,8 @@ func (s *stack) holdOne(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- gw.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	simtest.SetFaults(t, engine, `{"stall_after_tokens": 1, "stall_for": "2s"}`)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+gw.Addr()+"/v1/chat/completions",
-		strings.NewReader(`{"model":"`+model+`","max_tokens":50,"stream":true,"messages":[{"role":"user","content":"hold"}]}`))
-	require.NoError(t, err)
-	req.Header.Set("x-gateway-inference-fairness-id", "holder")
-	go func() {
-		if resp, err := s.client.Do(req); err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-	}()
+	simtest.Hold(t, s.client, engine, "http://"+gw.Addr(), model, holder)
 	require.Eventually(t, func() bool { return e.sum("inference_objective_running_requests") == 1 }, 5*time.Second, 5*time.Millisecond)
-	// The stall stays set: the engine reads its faults when the request
-	// reaches it, which may be after the EPP counted it running, and only
-	// a streamed answer stalls (the tests' own requests are not streamed).
 }
 
 // tenants are the tenants the EPP counted prompt tokens under.

@@ -5,6 +5,7 @@ package simtest
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -59,6 +60,32 @@ func SetFaults(t testing.TB, base, body string) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+// Hold keeps one streamed chat in flight until t ends: it makes the
+// replica at base stall two seconds after each streamed answer's first
+// token, then sends the chat for model to gateway (a URL the request
+// reaches the replica through) with header, without waiting for it. The
+// caller waits until its router counts the request. The stall stays set:
+// the replica reads its faults when the request reaches it, which can be
+// after a router counts it, and only streamed answers stall.
+func Hold(t testing.TB, client *http.Client, base, gateway, model string, header map[string]string) {
+	t.Helper()
+	SetFaults(t, base, `{"stall_after_tokens": 1, "stall_for": "2s"}`)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, gateway+"/v1/chat/completions",
+		strings.NewReader(`{"model":"`+model+`","max_tokens":50,"stream":true,"messages":[{"role":"user","content":"hold"}]}`))
+	require.NoError(t, err)
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	go func() {
+		if resp, err := client.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
 }
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago,
