@@ -66,7 +66,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"mode"}),
 		route: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "omnious_extproc_route_duration_seconds",
-			Help: "The EPP's own share of the routing latency: from the message that completed the request (body end, trailers, or bodyless headers) to the routing reply handed to gRPC, flow-control queueing included.",
+			Help: "The EPP's own share of the routing latency: from the message that completed the request (body end or Content-Length reached, trailers, or bodyless headers) to the routing reply handed to gRPC, flow-control queueing included.",
 			// 25 µs .. 0.8 s: a decision takes tens to hundreds of µs;
 			// the upper buckets catch flow-control queueing.
 			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 16),

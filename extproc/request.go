@@ -170,6 +170,9 @@ func subsetHint(md *corev3.Metadata) []string {
 }
 
 func (st *stream) requestBody(b *extprocv3.HttpBody) error {
+	if st.bodyOpen {
+		return st.restOfBody(b)
+	}
 	if st.phase != phaseRequest {
 		return nil // Envoy sends nothing after end of stream; tolerate it
 	}
@@ -197,7 +200,35 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) error {
 	if b.EndOfStream {
 		return st.route(false, true)
 	}
+	if st.contentLength > 0 && int64(len(st.body)) == st.contentLength {
+		// The whole body by its Content-Length, which Envoy's codecs
+		// enforce: Envoy sends its end of stream in a message of its own
+		// (an empty body, or trailers), often after a pause. Routing now
+		// takes the decision off that pause; the end of stream is passed
+		// on when it comes (restOfBody, requestTrailers). Same decision
+		// and forwarded bytes as routing at the end:
+		// TestRouteAtContentLength, FuzzRouteAtContentLength.
+		if err := st.route(false, false); err != nil {
+			return err
+		}
+		st.bodyOpen = st.phase == phaseRouted
+	}
 	return nil
+}
+
+// restOfBody answers a body message that comes after the request was
+// routed at its Content-Length: the end of stream is passed on; a byte
+// past the declared length fails the stream, as the body routed on would
+// no longer be the body the engine gets.
+func (st *stream) restOfBody(b *extprocv3.HttpBody) error {
+	if len(b.Body) > 0 {
+		return status.Errorf(codes.InvalidArgument, "request body longer than its Content-Length of %d bytes", st.contentLength)
+	}
+	if !b.EndOfStream {
+		return nil
+	}
+	st.bodyOpen = false
+	return st.sendBody(nil, true, true)
 }
 
 func (st *stream) requestTrailers() error {
@@ -206,6 +237,7 @@ func (st *stream) requestTrailers() error {
 			return err
 		}
 	}
+	st.bodyOpen = false
 	return st.sendTrailers(&extprocv3.ProcessingRequest_RequestTrailers{})
 }
 

@@ -47,7 +47,8 @@ type stream struct {
 	trace                                               traceHeaders
 	span                                                trace.Span // nil unless tracing
 	subset                                              []string
-	contentLength                                       int64
+	contentLength                                       int64 // the request's Content-Length, -1 if none; 0 in BUFFERED mode
+	bodyOpen                                            bool  // routed at Content-Length: Envoy's end of stream is still to come
 	body                                                []byte
 	owned                                               []byte // pooled buffers to return, nil if none
 	rb                                                  requestBody
