@@ -29,10 +29,19 @@ const (
 // is non-zero exactly when some byte of v is zero (a false hit is only
 // ever above a true one), and (x-lows*0x20)&^x&highs when some byte is
 // below 0x20.
-func plain(x uint64) bool {
+func plain(x uint64) bool { return need(x)&highs == 0 }
+
+// plain4 is plain of four words at once.
+func plain4(x0, x1, x2, x3 uint64) bool {
+	return (need(x0)|need(x1)|need(x2)|need(x3))&highs == 0
+}
+
+// need has the high bit of each byte of x that needs a look set (and
+// maybe of bytes above one that does), as plain tests it.
+func need(x uint64) uint64 {
 	q := x ^ (lows * '"')
 	b := x ^ (lows * '\\')
-	return ((x-lows*0x20)&^x|(q-lows)&^q|(b-lows)&^b|x)&highs == 0
+	return (x-lows*0x20)&^x | (q-lows)&^q | (b-lows)&^b | x
 }
 
 var unescaped = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}
@@ -59,6 +68,16 @@ func AppendDecode(dst, raw []byte) ([]byte, error) {
 	out := slices.Grow(dst, len(in)) // the value is never longer than the literal
 	start, i := 0, 0
 	for i < len(in) {
+		// Four words a step with one branch: the checks of the four are
+		// independent, and a branch per word held a 200 KiB prompt to a
+		// third of the speed (BenchmarkDecodeLong).
+		for ; i+32 <= len(in); i += 32 {
+			w := in[i : i+32 : i+32]
+			if !plain4(binary.LittleEndian.Uint64(w), binary.LittleEndian.Uint64(w[8:]),
+				binary.LittleEndian.Uint64(w[16:]), binary.LittleEndian.Uint64(w[24:])) {
+				break
+			}
+		}
 		for i+8 <= len(in) && plain(binary.LittleEndian.Uint64(in[i:])) {
 			i += 8
 		}

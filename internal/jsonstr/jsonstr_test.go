@@ -59,6 +59,41 @@ func TestPlain(t *testing.T) {
 	}
 }
 
+// TestPlain4: one byte that needs a look, anywhere in the four words,
+// fails the four.
+func TestPlain4(t *testing.T) {
+	for c := range 256 {
+		want := c >= 0x20 && c < 0x80 && c != '"' && c != '\\'
+		for pos := range 32 {
+			w := bytes.Repeat([]byte("a"), 32)
+			w[pos] = byte(c)
+			got := plain4(binary.LittleEndian.Uint64(w), binary.LittleEndian.Uint64(w[8:]),
+				binary.LittleEndian.Uint64(w[16:]), binary.LittleEndian.Uint64(w[24:]))
+			require.Equal(t, want, got, "byte %#x at %d", c, pos)
+		}
+	}
+}
+
+// TestDecodeEveryPosition: an escape, a control character, a quote or a
+// multi-byte character at any offset of a long string (past and inside
+// the four-word steps) decodes as encoding/json decodes it.
+func TestDecodeEveryPosition(t *testing.T) {
+	for _, special := range []string{`\n`, `\"`, `\u00e9`, "\n", `"`, "é", "\xff", `\`} {
+		for pos := range 100 {
+			raw := []byte(`"` + strings.Repeat("x", pos) + special + strings.Repeat("y", 100-pos) + `"`)
+			var want string
+			wantErr := json.Unmarshal(raw, &want)
+			got, err := Decode(raw)
+			if wantErr != nil {
+				require.Error(t, err, "%q at %d", special, pos)
+				continue
+			}
+			require.NoError(t, err, "%q at %d", special, pos)
+			require.Equal(t, want, got, "%q at %d", special, pos)
+		}
+	}
+}
+
 // FuzzDecode: Decode agrees with encoding/json on every input whose value
 // is a string, both on the value and on whether there is one; any other
 // value is an error.
@@ -104,5 +139,23 @@ func BenchmarkDecode(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkDecodeLong is a 200 KiB prompt of plain text, the case that
+// routing a long chat decodes.
+//
+//	go test ./internal/jsonstr -run '^$' -bench DecodeLong -count 6
+func BenchmarkDecodeLong(b *testing.B) {
+	text := strings.Repeat("The router sends each request to a replica whose cache holds its prefix. ", 2800)
+	raw, err := json.Marshal(text)
+	require.NoError(b, err)
+	dst := make([]byte, 0, len(raw))
+	b.SetBytes(int64(len(raw)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if dst, err = AppendDecode(dst[:0], raw); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
