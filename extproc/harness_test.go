@@ -45,6 +45,10 @@ func (f *fakePicker) Pick(r *scheduler.Request, _ *scheduler.Ticket) (*scheduler
 	defer f.mu.Unlock()
 	cp := *r
 	cp.PromptText = append([]byte(nil), r.PromptText...)
+	cp.Tokens = append([]uint32(nil), r.Tokens...) // the server reuses the buffer
+	if r.Tokens == nil {
+		cp.Tokens = nil
+	}
 	f.reqs = append(f.reqs, cp)
 	if f.err != nil {
 		return nil, f.err

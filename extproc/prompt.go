@@ -36,6 +36,48 @@ type Prompter interface {
 	Prompt(model string, in *PromptInput) (tokens []uint32, ok bool)
 }
 
+// promptAppender is a Prompter that appends the tokens to a buffer
+// (TokenPrompter.AppendPrompt).
+type promptAppender interface {
+	AppendPrompt(dst []uint32, model string, in *PromptInput) ([]uint32, bool)
+}
+
+// maxPooledTokens bounds the token buffers the server keeps (4 bytes a
+// token): a buffer grown by a rare huge prompt is left to the collector.
+const maxPooledTokens = 1 << 20
+
+// prompt is the prompter's tokens for the stream's request, in a pooled
+// buffer when the prompter can append (give it back with putTokens).
+func (s *Server) prompt(model string, in *PromptInput) ([]uint32, bool) {
+	if s.appender == nil {
+		return s.prompter.Prompt(model, in)
+	}
+	var dst []uint32
+	if b, ok := s.tokenBufs.Get().(*[]uint32); ok {
+		dst = (*b)[:0]
+	}
+	toks, ok := s.appender.AppendPrompt(dst, model, in)
+	if !ok {
+		s.putTokens(toks)
+		return nil, false
+	}
+	return toks, true
+}
+
+// putTokens recycles the buffer of prompt's tokens once nothing reads
+// them: the scheduler keeps none of a request's tokens after Pick (its key
+// cache copies the blocks it records).
+func (s *Server) putTokens(t []uint32) {
+	if t != nil && cap(t) <= maxPooledTokens && s.appender != nil {
+		s.recycleTokens(t[:0])
+	}
+}
+
+// recycleTokens puts t in the pool. A function of its own: the slice
+// header it allocates (as bodyPool's) is then paid only by a request with
+// tokens, not by every request passing putTokens (TestAllocsRequest).
+func (s *Server) recycleTokens(t []uint32) { s.tokenBufs.Put(&t) }
+
 // ModelTokenizer is the tokenizer and chat template of one model. A nil
 // Template renders chats with the stand-in ChatML template. Harmony marks
 // a model (gpt-oss) whose Responses API prompts vLLM builds in the harmony
@@ -69,10 +111,18 @@ func NewStandInPrompter() *TokenPrompter {
 
 // Prompt implements Prompter.
 func (p *TokenPrompter) Prompt(model string, in *PromptInput) ([]uint32, bool) {
+	return p.AppendPrompt(nil, model, in)
+}
+
+// AppendPrompt is Prompt appending the tokens to dst, so that a caller can
+// reuse one buffer for request after request (the server does:
+// TestAllocsPromptTokens). A token-list prompt comes back in a slice of
+// its own.
+func (p *TokenPrompter) AppendPrompt(dst []uint32, model string, in *PromptInput) ([]uint32, bool) {
 	mt, ok := p.models[model]
 	if !ok {
 		if p.def == nil {
-			return nil, false
+			return dst, false
 		}
 		mt = *p.def
 	}
@@ -81,29 +131,29 @@ func (p *TokenPrompter) Prompt(model string, in *PromptInput) ([]uint32, bool) {
 	case APIChat:
 		msgs, err := decodeMessages(in.Messages)
 		if err != nil {
-			return nil, false
+			return dst, false
 		}
 		if text, err = renderChat(mt.Template, msgs, in); err != nil {
-			return nil, false
+			return dst, false
 		}
 	case APIResponses:
 		if mt.Harmony {
-			return nil, false
+			return dst, false
 		}
 		msgs, err := responsesMessages(in)
 		if err != nil {
-			return nil, false
+			return dst, false
 		}
 		// No chat_template_kwargs: vLLM's Responses request has none.
 		if text, err = renderChat(mt.Template, msgs, &PromptInput{AddGenerationPrompt: true}); err != nil {
-			return nil, false
+			return dst, false
 		}
 	case APICompletions:
-		return completionTokens(mt.Tokenizer, in.Prompt)
+		return completionTokens(dst, mt.Tokenizer, in.Prompt)
 	default:
-		return nil, false
+		return dst, false
 	}
-	return mt.Tokenizer.Encode(nil, text), true
+	return mt.Tokenizer.Encode(dst, text), true
 }
 
 // renderChat renders msgs with in's tools, kwargs and generation prompt.
@@ -206,19 +256,20 @@ func optionalString(v []byte) (string, error) {
 }
 
 // completionTokens handles a string prompt, a token list, or a one-element
-// list of either, as vLLM does for a single prompt.
-func completionTokens(tok tokenizer.Tokenizer, raw []byte) ([]uint32, bool) {
+// list of either, as vLLM does for a single prompt; a string's tokens are
+// appended to dst.
+func completionTokens(dst []uint32, tok tokenizer.Tokenizer, raw []byte) ([]uint32, bool) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 {
-		return nil, false
+		return dst, false
 	}
 	switch raw[0] {
 	case '"':
 		s, err := jsonstr.Decode(raw)
 		if err != nil {
-			return nil, false
+			return dst, false
 		}
-		return tok.Encode(nil, s), true
+		return tok.Encode(dst, s), true
 	case '[':
 		var ids []uint32
 		if json.Unmarshal(raw, &ids) == nil {
@@ -226,10 +277,10 @@ func completionTokens(tok tokenizer.Tokenizer, raw []byte) ([]uint32, bool) {
 		}
 		var list []json.RawMessage
 		if json.Unmarshal(raw, &list) == nil && len(list) == 1 {
-			return completionTokens(tok, list[0])
+			return completionTokens(dst, tok, list[0])
 		}
 	}
-	return nil, false
+	return dst, false
 }
 
 // approximateText is the prompt text used when exact tokens are unknown:

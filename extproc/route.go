@@ -159,7 +159,7 @@ func (st *stream) pick(api API, body []byte, parsed, inference bool) (*scheduler
 		}
 		if s.prompter != nil && inference {
 			in := promptInput(api, body, &st.rb)
-			if toks, ok := s.prompter.Prompt(st.targetModel, &in); ok {
+			if toks, ok := s.prompt(st.targetModel, &in); ok {
 				req.Tokens, mode = toks, "precise"
 			} else if s.firstApprox(st.targetModel) {
 				st.logApproximate()
@@ -172,6 +172,8 @@ func (st *stream) pick(api API, body []byte, parsed, inference bool) (*scheduler
 		d, err = s.picker.Pick(req, t)
 	}
 	req.PromptText = nil // it aliases the body; the scheduler must not keep it
+	s.putTokens(req.Tokens)
+	req.Tokens = nil
 	if err != nil {
 		var se *scheduler.Error
 		if errors.As(err, &se) {

@@ -29,7 +29,8 @@ import (
 
 // Picker admits requests and chooses their endpoints; the scheduler
 // implements it. Admit may wait (flow control, bounded by ctx); Pick never
-// does, and releases the ticket Admit returned.
+// does, and releases the ticket Admit returned. Neither keeps r.Tokens or
+// r.PromptText once Pick returned: the server reuses their memory.
 type Picker interface {
 	Admit(ctx context.Context, r *scheduler.Request) (*scheduler.Ticket, error)
 	Pick(r *scheduler.Request, t *scheduler.Ticket) (*scheduler.Decision, error)
@@ -82,6 +83,11 @@ type Server struct {
 	idPrefix    string
 	ids         atomic.Uint64
 	bufs        bodyPool
+	// appender is prompter when it can append to a buffer: the prompt's
+	// tokens then go into one from tokenBufs (of *[]uint32), back there
+	// once Pick returned (TestAllocsPromptTokens).
+	appender  promptAppender
+	tokenBufs sync.Pool
 	// approxModels holds the models already reported as routed without
 	// exact tokens, so that is logged once per model, not per request. The
 	// model name comes from clients, so at most maxApproxModels are kept.
@@ -142,8 +148,9 @@ func NewServer(cfg Config, picker Picker, prompter Prompter, reg prometheus.Regi
 	if err != nil {
 		log.Error("cannot register ext_proc metrics", zap.Error(err))
 	}
+	appender, _ := prompter.(promptAppender)
 	return &Server{
-		cfg: cfg, picker: picker, prompter: prompter, m: m, log: log,
+		cfg: cfg, picker: picker, prompter: prompter, appender: appender, m: m, log: log,
 		injectUsage:  *cfg.InjectUsage,
 		idPrefix:     "epp-" + strconv.FormatInt(time.Now().UnixNano()&0xffffffffff, 36) + "-",
 		approxModels: label.NewSet(maxApproxModels, ""),

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,6 +48,7 @@ func (p *listPicker) Pick(r *scheduler.Request, _ *scheduler.Ticket) (*scheduler
 	defer p.mu.Unlock()
 	cp := *r
 	cp.PromptText = nil
+	cp.Tokens = slices.Clone(r.Tokens) // the server reuses the buffer
 	p.reqs = append(p.reqs, cp)
 	if p.err != nil {
 		return nil, p.err
