@@ -2,19 +2,23 @@ package envoy
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/extproc"
@@ -46,10 +50,113 @@ func startAnswerer(tb testing.TB) string {
 // dest, with gRPC health SERVING for the ext_proc service on its port.
 func startFloor(tb testing.TB, dest string) string {
 	tb.Helper()
+	return startExtProc(tb, &testgw.Floor{Dests: []string{dest}})
+}
+
+// bufferingFloor is an ext_proc server that does what any EPP that must
+// read the whole body before it names a destination pays in
+// FULL_DUPLEX_STREAMED mode, where the headers' answer must precede the
+// body's, and nothing else: it holds every body chunk until the body is
+// complete, then answers with the routing reply (testgw.Floor's) and the
+// chunks as they came, unchanged. atLength: the body is complete when it
+// reaches its Content-Length, as the EPP takes it (Envoy's end of stream,
+// an empty message that often comes later, is then passed on by itself);
+// else at Envoy's end of stream, as testgw.Floor waits for it.
+type bufferingFloor struct {
+	extprocv3.UnimplementedExternalProcessorServer
+	dest     string
+	atLength bool
+}
+
+// Process implements the ext_proc stream.
+func (f *bufferingFloor) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
+	var chunks [][]byte
+	held, length, open := 0, int64(-1), false
+	for {
+		req, err := st.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		var out []*extprocv3.ProcessingResponse
+		switch r := req.Request.(type) {
+		case *extprocv3.ProcessingRequest_RequestHeaders:
+			for _, h := range r.RequestHeaders.GetHeaders().GetHeaders() {
+				if h.Key == "content-length" {
+					length, _ = strconv.ParseInt(string(h.RawValue), 10, 64)
+				}
+			}
+			if r.RequestHeaders.EndOfStream {
+				out = append(out, floorRoute(f.dest, 0))
+			}
+		case *extprocv3.ProcessingRequest_RequestBody:
+			b := r.RequestBody
+			if open { // answered at Content-Length: the end of stream
+				out = append(out, floorBody(true, b.Body, b.EndOfStream))
+				break
+			}
+			chunks = append(chunks, b.Body) // the received message's own bytes: no copy
+			held += len(b.Body)
+			complete := f.atLength && length > 0 && int64(held) == length
+			if !b.EndOfStream && !complete {
+				continue
+			}
+			open = !b.EndOfStream
+			out = append(out, floorRoute(f.dest, held))
+			for i, c := range chunks {
+				out = append(out, floorBody(true, c, b.EndOfStream && i == len(chunks)-1))
+			}
+		case *extprocv3.ProcessingRequest_ResponseHeaders:
+			out = append(out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
+				ResponseHeaders: &extprocv3.HeadersResponse{}}})
+		case *extprocv3.ProcessingRequest_ResponseBody:
+			out = append(out, floorBody(false, r.ResponseBody.Body, r.ResponseBody.EndOfStream))
+		default:
+			continue // trailers: the benchmark's client sends none
+		}
+		for _, m := range out {
+			if err := st.Send(m); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// floorRoute is testgw.Floor's routing reply: the destination,
+// Content-Length and the envoy.lb metadata.
+func floorRoute(dest string, n int) *extprocv3.ProcessingResponse {
+	set := func(k, v string) *corev3.HeaderValueOption {
+		return &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: k, RawValue: []byte(v)},
+			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD}
+	}
+	md, _ := structpb.NewStruct(map[string]any{extproc.MetadataLB: map[string]any{extproc.HeaderDestination: dest}})
+	return &extprocv3.ProcessingResponse{DynamicMetadata: md, Response: &extprocv3.ProcessingResponse_RequestHeaders{
+		RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{ClearRouteCache: true,
+			HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
+				set(extproc.HeaderDestination, dest), set("content-length", strconv.Itoa(n))}}}}}}
+}
+
+// floorBody is a streamed body chunk of the request or the response.
+func floorBody(request bool, body []byte, eos bool) *extprocv3.ProcessingResponse {
+	br := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
+		Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: &extprocv3.StreamedBodyResponse{
+			Body: body, EndOfStream: eos}}}}}
+	if request {
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}}
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: br}}
+}
+
+// startExtProc runs srv as an ext_proc server, with gRPC health SERVING
+// for the ext_proc service on its port.
+func startExtProc(tb testing.TB, srv extprocv3.ExternalProcessorServer) string {
+	tb.Helper()
 	ln, err := net.Listen("tcp", ports(tb, 1)[0])
 	require.NoError(tb, err)
 	g := grpc.NewServer(extproc.Config{}.WithDefaults().ServerOptions()...)
-	extprocv3.RegisterExternalProcessorServer(g, &testgw.Floor{Dests: []string{dest}})
+	extprocv3.RegisterExternalProcessorServer(g, srv)
 	hs := health.NewServer()
 	hs.SetServingStatus("envoy.service.ext_proc.v3.ExternalProcessor", healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(g, hs)
@@ -77,25 +184,36 @@ func withoutExtProc(doc map[string]any) error {
 }
 
 // BenchmarkEPPInEnvoy is the EPP's cost inside the real Envoy: one
-// request at a time through three Envoys on the shipped envoy.yaml, to
-// an upstream that answers at once: with the EPP (precise, stand-in
-// tokenizer), with the no-op ext_proc server in its place (the same
-// filter config: the floor), and with the ext_proc filter removed (the
-// route alone, the destination header set by the client). Each iteration
-// sends one request through each, in turn, so the three share the
-// machine's noise; the metrics are medians and their ratios.
+// request at a time through five Envoys on the shipped envoy.yaml, to an
+// upstream that answers at once: with the EPP (precise, stand-in
+// tokenizer); with the no-op ext_proc server in its place (testgw.Floor,
+// the same filter config: the floor the target is set against); with the
+// buffering floor, which holds the body until Envoy's end of stream
+// ("buffer") or until its Content-Length ("buffer-cl", when the EPP
+// routes) and then answers, doing nothing else (bufferingFloor: what any
+// EPP that reads the whole body pays); and with the ext_proc filter
+// removed (the route alone, the destination header set by the client).
+// Each iteration sends one request through each, in turn, so they share
+// the machine's noise; the metrics are medians and their ratios, and
+// route-us is the mean of the EPP's own decision latency
+// (omnious_extproc_route_duration_seconds) over the same requests.
 //
 //	go test -run '^$' -bench EPPInEnvoy -count 3 ./e2e/envoy/
 func BenchmarkEPPInEnvoy(b *testing.B) {
 	up := startAnswerer(b)
 	e := startEPPOver(b, []endpoint.Endpoint{{Addr: up, Model: model, Engine: "vllm"}})
-	floor := startFloor(b, up)
 	cfg := shipped(b, "envoy.yaml")
+	over := func(addr string) map[string]string {
+		return map[string]string{"127.0.0.1:9002": addr, "127.0.0.1:9003": addr}
+	}
 	withEPP := envoytest.MustStart(b, cfg, subst(e), nil)
-	withFloor := envoytest.MustStart(b, cfg, map[string]string{"127.0.0.1:9002": floor, "127.0.0.1:9003": floor}, nil)
+	withFloor := envoytest.MustStart(b, cfg, over(startFloor(b, up)), nil)
+	withBuffer := envoytest.MustStart(b, cfg, over(startExtProc(b, &bufferingFloor{dest: up})), nil)
+	withBufferCL := envoytest.MustStart(b, cfg, over(startExtProc(b, &bufferingFloor{dest: up, atLength: true})), nil)
 	static := envoytest.MustStart(b, cfg, subst(e), withoutExtProc)
-	waitEPPHealthy(b, withEPP, 1)
-	waitEPPHealthy(b, withFloor, 1)
+	for _, env := range []*envoytest.Envoy{withEPP, withFloor, withBuffer, withBufferCL} {
+		waitEPPHealthy(b, env, 1)
+	}
 	client := &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 4}, Timeout: 30 * time.Second}
 	send := func(url string, body []byte, dest string) time.Duration {
 		req, err := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(body))
@@ -114,27 +232,46 @@ func BenchmarkEPPInEnvoy(b *testing.B) {
 		require.Equal(b, http.StatusOK, resp.StatusCode, "%s", got)
 		return took
 	}
+	// route is the count and sum of the EPP's decision latencies so far.
+	route := func() (uint64, float64) {
+		ms := e.metric("omnious_extproc_route_duration_seconds")
+		require.Len(b, ms, 1)
+		return ms[0].GetHistogram().GetSampleCount(), ms[0].GetHistogram().GetSampleSum()
+	}
 	for _, size := range []int{1 << 10, 32 << 10, 200 << 10} {
 		body := chat(words(size, size), false, 4)
 		b.Run(fmt.Sprintf("%dKB", size>>10), func(b *testing.B) {
 			for range 20 { // warm connections and caches
 				send(withEPP.URL(), body, "")
 				send(withFloor.URL(), body, "")
+				send(withBuffer.URL(), body, "")
+				send(withBufferCL.URL(), body, "")
 				send(static.URL(), body, up)
 			}
-			var ep, fl, st []time.Duration
+			var ep, fl, bu, bc, st []time.Duration
+			n0, s0 := route()
 			b.ResetTimer()
 			for b.Loop() {
 				ep = append(ep, send(withEPP.URL(), body, ""))
 				fl = append(fl, send(withFloor.URL(), body, ""))
+				bu = append(bu, send(withBuffer.URL(), body, ""))
+				bc = append(bc, send(withBufferCL.URL(), body, ""))
 				st = append(st, send(static.URL(), body, up))
 			}
 			b.StopTimer()
-			me, mf, ms := median(ep), median(fl), median(st)
+			n1, s1 := route()
+			require.Equal(b, uint64(len(ep)), n1-n0, "one decision per request")
+			me, mf, mb, mc, ms := median(ep), median(fl), median(bu), median(bc), median(st)
 			b.ReportMetric(float64(me.Microseconds()), "epp-us")
 			b.ReportMetric(float64(mf.Microseconds()), "noop-us")
+			b.ReportMetric(float64(mb.Microseconds()), "buffer-us")
+			b.ReportMetric(float64(mc.Microseconds()), "buffer-cl-us")
 			b.ReportMetric(float64(ms.Microseconds()), "static-us")
+			b.ReportMetric((s1-s0)/float64(n1-n0)*1e6, "route-us")
 			b.ReportMetric(float64(me)/float64(mf), "epp/noop")
+			b.ReportMetric(float64(me)/float64(mb), "epp/buffer")
+			b.ReportMetric(float64(mb)/float64(mf), "buffer/noop")
+			b.ReportMetric(float64(me)/float64(mc), "epp/buffer-cl")
 			b.ReportMetric(float64(mf)/float64(ms), "noop/static")
 		})
 	}
