@@ -29,6 +29,11 @@ const applyGroup = 256
 // in order, and the queue is FIFO, so a replica's events are applied in
 // the order its subscriber delivered them (TestApplierKeepsEachReplicasOrder).
 //
+// A feed whose lock WriteSnapshot holds (milliseconds, while it encodes
+// that replica) does not stop the applier: the feed's items wait, in
+// order, while the others are applied
+// (TestApplierGoesOnWhileASnapshotHoldsAFeed).
+//
 // A full queue blocks the subscriber that hands over (counted in full):
 // it stops reading its socket, and what the engine then drops for a slow
 // subscriber comes back as a sequence gap, filled by replay or reset like
@@ -112,17 +117,117 @@ func (a *applier) stop(f *feed) {
 func (a *applier) run() {
 	defer close(a.done)
 	var (
-		w       kvindex.Writes
-		group   []*item
-		applied []*item // batches whose index writes are in w
+		w     kvindex.Writes
+		group []*item
+		// done are the items applied since the last flush; held the
+		// items of feeds whose lock a snapshot holds, in order.
+		done []*item
+		held = map[*feed][]*item{}
 	)
-	for it := range a.q {
-		group = append(group[:0], it)
+	flush := func() {
+		a.ix.Write(&w)
+		now := time.Now()
+		for _, it := range done {
+			if it.kind == itemBatch && it.f != nil {
+				if lag, ok := applyLag(it.batch.TS, now); ok {
+					it.f.lag.Observe(lag)
+				}
+			}
+			if it.kind != itemStop {
+				it.f = nil
+				a.pool.Put(it)
+			}
+		}
+		done = done[:0]
+	}
+	// apply applies it with its feed's lock held.
+	apply := func(it *item) {
+		switch it.kind {
+		case itemBatch:
+			if !it.f.applyToLocked(&w, it) {
+				it.f = nil // stopped: no lag to record
+			}
+		case itemReset, itemStop:
+			// They write the index directly: what is in w (this
+			// replica's earlier batches among them) goes first.
+			flush()
+			if it.kind == itemReset {
+				it.f.applyResetLocked(it.reason)
+			} else {
+				it.f.applyStopLocked()
+			}
+		}
+		done = append(done, it)
+	}
+	// offer applies it unless its feed's lock is taken (WriteSnapshot
+	// encoding the replica, for milliseconds): then it and the feed's
+	// later items wait in held while the other feeds go on.
+	offer := func(it *item) {
+		f := it.f
+		if q, ok := held[f]; ok {
+			held[f] = append(q, it)
+			return
+		}
+		if !f.mu.TryLock() {
+			held[f] = []*item{it}
+			return
+		}
+		apply(it)
+		f.mu.Unlock()
+		if it.kind == itemStop {
+			close(it.stopped)
+		}
+	}
+	retry := func() {
+		for f, items := range held {
+			if !f.mu.TryLock() {
+				continue
+			}
+			for _, it := range items {
+				apply(it)
+			}
+			f.mu.Unlock()
+			delete(held, f)
+			for _, it := range items {
+				if it.kind == itemStop {
+					close(it.stopped)
+				}
+			}
+		}
+	}
+	open := true
+	for open || len(held) > 0 {
+		group = group[:0]
+		if len(held) == 0 {
+			it, ok := <-a.q
+			if !ok {
+				break
+			}
+			group = append(group, it)
+		} else {
+			var ch <-chan *item
+			if open {
+				ch = a.q
+			}
+			// Rare (a snapshot being written): a timer a wait is cheap.
+			t := time.NewTimer(heldRetry)
+			select {
+			case it, ok := <-ch:
+				if ok {
+					group = append(group, it)
+				} else {
+					open = false
+				}
+			case <-t.C:
+			}
+			t.Stop()
+		}
 	more:
-		for len(group) < applyGroup {
+		for open && len(group) < applyGroup {
 			select {
 			case it, ok := <-a.q:
 				if !ok {
+					open = false
 					break more
 				}
 				group = append(group, it)
@@ -131,48 +236,18 @@ func (a *applier) run() {
 			}
 		}
 		for _, it := range group {
-			if it.kind == itemBatch {
-				if it.f.applyTo(&w, it) {
-					applied = append(applied, it)
-				}
-				continue
-			}
-			// A reset or stop writes the index directly: what is in w
-			// (this replica's earlier batches among them) goes first.
-			a.ix.Write(&w)
-			a.observe(applied)
-			applied = applied[:0]
-			if it.kind == itemReset {
-				it.f.applyReset(it.reason)
-			} else {
-				it.f.applyStop()
-				close(it.stopped)
-			}
+			offer(it)
 		}
-		a.ix.Write(&w)
-		a.observe(applied)
-		applied = applied[:0]
-		for _, it := range group {
-			if it.kind != itemStop {
-				it.f = nil
-				a.pool.Put(it)
-			}
+		if len(held) > 0 {
+			retry()
 		}
+		flush()
 	}
 }
 
-// observe records the apply lag of batches just written to the index.
-func (a *applier) observe(batches []*item) {
-	if len(batches) == 0 {
-		return
-	}
-	now := time.Now()
-	for _, it := range batches {
-		if lag, ok := applyLag(it.batch.TS, now); ok {
-			it.f.lag.Observe(lag)
-		}
-	}
-}
+// heldRetry is how often the applier tries again the feeds a snapshot
+// holds while nothing else arrives.
+const heldRetry = time.Millisecond
 
 // copyBatch makes dst a copy of src, reusing dst's memory: events, their
 // block hashes and token ids (strings are immutable and shared).

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
@@ -184,4 +185,43 @@ func TestCopyBatch(t *testing.T) {
 	require.Equal(t, kvevents.KindBlockRemoved, dst.Events[0].Kind)
 	require.Equal(t, 2, cap(dst.Events))
 	require.Equal(t, 0.0, testing.AllocsPerRun(10, func() { copyBatch(&dst, &src) }))
+}
+
+// TestApplierGoesOnWhileASnapshotHoldsAFeed: while WriteSnapshot holds one
+// feed (its lock taken for the encoding), the applier goes on with the
+// others, and applies the held feed's batches and resets in their order
+// once it is free.
+func TestApplierGoesOnWhileASnapshotHoldsAFeed(t *testing.T) {
+	ix := kvindex.New(kvindex.Config{})
+	m, err := New(Config{}, benchBlock, ix, zap.NewNop())
+	require.NoError(t, err)
+	defer m.Close()
+	newFeed := func(r kvindex.Replica) *feed {
+		return &feed{src: Source{Replica: r, Name: fmt.Sprintf("10.0.0.%d:8000", r), Model: model}, log: zap.NewNop(),
+			blockSize: benchBlock, lag: m.lag, apply: m.apply, state: kvindex.NewReplicaState(ix, r, model)}
+	}
+	block := func(h uint64) *kvevents.Batch {
+		toks := make([]uint32, benchBlock)
+		for j := range toks {
+			toks[j] = uint32(h*100 + uint64(j))
+		}
+		return &kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.KindBlockStored, BlockHashes: []uint64{h},
+			TokenIDs: toks, BlockSize: benchBlock, Medium: "GPU"}}}
+	}
+	held, free := newFeed(1), newFeed(2)
+	held.mu.Lock() // as WriteSnapshot does while it encodes the replica
+	held.HandleBatch("", kvevents.Position{Seq: 1}, block(11))
+	held.HandleReset("", "test")
+	held.HandleBatch("", kvevents.Position{Seq: 2}, block(12))
+	free.HandleBatch("", kvevents.Position{Seq: 1}, block(21))
+	free.HandleBatch("", kvevents.Position{Seq: 2}, block(22))
+	require.Eventually(t, func() bool { return ix.Resident(2) == 2 }, 5*time.Second, time.Millisecond)
+	require.Zero(t, ix.Resident(1))
+	require.Equal(t, kvindex.ReplicaStats{}, held.stats)
+	held.mu.Unlock()
+	require.Eventually(t, func() bool { return ix.Resident(1) == 1 }, 5*time.Second, time.Millisecond)
+	held.mu.Lock()
+	defer held.mu.Unlock()
+	require.Equal(t, kvindex.ReplicaStats{StoredBlocks: 2, Resets: 1, Blocks: 1}, held.stats)
+	require.Equal(t, kvevents.Position{Seq: 2}, held.pos)
 }

@@ -430,13 +430,12 @@ func (f *feed) HandleReset(_ string, reason string) {
 	f.apply.reset(f, reason)
 }
 
-// applyTo applies a handed-over batch to the replica's state, its index
-// writes to w, on the applier's goroutine; false if the feed was stopped.
-func (f *feed) applyTo(w *kvindex.Writes, it *item) bool {
+// applyToLocked applies a handed-over batch to the replica's state, its
+// index writes to w, on the applier's goroutine with f.mu held; false if
+// the feed was stopped.
+func (f *feed) applyToLocked(w *kvindex.Writes, it *item) bool {
 	b := &it.batch
-	f.mu.Lock()
 	if f.stopped {
-		f.mu.Unlock()
 		return false
 	}
 	f.state.ApplyBatchTo(w, b)
@@ -446,7 +445,6 @@ func (f *feed) applyTo(w *kvindex.Writes, it *item) bool {
 	f.mismatch += it.mismatch
 	warn := it.mismatch > 0 && !f.warnedSiz
 	f.warnedSiz = f.warnedSiz || warn
-	f.mu.Unlock()
 	if warn {
 		// Once per replica: the engines' block size must equal the EPP's.
 		f.log.Warn("engine block size differs from the EPP's; its prefixes cannot match",
@@ -455,27 +453,23 @@ func (f *feed) applyTo(w *kvindex.Writes, it *item) bool {
 	return true
 }
 
-// applyReset drops the replica's state, on the applier's goroutine.
-func (f *feed) applyReset(reason string) {
-	f.mu.Lock()
+// applyResetLocked drops the replica's state, on the applier's goroutine
+// with f.mu held.
+func (f *feed) applyResetLocked(reason string) {
 	if f.stopped {
-		f.mu.Unlock()
 		return
 	}
 	f.state.Reset()
 	f.posOK = false
 	f.stats = f.state.Stats()
-	f.mu.Unlock()
 	f.log.Info("KV index entries of replica dropped", zap.String("reason", reason))
 }
 
-// applyStop ends the feed and purges the replica, on the applier's
-// goroutine: what it held can no longer be kept current.
-func (f *feed) applyStop() {
-	f.mu.Lock()
+// applyStopLocked ends the feed and purges the replica, on the applier's
+// goroutine with f.mu held: what it held can no longer be kept current.
+func (f *feed) applyStopLocked() {
 	f.stopped = true
 	f.state.Reset()
-	f.mu.Unlock()
 }
 
 // WriteSnapshot adds every dialed replica that has applied a batch since its
