@@ -89,7 +89,7 @@ func (g *streamGen) batch() *kvevents.Batch {
 // own does: the same state counters, the same residencies per tier, the
 // same matches for every prefix it ever stored.
 func TestApplyBatchToInterleaved(t *testing.T) {
-	const replicas, batches = 24, 300
+	const replicas, batches = 16, 200
 	rng := rand.New(rand.NewPCG(5, 6))
 	shared := [][]uint32{randTokens(rng, 16), randTokens(rng, 16), randTokens(rng, 16)}
 	streams := make([][]*kvevents.Batch, replicas)

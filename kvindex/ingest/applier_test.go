@@ -84,7 +84,7 @@ func (g *orderGen) step(dst *kvevents.Batch) (reset bool) {
 // subscriber does, through a queue small enough to fill; every replica
 // ends exactly as its own stream applied alone to an index of its own.
 func TestApplierKeepsEachReplicasOrder(t *testing.T) {
-	const replicas, steps = 64, 300
+	const replicas, steps = 32, 200
 	ix := kvindex.New(kvindex.Config{})
 	m, err := New(Config{}, benchBlock, ix, zap.NewNop())
 	require.NoError(t, err)
