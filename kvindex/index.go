@@ -257,12 +257,18 @@ func (ix *Index) Store(r Replica, t Tier, keys []Key) {
 	if t >= NumTiers || len(keys) == 0 {
 		return
 	}
-	bit := uint8(1) << t
+	ix.lockToStore(len(keys))
+	defer ix.mu.Unlock()
+	ix.storeLocked(r, t, keys)
+}
+
+// lockToStore takes the write lock for storing n keys. When they may grow
+// the hash table, the next table is allocated and faulted in without the
+// lock first, so that lookups wait only for the rehash (page faults for
+// tens of MB take ~100 ms on some VMs).
+func (ix *Index) lockToStore(n int) {
 	ix.mu.Lock()
-	if n := ix.growTargetLocked(len(keys)); n > 0 {
-		// Allocate and fault in the next table without the lock, so that
-		// lookups wait only for the rehash (page faults for tens of MB take
-		// ~100 ms on some VMs).
+	if n := ix.growTargetLocked(n); n > 0 {
 		ix.mu.Unlock()
 		next := newTable(n)
 		ix.mu.Lock()
@@ -270,7 +276,13 @@ func (ix *Index) Store(r Replica, t Tier, keys []Key) {
 			ix.next = next
 		}
 	}
-	defer ix.mu.Unlock()
+}
+
+func (ix *Index) storeLocked(r Replica, t Tier, keys []Key) {
+	if t >= NumTiers || len(keys) == 0 {
+		return
+	}
+	bit := uint8(1) << t
 	if int(r) >= len(ix.counts) {
 		ix.counts = append(ix.counts, make([]replicaCount, int(r)+1-len(ix.counts))...)
 	}
@@ -308,12 +320,16 @@ func (ix *Index) Remove(r Replica, t Tier, keys []Key) {
 	if t >= NumTiers || len(keys) == 0 {
 		return
 	}
-	bit := uint8(1) << t
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	if int(r) >= len(ix.counts) {
+	ix.removeLocked(r, t, keys)
+}
+
+func (ix *Index) removeLocked(r Replica, t Tier, keys []Key) {
+	if t >= NumTiers || int(r) >= len(ix.counts) {
 		return
 	}
+	bit := uint8(1) << t
 	for _, k := range keys {
 		if k == 0 {
 			continue
@@ -334,6 +350,79 @@ func (ix *Index) Remove(r Replica, t Tier, keys []Key) {
 			ix.counts[r].byTier[t]--
 		}
 	}
+}
+
+// Writes is a list of Store and Remove calls, of one replica or several,
+// that Index.Write applies in order under as few holds of the write lock
+// as it can: one writer applying many replicas' events collects them here
+// (ReplicaState.ApplyBatchTo) instead of taking the lock per event, and
+// computes their keys outside it. The zero value is empty and ready.
+type Writes struct {
+	ops  []writeOp
+	keys []Key
+}
+
+// writeOp is one Store or Remove; its keys end at Writes.keys[end].
+type writeOp struct {
+	end    int
+	r      Replica
+	t      Tier
+	remove bool
+}
+
+func (w *Writes) add(r Replica, t Tier, remove bool, keys []Key) {
+	if t >= NumTiers || len(keys) == 0 {
+		return
+	}
+	w.keys = append(w.keys, keys...)
+	w.ops = append(w.ops, writeOp{end: len(w.keys), r: r, t: t, remove: remove})
+}
+
+// Len returns the number of keys the pending calls carry.
+func (w *Writes) Len() int { return len(w.keys) }
+
+// Reset empties w, keeping its memory.
+func (w *Writes) Reset() { w.ops, w.keys = w.ops[:0], w.keys[:0] }
+
+// writeHold bounds the keys one hold of the write lock applies in Write,
+// so that lookups wait at most for about this many key updates (tens of
+// microseconds) while a large Writes is applied.
+const writeHold = 1024
+
+// Write applies w's calls in order, as Store and Remove would one by one,
+// and empties w. The lock is released between calls every writeHold keys;
+// a reader may then see some of w applied and not the rest, as it could
+// between separate calls.
+func (ix *Index) Write(w *Writes) {
+	if len(w.ops) == 0 {
+		return
+	}
+	stores := 0
+	from := 0
+	for _, op := range w.ops {
+		if !op.remove {
+			stores += op.end - from
+		}
+		from = op.end
+	}
+	ix.lockToStore(stores)
+	held, from := 0, 0
+	for i, op := range w.ops {
+		keys := w.keys[from:op.end]
+		from = op.end
+		if op.remove {
+			ix.removeLocked(op.r, op.t, keys)
+		} else {
+			ix.storeLocked(op.r, op.t, keys)
+		}
+		if held += len(keys); held >= writeHold && i+1 < len(w.ops) {
+			ix.mu.Unlock()
+			ix.mu.Lock()
+			held = 0
+		}
+	}
+	ix.mu.Unlock()
+	w.Reset()
 }
 
 // ClearReplica drops every residency of replica r (engine restart, replica

@@ -141,6 +141,9 @@ type ReplicaState struct {
 
 	keys  []Key // scratch
 	stats ReplicaStats
+	// w collects the index writes instead of applying them, during
+	// ApplyBatchTo.
+	w *Writes
 }
 
 // NewReplicaState returns the state of replica r serving model.
@@ -177,6 +180,35 @@ func (s *ReplicaState) ApplyBatch(b *kvevents.Batch) {
 	for i := range b.Events {
 		s.Apply(&b.Events[i])
 	}
+}
+
+// ApplyBatchTo is ApplyBatch with the index writes appended to w instead of
+// applied: the state is updated now, the index when the caller passes w to
+// Index.Write, which it must do before this replica's next call that
+// writes the index directly (Apply, ApplyBatch, Reset). Writes of several
+// replicas may share one w: each replica's own stay in order
+// (TestApplyBatchToInterleaved).
+func (s *ReplicaState) ApplyBatchTo(w *Writes, b *kvevents.Batch) {
+	s.w = w
+	defer func() { s.w = nil }()
+	s.ApplyBatch(b)
+}
+
+// store and remove write the index, or append to s.w during ApplyBatchTo.
+func (s *ReplicaState) store(t Tier, keys []Key) {
+	if s.w != nil {
+		s.w.add(s.r, t, false, keys)
+		return
+	}
+	s.ix.Store(s.r, t, keys)
+}
+
+func (s *ReplicaState) remove(t Tier, keys []Key) {
+	if s.w != nil {
+		s.w.add(s.r, t, true, keys)
+		return
+	}
+	s.ix.Remove(s.r, t, keys)
 }
 
 // Apply applies one event.
@@ -288,7 +320,7 @@ func (s *ReplicaState) stored(ev *kvevents.Event) {
 	if unknownParent {
 		s.stats.UnknownParent++
 	}
-	s.ix.Store(s.r, tier, s.keys)
+	s.store(tier, s.keys)
 	s.stats.StoredBlocks += uint64(len(s.keys))
 	if len(s.blocks) > s.max {
 		s.stats.Overflows++
@@ -317,7 +349,7 @@ func (s *ReplicaState) removed(ev *kvevents.Event) {
 		}
 		s.keys = append(s.keys, b.key)
 	}
-	s.ix.Remove(s.r, tier, s.keys)
+	s.remove(tier, s.keys)
 	s.stats.RemovedBlocks += uint64(len(s.keys))
 }
 
@@ -349,11 +381,11 @@ func (s *ReplicaState) drop() {
 				continue
 			}
 			if s.keys = append(s.keys, b.key); len(s.keys) == removeChunk {
-				s.ix.Remove(s.r, t, s.keys)
+				s.remove(t, s.keys)
 				s.keys = s.keys[:0]
 			}
 		}
-		s.ix.Remove(s.r, t, s.keys)
+		s.remove(t, s.keys)
 	}
 	s.blocks = make(map[uint64]engineBlock)
 	s.tokens = tokenStore{}

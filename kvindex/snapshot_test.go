@@ -77,8 +77,12 @@ func newFleet(t testing.TB, n int, seed uint64) *fleet {
 
 // encode writes the fleet's snapshot.
 func (f *fleet) encode(t testing.TB, h SnapshotHeader) []byte {
+	return f.encodeVersion(t, h, SnapshotVersion)
+}
+
+func (f *fleet) encodeVersion(t testing.TB, h SnapshotHeader, version uint16) []byte {
 	var buf bytes.Buffer
-	sw := NewSnapshotWriter(&buf, h)
+	sw := newSnapshotWriter(&buf, h, version)
 	for i := 0; i < len(f.states); i++ {
 		name := fmt.Sprintf("10.0.0.%d:8000", i+1)
 		require.NoError(t, sw.AddReplica(f.tags[name], f.states[name]))
@@ -249,7 +253,8 @@ func TestSnapshotRefused(t *testing.T) {
 	}{
 		{"empty", nil, 0, ErrSnapshotTruncated},
 		{"not a snapshot", []byte("<html>502 Bad Gateway</html>"), 0, ErrSnapshotForeign},
-		{"other format version", join([]byte(snapshotMagic), []byte{0, 2}, good[len(snapshotMagic)+2:]), 0, ErrSnapshotForeign},
+		{"other format version", join([]byte(snapshotMagic), []byte{0, 3}, good[len(snapshotMagic)+2:]), 0, ErrSnapshotForeign},
+		{"version 1 with elided parents", join([]byte(snapshotMagic), []byte{0, 1}, good[len(snapshotMagic)+2:]), 0, ErrSnapshotCorrupt},
 		{"other block size", other(SnapshotHeader{BlockSize: 64, Pool: testHeader.Pool}), 0, ErrSnapshotForeign},
 		{"other pool", other(SnapshotHeader{BlockSize: 16, Pool: "llm/other"}), 0, ErrSnapshotForeign},
 		{"cut in the preamble", good[:5], 0, ErrSnapshotTruncated},
@@ -367,4 +372,38 @@ func FuzzSnapshotLoad(f *testing.F) {
 		require.Equal(t, snap.Blocks, n)
 		checkInvariants(t, snap.Index)
 	})
+}
+
+// TestSnapshotParentElided: version 2 leaves out the parent hash of a
+// block that follows its parent, and loads as the version 1 encoding of
+// the same replicas does, which is still read.
+func TestSnapshotParentElided(t *testing.T) {
+	f := newFleet(t, 4, 3)
+	v1, v2 := f.encodeVersion(t, testHeader, snapshotVersion1), f.encode(t, testHeader)
+	require.Equal(t, []byte{0, 1}, v1[len(snapshotMagic):len(snapshotMagic)+2])
+	require.Equal(t, []byte{0, 2}, v2[len(snapshotMagic):len(snapshotMagic)+2])
+	children := 0
+	for _, s := range f.states {
+		for _, b := range s.blocks {
+			if b.hasParent {
+				children++
+			}
+		}
+	}
+	// Most children follow their parent: at least half lose 8 bytes.
+	require.Less(t, len(v2), len(v1)-8*children/2)
+	var dumps [2]map[string]map[uint64]string
+	for i, data := range [][]byte{v1, v2} {
+		snap, err := LoadSnapshot(bytes.NewReader(data), LoadOptions{Want: testHeader, Assign: NewIDs().Assign})
+		require.NoError(t, err)
+		dumps[i] = map[string]map[uint64]string{}
+		for _, lr := range snap.Replicas {
+			src := dump(f.states[lr.Name])
+			got := dump(lr.State)
+			require.Equal(t, len(src), len(got), lr.Name)
+			dumps[i][lr.Name] = got
+		}
+		require.Equal(t, f.ix.Stats().Residencies, snap.Index.Stats().Residencies)
+	}
+	require.Equal(t, dumps[0], dumps[1])
 }

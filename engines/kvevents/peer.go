@@ -128,7 +128,7 @@ func (s *Subscriber) acceptPeers(ctx context.Context, ln net.Listener, msgs chan
 func (s *Subscriber) servePeer(ctx context.Context, conn net.Conn, peer netip.Addr, msgs chan<- peerMsg) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	w := &closeWatch{Conn: conn, dead: make(chan struct{})}
+	w := &closeWatch{Conn: newBufConn(conn), dead: make(chan struct{})}
 	id := strconv.FormatUint(peerIDs.Add(1), 10)
 	peerConns.Store(id, net.Conn(w))
 	sock := zmq4.NewSub(ctx)

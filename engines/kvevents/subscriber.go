@@ -359,7 +359,7 @@ func (s *Subscriber) runDialed(ctx context.Context) (received bool, err error) {
 	if err := sock.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
 		return false, fmt.Errorf("subscribe: %w", err)
 	}
-	if err := sock.Dial(s.cfg.Endpoint); err != nil {
+	if err := sock.Dial(bufferedEndpoint(s.cfg.Endpoint)); err != nil {
 		if r := s.resumeAt; r != nil {
 			// The state handed over cannot be shown current while the
 			// engine is unreachable: drop it now rather than serve it.

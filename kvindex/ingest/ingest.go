@@ -10,9 +10,11 @@
 // position, or is dropped when the engine cannot prove it still runs that
 // stream. WriteSnapshot writes the manager's own replicas for a sibling.
 //
-// Events of one replica are applied in order on one goroutine (its
-// subscriber's, or the bound socket's); different replicas run in parallel
-// (the index serialises its writers).
+// Each replica's events are received and decoded on one goroutine (its
+// subscriber's, or the bound socket's), replicas in parallel; one applier
+// goroutine then applies every replica's batches to the index in the order
+// they were handed over (applier.go), so a replica's events stay in order
+// and the index has one writer.
 package ingest
 
 import (
@@ -104,6 +106,7 @@ type Manager struct {
 	log       *zap.Logger
 
 	bound       *kvevents.Subscriber // nil without Config.Bind
+	apply       *applier
 	boundCancel context.CancelFunc
 	boundDone   chan struct{}
 
@@ -145,6 +148,7 @@ type feed struct {
 	log       *zap.Logger
 	blockSize int
 	lag       prometheus.Histogram // the manager's
+	apply     *applier             // the manager's
 }
 
 // New returns a manager applying events to ix. blockSize is the one the
@@ -161,6 +165,7 @@ func New(cfg Config, blockSize int, ix *kvindex.Index, log *zap.Logger) (*Manage
 		lag: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "omnious_epp_kv_event_apply_lag_seconds",
 			Help:    "From a KV-event batch's engine timestamp to its application to the index (includes clock skew between hosts; replayed batches count as late as they are).",
 			Buckets: lagBuckets})}
+	m.apply = newApplier(ix, applyQueue)
 	if m.cfg.Bind == "" {
 		return m, nil
 	}
@@ -168,6 +173,7 @@ func New(cfg Config, blockSize int, ix *kvindex.Index, log *zap.Logger) (*Manage
 		PeerAllowed: m.peerAllowed, TopicFrom: m.topicFrom},
 		boundHandler{m}, log.Named("bound"))
 	if err != nil {
+		m.apply.close()
 		return nil, fmt.Errorf("cannot bind the KV-event socket: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -321,10 +327,14 @@ func (m *Manager) Close() {
 		<-m.boundDone
 		_ = m.bound.Close()
 	}
+	// Last: every feed and the bound socket are stopped, so nothing hands
+	// over any more.
+	m.apply.close()
 }
 
 func (m *Manager) start(s Source, from *kvindex.LoadedReplica) (*feed, error) {
-	f := &feed{src: s, done: make(chan struct{}), log: m.log.With(zap.String("replica", s.Name)), blockSize: m.blockSize, lag: m.lag}
+	f := &feed{src: s, done: make(chan struct{}), log: m.log.With(zap.String("replica", s.Name)), blockSize: m.blockSize, lag: m.lag,
+		apply: m.apply}
 	f.state = kvindex.NewReplicaState(m.ix, s.Replica, s.Model)
 	if s.Connect {
 		close(f.done)
@@ -398,13 +408,11 @@ func (m *Manager) stop(f *feed) {
 		<-f.done
 		_ = f.sub.Close()
 	}
-	f.mu.Lock()
-	f.stopped = true
-	f.state.Reset()
-	f.mu.Unlock()
+	f.apply.stop(f)
 }
 
-// HandleBatch implements kvevents.Handler.
+// HandleBatch implements kvevents.Handler: it hands a copy of the batch to
+// the applier.
 func (f *feed) HandleBatch(_ string, pos kvevents.Position, b *kvevents.Batch) {
 	var mismatched uint64
 	for i := range b.Events {
@@ -413,41 +421,55 @@ func (f *feed) HandleBatch(_ string, pos kvevents.Position, b *kvevents.Batch) {
 			mismatched += uint64(len(ev.BlockHashes))
 		}
 	}
-	f.mu.Lock()
+	f.apply.batch(f, pos, b, mismatched)
+}
+
+// HandleReset implements kvevents.Handler: the reset is applied after the
+// batches handed over before it.
+func (f *feed) HandleReset(_ string, reason string) {
+	f.apply.reset(f, reason)
+}
+
+// applyToLocked applies a handed-over batch to the replica's state, its
+// index writes to w, on the applier's goroutine with f.mu held; false if
+// the feed was stopped.
+func (f *feed) applyToLocked(w *kvindex.Writes, it *item) bool {
+	b := &it.batch
 	if f.stopped {
-		f.mu.Unlock()
-		return
+		return false
 	}
-	f.state.ApplyBatch(b)
-	f.pos, f.posOK = pos, true
+	f.state.ApplyBatchTo(w, b)
+	f.pos, f.posOK = it.pos, true
 	f.stats = f.state.Stats()
 	f.batches++
-	f.mismatch += mismatched
-	warn := mismatched > 0 && !f.warnedSiz
+	f.mismatch += it.mismatch
+	warn := it.mismatch > 0 && !f.warnedSiz
 	f.warnedSiz = f.warnedSiz || warn
-	f.mu.Unlock()
-	if lag, ok := applyLag(b.TS, time.Now()); ok {
-		f.lag.Observe(lag)
-	}
 	if warn {
 		// Once per replica: the engines' block size must equal the EPP's.
 		f.log.Warn("engine block size differs from the EPP's; its prefixes cannot match",
 			zap.Int("engine_block_size", b.Events[0].BlockSize), zap.Int("epp_block_size", f.blockSize))
 	}
+	return true
 }
 
-// HandleReset implements kvevents.Handler.
-func (f *feed) HandleReset(_ string, reason string) {
-	f.mu.Lock()
+// applyResetLocked drops the replica's state, on the applier's goroutine
+// with f.mu held.
+func (f *feed) applyResetLocked(reason string) {
 	if f.stopped {
-		f.mu.Unlock()
 		return
 	}
 	f.state.Reset()
 	f.posOK = false
 	f.stats = f.state.Stats()
-	f.mu.Unlock()
 	f.log.Info("KV index entries of replica dropped", zap.String("reason", reason))
+}
+
+// applyStopLocked ends the feed and purges the replica, on the applier's
+// goroutine with f.mu held: what it held can no longer be kept current.
+func (f *feed) applyStopLocked() {
+	f.stopped = true
+	f.state.Reset()
 }
 
 // WriteSnapshot adds every dialed replica that has applied a batch since its
@@ -642,6 +664,8 @@ var (
 	descRes      = prometheus.NewDesc("omnious_epp_kv_index_residencies", "Block-replica pairs in the index.", nil, nil)
 	descBytes    = prometheus.NewDesc("omnious_epp_kv_index_bytes", "Bytes the index accounts for (its memory budget applies to this).", nil, nil)
 	descEvict    = prometheus.NewDesc("omnious_epp_kv_index_evictions_total", "Keys evicted to stay within the memory budget.", nil, nil)
+	descQueue    = prometheus.NewDesc("omnious_epp_kv_apply_queue", "Decoded KV-event batches and resets waiting for the index's applier.", nil, nil)
+	descWaits    = prometheus.NewDesc("omnious_epp_kv_apply_queue_full_total", "Hand-overs to the index's applier that found its queue full and waited (the subscriber stops reading meanwhile).", nil, nil)
 )
 
 // boundLabel is the replica label of the bound socket's own counters.
@@ -652,7 +676,7 @@ const boundLabel = "bound"
 type collector struct{ m *Manager }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descEvents, descBlocks, descSeq, descResident, descKeys, descRes, descBytes, descEvict} {
+	for _, d := range []*prometheus.Desc{descEvents, descBlocks, descSeq, descResident, descKeys, descRes, descBytes, descEvict, descQueue, descWaits} {
 		ch <- d
 	}
 }
@@ -718,4 +742,6 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descRes, prometheus.GaugeValue, float64(is.Residencies))
 	ch <- prometheus.MustNewConstMetric(descBytes, prometheus.GaugeValue, float64(is.Bytes))
 	ch <- prometheus.MustNewConstMetric(descEvict, prometheus.CounterValue, float64(is.Evictions))
+	ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(len(c.m.apply.q)))
+	ch <- prometheus.MustNewConstMetric(descWaits, prometheus.CounterValue, float64(c.m.apply.full.Load()))
 }
