@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"time"
 
 	"go.uber.org/zap"
@@ -121,7 +122,8 @@ func (e *EPP) warmStart() *kvindex.Snapshot {
 
 // fetchSnapshot streams a sibling's snapshot into a fresh index.
 func (e *EPP) fetchSnapshot(ctx context.Context, client *http.Client, scheme, peer string) (*kvindex.Snapshot, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+"://"+peer+kvindex.SnapshotPath, nil)
+	url := fmt.Sprintf("%s://%s%s?%s=%d", scheme, peer, kvindex.SnapshotPath, kvindex.SnapshotVersionParam, kvindex.SnapshotVersion)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, fmt.Errorf("cannot ask %s: %w", peer, err)
 	}
@@ -215,8 +217,18 @@ func selfCheck(adminAddr string) func(string) bool {
 
 // serveSnapshot streams the index snapshot: one at a time (another request
 // meanwhile gets 503), each replica encoded while its ingestion waits, then
-// written without holding it.
+// written without holding it, in the newest format the reader names
+// (kvindex.SnapshotVersionParam; version 1 when it names none).
 func (e *EPP) serveSnapshot(w http.ResponseWriter, r *http.Request) {
+	version := 1
+	if v := r.URL.Query().Get(kvindex.SnapshotVersionParam); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			http.Error(w, "snapshot version: want a positive integer", http.StatusBadRequest)
+			return
+		}
+		version = min(n, kvindex.SnapshotVersion)
+	}
 	if !e.snapMu.TryLock() {
 		w.Header().Set("Retry-After", "1")
 		http.Error(w, "an index snapshot is being served; retry", http.StatusServiceUnavailable)
@@ -225,10 +237,14 @@ func (e *EPP) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 	defer e.snapMu.Unlock()
 	start := time.Now()
 	w.Header().Set("Content-Type", "application/octet-stream")
-	sw := kvindex.NewSnapshotWriter(w, e.snapshotHeader())
+	sw, err := kvindex.NewSnapshotWriterVersion(w, e.snapshotHeader(), version)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
 	// The header goes out at once: the sibling's response timeout does
 	// not wait for the first replica's encoding.
-	err := sw.Flush()
+	err = sw.Flush()
 	if err == nil {
 		_ = http.NewResponseController(w).Flush()
 		err = e.ingest.WriteSnapshot(sw)

@@ -3,6 +3,7 @@ package epp
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -361,6 +362,40 @@ func TestSnapshotServedOneAtATime(t *testing.T) {
 	snap, err := kvindex.LoadSnapshot(rec.Body, kvindex.LoadOptions{Want: kvindex.SnapshotHeader{BlockSize: 16}})
 	require.NoError(t, err)
 	require.Empty(t, snap.Replicas)
+}
+
+// TestSnapshotVersionAsked: a sibling gets the newest format it names, and
+// version 1 when it names none (an EPP of an earlier release), so two
+// releases warm-start each other during a rolling upgrade.
+func TestSnapshotVersionAsked(t *testing.T) {
+	e, err := New(testConfig(t, ""), discovery.Fixed(nil), zap.NewNop())
+	require.NoError(t, err)
+	defer e.closeListeners()
+	defer e.ingest.Close()
+	for _, tc := range []struct {
+		query string
+		code  int
+		want  uint16
+	}{
+		{"", http.StatusOK, 1},
+		{"?version=1", http.StatusOK, 1},
+		{fmt.Sprintf("?version=%d", kvindex.SnapshotVersion), http.StatusOK, kvindex.SnapshotVersion},
+		{"?version=99", http.StatusOK, kvindex.SnapshotVersion},
+		{"?version=0", http.StatusBadRequest, 0},
+		{"?version=two", http.StatusBadRequest, 0},
+	} {
+		rec := httptest.NewRecorder()
+		e.serveSnapshot(rec, httptest.NewRequest(http.MethodGet, kvindex.SnapshotPath+tc.query, nil))
+		require.Equal(t, tc.code, rec.Code, tc.query)
+		if tc.code != http.StatusOK {
+			continue
+		}
+		b := rec.Body.Bytes()
+		require.GreaterOrEqual(t, len(b), 10, tc.query)
+		require.Equal(t, tc.want, binary.BigEndian.Uint16(b[8:10]), tc.query)
+		_, err := kvindex.LoadSnapshot(bytes.NewReader(b), kvindex.LoadOptions{Want: kvindex.SnapshotHeader{BlockSize: 16}})
+		require.NoError(t, err, tc.query)
+	}
 }
 
 func TestParseWarmStart(t *testing.T) {

@@ -54,6 +54,11 @@ const (
 	snapshotVersion1 = 1
 	// SnapshotPath is where an EPP serves its snapshot, on the admin port.
 	SnapshotPath = "/debug/index/snapshot"
+	// SnapshotVersionParam is the query parameter a reader names the
+	// newest format it reads with. Without it the server writes version 1,
+	// which every EPP reads, so siblings of two releases warm-start each
+	// other during a rolling upgrade (TestSnapshotVersionAsked).
+	SnapshotVersionParam = "version"
 
 	maxSnapshotFrame = 1 << 20
 	// targetBlockFrame is where the writer ends a 'B' frame.
@@ -134,6 +139,16 @@ type SnapshotWriter struct {
 // NewSnapshotWriter starts a snapshot on w; nothing is written before Flush.
 func NewSnapshotWriter(w io.Writer, h SnapshotHeader) *SnapshotWriter {
 	return newSnapshotWriter(w, h, SnapshotVersion)
+}
+
+// NewSnapshotWriterVersion is NewSnapshotWriter in an older format the
+// reader asked for (SnapshotVersionParam); it refuses a version it cannot
+// write.
+func NewSnapshotWriterVersion(w io.Writer, h SnapshotHeader, version int) (*SnapshotWriter, error) {
+	if version != snapshotVersion1 && version != SnapshotVersion {
+		return nil, fmt.Errorf("snapshot format version %d: this EPP writes %d and %d", version, snapshotVersion1, SnapshotVersion)
+	}
+	return newSnapshotWriter(w, h, uint16(version)), nil
 }
 
 func newSnapshotWriter(w io.Writer, h SnapshotHeader, version uint16) *SnapshotWriter {
