@@ -35,6 +35,8 @@ type Scheduler struct {
 	// now and rnd are replaced by tests.
 	now func() time.Time
 	rnd func() float64
+	// epoch is the clock at New, the origin of stamps.
+	epoch time.Time
 
 	onWindow func(addr string, w capacity.Window) // nil: none
 
@@ -67,29 +69,32 @@ type Target struct {
 
 // replica is one endpoint's live state. ep never changes after creation
 // (decisions hand out &ep); everything else is atomic or locked. What every
-// decision reads of every replica comes first, together.
+// decision reads of every replica comes first, in the first cache line
+// with the breaker's state (replicas are allocated 64-byte aligned,
+// TestReplicaHotLine).
 type replica struct {
 	inflight atomic.Int64
-	// pending is the uncached prompt tokens of this EPP's requests routed
-	// here that have not finished (the agent policy's pending work).
-	pending atomic.Int64
-	// sessionsPlaced counts the new sessions the agent policy placed here.
-	sessionsPlaced atomic.Int64
-	sample         atomic.Pointer[sampled]
+	sample   atomic.Pointer[sampled]
 	// inflightAtSample is this EPP's in-flight count when the last good
 	// sample arrived: what it routed since is not in the engine's counts.
 	inflightAtSample atomic.Int64
 	score            atomic.Uint64 // math.Float64bits of the last total score
-	// prefillRate is math.Float64bits of the capacity curve's measured
-	// prefill rate in tokens per second (0: not measured), refreshed with
-	// the gauges.
-	prefillRate atomic.Uint64
 	// sharing is how many replicas report through the same metrics URL
 	// (their engine counts are split evenly between them).
 	sharing atomic.Int32
 	id      kvindex.Replica
 	metered bool // ep.MetricsURL != ""
 	br      breaker
+
+	// pending is the uncached prompt tokens of this EPP's requests routed
+	// here that have not finished (the agent policy's pending work).
+	pending atomic.Int64
+	// sessionsPlaced counts the new sessions the agent policy placed here.
+	sessionsPlaced atomic.Int64
+	// prefillRate is math.Float64bits of the capacity curve's measured
+	// prefill rate in tokens per second (0: not measured), refreshed with
+	// the gauges.
+	prefillRate atomic.Uint64
 
 	ep endpoint.Endpoint
 
@@ -105,28 +110,38 @@ type replica struct {
 // sampled is a replica's last scrape with what admission, the filters and
 // the scorers read of it for every replica on every decision, computed once
 // when it arrives. A metrics.Sample spans many cache lines (its
-// histograms); these take 96 bytes.
+// histograms); these take 56 bytes, one cache line (64-byte allocations
+// are aligned to one, TestSampledFitsALine).
 type sampled struct {
-	sm *metrics.Sample
-	at time.Time // sm.At
-	// running, waiting and kv are the engine's counts and KV usage, engine
-	// running + waiting.
-	running, waiting, kv, engine float64
+	at stamp // sm.At
+	// waiting is the engine's queue, engine its running + waiting.
+	waiting, engine float64
 	// sat is the saturation term of the engine's queue and KV usage (see
 	// flow): max(waiting/target_waiting, kv_usage/kv_ceiling).
 	sat float64
 	// kvScore is the KV scorer of the sample.
 	kvScore float64
-	// scraped: at is not zero, the engine was scraped successfully once;
-	// over: its KV usage is above the ceiling.
+	// scraped: sm.At is not zero, the engine was scraped successfully
+	// once; over: its KV usage is above the ceiling.
 	scraped, over bool
+	sm            *metrics.Sample
 }
+
+// stamp is a time read on the scheduler's clock, in nanoseconds since its
+// epoch: the loops over every replica compare integers instead of calling
+// time.Time.Before. t.Sub(epoch) reads the monotonic clock when both
+// times carry it and the wall clock otherwise, as Before does, so stamps
+// of times from one clock order as the times do (TestDecisionsGolden,
+// TestStampOrder).
+type stamp int64
+
+func (s *Scheduler) stamp(t time.Time) stamp { return stamp(t.Sub(s.epoch)) }
 
 func (s *Scheduler) sampled(sm *metrics.Sample) *sampled {
 	sig := &sm.Signals
 	return &sampled{
-		sm: sm, at: sm.At, scraped: !sm.At.IsZero(),
-		running: sig.Running, waiting: sig.Waiting, kv: sig.KVUsage, engine: sig.Running + sig.Waiting,
+		sm: sm, at: s.stamp(sm.At), scraped: !sm.At.IsZero(),
+		waiting: sig.Waiting, engine: sig.Running + sig.Waiting,
 		sat:     capacity.Saturation(sig.Waiting, sig.KVUsage, s.cfg.Scoring.TargetWaiting, s.cfg.Scoring.KVCeiling),
 		kvScore: kvScorer(sig.KVUsage, s.cfg.Scoring.KVCeiling),
 		over:    sig.KVUsage > s.cfg.Scoring.KVCeiling,
@@ -216,6 +231,7 @@ func New(cfg Config, ix *kvindex.Index, reg prometheus.Registerer, log *zap.Logg
 	for _, o := range opts {
 		o(s)
 	}
+	s.epoch = s.now()
 	s.scratch.New = func() any { return new(scratch) }
 	s.snap.Store(&snapshot{byAddr: map[string]*replica{}, byURL: map[string][]*replica{}, models: map[string][]*replica{}})
 	s.flow = newFlow(s)
@@ -391,9 +407,9 @@ func (s *Scheduler) refreshGauges() {
 		}
 		if g != nil {
 			r.queueGauge.Set(g.waiting)
-			kv += g.kv
+			kv += g.sm.Signals.KVUsage
 			q += g.waiting
-			run += g.running
+			run += g.sm.Signals.Running
 			n++
 		}
 	}
@@ -408,12 +424,14 @@ func (s *Scheduler) refreshGauges() {
 
 // staleBefore is the sample time before which signals are stale at now
 // (older than signals.stale_after), computed once per pass over the pool.
-func (s *Scheduler) staleBefore(now time.Time) time.Time { return now.Add(-s.cfg.Signals.StaleAfter) }
+func (s *Scheduler) staleBefore(now time.Time) stamp {
+	return s.stamp(now.Add(-s.cfg.Signals.StaleAfter))
+}
 
 // signals returns r's last sample (nil if none) and whether it is stale,
 // that is taken before staleBefore. A replica without a metrics URL is
 // never stale: there is nothing to wait for.
-func signals(r *replica, staleBefore time.Time) (*sampled, bool) {
+func signals(r *replica, staleBefore stamp) (*sampled, bool) {
 	g := r.signal()
 	return g, r.staleAt(g, staleBefore)
 }
@@ -431,8 +449,8 @@ func (r *replica) signal() *sampled {
 }
 
 // staleAt reports whether g, r's signal, is stale at staleBefore.
-func (r *replica) staleAt(g *sampled, staleBefore time.Time) bool {
-	return r.metered && (g == nil || g.at.Before(staleBefore))
+func (r *replica) staleAt(g *sampled, staleBefore stamp) bool {
+	return r.metered && (g == nil || g.at < staleBefore)
 }
 
 // Tenant ids come from a client header: the first maxTenantSeries
