@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"math"
 	"slices"
 	"time"
 )
@@ -31,18 +32,30 @@ type cand struct {
 	sessionHit bool
 }
 
+// filtered is the filter's outcome: the candidates, whether the breaker
+// stage was relaxed, whether the candidates are all of the replicas it was
+// given in their order (no subset hint, nothing filtered out), and the
+// candidates' load sum and least queue, summed in candidate order (the
+// scorers' mean load and the guard's reference).
+type filtered struct {
+	cands              []cand
+	relaxed, whole     bool
+	loadSum, minQueued float64
+}
+
 // filter builds the candidate list in sc.cands: the replicas serving the
 // model, restricted to the subset hint (exact ip:port), without open
 // breakers and without replicas above the KV ceiling. Each of the last two
 // stages is skipped when it would leave nothing (relaxed reports that the
 // breaker stage was): a pool that looks entirely bad still routes.
-func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.Time) (cands []cand, relaxed bool, err *Error) {
+func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.Time) (f filtered, err *Error) {
 	// One pass builds the candidates and tallies both stages, for the
 	// admitted candidates and for all of them (the KV stage runs on
 	// whichever list the breaker stage leaves); a second pass, only when a
 	// stage removes something, compacts. The subset and breakers that are
 	// not closed, which need calls, are dealt with apart: a call in the
 	// loop over every replica spills every register.
+	f.whole = req.Subset == nil
 	if req.Subset != nil {
 		sc.subset = sc.subset[:0]
 		for _, r := range reps {
@@ -52,12 +65,13 @@ func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.
 		}
 		reps = sc.subset
 	}
-	cands = slices.Grow(sc.cands[:0], len(reps))[:len(reps)]
+	cands := slices.Grow(sc.cands[:0], len(reps))[:len(reps)]
 	staleBefore := s.staleBefore(now)
 	cooldown, targetWaiting := s.cfg.Breaker.Cooldown, s.cfg.Scoring.TargetWaiting
 	idleQueue, idleKV := queueScorer(0, targetWaiting), kvScorer(0, s.cfg.Scoring.KVCeiling)
 	var all, kept stageTally
 	unsure := false // a breaker is not closed
+	loadSum, minQueued := 0.0, math.Inf(1)
 	for i, r := range reps {
 		// Filled in place, not copied from a literal: see matchFirst in
 		// kvindex on store forwarding.
@@ -72,6 +86,8 @@ func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.
 			c.waiting, c.kvScore = c.sig.waiting, c.sig.kvScore
 		}
 		c.load, c.queued = loadOf(c), queuedOf(c)
+		loadSum += c.load
+		minQueued = min(minQueued, c.queued)
 		if c.sig != nil {
 			// What was routed since the sample has not been seen to
 			// start: scored on the sample's queue alone, every decision
@@ -95,11 +111,11 @@ func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.
 	}
 	sc.cands = cands
 	if len(cands) == 0 {
-		return nil, false, ErrNoEndpoint
+		return filtered{}, ErrNoEndpoint
 	}
 
 	// Breaker stage: without open breakers, unless that leaves nothing.
-	relaxed = kept.n == 0
+	relaxed := kept.n == 0
 	stage := kept
 	if relaxed {
 		stage = all
@@ -114,17 +130,20 @@ func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.
 	// runs with a full cache by design, and the history is there.
 	kvStage := stage.over > 0 && stage.over < stage.n && stage.ready && s.cfg.Policy != PolicyAgent
 	if stage.n == len(cands) && !kvStage {
-		return cands, relaxed, nil
+		return filtered{cands: cands, relaxed: relaxed, whole: f.whole, loadSum: loadSum, minQueued: minQueued}, nil
 	}
 	n := 0
+	loadSum, minQueued = 0, math.Inf(1)
 	for i := range cands {
 		c := &cands[i]
 		if (relaxed || c.admit) && !(kvStage && kvOver(c)) {
 			cands[n] = *c
+			loadSum += c.load
+			minQueued = min(minQueued, c.queued)
 			n++
 		}
 	}
-	return cands[:n], relaxed, nil
+	return filtered{cands: cands[:n], relaxed: relaxed, loadSum: loadSum, minQueued: minQueued}, nil
 }
 
 // stageTally counts candidates for filter: how many, how many above the

@@ -79,7 +79,7 @@ func (f *flow) band(name string) *bandQueue {
 }
 
 func (f *flow) saturation() float64 {
-	sum, n := f.load(f.s.snap.Load().all, f.s.now(), nil)
+	sum, n := f.load(f.s.snap.Load().all.reps, f.s.now(), nil)
 	if n == 0 {
 		return 0
 	}

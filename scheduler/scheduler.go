@@ -150,11 +150,29 @@ func (s *Scheduler) sampled(sm *metrics.Sample) *sampled {
 
 // snapshot is the pool at one SetEndpoints call. It is immutable.
 type snapshot struct {
-	all    []*replica
+	all    group
 	byAddr map[string]*replica
 	byURL  map[string][]*replica
-	models map[string][]*replica
+	models map[string]group
 	maxID  int
+}
+
+// group is a list of replicas (the pool, or those of one model) with
+// where each one is in it by replica id, built with the snapshot so a
+// decision does not index its candidates by id replica by replica.
+type group struct {
+	reps []*replica
+	// pos[id] is 1 + the position of replica id in reps, 0 when it is
+	// not there; nil for a list built during a decision.
+	pos []int32
+}
+
+func newGroup(reps []*replica, maxID int) group {
+	pos := make([]int32, maxID+1)
+	for i, r := range reps {
+		pos[r.id] = int32(i + 1)
+	}
+	return group{reps: reps, pos: pos}
 }
 
 // Option changes how a Scheduler is built beyond its Config.
@@ -233,7 +251,7 @@ func New(cfg Config, ix *kvindex.Index, reg prometheus.Registerer, log *zap.Logg
 	}
 	s.epoch = s.now()
 	s.scratch.New = func() any { return new(scratch) }
-	s.snap.Store(&snapshot{byAddr: map[string]*replica{}, byURL: map[string][]*replica{}, models: map[string][]*replica{}})
+	s.snap.Store(&snapshot{byAddr: map[string]*replica{}, byURL: map[string][]*replica{}, models: map[string]group{}})
 	s.flow = newFlow(s)
 	s.stab = newSessionTable(s)
 	return s, nil
@@ -250,15 +268,16 @@ func (s *Scheduler) SetEndpoints(eps []Target) {
 	next := &snapshot{
 		byAddr: make(map[string]*replica, len(eps)),
 		byURL:  make(map[string][]*replica),
-		models: make(map[string][]*replica),
+		models: make(map[string]group),
 	}
+	var all []*replica
 	for _, ep := range eps {
 		if ep.Addr == "" {
 			continue
 		}
 		if prev, dup := next.byAddr[ep.Addr]; dup {
 			// The later entry wins; drop the earlier one from the list.
-			next.all = slices.DeleteFunc(next.all, func(r *replica) bool { return r == prev })
+			all = slices.DeleteFunc(all, func(r *replica) bool { return r == prev })
 		}
 		r := old.byAddr[ep.Addr]
 		if r == nil || r.id != ep.Replica || !sameEndpoint(&r.ep, &ep.Endpoint) {
@@ -282,15 +301,20 @@ func (s *Scheduler) SetEndpoints(eps []Target) {
 			nr.capPrefillGauge = s.m.capacityPrefill.WithLabelValues(ep.Addr)
 			r = nr
 		}
-		next.all = append(next.all, r)
+		all = append(all, r)
 		next.byAddr[ep.Addr] = r
 	}
-	for _, r := range next.all {
-		next.models[r.ep.Model] = append(next.models[r.ep.Model], r)
+	models := make(map[string][]*replica)
+	for _, r := range all {
+		models[r.ep.Model] = append(models[r.ep.Model], r)
 		if u := r.ep.MetricsURL; u != "" {
 			next.byURL[u] = append(next.byURL[u], r)
 		}
 		next.maxID = max(next.maxID, int(r.id))
+	}
+	next.all = newGroup(all, next.maxID)
+	for m, reps := range models {
+		next.models[m] = newGroup(reps, next.maxID)
 	}
 	for _, reps := range next.byURL {
 		for _, r := range reps {
@@ -387,7 +411,7 @@ func (s *Scheduler) refreshGauges() {
 	staleBefore := s.staleBefore(now)
 	var kv, q, run float64
 	var ready, stale, n int
-	for _, r := range snap.all {
+	for _, r := range snap.all.reps {
 		g, isStale := signals(r, staleBefore)
 		state := r.br.current(now, s.cfg.Breaker.Cooldown)
 		r.breakerGauge.Set(float64(state))
@@ -528,34 +552,34 @@ func (s *Scheduler) failed(reason string) {
 
 // serving resolves a requested model to the base model, the LoRA adapter
 // ("" for a base model) and the replicas that may serve it.
-func (s *Scheduler) serving(snap *snapshot, model string) (base, adapter string, reps []*replica, err *Error) {
-	if reps := snap.models[model]; len(reps) > 0 {
-		return model, "", reps, nil
+func (s *Scheduler) serving(snap *snapshot, model string) (base, adapter string, g group, err *Error) {
+	if g := snap.models[model]; len(g.reps) > 0 {
+		return model, "", g, nil
 	}
-	if model == "" && len(snap.all) > 0 {
+	if model == "" && len(snap.all.reps) > 0 {
 		// A request that names no model (GET /v1/models, /health) can be
 		// answered by any endpoint; 404 would fail the quoter's conformance
 		// gate through the production path.
 		return "", "", snap.all, nil
 	}
 	if b, ok := s.cfg.Adapters[model]; ok {
-		if reps := snap.models[b]; len(reps) > 0 {
-			return b, model, reps, nil
+		if g := snap.models[b]; len(g.reps) > 0 {
+			return b, model, g, nil
 		}
-		return "", "", nil, ErrModelNotServed
+		return "", "", group{}, ErrModelNotServed
 	}
 	// An adapter the configuration does not name is served where an engine
 	// reports it loaded.
-	for _, r := range snap.all {
-		if g := r.sample.Load(); g != nil && g.sm.Signals.HasAdapter(model) {
-			reps = append(reps, r)
+	for _, r := range snap.all.reps {
+		if sm := r.sample.Load(); sm != nil && sm.sm.Signals.HasAdapter(model) {
+			g.reps = append(g.reps, r)
 			base = r.ep.Model
 		}
 	}
-	if len(reps) == 0 {
-		return "", "", nil, ErrModelNotServed
+	if len(g.reps) == 0 {
+		return "", "", group{}, ErrModelNotServed
 	}
-	return base, model, reps, nil
+	return base, model, g, nil
 }
 
 // scratch is the per-decision working memory, pooled so a decision does not
@@ -570,14 +594,17 @@ type scratch struct {
 	seen    []specVal // the routing records matchPrefix read
 	agent   []agentView
 	byID    []int32
-	order   []int
+	// pos, when not nil, is byID for candidates that are a group's
+	// replicas in order (group.pos), built with the snapshot.
+	pos   []int32
+	order []int
 }
 
 // schedule runs filters, scorers, guard and picker over the current
 // snapshot.
 func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 	snap := s.snap.Load()
-	base, adapter, reps, err := s.serving(snap, req.Model)
+	base, adapter, g, err := s.serving(snap, req.Model)
 	if err != nil {
 		return nil, err
 	}
@@ -585,9 +612,16 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 	defer s.scratch.Put(sc)
 	now := s.now()
 
-	cands, relaxed, ferr := s.filter(sc, reps, req, now)
+	f, ferr := s.filter(sc, g.reps, req, now)
 	if ferr != nil {
 		return nil, ferr
+	}
+	cands, relaxed := f.cands, f.relaxed
+	if f.whole {
+		// The candidates are g.reps in order: g.pos finds them by id.
+		sc.pos = g.pos
+	} else {
+		sc.pos = nil
 	}
 	pk := &picked{}
 	d := &pk.d
@@ -610,7 +644,7 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 		primary, reason = s.agentPick(sc, cands, req, promptUnits, d.Mode, now)
 	default:
 		d.Mode, promptUnits = s.matchPrefix(sc, snap, cands, req, base, adapter, now)
-		override := s.scoreAll(cands, req, adapter, promptUnits, d.Mode, now)
+		override := s.scoreAll(cands, &f, req, adapter, promptUnits, d.Mode, now)
 		primary = s.pickPrimary(cands)
 		c := &cands[primary]
 		switch {

@@ -77,18 +77,21 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 		}
 		return ModeApproximate, 0
 	}
-	if cap(sc.byID) <= snap.maxID {
-		sc.byID = make([]int32, snap.maxID+1)
-	}
-	byID := sc.byID[:snap.maxID+1]
-	for i := range cands {
-		byID[cands[i].r.id] = int32(i + 1)
-	}
-	defer func() {
-		for i := range cands {
-			byID[cands[i].r.id] = 0
+	byID := sc.pos
+	if byID == nil {
+		if cap(sc.byID) <= snap.maxID {
+			sc.byID = make([]int32, snap.maxID+1)
 		}
-	}()
+		byID = sc.byID[:snap.maxID+1]
+		for i := range cands {
+			byID[cands[i].r.id] = int32(i + 1)
+		}
+		defer func() {
+			for i := range cands {
+				byID[cands[i].r.id] = 0
+			}
+		}()
+	}
 
 	if precise {
 		bs := s.cfg.BlockSize
@@ -161,25 +164,17 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 }
 
 // scoreAll applies the thresholds, the imbalance guard (guardTrips) and
-// every scorer, in two passes over the candidates; it reports whether the
-// guard overrode an affinity.
-func (s *Scheduler) scoreAll(cands []cand, req *Request, adapter string, promptUnits int, mode string, now time.Time) bool {
+// every scorer in one pass over the candidates, with the load sum and the
+// least queue the filter tallied; it reports whether the guard overrode
+// an affinity.
+func (s *Scheduler) scoreAll(cands []cand, f *filtered, req *Request, adapter string, promptUnits int, mode string, now time.Time) bool {
 	sc := &s.cfg.Scoring
 	minMatch := *s.cfg.Prefix.MinMatch
 	if mode == ModeApproximate {
 		minMatch = *s.cfg.Prefix.MinMatchBytes
 	}
-	var meanLoad float64
-	minQueued := math.Inf(1)
 	minRatio := *s.cfg.Prefix.MatchRatio * float64(promptUnits)
-	for i := range cands {
-		c := &cands[i]
-		c.prefixOK = promptUnits > 0 && c.prefixUnits > 0 && c.prefixUnits >= minMatch &&
-			float64(c.prefixUnits) >= minRatio
-		meanLoad += c.load
-		minQueued = min(minQueued, c.queued)
-	}
-	meanLoad /= float64(len(cands))
+	meanLoad, minQueued := f.loadSum/float64(len(cands)), f.minQueued
 	balanceAbs, balanceRel := *s.cfg.Prefix.BalanceAbs, s.cfg.Prefix.BalanceRel
 	override := false
 
@@ -198,6 +193,8 @@ func (s *Scheduler) scoreAll(cands []cand, req *Request, adapter string, promptU
 	}
 	for i := range cands {
 		c := &cands[i]
+		c.prefixOK = promptUnits > 0 && c.prefixUnits > 0 && c.prefixUnits >= minMatch &&
+			float64(c.prefixUnits) >= minRatio
 		if c.prefixOK && guardTrips(c.queued, minQueued, balanceAbs, balanceRel) {
 			c.prefixOK, override = false, true
 		}
