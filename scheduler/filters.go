@@ -6,23 +6,21 @@ import (
 	"time"
 )
 
-// cand is one candidate replica during a decision.
+// cand is one candidate replica during a decision. A decision writes and
+// reads one per replica several times: it takes one cache line
+// (TestCandFitsALine), and what follows from its fields (load, the queue
+// and KV scores) is computed where it is used.
 type cand struct {
-	r       *replica
-	sig     *sampled // nil when never scraped
-	waiting float64
-	infl    float64
-	load    float64
-	queued  float64 // requests not started yet, see queuedOf
+	r      *replica
+	sig    *sampled // nil when never scraped
+	infl   float64
+	queued float64 // requests not started yet, see queuedOf
 
-	prefixUnits int     // matched tokens (precise) or bytes (approximate)
 	prefixShare float64 // tier-weighted share of the prompt, 0..1
-	heldUnits   int     // the index's (and speculative) match when recalled
-	prefixScore float64
-	// queueScore scores queued; kvScore is the sample's (sampled); both
-	// are an idle replica's without a sample. lora is set by scoreAll.
-	queueScore, kvScore, lora float64
-	score                     float64
+	score       float64
+
+	prefixUnits int32 // matched tokens (precise) or bytes (approximate)
+	heldUnits   int32 // the index's (and speculative) match when recalled
 
 	stale      bool
 	probe      bool // breaker half-open: routing here claims the probe
@@ -30,6 +28,7 @@ type cand struct {
 	prefixOK   bool // above min_match and match_ratio, not overridden
 	recalled   bool // the match is the routing memory's, longer than the index's
 	sessionHit bool
+	lora       bool // loraScorer, set by scoreAll for a request for an adapter
 }
 
 // filtered is the filter's outcome: the candidates, whether the breaker
@@ -68,7 +67,6 @@ func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.
 	cands := slices.Grow(sc.cands[:0], len(reps))[:len(reps)]
 	staleBefore := s.staleBefore(now)
 	cooldown, targetWaiting := s.cfg.Breaker.Cooldown, s.cfg.Scoring.TargetWaiting
-	idleQueue, idleKV := queueScorer(0, targetWaiting), kvScorer(0, s.cfg.Scoring.KVCeiling)
 	var all, kept stageTally
 	unsure := false // a breaker is not closed
 	loadSum, minQueued := 0.0, math.Inf(1)
@@ -81,20 +79,10 @@ func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.
 		c.sig = r.signal()
 		c.stale = r.staleAt(c.sig, staleBefore)
 		c.infl = float64(r.inflight.Load())
-		c.queueScore, c.kvScore = idleQueue, idleKV
-		if c.sig != nil {
-			c.waiting, c.kvScore = c.sig.waiting, c.sig.kvScore
-		}
-		c.load, c.queued = loadOf(c), queuedOf(c)
-		loadSum += c.load
+		c.queued = queuedOf(c)
+		loadSum += loadOf(c)
 		minQueued = min(minQueued, c.queued)
-		if c.sig != nil {
-			// What was routed since the sample has not been seen to
-			// start: scored on the sample's queue alone, every decision
-			// between two scrapes would see the same best replica.
-			c.queueScore = queueScorer(c.queued, targetWaiting)
-		}
-		over, ready := kvOver(c), c.waiting < targetWaiting
+		over, ready := kvOver(c), waitingOf(c) < targetWaiting
 		all.add(over, ready)
 		if c.admit = r.br.state.Load() == BreakerClosed; c.admit {
 			kept.add(over, ready)
@@ -105,7 +93,7 @@ func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.
 	for i := 0; unsure && i < len(cands); i++ {
 		if c := &cands[i]; !c.admit {
 			if c.admit, c.probe = c.r.br.admit(now, cooldown); c.admit {
-				kept.add(kvOver(c), c.waiting < targetWaiting)
+				kept.add(kvOver(c), waitingOf(c) < targetWaiting)
 			}
 		}
 	}
@@ -138,7 +126,7 @@ func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.
 		c := &cands[i]
 		if (relaxed || c.admit) && !(kvStage && kvOver(c)) {
 			cands[n] = *c
-			loadSum += c.load
+			loadSum += loadOf(c)
 			minQueued = min(minQueued, c.queued)
 			n++
 		}
@@ -164,6 +152,14 @@ func (t *stageTally) add(over, ready bool) {
 
 func kvOver(c *cand) bool { return !c.stale && c.sig != nil && c.sig.over }
 
+// waitingOf is the engine's queue, 0 without a sample.
+func waitingOf(c *cand) float64 {
+	if c.sig == nil {
+		return 0
+	}
+	return c.sig.waiting
+}
+
 // loadOf is a replica's load in requests: what the EPP has routed and not
 // seen finish, or what the engine reports running and waiting if that is
 // more (other routers, or requests the EPP has lost track of). Engine
@@ -186,7 +182,7 @@ func queuedOf(c *cand) float64 {
 	if c.sig == nil || c.stale {
 		return c.infl
 	}
-	return c.waiting + max(c.infl-float64(c.r.inflightAtSample.Load()), 0)
+	return c.sig.waiting + max(c.infl-float64(c.r.inflightAtSample.Load()), 0)
 }
 
 func inSubset(subset []string, addr string) bool {

@@ -50,3 +50,9 @@ func TestStampOrder(t *testing.T) {
 		require.Equal(t, s.stamp(tt.a), s.stamp(tt.a), tt.name)
 	}
 }
+
+// TestCandFitsALine keeps a candidate in one cache line: a decision
+// writes one per replica and reads it back in every later pass.
+func TestCandFitsALine(t *testing.T) {
+	require.LessOrEqual(t, unsafe.Sizeof(cand{}), uintptr(64))
+}

@@ -648,9 +648,9 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 		primary = s.pickPrimary(cands)
 		c := &cands[primary]
 		switch {
-		case c.prefixOK && c.prefixScore > 0 && c.recalled:
+		case prefixScorer(c) > 0 && c.recalled:
 			reason = ReasonRecall
-		case c.prefixOK && c.prefixScore > 0:
+		case prefixScorer(c) > 0:
 			reason = ReasonPrefix
 		case c.sessionHit:
 			reason = ReasonSession
@@ -675,9 +675,9 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 	for _, i := range sc.order {
 		d.Endpoints = append(d.Endpoints, &cands[i].r.ep)
 	}
-	held := p.prefixUnits // what the replica is expected to hold
+	held := int(p.prefixUnits) // what the replica is expected to hold
 	if p.recalled {
-		held = p.heldUnits
+		held = int(p.heldUnits)
 	}
 	if d.Mode == ModePrecise {
 		d.PromptBlocks = len(sc.keys)

@@ -108,17 +108,17 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 				c := &cands[j-1]
 				eff := float64(m.ByTier[kvindex.TierGPU]) + cpuW*float64(m.ByTier[kvindex.TierCPU]) +
 					storageW*float64(m.ByTier[kvindex.TierStorage])
-				c.prefixUnits = m.Blocks * bs
+				c.prefixUnits = int32(m.Blocks * bs)
 				c.prefixShare = eff * float64(bs) / float64(n)
-				longest = max(longest, c.prefixUnits)
+				longest = max(longest, int(c.prefixUnits))
 			}
 		}
 		sc.hits = s.spec.match(sc.keys, now, sc.hits)
 		for _, h := range sc.hits {
 			if j := candOf(byID, h.r); j > 0 {
 				c := &cands[j-1]
-				if u := h.n * bs; u > c.prefixUnits {
-					c.prefixUnits = u
+				if u := h.n * bs; u > int(c.prefixUnits) {
+					c.prefixUnits = int32(u)
 					c.prefixShare = float64(u) / float64(n)
 					longest = max(longest, u)
 				}
@@ -140,9 +140,9 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 		for _, h := range sc.hits {
 			if j := candOf(byID, h.r); j > 0 {
 				c := &cands[j-1]
-				if u := h.n * bs; c.prefixUnits == longest && u > c.prefixUnits {
+				if u := h.n * bs; int(c.prefixUnits) == longest && u > int(c.prefixUnits) {
 					c.heldUnits = c.prefixUnits
-					c.prefixUnits = u
+					c.prefixUnits = int32(u)
 					c.prefixShare = float64(u) / float64(n)
 					c.recalled = true
 				}
@@ -156,7 +156,7 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 	for _, h := range sc.hits {
 		if j := candOf(byID, h.r); j > 0 {
 			c := &cands[j-1]
-			c.prefixUnits = h.n
+			c.prefixUnits = int32(h.n)
 			c.prefixShare = float64(h.n) / float64(n)
 		}
 	}
@@ -188,25 +188,37 @@ func (s *Scheduler) scoreAll(cands []cand, f *filtered, req *Request, adapter st
 	// loop has no call in it, which would spill every register.
 	if adapter != "" {
 		for i := range cands {
-			cands[i].lora = loraScorer(&cands[i], adapter)
+			cands[i].lora = loraScorer(&cands[i], adapter) > 0
 		}
 	}
+	targetWaiting := sc.TargetWaiting
+	idleQueue, idleKV := queueScorer(0, targetWaiting), kvScorer(0, sc.KVCeiling)
 	for i := range cands {
 		c := &cands[i]
-		c.prefixOK = promptUnits > 0 && c.prefixUnits > 0 && c.prefixUnits >= minMatch &&
+		c.prefixOK = promptUnits > 0 && c.prefixUnits > 0 && int(c.prefixUnits) >= minMatch &&
 			float64(c.prefixUnits) >= minRatio
 		if c.prefixOK && guardTrips(c.queued, minQueued, balanceAbs, balanceRel) {
 			c.prefixOK, override = false, true
 		}
-		c.prefixScore = prefixScorer(c)
-		sess := sessionScorer(hasSess && c.r.id == sessR, c.load, meanLoad, sc.SessionLoadFactor)
+		// Without a sample, an idle replica's queue and KV scores. With
+		// one, what was routed since the sample has not been seen to
+		// start: scored on the sample's queue alone, every decision
+		// between two scrapes would see the same best replica.
+		queueScore, kvScore := idleQueue, idleKV
+		if c.sig != nil {
+			queueScore, kvScore = queueScorer(c.queued, targetWaiting), c.sig.kvScore
+		}
+		sess := 0.0
+		if hasSess && c.r.id == sessR {
+			sess = sessionScorer(true, loadOf(c), meanLoad, sc.SessionLoadFactor)
+		}
 		c.sessionHit = sess > 0 && w.session > 0
-		total := w.prefix*c.prefixScore +
-			w.queue*c.queueScore +
+		total := w.prefix*prefixScorer(c) +
+			w.queue*queueScore +
 			w.inflight*inflightScorer(c.infl, sc.TargetInflight) +
-			w.kv*c.kvScore +
+			w.kv*kvScore +
 			w.session*sess +
-			w.lora*c.lora
+			w.lora*b2f(c.lora)
 		if c.stale {
 			total *= *sc.StaleFactor
 		}
