@@ -56,6 +56,9 @@ type Scheduler struct {
 	tenants *label.Set // tenants with series of their own
 
 	scratch sync.Pool
+	// decisions holds the memory of decisions that are done and
+	// released (picked), for the next ones: a decision does not allocate.
+	decisions sync.Pool
 }
 
 // Target is one endpoint of the pool with its index replica id. The ids are
@@ -251,6 +254,7 @@ func New(cfg Config, ix *kvindex.Index, reg prometheus.Registerer, log *zap.Logg
 	}
 	s.epoch = s.now()
 	s.scratch.New = func() any { return new(scratch) }
+	s.decisions.New = func() any { return new(picked) }
 	s.snap.Store(&snapshot{byAddr: map[string]*replica{}, byURL: map[string][]*replica{}, models: map[string]group{}})
 	s.flow = newFlow(s)
 	s.stab = newSessionTable(s)
@@ -623,7 +627,10 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 	} else {
 		sc.pos = nil
 	}
-	pk := &picked{}
+	pk := s.decisions.Get().(*picked)
+	more := pk.more
+	clear(more)
+	*pk = picked{more: more[:0]}
 	d := &pk.d
 	var reason string
 	var primary int
@@ -670,7 +677,8 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 	if len(sc.order) <= len(pk.eps) {
 		d.Endpoints = pk.eps[:0:len(sc.order)]
 	} else {
-		d.Endpoints = make([]*endpoint.Endpoint, 0, len(sc.order))
+		d.Endpoints = slices.Grow(pk.more[:0], len(sc.order))
+		pk.more = d.Endpoints
 	}
 	for _, i := range sc.order {
 		d.Endpoints = append(d.Endpoints, &cands[i].r.ep)
@@ -710,7 +718,7 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 		s.stab.started(pk.sessKey, r.id, int64(float64(promptUnits)/perTok), int64(float64(held)/perTok))
 	}
 	pk.s, pk.r, pk.probe, pk.tenant = s, r, probe, req.Tenant
-	d.picked = pk
+	d.picked, d.mem = pk, pk
 	return d, nil
 }
 
@@ -728,6 +736,9 @@ type picked struct {
 	pending int64
 	sessKey uint64 // sessionKey of the request's session, 0 for none
 	eps     [3]*endpoint.Endpoint
+	// more holds the endpoints of a decision with more than two
+	// fallbacks, kept for the decisions that reuse this memory.
+	more []*endpoint.Endpoint
 }
 
 func (pk *picked) done(info DoneInfo) {
