@@ -34,8 +34,9 @@ type cand struct {
 // filtered is the filter's outcome: the candidates, whether the breaker
 // stage was relaxed, whether the candidates are all of the replicas it was
 // given in their order (no subset hint, nothing filtered out), and the
-// candidates' load sum and least queue, summed in candidate order (the
-// scorers' mean load and the guard's reference).
+// candidates' load sum and least queue, summed in candidate order as
+// scoring would (the scorers' mean load and the guard's reference; the
+// same order gives the same sum, TestDecisionsGolden).
 type filtered struct {
 	cands              []cand
 	relaxed, whole     bool

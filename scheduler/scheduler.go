@@ -162,7 +162,10 @@ type snapshot struct {
 
 // group is a list of replicas (the pool, or those of one model) with
 // where each one is in it by replica id, built with the snapshot so a
-// decision does not index its candidates by id replica by replica.
+// decision does not index its candidates by id replica by replica. A
+// decision uses pos only while its candidates are reps in order
+// (filtered.whole; TestDecisionsGolden has subset hints and filtered
+// replicas).
 type group struct {
 	reps []*replica
 	// pos[id] is 1 + the position of replica id in reps, 0 when it is
