@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
@@ -62,7 +63,7 @@ func replayScenario(t *testing.T, out *strings.Builder, sc int) {
 	policy := policies[sc%len(policies)]
 	sizes := []int{1, 2, 5, 16, 64, 200}
 	n := sizes[rng.IntN(len(sizes))]
-	if sc%7 == 3 {
+	if sc%16 == 3 {
 		n = 1024
 	}
 	temperature := 0.0
@@ -141,7 +142,7 @@ func replayScenario(t *testing.T, out *strings.Builder, sc int) {
 	// Prompt families: a shared system prompt and a few documents.
 	families := make([][]uint32, 4)
 	for f := range families {
-		families[f] = tokens(4096, uint32(sc*16+f))
+		families[f] = tokens(2048, uint32(sc*16+f))
 	}
 	root := kvindex.RootKey(testModel, "", "")
 	for i := range n {
@@ -168,7 +169,9 @@ func replayScenario(t *testing.T, out *strings.Builder, sc int) {
 		req := &Request{ID: fmt.Sprint(q), Model: testModel, Tokens: toks, Arrived: clock.Now()}
 		if policy == PolicyApproximate || rng.IntN(10) == 0 {
 			req.Tokens = nil
-			req.PromptText = fmt.Appendf(nil, "%v", toks)
+			for _, tok := range toks {
+				req.PromptText = binary.LittleEndian.AppendUint32(req.PromptText, tok)
+			}
 		}
 		switch k := rng.IntN(12); {
 		case k == 0:
