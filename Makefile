@@ -33,7 +33,7 @@ vet:
 
 unit: build controlplane
 	$(GO) test -race -count=1 -timeout 20m ./...
-	$(GO) test -count=1 -run Allocs ./extproc/
+	$(GO) test -count=1 -run Allocs ./extproc/ ./scheduler/
 
 # Client-side tests with the official OpenAI client (Node), against bin/.
 node-test: build

@@ -156,6 +156,7 @@ func (st *stream) finish(err error, end string) {
 	d.Done(scheduler.DoneInfo{Served: st.served, Status: st.status, Err: err,
 		PromptTokens: u.prompt, CachedTokens: u.cached, CompletionTokens: u.completion,
 		FirstByte: st.firstByte, Total: total})
+	d.Release() // nothing reads the decision past here; st.decision is only compared with nil
 	m := st.series
 	m.running.Dec()
 	m.duration.Observe(total.Seconds())

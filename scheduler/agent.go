@@ -111,7 +111,7 @@ func (s *Scheduler) agentPick(sc *scratch, cands []cand, req *Request, promptUni
 		longest = -1
 	} else if !byKey {
 		for i := range cands {
-			switch u := cands[i].prefixUnits; {
+			switch u := int(cands[i].prefixUnits); {
 			case u > longest:
 				longest, second = u, longest
 			case u > second:
@@ -137,7 +137,7 @@ func (s *Scheduler) agentPick(sc *scratch, cands []cand, req *Request, promptUni
 		if byKey {
 			v.holder = c.r.id == sessR
 		} else {
-			v.holder = longest > 0 && c.prefixUnits == longest
+			v.holder = longest > 0 && int(c.prefixUnits) == longest
 		}
 		views = append(views, v)
 	}
@@ -152,7 +152,7 @@ func (s *Scheduler) agentPick(sc *scratch, cands []cand, req *Request, promptUni
 		// the fewest sessions placed wins (TestAgentSpreadsNewSessions).
 		common := 0
 		for i := range cands {
-			common = max(common, cands[i].prefixUnits)
+			common = max(common, int(cands[i].prefixUnits))
 		}
 		for i := range views {
 			views[i].holder = false

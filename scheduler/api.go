@@ -72,7 +72,10 @@ type Decision struct {
 	Queued time.Duration
 
 	done   func(DoneInfo)
-	picked *picked // the Scheduler's own decisions, instead of done
+	picked *picked // the Scheduler's own decisions, instead of done; nil once done
+	// mem is the memory of the Scheduler's own decisions, which Release
+	// gives back (nil once released).
+	mem *picked
 }
 
 // DoneInfo reports how a routed request ended. The ext_proc server calls
@@ -135,6 +138,7 @@ func (i DoneInfo) Outcome() Outcome {
 
 // Done must be called exactly once when the routed request has ended. It
 // releases in-flight accounting, feeds the breaker and usage counters.
+// The decision stays readable until Release.
 func (d *Decision) Done(info DoneInfo) {
 	switch {
 	case d == nil:
@@ -146,6 +150,20 @@ func (d *Decision) Done(info DoneInfo) {
 		d.done(info)
 		d.done = nil
 	}
+}
+
+// Release gives the memory of a decision that is done back to the
+// Scheduler, for a later decision, so that Pick does not allocate. It is
+// optional: call it once, after Done, when nothing reads the decision any
+// more; a decision released before Done is left alone (Done still has to
+// be called, and the memory is then the garbage collector's).
+func (d *Decision) Release() {
+	if d == nil || d.picked != nil || d.mem == nil {
+		return
+	}
+	pk := d.mem
+	d.mem = nil
+	pk.s.decisions.Put(pk)
 }
 
 // Error is a scheduling failure with the HTTP status the client gets.

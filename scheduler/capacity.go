@@ -83,7 +83,7 @@ func (s *Scheduler) Capacity() capacity.Snapshot {
 	byModel := make(map[string]*capacity.Model)
 	var hits, queries map[string]float64
 	hits, queries = make(map[string]float64), make(map[string]float64)
-	for _, r := range snap.all {
+	for _, r := range snap.all.reps {
 		m := byModel[r.ep.Model]
 		if m == nil {
 			m = &capacity.Model{Model: r.ep.Model, Admission: s.admission()}

@@ -57,7 +57,7 @@ func TestConcurrentPickAndUpdate(t *testing.T) {
 		e.s.SetEndpoints(eps)
 	}()
 	wg.Wait()
-	for _, r := range e.s.snap.Load().all {
+	for _, r := range e.s.snap.Load().all.reps {
 		require.Zero(t, r.inflight.Load(), r.ep.Addr)
 	}
 	require.Equal(t, int64(4*300*5), int64(testutil.ToFloat64(e.s.m.tenantTokens.WithLabelValues(defaultTenant, "prompt"))))

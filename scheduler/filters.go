@@ -1,27 +1,26 @@
 package scheduler
 
 import (
+	"math"
 	"slices"
 	"time"
 )
 
-// cand is one candidate replica during a decision.
+// cand is one candidate replica during a decision. A decision writes and
+// reads one per replica several times: it takes one cache line
+// (TestCandFitsALine), and what follows from its fields (load, the queue
+// and KV scores) is computed where it is used.
 type cand struct {
-	r       *replica
-	sig     *sampled // nil when never scraped
-	waiting float64
-	infl    float64
-	load    float64
-	queued  float64 // requests not started yet, see queuedOf
+	r      *replica
+	sig    *sampled // nil when never scraped
+	infl   float64
+	queued float64 // requests not started yet, see queuedOf
 
-	prefixUnits int     // matched tokens (precise) or bytes (approximate)
 	prefixShare float64 // tier-weighted share of the prompt, 0..1
-	heldUnits   int     // the index's (and speculative) match when recalled
-	prefixScore float64
-	// queueScore scores queued; kvScore is the sample's (sampled); both
-	// are an idle replica's without a sample. lora is set by scoreAll.
-	queueScore, kvScore, lora float64
-	score                     float64
+	score       float64
+
+	prefixUnits int32 // matched tokens (precise) or bytes (approximate)
+	heldUnits   int32 // the index's (and speculative) match when recalled
 
 	stale      bool
 	probe      bool // breaker half-open: routing here claims the probe
@@ -29,6 +28,19 @@ type cand struct {
 	prefixOK   bool // above min_match and match_ratio, not overridden
 	recalled   bool // the match is the routing memory's, longer than the index's
 	sessionHit bool
+	lora       bool // loraScorer, set by scoreAll for a request for an adapter
+}
+
+// filtered is the filter's outcome: the candidates, whether the breaker
+// stage was relaxed, whether the candidates are all of the replicas it was
+// given in their order (no subset hint, nothing filtered out), and the
+// candidates' load sum and least queue, summed in candidate order as
+// scoring would (the scorers' mean load and the guard's reference; the
+// same order gives the same sum, TestDecisionsGolden).
+type filtered struct {
+	cands              []cand
+	relaxed, whole     bool
+	loadSum, minQueued float64
 }
 
 // filter builds the candidate list in sc.cands: the replicas serving the
@@ -36,13 +48,14 @@ type cand struct {
 // breakers and without replicas above the KV ceiling. Each of the last two
 // stages is skipped when it would leave nothing (relaxed reports that the
 // breaker stage was): a pool that looks entirely bad still routes.
-func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.Time) (cands []cand, relaxed bool, err *Error) {
+func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.Time) (f filtered, err *Error) {
 	// One pass builds the candidates and tallies both stages, for the
 	// admitted candidates and for all of them (the KV stage runs on
 	// whichever list the breaker stage leaves); a second pass, only when a
 	// stage removes something, compacts. The subset and breakers that are
 	// not closed, which need calls, are dealt with apart: a call in the
 	// loop over every replica spills every register.
+	f.whole = req.Subset == nil
 	if req.Subset != nil {
 		sc.subset = sc.subset[:0]
 		for _, r := range reps {
@@ -52,12 +65,12 @@ func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.
 		}
 		reps = sc.subset
 	}
-	cands = slices.Grow(sc.cands[:0], len(reps))[:len(reps)]
+	cands := slices.Grow(sc.cands[:0], len(reps))[:len(reps)]
 	staleBefore := s.staleBefore(now)
 	cooldown, targetWaiting := s.cfg.Breaker.Cooldown, s.cfg.Scoring.TargetWaiting
-	idleQueue, idleKV := queueScorer(0, targetWaiting), kvScorer(0, s.cfg.Scoring.KVCeiling)
 	var all, kept stageTally
 	unsure := false // a breaker is not closed
+	loadSum, minQueued := 0.0, math.Inf(1)
 	for i, r := range reps {
 		// Filled in place, not copied from a literal: see matchFirst in
 		// kvindex on store forwarding.
@@ -67,18 +80,10 @@ func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.
 		c.sig = r.signal()
 		c.stale = r.staleAt(c.sig, staleBefore)
 		c.infl = float64(r.inflight.Load())
-		c.queueScore, c.kvScore = idleQueue, idleKV
-		if c.sig != nil {
-			c.waiting, c.kvScore = c.sig.waiting, c.sig.kvScore
-		}
-		c.load, c.queued = loadOf(c), queuedOf(c)
-		if c.sig != nil {
-			// What was routed since the sample has not been seen to
-			// start: scored on the sample's queue alone, every decision
-			// between two scrapes would see the same best replica.
-			c.queueScore = queueScorer(c.queued, targetWaiting)
-		}
-		over, ready := kvOver(c), c.waiting < targetWaiting
+		c.queued = queuedOf(c)
+		loadSum += loadOf(c)
+		minQueued = min(minQueued, c.queued)
+		over, ready := kvOver(c), waitingOf(c) < targetWaiting
 		all.add(over, ready)
 		if c.admit = r.br.state.Load() == BreakerClosed; c.admit {
 			kept.add(over, ready)
@@ -89,17 +94,17 @@ func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.
 	for i := 0; unsure && i < len(cands); i++ {
 		if c := &cands[i]; !c.admit {
 			if c.admit, c.probe = c.r.br.admit(now, cooldown); c.admit {
-				kept.add(kvOver(c), c.waiting < targetWaiting)
+				kept.add(kvOver(c), waitingOf(c) < targetWaiting)
 			}
 		}
 	}
 	sc.cands = cands
 	if len(cands) == 0 {
-		return nil, false, ErrNoEndpoint
+		return filtered{}, ErrNoEndpoint
 	}
 
 	// Breaker stage: without open breakers, unless that leaves nothing.
-	relaxed = kept.n == 0
+	relaxed := kept.n == 0
 	stage := kept
 	if relaxed {
 		stage = all
@@ -114,17 +119,20 @@ func (s *Scheduler) filter(sc *scratch, reps []*replica, req *Request, now time.
 	// runs with a full cache by design, and the history is there.
 	kvStage := stage.over > 0 && stage.over < stage.n && stage.ready && s.cfg.Policy != PolicyAgent
 	if stage.n == len(cands) && !kvStage {
-		return cands, relaxed, nil
+		return filtered{cands: cands, relaxed: relaxed, whole: f.whole, loadSum: loadSum, minQueued: minQueued}, nil
 	}
 	n := 0
+	loadSum, minQueued = 0, math.Inf(1)
 	for i := range cands {
 		c := &cands[i]
 		if (relaxed || c.admit) && !(kvStage && kvOver(c)) {
 			cands[n] = *c
+			loadSum += loadOf(c)
+			minQueued = min(minQueued, c.queued)
 			n++
 		}
 	}
-	return cands[:n], relaxed, nil
+	return filtered{cands: cands[:n], relaxed: relaxed, loadSum: loadSum, minQueued: minQueued}, nil
 }
 
 // stageTally counts candidates for filter: how many, how many above the
@@ -144,6 +152,14 @@ func (t *stageTally) add(over, ready bool) {
 }
 
 func kvOver(c *cand) bool { return !c.stale && c.sig != nil && c.sig.over }
+
+// waitingOf is the engine's queue, 0 without a sample.
+func waitingOf(c *cand) float64 {
+	if c.sig == nil {
+		return 0
+	}
+	return c.sig.waiting
+}
 
 // loadOf is a replica's load in requests: what the EPP has routed and not
 // seen finish, or what the engine reports running and waiting if that is
@@ -167,7 +183,7 @@ func queuedOf(c *cand) float64 {
 	if c.sig == nil || c.stale {
 		return c.infl
 	}
-	return c.waiting + max(c.infl-float64(c.r.inflightAtSample.Load()), 0)
+	return c.sig.waiting + max(c.infl-float64(c.r.inflightAtSample.Load()), 0)
 }
 
 func inSubset(subset []string, addr string) bool {

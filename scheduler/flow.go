@@ -79,7 +79,7 @@ func (f *flow) band(name string) *bandQueue {
 }
 
 func (f *flow) saturation() float64 {
-	sum, n := f.load(f.s.snap.Load().all, f.s.now(), nil)
+	sum, n := f.load(f.s.snap.Load().all.reps, f.s.now(), nil)
 	if n == 0 {
 		return 0
 	}
@@ -94,8 +94,10 @@ func (f *flow) saturation() float64 {
 // breaker is not open, or all of them when every breaker is open.
 func (f *flow) load(reps []*replica, now time.Time, keep func(*replica) bool) (sum float64, n int) {
 	staleBefore := f.s.staleBefore(now)
-	if keep == nil && noneOpen(reps) {
-		return f.addTerms(0, reps, staleBefore), len(reps)
+	if keep == nil {
+		if sum, whole := f.addTerms(0, reps, staleBefore, true); whole {
+			return sum, len(reps)
+		}
 	}
 	for pass := 0; pass < 2 && n == 0; pass++ {
 		for i, r := range reps {
@@ -105,29 +107,24 @@ func (f *flow) load(reps []*replica, now time.Time, keep func(*replica) bool) (s
 			if pass == 0 && r.br.state.Load() == BreakerOpen && r.br.current(now, f.s.cfg.Breaker.Cooldown) == BreakerOpen {
 				continue
 			}
-			sum = f.addTerms(sum, reps[i:i+1], staleBefore)
+			sum, _ = f.addTerms(sum, reps[i:i+1], staleBefore, false)
 			n++
 		}
 	}
 	return sum, n
 }
 
-func noneOpen(reps []*replica) bool {
-	for _, r := range reps {
-		if r.br.state.Load() == BreakerOpen {
-			return false
-		}
-	}
-	return true
-}
-
-// addTerms adds the saturation terms of reps to sum, in order. The common
-// case, no filter and no open breaker, sums every replica in this one
-// loop, which has no call in it: a call in a loop over every replica
+// addTerms adds the saturation terms of reps to sum, in order; with
+// stopAtOpen it gives up at the first open breaker (whole false). The
+// common case, no filter and no open breaker, sums every replica in this
+// one loop, which has no call in it: a call in a loop over every replica
 // spills every register.
-func (f *flow) addTerms(sum float64, reps []*replica, staleBefore time.Time) float64 {
+func (f *flow) addTerms(sum float64, reps []*replica, staleBefore stamp, stopAtOpen bool) (_ float64, whole bool) {
 	target := f.s.cfg.Admission.TargetInflight
 	for _, r := range reps {
+		if stopAtOpen && r.br.state.Load() == BreakerOpen {
+			return 0, false
+		}
 		own := float64(r.inflight.Load())
 		g := r.signal()
 		if g == nil || r.staleAt(g, staleBefore) {
@@ -143,7 +140,7 @@ func (f *flow) addTerms(sum float64, reps []*replica, staleBefore time.Time) flo
 		// by a positive number keeps the order.
 		sum += max(max(own, busy)/target, g.sat)
 	}
-	return sum
+	return sum, true
 }
 
 // Ticket is a request's admission through flow control, handed from Admit

@@ -31,7 +31,7 @@ func (h Headroom) String() string { return headroomNames[h] }
 // band is ever past its ceiling.
 func (s *Scheduler) Headroom(model, band string, subset []string) Headroom {
 	snap := s.snap.Load()
-	_, _, reps, err := s.serving(snap, model)
+	_, _, g, err := s.serving(snap, model)
 	if err != nil {
 		return HeadroomNoEndpoint
 	}
@@ -39,7 +39,7 @@ func (s *Scheduler) Headroom(model, band string, subset []string) Headroom {
 	healthy := func(r *replica) bool {
 		return (subset == nil || inSubset(subset, r.ep.Addr)) && r.br.current(now, s.cfg.Breaker.Cooldown) == BreakerClosed
 	}
-	sum, n := s.flow.load(reps, now, healthy)
+	sum, n := s.flow.load(g.reps, now, healthy)
 	switch {
 	case n == 0:
 		return HeadroomNoEndpoint

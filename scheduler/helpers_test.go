@@ -115,7 +115,7 @@ func (e *testEnv) setSignals(i int, sig metrics.Signals) {
 
 // freshAll publishes idle signals for every endpoint.
 func (e *testEnv) freshAll() {
-	for i := range e.s.snap.Load().all {
+	for i := range e.s.snap.Load().all.reps {
 		e.setSignals(i, metrics.Signals{Engine: metrics.EngineVLLM})
 	}
 }

@@ -57,7 +57,7 @@ func (s *Scheduler) softmax(cands []cand, t float64) int {
 func (s *Scheduler) rankByLoad(cands []cand) {
 	for i := range cands {
 		c := &cands[i]
-		c.score = -(c.waiting + c.infl)
+		c.score = -(waitingOf(c) + c.infl)
 	}
 }
 

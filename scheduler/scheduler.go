@@ -35,6 +35,8 @@ type Scheduler struct {
 	// now and rnd are replaced by tests.
 	now func() time.Time
 	rnd func() float64
+	// epoch is the clock at New, the origin of stamps.
+	epoch time.Time
 
 	onWindow func(addr string, w capacity.Window) // nil: none
 
@@ -54,6 +56,9 @@ type Scheduler struct {
 	tenants *label.Set // tenants with series of their own
 
 	scratch sync.Pool
+	// decisions holds the memory of decisions that are done and
+	// released (picked), for the next ones: a decision does not allocate.
+	decisions sync.Pool
 }
 
 // Target is one endpoint of the pool with its index replica id. The ids are
@@ -67,29 +72,32 @@ type Target struct {
 
 // replica is one endpoint's live state. ep never changes after creation
 // (decisions hand out &ep); everything else is atomic or locked. What every
-// decision reads of every replica comes first, together.
+// decision reads of every replica comes first, in the first cache line
+// with the breaker's state (replicas are allocated 64-byte aligned,
+// TestReplicaHotLine).
 type replica struct {
 	inflight atomic.Int64
-	// pending is the uncached prompt tokens of this EPP's requests routed
-	// here that have not finished (the agent policy's pending work).
-	pending atomic.Int64
-	// sessionsPlaced counts the new sessions the agent policy placed here.
-	sessionsPlaced atomic.Int64
-	sample         atomic.Pointer[sampled]
+	sample   atomic.Pointer[sampled]
 	// inflightAtSample is this EPP's in-flight count when the last good
 	// sample arrived: what it routed since is not in the engine's counts.
 	inflightAtSample atomic.Int64
 	score            atomic.Uint64 // math.Float64bits of the last total score
-	// prefillRate is math.Float64bits of the capacity curve's measured
-	// prefill rate in tokens per second (0: not measured), refreshed with
-	// the gauges.
-	prefillRate atomic.Uint64
 	// sharing is how many replicas report through the same metrics URL
 	// (their engine counts are split evenly between them).
 	sharing atomic.Int32
 	id      kvindex.Replica
 	metered bool // ep.MetricsURL != ""
 	br      breaker
+
+	// pending is the uncached prompt tokens of this EPP's requests routed
+	// here that have not finished (the agent policy's pending work).
+	pending atomic.Int64
+	// sessionsPlaced counts the new sessions the agent policy placed here.
+	sessionsPlaced atomic.Int64
+	// prefillRate is math.Float64bits of the capacity curve's measured
+	// prefill rate in tokens per second (0: not measured), refreshed with
+	// the gauges.
+	prefillRate atomic.Uint64
 
 	ep endpoint.Endpoint
 
@@ -105,28 +113,38 @@ type replica struct {
 // sampled is a replica's last scrape with what admission, the filters and
 // the scorers read of it for every replica on every decision, computed once
 // when it arrives. A metrics.Sample spans many cache lines (its
-// histograms); these take 96 bytes.
+// histograms); these take 56 bytes, one cache line (64-byte allocations
+// are aligned to one, TestSampledFitsALine).
 type sampled struct {
-	sm *metrics.Sample
-	at time.Time // sm.At
-	// running, waiting and kv are the engine's counts and KV usage, engine
-	// running + waiting.
-	running, waiting, kv, engine float64
+	at stamp // sm.At
+	// waiting is the engine's queue, engine its running + waiting.
+	waiting, engine float64
 	// sat is the saturation term of the engine's queue and KV usage (see
 	// flow): max(waiting/target_waiting, kv_usage/kv_ceiling).
 	sat float64
 	// kvScore is the KV scorer of the sample.
 	kvScore float64
-	// scraped: at is not zero, the engine was scraped successfully once;
-	// over: its KV usage is above the ceiling.
+	// scraped: sm.At is not zero, the engine was scraped successfully
+	// once; over: its KV usage is above the ceiling.
 	scraped, over bool
+	sm            *metrics.Sample
 }
+
+// stamp is a time read on the scheduler's clock, in nanoseconds since its
+// epoch: the loops over every replica compare integers instead of calling
+// time.Time.Before. t.Sub(epoch) reads the monotonic clock when both
+// times carry it and the wall clock otherwise, as Before does, so stamps
+// of times from one clock order as the times do (TestDecisionsGolden,
+// TestStampOrder).
+type stamp int64
+
+func (s *Scheduler) stamp(t time.Time) stamp { return stamp(t.Sub(s.epoch)) }
 
 func (s *Scheduler) sampled(sm *metrics.Sample) *sampled {
 	sig := &sm.Signals
 	return &sampled{
-		sm: sm, at: sm.At, scraped: !sm.At.IsZero(),
-		running: sig.Running, waiting: sig.Waiting, kv: sig.KVUsage, engine: sig.Running + sig.Waiting,
+		sm: sm, at: s.stamp(sm.At), scraped: !sm.At.IsZero(),
+		waiting: sig.Waiting, engine: sig.Running + sig.Waiting,
 		sat:     capacity.Saturation(sig.Waiting, sig.KVUsage, s.cfg.Scoring.TargetWaiting, s.cfg.Scoring.KVCeiling),
 		kvScore: kvScorer(sig.KVUsage, s.cfg.Scoring.KVCeiling),
 		over:    sig.KVUsage > s.cfg.Scoring.KVCeiling,
@@ -135,11 +153,32 @@ func (s *Scheduler) sampled(sm *metrics.Sample) *sampled {
 
 // snapshot is the pool at one SetEndpoints call. It is immutable.
 type snapshot struct {
-	all    []*replica
+	all    group
 	byAddr map[string]*replica
 	byURL  map[string][]*replica
-	models map[string][]*replica
+	models map[string]group
 	maxID  int
+}
+
+// group is a list of replicas (the pool, or those of one model) with
+// where each one is in it by replica id, built with the snapshot so a
+// decision does not index its candidates by id replica by replica. A
+// decision uses pos only while its candidates are reps in order
+// (filtered.whole; TestDecisionsGolden has subset hints and filtered
+// replicas).
+type group struct {
+	reps []*replica
+	// pos[id] is 1 + the position of replica id in reps, 0 when it is
+	// not there; nil for a list built during a decision.
+	pos []int32
+}
+
+func newGroup(reps []*replica, maxID int) group {
+	pos := make([]int32, maxID+1)
+	for i, r := range reps {
+		pos[r.id] = int32(i + 1)
+	}
+	return group{reps: reps, pos: pos}
 }
 
 // Option changes how a Scheduler is built beyond its Config.
@@ -216,8 +255,10 @@ func New(cfg Config, ix *kvindex.Index, reg prometheus.Registerer, log *zap.Logg
 	for _, o := range opts {
 		o(s)
 	}
+	s.epoch = s.now()
 	s.scratch.New = func() any { return new(scratch) }
-	s.snap.Store(&snapshot{byAddr: map[string]*replica{}, byURL: map[string][]*replica{}, models: map[string][]*replica{}})
+	s.decisions.New = func() any { return new(picked) }
+	s.snap.Store(&snapshot{byAddr: map[string]*replica{}, byURL: map[string][]*replica{}, models: map[string]group{}})
 	s.flow = newFlow(s)
 	s.stab = newSessionTable(s)
 	return s, nil
@@ -234,15 +275,16 @@ func (s *Scheduler) SetEndpoints(eps []Target) {
 	next := &snapshot{
 		byAddr: make(map[string]*replica, len(eps)),
 		byURL:  make(map[string][]*replica),
-		models: make(map[string][]*replica),
+		models: make(map[string]group),
 	}
+	var all []*replica
 	for _, ep := range eps {
 		if ep.Addr == "" {
 			continue
 		}
 		if prev, dup := next.byAddr[ep.Addr]; dup {
 			// The later entry wins; drop the earlier one from the list.
-			next.all = slices.DeleteFunc(next.all, func(r *replica) bool { return r == prev })
+			all = slices.DeleteFunc(all, func(r *replica) bool { return r == prev })
 		}
 		r := old.byAddr[ep.Addr]
 		if r == nil || r.id != ep.Replica || !sameEndpoint(&r.ep, &ep.Endpoint) {
@@ -266,15 +308,20 @@ func (s *Scheduler) SetEndpoints(eps []Target) {
 			nr.capPrefillGauge = s.m.capacityPrefill.WithLabelValues(ep.Addr)
 			r = nr
 		}
-		next.all = append(next.all, r)
+		all = append(all, r)
 		next.byAddr[ep.Addr] = r
 	}
-	for _, r := range next.all {
-		next.models[r.ep.Model] = append(next.models[r.ep.Model], r)
+	models := make(map[string][]*replica)
+	for _, r := range all {
+		models[r.ep.Model] = append(models[r.ep.Model], r)
 		if u := r.ep.MetricsURL; u != "" {
 			next.byURL[u] = append(next.byURL[u], r)
 		}
 		next.maxID = max(next.maxID, int(r.id))
+	}
+	next.all = newGroup(all, next.maxID)
+	for m, reps := range models {
+		next.models[m] = newGroup(reps, next.maxID)
 	}
 	for _, reps := range next.byURL {
 		for _, r := range reps {
@@ -371,7 +418,7 @@ func (s *Scheduler) refreshGauges() {
 	staleBefore := s.staleBefore(now)
 	var kv, q, run float64
 	var ready, stale, n int
-	for _, r := range snap.all {
+	for _, r := range snap.all.reps {
 		g, isStale := signals(r, staleBefore)
 		state := r.br.current(now, s.cfg.Breaker.Cooldown)
 		r.breakerGauge.Set(float64(state))
@@ -391,9 +438,9 @@ func (s *Scheduler) refreshGauges() {
 		}
 		if g != nil {
 			r.queueGauge.Set(g.waiting)
-			kv += g.kv
+			kv += g.sm.Signals.KVUsage
 			q += g.waiting
-			run += g.running
+			run += g.sm.Signals.Running
 			n++
 		}
 	}
@@ -408,12 +455,14 @@ func (s *Scheduler) refreshGauges() {
 
 // staleBefore is the sample time before which signals are stale at now
 // (older than signals.stale_after), computed once per pass over the pool.
-func (s *Scheduler) staleBefore(now time.Time) time.Time { return now.Add(-s.cfg.Signals.StaleAfter) }
+func (s *Scheduler) staleBefore(now time.Time) stamp {
+	return s.stamp(now.Add(-s.cfg.Signals.StaleAfter))
+}
 
 // signals returns r's last sample (nil if none) and whether it is stale,
 // that is taken before staleBefore. A replica without a metrics URL is
 // never stale: there is nothing to wait for.
-func signals(r *replica, staleBefore time.Time) (*sampled, bool) {
+func signals(r *replica, staleBefore stamp) (*sampled, bool) {
 	g := r.signal()
 	return g, r.staleAt(g, staleBefore)
 }
@@ -431,8 +480,8 @@ func (r *replica) signal() *sampled {
 }
 
 // staleAt reports whether g, r's signal, is stale at staleBefore.
-func (r *replica) staleAt(g *sampled, staleBefore time.Time) bool {
-	return r.metered && (g == nil || g.at.Before(staleBefore))
+func (r *replica) staleAt(g *sampled, staleBefore stamp) bool {
+	return r.metered && (g == nil || g.at < staleBefore)
 }
 
 // Tenant ids come from a client header: the first maxTenantSeries
@@ -510,34 +559,34 @@ func (s *Scheduler) failed(reason string) {
 
 // serving resolves a requested model to the base model, the LoRA adapter
 // ("" for a base model) and the replicas that may serve it.
-func (s *Scheduler) serving(snap *snapshot, model string) (base, adapter string, reps []*replica, err *Error) {
-	if reps := snap.models[model]; len(reps) > 0 {
-		return model, "", reps, nil
+func (s *Scheduler) serving(snap *snapshot, model string) (base, adapter string, g group, err *Error) {
+	if g := snap.models[model]; len(g.reps) > 0 {
+		return model, "", g, nil
 	}
-	if model == "" && len(snap.all) > 0 {
+	if model == "" && len(snap.all.reps) > 0 {
 		// A request that names no model (GET /v1/models, /health) can be
 		// answered by any endpoint; 404 would fail the quoter's conformance
 		// gate through the production path.
 		return "", "", snap.all, nil
 	}
 	if b, ok := s.cfg.Adapters[model]; ok {
-		if reps := snap.models[b]; len(reps) > 0 {
-			return b, model, reps, nil
+		if g := snap.models[b]; len(g.reps) > 0 {
+			return b, model, g, nil
 		}
-		return "", "", nil, ErrModelNotServed
+		return "", "", group{}, ErrModelNotServed
 	}
 	// An adapter the configuration does not name is served where an engine
 	// reports it loaded.
-	for _, r := range snap.all {
-		if g := r.sample.Load(); g != nil && g.sm.Signals.HasAdapter(model) {
-			reps = append(reps, r)
+	for _, r := range snap.all.reps {
+		if sm := r.sample.Load(); sm != nil && sm.sm.Signals.HasAdapter(model) {
+			g.reps = append(g.reps, r)
 			base = r.ep.Model
 		}
 	}
-	if len(reps) == 0 {
-		return "", "", nil, ErrModelNotServed
+	if len(g.reps) == 0 {
+		return "", "", group{}, ErrModelNotServed
 	}
-	return base, model, reps, nil
+	return base, model, g, nil
 }
 
 // scratch is the per-decision working memory, pooled so a decision does not
@@ -552,14 +601,17 @@ type scratch struct {
 	seen    []specVal // the routing records matchPrefix read
 	agent   []agentView
 	byID    []int32
-	order   []int
+	// pos, when not nil, is byID for candidates that are a group's
+	// replicas in order (group.pos), built with the snapshot.
+	pos   []int32
+	order []int
 }
 
 // schedule runs filters, scorers, guard and picker over the current
 // snapshot.
 func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 	snap := s.snap.Load()
-	base, adapter, reps, err := s.serving(snap, req.Model)
+	base, adapter, g, err := s.serving(snap, req.Model)
 	if err != nil {
 		return nil, err
 	}
@@ -567,11 +619,21 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 	defer s.scratch.Put(sc)
 	now := s.now()
 
-	cands, relaxed, ferr := s.filter(sc, reps, req, now)
+	f, ferr := s.filter(sc, g.reps, req, now)
 	if ferr != nil {
 		return nil, ferr
 	}
-	pk := &picked{}
+	cands, relaxed := f.cands, f.relaxed
+	if f.whole {
+		// The candidates are g.reps in order: g.pos finds them by id.
+		sc.pos = g.pos
+	} else {
+		sc.pos = nil
+	}
+	pk := s.decisions.Get().(*picked)
+	more := pk.more
+	clear(more)
+	*pk = picked{more: more[:0]}
 	d := &pk.d
 	var reason string
 	var primary int
@@ -592,13 +654,13 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 		primary, reason = s.agentPick(sc, cands, req, promptUnits, d.Mode, now)
 	default:
 		d.Mode, promptUnits = s.matchPrefix(sc, snap, cands, req, base, adapter, now)
-		override := s.scoreAll(cands, req, adapter, promptUnits, d.Mode, now)
+		override := s.scoreAll(cands, &f, req, adapter, promptUnits, d.Mode, now)
 		primary = s.pickPrimary(cands)
 		c := &cands[primary]
 		switch {
-		case c.prefixOK && c.prefixScore > 0 && c.recalled:
+		case prefixScorer(c) > 0 && c.recalled:
 			reason = ReasonRecall
-		case c.prefixOK && c.prefixScore > 0:
+		case prefixScorer(c) > 0:
 			reason = ReasonPrefix
 		case c.sessionHit:
 			reason = ReasonSession
@@ -618,14 +680,15 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 	if len(sc.order) <= len(pk.eps) {
 		d.Endpoints = pk.eps[:0:len(sc.order)]
 	} else {
-		d.Endpoints = make([]*endpoint.Endpoint, 0, len(sc.order))
+		d.Endpoints = slices.Grow(pk.more[:0], len(sc.order))
+		pk.more = d.Endpoints
 	}
 	for _, i := range sc.order {
 		d.Endpoints = append(d.Endpoints, &cands[i].r.ep)
 	}
-	held := p.prefixUnits // what the replica is expected to hold
+	held := int(p.prefixUnits) // what the replica is expected to hold
 	if p.recalled {
-		held = p.heldUnits
+		held = int(p.heldUnits)
 	}
 	if d.Mode == ModePrecise {
 		d.PromptBlocks = len(sc.keys)
@@ -658,7 +721,7 @@ func (s *Scheduler) schedule(req *Request) (*Decision, *Error) {
 		s.stab.started(pk.sessKey, r.id, int64(float64(promptUnits)/perTok), int64(float64(held)/perTok))
 	}
 	pk.s, pk.r, pk.probe, pk.tenant = s, r, probe, req.Tenant
-	d.picked = pk
+	d.picked, d.mem = pk, pk
 	return d, nil
 }
 
@@ -676,6 +739,9 @@ type picked struct {
 	pending int64
 	sessKey uint64 // sessionKey of the request's session, 0 for none
 	eps     [3]*endpoint.Endpoint
+	// more holds the endpoints of a decision with more than two
+	// fallbacks, kept for the decisions that reuse this memory.
+	more []*endpoint.Endpoint
 }
 
 func (pk *picked) done(info DoneInfo) {

@@ -15,7 +15,7 @@ var sinkDecision *Decision
 
 // BenchmarkSchedule64 is one precise decision (admission, filters, index
 // walk, speculative credit, routing memory, scoring, guard, picker,
-// fallbacks, Done) for an 8k-token prompt, tokens already computed. Every
+// fallbacks, Done, Release) for an 8k-token prompt, tokens already computed. Every
 // replica holds the prompt's first 2k tokens (a shared system prompt),
 // every eighth one the first 6k, and one the whole prompt. Targets: <= 10 µs
 // of CPU at 64 replicas, <= 50 µs at 1,024 (one EPP for a large pool), and
@@ -46,6 +46,7 @@ func BenchmarkSchedule64(b *testing.B) {
 				}
 				sinkDecision = d
 				d.Done(DoneInfo{Status: 200})
+				d.Release()
 				ops++
 			}
 			cputime.Report(b, start, ops)
@@ -104,6 +105,7 @@ func BenchmarkScheduleNoPrefix(b *testing.B) {
 				}
 				sinkDecision = d
 				d.Done(DoneInfo{Status: 200})
+				d.Release()
 				ops++
 			}
 			cputime.Report(b, start, ops)

@@ -77,18 +77,21 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 		}
 		return ModeApproximate, 0
 	}
-	if cap(sc.byID) <= snap.maxID {
-		sc.byID = make([]int32, snap.maxID+1)
-	}
-	byID := sc.byID[:snap.maxID+1]
-	for i := range cands {
-		byID[cands[i].r.id] = int32(i + 1)
-	}
-	defer func() {
-		for i := range cands {
-			byID[cands[i].r.id] = 0
+	byID := sc.pos
+	if byID == nil {
+		if cap(sc.byID) <= snap.maxID {
+			sc.byID = make([]int32, snap.maxID+1)
 		}
-	}()
+		byID = sc.byID[:snap.maxID+1]
+		for i := range cands {
+			byID[cands[i].r.id] = int32(i + 1)
+		}
+		defer func() {
+			for i := range cands {
+				byID[cands[i].r.id] = 0
+			}
+		}()
+	}
 
 	if precise {
 		bs := s.cfg.BlockSize
@@ -105,17 +108,17 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 				c := &cands[j-1]
 				eff := float64(m.ByTier[kvindex.TierGPU]) + cpuW*float64(m.ByTier[kvindex.TierCPU]) +
 					storageW*float64(m.ByTier[kvindex.TierStorage])
-				c.prefixUnits = m.Blocks * bs
+				c.prefixUnits = int32(m.Blocks * bs)
 				c.prefixShare = eff * float64(bs) / float64(n)
-				longest = max(longest, c.prefixUnits)
+				longest = max(longest, int(c.prefixUnits))
 			}
 		}
 		sc.hits = s.spec.match(sc.keys, now, sc.hits)
 		for _, h := range sc.hits {
 			if j := candOf(byID, h.r); j > 0 {
 				c := &cands[j-1]
-				if u := h.n * bs; u > c.prefixUnits {
-					c.prefixUnits = u
+				if u := h.n * bs; u > int(c.prefixUnits) {
+					c.prefixUnits = int32(u)
 					c.prefixShare = float64(u) / float64(n)
 					longest = max(longest, u)
 				}
@@ -137,9 +140,9 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 		for _, h := range sc.hits {
 			if j := candOf(byID, h.r); j > 0 {
 				c := &cands[j-1]
-				if u := h.n * bs; c.prefixUnits == longest && u > c.prefixUnits {
+				if u := h.n * bs; int(c.prefixUnits) == longest && u > int(c.prefixUnits) {
 					c.heldUnits = c.prefixUnits
-					c.prefixUnits = u
+					c.prefixUnits = int32(u)
 					c.prefixShare = float64(u) / float64(n)
 					c.recalled = true
 				}
@@ -153,7 +156,7 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 	for _, h := range sc.hits {
 		if j := candOf(byID, h.r); j > 0 {
 			c := &cands[j-1]
-			c.prefixUnits = h.n
+			c.prefixUnits = int32(h.n)
 			c.prefixShare = float64(h.n) / float64(n)
 		}
 	}
@@ -161,25 +164,17 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 }
 
 // scoreAll applies the thresholds, the imbalance guard (guardTrips) and
-// every scorer, in two passes over the candidates; it reports whether the
-// guard overrode an affinity.
-func (s *Scheduler) scoreAll(cands []cand, req *Request, adapter string, promptUnits int, mode string, now time.Time) bool {
+// every scorer in one pass over the candidates, with the load sum and the
+// least queue the filter tallied; it reports whether the guard overrode
+// an affinity.
+func (s *Scheduler) scoreAll(cands []cand, f *filtered, req *Request, adapter string, promptUnits int, mode string, now time.Time) bool {
 	sc := &s.cfg.Scoring
 	minMatch := *s.cfg.Prefix.MinMatch
 	if mode == ModeApproximate {
 		minMatch = *s.cfg.Prefix.MinMatchBytes
 	}
-	var meanLoad float64
-	minQueued := math.Inf(1)
 	minRatio := *s.cfg.Prefix.MatchRatio * float64(promptUnits)
-	for i := range cands {
-		c := &cands[i]
-		c.prefixOK = promptUnits > 0 && c.prefixUnits > 0 && c.prefixUnits >= minMatch &&
-			float64(c.prefixUnits) >= minRatio
-		meanLoad += c.load
-		minQueued = min(minQueued, c.queued)
-	}
-	meanLoad /= float64(len(cands))
+	meanLoad, minQueued := f.loadSum/float64(len(cands)), f.minQueued
 	balanceAbs, balanceRel := *s.cfg.Prefix.BalanceAbs, s.cfg.Prefix.BalanceRel
 	override := false
 
@@ -193,23 +188,37 @@ func (s *Scheduler) scoreAll(cands []cand, req *Request, adapter string, promptU
 	// loop has no call in it, which would spill every register.
 	if adapter != "" {
 		for i := range cands {
-			cands[i].lora = loraScorer(&cands[i], adapter)
+			cands[i].lora = loraScorer(&cands[i], adapter) > 0
 		}
 	}
+	targetWaiting := sc.TargetWaiting
+	idleQueue, idleKV := queueScorer(0, targetWaiting), kvScorer(0, sc.KVCeiling)
 	for i := range cands {
 		c := &cands[i]
+		c.prefixOK = promptUnits > 0 && c.prefixUnits > 0 && int(c.prefixUnits) >= minMatch &&
+			float64(c.prefixUnits) >= minRatio
 		if c.prefixOK && guardTrips(c.queued, minQueued, balanceAbs, balanceRel) {
 			c.prefixOK, override = false, true
 		}
-		c.prefixScore = prefixScorer(c)
-		sess := sessionScorer(hasSess && c.r.id == sessR, c.load, meanLoad, sc.SessionLoadFactor)
+		// Without a sample, an idle replica's queue and KV scores. With
+		// one, what was routed since the sample has not been seen to
+		// start: scored on the sample's queue alone, every decision
+		// between two scrapes would see the same best replica.
+		queueScore, kvScore := idleQueue, idleKV
+		if c.sig != nil {
+			queueScore, kvScore = queueScorer(c.queued, targetWaiting), c.sig.kvScore
+		}
+		sess := 0.0
+		if hasSess && c.r.id == sessR {
+			sess = sessionScorer(true, loadOf(c), meanLoad, sc.SessionLoadFactor)
+		}
 		c.sessionHit = sess > 0 && w.session > 0
-		total := w.prefix*c.prefixScore +
-			w.queue*c.queueScore +
+		total := w.prefix*prefixScorer(c) +
+			w.queue*queueScore +
 			w.inflight*inflightScorer(c.infl, sc.TargetInflight) +
-			w.kv*c.kvScore +
+			w.kv*kvScore +
 			w.session*sess +
-			w.lora*c.lora
+			w.lora*b2f(c.lora)
 		if c.stale {
 			total *= *sc.StaleFactor
 		}

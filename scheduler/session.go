@@ -117,7 +117,7 @@ func promptTokens(req *Request) int64 {
 // replica id; empty while no engine reports its capacity.
 func (t *sessionTable) budgets() map[kvindex.Replica]int64 {
 	var out map[kvindex.Replica]int64
-	for _, r := range t.s.snap.Load().all {
+	for _, r := range t.s.snap.Load().all.reps {
 		if g := r.signal(); g != nil {
 			if c := g.sm.Signals.KVCapacityTokens(); c > 0 {
 				if out == nil {
