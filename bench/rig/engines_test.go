@@ -106,6 +106,7 @@ func TestURLFleetRoutesPrecise(t *testing.T) {
 			o.Mode, o.Engines.Tokenizer = FleetURLs, launch.TokenizerStandIn
 			opts := Options{Fleet: o}.WithDefaults()
 			require.NoError(t, opts.Validate())
+			require.Equal(t, 2, opts.Fleet.Replicas, "the report counts the engines")
 			uf, err := StartFleet(ctx, opts.Fleet, 1, 4096, log)
 			require.NoError(t, err)
 			defer func() { require.NoError(t, uf.Stop()) }()

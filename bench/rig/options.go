@@ -275,7 +275,14 @@ func (o Options) WithDefaults() Options {
 	def(&f.TimeScale, 1)
 	if f.Mode == FleetURLs {
 		f.TimeScale = 1          // real engines run in real time
-		f.Replicas = len(f.URLs) // an endpoint file's: StartFleet counts them
+		f.Replicas = len(f.URLs)
+		if f.EndpointsFile != "" {
+			// The report's count; a file that cannot be read fails in
+			// StartFleet.
+			if eps, err := readEndpointsFile(f.EndpointsFile); err == nil {
+				f.Replicas = len(eps)
+			}
+		}
 		f.Engines = f.Engines.WithDefaults()
 	}
 	def(&f.EnginesimBin, "bin/enginesim")
