@@ -274,7 +274,7 @@ func (o Options) WithDefaults() Options {
 	def(&f.Engine, engine.FlavourVLLM)
 	def(&f.TimeScale, 1)
 	if f.Mode == FleetURLs {
-		f.TimeScale = 1          // real engines run in real time
+		f.TimeScale = 1 // real engines run in real time
 		f.Replicas = len(f.URLs)
 		if f.EndpointsFile != "" {
 			// The report's count; a file that cannot be read fails in
@@ -345,8 +345,11 @@ func (o Options) Validate() error {
 			errs = append(errs, fmt.Errorf("replicas %d: want 1..64", f.Replicas))
 		}
 	case FleetURLs:
-		if (len(f.URLs) == 0) == (f.EndpointsFile == "") {
-			errs = append(errs, errors.New("fleet mode urls needs URLs or an endpoint file, not both"))
+		switch {
+		case len(f.URLs) == 0 && f.EndpointsFile == "":
+			errs = append(errs, errors.New("fleet mode urls needs at least one URL, or an endpoint file"))
+		case len(f.URLs) > 0 && f.EndpointsFile != "":
+			errs = append(errs, errors.New("fleet mode urls takes URLs or an endpoint file, not both"))
 		}
 		if err := f.Engines.Validate(); err != nil {
 			errs = append(errs, err)
