@@ -100,34 +100,44 @@ func TestURLFleetRoutesPrecise(t *testing.T) {
 		{"endpoint file with KV events", FleetOptions{EndpointsFile: writeEndpointsFile(t, f.Endpoints(), true)}, 32, true},
 		{"block size forced to 16", FleetOptions{EndpointsFile: writeEndpointsFile(t, f.Endpoints(), true), Engines: EngineOptions{BlockSize: 16}}, 16, false},
 		{"URLs: no KV events", FleetOptions{URLs: urls}, 32, false},
+		{"the bench's own fleet", FleetOptions{}, 32, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			o := tt.fleet
-			o.Mode, o.Engines.Tokenizer = FleetURLs, launch.TokenizerStandIn
-			opts := Options{Fleet: o}.WithDefaults()
-			require.NoError(t, opts.Validate())
-			require.Equal(t, 2, opts.Fleet.Replicas, "the report counts the engines")
-			uf, err := StartFleet(ctx, opts.Fleet, 1, 4096, log)
-			require.NoError(t, err)
-			defer func() { require.NoError(t, uf.Stop()) }()
-			eng, err := opts.Fleet.Engines.Resolve(ctx, uf.Endpoints())
-			require.NoError(t, err)
-			require.Equal(t, tt.blockSize, eng.BlockSize)
-			require.Equal(t, ExternalScrapeTimeout, eng.ScrapeTimeout)
-
-			target, err := StartEPPsOn(ctx, log, "precise", uf.Endpoints(), opts.Fleet.Engines, 1, nil)
-			require.NoError(t, err)
+			var target *EPPTarget
+			eps := f.Endpoints()
+			if own := tt.fleet.EndpointsFile == "" && tt.fleet.URLs == nil; own {
+				// The simulated replicas as the bench started them,
+				// standing for a fleet started with -block-size 32.
+				target, err = StartEPPs(ctx, log, "precise", eps, 1, nil)
+				require.NoError(t, err)
+			} else {
+				o := tt.fleet
+				o.Mode, o.Engines.Tokenizer = FleetURLs, launch.TokenizerStandIn
+				opts := Options{Fleet: o}.WithDefaults()
+				require.NoError(t, opts.Validate())
+				require.Equal(t, 2, opts.Fleet.Replicas, "the report counts the engines")
+				uf, err := StartFleet(ctx, opts.Fleet, 1, 4096, log)
+				require.NoError(t, err)
+				defer func() { require.NoError(t, uf.Stop()) }()
+				eps = uf.Endpoints()
+				eng, err := opts.Fleet.Engines.Resolve(ctx, eps)
+				require.NoError(t, err)
+				require.Equal(t, tt.blockSize, eng.BlockSize)
+				require.Equal(t, ExternalScrapeTimeout, eng.ScrapeTimeout)
+				target, err = StartEPPsOn(ctx, log, "precise", eps, opts.Fleet.Engines, 1, nil)
+				require.NoError(t, err)
+			}
 			defer func() { require.NoError(t, target.Close()) }()
 			e := target.EPPs()[0]
 
 			// 40 blocks of 32 shared, then a question of its own each.
 			shared := words(7, tt.name, 0, 0, 1280)
 			complete(t, target.URL(), model, shared+" first question")
-			if tt.fleet.EndpointsFile != "" {
+			if tt.fleet.URLs == nil { // the engines' KV events reach the EPPs
 				require.Eventually(t, func() bool {
 					held, err := e.ResidentBlocks(ctx)
 					require.NoError(t, err)
-					return held[uf.Endpoints()[0].Addr]+held[uf.Endpoints()[1].Addr] >= 40
+					return held[eps[0].Addr]+held[eps[1].Addr] >= 40
 				}, 10*time.Second, 20*time.Millisecond, "the engines' KV events reach the index")
 			}
 			// Past the speculative credit of the first decision: what the

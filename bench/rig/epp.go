@@ -119,6 +119,13 @@ func startEPPs(ctx context.Context, log *zap.Logger, gw GatewayOptions, policy s
 		if sc, tok, err = engineConfig(ctx, log, sc, IsPolicyName(policy), *eng, fleet); err != nil {
 			return nil, fmt.Errorf("policy %s: %w", policy, err)
 		}
+	} else if IsPolicyName(policy) {
+		// Simulated replicas report their block size (-block-size) as
+		// vLLM does; a built-in policy keys prompts with it. One that
+		// cannot be read leaves the scheduler's.
+		if e, err := (EngineOptions{}).Resolve(ctx, fleet); err == nil && e.BlockSize != 0 {
+			sc.BlockSize = e.BlockSize
+		}
 	}
 	t := &EPPTarget{}
 	// Every endpoint of a decision (max_endpoints 0): the test gateway
