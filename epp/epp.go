@@ -53,6 +53,7 @@ type EPP struct {
 	scraper *metrics.Scraper
 	health  *health.Server
 	grpc    *grpc.Server
+	xp      *extproc.Server
 	http    []*http.Server
 	tracer  *sdktrace.TracerProvider // nil: no tracing
 
@@ -212,6 +213,7 @@ func (e *EPP) build(o options) error {
 	}
 	e.grpc = grpc.NewServer(grpcOpts...)
 	xp.Register(e.grpc)
+	e.xp = xp
 	e.health = health.NewServer()
 	for _, s := range healthServices {
 		e.health.SetServingStatus(s, healthpb.HealthCheckResponse_SERVING)
@@ -418,6 +420,7 @@ func (e *EPP) update(eps []endpoint.Endpoint) {
 		urls = append(urls, ep.MetricsURL)
 	}
 	e.ingest.Set(sources)
+	e.xp.SetModelEngines(modelEngines(eps))
 	e.sched.SetEndpoints(targets)
 	e.scraper.SetTargets(urls)
 	e.ids.Retain(func(addr string) bool { return present[addr] }, e.ix)
@@ -425,6 +428,20 @@ func (e *EPP) update(eps []endpoint.Endpoint) {
 	e.endpoints = eps
 	e.mu.Unlock()
 	e.log.Info("endpoints updated", zap.Int("endpoints", len(targets)), zap.Int("kv_event_sources", len(sources)))
+}
+
+// modelEngines is the engine families serving each model of eps (an
+// endpoint of no named engine is vLLM, discovery's default).
+func modelEngines(eps []endpoint.Endpoint) map[string]extproc.Engines {
+	m := make(map[string]extproc.Engines, 1)
+	for _, ep := range eps {
+		e := extproc.EngineVLLM
+		if ep.Engine == discovery.EngineSGLang {
+			e = extproc.EngineSGLang
+		}
+		m[ep.Model] |= e
+	}
+	return m
 }
 
 func (e *EPP) adminMux() *http.ServeMux {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/omnious/provider-node/discovery"
 	"github.com/omnious/provider-node/endpoint"
+	"github.com/omnious/provider-node/extproc"
 	"github.com/omnious/provider-node/kvindex"
 )
 
@@ -48,4 +49,13 @@ func TestUpdateOwnsReplicaIDs(t *testing.T) {
 	snap := e.sched.Capacity()
 	require.Len(t, snap.Models, 1)
 	require.Equal(t, 3, snap.Models[0].Replicas)
+}
+
+// TestModelEngines: the ext_proc server is told each model's engine
+// families; an endpoint naming none is vLLM, discovery's default.
+func TestModelEngines(t *testing.T) {
+	got := modelEngines([]endpoint.Endpoint{{Model: "a", Engine: "vllm"}, {Model: "a"}, {Model: "b", Engine: "sglang"},
+		{Model: "c", Engine: "sglang"}, {Model: "c", Engine: "vllm"}})
+	require.Equal(t, map[string]extproc.Engines{"a": extproc.EngineVLLM, "b": extproc.EngineSGLang,
+		"c": extproc.EngineVLLM | extproc.EngineSGLang}, got)
 }

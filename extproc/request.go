@@ -361,6 +361,7 @@ type requestBody struct {
 	usageAsked    bool // include_usage is true
 	user          string
 	cacheSalt     string
+	saltSpan      span // cache_salt's value, checked against the engines (checkSalt)
 	messages      span
 	tools         span
 	prompt        span
@@ -407,6 +408,7 @@ func parseRequestBody(body []byte, rb *requestBody) error {
 			rb.user, _ = jsonstr.Decode(body[vs:ve])
 		case keyIs(key, "cache_salt"):
 			rb.cacheSalt, _ = jsonstr.Decode(body[vs:ve])
+			rb.saltSpan = v
 		case keyIs(key, "messages"):
 			rb.messages = v
 		case keyIs(key, "tools"):

@@ -49,6 +49,9 @@ func (st *stream) route(headersOnly, eos bool) error {
 		st.targetModel = st.rewriteHdr
 	}
 	st.applyRules()
+	if answered, err := st.checkSalt(body); answered {
+		return err
+	}
 	var edits [2]edit
 	ne := 0
 	if st.targetModel != st.clientModel {

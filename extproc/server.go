@@ -98,6 +98,9 @@ type Server struct {
 	rules        *rules.Store // nil: no model rules (SetRules)
 	prober       Prober       // nil: fallbacks are never taken
 	rewriteNames *label.Set   // rewrite names on metric labels
+	// engines are the engine families of each model's endpoints
+	// (SetModelEngines); nil until told.
+	engines atomic.Pointer[map[string]Engines]
 
 	// calToken is the calibration secret; nil: none (SetCalibrationToken).
 	calToken *adminauth.Token

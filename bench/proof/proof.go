@@ -198,6 +198,9 @@ func (o Options) Validate() error {
 	if err := o.Objectives.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("objectives: %w", err))
 	}
+	if o.Base.Fleet.Mode == rig.FleetURLs {
+		errs = append(errs, o.Base.Fleet.Engines.Validate())
+	}
 	return errors.Join(append(errs,
 		opt.DefaultNonNegative("-stage", o.StageDuration, defaults.StageDuration),
 		opt.DefaultNonNegative("-start-qps", o.StartQPS, defaults.StartQPS),
@@ -304,14 +307,22 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}()
 		r.windows, onWindow = rec, rec.window
 	}
-	policy := "precise"
+	var target *rig.EPPTarget
 	if o.Base.Fleet.Mode == rig.FleetURLs {
-		if policy, err = externalPolicy(dir); err != nil {
+		r.rep.Replicas = len(f.Endpoints()) // an endpoint file's count
+		eng, err := o.Base.Fleet.Engines.Resolve(ctx, f.Endpoints())
+		if err != nil {
 			return nil, err
 		}
-	}
-	target, err := rig.StartEPPs(ctx, log, policy, f.Endpoints(), 1, onWindow)
-	if err != nil {
+		policy, err := externalPolicy(dir, eng)
+		if err != nil {
+			return nil, err
+		}
+		target, err = rig.StartEPPsOn(ctx, log, policy, f.Endpoints(), eng, 1, onWindow)
+		if err != nil {
+			return nil, err
+		}
+	} else if target, err = rig.StartEPPs(ctx, log, "precise", f.Endpoints(), 1, onWindow); err != nil {
 		return nil, err
 	}
 	defer func() { _ = target.Close() }()
@@ -494,20 +505,17 @@ func alongside(res, bg []*rig.Result, end time.Time) []*rig.Result {
 	return out
 }
 
-// ExternalScrapeTimeout bounds the EPP's scrape of a running engine. The
-// bench's own (rig.ScrapeInterval, 250 ms) suits simulated replicas; a
-// loaded CPU vLLM answered /metrics more slowly than that, its breaker
-// opened and the EPP counted no healthy replica mid-calibration. e2e/vllm
-// scrapes it with 2 s.
-const ExternalScrapeTimeout = 2 * time.Second
-
 // externalPolicy writes the precise policy's scheduler config for running
-// engines into dir and returns its path: the bench's scrape interval, with
-// ExternalScrapeTimeout (TestCapacityURLFleet runs it).
-func externalPolicy(dir string) (string, error) {
-	c, err := launch.Tuning{Policy: "precise", ScrapeInterval: rig.ScrapeInterval, ScrapeTimeout: ExternalScrapeTimeout}.Config()
+// engines as eng resolves them into dir and returns its path: the bench's
+// scrape interval, the engines' block size and eng's scrape timeout
+// (TestCapacityURLFleet runs it).
+func externalPolicy(dir string, eng rig.EngineOptions) (string, error) {
+	c, err := launch.Tuning{Policy: "precise", ScrapeInterval: rig.ScrapeInterval, ScrapeTimeout: eng.ScrapeTimeout}.Config()
 	if err != nil {
 		return "", fmt.Errorf("scheduler config for running engines: %w", err)
+	}
+	if eng.BlockSize != 0 {
+		c.BlockSize = eng.BlockSize
 	}
 	data, err := yaml.Marshal(c)
 	if err != nil {

@@ -52,7 +52,7 @@ func EPPLauncherVia(log *zap.Logger, ext ExternalOptions, gw GatewayOptions) Lau
 			}
 			return launchExternal(ctx, x, fleet, ext.Dir, *ext.Settle, epps, log)
 		}
-		return startEPPs(ctx, log, gw, policy, fleet, epps, nil, ext.TimeScale)
+		return startEPPs(ctx, log, gw, policy, fleet, ext.Engines, epps, nil, ext.TimeScale)
 	}
 }
 
@@ -82,7 +82,15 @@ type GatewayOptions struct {
 // learn from.
 func StartEPPs(ctx context.Context, log *zap.Logger, policy string, fleet []endpoint.Endpoint, epps int,
 	onWindow func(addr string, w capacity.Window)) (*EPPTarget, error) {
-	return startEPPs(ctx, log, GatewayOptions{}, policy, fleet, epps, onWindow, 1)
+	return startEPPs(ctx, log, GatewayOptions{}, policy, fleet, nil, epps, onWindow, 1)
+}
+
+// StartEPPsOn is StartEPPs in front of running engines (mode urls), which
+// the EPPs see as eng says (EngineOptions.Resolve fills what it leaves
+// out).
+func StartEPPsOn(ctx context.Context, log *zap.Logger, policy string, fleet []endpoint.Endpoint, eng EngineOptions, epps int,
+	onWindow func(addr string, w capacity.Window)) (*EPPTarget, error) {
+	return startEPPs(ctx, log, GatewayOptions{}, policy, fleet, &eng, epps, onWindow, 1)
 }
 
 // startEPPs starts the EPPs behind gw. Behind Envoy each EPP names one
@@ -90,9 +98,10 @@ func StartEPPs(ctx context.Context, log *zap.Logger, policy string, fleet []endp
 // the shipped config's ORIGINAL_DST cluster takes a single ip:port. The
 // test gateway gets every endpoint of a decision and walks them.
 // timeScale is the simulated fleet's (1 for real engines): the built-in
-// policies' session timings run that much faster.
-func startEPPs(ctx context.Context, log *zap.Logger, gw GatewayOptions, policy string, fleet []endpoint.Endpoint, epps int,
-	onWindow func(addr string, w capacity.Window), timeScale float64) (*EPPTarget, error) {
+// policies' session timings run that much faster. eng is nil for a fleet
+// the bench started, else what the EPPs are told of the running engines.
+func startEPPs(ctx context.Context, log *zap.Logger, gw GatewayOptions, policy string, fleet []endpoint.Endpoint, eng *EngineOptions,
+	epps int, onWindow func(addr string, w capacity.Window), timeScale float64) (*EPPTarget, error) {
 	if gw.Kind != "" && gw.Kind != GatewayBuiltin && gw.Kind != GatewayEnvoy {
 		return nil, fmt.Errorf("gateway %q: want builtin or envoy", gw.Kind)
 	}
@@ -100,19 +109,30 @@ func startEPPs(ctx context.Context, log *zap.Logger, gw GatewayOptions, policy s
 	if err != nil {
 		return nil, err
 	}
-	// The stand-in tokenizer is exact for enginesim only; real engines
-	// are routed in approximate mode (no tokenizer configured here).
-	simulated := !slices.ContainsFunc(fleet, func(ep endpoint.Endpoint) bool { return ep.KVEvents == "" })
+	// The stand-in tokenizer is exact for enginesim only; running engines
+	// get the tokenizer they are given, or none (approximate mode).
+	tok := "none"
+	if eng == nil && !slices.ContainsFunc(fleet, func(ep endpoint.Endpoint) bool { return ep.KVEvents == "" }) {
+		tok = launch.TokenizerStandIn
+	}
+	if eng != nil {
+		if sc, tok, err = engineConfig(ctx, log, sc, IsPolicyName(policy), *eng, fleet); err != nil {
+			return nil, fmt.Errorf("policy %s: %w", policy, err)
+		}
+	} else if IsPolicyName(policy) {
+		// Simulated replicas report their block size (-block-size) as
+		// vLLM does; a built-in policy keys prompts with it. One that
+		// cannot be read leaves the scheduler's.
+		if e, err := (EngineOptions{}).Resolve(ctx, fleet); err == nil && e.BlockSize != 0 {
+			sc.BlockSize = e.BlockSize
+		}
+	}
 	t := &EPPTarget{}
 	// Every endpoint of a decision (max_endpoints 0): the test gateway
 	// walks the fallback list, as the comparison has always measured.
 	maxEndpoints := new(0)
 	if gw.Kind == GatewayEnvoy {
 		maxEndpoints = nil
-	}
-	tok := "none"
-	if simulated {
-		tok = launch.TokenizerStandIn
 	}
 	var addrs []string
 	for i := range max(epps, 1) {
@@ -177,6 +197,27 @@ func schedulerConfig(policy string, timeScale float64) (scheduler.Config, error)
 		return scheduler.Config{}, fmt.Errorf("policy %q is neither a policy name nor a readable config file: %w", policy, err)
 	}
 	return scheduler.ParseConfig(data)
+}
+
+// engineConfig is sc for running engines as eng resolves them: their
+// block size always (an EPP keying prompts with another finds no prefix),
+// a built-in policy's scrape timeout (a config file keeps its own), and
+// the tokenizer.
+func engineConfig(ctx context.Context, log *zap.Logger, sc scheduler.Config, named bool, eng EngineOptions,
+	fleet []endpoint.Endpoint) (scheduler.Config, string, error) {
+	eng, err := eng.Resolve(ctx, fleet)
+	if err != nil {
+		return sc, "", err
+	}
+	if eng.BlockSize != 0 {
+		sc.BlockSize = eng.BlockSize
+	}
+	if named {
+		sc.Signals.ScrapeTimeout = eng.ScrapeTimeout
+	}
+	log.Info("EPPs in front of running engines", zap.Int("block_size", sc.BlockSize),
+		zap.Duration("scrape_timeout", sc.Signals.ScrapeTimeout), zap.String("tokenizer", eng.Tokenizer))
+	return sc, eng.Tokenizer, sc.Validate()
 }
 
 // IsPolicyName is whether s names a built-in policy (DefaultPolicies, or

@@ -179,8 +179,22 @@ func (f *Fleet) startProcesses(ctx context.Context, o FleetOptions, seed int64, 
 	return nil
 }
 
-// attach describes real endpoints; only loopback addresses are accepted.
+// attach describes real endpoints, from an endpoint file as the EPP reads
+// it or from URLs; only loopback addresses are accepted.
 func (f *Fleet) attach(ctx context.Context, o FleetOptions) error {
+	if o.EndpointsFile != "" {
+		eps, err := readEndpointsFile(o.EndpointsFile)
+		if err != nil {
+			return err
+		}
+		for i := range eps {
+			if o.Model != "" && eps[i].Model != o.Model {
+				return fmt.Errorf("endpoint file %s: %s serves %q, not the model asked for, %q", o.EndpointsFile, eps[i].Addr, eps[i].Model, o.Model)
+			}
+		}
+		f.endpoints = eps
+		return nil
+	}
 	for _, raw := range o.URLs {
 		u, err := url.Parse(strings.TrimRight(raw, "/"))
 		if err != nil || u.Host == "" {

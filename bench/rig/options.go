@@ -56,7 +56,18 @@ type FleetOptions struct {
 	Replicas int
 	// URLs are the real OpenAI endpoints (base URLs, e.g.
 	// http://127.0.0.1:8000) in mode "urls"; only loopback is accepted.
+	// They name no KV-event endpoint: the EPPs learn of the engines'
+	// caches from their own routing only (EndpointsFile names them).
 	URLs []string
+	// EndpointsFile, in mode "urls" instead of URLs, is the EPP's own
+	// static endpoint file (discovery's format,
+	// deploy/config/endpoints.example.yaml) naming the running engines
+	// with their models, engines, KV-event and replay ports and metrics
+	// ports; every address must be on loopback.
+	EndpointsFile string
+	// Engines is what the bench's EPPs are told of running engines in
+	// mode "urls" (block size, tokenizer, scrape timeout).
+	Engines EngineOptions
 	// Model is the served model name. Default "Qwen/Qwen3-32B" for
 	// simulated fleets; for URLs, the first model /v1/models lists.
 	Model string
@@ -65,7 +76,8 @@ type FleetOptions struct {
 	// NumGPUBlocks is each simulated replica's KV capacity in blocks.
 	// Default: the simulator's (281,600 tokens).
 	NumGPUBlocks int
-	// BlockSize is the simulated KV block size. Default 16.
+	// BlockSize is the simulated KV block size. Default 16. (Running
+	// engines' is Engines.BlockSize.)
 	BlockSize int
 	// MaxNumBatchedTokens is the simulated step token budget. Default 8192.
 	MaxNumBatchedTokens int
@@ -231,6 +243,10 @@ type ExternalOptions struct {
 	// objective and timeouts, which the EPP counts in wall time, are
 	// divided by it and their default prefill rate multiplied. Default 1.
 	TimeScale float64
+	// Engines, for a fleet of running engines (mode urls), is what the
+	// bench's own EPPs are told of them (FleetOptions.Engines); nil for a
+	// fleet the bench starts.
+	Engines *EngineOptions
 	// Settle is how long the bench waits after an external EPP answers
 	// gRPC health SERVING before it sends traffic. nil:
 	// DefaultExternalSettle (2s); 0 sends at once.
@@ -260,6 +276,14 @@ func (o Options) WithDefaults() Options {
 	if f.Mode == FleetURLs {
 		f.TimeScale = 1 // real engines run in real time
 		f.Replicas = len(f.URLs)
+		if f.EndpointsFile != "" {
+			// The report's count; a file that cannot be read fails in
+			// StartFleet.
+			if eps, err := readEndpointsFile(f.EndpointsFile); err == nil {
+				f.Replicas = len(eps)
+			}
+		}
+		f.Engines = f.Engines.WithDefaults()
 	}
 	def(&f.EnginesimBin, "bin/enginesim")
 	w := &o.Workload
@@ -321,8 +345,14 @@ func (o Options) Validate() error {
 			errs = append(errs, fmt.Errorf("replicas %d: want 1..64", f.Replicas))
 		}
 	case FleetURLs:
-		if len(f.URLs) == 0 {
-			errs = append(errs, errors.New("fleet mode urls needs at least one URL"))
+		switch {
+		case len(f.URLs) == 0 && f.EndpointsFile == "":
+			errs = append(errs, errors.New("fleet mode urls needs at least one URL, or an endpoint file"))
+		case len(f.URLs) > 0 && f.EndpointsFile != "":
+			errs = append(errs, errors.New("fleet mode urls takes URLs or an endpoint file, not both"))
+		}
+		if err := f.Engines.Validate(); err != nil {
+			errs = append(errs, err)
 		}
 	default:
 		errs = append(errs, fmt.Errorf("fleet mode %q: want inproc, process or urls", f.Mode))

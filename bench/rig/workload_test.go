@@ -172,6 +172,12 @@ func TestValidateOptions(t *testing.T) {
 		{"defaults", func(o *Options) {}, ""},
 		{"fleet mode", func(o *Options) { o.Fleet.Mode = "cloud" }, "fleet mode"},
 		{"urls without urls", func(o *Options) { o.Fleet.Mode = FleetURLs }, "at least one URL"},
+		{"urls and an endpoint file", func(o *Options) {
+			o.Fleet.Mode, o.Fleet.URLs, o.Fleet.EndpointsFile = FleetURLs, []string{"http://127.0.0.1:1"}, "e.yaml"
+		}, "not both"},
+		{"running engines' tokenizer", func(o *Options) {
+			o.Fleet.Mode, o.Fleet.URLs, o.Fleet.Engines.Tokenizer = FleetURLs, []string{"http://127.0.0.1:1"}, "/nonexistent"
+		}, "tokenizer.json"},
 		{"replicas", func(o *Options) { o.Fleet.Replicas = 100 }, "replicas"},
 		{"time scale", func(o *Options) { o.Fleet.TimeScale = -1 }, "time scale"},
 		{"trace path", func(o *Options) { o.Workload.Kind = WorkloadTrace }, "trace path"},

@@ -31,6 +31,8 @@ func runCapacity(args []string) error {
 	fleetMode := fs.String("fleet", "", "inproc, process or urls (empty: the scenario's)")
 	urls := fs.String("urls", "", "comma-separated loopback OpenAI base URLs of running engines (implies -fleet urls): real time, no replica is stopped")
 	model := fs.String("model", "", "served model name (empty: the scenario's, or for -urls the first model /v1/models lists)")
+	var eng rig.EngineOptions
+	endpointsFile := engineFlags(fs, &eng)
 	var mix struct{ groups, perGroup, sysLen, qLen, outLen int }
 	fs.IntVar(&mix.groups, "groups", 0, "shared-prefix: groups (0: the scenario's)")
 	fs.IntVar(&mix.perGroup, "prompts-per-group", 0, "shared-prefix: prompts per group (0: the scenario's)")
@@ -64,10 +66,12 @@ func runCapacity(args []string) error {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if *urls != "" || *fleetMode == rig.FleetURLs {
-		if err := externalFleetFlags(set, *fleetMode, *urls); err != nil {
+	if *urls != "" || *endpointsFile != "" || *fleetMode == rig.FleetURLs {
+		if err := externalFleetFlags(set, *fleetMode, *urls, *endpointsFile); err != nil {
 			return err
 		}
+	} else if err := simulatedFleetFlags(set); err != nil {
+		return fmt.Errorf("bench capacity: %w", err)
 	}
 	if *trace != "" {
 		for _, n := range []string{"groups", "prompts-per-group", "system-len", "question-len", "output-len"} {
@@ -95,6 +99,10 @@ func runCapacity(args []string) error {
 	if *urls != "" {
 		base.Fleet.Mode, base.Fleet.URLs = rig.FleetURLs, splitList(*urls)
 	}
+	if *endpointsFile != "" {
+		base.Fleet.Mode, base.Fleet.EndpointsFile = rig.FleetURLs, *endpointsFile
+	}
+	base.Fleet.Engines = eng
 	if *model != "" {
 		base.Fleet.Model = *model
 	}
@@ -137,16 +145,41 @@ func runCapacity(args []string) error {
 // -fleet urls), what only applies to replicas the bench starts: they run
 // in real time, their number is the URLs', their KV cache is their own
 // (TestCapacityExternalFleetFlags).
-func externalFleetFlags(set map[string]bool, mode, urls string) error {
+func externalFleetFlags(set map[string]bool, mode, urls, endpointsFile string) error {
 	if mode != "" && mode != rig.FleetURLs {
 		return fmt.Errorf("bench capacity: -urls needs -fleet urls (or no -fleet), not %q", mode)
 	}
-	if urls == "" {
-		return errors.New("bench capacity: -fleet urls needs -urls URL,URL")
+	if urls == "" && endpointsFile == "" {
+		return errors.New("bench capacity: -fleet urls needs -urls URL,URL or -endpoints-file FILE")
+	}
+	if urls != "" && endpointsFile != "" {
+		return errors.New("bench capacity: -urls or -endpoints-file, not both")
 	}
 	for _, n := range []string{"replicas", "time-scale", "num-gpu-blocks"} {
 		if set[n] {
 			return fmt.Errorf("bench capacity: -%s applies to simulated replicas, not to -urls (running engines, in real time)", n)
+		}
+	}
+	return nil
+}
+
+// engineFlags registers what the bench's EPPs are told of running engines
+// (-urls, -endpoints-file) into eng and returns the endpoint file flag;
+// bench capacity and bench compare share them.
+func engineFlags(fs *flag.FlagSet, eng *rig.EngineOptions) *string {
+	file := fs.String("endpoints-file", "", "running engines as the EPP's static endpoint file names them (discovery's format, deploy/config/endpoints.example.yaml: model, engine, kv_events_port, replay_port, metrics_port), loopback only; instead of -urls, and with their KV events (implies -fleet urls)")
+	fs.StringVar(&eng.Tokenizer, "tokenizer", "", "running engines: the EPPs' prompt tokens: none (approximate routing, the default), standin (enginesim's) or a directory with the served model's tokenizer.json and tokenizer_config.json")
+	fs.IntVar(&eng.BlockSize, "engine-block-size", 0, "running engines: their KV block size (0: read from their vllm:cache_config_info or sglang:cache_config_info metric)")
+	fs.DurationVar(&eng.ScrapeTimeout, "scrape-timeout", 0, "running engines: the EPPs' bound on one metrics scrape (0: "+rig.ExternalScrapeTimeout.String()+")")
+	return file
+}
+
+// simulatedFleetFlags refuses, for a fleet the bench starts, what only
+// running engines are told.
+func simulatedFleetFlags(set map[string]bool) error {
+	for _, n := range []string{"tokenizer", "engine-block-size", "scrape-timeout"} {
+		if set[n] {
+			return fmt.Errorf("-%s applies to running engines (-urls, -endpoints-file), not to simulated replicas", n)
 		}
 	}
 	return nil

@@ -16,6 +16,13 @@ func TestCapacityExternalFleetFlags(t *testing.T) {
 		want string
 	}{
 		{"urls mode without urls", []string{"-fleet", "urls"}, "-fleet urls needs -urls"},
+		{"urls and an endpoint file", []string{"-urls", "http://127.0.0.1:1", "-endpoints-file", "e.yaml"}, "-urls or -endpoints-file, not both"},
+		{"tokenizer for simulated replicas", []string{"-tokenizer", "standin"}, "-tokenizer applies to running engines"},
+		{"scrape timeout for simulated replicas", []string{"-scrape-timeout", "5s"}, "-scrape-timeout applies to running engines"},
+		{"endpoint file missing", []string{"-endpoints-file", "/nonexistent/endpoints.yaml"}, "cannot read the endpoint file"},
+		{"tokenizer without tokenizer.json", []string{"-endpoints-file", "e.yaml", "-tokenizer", "/nonexistent"}, "tokenizer.json"},
+		{"negative block size", []string{"-urls", "http://127.0.0.1:1", "-engine-block-size", "-1"}, "-engine-block-size -1 is negative"},
+		{"negative scrape timeout", []string{"-urls", "http://127.0.0.1:1", "-scrape-timeout", "-1s"}, "-scrape-timeout -1s is negative"},
 		{"urls with another mode", []string{"-fleet", "process", "-urls", "http://127.0.0.1:1"}, `-urls needs -fleet urls (or no -fleet), not "process"`},
 		{"replicas", []string{"-urls", "http://127.0.0.1:1", "-replicas", "3"}, "-replicas applies to simulated replicas"},
 		{"time scale", []string{"-urls", "http://127.0.0.1:1", "-time-scale", "4"}, "-time-scale applies to simulated replicas"},

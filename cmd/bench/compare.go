@@ -44,6 +44,8 @@ type compareFlags struct {
 
 type fleetFlags struct {
 	mode, urls, model, engine, enginesim    string
+	endpointsFile                           *string
+	engines                                 rig.EngineOptions
 	replicas, gpuBlocks, blockSize, batched int
 	timeScale                               float64
 	prefillBase, prefillPerToken            time.Duration
@@ -153,6 +155,7 @@ func (f *compareFlags) register(fs *flag.FlagSet) {
 func (f *fleetFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.mode, "fleet", "inproc", "inproc (simulated in this process), process (enginesim processes) or urls")
 	fs.StringVar(&f.urls, "urls", "", "comma-separated loopback OpenAI base URLs (implies -fleet urls)")
+	f.endpointsFile = engineFlags(fs, &f.engines)
 	fs.IntVar(&f.replicas, "replicas", 2, "simulated replicas")
 	fs.StringVar(&f.model, "model", "", "served model name")
 	fs.StringVar(&f.engine, "engine", "vllm", "simulated engine: vllm or sglang")
@@ -236,12 +239,14 @@ func runCompare(args []string, sweep bool) error {
 	if err != nil {
 		return err
 	}
-	timeScale := opts.Fleet.TimeScale
+	ext := rig.ExternalOptions{Dir: f.eppDir, Settle: &f.eppSettle, TimeScale: opts.Fleet.TimeScale}
 	if opts.Fleet.Mode == rig.FleetURLs {
-		timeScale = 1 // real engines run in real time
+		ext.TimeScale = 1 // real engines run in real time
+		ext.Engines = &opts.Fleet.Engines
+	} else if err := simulatedFleetFlags(f.set); err != nil {
+		return fmt.Errorf("bench: %w", err)
 	}
-	rep, err := f.report(ctx, opts, sweep, launcher(f.direct, f.seed, log,
-		rig.ExternalOptions{Dir: f.eppDir, Settle: &f.eppSettle, TimeScale: timeScale}, gw))
+	rep, err := f.report(ctx, opts, sweep, launcher(f.direct, f.seed, log, ext, gw))
 	if rep == nil {
 		return err
 	}
@@ -328,6 +333,10 @@ func (f *fleetFlags) apply(o *rig.FleetOptions, set map[string]bool) {
 	if f.urls != "" {
 		o.Mode, o.URLs = rig.FleetURLs, splitList(f.urls)
 	}
+	if *f.endpointsFile != "" {
+		o.Mode, o.EndpointsFile = rig.FleetURLs, *f.endpointsFile
+	}
+	o.Engines = f.engines
 	if set["replicas"] || o.Replicas == 0 {
 		o.Replicas = f.replicas
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,9 +22,16 @@ type PublisherConfig struct {
 	// picks a free port; see Publisher.Endpoint). Required.
 	Endpoint string
 	// Dial makes the PUB socket connect to Endpoint instead of binding it,
-	// for subscribers in bind mode. Unlike libzmq, the subscriber must be
-	// listening within zmq4's dial retries (10 x 250ms). Default false (bind).
+	// for subscribers in bind mode. As libzmq's connect, NewPublisher does
+	// not wait for the subscriber: the publisher redials every
+	// DialRetry until it is let in (and again after the subscriber
+	// restarts), batches published meanwhile go nowhere but stay in the
+	// replay buffer, one warning is logged per wait, and Close stops it.
+	// Default false (bind).
 	Dial bool
+	// DialRetry is the pause between two dials in dial mode. Default
+	// 100ms, libzmq's ZMQ_RECONNECT_IVL.
+	DialRetry time.Duration
 	// ReplayEndpoint is the ROUTER endpoint answering replay requests.
 	// Default "" (replay disabled).
 	ReplayEndpoint string
@@ -52,6 +60,10 @@ type PublisherConfig struct {
 const (
 	defaultBufferSteps = 10000
 	defaultHWM         = 100000
+	defaultDialRetry   = 100 * time.Millisecond
+	// dialWarnAfter is how long a first dial may take before the wait is
+	// logged: a subscriber that is up connects at once.
+	dialWarnAfter = time.Second
 )
 
 type bufferedBatch struct {
@@ -96,11 +108,13 @@ func NewPublisher(cfg PublisherConfig, log *zap.Logger) (*Publisher, error) {
 		return nil, errors.New("cannot create publisher: unknown format, hash encoding or replay layout")
 	}
 	if err := errors.Join(opt.DefaultNonNegative("BufferSteps", cfg.BufferSteps, defaultBufferSteps),
-		opt.DefaultNonNegative("HWM", cfg.HWM, defaultHWM)); err != nil {
+		opt.DefaultNonNegative("HWM", cfg.HWM, defaultHWM),
+		opt.DefaultNonNegative("DialRetry", cfg.DialRetry, defaultDialRetry)); err != nil {
 		return nil, fmt.Errorf("cannot create publisher: %w", err)
 	}
 	opt.Zero(&cfg.BufferSteps, defaultBufferSteps)
 	opt.Zero(&cfg.HWM, defaultHWM)
+	opt.Zero(&cfg.DialRetry, defaultDialRetry)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -132,8 +146,11 @@ func (p *Publisher) openLocked(endpoint, replayEndpoint string) error {
 	p.cancel, p.done, p.pub, p.router = cancel, make(chan struct{}), nil, nil
 	var opts []zmq4.Option
 	if p.cfg.Dial {
-		// Like libzmq's connect, follow the subscriber across its restarts.
-		opts = append(opts, zmq4.WithAutomaticReconnect(true))
+		// Like libzmq's connect: dial until let in, then follow the
+		// subscriber across its restarts, at a bounded interval, until the
+		// socket is closed (zmq4 checks its context between dials).
+		opts = append(opts, zmq4.WithAutomaticReconnect(true),
+			zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(p.cfg.DialRetry))
 	}
 	p.pub = zmq4.NewPub(ctx, opts...)
 	if err := p.pub.SetOption(zmq4.OptionHWM, p.cfg.HWM); err != nil {
@@ -143,7 +160,7 @@ func (p *Publisher) openLocked(endpoint, replayEndpoint string) error {
 	}
 	var err error
 	if p.cfg.Dial {
-		err = p.pub.Dial(endpoint)
+		err = p.dial(ctx, endpoint)
 	} else {
 		err = p.pub.Listen(endpoint)
 	}
@@ -164,6 +181,58 @@ func (p *Publisher) openLocked(endpoint, replayEndpoint string) error {
 	}
 	go p.serveReplay(ctx, p.router, p.done)
 	return nil
+}
+
+// dial connects the PUB socket to endpoint in the background: zmq4's Dial
+// blocks until the subscriber lets it in, as libzmq's connect would not.
+// A malformed endpoint or an unknown transport fails here; a refused
+// connection is redialled until the socket's context ends (Close), with
+// one warning when the wait passes dialWarnAfter and one line when it
+// ends (TestPublisherDialsBeforeSubscriberListens).
+func (p *Publisher) dial(ctx context.Context, endpoint string) error {
+	if _, _, err := splitEndpoint(endpoint); err != nil {
+		return err
+	}
+	pub := p.pub
+	dialed := make(chan error, 1)
+	go func() { dialed <- pub.Dial(endpoint) }()
+	go func() {
+		warn := time.NewTimer(dialWarnAfter)
+		defer warn.Stop()
+		waited := false
+		for {
+			select {
+			case err := <-dialed:
+				switch {
+				case ctx.Err() != nil:
+				case err != nil:
+					p.log.Error("KV-event publisher gave up dialing", zap.String("endpoint", endpoint), zap.Error(err))
+				case waited:
+					p.log.Info("KV-event publisher connected", zap.String("endpoint", endpoint))
+				}
+				return
+			case <-warn.C:
+				waited = true
+				p.log.Warn("KV-event publisher cannot reach its subscriber yet: redialing; batches meanwhile are kept for replay only",
+					zap.String("endpoint", endpoint), zap.Duration("every", p.cfg.DialRetry))
+			}
+		}
+	}()
+	return nil
+}
+
+// splitEndpoint checks a ZMQ endpoint's shape, transport://address, for
+// the transports the publisher speaks.
+func splitEndpoint(ep string) (transport, addr string, err error) {
+	transport, addr, ok := strings.Cut(ep, "://")
+	if !ok || addr == "" {
+		return "", "", fmt.Errorf("bad ZMQ endpoint %q: want transport://address", ep)
+	}
+	switch transport {
+	case "tcp", "ipc", "inproc":
+		return transport, addr, nil
+	}
+	return "", "", fmt.Errorf("bad ZMQ endpoint %q: unknown transport %q", ep, transport)
 }
 
 // Endpoint returns the bound PUB endpoint with the real port, or the

@@ -62,8 +62,8 @@ type KVEventsConfig struct {
 	// Connect makes the PUB socket connect to Endpoint (a router's bound
 	// socket, as llm-d's centralized mode and vLLM with an endpoint without
 	// "*" do) instead of binding it; Topic should then name the replica,
-	// kv@<ip>:<port>@<model>. The router must be listening within a few
-	// seconds of the start. Default false (bind).
+	// kv@<ip>:<port>@<model>. As vLLM's, it redials until the router
+	// listens (kvevents.PublisherConfig.Dial). Default false (bind).
 	Connect bool `yaml:"connect"`
 	// ReplayEndpoint is rank 0's ROUTER endpoint; rank r uses port+r.
 	// Default "" (off, as in vLLM; 5558 is customary when one rank runs).
