@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"math/bits"
 	"strings"
 	"sync/atomic"
 	"unicode/utf8"
@@ -19,8 +20,6 @@ func (t *HF) encodeWord(dst []uint32, w string) []uint32 {
 	if len(w) == 1 {
 		return append(dst, t.byteIDs[w[0]])
 	}
-	// The word cache comes first: it is smaller and faster than the vocab
-	// map, which ignore_merges would otherwise consult for every word.
 	cacheable := len(w) <= maxCachedWord
 	var h uint64
 	if cacheable {
@@ -30,20 +29,50 @@ func (t *HF) encodeWord(dst []uint32, w string) []uint32 {
 		}
 	}
 	start := len(dst)
-	id, whole := uint32(0), false
-	if t.ignoreMerges {
-		id, whole = t.vocab[w]
-	}
-	if whole {
-		dst = append(dst, id)
-	} else {
-		dst = t.startSymbols(dst, w)
-		dst = t.merge(dst, start)
+	dst = t.startSymbols(dst, w)
+	dst = t.merge(dst, start)
+	// ignore_merges takes a word found in the vocab whole. BPE that ends
+	// in one token has built the vocab's token of the word's bytes, so
+	// only a word BPE leaves in pieces is looked up, and only if the
+	// vocab filter may hold it (TestIgnoreMergesWholeWords).
+	if t.ignoreMerges && len(dst)-start > 1 && len(w) <= t.maxTokenLen &&
+		(!cacheable || t.vocabFilter.mayHave(h)) {
+		if id, ok := t.vocab[w]; ok {
+			dst = append(dst[:start], id)
+		}
 	}
 	if cacheable {
 		t.cache.put(h, w, dst[start:])
 	}
 	return dst
+}
+
+// hashFilter is a one-hash Bloom filter over xxhash values: no false
+// negatives, about one false positive in ten at eight bits a key.
+type hashFilter struct {
+	bits  []uint64
+	shift uint8
+}
+
+func newHashFilter(keys []string) hashFilter {
+	n := 64
+	for n < 8*len(keys) {
+		n *= 2
+	}
+	f := hashFilter{bits: make([]uint64, n/64), shift: uint8(64 - bits.TrailingZeros(uint(n)))}
+	for _, k := range keys {
+		i := xxhash.Sum64String(k) >> f.shift
+		f.bits[i/64] |= 1 << (i % 64)
+	}
+	return f
+}
+
+func (f *hashFilter) mayHave(h uint64) bool {
+	if f.bits == nil {
+		return true
+	}
+	i := h >> f.shift
+	return f.bits[i/64]&(1<<(i%64)) != 0
 }
 
 // startSymbols appends the symbols BPE starts word w from: its

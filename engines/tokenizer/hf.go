@@ -23,8 +23,12 @@ type HF struct {
 	split        splitKind
 	nfc          bool
 	ignoreMerges bool
-	vocab        map[string]uint32 // raw bytes of a token -> id
-	byteIDs      [256]uint32       // byte-level: the token of each byte
+	// ignore_merges: the longest token, and which word hashes may be
+	// tokens (encodeWord).
+	maxTokenLen int
+	vocabFilter hashFilter
+	vocab       map[string]uint32 // raw bytes of a token -> id
+	byteIDs     [256]uint32       // byte-level: the token of each byte
 	// Byte-level: where a word starts from each character (chars.go).
 	charTok      []uint64
 	charMultiIDs []uint32
@@ -383,6 +387,14 @@ func (t *HF) buildVocab(vocab map[string]uint32, mergesRaw json.RawMessage) erro
 		return err
 	}
 	t.buildCharStart()
+	if t.ignoreMerges {
+		keys := make([]string, 0, len(t.vocab))
+		for k := range t.vocab {
+			keys = append(keys, k)
+			t.maxTokenLen = max(t.maxTokenLen, len(k))
+		}
+		t.vocabFilter = newHashFilter(keys)
+	}
 	return nil
 }
 
@@ -442,6 +454,13 @@ func parseMerges(raw json.RawMessage) ([][2]string, error) {
 }
 
 func (t *HF) buildMerges(vocab map[string]uint32, pairs [][2]string) error {
+	maxID := uint32(0)
+	for _, id := range vocab {
+		maxID = max(maxID, id)
+	}
+	if err := pairTableFits(maxID, len(pairs)); err != nil {
+		return err
+	}
 	t.merges = newPairTable(len(pairs))
 	for rank, p := range pairs {
 		l, ok1 := vocab[p[0]]
