@@ -603,8 +603,8 @@ func (t *HF) encode(dst []uint32, text string, cont bool, mids []int, cut func(e
 // a segment cut at a cut point, so the SentencePiece-style normalizer
 // prepends nothing.
 func (t *HF) encodeSegment(dst []uint32, seg string, cont bool) []uint32 {
-	if t.nfc && !nfcInert(seg) && !norm.NFC.IsNormalString(seg) {
-		seg = norm.NFC.String(seg)
+	if t.nfc {
+		seg = toNFC(seg)
 	}
 	if t.spm {
 		if cont {

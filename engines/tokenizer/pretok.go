@@ -43,6 +43,7 @@ const (
 	cSym                      // \p{S}
 	cUpper                    // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]
 	cLower                    // [\p{Ll}\p{Lm}\p{Lo}\p{M}]
+	cNFC                      // NFC-inert (nfc.go)
 )
 
 var asciiClass = func() (t [128]uint16) {
@@ -99,6 +100,9 @@ func slowClass(r rune) uint16 {
 	}
 	if unicode.In(r, unicode.Ll, unicode.Lm, unicode.Lo, unicode.M) {
 		c |= cLower
+	}
+	if inertRune(r) {
+		c |= cNFC
 	}
 	return c
 }
