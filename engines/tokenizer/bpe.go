@@ -3,10 +3,7 @@ package tokenizer
 import (
 	"math/bits"
 	"strings"
-	"sync/atomic"
 	"unicode/utf8"
-
-	"github.com/cespare/xxhash/v2"
 )
 
 // maxLinearWord is the number of symbols up to which BPE finds each merge
@@ -23,7 +20,7 @@ func (t *HF) encodeWord(dst []uint32, w string) []uint32 {
 	cacheable := len(w) <= maxCachedWord
 	var h uint64
 	if cacheable {
-		h = xxhash.Sum64String(w)
+		h = cacheHash(w)
 		if ids, ok := t.cache.get(h, w); ok {
 			return append(dst, ids...)
 		}
@@ -61,7 +58,7 @@ func newHashFilter(keys []string) hashFilter {
 	}
 	f := hashFilter{bits: make([]uint64, n/64), shift: uint8(64 - bits.TrailingZeros(uint(n)))}
 	for _, k := range keys {
-		i := xxhash.Sum64String(k) >> f.shift
+		i := cacheHash(k) >> f.shift
 		f.bits[i/64] |= 1 << (i % 64)
 	}
 	return f
@@ -121,7 +118,7 @@ func (t *HF) cachedSPMWord(dst []uint32, w string) []uint32 {
 	if len(w) > maxCachedWord {
 		return t.encodeSPMWord(dst, w)
 	}
-	h := xxhash.Sum64String(w)
+	h := cacheHash(w)
 	if ids, ok := t.cache.get(h, w); ok {
 		return append(dst, ids...)
 	}
@@ -320,41 +317,4 @@ func (t *HF) mergeHeap(dst []uint32, start int) []uint32 {
 		dst = append(dst, syms[i].id)
 	}
 	return dst
-}
-
-// wordCache maps a pre-tokenized word to its ids. It is direct-mapped and
-// lock-free: a slot holds the last word that hashed to it, so memory is
-// bounded and a collision only costs a recomputation.
-type wordCache struct {
-	slots [cacheSlots]atomic.Pointer[cacheEntry]
-}
-
-const cacheSlots = 1 << 16
-
-type cacheEntry struct {
-	word string
-	ids  []uint32
-	// inline holds the ids of most words in the entry's own allocation.
-	inline [4]uint32
-}
-
-func newWordCache() *wordCache { return &wordCache{} }
-
-func (c *wordCache) get(h uint64, w string) ([]uint32, bool) {
-	e := c.slots[h&(cacheSlots-1)].Load()
-	if e == nil || e.word != w {
-		return nil, false
-	}
-	return e.ids, true
-}
-
-func (c *wordCache) put(h uint64, w string, ids []uint32) {
-	e := &cacheEntry{word: strings.Clone(w)}
-	if len(ids) <= len(e.inline) {
-		e.ids = e.inline[:len(ids):len(ids)]
-		copy(e.ids, ids)
-	} else {
-		e.ids = append([]uint32(nil), ids...)
-	}
-	c.slots[h&(cacheSlots-1)].Store(e)
 }
