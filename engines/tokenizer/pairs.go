@@ -16,10 +16,17 @@ import (
 // caches that another process's work between two prompts leaves; the
 // merged id is read from ids by rank, only for a pair that has a merge.
 // TestPairTable keeps it equal to a map.
+//
+// Most pairs looked up have no merge (two CJK characters that are not a
+// word), so a one-hash Bloom filter of eight bits a merge (128-512 KiB,
+// about one false positive in nine) answers them first: it is small
+// enough to stay in cache across a document while the table is not.
 type pairTable struct {
-	slots []uint64
-	ids   []uint32 // rank -> merged id
-	shift uint8
+	slots  []uint64
+	ids    []uint32 // rank -> merged id
+	filter []uint64
+	shift  uint8
+	fshift uint8
 }
 
 // Field widths of a slot: token ids below maxPairID, ranks below
@@ -50,7 +57,14 @@ func newPairTable(n int) pairTable {
 	for size < n+n/3+1 {
 		size *= 2
 	}
-	p := pairTable{slots: make([]uint64, size), ids: make([]uint32, n), shift: uint8(64 - bits.TrailingZeros(uint(size)))}
+	fbits := 64
+	for fbits < 8*n {
+		fbits *= 2
+	}
+	p := pairTable{
+		slots: make([]uint64, size), ids: make([]uint32, n), shift: uint8(64 - bits.TrailingZeros(uint(size))),
+		filter: make([]uint64, fbits/64), fshift: uint8(64 - bits.TrailingZeros(uint(fbits))),
+	}
 	for i := range p.slots {
 		p.slots[i] = noPair
 	}
@@ -58,6 +72,13 @@ func newPairTable(n int) pairTable {
 }
 
 func (p *pairTable) home(k uint64) uint64 { return (k * 0x9E3779B97F4A7C15) >> p.shift }
+
+// bit is the filter bit of k: another multiplier than home's, so a
+// pair's bit and slot are independent.
+func (p *pairTable) bit(k uint64) (uint64, uint64) {
+	i := (k * 0xC2B2AE3D27D4EB4F) >> p.fshift
+	return i / 64, 1 << (i % 64)
+}
 
 // slotKey is the pair part of a slot for key, and false for ids a slot
 // cannot hold (no merge has them).
@@ -73,6 +94,9 @@ func slotKey(key uint64) (uint64, bool) {
 func (p *pairTable) get(key uint64) (uint64, bool) {
 	k, ok := slotKey(key)
 	if !ok {
+		return 0, false
+	}
+	if w, b := p.bit(k); p.filter[w]&b == 0 {
 		return 0, false
 	}
 	mask := uint64(len(p.slots) - 1)
@@ -105,6 +129,8 @@ func (p *pairTable) putNew(key, val uint64) {
 		}
 		if s == noPair {
 			p.slots[i] = k | rank
+			w, b := p.bit(k)
+			p.filter[w] |= b
 			if int(rank) >= len(p.ids) {
 				p.ids = append(p.ids, make([]uint32, int(rank)+1-len(p.ids))...)
 			}
