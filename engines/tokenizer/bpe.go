@@ -34,7 +34,10 @@ func (t *HF) encodeWord(dst []uint32, w string) []uint32 {
 	// vocab filter may hold it (TestIgnoreMergesWholeWords).
 	if t.ignoreMerges && len(dst)-start > 1 && len(w) <= t.maxTokenLen &&
 		(!cacheable || t.vocabFilter.mayHave(h)) {
-		if id, ok := t.vocab[w]; ok {
+		if !cacheable {
+			h = cacheHash(w)
+		}
+		if id, ok := t.vocabTab.get(w, h); ok {
 			dst = append(dst[:start], id)
 		}
 	}

@@ -27,6 +27,7 @@ type HF struct {
 	// tokens (encodeWord).
 	maxTokenLen int
 	vocabFilter hashFilter
+	vocabTab    vocabTable
 	vocab       map[string]uint32 // raw bytes of a token -> id
 	byteIDs     [256]uint32       // byte-level: the token of each byte
 	// Byte-level: where a word starts from each character (chars.go).
@@ -394,7 +395,9 @@ func (t *HF) buildVocab(vocab map[string]uint32, mergesRaw json.RawMessage) erro
 			t.maxTokenLen = max(t.maxTokenLen, len(k))
 		}
 		t.vocabFilter = newHashFilter(keys)
+		t.vocabTab = newVocabTable(t.vocab)
 	}
+	t.vocab = nil // byte-level encoding reads vocabTab only
 	return nil
 }
 
