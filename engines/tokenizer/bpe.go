@@ -180,14 +180,15 @@ func (t *HF) mergeLinear(dst []uint32, start int) []uint32 {
 	if len(ids) < 2 {
 		return dst
 	}
-	// pair[i] is the merge of ids[i], ids[i+1] (rank<<32 | id), or noPair.
-	var store [maxLinearWord]uint64
+	// pair[i] is the rank of the merge of ids[i], ids[i+1], or noRank;
+	// the merged id is read only for the merges applied.
+	var store [maxLinearWord]uint32
 	pair := store[:len(ids)-1]
-	at := func(i int) uint64 {
-		if v, ok := t.merges.get(uint64(ids[i])<<32 | uint64(ids[i+1])); ok {
-			return v
+	at := func(i int) uint32 {
+		if r, ok := t.merges.rank(uint64(ids[i])<<32 | uint64(ids[i+1])); ok {
+			return r
 		}
-		return noPair
+		return noRank
 	}
 	for i := range pair {
 		pair[i] = at(i)
@@ -195,14 +196,14 @@ func (t *HF) mergeLinear(dst []uint32, start int) []uint32 {
 	for len(pair) > 0 {
 		best, v := 0, pair[0]
 		for i, p := range pair[1:] {
-			if p < v { // rank in the high half: the lowest rank, leftmost
+			if p < v { // the lowest rank, leftmost
 				best, v = i+1, p
 			}
 		}
-		if v == noPair {
+		if v == noRank {
 			break
 		}
-		ids[best] = uint32(v)
+		ids[best] = t.merges.ids[v]
 		copy(ids[best+1:], ids[best+2:])
 		ids = ids[:len(ids)-1]
 		copy(pair[best:], pair[best+1:])

@@ -39,8 +39,8 @@ const (
 	pairRankMask = uint64(maxPairRank)
 )
 
-// noPair marks an empty slot, and mergeLinear's pair without a merge: no
-// pair has it, as no token id is maxPairID.
+// noPair marks an empty slot: no pair has it, as no token id is
+// maxPairID.
 const noPair = ^uint64(0)
 
 // pairTableFits reports why a vocabulary of ids up to maxID with n merges
@@ -92,6 +92,18 @@ func slotKey(key uint64) (uint64, bool) {
 
 // get returns the merge of pair key.
 func (p *pairTable) get(key uint64) (uint64, bool) {
+	rank, ok := p.rank(key)
+	if !ok {
+		return 0, false
+	}
+	return uint64(rank)<<32 | uint64(p.ids[rank]), true
+}
+
+// noRank is no merge's rank (ranks are below maxPairRank).
+const noRank = ^uint32(0)
+
+// rank returns the rank of the merge of pair key; ids holds its id.
+func (p *pairTable) rank(key uint64) (uint32, bool) {
 	k, ok := slotKey(key)
 	if !ok {
 		return 0, false
@@ -103,8 +115,7 @@ func (p *pairTable) get(key uint64) (uint64, bool) {
 	for i := p.home(k); ; i = (i + 1) & mask {
 		s := p.slots[i]
 		if s&^pairRankMask == k {
-			rank := s & pairRankMask
-			return rank<<32 | uint64(p.ids[rank]), true
+			return uint32(s & pairRankMask), true
 		}
 		if s == noPair {
 			return 0, false
