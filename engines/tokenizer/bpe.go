@@ -1,11 +1,9 @@
 package tokenizer
 
 import (
+	"math/bits"
 	"strings"
-	"sync/atomic"
 	"unicode/utf8"
-
-	"github.com/cespare/xxhash/v2"
 )
 
 // maxLinearWord is the number of symbols up to which BPE finds each merge
@@ -19,31 +17,62 @@ func (t *HF) encodeWord(dst []uint32, w string) []uint32 {
 	if len(w) == 1 {
 		return append(dst, t.byteIDs[w[0]])
 	}
-	// The word cache comes first: it is smaller and faster than the vocab
-	// map, which ignore_merges would otherwise consult for every word.
 	cacheable := len(w) <= maxCachedWord
 	var h uint64
 	if cacheable {
-		h = xxhash.Sum64String(w)
+		h = cacheHash(w)
 		if ids, ok := t.cache.get(h, w); ok {
 			return append(dst, ids...)
 		}
 	}
 	start := len(dst)
-	id, whole := uint32(0), false
-	if t.ignoreMerges {
-		id, whole = t.vocab[w]
-	}
-	if whole {
-		dst = append(dst, id)
-	} else {
-		dst = t.startSymbols(dst, w)
-		dst = t.merge(dst, start)
+	dst = t.startSymbols(dst, w)
+	dst = t.merge(dst, start)
+	// ignore_merges takes a word found in the vocab whole. BPE that ends
+	// in one token has built the vocab's token of the word's bytes, so
+	// only a word BPE leaves in pieces is looked up, and only if the
+	// vocab filter may hold it (TestIgnoreMergesWholeWords).
+	if t.ignoreMerges && len(dst)-start > 1 && len(w) <= t.maxTokenLen &&
+		(!cacheable || t.vocabFilter.mayHave(h)) {
+		if !cacheable {
+			h = cacheHash(w)
+		}
+		if id, ok := t.vocabTab.get(w, h); ok {
+			dst = append(dst[:start], id)
+		}
 	}
 	if cacheable {
 		t.cache.put(h, w, dst[start:])
 	}
 	return dst
+}
+
+// hashFilter is a one-hash Bloom filter over xxhash values: no false
+// negatives, about one false positive in ten at eight bits a key.
+type hashFilter struct {
+	bits  []uint64
+	shift uint8
+}
+
+func newHashFilter(keys []string) hashFilter {
+	n := 64
+	for n < 8*len(keys) {
+		n *= 2
+	}
+	f := hashFilter{bits: make([]uint64, n/64), shift: uint8(64 - bits.TrailingZeros(uint(n)))}
+	for _, k := range keys {
+		i := cacheHash(k) >> f.shift
+		f.bits[i/64] |= 1 << (i % 64)
+	}
+	return f
+}
+
+func (f *hashFilter) mayHave(h uint64) bool {
+	if f.bits == nil {
+		return true
+	}
+	i := h >> f.shift
+	return f.bits[i/64]&(1<<(i%64)) != 0
 }
 
 // startSymbols appends the symbols BPE starts word w from: its
@@ -92,7 +121,7 @@ func (t *HF) cachedSPMWord(dst []uint32, w string) []uint32 {
 	if len(w) > maxCachedWord {
 		return t.encodeSPMWord(dst, w)
 	}
-	h := xxhash.Sum64String(w)
+	h := cacheHash(w)
 	if ids, ok := t.cache.get(h, w); ok {
 		return append(dst, ids...)
 	}
@@ -151,14 +180,15 @@ func (t *HF) mergeLinear(dst []uint32, start int) []uint32 {
 	if len(ids) < 2 {
 		return dst
 	}
-	// pair[i] is the merge of ids[i], ids[i+1] (rank<<32 | id), or noPair.
-	var store [maxLinearWord]uint64
+	// pair[i] is the rank of the merge of ids[i], ids[i+1], or noRank;
+	// the merged id is read only for the merges applied.
+	var store [maxLinearWord]uint32
 	pair := store[:len(ids)-1]
-	at := func(i int) uint64 {
-		if v, ok := t.merges.get(uint64(ids[i])<<32 | uint64(ids[i+1])); ok {
-			return v
+	at := func(i int) uint32 {
+		if r, ok := t.merges.rank(uint64(ids[i])<<32 | uint64(ids[i+1])); ok {
+			return r
 		}
-		return noPair
+		return noRank
 	}
 	for i := range pair {
 		pair[i] = at(i)
@@ -166,14 +196,14 @@ func (t *HF) mergeLinear(dst []uint32, start int) []uint32 {
 	for len(pair) > 0 {
 		best, v := 0, pair[0]
 		for i, p := range pair[1:] {
-			if p < v { // rank in the high half: the lowest rank, leftmost
+			if p < v { // the lowest rank, leftmost
 				best, v = i+1, p
 			}
 		}
-		if v == noPair {
+		if v == noRank {
 			break
 		}
-		ids[best] = uint32(v)
+		ids[best] = t.merges.ids[v]
 		copy(ids[best+1:], ids[best+2:])
 		ids = ids[:len(ids)-1]
 		copy(pair[best:], pair[best+1:])
@@ -291,41 +321,4 @@ func (t *HF) mergeHeap(dst []uint32, start int) []uint32 {
 		dst = append(dst, syms[i].id)
 	}
 	return dst
-}
-
-// wordCache maps a pre-tokenized word to its ids. It is direct-mapped and
-// lock-free: a slot holds the last word that hashed to it, so memory is
-// bounded and a collision only costs a recomputation.
-type wordCache struct {
-	slots [cacheSlots]atomic.Pointer[cacheEntry]
-}
-
-const cacheSlots = 1 << 16
-
-type cacheEntry struct {
-	word string
-	ids  []uint32
-	// inline holds the ids of most words in the entry's own allocation.
-	inline [4]uint32
-}
-
-func newWordCache() *wordCache { return &wordCache{} }
-
-func (c *wordCache) get(h uint64, w string) ([]uint32, bool) {
-	e := c.slots[h&(cacheSlots-1)].Load()
-	if e == nil || e.word != w {
-		return nil, false
-	}
-	return e.ids, true
-}
-
-func (c *wordCache) put(h uint64, w string, ids []uint32) {
-	e := &cacheEntry{word: strings.Clone(w)}
-	if len(ids) <= len(e.inline) {
-		e.ids = e.inline[:len(ids):len(ids)]
-		copy(e.ids, ids)
-	} else {
-		e.ids = append([]uint32(nil), ids...)
-	}
-	c.slots[h&(cacheSlots-1)].Store(e)
 }

@@ -185,7 +185,7 @@ func (t *HF) appendChars(dst []uint32, w string) ([]uint32, bool) {
 			i++
 			continue
 		}
-		r, n := utf8.DecodeRuneInString(w[i:])
+		r, n := decodeRune(w, i)
 		if r == utf8.RuneError && n == 1 {
 			return dst, false
 		}

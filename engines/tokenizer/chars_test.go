@@ -243,3 +243,46 @@ func BenchmarkParse(b *testing.B) {
 		})
 	}
 }
+
+// FuzzDecodeRune checks decodeRune against utf8.DecodeRuneInString, and
+// the class tables at reads against the classes computed from the unicode
+// and norm tables, at every offset of arbitrary bytes.
+func FuzzDecodeRune(f *testing.F) {
+	for _, s := range []string{"a", "é中😀", "\xc2\x80\xdf\xbf\xe0\xa0\x80\xef\xbf\xbf", "\xc0\x80\xc1\xbf\xe0\x80\x80\xed\xa0\x80\xed\x9f\xbf\xee\x80\x80", "\xe4\xb8", "\xf0\x9f\x98", "\xff\xfe"} {
+		f.Add(s)
+	}
+	initClasses()
+	f.Fuzz(func(t *testing.T, s string) {
+		for i := 0; i < len(s); i++ {
+			r, w := decodeRune(s, i)
+			wr, ww := utf8.DecodeRuneInString(s[i:])
+			require.Equal(t, [2]int{int(wr), ww}, [2]int{int(r), w}, "%q at %d", s, i)
+			c, cw := at(s, i)
+			require.Equal(t, w, cw)
+			want := uint16(0)
+			if r != utf8.RuneError || w > 1 {
+				want = slowClass(r)
+			}
+			require.Equal(t, want, c, "%q at %d: %U", s, i, r)
+		}
+	})
+}
+
+// TestDecodeRuneEdges is FuzzDecodeRune on the edges of every form: each
+// lead byte followed by each continuation byte edge, at the string's end
+// and not.
+func TestDecodeRuneEdges(t *testing.T) {
+	initClasses()
+	edges := []byte{0x00, 0x7f, 0x80, 0x9f, 0xa0, 0xbf, 0xc0}
+	for lead := 0; lead < 256; lead++ {
+		for _, c1 := range edges {
+			for _, c2 := range edges {
+				for _, s := range []string{string([]byte{byte(lead)}), string([]byte{byte(lead), c1}), string([]byte{byte(lead), c1, c2}), string([]byte{byte(lead), c1, c2, 0x80})} {
+					r, w := decodeRune(s, 0)
+					wr, ww := utf8.DecodeRuneInString(s)
+					require.Equal(t, [2]int{int(wr), ww}, [2]int{int(r), w}, "%q", s)
+				}
+			}
+		}
+	}
+}

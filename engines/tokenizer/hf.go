@@ -23,8 +23,13 @@ type HF struct {
 	split        splitKind
 	nfc          bool
 	ignoreMerges bool
-	vocab        map[string]uint32 // raw bytes of a token -> id
-	byteIDs      [256]uint32       // byte-level: the token of each byte
+	// ignore_merges: the longest token, and which word hashes may be
+	// tokens (encodeWord).
+	maxTokenLen int
+	vocabFilter hashFilter
+	vocabTab    vocabTable
+	vocab       map[string]uint32 // raw bytes of a token -> id
+	byteIDs     [256]uint32       // byte-level: the token of each byte
 	// Byte-level: where a word starts from each character (chars.go).
 	charTok      []uint64
 	charMultiIDs []uint32
@@ -383,6 +388,16 @@ func (t *HF) buildVocab(vocab map[string]uint32, mergesRaw json.RawMessage) erro
 		return err
 	}
 	t.buildCharStart()
+	if t.ignoreMerges {
+		keys := make([]string, 0, len(t.vocab))
+		for k := range t.vocab {
+			keys = append(keys, k)
+			t.maxTokenLen = max(t.maxTokenLen, len(k))
+		}
+		t.vocabFilter = newHashFilter(keys)
+		t.vocabTab = newVocabTable(t.vocab)
+	}
+	t.vocab = nil // byte-level encoding reads vocabTab only
 	return nil
 }
 
@@ -442,6 +457,13 @@ func parseMerges(raw json.RawMessage) ([][2]string, error) {
 }
 
 func (t *HF) buildMerges(vocab map[string]uint32, pairs [][2]string) error {
+	maxID := uint32(0)
+	for _, id := range vocab {
+		maxID = max(maxID, id)
+	}
+	if err := pairTableFits(maxID, len(pairs)); err != nil {
+		return err
+	}
 	t.merges = newPairTable(len(pairs))
 	for rank, p := range pairs {
 		l, ok1 := vocab[p[0]]
@@ -584,8 +606,8 @@ func (t *HF) encode(dst []uint32, text string, cont bool, mids []int, cut func(e
 // a segment cut at a cut point, so the SentencePiece-style normalizer
 // prepends nothing.
 func (t *HF) encodeSegment(dst []uint32, seg string, cont bool) []uint32 {
-	if t.nfc && !nfcInert(seg) && !norm.NFC.IsNormalString(seg) {
-		seg = norm.NFC.String(seg)
+	if t.nfc {
+		seg = toNFC(seg)
 	}
 	if t.spm {
 		if cont {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/stretchr/testify/require"
 )
 
@@ -119,6 +120,9 @@ func TestParseErrors(t *testing.T) {
 			m["added_tokens"] = []map[string]any{{"id": 300, "content": "<x>", "lstrip": true}}
 		}, ""},
 		{"bad config", nil, `{"chat_template": 5}`},
+		{"vocab too large for the pair table", func(m map[string]any) {
+			m["model"].(map[string]any)["vocab"].(map[string]int)["zz"] = maxPairID
+		}, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -168,4 +172,33 @@ func FuzzEncode(f *testing.F) {
 			require.Equal(t, tok.Encode(nil, more), pc.Encode(nil, more))
 		}
 	})
+}
+
+// TestIgnoreMergesWholeWords checks encodeWord's shortcut for
+// ignore_merges on the families that set it: a word that is a token
+// encodes as that token (BPE ending in one token, or the filtered vocab
+// lookup), sampled from every vocab, and the vocab filter holds every
+// token.
+func TestIgnoreMergesWholeWords(t *testing.T) {
+	n := 0
+	for _, fam := range vsHFFamilies {
+		tok := loadFamily(t, fam)
+		if !tok.ignoreMerges {
+			continue
+		}
+		n++
+		fresh := *tok
+		fresh.cache = newWordCache()
+		i := 0
+		tok.vocabTab.each(func(b []byte, id uint32) {
+			w := string(b)
+			require.True(t, tok.vocabFilter.mayHave(xxhash.Sum64String(w)), "%s: %q", fam, w)
+			if i++; i%32 != 0 || len(w) < 2 {
+				return
+			}
+			require.Equal(t, []uint32{id}, fresh.encodeWord(nil, w), "%s: %q", fam, w)
+		})
+		require.Greater(t, i, 100_000)
+	}
+	require.Equal(t, 2, n, "families with ignore_merges: llama3_1, gptoss")
 }

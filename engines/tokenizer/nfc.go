@@ -1,45 +1,80 @@
 package tokenizer
 
-import "unicode/utf8"
+import (
+	"unicode/utf8"
 
-// nfcInert reports whether s is made only of characters that are NFC
-// whatever surrounds them: code points below U+0300 (no combining mark) and
-// the blocks of CJK, kana (but its two combining voicing marks), CJK
-// punctuation (but its six combining tone marks), Hangul syllables and
-// full-width forms. Such
-// a string is in NFC, and checking this is cheaper than the normalizer's
-// per-character lookups (most of a Chinese document's cost in Qwen3, which
-// normalizes to NFC). TestNFCInert checks every such character against the
-// normalizer's own properties.
+	"golang.org/x/text/unicode/norm"
+)
+
+// A character is NFC-inert when it is in NFC alone, of combining class 0,
+// and combines with nothing before it (norm's BoundaryBefore): NFC starts
+// a new segment at it whatever precedes, so a string cut before it
+// normalizes as its two parts do, and a string of inert characters is in
+// NFC. Most text is made of them (ASCII, Latin-1, Greek, Cyrillic, CJK,
+// kana but its voicing marks, Hangul syllables); the class tables hold the
+// bit (cNFC) so the check is one lookup a character, where the
+// normalizer's quick check walks its trie. TestNFCInert checks the bit
+// of every character against the normalizer's properties; FuzzToNFC
+// checks toNFC against the normalizer on arbitrary bytes.
+
+// inertRune reports whether r is NFC-inert, computed from the normalizer.
+func inertRune(r rune) bool {
+	if !utf8.ValidRune(r) {
+		return false
+	}
+	var buf [utf8.UTFMax]byte
+	s := buf[:utf8.EncodeRune(buf[:], r)]
+	p := norm.NFC.Properties(s)
+	return p.CCC() == 0 && p.BoundaryBefore() && norm.NFC.IsNormal(s)
+}
+
+// nfcInert reports whether s is made only of NFC-inert characters.
 func nfcInert(s string) bool {
 	for i := 0; i < len(s); {
-		if s[i] < utf8.RuneSelf {
-			i++
-			continue
-		}
-		r, n := utf8.DecodeRuneInString(s[i:])
-		if !inertRune(r) {
+		c, w := at(s, i)
+		if c&cNFC == 0 {
 			return false
 		}
-		i += n
+		i += w
 	}
 	return true
 }
 
-func inertRune(r rune) bool {
-	switch {
-	case r < 0x300:
-		return r != utf8.RuneError
-	case r >= 0x4E00 && r <= 0x9FFF, r >= 0x3400 && r <= 0x4DBF: // CJK unified, extension A
-		return true
-	case r >= 0x3000 && r <= 0x3029, r >= 0x3030 && r <= 0x303F: // CJK symbols and punctuation
-		return true
-	case r >= 0x3041 && r <= 0x3096, r >= 0x309B && r <= 0x30FF: // kana
-		return true
-	case r >= 0xFF01 && r <= 0xFF9D, r >= 0xFFA0 && r <= 0xFFEF: // full- and half-width forms
-		return true
-	case r >= 0xAC00 && r <= 0xD7A3: // Hangul syllables (only a conjoining jamo, not inert, joins one)
-		return true
+// toNFC returns s in NFC. Only the stretches of characters that are not
+// inert, with the inert character before them (which they may combine
+// with), go through the normalizer; s is returned as is when all of them
+// are already in NFC.
+func toNFC(s string) string {
+	var out []byte
+	done := 0      // s[:done] is in out, when out is not nil
+	lastInert := 0 // start of the last inert character before i
+	for i := 0; i < len(s); {
+		c, w := at(s, i)
+		if c&cNFC != 0 {
+			lastInert = i
+			i += w
+			continue
+		}
+		j := i + w
+		for j < len(s) {
+			c, w := at(s, j)
+			if c&cNFC != 0 {
+				break
+			}
+			j += w
+		}
+		if region := s[lastInert:j]; !norm.NFC.IsNormalString(region) {
+			if out == nil {
+				out = make([]byte, 0, len(s)+len(s)/8)
+			}
+			out = append(out, s[done:lastInert]...)
+			out = norm.NFC.AppendString(out, region)
+			done = j
+		}
+		i = j
 	}
-	return false
+	if out == nil {
+		return s
+	}
+	return string(append(out, s[done:]...))
 }

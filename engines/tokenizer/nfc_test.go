@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"math/rand/v2"
 	"testing"
 	"unicode/utf8"
 
@@ -25,7 +26,7 @@ func TestNFCInert(t *testing.T) {
 		require.Zero(t, p.CCC(), "%U", r)
 		require.True(t, p.BoundaryBefore(), "%U", r)
 	}
-	require.Greater(t, n, 20_000)
+	require.Greater(t, n, 100_000)
 	tests := []struct {
 		s     string
 		inert bool
@@ -46,5 +47,40 @@ func TestNFCInert(t *testing.T) {
 		if tc.inert {
 			require.True(t, norm.NFC.IsNormalString(tc.s), "%q", tc.s)
 		}
+	}
+}
+
+// FuzzToNFC checks toNFC against the normalizer on arbitrary bytes,
+// invalid UTF-8 included: it must normalize exactly as norm.NFC.String.
+func FuzzToNFC(f *testing.F) {
+	for _, s := range []string{"", "plain", "e\u0301 café", "か\u3099ひ", "가\u11a8", "\ufa10\u302a", "\xffe\u0301\xc3", "ṍͪ あ̋ τ̖ Α\u0313\u0301", "a\u0327\u0301\u0323", "\u0301leading"} {
+		f.Add(s)
+	}
+	initClasses()
+	f.Fuzz(func(t *testing.T, s string) {
+		require.Equal(t, norm.NFC.String(s), toNFC(s), "%q", s)
+	})
+}
+
+// TestToNFC is FuzzToNFC on the mixed-script corpus document, which is
+// not in NFC, and on random strings of the characters around it.
+func TestToNFC(t *testing.T) {
+	initClasses()
+	doc := goldenCorpus(t, "qwen3")["mixedscript"].Text
+	require.False(t, norm.NFC.IsNormalString(doc))
+	require.Equal(t, norm.NFC.String(doc), toNFC(doc))
+	runes := []rune(doc)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i < 20_000; i++ {
+		b := make([]rune, 1+rng.IntN(12))
+		for k := range b {
+			if rng.IntN(4) == 0 {
+				b[k] = rune(0x300 + rng.IntN(0x70)) // combining diacritics
+			} else {
+				b[k] = runes[rng.IntN(len(runes))]
+			}
+		}
+		s := string(b)
+		require.Equal(t, norm.NFC.String(s), toNFC(s), "%q", s)
 	}
 }

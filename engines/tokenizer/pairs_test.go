@@ -28,11 +28,16 @@ func TestPairTable(t *testing.T) {
 			got, ok := p.get(k)
 			require.True(t, ok, "n=%d key %#x", n, k)
 			require.Equal(t, v, got)
+			rank, ok := p.rank(k)
+			require.True(t, ok)
+			require.Equal(t, v>>32, uint64(rank))
 		}
 		for i := 0; i < 10_000; i++ {
 			k := uint64(rng.IntN(4000))<<32 | uint64(rng.IntN(4000))
 			_, ok := p.get(k)
 			_, in := want[k]
+			require.Equal(t, in, ok, "n=%d key %#x", n, k)
+			_, ok = p.rank(k)
 			require.Equal(t, in, ok, "n=%d key %#x", n, k)
 		}
 		seen := 0

@@ -43,6 +43,7 @@ const (
 	cSym                      // \p{S}
 	cUpper                    // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]
 	cLower                    // [\p{Ll}\p{Lm}\p{Lo}\p{M}]
+	cNFC                      // NFC-inert (nfc.go)
 )
 
 var asciiClass = func() (t [128]uint16) {
@@ -100,6 +101,9 @@ func slowClass(r rune) uint16 {
 	if unicode.In(r, unicode.Ll, unicode.Lm, unicode.Lo, unicode.M) {
 		c |= cLower
 	}
+	if inertRune(r) {
+		c |= cNFC
+	}
 	return c
 }
 
@@ -111,7 +115,7 @@ func at(s string, i int) (uint16, int) {
 	if b < utf8.RuneSelf {
 		return asciiClass[b], 1
 	}
-	r, w := utf8.DecodeRuneInString(s[i:])
+	r, w := decodeRune(s, i)
 	if r == utf8.RuneError && w == 1 {
 		return 0, 1
 	}
@@ -119,6 +123,30 @@ func at(s string, i int) (uint16, int) {
 		return bmpClass[r], w
 	}
 	return slowClass(r), w
+}
+
+// decodeRune is utf8.DecodeRuneInString(s[i:]), with the two- and
+// three-byte forms (every script but emoji and the rarest CJK) decoded
+// inline; FuzzDecodeRune compares the two on arbitrary bytes.
+func decodeRune(s string, i int) (rune, int) {
+	b := s[i]
+	switch {
+	case b < utf8.RuneSelf:
+		return rune(b), 1
+	case b >= 0xC2 && b < 0xE0 && i+1 < len(s):
+		if c := s[i+1]; c&0xC0 == 0x80 {
+			return rune(b&0x1F)<<6 | rune(c&0x3F), 2
+		}
+	case b >= 0xE0 && b < 0xF0 && i+2 < len(s):
+		c1, c2 := s[i+1], s[i+2]
+		if c1&0xC0 == 0x80 && c2&0xC0 == 0x80 {
+			r := rune(b&0x0F)<<12 | rune(c1&0x3F)<<6 | rune(c2&0x3F)
+			if r >= 0x800 && (r < 0xD800 || r > 0xDFFF) {
+				return r, 3
+			}
+		}
+	}
+	return utf8.DecodeRuneInString(s[i:])
 }
 
 // contraction matches (?i:'s|'t|'re|'ve|'m|'ll|'d) at i.
@@ -368,7 +396,7 @@ func isDeepSeekCJK(r rune) bool {
 func matchDeepSeekCJK(s string, i int) int {
 	j := i
 	for j < len(s) {
-		r, w := utf8.DecodeRuneInString(s[j:])
+		r, w := decodeRune(s, j)
 		if !isDeepSeekCJK(r) {
 			break
 		}
