@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
+	"unsafe"
 
 	"github.com/omnious/provider-node/engines/openai"
 	"github.com/omnious/provider-node/engines/tokenizer"
@@ -83,6 +85,11 @@ func (s *Server) recycleTokens(t []uint32) { s.tokenBufs.Put(&t) }
 // a model (gpt-oss) whose Responses API prompts vLLM builds in the harmony
 // format rather than with the chat template: those are routed
 // approximately.
+//
+// Tokenizer.Encode must not keep the text it is given: a stand-in chat is
+// rendered into a buffer the next request reuses (those of
+// engines/tokenizer keep ids and hashes, and copies of the words they
+// cache).
 type ModelTokenizer struct {
 	Tokenizer tokenizer.Tokenizer
 	Template  *tokenizer.ChatTemplate
@@ -93,7 +100,14 @@ type ModelTokenizer struct {
 type TokenPrompter struct {
 	models map[string]ModelTokenizer
 	def    *ModelTokenizer
+	// textBufs holds *[]byte buffers for stand-in chat renderings, each
+	// back in the pool once its text is tokenized.
+	textBufs sync.Pool
 }
+
+// maxPooledText bounds the rendering buffers kept: one grown by a rare
+// huge prompt is left to the collector.
+const maxPooledText = 4 << 20
 
 // NewTokenPrompter serves the models in byModel, and every other model with
 // def when it is non-nil.
@@ -127,13 +141,18 @@ func (p *TokenPrompter) AppendPrompt(dst []uint32, model string, in *PromptInput
 		mt = *p.def
 	}
 	var text string
+	var buf *[]byte // the rendering's, recycled after Encode
 	switch in.API {
 	case APIChat:
 		msgs, err := decodeMessages(in.Messages)
 		if err != nil {
 			return dst, false
 		}
-		if text, err = renderChat(mt.Template, msgs, in); err != nil {
+		if mt.Template == nil {
+			buf = p.textBuf()
+		}
+		if text, err = renderChat(mt.Template, msgs, in, buf); err != nil {
+			p.putText(buf)
 			return dst, false
 		}
 	case APIResponses:
@@ -144,8 +163,12 @@ func (p *TokenPrompter) AppendPrompt(dst []uint32, model string, in *PromptInput
 		if err != nil {
 			return dst, false
 		}
+		if mt.Template == nil {
+			buf = p.textBuf()
+		}
 		// No chat_template_kwargs: vLLM's Responses request has none.
-		if text, err = renderChat(mt.Template, msgs, &PromptInput{AddGenerationPrompt: true}); err != nil {
+		if text, err = renderChat(mt.Template, msgs, &PromptInput{AddGenerationPrompt: true}, buf); err != nil {
+			p.putText(buf)
 			return dst, false
 		}
 	case APICompletions:
@@ -153,11 +176,31 @@ func (p *TokenPrompter) AppendPrompt(dst []uint32, model string, in *PromptInput
 	default:
 		return dst, false
 	}
-	return mt.Tokenizer.Encode(dst, text), true
+	dst = mt.Tokenizer.Encode(dst, text)
+	p.putText(buf) // text is not read again (TestAppendPromptReusesText)
+	return dst, true
+}
+
+// textBuf returns an empty rendering buffer from the pool.
+func (p *TokenPrompter) textBuf() *[]byte {
+	if b, ok := p.textBufs.Get().(*[]byte); ok {
+		*b = (*b)[:0]
+		return b
+	}
+	return new([]byte)
+}
+
+// putText gives a rendering buffer (or nil) back.
+func (p *TokenPrompter) putText(b *[]byte) {
+	if b != nil && cap(*b) <= maxPooledText {
+		p.textBufs.Put(b)
+	}
 }
 
 // renderChat renders msgs with in's tools, kwargs and generation prompt.
-func renderChat(tmpl *tokenizer.ChatTemplate, msgs []openai.Message, in *PromptInput) (string, error) {
+// A stand-in rendering (tmpl nil) goes into *buf when buf is non-nil, and
+// the text returned aliases it.
+func renderChat(tmpl *tokenizer.ChatTemplate, msgs []openai.Message, in *PromptInput, buf *[]byte) (string, error) {
 	var tools []openai.Tool
 	if len(in.Tools) > 0 && !isNull(in.Tools) {
 		if err := json.Unmarshal(in.Tools, &tools); err != nil {
@@ -165,7 +208,14 @@ func renderChat(tmpl *tokenizer.ChatTemplate, msgs []openai.Message, in *PromptI
 		}
 	}
 	if tmpl == nil {
-		return tokenizer.RenderStandInChat(msgs, tools, in.AddGenerationPrompt)
+		if buf == nil {
+			return tokenizer.RenderStandInChat(msgs, tools, in.AddGenerationPrompt)
+		}
+		var err error
+		if *buf, err = tokenizer.AppendStandInChat(*buf, msgs, tools, in.AddGenerationPrompt); err != nil {
+			return "", err
+		}
+		return unsafe.String(unsafe.SliceData(*buf), len(*buf)), nil
 	}
 	return tmpl.Render(tokenizer.ChatInput{Messages: msgs, Tools: tools,
 		AddGenerationPrompt: in.AddGenerationPrompt, Kwargs: in.Kwargs})

@@ -1,10 +1,14 @@
 package extproc
 
 import (
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/omnious/provider-node/engines/openai"
 	"github.com/omnious/provider-node/engines/tokenizer"
 )
 
@@ -74,4 +78,78 @@ func TestResponsesPrompt(t *testing.T) {
 		_, ok = tokens(t, p, APIChat, same[0].chat)
 		require.True(t, ok)
 	})
+}
+
+// TestAppendPromptReusesText: stand-in chats are rendered into buffers the
+// prompter reuses, so a text is tokenized before its buffer serves the
+// next request. Requests of falling and rising sizes, some failing, from
+// four goroutines each get the tokens of their own rendering, with and
+// without the prefix cache.
+func TestAppendPromptReusesText(t *testing.T) {
+	chat := func(words int, role string) string {
+		return `{"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"` + role +
+			`","content":"` + strings.Repeat("word ", words) + `"}]}`
+	}
+	bodies := []string{chat(40000, "user"), chat(10, "user"), chat(4000, "wizard"), chat(20000, "user"), chat(1, "user"),
+		`{"model":"m","input":"` + strings.Repeat("input ", 3000) + `"}`}
+	type want struct {
+		api  API
+		toks []uint32
+		ok   bool
+	}
+	wants := make([]want, len(bodies))
+	for i, b := range bodies {
+		var rb requestBody
+		require.NoError(t, parseRequestBody([]byte(b), &rb))
+		api := APIChat
+		if !rb.messages.ok() {
+			api = APIResponses
+		}
+		in := promptInput(api, []byte(b), &rb)
+		var msgs []openai.Message
+		var err error
+		if api == APIChat {
+			msgs, err = decodeMessages(in.Messages)
+		} else {
+			msgs, err = responsesMessages(&in)
+		}
+		require.NoError(t, err)
+		text, err := tokenizer.RenderStandInChat(msgs, nil, true)
+		wants[i] = want{api: api, ok: err == nil}
+		if err == nil {
+			wants[i].toks = tokenizer.NewStandIn().Encode(nil, text)
+		}
+	}
+	require.False(t, wants[2].ok, "an unknown role has no prompt")
+	for name, p := range map[string]*TokenPrompter{
+		"prefix cache": NewStandInPrompter(),
+		"plain":        NewTokenPrompter(nil, &ModelTokenizer{Tokenizer: tokenizer.NewStandIn()}),
+	} {
+		t.Run(name, func(t *testing.T) {
+			var wg sync.WaitGroup
+			for g := range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					var dst []uint32
+					for k := range 30 {
+						i := (k + g) % len(bodies)
+						var rb requestBody
+						if err := parseRequestBody([]byte(bodies[i]), &rb); err != nil {
+							t.Error(err)
+							return
+						}
+						in := promptInput(wants[i].api, []byte(bodies[i]), &rb)
+						var ok bool
+						dst, ok = p.AppendPrompt(dst[:0], "m", &in)
+						if ok != wants[i].ok || (ok && !slices.Equal(dst, wants[i].toks)) {
+							t.Errorf("request %d: ok %v, %d tokens; want ok %v, %d tokens", i, ok, len(dst), wants[i].ok, len(wants[i].toks))
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+		})
+	}
 }

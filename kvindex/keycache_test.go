@@ -166,3 +166,79 @@ func TestNewKeyCacheRejectsBadBlockSize(t *testing.T) {
 		require.Error(t, err)
 	}
 }
+
+// TestKeyCacheDivergence changes one token of a cached 3000-token prompt
+// (segments of 64, 64 and 59 blocks at block size 16) at the first, a
+// middle and the last token of a segment, and in the partial last block:
+// the cache serves the blocks before the change and keys the rest anew,
+// and keeps serving both prompts right.
+func TestKeyCacheDivergence(t *testing.T) {
+	rng := rand.New(rand.NewPCG(15, 16))
+	toks := randTokens(rng, 3000)
+	root := RootKey("m", "", "")
+	for _, tc := range []struct {
+		name string
+		at   int // token changed
+	}{
+		{"first token", 0},
+		{"first block of segment 0", 7},
+		{"last token of segment 0", 64*16 - 1},
+		{"first token of segment 1", 64 * 16},
+		{"middle of segment 1", 64*16 + 500},
+		{"last full block", 186*16 + 3},
+		{"partial block", 2999},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := NewKeyCache(1<<16, 16)
+			require.NoError(t, err)
+			require.Equal(t, AppendBlockKeys(nil, root, toks, 16), c.AppendBlockKeys(nil, root, toks))
+			other := slices.Clone(toks)
+			other[tc.at] ^= 1 << 20
+			require.Equal(t, AppendBlockKeys(nil, root, other, 16), c.AppendBlockKeys(nil, root, other))
+			// Both prompts are cached now; each still keys as uncached.
+			require.Equal(t, AppendBlockKeys(nil, root, toks, 16), c.AppendBlockKeys(nil, root, toks))
+			require.Equal(t, AppendBlockKeys(nil, root, other, 16), c.AppendBlockKeys(nil, root, other))
+		})
+	}
+}
+
+// FuzzKeyCacheMatchesUncached keys prompts made from the input (a block
+// size, then runs that reuse an earlier prompt's prefix or add tokens from
+// a small alphabet, so equal blocks and segments recur) with one KeyCache
+// and compares each answer with AppendBlockKeys.
+func FuzzKeyCacheMatchesUncached(f *testing.F) {
+	f.Add([]byte{3, 0, 200, 1, 40, 7, 2, 30, 9})
+	f.Add([]byte{0, 5, 255, 255, 3, 1, 2, 3, 4, 5, 0, 100})
+	f.Add([]byte{15, 255, 255, 255, 255, 0, 1, 255, 2, 128})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		if len(in) < 2 {
+			return
+		}
+		bs := 1 + int(in[0]%16)
+		c, err := NewKeyCache(1+int(in[1])*64, bs)
+		require.NoError(t, err)
+		var prompts [][]uint32
+		var cur []uint32
+		for i := 2; i+1 < len(in); i += 2 {
+			op, arg := in[i], int(in[i+1])
+			switch {
+			case op < 64 && len(prompts) > 0: // a prefix of an earlier prompt
+				p := prompts[int(op)%len(prompts)]
+				cur = append(cur[:0:0], p[:min(len(p), arg*8)]...)
+			case op < 192: // fresh tokens
+				for j := range arg * 4 {
+					cur = append(cur, uint32((j*int(op))%5))
+				}
+			default: // key cur, then start over from it
+				prompts = append(prompts, cur)
+				want := AppendBlockKeys(nil, Key(op), cur, bs)
+				require.Equal(t, want, c.AppendBlockKeys(nil, Key(op), cur))
+				cur = slices.Clone(cur)
+				if len(cur) > 0 {
+					cur[arg%len(cur)] ^= uint32(op)
+				}
+			}
+		}
+		require.Equal(t, AppendBlockKeys(nil, 1, cur, bs), c.AppendBlockKeys(nil, 1, cur))
+	})
+}

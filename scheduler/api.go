@@ -29,6 +29,8 @@ type Request struct {
 	// Tokens are the exact prompt token ids the engine will see (chat
 	// template rendered and tokenized), or nil when the tokenizer for Model
 	// is unavailable: then PromptText drives approximate prefix matching.
+	// They must not be kept after Pick returns (the ext_proc server reuses
+	// their buffer).
 	Tokens []uint32
 	// PromptText is the prompt as text (rendered chat or completion prompt),
 	// for approximate prefix matching. It may alias the request body: the

@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -248,9 +249,20 @@ func standInPieceID(piece string) uint32 {
 // the next turn's, so multi-turn conversations share KV-cache prefixes as
 // they do on a real engine.
 func RenderStandInChat(msgs []openai.Message, tools []openai.Tool, addGenerationPrompt bool) (string, error) {
+	b, err := AppendStandInChat(nil, msgs, tools, addGenerationPrompt)
+	if err != nil {
+		return "", err
+	}
+	return unsafe.String(unsafe.SliceData(b), len(b)), nil // b is never written again
+}
+
+// AppendStandInChat appends RenderStandInChat's text to b, so that a
+// caller rendering request after request can reuse one buffer
+// (TestAppendStandInChat). On error it returns b unchanged in length.
+func AppendStandInChat(b []byte, msgs []openai.Message, tools []openai.Tool, addGenerationPrompt bool) ([]byte, error) {
 	// A raw JSON string is at least as long as the text it decodes to, so
-	// this is room for the whole prompt, allocated once; each message's
-	// text is decoded straight into it.
+	// this is room for the whole prompt, grown once; each message's text
+	// is decoded straight into it.
 	size := 64
 	for i := range msgs {
 		size += len(msgs[i].Content) + 32
@@ -258,14 +270,15 @@ func RenderStandInChat(msgs []openai.Message, tools []openai.Tool, addGeneration
 	for _, t := range tools {
 		size += len(t.Function.Name) + len(t.Function.Description) + len(t.Function.Parameters) + 64
 	}
-	b := make([]byte, 0, size)
+	b = slices.Grow(b, size)
+	b0 := len(b)
 	var err error
 	first := 0
 	if len(tools) > 0 {
 		b = append(b, "<|im_start|>system\n"...)
 		if len(msgs) > 0 && msgs[0].Role == "system" {
 			if b, err = msgs[0].AppendContentText(b); err != nil {
-				return "", fmt.Errorf("message 0: %w", err)
+				return b[:b0], fmt.Errorf("message 0: %w", err)
 			}
 			b = append(b, "\n\n"...)
 			first = 1
@@ -287,7 +300,7 @@ func RenderStandInChat(msgs []openai.Message, tools []openai.Tool, addGeneration
 			b = append(b, '\n')
 			at := len(b)
 			if b, err = m.AppendContentText(b); err != nil {
-				return "", fmt.Errorf("message %d: %w", i, err)
+				return b[:b0], fmt.Errorf("message %d: %w", i, err)
 			}
 			hasText := len(b) > at
 			for j, tc := range m.ToolCalls {
@@ -300,17 +313,17 @@ func RenderStandInChat(msgs []openai.Message, tools []openai.Tool, addGeneration
 		case "tool":
 			b = append(b, "<|im_start|>user\n<tool_response>\n"...)
 			if b, err = m.AppendContentText(b); err != nil {
-				return "", fmt.Errorf("message %d: %w", i, err)
+				return b[:b0], fmt.Errorf("message %d: %w", i, err)
 			}
 			b = append(b, "\n</tool_response><|im_end|>\n"...)
 		default:
-			return "", fmt.Errorf("message %d: unknown role %q", i, m.Role)
+			return b[:b0], fmt.Errorf("message %d: unknown role %q", i, m.Role)
 		}
 	}
 	if addGenerationPrompt {
 		b = append(b, "<|im_start|>assistant\n"...)
 	}
-	return unsafe.String(unsafe.SliceData(b), len(b)), nil // b is never written again
+	return b, nil
 }
 
 func rawOrEmptyObject(raw []byte) string {

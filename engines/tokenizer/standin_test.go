@@ -218,3 +218,38 @@ func goldenTools() []openai.Tool {
 	return []openai.Tool{{Type: "function", Function: openai.ToolFunction{Name: "get_weather", Description: `Weather "now"`,
 		Parameters: json.RawMessage(`{"type":"object","properties":{"city":{"type":"string"}}}`)}}}
 }
+
+// TestAppendStandInChat: appending to a buffer gives RenderStandInChat's
+// text after what the buffer held, reusing a buffer leaves nothing of the
+// previous text, and an error leaves the buffer's length as it was.
+func TestAppendStandInChat(t *testing.T) {
+	long := []openai.Message{{Role: "user", Content: json.RawMessage(`"` + strings.Repeat("many words here ", 4000) + `"`)}}
+	bad := []openai.Message{{Role: "user", Content: json.RawMessage(`"ok"`)}, {Role: "wizard"}}
+	for _, tc := range []struct {
+		name  string
+		msgs  []openai.Message
+		tools []openai.Tool
+		gen   bool
+	}{
+		{"golden with tools", goldenChat(), goldenTools(), true},
+		{"golden, no generation prompt", goldenChat(), nil, false},
+		{"long message", long, nil, true},
+		{"empty", nil, nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want, err := RenderStandInChat(tc.msgs, tc.tools, tc.gen)
+			require.NoError(t, err)
+			got, err := AppendStandInChat([]byte("prefix"), tc.msgs, tc.tools, tc.gen)
+			require.NoError(t, err)
+			require.Equal(t, "prefix"+want, string(got))
+			// A buffer that held a longer text.
+			buf := append(make([]byte, 0, 8), strings.Repeat("x", 300000)...)
+			got, err = AppendStandInChat(buf[:0], tc.msgs, tc.tools, tc.gen)
+			require.NoError(t, err)
+			require.Equal(t, want, string(got))
+			got, err = AppendStandInChat(got[:3], bad, tc.tools, tc.gen)
+			require.Error(t, err)
+			require.Len(t, got, 3)
+		})
+	}
+}
