@@ -10,6 +10,8 @@ type Tokenizer interface {
 	Name() string
 	// Encode appends the ids of text to dst and returns the extended slice.
 	// Special tokens written literally in text (e.g. "<|im_start|>") are
-	// matched as the reference tokenizer matches added tokens.
+	// matched as the reference tokenizer matches added tokens. Encode
+	// keeps nothing of text after it returns: the EPP passes prompt text
+	// over a buffer it reuses (extproc's TestAppendPromptReusesText).
 	Encode(dst []uint32, text string) []uint32
 }
