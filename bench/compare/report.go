@@ -74,13 +74,16 @@ type ContractResult struct {
 
 // ContractSessions is an agent workload's figures of one policy:
 // goodput (output tok/s of calls within the TTFT objective), sessions
-// started, completed and refused (429), completion time percentiles in
+// started, completed (and per model minute) and refused (429), refused
+// calls retried by closed-loop agents, completion time percentiles in
 // seconds and the EPPs' session moves (null: unknown).
 type ContractSessions struct {
 	GoodputTokPS jsonFloat `json:"goodput_tok_per_s"`
 	Started      int       `json:"started"`
 	Completed    int       `json:"completed"`
 	Refused      int       `json:"refused"`
+	Retries      int       `json:"retries"`
+	PerMin       jsonFloat `json:"completed_per_min"`
 	P50s         jsonFloat `json:"completion_p50_s"`
 	P90s         jsonFloat `json:"completion_p90_s"`
 	Moves        jsonFloat `json:"moves"`
@@ -110,7 +113,7 @@ func (r *Report) Contract() ContractJSON {
 		}
 		if f := p.Sessions; f != nil {
 			cr.Sessions = &ContractSessions{GoodputTokPS: jsonFloat(f.GoodputTokPS), Started: f.Sessions, Completed: f.Completed,
-				Refused: f.Refused, P50s: jsonFloat(f.CompletionP50), P90s: jsonFloat(f.CompletionP90), Moves: jsonFloat(f.Moves)}
+				Refused: f.Refused, Retries: f.Retries, PerMin: jsonFloat(f.CompletedPerMin), P50s: jsonFloat(f.CompletionP50), P90s: jsonFloat(f.CompletionP90), Moves: jsonFloat(f.Moves)}
 		}
 		if p.EPP != nil {
 			src, n := p.EPP.DecisionHistogram, jsonFloat(p.EPP.Requests)
@@ -190,7 +193,9 @@ func (r *Report) tableRows() [][]string {
 		rows = append(rows,
 			row{"goodput tok/s (TTFT <= " + GoodputTTFT.String() + ")", sess(func(f *SessionFigures) string { return fmtNum(f.GoodputTokPS, 0) })},
 			row{"sessions done / started", sess(func(f *SessionFigures) string { return fmt.Sprintf("%d / %d", f.Completed, f.Sessions) })},
+			row{"sessions done / min", sess(func(f *SessionFigures) string { return fmtNum(f.CompletedPerMin, 1) })},
 			row{"sessions refused (429)", sess(func(f *SessionFigures) string { return strconv.Itoa(f.Refused) })},
+			row{"refused calls retried", sess(func(f *SessionFigures) string { return strconv.Itoa(f.Retries) })},
 			row{"session time p50 s", sess(func(f *SessionFigures) string { return fmtNum(f.CompletionP50, 1) })},
 			row{"session time p90 s", sess(func(f *SessionFigures) string { return fmtNum(f.CompletionP90, 1) })},
 			row{"session moves", sess(func(f *SessionFigures) string { return fmtNum(f.Moves, 0) })},
