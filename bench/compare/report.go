@@ -27,14 +27,32 @@ func (f jsonFloat) MarshalJSON() ([]byte, error) {
 	return strconv.AppendFloat(nil, v, 'g', -1, 64), nil
 }
 
+// UnmarshalJSON reads null as NaN, so that a contract reads back as it
+// was written.
+func (f *jsonFloat) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*f = jsonFloat(math.NaN())
+		return nil
+	}
+	v, err := strconv.ParseFloat(string(b), 64)
+	if err != nil {
+		return fmt.Errorf("not a number: %w", err)
+	}
+	*f = jsonFloat(v)
+	return nil
+}
+
 // ContractJSON is the document -json writes, and scripts compare runs by:
 // per policy, its requests, errors, TTFT and ITL percentiles, output
 // tokens/s, cache-hit rate, max/mean load and decision p99, next to the
 // workload's bound hit rate. Its keys and their meaning do not change;
 // keys are only added.
 type ContractJSON struct {
-	Scenario     string           `json:"scenario"`
-	Replicas     int              `json:"replicas"`
+	Scenario string `json:"scenario"`
+	Replicas int    `json:"replicas"`
+	// Agents is an agents run's closed-loop agents (absent: open loop,
+	// or another workload).
+	Agents       int              `json:"agents,omitempty"`
 	BoundHitRate jsonFloat        `json:"bound_hit_rate"`
 	Results      []ContractResult `json:"results"`
 }
@@ -99,7 +117,7 @@ type ContractReplica struct {
 
 // Contract converts the report to the JSON contract.
 func (r *Report) Contract() ContractJSON {
-	c := ContractJSON{Scenario: r.Scenario, Replicas: r.Replicas, BoundHitRate: jsonFloat(r.Bound), Results: []ContractResult{}}
+	c := ContractJSON{Scenario: r.Scenario, Replicas: r.Replicas, Agents: r.Agents, BoundHitRate: jsonFloat(r.Bound), Results: []ContractResult{}}
 	for _, p := range r.Results {
 		cr := ContractResult{Policy: p.Policy, Kind: p.Kind, EPPs: p.EPPs, Requests: p.Requests, Errors: p.Errors,
 			TTFTP50ms: jsonFloat(p.TTFTP50), TTFTP90ms: jsonFloat(p.TTFTP90), TTFTP99ms: jsonFloat(p.TTFTP99),
