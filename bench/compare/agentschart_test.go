@@ -44,3 +44,26 @@ func jsonNum[T int | float64](v T) string {
 	b, _ := json.Marshal(v)
 	return string(b)
 }
+
+// FuzzJSONFloat: a contract's number reads back as written (null as
+// NaN), and anything else is an error, never a panic.
+func FuzzJSONFloat(f *testing.F) {
+	for _, s := range []string{"null", "1.5", "-0", "1e308", "NaN", `"1"`, ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		var v jsonFloat
+		if err := v.UnmarshalJSON([]byte(s)); err != nil {
+			return
+		}
+		b, err := v.MarshalJSON()
+		require.NoError(t, err)
+		var back jsonFloat
+		require.NoError(t, back.UnmarshalJSON(b))
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			require.Equal(t, "null", string(b))
+			return
+		}
+		require.Equal(t, float64(v), float64(back))
+	})
+}

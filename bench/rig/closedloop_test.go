@@ -174,3 +174,16 @@ func TestValidateClosedLoop(t *testing.T) {
 		})
 	}
 }
+
+// FuzzRetryAfter: whatever a server sends, the wait is between 0 and
+// maxRetryAfter.
+func FuzzRetryAfter(f *testing.F) {
+	now := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	for _, s := range []string{"", "3", "-1", "99999999999999999999", now.Add(time.Hour).Format(http.TimeFormat), "Sun, 06 Dec 2026"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		d := retryAfter(v, now)
+		require.True(t, d >= 0 && d <= maxRetryAfter, "%q: %v", v, d)
+	})
+}
