@@ -479,6 +479,31 @@ func usageEdit(body []byte, rb *requestBody) (edit, bool) {
 	return edit{so.s + 1, so.s + 1, `"include_usage":true,`}, true
 }
 
+// priorityEdit returns the edit that appends "priority":p as the body's
+// last member, so that it is the priority the engine reads whatever the
+// client put earlier (Python's json, as SGLang's server parses, and Go's
+// keep the last of duplicate keys; TestSGLangPriority). ok=false when
+// the body does not end in an object's closing brace.
+func priorityEdit(body []byte, p int) (edit, bool) {
+	i := len(body) - 1
+	for i >= 0 && (body[i] == ' ' || body[i] == '\t' || body[i] == '\n' || body[i] == '\r') {
+		i--
+	}
+	if i < 1 || body[i] != '}' {
+		return edit{}, false
+	}
+	sep := ","
+	if j := i - 1; j >= 0 {
+		for j >= 0 && (body[j] == ' ' || body[j] == '\t' || body[j] == '\n' || body[j] == '\r') {
+			j--
+		}
+		if j >= 0 && body[j] == '{' {
+			sep = ""
+		}
+	}
+	return edit{i, i, sep + `"priority":` + strconv.Itoa(p)}, true
+}
+
 // editedLen is the length of body after edits.
 func editedLen(body []byte, edits []edit) int {
 	n := len(body)

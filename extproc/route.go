@@ -52,7 +52,7 @@ func (st *stream) route(headersOnly, eos bool) error {
 	if answered, err := st.checkSalt(body); answered {
 		return err
 	}
-	var edits [2]edit
+	var edits [3]edit
 	ne := 0
 	if st.targetModel != st.clientModel {
 		edits[ne] = edit{st.rb.model.s, st.rb.model.e, quoteJSON(st.targetModel)}
@@ -89,6 +89,13 @@ func (st *stream) route(headersOnly, eos bool) error {
 	st.series.running.Inc()
 	inc(s.promptModes, s.m.promptMode, mode)
 
+	if d.Priority != nil && parsed && (api == APIChat || api == APICompletions) {
+		// After the others: it inserts before the body's closing brace.
+		if e, ok := priorityEdit(body, *d.Priority); ok {
+			edits[ne] = e
+			ne++
+		}
+	}
 	out := body
 	if ne > 0 {
 		out = applyEdits(s.bufs.get(editedLen(body, edits[:ne])), body, edits[:ne])

@@ -72,6 +72,12 @@ type Decision struct {
 	Mode string
 	// Queued is how long the request waited in flow control.
 	Queued time.Duration
+	// Priority, when set, is the request priority the ext_proc server
+	// writes into the body, over any the client sent: with
+	// sessions.sglang_priority on and every endpoint SGLang, that
+	// priority for a call of an admitted session, else 0. Nil leaves the
+	// body alone (TestSGLangPriority).
+	Priority *int
 
 	done   func(DoneInfo)
 	picked *picked // the Scheduler's own decisions, instead of done; nil once done

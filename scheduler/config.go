@@ -24,6 +24,10 @@ const (
 	PolicyAgent       = "agent"
 )
 
+// maxSGLangPriority bounds sessions.sglang_priority within SGLang's
+// int64 priority and the digits the EPP writes.
+const maxSGLangPriority = 1 << 30
+
 // Session admission settings (SessionsConfig.Admission).
 const (
 	SessionAdmissionAuto = "auto"
@@ -111,6 +115,17 @@ type SessionsConfig struct {
 	// QueueCapacity is how many new sessions may wait; beyond it 429
 	// session_queue_full at once (0: never wait). Default 1000.
 	QueueCapacity *int `yaml:"queue_capacity"`
+	// SGLangPriority, when positive, is the request priority written into
+	// the calls of admitted sessions (session admission on) routed to
+	// SGLang replicas, so that SGLang's --radix-eviction-policy priority
+	// keeps their histories through their tool gaps; every other call
+	// routed to SGLang then carries priority 0, whatever the client sent
+	// (Decision.Priority). For fleets whose SGLang replicas all run that
+	// policy and not --abort-on-priority-when-disabled (which would abort
+	// every such call); with --enable-priority-scheduling it also orders
+	// their queue. A call with a fallback on another engine is left alone.
+	// Default 0: off, the body is never touched.
+	SGLangPriority int `yaml:"sglang_priority"`
 }
 
 // SignalsConfig is engine metric scraping.
@@ -511,6 +526,9 @@ func (c *Config) Validate() error {
 	}
 	if *se.QueueCapacity < 0 || *se.QueueCapacity > maxSessionsLimit {
 		bad("sessions.queue_capacity %d: want 0..%d", *se.QueueCapacity, maxSessionsLimit)
+	}
+	if se.SGLangPriority < 0 || se.SGLangPriority > maxSGLangPriority {
+		bad("sessions.sglang_priority %d: want 0 (off) ..%d", se.SGLangPriority, maxSGLangPriority)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("invalid scheduler config: %w", err)

@@ -549,6 +549,7 @@ func (s *Scheduler) Pick(req *Request, t *Ticket) (*Decision, error) {
 	}
 	s.m.succeeded.Inc()
 	d.Queued = t.queued()
+	d.Priority = s.stab.retention(req, d.Endpoints)
 	return d, nil
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/kvindex"
 )
 
@@ -365,4 +366,33 @@ func (t *sessionTable) counts() (active, queued int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return len(t.byKey), t.queue.Len()
+}
+
+// engineSGLang is endpoint.Endpoint.Engine of an SGLang replica.
+const engineSGLang = "sglang"
+
+// retention is the request priority a call routed to eps carries
+// (Decision.Priority): nil unless sessions.sglang_priority is on and every
+// endpoint is SGLang; then that priority when the call's session is
+// admitted, else 0. It reads only the EPP's own session table, never a
+// priority the client sent.
+func (t *sessionTable) retention(req *Request, eps []*endpoint.Endpoint) *int {
+	p := t.s.cfg.Sessions.SGLangPriority
+	if p <= 0 || len(eps) == 0 {
+		return nil
+	}
+	for _, ep := range eps {
+		if ep.Engine != engineSGLang {
+			return nil
+		}
+	}
+	v := 0
+	if k := sessionKey(req.SessionKey); t.enabled && k != 0 {
+		t.mu.Lock()
+		if _, ok := t.byKey[k]; ok {
+			v = p
+		}
+		t.mu.Unlock()
+	}
+	return &v
 }

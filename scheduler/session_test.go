@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/engines/metrics"
 	"github.com/omnious/provider-node/kvindex"
 )
@@ -283,4 +284,79 @@ func TestSessionAdmissionAuto(t *testing.T) {
 	c := DefaultConfig()
 	c.Sessions.Admission = "maybe"
 	require.ErrorContains(t, c.Validate(), "sessions.admission")
+}
+
+// TestSGLangPriority: with sessions.sglang_priority on, a call of an
+// admitted session routed to SGLang replicas carries that priority and
+// every other call to them priority 0; off, with session admission off,
+// or with any endpoint not SGLang, the decision leaves the body alone.
+// Nothing the client sends but its session key enters the rule.
+func TestSGLangPriority(t *testing.T) {
+	sglang := func(i int) *endpoint.Endpoint {
+		return &endpoint.Endpoint{Addr: addr(i), Model: testModel, Engine: "sglang"}
+	}
+	vllm := &endpoint.Endpoint{Addr: addr(1), Model: testModel, Engine: "vllm"}
+	for _, tc := range []struct {
+		name      string
+		priority  int
+		admission string
+		key       string // the call's session key ("" none)
+		admitted  bool   // the session was admitted first
+		eps       []*endpoint.Endpoint
+		want      *int
+	}{
+		{"off", 0, SessionAdmissionOn, "a", true, []*endpoint.Endpoint{sglang(0)}, nil},
+		{"admitted session", 7, SessionAdmissionOn, "a", true, []*endpoint.Endpoint{sglang(0), sglang(1)}, new(7)},
+		{"no session", 7, SessionAdmissionOn, "", false, []*endpoint.Endpoint{sglang(0)}, new(0)},
+		{"session not admitted", 7, SessionAdmissionOn, "b", false, []*endpoint.Endpoint{sglang(0)}, new(0)},
+		{"fallback on vllm", 7, SessionAdmissionOn, "a", true, []*endpoint.Endpoint{sglang(0), vllm}, nil},
+		{"vllm", 7, SessionAdmissionOn, "a", true, []*endpoint.Endpoint{vllm}, nil},
+		{"admission off", 7, SessionAdmissionOff, "a", true, []*endpoint.Endpoint{sglang(0)}, new(0)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := sessionEnv(t, 1<<20, func(c *Config) {
+				c.Sessions.SGLangPriority = tc.priority
+				c.Sessions.Admission = tc.admission
+			})
+			req := sessReq(tc.key, 64)
+			if tc.admitted {
+				_, err := e.s.Admit(context.Background(), sessReq(tc.key, 64))
+				require.NoError(t, err)
+			}
+			require.Equal(t, tc.want, e.s.stab.retention(req, tc.eps))
+		})
+	}
+
+	// Through Admit and Pick: the decision carries it.
+	e := sessionEnv(t, 1<<20, func(c *Config) { c.Sessions.SGLangPriority = 9 })
+	eps := endpoints(2, testModel)
+	for i := range eps {
+		eps[i].Endpoint.Engine = "sglang"
+	}
+	e.s.SetEndpoints(eps)
+	for i := range 2 {
+		e.setSignals(i, metrics.Signals{Engine: metrics.EngineSGLang, BlockSize: 16, NumGPUBlocks: 1 << 16})
+	}
+	for _, tc := range []struct {
+		key  string
+		want int
+	}{{"s1", 9}, {"", 0}} {
+		req := sessReq(tc.key, 64)
+		tk, err := e.s.Admit(context.Background(), req)
+		require.NoError(t, err)
+		d, err := e.s.Pick(req, tk)
+		require.NoError(t, err)
+		require.NotNil(t, d.Priority)
+		require.Equal(t, tc.want, *d.Priority, "key %q", tc.key)
+		d.Done(DoneInfo{Status: 200})
+	}
+}
+
+// TestSGLangPriorityValidate: a negative or oversized priority is refused.
+func TestSGLangPriorityValidate(t *testing.T) {
+	for _, p := range []int{-1, maxSGLangPriority + 1} {
+		c := Config{}.WithDefaults()
+		c.Sessions.SGLangPriority = p
+		require.ErrorContains(t, c.Validate(), "sessions.sglang_priority")
+	}
 }

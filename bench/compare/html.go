@@ -213,6 +213,17 @@ func (r *Report) WriteHTML(w io.Writer) error {
 			refLine{r.Bound, "bound " + fmtPct(r.Bound)}, refLine{r.FleetBound, "fleet bound " + fmtPct(r.FleetBound)}),
 		barChart("Output tokens/s", "tok/s", r, func(p PolicyResult) float64 { return p.OutputTokPS }),
 		loadChart(r))
+	if len(r.Results) > 0 && r.Results[0].Sessions != nil {
+		// An agents run: its goodput first (bench agents-chart draws it
+		// against the offered agents across runs).
+		data.Charts = append([]template.HTML{barChart("Goodput (output tok/s of calls with TTFT <= "+GoodputTTFT.String()+")", "tok/s", r,
+			func(p PolicyResult) float64 {
+				if p.Sessions == nil {
+					return math.NaN()
+				}
+				return p.Sessions.GoodputTokPS
+			})}, data.Charts...)
+	}
 	if r.Sweep != nil {
 		data.Charts = append([]template.HTML{paretoChart(r)}, data.Charts...)
 		front := map[int]bool{}

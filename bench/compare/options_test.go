@@ -67,17 +67,41 @@ func TestValidateOptions(t *testing.T) {
 
 // TestAgentsPreset: at its busiest the agents scenario's active sessions'
 // histories are at least 1.5x the fleet's KV cache, the load the
-// acceptance asks for (calls taken as 1 s of model time).
+// acceptance asks for (calls taken as 1 s of model time), whether its
+// closed-loop agents run them (the default) or they arrive open-loop;
+// -num-gpu-blocks 10400 brings them to at most 0.5x.
 func TestAgentsPreset(t *testing.T) {
-	o, err := Preset(PresetAgents)
-	require.NoError(t, err)
-	o = o.WithDefaults()
-	require.NoError(t, o.Validate())
-	w, err := rig.BuildWorkload(o.Options)
-	require.NoError(t, err)
-	peak := w.PeakSessionTokens(time.Duration(float64(time.Second)/o.Fleet.TimeScale), 30)
-	fleet := int64(o.Fleet.Replicas * o.Fleet.NumGPUBlocks * o.Fleet.BlockSize)
-	t.Logf("peak active histories %d tokens, fleet KV %d: %.2fx", peak, fleet, float64(peak)/float64(fleet))
-	require.GreaterOrEqual(t, float64(peak)/float64(fleet), 1.5)
-	require.Equal(t, []string{"precise", "approximate", "agent"}, o.Policies)
+	for _, tc := range []struct {
+		name        string
+		concurrency *int
+		blocks      int
+		min, max    float64
+	}{
+		{"closed loop", nil, 0, 1.5, 1.7},
+		{"open loop", new(0), 0, 1.5, 1.7},
+		{"below saturation", nil, 10400, 0.4, 0.5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := Preset(PresetAgents)
+			require.NoError(t, err)
+			if tc.concurrency != nil {
+				o.Workload.Agents.Concurrency = tc.concurrency
+			}
+			if tc.blocks > 0 {
+				o.Fleet.NumGPUBlocks = tc.blocks
+			}
+			o = o.WithDefaults()
+			require.NoError(t, o.Validate())
+			w, err := rig.BuildWorkload(o.Options)
+			require.NoError(t, err)
+			require.Equal(t, tc.concurrency == nil, w.Closed != nil)
+			peak := w.PeakSessionTokens(time.Duration(float64(time.Second)/o.Fleet.TimeScale), 30)
+			fleet := int64(o.Fleet.Replicas * o.Fleet.NumGPUBlocks * o.Fleet.BlockSize)
+			ratio := float64(peak) / float64(fleet)
+			t.Logf("peak active histories %d tokens, fleet KV %d: %.2fx", peak, fleet, ratio)
+			require.GreaterOrEqual(t, ratio, tc.min)
+			require.LessOrEqual(t, ratio, tc.max)
+			require.Equal(t, []string{"precise", "approximate", "agent"}, o.Policies)
+		})
+	}
 }

@@ -27,14 +27,32 @@ func (f jsonFloat) MarshalJSON() ([]byte, error) {
 	return strconv.AppendFloat(nil, v, 'g', -1, 64), nil
 }
 
+// UnmarshalJSON reads null as NaN, so that a contract reads back as it
+// was written.
+func (f *jsonFloat) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*f = jsonFloat(math.NaN())
+		return nil
+	}
+	v, err := strconv.ParseFloat(string(b), 64)
+	if err != nil {
+		return fmt.Errorf("not a number: %w", err)
+	}
+	*f = jsonFloat(v)
+	return nil
+}
+
 // ContractJSON is the document -json writes, and scripts compare runs by:
 // per policy, its requests, errors, TTFT and ITL percentiles, output
 // tokens/s, cache-hit rate, max/mean load and decision p99, next to the
 // workload's bound hit rate. Its keys and their meaning do not change;
 // keys are only added.
 type ContractJSON struct {
-	Scenario     string           `json:"scenario"`
-	Replicas     int              `json:"replicas"`
+	Scenario string `json:"scenario"`
+	Replicas int    `json:"replicas"`
+	// Agents is an agents run's closed-loop agents (absent: open loop,
+	// or another workload).
+	Agents       int              `json:"agents,omitempty"`
 	BoundHitRate jsonFloat        `json:"bound_hit_rate"`
 	Results      []ContractResult `json:"results"`
 }
@@ -74,13 +92,16 @@ type ContractResult struct {
 
 // ContractSessions is an agent workload's figures of one policy:
 // goodput (output tok/s of calls within the TTFT objective), sessions
-// started, completed and refused (429), completion time percentiles in
+// started, completed (and per model minute) and refused (429), refused
+// calls retried by closed-loop agents, completion time percentiles in
 // seconds and the EPPs' session moves (null: unknown).
 type ContractSessions struct {
 	GoodputTokPS jsonFloat `json:"goodput_tok_per_s"`
 	Started      int       `json:"started"`
 	Completed    int       `json:"completed"`
 	Refused      int       `json:"refused"`
+	Retries      int       `json:"retries"`
+	PerMin       jsonFloat `json:"completed_per_min"`
 	P50s         jsonFloat `json:"completion_p50_s"`
 	P90s         jsonFloat `json:"completion_p90_s"`
 	Moves        jsonFloat `json:"moves"`
@@ -96,7 +117,7 @@ type ContractReplica struct {
 
 // Contract converts the report to the JSON contract.
 func (r *Report) Contract() ContractJSON {
-	c := ContractJSON{Scenario: r.Scenario, Replicas: r.Replicas, BoundHitRate: jsonFloat(r.Bound), Results: []ContractResult{}}
+	c := ContractJSON{Scenario: r.Scenario, Replicas: r.Replicas, Agents: r.Agents, BoundHitRate: jsonFloat(r.Bound), Results: []ContractResult{}}
 	for _, p := range r.Results {
 		cr := ContractResult{Policy: p.Policy, Kind: p.Kind, EPPs: p.EPPs, Requests: p.Requests, Errors: p.Errors,
 			TTFTP50ms: jsonFloat(p.TTFTP50), TTFTP90ms: jsonFloat(p.TTFTP90), TTFTP99ms: jsonFloat(p.TTFTP99),
@@ -110,7 +131,7 @@ func (r *Report) Contract() ContractJSON {
 		}
 		if f := p.Sessions; f != nil {
 			cr.Sessions = &ContractSessions{GoodputTokPS: jsonFloat(f.GoodputTokPS), Started: f.Sessions, Completed: f.Completed,
-				Refused: f.Refused, P50s: jsonFloat(f.CompletionP50), P90s: jsonFloat(f.CompletionP90), Moves: jsonFloat(f.Moves)}
+				Refused: f.Refused, Retries: f.Retries, PerMin: jsonFloat(f.CompletedPerMin), P50s: jsonFloat(f.CompletionP50), P90s: jsonFloat(f.CompletionP90), Moves: jsonFloat(f.Moves)}
 		}
 		if p.EPP != nil {
 			src, n := p.EPP.DecisionHistogram, jsonFloat(p.EPP.Requests)
@@ -190,7 +211,9 @@ func (r *Report) tableRows() [][]string {
 		rows = append(rows,
 			row{"goodput tok/s (TTFT <= " + GoodputTTFT.String() + ")", sess(func(f *SessionFigures) string { return fmtNum(f.GoodputTokPS, 0) })},
 			row{"sessions done / started", sess(func(f *SessionFigures) string { return fmt.Sprintf("%d / %d", f.Completed, f.Sessions) })},
+			row{"sessions done / min", sess(func(f *SessionFigures) string { return fmtNum(f.CompletedPerMin, 1) })},
 			row{"sessions refused (429)", sess(func(f *SessionFigures) string { return strconv.Itoa(f.Refused) })},
+			row{"refused calls retried", sess(func(f *SessionFigures) string { return strconv.Itoa(f.Retries) })},
 			row{"session time p50 s", sess(func(f *SessionFigures) string { return fmtNum(f.CompletionP50, 1) })},
 			row{"session time p90 s", sess(func(f *SessionFigures) string { return fmtNum(f.CompletionP90, 1) })},
 			row{"session moves", sess(func(f *SessionFigures) string { return fmtNum(f.Moves, 0) })},

@@ -316,8 +316,9 @@ func TestWriteTablePublished(t *testing.T) {
 }
 
 // TestSessionFigures: goodput counts only calls within the TTFT
-// objective, a session is complete when all its calls were answered, and
-// a 429 marks it refused.
+// objective, a session is complete when all its calls were answered, a
+// 429 that ends it marks it refused, and a retried 429 only counts as a
+// retry.
 func TestSessionFigures(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	ok := func(s, turn int, start, ttft, e2e time.Duration, out int) *rig.Result {
@@ -329,11 +330,15 @@ func TestSessionFigures(t *testing.T) {
 		ok(1, 0, time.Second, 200*time.Millisecond, time.Second, 30),
 		{Session: 2, Turn: 0, Start: t0, Status: 429, Err: errors.New("status 429")},
 		ok(3, 0, 0, 100*time.Millisecond, time.Second, 5), // one of two calls: not complete
+		{Session: 1, Turn: 0, Start: t0, Status: 429, Err: errors.New("status 429"), Retried: true},
+		{Session: 1, Turn: 0, Start: t0, Status: 429, Err: errors.New("status 429"), Retried: true},
 	}
 	f := sessionFigures(res, map[int]int{0: 2, 1: 1, 2: 3, 3: 2}, 10*time.Second, 1)
 	require.Equal(t, 4, f.Sessions)
 	require.Equal(t, 2, f.Completed)
+	require.InDelta(t, 12, f.CompletedPerMin, 1e-9) // 2 in 10 s
 	require.Equal(t, 1, f.Refused)
+	require.Equal(t, 2, f.Retries)
 	require.InDelta(t, 4.5, f.GoodputTokPS, 1e-9) // (10+30+5)/10s
 	require.InDelta(t, 5, f.CompletionP50, 1e-9)  // sessions of 9 s and 1 s
 	require.InDelta(t, 8.2, f.CompletionP90, 1e-9)

@@ -37,6 +37,8 @@ type Report struct {
 	Wall    time.Duration
 	// Published is the published run the scenario reproduces (nil: none).
 	Published *Published
+	// Agents is an agents workload's closed-loop agents (0: open loop).
+	Agents int
 }
 
 // Run replays the workload of opts through every policy, each on a freshly
@@ -61,6 +63,9 @@ func Run(ctx context.Context, opts Options, launch rig.Launcher) (*Report, error
 		Bound: w.Bound, BoundNote: w.BoundNote, Requests: countRequests(opts, w), Started: time.Now(),
 		Published: opts.Published}
 	rep.FleetBound = math.NaN()
+	if w.Closed != nil {
+		rep.Agents = w.Closed.Agents
+	}
 	if rep.Simulated {
 		e := rig.SimConfig(opts.Fleet, opts.Seed, w.MaxLen).Engine
 		rep.FleetBound = w.LRUBound(int64(opts.Fleet.Replicas) * int64(e.NumGPUBlocks) * int64(e.BlockSize))

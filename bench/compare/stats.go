@@ -85,8 +85,11 @@ type SessionFigures struct {
 	// TTFT met GoodputTTFT, over the run's duration.
 	GoodputTokPS float64
 	// Sessions is how many sessions started, Completed how many got every
-	// call answered, Refused how many got a 429 (session admission).
-	Sessions, Completed, Refused int
+	// call answered, Refused how many ended on a 429 (session admission),
+	// Retries how many refused calls closed-loop agents sent again.
+	Sessions, Completed, Refused, Retries int
+	// CompletedPerMin is completed sessions per model minute of the run.
+	CompletedPerMin float64
 	// CompletionP50 and CompletionP90 are completed sessions' times from
 	// the first call's send to the last call's end, seconds (model time).
 	CompletionP50, CompletionP90 float64
@@ -113,6 +116,10 @@ func sessionFigures(res []*rig.Result, calls map[int]int, duration time.Duration
 		if a == nil {
 			a = &acc{}
 			by[r.Session] = a
+		}
+		if r.Retried {
+			f.Retries++
+			continue
 		}
 		if r.Status == 429 {
 			a.refused = true
@@ -147,6 +154,7 @@ func sessionFigures(res []*rig.Result, calls map[int]int, duration time.Duration
 	f.CompletionP50, f.CompletionP90 = stat.Percentile(done, 50), stat.Percentile(done, 90)
 	if duration > 0 {
 		f.GoodputTokPS = float64(good) / duration.Seconds()
+		f.CompletedPerMin = float64(f.Completed) / duration.Minutes()
 	}
 	return f
 }
@@ -219,6 +227,12 @@ func summarise(policy string, w *rig.Workload, res []*rig.Result, delta []rig.Co
 	}
 	stages := make([]acc, len(w.Stages))
 	for _, r := range res {
+		if r.Retried {
+			// A refusal a closed-loop agent retried: counted in
+			// SessionFigures.Retries, not as a request or an error.
+			pr.Requests--
+			continue
+		}
 		st := &stages[min(max(r.Stage, 0), len(stages)-1)]
 		st.n++
 		if first.IsZero() || (!r.Start.IsZero() && r.Start.Before(first)) {

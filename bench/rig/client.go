@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/omnious/provider-node/bench/internal/loopback"
@@ -30,8 +32,13 @@ type Result struct {
 	Cached  int // usage.prompt_tokens_details.cached_tokens
 	Status  int // the HTTP status (0: no response)
 	Err     error
-	content strings.Builder
-	calls   []toolCall
+	// RetryAfter is a refusal's Retry-After (0: none or unreadable);
+	// Retried marks a refused call the client sent again (closed-loop
+	// agents), so it ends nothing.
+	RetryAfter time.Duration
+	Retried    bool
+	content    strings.Builder
+	calls      []toolCall
 }
 
 type toolCall struct {
@@ -203,6 +210,7 @@ func (c *Client) post(ctx context.Context, path string, body []byte, res *Result
 	defer resp.Body.Close()
 	res.Status = resp.StatusCode
 	if resp.StatusCode != http.StatusOK {
+		res.RetryAfter = retryAfter(resp.Header.Get("Retry-After"), time.Now())
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		res.Err = fmt.Errorf("status %d: %s", resp.StatusCode, strings.TrimSpace(string(msg)))
 		return
@@ -288,9 +296,34 @@ func (c *Client) post(ctx context.Context, path string, body []byte, res *Result
 	}
 }
 
+// retryAfter reads a Retry-After header, seconds or an HTTP date, as a
+// wait from now; 0 when absent, unreadable or past. It is bounded to
+// maxRetryAfter, so a server cannot park an agent for ever.
+func retryAfter(v string, now time.Time) time.Duration {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0
+	}
+	var d time.Duration
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if n <= 0 {
+			return 0
+		}
+		d = time.Duration(min(n, int64(maxRetryAfter/time.Second))) * time.Second
+	} else if t, err := http.ParseTime(v); err == nil {
+		d = t.Sub(now)
+	}
+	return min(max(d, 0), maxRetryAfter)
+}
+
+// maxRetryAfter bounds the wait a Retry-After can ask of an agent.
+const maxRetryAfter = 10 * time.Minute
+
 // Replay sends the workload to base and returns every request's result. It
 // is open-loop: requests start at their arrival times whatever the answers'
-// pace, up to maxInFlight at once. tick is called after each result.
+// pace, up to maxInFlight at once; a closed-loop agent workload
+// (Workload.Closed) runs its agents instead, which bound what is in
+// flight. tick is called after each result.
 func Replay(ctx context.Context, c *Client, w *Workload, maxInFlight int, timeout time.Duration, tick func()) []*Result {
 	var (
 		mu  sync.Mutex
@@ -304,6 +337,10 @@ func Replay(ctx context.Context, c *Client, w *Workload, maxInFlight int, timeou
 		if tick != nil {
 			tick()
 		}
+	}
+	if w.Closed != nil {
+		replayClosed(ctx, c, w, timeout, add)
+		return out
 	}
 	sem := make(chan struct{}, maxInFlight)
 	start := time.Now()
@@ -337,7 +374,7 @@ loop:
 				return
 			}
 			if r.Agent != nil {
-				runAgent(rctx, c, r, idx, add)
+				runAgent(rctx, c, r, idx, add, nil)
 				return
 			}
 			add(c.Completion(rctx, r))
@@ -381,28 +418,91 @@ func runSession(ctx context.Context, c *Client, r *Request, idx int, add func(*R
 	}
 }
 
+// replayClosed runs w.Closed's agents: agent k starts at k ramps, and
+// each takes the next session not yet taken whenever it is free, until
+// every session has been taken (TestReplayClosedLoop).
+func replayClosed(ctx context.Context, c *Client, w *Workload, timeout time.Duration, add func(*Result)) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for k := range w.Closed.Agents {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if !sleep(ctx, time.Duration(k)*w.Closed.Ramp) {
+				return
+			}
+			for ctx.Err() == nil {
+				i := int(next.Add(1) - 1)
+				if i >= len(w.Requests) {
+					return
+				}
+				r := &w.Requests[i]
+				if r.Agent == nil {
+					continue
+				}
+				rctx, cancel := context.WithTimeout(ctx, timeout)
+				runAgent(rctx, c, r, i, add, w.Closed)
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// sleep waits d, or less if ctx ends first; false when it did.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// backoff is the wait before retry n (0 first) of a refused call: the
+// refusal's Retry-After when it gave one, else base doubled per retry up
+// to 8 times base.
+func backoff(res *Result, base time.Duration, n int) time.Duration {
+	if res.RetryAfter > 0 {
+		return res.RetryAfter
+	}
+	return base << min(n, 3)
+}
+
 // runAgent runs one agent session call by call: each call sends the whole
 // history; after a tool call the session waits the tool's time and
-// appends its result.
-func runAgent(ctx context.Context, c *Client, r *Request, idx int, add func(*Result)) {
+// appends its result. With closed set, a refused call (429) is sent again
+// after its backoff, up to closed.Retries times, each refusal recorded
+// as Retried.
+func runAgent(ctx context.Context, c *Client, r *Request, idx int, add func(*Result), closed *ClosedLoop) {
 	a := r.Agent
 	msgs := []chatMessage{{Role: "system", Content: a.System}, {Role: "user", Content: a.Task}}
 	for call := range a.Calls() {
 		final := call == a.Calls()-1
-		res := c.agentCall(ctx, msgs, a, final, r.Stage)
-		res.Session, res.Turn = idx, call
+		var res *Result
+		for n := 0; ; n++ {
+			res = c.agentCall(ctx, msgs, a, final, r.Stage)
+			res.Session, res.Turn = idx, call
+			if res.Status != http.StatusTooManyRequests || closed == nil || n >= closed.Retries {
+				break
+			}
+			res.Retried = true
+			add(res)
+			if !sleep(ctx, backoff(res, closed.Backoff, n)) {
+				return
+			}
+		}
 		add(res)
 		if res.Err != nil || final {
 			return // a session cannot go on without its answer
 		}
-		if d := a.Gaps[call]; d > 0 {
-			t := time.NewTimer(d)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
-			}
+		if !sleep(ctx, a.Gaps[call]) {
+			return
 		}
 		msgs = append(msgs, chatMessage{Role: "assistant", Content: res.content.String(), ToolCalls: res.calls})
 		if len(res.calls) == 0 {

@@ -153,6 +153,32 @@ type AgentOptions struct {
 	// NoSessionIDs sends no session header: the router must infer
 	// sessions from prefixes. Default false (x-session-id is sent).
 	NoSessionIDs bool
+	// Concurrency, when positive, makes the arrival closed-loop: that many
+	// agents, started SessionRate a model second, each starting the next
+	// of the Sessions when its current one ends, completed or given up.
+	// 0 is open-loop: sessions start as a Poisson process at SessionRate
+	// whatever becomes of the earlier ones. nil takes the default, 0.
+	Concurrency *int
+	// Retries is how many times a closed-loop agent sends a refused call
+	// (429) again before it gives the session up; nil takes the default,
+	// 20, and 0 never retries. Open-loop sessions never retry.
+	Retries *int
+	// RetryBackoff is the model-time wait before the first retry when the
+	// refusal carries no Retry-After; it doubles on each retry of the
+	// same call, up to 8 times itself. Default 5s.
+	RetryBackoff time.Duration
+}
+
+// ClosedLoop is a closed-loop agent arrival (AgentOptions.Concurrency).
+type ClosedLoop struct {
+	// Agents run at once; Ramp is the wall time between two agents'
+	// first sessions.
+	Agents int
+	Ramp   time.Duration
+	// Retries bounds the retries of one refused call; Backoff is the
+	// wall-time wait before the first when the refusal names none.
+	Retries int
+	Backoff time.Duration
 }
 
 // TraceOptions replay a Mooncake-format JSONL trace.
@@ -323,6 +349,9 @@ func (o Options) WithDefaults() Options {
 	def(&a.Gap, 5*time.Second)
 	def(&a.GapMax, 60*time.Second)
 	def(&a.Sigma, 0.8)
+	a.Concurrency = opt.Or(a.Concurrency, 0)
+	a.Retries = opt.Or(a.Retries, 20)
+	def(&a.RetryBackoff, 5*time.Second)
 	def(&o.Scenario, w.Kind)
 	return o
 }
@@ -413,6 +442,19 @@ func (o Options) Validate() error {
 			a.Tools < 1 || a.TaskLen < 1 || a.ResultLen < 1 || a.ResultMax < a.ResultLen || a.OutputLen < 1 || a.ToolCallMax < 1 ||
 			a.Gap < 0 || a.GapMax < a.Gap || a.Sigma < 0 {
 			errs = append(errs, errors.New("agents: sessions, rate, lengths and tools must be positive, calls at least 2, each max at least its median, gaps and sigma not negative"))
+		}
+		if a.Concurrency != nil {
+			if err := opt.NonNegative("agent-concurrency", *a.Concurrency); err != nil {
+				errs = append(errs, fmt.Errorf("agents: %w", err))
+			}
+		}
+		if a.Retries != nil {
+			if err := opt.NonNegative("agent-retries", *a.Retries); err != nil {
+				errs = append(errs, fmt.Errorf("agents: %w", err))
+			}
+		}
+		if err := opt.DefaultNonNegative("agent-retry-backoff", a.RetryBackoff, 5*time.Second); err != nil {
+			errs = append(errs, fmt.Errorf("agents: %w", err))
 		}
 	default:
 		errs = append(errs, fmt.Errorf("workload %q: want trace, shared-prefix, chat or agents", w.Kind))

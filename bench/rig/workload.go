@@ -96,6 +96,9 @@ type Workload struct {
 	BoundNote string
 	// MaxLen is the longest prompt plus output, in tokens.
 	MaxLen int
+	// Closed, when set, replays the agent sessions closed-loop; each
+	// Request's At is then unused.
+	Closed *ClosedLoop
 	// pieces are each request's prompt as reusable pieces, in arrival
 	// order, for the finite-cache bound; nil when unknown (chat).
 	pieces [][]piece
@@ -586,6 +589,12 @@ func agentSessions(o Options) *Workload {
 	}
 	end := w.Requests[len(w.Requests)-1].At
 	w.Stages = []Stage{{QPS: a.SessionRate * float64(a.Calls), End: end}}
+	if n := *a.Concurrency; n > 0 {
+		w.Closed = &ClosedLoop{Agents: n, Ramp: time.Duration(float64(time.Second) / a.SessionRate / o.Fleet.TimeScale),
+			Retries: *a.Retries, Backoff: time.Duration(float64(a.RetryBackoff) / o.Fleet.TimeScale)}
+		w.Name = fmt.Sprintf("agents: %d sessions by %d agents closed-loop (one more each %gs), median %d calls, %d+%d shared tokens, results median %d, gaps median %v, %s",
+			a.Sessions, n, 1/a.SessionRate, a.Calls, a.SystemLen, a.SchemaLen, a.ResultLen, a.Gap, ids)
+	}
 	return w
 }
 
@@ -616,13 +625,14 @@ func (w *Workload) PeakSessionTokens(call time.Duration, toolCall int) int64 {
 	}
 	var spans [][]span // per session: history from each call's start
 	var times []time.Duration
-	for _, r := range w.Requests {
+	starts := w.sessionStarts(call)
+	for i, r := range w.Requests {
 		a := r.Agent
 		if a == nil {
 			continue
 		}
 		h := int64(len(strings.Fields(a.System)) + len(strings.Fields(a.Task)) + toolWords(a.Tools))
-		at := r.At
+		at := starts[i]
 		var ss []span
 		for k := range a.Calls() {
 			ss = append(ss, span{at, h})
@@ -648,6 +658,40 @@ func (w *Workload) PeakSessionTokens(call time.Duration, toolCall int) int64 {
 		peak = max(peak, sum)
 	}
 	return peak
+}
+
+// sessionStarts is when each agent session starts had every call taken
+// call: its arrival open-loop; closed-loop, when an agent is free (agent
+// k's first session at k ramps, each next one at the end of its previous
+// one, to the agent free first, as Replay hands them out).
+func (w *Workload) sessionStarts(call time.Duration) []time.Duration {
+	starts := make([]time.Duration, len(w.Requests))
+	if w.Closed == nil {
+		for i, r := range w.Requests {
+			starts[i] = r.At
+		}
+		return starts
+	}
+	free := make([]time.Duration, w.Closed.Agents)
+	for k := range free {
+		free[k] = time.Duration(k) * w.Closed.Ramp
+	}
+	for i, r := range w.Requests {
+		k := 0
+		for j := range free {
+			if free[j] < free[k] {
+				k = j
+			}
+		}
+		starts[i] = free[k]
+		if a := r.Agent; a != nil {
+			free[k] += time.Duration(a.Calls()) * call
+			for _, g := range a.Gaps {
+				free[k] += g
+			}
+		}
+	}
+	return starts
 }
 
 // toolWords counts the words of the tools' descriptions.

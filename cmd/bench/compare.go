@@ -73,6 +73,8 @@ type agentFlags struct {
 	rate, sigma                                      float64
 	gap, gapMax                                      time.Duration
 	noIDs                                            bool
+	concurrency, retries                             int
+	retryBackoff                                     time.Duration
 }
 
 func (f *agentFlags) register(fs *flag.FlagSet) {
@@ -92,6 +94,9 @@ func (f *agentFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.gapMax, "agent-gap-max", 0, "agents: longest tool time (0: 60s)")
 	fs.Float64Var(&f.sigma, "agent-sigma", 0, "agents: log-normal shape of calls, results and gaps (0: 0.8)")
 	fs.BoolVar(&f.noIDs, "agent-no-session-ids", false, "agents: send no session header (the router infers sessions from prefixes)")
+	fs.IntVar(&f.concurrency, "agent-concurrency", 0, "agents: closed-loop agents, each starting its next session when one ends, one more each 1/-agent-rate s; 0: open-loop arrival at -agent-rate (not given: the scenario's, else 0)")
+	fs.IntVar(&f.retries, "agent-retries", 0, "agents, closed-loop: times a refused (429) call is sent again before its session is given up; 0: never (not given: 20)")
+	fs.DurationVar(&f.retryBackoff, "agent-retry-backoff", 0, "agents, closed-loop: wait before retrying a refused call without Retry-After, model time, doubling per retry up to 8x (0: 5s)")
 }
 
 func (f *agentFlags) apply(a *rig.AgentOptions, set map[string]bool) {
@@ -111,6 +116,9 @@ func (f *agentFlags) apply(a *rig.AgentOptions, set map[string]bool) {
 	ifSet(set, "agent-gap-max", &a.GapMax, f.gapMax)
 	ifSet(set, "agent-sigma", &a.Sigma, f.sigma)
 	ifSet(set, "agent-no-session-ids", &a.NoSessionIDs, f.noIDs)
+	ifSet(set, "agent-concurrency", &a.Concurrency, &f.concurrency)
+	ifSet(set, "agent-retries", &a.Retries, &f.retries)
+	ifSet(set, "agent-retry-backoff", &a.RetryBackoff, f.retryBackoff)
 }
 
 // ifSet copies v to dst when the flag name was given on the command line,

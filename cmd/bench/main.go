@@ -8,6 +8,7 @@
 //	bench load [flags]       the EPP alone: decisions/s, added latency, memory soak (bench/load)
 //	bench capacity [flags]   the capacity proof: quotes against the fleet's true SLO capacity (bench/proof)
 //	bench windows [flags]    what the engines did at each load, from bench capacity -record-windows (bench/proof)
+//	bench agents-chart RUN.json...   goodput and hit rate against offered agents across agents runs (bench/compare)
 //
 // The comparison replays a workload through routing policies, each on a
 // fresh fleet of (simulated or real) engine replicas, and prints a table on
@@ -68,6 +69,7 @@ func subcommands() []subcommand {
 		{"load", "the EPP alone: decisions/s, added latency, memory soak", runLoad},
 		{"capacity", "the capacity proof: quotes against the fleet's true SLO capacity", runCapacity},
 		{"windows", "what the engines did at each load, from bench capacity -record-windows", runWindows},
+		{"agents-chart", "goodput and hit rate against offered agents, across bench -scenario agents runs' -json", runAgentsChart},
 	}
 }
 

@@ -32,6 +32,9 @@ type ChatRequest struct {
 	Seed                *int64   `json:"seed,omitempty"`
 	User                string   `json:"user,omitempty"`
 	CacheSalt           string   `json:"cache_salt,omitempty"`
+	// Priority is the request priority (vLLM's scheduling priority;
+	// SGLang's, which its priority radix eviction also reads).
+	Priority *int `json:"priority,omitempty"`
 	// AddGenerationPrompt defaults to true in vLLM's chat endpoint.
 	AddGenerationPrompt *bool `json:"add_generation_prompt,omitempty"`
 }
@@ -49,6 +52,7 @@ type CompletionRequest struct {
 	Seed          *int64          `json:"seed,omitempty"`
 	User          string          `json:"user,omitempty"`
 	CacheSalt     string          `json:"cache_salt,omitempty"`
+	Priority      *int            `json:"priority,omitempty"`
 }
 
 // StreamOptions is stream_options.

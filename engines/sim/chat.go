@@ -36,6 +36,7 @@ type generation struct {
 	contUse   bool // stream_options.continuous_usage_stats
 	lora      string
 	salt      string
+	priority  int // the request's priority field (0: none)
 	toolMode  openai.ToolChoiceKind
 }
 
@@ -62,7 +63,7 @@ func (r *Replica) handleChat(w http.ResponseWriter, req *http.Request) {
 		maxTokens = body.MaxCompletionTokens
 	}
 	g := &generation{id: r.newID("chatcmpl-"), chat: true, prompt: prompt, stream: body.Stream,
-		salt: body.CacheSalt, toolMode: choice, finish: "stop"}
+		salt: body.CacheSalt, priority: deref(body.Priority), toolMode: choice, finish: "stop"}
 	if body.StreamOptions != nil {
 		g.usage, g.contUse = body.StreamOptions.IncludeUsage, body.StreamOptions.ContinuousUsageStats
 	}
@@ -223,7 +224,7 @@ func (r *Replica) handleCompletion(w http.ResponseWriter, req *http.Request) {
 	if !ok {
 		return
 	}
-	g := &generation{id: r.newID("cmpl-"), prompt: prompt, stream: body.Stream, salt: body.CacheSalt, finish: "stop"}
+	g := &generation{id: r.newID("cmpl-"), prompt: prompt, stream: body.Stream, salt: body.CacheSalt, priority: deref(body.Priority), finish: "stop"}
 	if body.StreamOptions != nil {
 		g.usage, g.contUse = body.StreamOptions.IncludeUsage, body.StreamOptions.ContinuousUsageStats
 	}
@@ -341,7 +342,7 @@ func (r *Replica) generate(w http.ResponseWriter, req *http.Request, g *generati
 		reason = "length"
 	}
 	updates, err := r.eng.Submit(req.Context(), &engine.Request{
-		ID: g.id, Prompt: g.prompt, Output: g.out.ids, LoraName: g.lora, CacheSalt: g.salt, FinishReason: reason,
+		ID: g.id, Prompt: g.prompt, Output: g.out.ids, LoraName: g.lora, CacheSalt: g.salt, FinishReason: reason, Priority: g.priority,
 	})
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
@@ -587,4 +588,12 @@ func (s *sseWriter) data(v any) {
 	_, _ = s.w.WriteString("data: ")
 	_, _ = s.w.Write(b)
 	_, _ = s.w.WriteString("\n\n")
+}
+
+// deref is *p, or 0 for nil.
+func deref(p *int) int {
+	if p == nil {
+		return 0
+	}
+	return *p
 }

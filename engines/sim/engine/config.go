@@ -39,6 +39,11 @@ type Config struct {
 	// "CPU_PINNED"), evicted LRU, and a hit there costs
 	// Timing.CPULoadPerToken per token instead of a prefill.
 	NumCPUBlocks int `yaml:"num_cpu_blocks"`
+	// RadixEvictionPolicy is SGLang's --radix-eviction-policy: "lru"
+	// (the default) or "priority", which evicts the blocks of
+	// lower-priority requests first (the request's priority field), LRU
+	// within a priority. Only "lru" for vllm, which has no such option.
+	RadixEvictionPolicy string `yaml:"radix_eviction_policy"`
 	// MaxNumSeqs caps the running requests. Default 256.
 	MaxNumSeqs int `yaml:"max_num_seqs"`
 	// MaxNumBatchedTokens is the per-step token budget. Default 8192.
@@ -68,6 +73,7 @@ func (c Config) WithDefaults() Config {
 	if c.NumGPUBlocks == 0 && c.BlockSize > 0 {
 		c.NumGPUBlocks = DefaultKVTokens / c.BlockSize
 	}
+	opt.Zero(&c.RadixEvictionPolicy, "lru")
 	opt.Zero(&c.MaxNumSeqs, 256)
 	opt.Zero(&c.MaxNumBatchedTokens, 8192)
 	c.Seed = opt.Or(c.Seed, 0)
@@ -91,6 +97,12 @@ func (c Config) Validate() error {
 	var errs []error
 	if c.Flavour != FlavourVLLM && c.Flavour != FlavourSGLang {
 		errs = append(errs, fmt.Errorf("flavour %q: want %q or %q", c.Flavour, FlavourVLLM, FlavourSGLang))
+	}
+	switch {
+	case c.RadixEvictionPolicy != "lru" && c.RadixEvictionPolicy != "priority":
+		errs = append(errs, fmt.Errorf("radix_eviction_policy %q: want lru or priority", c.RadixEvictionPolicy))
+	case c.RadixEvictionPolicy == "priority" && c.Flavour != FlavourSGLang:
+		errs = append(errs, errors.New("radix_eviction_policy priority is SGLang's; vllm has only lru"))
 	}
 	if c.BlockSize > 4096 {
 		errs = append(errs, fmt.Errorf("block_size %d: want 1..4096", c.BlockSize))

@@ -51,6 +51,10 @@ type Request struct {
 	LoraName string
 	// CacheSalt isolates the request's prefix cache (vLLM cache_salt).
 	CacheSalt string
+	// Priority is the request's priority; with radix_eviction_policy
+	// "priority" (SGLang) the blocks it used are evicted after those of
+	// lower-priority requests.
+	Priority int
 	// FinishReason is reported in vllm:request_success when the request
 	// completes: "stop" (default) or "length".
 	FinishReason string
@@ -198,6 +202,7 @@ func New(cfg Config, sink EventSink, log *zap.Logger, opts ...Option) (*Engine, 
 		cpuMedium = MediumCPUPinned
 	}
 	e.cache = newKVCache(cfg.BlockSize, cfg.usableGPUBlocks(), cfg.NumCPUBlocks, cpuMedium, e.emitLocked)
+	e.cache.byPriority = cfg.RadixEvictionPolicy == "priority"
 	e.stats.NumGPUBlocks, e.stats.NumCPUBlocks = cfg.NumGPUBlocks, cfg.NumCPUBlocks
 	e.reg = prometheus.NewRegistry()
 	m, err := newMetrics(e)
@@ -304,7 +309,7 @@ func (e *Engine) dropLocked(req *request) {
 	case stateRunning:
 		e.running = removeReq(e.running, req)
 	}
-	e.cache.release(req.blocks)
+	e.cache.release(req.blocks, req.Priority)
 	req.blocks = nil
 }
 

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"container/list"
+	"slices"
 	"sort"
 
 	"github.com/omnious/provider-node/engines/kvevents"
@@ -39,6 +40,11 @@ type block struct {
 	// free-queue links; inFree says whether the block is in the queue.
 	prev, next *block
 	inFree     bool
+	// prio is the highest priority of the requests that released the
+	// block since it was cached (SGLang's radix node priority, raised to
+	// the max of its requests' and never lowered); 0 unless the cache
+	// evicts by priority.
+	prio int
 }
 
 // cpuBlock is one block in the CPU tier.
@@ -62,6 +68,15 @@ type cpuBlock struct {
 // With a CPU tier, a cached block evicted from the GPU is offloaded to the CPU
 // tier (its own LRU, evicting its least recently used block when full).
 //
+// With priority eviction (SGLang's --radix-eviction-policy priority), a
+// freed cached block of priority p > 0 waits in the free queue of level p
+// instead: blocks are handed out from the main queue first, then from the
+// lowest level's, least recently freed first within each, so a block
+// used by a higher-priority request outlives every lower one
+// (TestPriorityEviction). SGLang's eviction heap orders leaves by
+// (priority, last access) the same way; negative priorities count as 0
+// here.
+//
 // kvCache is not safe for concurrent use; the Engine's lock guards it.
 type kvCache struct {
 	blockSize int
@@ -70,6 +85,10 @@ type kvCache struct {
 	head, tail block
 	numFree    int
 	gpu        map[digest]*block
+	// byPriority turns priority eviction on; levels are its free queues
+	// of priority above 0, lowest first.
+	byPriority bool
+	levels     []*freeLevel
 
 	cpuCap    int
 	cpuMedium string
@@ -78,6 +97,12 @@ type kvCache struct {
 
 	// emit receives the eviction and offload events.
 	emit func(kvevents.Event)
+}
+
+// freeLevel is the free queue of the cached blocks of one priority.
+type freeLevel struct {
+	prio       int
+	head, tail block
 }
 
 func newKVCache(blockSize, numGPU, numCPU int, cpuMedium string, emit func(kvevents.Event)) *kvCache {
@@ -100,6 +125,7 @@ func (c *kvCache) reset() {
 	c.head.next, c.tail.prev = &c.tail, &c.head
 	c.head.prev, c.tail.next = nil, nil
 	c.numFree = 0
+	c.levels = nil
 	for i := range c.blocks {
 		c.blocks[i] = block{id: i}
 		c.pushTail(&c.blocks[i])
@@ -110,11 +136,47 @@ func (c *kvCache) reset() {
 }
 
 func (c *kvCache) pushTail(b *block) {
-	b.prev, b.next = c.tail.prev, &c.tail
-	c.tail.prev.next = b
-	c.tail.prev = b
+	tail := &c.tail
+	if c.byPriority && b.cached && b.prio > 0 {
+		tail = &c.level(b.prio).tail
+	}
+	b.prev, b.next = tail.prev, tail
+	tail.prev.next = b
+	tail.prev = b
 	b.inFree = true
 	c.numFree++
+}
+
+// level returns the free queue of priority p, adding it in order. Adding
+// one drops the empty ones, so there are never more levels than free
+// blocks, whatever priorities clients send.
+func (c *kvCache) level(p int) *freeLevel {
+	if i := sort.Search(len(c.levels), func(i int) bool { return c.levels[i].prio >= p }); i < len(c.levels) && c.levels[i].prio == p {
+		return c.levels[i]
+	}
+	c.levels = slices.DeleteFunc(c.levels, func(l *freeLevel) bool { return l.head.next == &l.tail })
+	i := sort.Search(len(c.levels), func(i int) bool { return c.levels[i].prio >= p })
+	if i < len(c.levels) && c.levels[i].prio == p {
+		return c.levels[i]
+	}
+	l := &freeLevel{prio: p}
+	l.head.next, l.tail.prev = &l.tail, &l.head
+	c.levels = slices.Insert(c.levels, i, l)
+	return l
+}
+
+// next is the free block allocate hands out: the main queue's head, else
+// the head of the lowest priority level holding one; nil when none is free.
+func (c *kvCache) next() *block {
+	if b := c.head.next; b != &c.tail {
+		return b
+	}
+	for _, l := range c.levels {
+		if b := l.head.next; b != &l.tail {
+			return b
+		}
+	}
+	return nil
 }
 
 func (c *kvCache) pushHead(b *block) {
@@ -172,8 +234,8 @@ func (c *kvCache) acquire(b *block) {
 // allocate hands out a free block with one reference, evicting the cached
 // block at the head of the free queue if needed. The caller checks numFree.
 func (c *kvCache) allocate() *block {
-	b := c.head.next
-	if b == &c.tail {
+	b := c.next()
+	if b == nil {
 		panic("engine: kv cache allocate with no free block") // guarded by callers
 	}
 	c.unlink(b)
@@ -250,10 +312,14 @@ func (c *kvCache) register(b *block, d digest, hash, parent uint64, hasParent bo
 }
 
 // release drops one reference on each block, last block first, so that the
-// tail of a sequence is evicted before its shared prefix.
-func (c *kvCache) release(blocks []*block) {
+// tail of a sequence is evicted before its shared prefix; with priority
+// eviction each cached block's priority rises to prio if below it.
+func (c *kvCache) release(blocks []*block, prio int) {
 	for i := len(blocks) - 1; i >= 0; i-- {
 		b := blocks[i]
+		if c.byPriority && b.cached {
+			b.prio = max(b.prio, prio)
+		}
 		b.ref--
 		if b.ref > 0 {
 			continue

@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"context"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -270,4 +272,77 @@ func TestCPUTierLRU(t *testing.T) {
 	require.Len(t, cpuStored, 6)
 	require.Equal(t, cpuStored[:4], cpuRemoved)
 	require.Equal(t, residentSet(h.e.Resident()), replay(t, all, 4))
+}
+
+// TestPriorityEviction: under SGLang's priority radix eviction a
+// high-priority session's prefix survives the pressure that evicts a
+// low-priority one, though it is the least recently used; under LRU the
+// same pressure evicts it. A block keeps the highest priority it was
+// released at.
+func TestPriorityEviction(t *testing.T) {
+	for _, tc := range []struct {
+		policy      string
+		wantRemoved string // whose two prefix blocks the pressure evicts
+	}{
+		{"lru", "hi"},
+		{"priority", "lo"},
+	} {
+		t.Run(tc.policy, func(t *testing.T) {
+			h := newHarness(t, Config{Flavour: FlavourSGLang, BlockSize: 4, NumGPUBlocks: 6, RadixEvictionPolicy: tc.policy})
+			run := func(id string, prompt []uint32, prio int) []uint64 {
+				t.Helper()
+				ch, err := h.e.Submit(context.Background(), &Request{ID: id, Prompt: prompt, Output: []uint32{1}, Priority: prio})
+				require.NoError(t, err)
+				h.runIdle()
+				drain(t, ch)
+				var stored []uint64
+				for _, ev := range h.sink.take() {
+					if ev.Kind == kvevents.KindBlockStored {
+						stored = append(stored, ev.BlockHashes...)
+					}
+				}
+				return stored
+			}
+			blocks := map[string][]uint64{
+				"hi": run("hi", seq(1, 8), 5), // first, so least recently used
+				"lo": run("lo", seq(101, 8), 0),
+			}
+			require.Len(t, blocks["hi"], 2)
+			require.Len(t, blocks["lo"], 2)
+			// 16 tokens take 4 blocks: the 2 never used, then 2
+			// cached blocks evicted.
+			ch, err := h.e.Submit(context.Background(), &Request{ID: "pressure", Prompt: seq(201, 16), Output: []uint32{1}})
+			require.NoError(t, err)
+			h.runIdle()
+			drain(t, ch)
+			var removed []uint64
+			for _, ev := range h.sink.take() {
+				if ev.Kind == kvevents.KindBlockRemoved {
+					removed = append(removed, ev.BlockHashes...)
+				}
+			}
+			require.ElementsMatch(t, blocks[tc.wantRemoved], removed)
+			kept := "lo"
+			if tc.wantRemoved == "lo" {
+				kept = "hi"
+			}
+			res := residentSet(h.e.Resident())
+			for _, hash := range blocks[kept] {
+				require.Contains(t, res, residentKey{MediumGPU, hash})
+			}
+		})
+	}
+}
+
+// TestPriorityLevelsBounded: priority levels are dropped when empty, so
+// requests of ever new priorities cannot grow them past the free blocks.
+func TestPriorityLevelsBounded(t *testing.T) {
+	h := newHarness(t, Config{Flavour: FlavourSGLang, BlockSize: 4, NumGPUBlocks: 6, RadixEvictionPolicy: "priority"})
+	for i := range 50 {
+		ch, err := h.e.Submit(context.Background(), &Request{ID: fmt.Sprint(i), Prompt: seq(1000*(i+1), 8), Output: []uint32{1}, Priority: i + 1})
+		require.NoError(t, err)
+		h.runIdle()
+		drain(t, ch)
+	}
+	require.LessOrEqual(t, len(h.e.cache.levels), 6)
 }

@@ -56,7 +56,7 @@ func (e *Engine) scheduleLocked() plan {
 		}
 		done := r.generated == len(r.Output)
 		if done {
-			e.cache.release(r.blocks)
+			e.cache.release(r.blocks, r.Priority)
 			r.blocks = nil
 			r.state = stateFinishing
 			finished++
@@ -202,7 +202,7 @@ func (e *Engine) growLocked(r *request, total int) bool {
 func (e *Engine) preemptLocked(victim *request) {
 	e.running[len(e.running)-1] = nil
 	e.running = e.running[:len(e.running)-1]
-	e.cache.release(victim.blocks)
+	e.cache.release(victim.blocks, victim.Priority)
 	victim.blocks = nil
 	victim.numComputed, victim.numRegistered = 0, 0
 	victim.state = stateWaiting
