@@ -12,14 +12,12 @@ import (
 	"testing"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/omnious/provider-node/endpoint"
 	"github.com/omnious/provider-node/extproc"
@@ -90,12 +88,12 @@ func (f *bufferingFloor) Process(st extprocv3.ExternalProcessor_ProcessServer) e
 				}
 			}
 			if r.RequestHeaders.EndOfStream {
-				out = append(out, floorRoute(f.dest, 0))
+				out = append(out, testgw.RouteReply(f.dest, 0))
 			}
 		case *extprocv3.ProcessingRequest_RequestBody:
 			b := r.RequestBody
 			if open { // answered at Content-Length: the end of stream
-				out = append(out, floorBody(true, b.Body, b.EndOfStream))
+				out = append(out, testgw.StreamedBody(true, b.Body, b.EndOfStream))
 				break
 			}
 			chunks = append(chunks, b.Body) // the received message's own bytes: no copy
@@ -105,15 +103,15 @@ func (f *bufferingFloor) Process(st extprocv3.ExternalProcessor_ProcessServer) e
 				continue
 			}
 			open = !b.EndOfStream
-			out = append(out, floorRoute(f.dest, held))
+			out = append(out, testgw.RouteReply(f.dest, held))
 			for i, c := range chunks {
-				out = append(out, floorBody(true, c, b.EndOfStream && i == len(chunks)-1))
+				out = append(out, testgw.StreamedBody(true, c, b.EndOfStream && i == len(chunks)-1))
 			}
 		case *extprocv3.ProcessingRequest_ResponseHeaders:
 			out = append(out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
 				ResponseHeaders: &extprocv3.HeadersResponse{}}})
 		case *extprocv3.ProcessingRequest_ResponseBody:
-			out = append(out, floorBody(false, r.ResponseBody.Body, r.ResponseBody.EndOfStream))
+			out = append(out, testgw.StreamedBody(false, r.ResponseBody.Body, r.ResponseBody.EndOfStream))
 		default:
 			continue // trailers: the benchmark's client sends none
 		}
@@ -123,31 +121,6 @@ func (f *bufferingFloor) Process(st extprocv3.ExternalProcessor_ProcessServer) e
 			}
 		}
 	}
-}
-
-// floorRoute is testgw.Floor's routing reply: the destination,
-// Content-Length and the envoy.lb metadata.
-func floorRoute(dest string, n int) *extprocv3.ProcessingResponse {
-	set := func(k, v string) *corev3.HeaderValueOption {
-		return &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: k, RawValue: []byte(v)},
-			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD}
-	}
-	md, _ := structpb.NewStruct(map[string]any{extproc.MetadataLB: map[string]any{extproc.HeaderDestination: dest}})
-	return &extprocv3.ProcessingResponse{DynamicMetadata: md, Response: &extprocv3.ProcessingResponse_RequestHeaders{
-		RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{ClearRouteCache: true,
-			HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
-				set(extproc.HeaderDestination, dest), set("content-length", strconv.Itoa(n))}}}}}}
-}
-
-// floorBody is a streamed body chunk of the request or the response.
-func floorBody(request bool, body []byte, eos bool) *extprocv3.ProcessingResponse {
-	br := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
-		Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: &extprocv3.StreamedBodyResponse{
-			Body: body, EndOfStream: eos}}}}}
-	if request {
-		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}}
-	}
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: br}}
 }
 
 // startExtProc runs srv as an ext_proc server, with gRPC health SERVING

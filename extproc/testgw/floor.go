@@ -43,21 +43,21 @@ func (f *Floor) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
 			if !r.RequestHeaders.EndOfStream {
 				continue // answered with the routing reply at the body's end
 			}
-			resp = f.route(0)
+			resp = RouteReply(f.dest(), 0)
 		case *extprocv3.ProcessingRequest_RequestBody:
 			body = append(body, r.RequestBody.Body...)
 			if !r.RequestBody.EndOfStream {
 				continue
 			}
-			if err := st.Send(f.route(len(body))); err != nil {
+			if err := st.Send(RouteReply(f.dest(), len(body))); err != nil {
 				return err
 			}
-			resp = streamed(true, body, true)
+			resp = StreamedBody(true, body, true)
 		case *extprocv3.ProcessingRequest_ResponseHeaders:
 			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
 				ResponseHeaders: &extprocv3.HeadersResponse{}}}
 		case *extprocv3.ProcessingRequest_ResponseBody:
-			resp = streamed(false, r.ResponseBody.Body, r.ResponseBody.EndOfStream)
+			resp = StreamedBody(false, r.ResponseBody.Body, r.ResponseBody.EndOfStream)
 		default:
 			continue // trailers: the gateway sends none
 		}
@@ -67,10 +67,12 @@ func (f *Floor) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
 	}
 }
 
-// route is the EPP's routing reply: destination, Content-Length and the
-// envoy.lb metadata.
-func (f *Floor) route(n int) *extprocv3.ProcessingResponse {
-	dest := f.Dests[int(f.next.Add(1)%uint64(len(f.Dests)))]
+// dest is the next of the Floor's destinations.
+func (f *Floor) dest() string { return f.Dests[int(f.next.Add(1)%uint64(len(f.Dests)))] }
+
+// RouteReply is the EPP's routing reply to dest for a body of n bytes:
+// the destination header, Content-Length and the envoy.lb metadata.
+func RouteReply(dest string, n int) *extprocv3.ProcessingResponse {
 	set := func(k, v string) *corev3.HeaderValueOption {
 		return &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: k, RawValue: []byte(v)},
 			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD}
@@ -82,7 +84,9 @@ func (f *Floor) route(n int) *extprocv3.ProcessingResponse {
 				set(extproc.HeaderDestination, dest), set("content-length", strconv.Itoa(n))}}}}}}
 }
 
-func streamed(request bool, body []byte, eos bool) *extprocv3.ProcessingResponse {
+// StreamedBody is a streamed body chunk of the request or the response,
+// sent back unchanged.
+func StreamedBody(request bool, body []byte, eos bool) *extprocv3.ProcessingResponse {
 	br := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
 		Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: &extprocv3.StreamedBodyResponse{
 			Body: body, EndOfStream: eos}}}}}
