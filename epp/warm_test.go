@@ -95,15 +95,11 @@ func TestConnectingPublisherFeedsTheIndex(t *testing.T) {
 
 	// The EPP accepts a connection only from an address one of its
 	// endpoints has, and learns its endpoints from discovery after it
-	// starts; an engine's ZMQ socket redials until it is let in (libzmq
-	// reconnects), so the test does too.
+	// starts; a dialing publisher redials until it is let in, as libzmq
+	// does (kvevents' TestPublisherDialsBeforeSubscriberListens).
 	pub := func(topic string) *kvevents.Publisher {
-		var p *kvevents.Publisher
-		require.Eventually(t, func() bool {
-			var err error
-			p, err = kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: bound, Dial: true, Topic: topic, Format: kvevents.FormatMap}, zap.NewNop())
-			return err == nil
-		}, 10*time.Second, 50*time.Millisecond, "publisher for %s let in", topic)
+		p, err := kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: bound, Dial: true, Topic: topic, Format: kvevents.FormatMap}, zap.NewNop())
+		require.NoError(t, err)
 		t.Cleanup(func() { _ = p.Close() })
 		return p
 	}
