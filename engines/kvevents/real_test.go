@@ -2,38 +2,20 @@ package kvevents
 
 import (
 	"encoding/hex"
-	"os"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-)
 
-// readHexLines reads a testdata file of hex-encoded values, one a line;
-// a line may hold several, separated by spaces (a message's frames).
-func readHexLines(t *testing.T, name string) [][][]byte {
-	t.Helper()
-	b, err := os.ReadFile("testdata/" + name)
-	require.NoError(t, err)
-	var out [][][]byte
-	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		var frames [][]byte
-		for _, f := range strings.Fields(line) {
-			v, err := hex.DecodeString(f)
-			require.NoError(t, err)
-			frames = append(frames, v)
-		}
-		out = append(out, frames)
-	}
-	return out
-}
+	"github.com/omnious/provider-node/internal/testutil/hexframes"
+)
 
 // TestDecodeRealVLLM032 decodes batches a running vLLM 0.32.0 published
 // (e2e/vllm, TestSimulatorFidelity with E2E_VLLM_SAVE): tagged maps with
 // uint64 hashes, and fields the simulator does not send (lora_name nil,
 // extra_keys, group_idx, kv_cache_spec_kind) read or skipped.
 func TestDecodeRealVLLM032(t *testing.T) {
-	lines := readHexLines(t, "vllm-0.32.0.hex")
+	lines := hexframes.Read(t, "testdata/vllm-0.32.0.hex")
 	require.Len(t, lines, 2)
 	var b Batch
 	require.NoError(t, DecodeBatch(lines[0][0], &b))
@@ -73,7 +55,7 @@ func TestDecodeRealVLLM032(t *testing.T) {
 // ZmqEventPublisher sent (e2e/vllm/sglang_capture.py): topic, sequence and
 // tagged-map events with signed int64 hashes, cache_salt and session_id.
 func TestDecodeRealSGLang0523(t *testing.T) {
-	msgs := readHexLines(t, "sglang-0.5.23.frames")
+	msgs := hexframes.Read(t, "testdata/sglang-0.5.23.frames")
 	require.Len(t, msgs, 3)
 	var batches []Batch
 	for i, frames := range msgs {
@@ -109,7 +91,7 @@ func TestDecodeRealSGLang0523(t *testing.T) {
 // byte (engines/sim's TestSGLangShape checks the same through the
 // simulator's configuration and replay socket).
 func TestEncodeSGLang0523(t *testing.T) {
-	msgs := readHexLines(t, "sglang-0.5.23.frames")
+	msgs := hexframes.Read(t, "testdata/sglang-0.5.23.frames")
 	neg202 := int64(-202)
 	batches := [][]Event{
 		{

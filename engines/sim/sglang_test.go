@@ -5,8 +5,6 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
-	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 
 	"github.com/omnious/provider-node/engines/kvevents"
 	"github.com/omnious/provider-node/engines/sim/engine"
+	"github.com/omnious/provider-node/internal/testutil/hexframes"
 )
 
 // sglangCapture is what SGLang 0.5.23's own ZmqEventPublisher sent
@@ -111,18 +110,9 @@ func TestShapeSeesDrift(t *testing.T) {
 
 func readCapture(t *testing.T) [][][]byte {
 	t.Helper()
-	b, err := os.ReadFile(sglangCapture)
-	require.NoError(t, err)
-	var msgs [][][]byte
-	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		var frames [][]byte
-		for _, f := range strings.Fields(line) {
-			v, err := hex.DecodeString(f)
-			require.NoError(t, err)
-			frames = append(frames, v)
-		}
-		require.Len(t, frames, 3, "capture line %q", line)
-		msgs = append(msgs, frames)
+	msgs := hexframes.Read(t, sglangCapture)
+	for _, frames := range msgs {
+		require.Len(t, frames, 3, "capture message %x", frames)
 	}
 	require.Len(t, msgs, len(sglangCaptureEvents()))
 	return msgs
