@@ -25,11 +25,13 @@ const (
 type breaker struct {
 	state atomic.Uint32
 
+	// probing sits beside mu, in what would be padding: a replica's hot
+	// fields and its breaker fill whole cache lines (TestReplicaHotLine).
 	mu           sync.Mutex
+	probing      bool
 	reqFailures  int
 	scrapeFails  int
 	openedAt     time.Time
-	probing      bool
 	probeStarted time.Time
 }
 

@@ -100,7 +100,9 @@ func (s *Scheduler) Capacity() capacity.Snapshot {
 		if stale {
 			m.Stale++
 		}
-		healthy := !stale && r.br.current(now, s.cfg.Breaker.Cooldown) == BreakerClosed
+		// A metered replica not yet scraped is not stale (scored as idle)
+		// but not healthy either: nothing is known of what it can take.
+		healthy := !stale && (g != nil || !r.metered) && r.br.current(now, s.cfg.Breaker.Cooldown) == BreakerClosed
 		rc := capacity.Replica{Addr: r.ep.Addr, Healthy: healthy, Stale: stale, InFlight: inflight,
 			MaxRunning: int(s.cfg.Admission.TargetInflight), Curve: r.curveCopy()}
 		if sm != nil && !stale {

@@ -134,8 +134,9 @@ type SignalsConfig struct {
 	ScrapeInterval time.Duration `yaml:"scrape_interval"`
 	// ScrapeTimeout bounds one scrape. Default 1s.
 	ScrapeTimeout time.Duration `yaml:"scrape_timeout"`
-	// StaleAfter is how long a replica may go without a good scrape before
-	// it is scored down. It is never dropped for staleness alone. Default 10s.
+	// StaleAfter is how long a replica may go without a good scrape (since
+	// its last one or, never scraped, since it joined) before it is scored
+	// down. It is never dropped for staleness alone. Default 10s.
 	StaleAfter time.Duration `yaml:"stale_after"`
 	// ScrapeFailuresTrip makes scrape failures feed the breaker. Default
 	// true.

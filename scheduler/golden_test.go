@@ -102,6 +102,9 @@ func replayScenario(t *testing.T, out *strings.Builder, sc int) {
 	}
 	s.SetEndpoints(eps)
 	snap := s.snap.Load()
+	// A replica never scraped is stale once stale_after has passed since
+	// it joined.
+	clock.Add(cfg.Signals.StaleAfter + time.Second)
 
 	observe := func(i int, at time.Time) {
 		r := snap.byAddr[addr(i)]

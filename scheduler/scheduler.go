@@ -87,7 +87,11 @@ type replica struct {
 	sharing atomic.Int32
 	id      kvindex.Replica
 	metered bool // ep.MetricsURL != ""
-	br      breaker
+	// added is when the endpoint joined the pool: a metered replica without
+	// a good scrape is stale once stale_after has passed since then
+	// (TestNewReplicaNotStaleBeforeStaleAfter).
+	added stamp
+	br    breaker
 
 	// pending is the uncached prompt tokens of this EPP's requests routed
 	// here that have not finished (the agent policy's pending work).
@@ -295,9 +299,10 @@ func (s *Scheduler) SetEndpoints(eps []Target) {
 				// decisions decrement them; signals and what was learnt
 				// of its capacity carry over.
 				nr.sample.Store(r.sample.Load())
-				nr.curve = r.curve
+				nr.curve, nr.added = r.curve, r.added
 			} else {
 				nr.curve = &curveLearner{l: capacity.NewLearner(*s.cfg.Signals.CapacityHalfLife)}
+				nr.added = s.stamp(s.now())
 			}
 			nr.queueGauge = s.m.perPodQ.WithLabelValues(s.cfg.PoolName, ep.Addr)
 			nr.breakerGauge = s.m.breakerState.WithLabelValues(ep.Addr)
@@ -433,7 +438,7 @@ func (s *Scheduler) refreshGauges() {
 		r.prefillRate.Store(math.Float64bits(sum.PrefillTokensPerSec))
 		if isStale {
 			stale++
-		} else if state == BreakerClosed {
+		} else if state == BreakerClosed && (g != nil || !r.metered) {
 			ready++
 		}
 		if g != nil {
@@ -481,7 +486,11 @@ func (r *replica) signal() *sampled {
 
 // staleAt reports whether g, r's signal, is stale at staleBefore.
 func (r *replica) staleAt(g *sampled, staleBefore stamp) bool {
-	return r.metered && (g == nil || g.at < staleBefore)
+	at := r.added
+	if g != nil {
+		at = g.at
+	}
+	return r.metered && at < staleBefore
 }
 
 // Tenant ids come from a client header: the first maxTenantSeries

@@ -673,6 +673,45 @@ func TestSessionAffinity(t *testing.T) {
 	require.Equal(t, ReasonCold, d.Reason)
 }
 
+// TestNewReplicaNotStaleBeforeStaleAfter: a replica not yet scraped is
+// stale only once stale_after has passed since it joined the pool, as one
+// whose scrapes stopped is stale_after after its last good one. Until then
+// it is scored as an idle replica, so a prefix it holds keeps its requests
+// against a fresh replica without it (an EPP that just started routes on
+// its index before every first scrape has landed); it is neither healthy
+// nor stale to the quoter.
+func TestNewReplicaNotStaleBeforeStaleAfter(t *testing.T) {
+	prompt := tokens(1024, 7)
+	e := newEnv(t, 3, func(c *Config) { c.Prefix.SpeculativeTTL = new(time.Nanosecond) })
+	e.setSignals(0, metrics.Signals{Engine: metrics.EngineVLLM})
+	e.store(1, prompt)
+	pick := func() *Decision {
+		d, err := e.s.admitPick(ctx, &Request{Model: testModel, Tokens: prompt})
+		require.NoError(t, err)
+		d.Done(DoneInfo{Status: 200})
+		return d
+	}
+	model := func() capacity.Model { return e.s.Capacity().Models[0] }
+
+	e.clock.Add(e.s.cfg.Signals.StaleAfter - time.Second)
+	d := pick()
+	require.Equal(t, addr(1), primary(d), "the prefix holder, not yet scraped, is not scored down")
+	require.Equal(t, ReasonPrefix, d.Reason)
+	require.Equal(t, 1, model().Healthy, "only a scraped replica is healthy")
+	require.Zero(t, model().Stale)
+
+	e.clock.Add(2 * time.Second)
+	e.setSignals(0, metrics.Signals{Engine: metrics.EngineVLLM})
+	require.Equal(t, addr(0), primary(pick()), "never scraped for stale_after: scored down")
+	require.Equal(t, 2, model().Stale)
+
+	// A replica that leaves and returns under the same address keeps its
+	// join time; one that joins later gets its own.
+	e.s.SetEndpoints(append(endpoints(3, testModel), Target{Replica: 3, Endpoint: endpoint.Endpoint{Addr: addr(3), Model: testModel, MetricsURL: "http://127.0.0.1:1/metrics?ep=3"}}))
+	e.store(3, prompt)
+	require.Equal(t, addr(3), primary(pick()), "a replica that just joined is not stale")
+}
+
 func TestStaleScoredDownNotDropped(t *testing.T) {
 	e := newEnv(t, 3, nil)
 	e.freshAll()
@@ -685,9 +724,10 @@ func TestStaleScoredDownNotDropped(t *testing.T) {
 		require.Len(t, d.Endpoints, 3, "stale replicas remain fallbacks")
 		d.Done(DoneInfo{Status: 200})
 	}
-	// Everything stale (and never-scraped): still routes.
-	e.clock.Add(e.s.cfg.Signals.StaleAfter + time.Second)
+	// Everything stale (and one never scraped since it joined a
+	// stale_after ago): still routes.
 	e.s.SetEndpoints(append(endpoints(3, testModel), Target{Replica: 3, Endpoint: endpoint.Endpoint{Addr: "10.0.0.9:8000", Model: testModel, MetricsURL: "http://127.0.0.1:1/metrics?ep=9"}}))
+	e.clock.Add(e.s.cfg.Signals.StaleAfter + time.Second)
 	seen := map[string]bool{}
 	for range 40 {
 		d, err := e.s.admitPick(ctx, &Request{Model: testModel})
@@ -787,7 +827,9 @@ func TestCapacity(t *testing.T) {
 	e.s.SetEndpoints(append(endpoints(3, testModel), Target{Replica: 3, Endpoint: endpoint.Endpoint{Addr: "10.0.1.1:30000", Model: "qwen", Engine: "sglang", MetricsURL: "http://127.0.0.1:1/metrics?ep=q"}}))
 	e.setSignals(0, metrics.Signals{Running: 2, Waiting: 1, KVUsage: 0.5, BlockSize: 16, NumGPUBlocks: 1000})
 	e.setSignals(1, metrics.Signals{Running: 4, Waiting: 3, KVUsage: 0.25, BlockSize: 16, NumGPUBlocks: 1000})
-	// Endpoint 2 is never scraped: stale. The qwen endpoint has an open breaker.
+	// Endpoint 2 is not scraped yet: neither healthy nor, before stale_after
+	// has passed since it joined, stale. The qwen endpoint has an open
+	// breaker.
 	q := e.s.snap.Load().byAddr["10.0.1.1:30000"]
 	q.sample.Store(e.s.sampled(&metrics.Sample{URL: "http://127.0.0.1:1/metrics?ep=q", At: e.clock.Now(), Signals: metrics.Signals{MaxTotalTokens: 5000, KVUsage: 0.2}}))
 	for range 3 {
@@ -803,7 +845,7 @@ func TestCapacity(t *testing.T) {
 	require.Equal(t, testModel, l.Model)
 	require.Equal(t, 3, l.Replicas)
 	require.Equal(t, 2, l.Healthy)
-	require.Equal(t, 1, l.Stale)
+	require.Equal(t, 0, l.Stale)
 	require.Equal(t, 6, l.Running)
 	require.Equal(t, 4, l.Waiting)
 	require.Equal(t, 1, l.InFlight)

@@ -169,7 +169,9 @@ func (s *Scraper) Get(url string) (*Sample, bool) {
 // Run scrapes every target at once, so that signals exist from the start,
 // then each target once every Interval, in its own part of the interval
 // (spreadSlots), until ctx is done. A part that a late wake-up passed is
-// scraped at once, not skipped.
+// scraped at once, not skipped. A target added later is first scraped at
+// the next part, not in its own part up to an Interval later
+// (TestScraperScrapesNewTargetAtOnce).
 func (s *Scraper) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -195,10 +197,10 @@ func (s *Scraper) Run(ctx context.Context) {
 	}
 }
 
-// startSlot starts the scrapes of the targets in one part of the interval
-// and returns; wg counts them.
+// startSlot starts the scrapes of the targets in one part of the interval,
+// and of the targets never scraped, and returns; wg counts them.
 func (s *Scraper) startSlot(ctx context.Context, slot int, wg *sync.WaitGroup) {
-	for _, t := range s.claim(func(t *target) bool { return t.slot == slot }) {
+	for _, t := range s.claim(func(t *target) bool { return t.slot == slot || t.last == nil }) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

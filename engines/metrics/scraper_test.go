@@ -171,3 +171,45 @@ func TestScraperSpreadsScrapes(t *testing.T) {
 		}
 	})
 }
+
+// TestScraperScrapesNewTargetAtOnce: a target added while Run runs is
+// scraped at the next part of the interval, not in its own part up to an
+// interval later, so a replica that just joined has signals before it is
+// judged stale or idle; then it keeps to its own part.
+func TestScraperScrapesNewTargetAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const interval = 2 * time.Second
+		var mu sync.Mutex
+		at := map[string][]time.Time{}
+		client := &http.Client{Transport: roundTrip(func(r *http.Request) (*http.Response, error) {
+			mu.Lock()
+			at[r.URL.RawQuery] = append(at[r.URL.RawQuery], time.Now())
+			mu.Unlock()
+			return &http.Response{StatusCode: http.StatusOK, Header: http.Header{},
+				Body: io.NopCloser(strings.NewReader("vllm:num_requests_running 1\n")), Request: r}, nil
+		})}
+		s := NewScraper(ScraperConfig{Interval: interval, Client: client}, nil)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { s.Run(ctx); close(done) }()
+		time.Sleep(interval / 3)
+		urls := make([]string, 16)
+		for i := range urls {
+			urls[i] = "http://engine.test/metrics?r=" + strconv.Itoa(i)
+		}
+		added := time.Now()
+		s.SetTargets(urls)
+		time.Sleep(2 * interval)
+		cancel()
+		<-done
+
+		mu.Lock()
+		defer mu.Unlock()
+		require.Len(t, at, len(urls))
+		part := interval / spreadSlots
+		for q, ts := range at {
+			require.LessOrEqual(t, ts[0].Sub(added), part, "target %s: first scrape %v after it was added", q, ts[0].Sub(added))
+			require.GreaterOrEqual(t, len(ts), 2, "target %s: scraped again in its own part", q)
+		}
+	})
+}
