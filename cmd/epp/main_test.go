@@ -137,8 +137,8 @@ func TestEPPRoutesThroughGateway(t *testing.T) {
 
 	base := startGateway(t, grpcAddr)
 
-	// The EPP has its endpoints once it scrapes them; until then requests
-	// may still be served (stale replicas are scored down, not dropped).
+	// The EPP lists its endpoints once it has read the file; until its
+	// first scrape a replica is scored as idle.
 	require.Eventually(t, func() bool {
 		var eps []map[string]any
 		getJSON(t, "http://"+adminAddr+"/debug/endpoints", &eps)
