@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/omnious/provider-node/internal/cputime"
 )
 
 // runs is a CachedPrefix over runs ending at ends, as a tokenizer's cache
@@ -181,4 +183,44 @@ func FuzzAppendPrefixKeys(f *testing.F) {
 			require.Equal(t, want, kc.AppendPrefixKeys(nil, root, toks[:n], p), "call %d", i)
 		}
 	})
+}
+
+// BenchmarkPrefixKeys keys a 50k-token prompt (a 200 KB chat) at block
+// size 16 that a tokenizer's cache holds in runs of about 1,365 tokens
+// (its 4 KiB cuts) but its last 100 tokens: through the key cache, which
+// compares the cached tokens (keycache), and through the runs' memos
+// (memo). Both are warm: the same prompt again.
+func BenchmarkPrefixKeys(b *testing.B) {
+	rng := rand.New(rand.NewPCG(27, 28))
+	const n, run = 50_000, 1365
+	toks := randTokens(rng, n)
+	var ends []int
+	for e := run; e < n-100; e += run {
+		ends = append(ends, e)
+	}
+	root := RootKey("m", "", "")
+	for _, memo := range []bool{false, true} {
+		name := "keycache"
+		if memo {
+			name = "memo"
+		}
+		b.Run(name, func(b *testing.B) {
+			kc, err := NewKeyCache(1<<20, 16)
+			require.NoError(b, err)
+			p := newRuns(ends...)
+			keys := make([]Key, 0, n/16)
+			b.ReportAllocs()
+			start, ops := cputime.Clock(), 0
+			for b.Loop() {
+				if memo {
+					keys = kc.AppendPrefixKeys(keys[:0], root, toks, p)
+				} else {
+					keys = kc.AppendBlockKeys(keys[:0], root, toks)
+				}
+				ops++
+			}
+			cputime.Report(b, start, ops)
+			sinkKeys = keys
+		})
+	}
 }
