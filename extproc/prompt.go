@@ -38,10 +38,11 @@ type Prompter interface {
 	Prompt(model string, in *PromptInput) (tokens []uint32, ok bool)
 }
 
-// promptAppender is a Prompter that appends the tokens to a buffer
-// (TokenPrompter.AppendPrompt).
+// promptAppender is a Prompter that appends the tokens to a buffer and
+// says which of them its tokenizer's prefix cache holds
+// (TokenPrompter.AppendPromptPrefix).
 type promptAppender interface {
-	AppendPrompt(dst []uint32, model string, in *PromptInput) ([]uint32, bool)
+	AppendPromptPrefix(dst []uint32, model string, in *PromptInput) ([]uint32, tokenizer.Prefix, bool)
 }
 
 // maxPooledTokens bounds the token buffers the server keeps (4 bytes a
@@ -49,21 +50,23 @@ type promptAppender interface {
 const maxPooledTokens = 1 << 20
 
 // prompt is the prompter's tokens for the stream's request, in a pooled
-// buffer when the prompter can append (give it back with putTokens).
-func (s *Server) prompt(model string, in *PromptInput) ([]uint32, bool) {
+// buffer when the prompter can append (give it back with putTokens), and
+// the cached prefix of them, if any.
+func (s *Server) prompt(model string, in *PromptInput) ([]uint32, tokenizer.Prefix, bool) {
 	if s.appender == nil {
-		return s.prompter.Prompt(model, in)
+		toks, ok := s.prompter.Prompt(model, in)
+		return toks, tokenizer.Prefix{}, ok
 	}
 	var dst []uint32
 	if b, ok := s.tokenBufs.Get().(*[]uint32); ok {
 		dst = (*b)[:0]
 	}
-	toks, ok := s.appender.AppendPrompt(dst, model, in)
+	toks, prefix, ok := s.appender.AppendPromptPrefix(dst, model, in)
 	if !ok {
 		s.putTokens(toks)
-		return nil, false
+		return nil, tokenizer.Prefix{}, false
 	}
-	return toks, true
+	return toks, prefix, true
 }
 
 // putTokens recycles the buffer of prompt's tokens once nothing reads
@@ -133,10 +136,20 @@ func (p *TokenPrompter) Prompt(model string, in *PromptInput) ([]uint32, bool) {
 // TestAllocsPromptTokens). A token-list prompt comes back in a slice of
 // its own.
 func (p *TokenPrompter) AppendPrompt(dst []uint32, model string, in *PromptInput) ([]uint32, bool) {
+	dst, _, ok := p.AppendPromptPrefix(dst, model, in)
+	return dst, ok
+}
+
+// AppendPromptPrefix is AppendPrompt that also returns the leading tokens
+// the model's tokenizer, when it is a PrefixCache, holds in its entries:
+// its ids are the first Prefix.Len() of the tokens returned
+// (TestPromptPrefixIDs). The Prefix is the zero one for a completions
+// prompt, or when dst was not empty.
+func (p *TokenPrompter) AppendPromptPrefix(dst []uint32, model string, in *PromptInput) ([]uint32, tokenizer.Prefix, bool) {
 	mt, ok := p.models[model]
 	if !ok {
 		if p.def == nil {
-			return dst, false
+			return dst, tokenizer.Prefix{}, false
 		}
 		mt = *p.def
 	}
@@ -146,22 +159,22 @@ func (p *TokenPrompter) AppendPrompt(dst []uint32, model string, in *PromptInput
 	case APIChat:
 		msgs, err := decodeMessages(in.Messages)
 		if err != nil {
-			return dst, false
+			return dst, tokenizer.Prefix{}, false
 		}
 		if mt.Template == nil {
 			buf = p.textBuf()
 		}
 		if text, err = renderChat(mt.Template, msgs, in, buf); err != nil {
 			p.putText(buf)
-			return dst, false
+			return dst, tokenizer.Prefix{}, false
 		}
 	case APIResponses:
 		if mt.Harmony {
-			return dst, false
+			return dst, tokenizer.Prefix{}, false
 		}
 		msgs, err := responsesMessages(in)
 		if err != nil {
-			return dst, false
+			return dst, tokenizer.Prefix{}, false
 		}
 		if mt.Template == nil {
 			buf = p.textBuf()
@@ -169,16 +182,22 @@ func (p *TokenPrompter) AppendPrompt(dst []uint32, model string, in *PromptInput
 		// No chat_template_kwargs: vLLM's Responses request has none.
 		if text, err = renderChat(mt.Template, msgs, &PromptInput{AddGenerationPrompt: true}, buf); err != nil {
 			p.putText(buf)
-			return dst, false
+			return dst, tokenizer.Prefix{}, false
 		}
 	case APICompletions:
-		return completionTokens(dst, mt.Tokenizer, in.Prompt)
+		toks, ok := completionTokens(dst, mt.Tokenizer, in.Prompt)
+		return toks, tokenizer.Prefix{}, ok
 	default:
-		return dst, false
+		return dst, tokenizer.Prefix{}, false
 	}
-	dst = mt.Tokenizer.Encode(dst, text)
+	var prefix tokenizer.Prefix
+	if pc, ok := mt.Tokenizer.(*tokenizer.PrefixCache); ok && len(dst) == 0 {
+		dst, prefix = pc.EncodePrefix(dst, text)
+	} else {
+		dst = mt.Tokenizer.Encode(dst, text)
+	}
 	p.putText(buf) // text is not read again (TestAppendPromptReusesText)
-	return dst, true
+	return dst, prefix, true
 }
 
 // textBuf returns an empty rendering buffer from the pool.

@@ -169,8 +169,11 @@ func (st *stream) pick(api API, body []byte, parsed, inference bool) (*scheduler
 		}
 		if s.prompter != nil && inference {
 			in := promptInput(api, body, &st.rb)
-			if toks, ok := s.prompt(st.targetModel, &in); ok {
+			if toks, prefix, ok := s.prompt(st.targetModel, &in); ok {
 				req.Tokens, mode = toks, "precise"
+				if prefix.Len() > 0 {
+					req.Prefix = prefix
+				}
 			} else if s.firstApprox(st.targetModel) {
 				st.logApproximate()
 			}
@@ -183,7 +186,7 @@ func (st *stream) pick(api API, body []byte, parsed, inference bool) (*scheduler
 	}
 	req.PromptText = nil // it aliases the body; the scheduler must not keep it
 	s.putTokens(req.Tokens)
-	req.Tokens = nil
+	req.Tokens, req.Prefix = nil, nil
 	if err != nil {
 		var se *scheduler.Error
 		if errors.As(err, &se) {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/omnious/provider-node/endpoint"
+	"github.com/omnious/provider-node/kvindex"
 )
 
 // Request is what the scheduler needs to know about one request. The
@@ -32,6 +33,12 @@ type Request struct {
 	// They must not be kept after Pick returns (the ext_proc server reuses
 	// their buffer).
 	Tokens []uint32
+	// Prefix, when non-nil, holds Tokens' leading ids as the tokenizer's
+	// prefix cache stored them (tokenizer.PrefixCache.EncodePrefix): the
+	// block keys of that part come from its entries rather than from a
+	// comparison and hash of the tokens (kvindex.KeyCache.AppendPrefixKeys).
+	// Its ids must be Tokens' first ones. Not kept after Pick returns.
+	Prefix kvindex.CachedPrefix
 	// PromptText is the prompt as text (rendered chat or completion prompt),
 	// for approximate prefix matching. It may alias the request body: the
 	// scheduler must not keep it after Pick returns.

@@ -98,7 +98,7 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 		n := len(req.Tokens)
 		root := kvindex.RootKey(base, adapter, req.CacheSalt)
 		lookupStart := time.Now()
-		sc.keys = s.keys.AppendBlockKeys(sc.keys, root, req.Tokens)
+		sc.keys = s.keys.AppendPrefixKeys(sc.keys, root, req.Tokens, req.Prefix)
 		sc.matches = s.ix.Match(sc.keys, sc.matches)
 		s.m.lookup.Observe(time.Since(lookupStart).Seconds())
 		cpuW, storageW := *s.cfg.Prefix.CPUWeight, *s.cfg.Prefix.StorageWeight

@@ -31,7 +31,9 @@ type PrefixCacheConfig struct {
 	// ids alone would take more than a sixteenth of it is not cached.
 	// Entries hold only the ids after their parent's, so a parent dropped
 	// from the cache lives on while a cached later prefix needs it, and
-	// counts against MaxBytes until none does. Default 64 MiB.
+	// counts against MaxBytes until none does. What a caller stores in
+	// an entry's memo (EncodePrefix) is not counted: the EPP's block keys,
+	// 8 bytes a block of ids, add an eighth at block size 16. Default 64 MiB.
 	MaxBytes int64
 }
 
@@ -72,6 +74,10 @@ type prefixEntry struct {
 	ids    []uint32     // ids after the parent's, its own allocation; never written after insertion
 	total  int          // ids in the whole prefix
 	refs   atomic.Int32 // the cache's and each child's
+	// memo is what a caller derived from the prefix's ids (the block
+	// keys kvindex.KeyCache.AppendPrefixKeys stores): set at most once,
+	// by the caller, never read by the cache.
+	memo atomic.Value
 }
 
 func (e *prefixEntry) size() int64 { return 4*int64(cap(e.ids)) + 96 }
@@ -161,6 +167,15 @@ type cutPoint struct {
 
 // Encode appends the ids of text, reusing a cached prefix when one matches.
 func (c *PrefixCache) Encode(dst []uint32, text string) []uint32 {
+	dst, _ = c.EncodePrefix(dst, text)
+	return dst
+}
+
+// EncodePrefix is Encode that also returns the prefix of the ids it
+// appended that cache entries hold: the one it reused followed by those
+// it stored. The Prefix's ids are the first Prefix.Len() ids appended, bit
+// for bit (TestEncodePrefixIDs, FuzzEncodePrefix).
+func (c *PrefixCache) EncodePrefix(dst []uint32, text string) ([]uint32, Prefix) {
 	// Room for the ids at about 3 bytes a token (English runs near 4):
 	// growing a 50k-id prompt by doubling allocated twice its size again.
 	// No text, no ids: dst stays as it was (nil stays nil).
@@ -221,10 +236,10 @@ func (c *PrefixCache) Encode(dst []uint32, text string) []uint32 {
 	var ends []int // len(dst) at each new cut, in order
 	dst = c.tok.encode(dst, text[from:], cont, mids, func(_, n int) { ends = append(ends, n) })
 	if len(ends) != len(newCuts) || len(newCuts) == 0 {
-		return dst // a mismatch cannot happen: both are the same scan
+		return dst, Prefix{hit} // a mismatch cannot happen: both are the same scan
 	}
 	if 4*int64(ends[len(ends)-1]-start) > c.maxBytes/16 {
-		return dst // one huge text would flush everything else
+		return dst, Prefix{hit} // one huge text would flush everything else
 	}
 	// Each cached cut stores a private copy (the caller owns dst) of the
 	// ids since the previous one and points to it; the first one chains to
@@ -248,9 +263,11 @@ func (c *PrefixCache) Encode(dst []uint32, text string) []uint32 {
 		c.hold(e)
 		if old, found, _ := c.cache.PeekOrAdd(p.hash, e); found {
 			// Cached meanwhile (another request), or a hash collision,
-			// which the byte length check on lookup tells apart.
+			// which the byte length check on lookup tells apart. The
+			// chain goes on from old only when its ids are e's, so that
+			// the returned Prefix holds this text's ids.
 			c.release(e)
-			if old.n == e.n {
+			if old.n == e.n && old.parent == e.parent && slices.Equal(old.ids, e.ids) {
 				e = old
 			}
 		}
@@ -259,5 +276,36 @@ func (c *PrefixCache) Encode(dst []uint32, text string) []uint32 {
 	for c.bytes.Load() > c.maxBytes && c.cache.Len() > 0 {
 		c.cache.RemoveOldest()
 	}
-	return dst
+	return dst, Prefix{parent}
+}
+
+// Prefix is the leading ids of an EncodePrefix call held by cache
+// entries, as the chain of entries they are stored in: each entry holds
+// the ids after its parent's. The zero Prefix holds none. A Prefix stays
+// valid after its entries leave the cache (entries are never written
+// after insertion), and keeps them from the collector: do not keep it
+// past the request.
+type Prefix struct{ e *prefixEntry }
+
+// Len is the number of ids the prefix holds.
+func (p Prefix) Len() int {
+	if p.e == nil {
+		return 0
+	}
+	return p.e.total
+}
+
+// AppendRuns appends, for each entry of the chain from the first, its end
+// (the ids it and its ancestors hold) to ends and its memo to memos. A
+// memo is a slot for what the caller derives from the ids up to its end:
+// the cache never reads it, and a caller must store in it only what
+// depends on nothing but those ids and a tag it stores alongside.
+func (p Prefix) AppendRuns(ends []int, memos []*atomic.Value) ([]int, []*atomic.Value) {
+	if p.e == nil {
+		return ends, memos
+	}
+	if p.e.parent != nil {
+		ends, memos = Prefix{p.e.parent}.AppendRuns(ends, memos)
+	}
+	return append(ends, p.e.total), append(memos, &p.e.memo)
 }
