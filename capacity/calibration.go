@@ -122,6 +122,34 @@ func sortedBins[B any](m map[int]*B) []B {
 	return out
 }
 
+// HeldStreams is the largest concurrency level of the ladder whose p95
+// time to first token and p95 inter-token latency were both within o
+// (defaulted): the most streams the whole fleet, every replica loaded at
+// once, was seen to hold. ok is false when the levels say nothing about
+// o: there are none, or they were measured at another quantile. A level
+// that held above one that broke counts (the edge is noisy and the higher
+// level was measured within); a level of no requests never held; none
+// held reads 0, true.
+//
+// A replica's curve is keyed by its own load alone, so its bins at a load
+// may have been learnt while the other replicas ran little: the sum of
+// the replicas' streams assumes each keeps its latency whatever the others
+// run, which holds for replicas on their own accelerators and not for
+// replicas sharing cores. The levels are the fleet-wide measurement that
+// bounds that sum (quoter.ComputeHeadroom, TestHeldStreams).
+func (c *Calibration) HeldStreams(o Objectives) (streams float64, ok bool) {
+	o = o.WithDefaults()
+	if len(c.Levels) == 0 || math.Abs(c.Objectives.Quantile-o.Quantile) > 1e-9 {
+		return 0, false
+	}
+	for _, l := range c.Levels {
+		if l.Requests > 0 && l.TTFTP95Seconds <= o.TTFT.Seconds() && l.ITLP95Seconds <= o.ITL.Seconds() {
+			streams = max(streams, float64(l.Concurrency))
+		}
+	}
+	return streams, true
+}
+
 // maxCalibrationBytes bounds a calibration document: a curve is a few
 // kilobytes per batch-size bin.
 const maxCalibrationBytes = 8 << 20
@@ -169,6 +197,13 @@ func (c *Calibration) Validate() error {
 	for _, v := range []float64{o.TTFTSeconds, o.ITLSeconds, o.Quantile} {
 		if !(v > 0) || math.IsInf(v, 0) {
 			return errors.New("calibration objectives are not positive numbers")
+		}
+	}
+	for i, l := range c.Levels {
+		for _, v := range []float64{float64(l.Concurrency), float64(l.Requests), float64(l.Errors), l.TTFTP95Seconds, l.ITLP95Seconds, l.OutputTokensPerSec} {
+			if !(v >= 0) || math.IsInf(v, 0) {
+				return fmt.Errorf("calibration level %d has a negative or non-finite value", i)
+			}
 		}
 	}
 	if len(c.Curve.Bins) == 0 {
