@@ -64,3 +64,43 @@ func TestCalibrationRefusesBadLevels(t *testing.T) {
 		})
 	}
 }
+
+func TestStreamsBound(t *testing.T) {
+	// A curve whose streams a replica are about 15 (within to 10, 0.93
+	// at 20), claimed over 2 replicas.
+	c := testCurve(testBin(5, 1, 1, 50, 500), testBin(10, 0.97, 1, 100, 500), testBin(20, 0.93, 1, 180, 500))
+	at, err := c.At(testObjectives)
+	require.NoError(t, err)
+	claim := 2 * at.Streams
+	require.InDelta(t, 30, claim, 5)
+	lv := func(c int, within bool) Level {
+		itl := 0.04
+		if !within {
+			itl = 0.07
+		}
+		return Level{Concurrency: c, Requests: 100, TTFTP95Seconds: 0.5, ITLP95Seconds: itl}
+	}
+	thin := testCurve(testBin(5, 1, 1, 50, 10))
+	for _, tc := range []struct {
+		name   string
+		curve  Curve
+		levels []Level
+		want   float64
+		ok     bool
+	}{
+		{"measured past the claim, all held up to it: the ladder vouches", c, []Level{lv(10, true), lv(20, true), lv(40, false)}, 0, false},
+		{"the claim's own level held", c, []Level{lv(10, true), lv(int(claim)+1, true)}, 0, false},
+		{"never measured as far as the claim: bounded", c, []Level{lv(10, true), lv(20, true)}, 20, true},
+		{"a level below the claim broke: bounded by the highest held", c, []Level{lv(10, true), lv(15, false), lv(20, true), lv(40, false)}, 20, true},
+		{"a curve too thin to read cannot be vouched for", thin, []Level{lv(10, true), lv(40, false)}, 10, true},
+		{"no levels: no bound", c, nil, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cal := &Calibration{Replicas: 2, Levels: tc.levels, Curve: tc.curve,
+				Objectives: ObjectivesJSON{TTFTSeconds: 2, ITLSeconds: 0.05, Quantile: 0.95}}
+			got, ok := cal.StreamsBound(testObjectives)
+			require.Equal(t, tc.ok, ok)
+			require.Equal(t, tc.want, got)
+		})
+	}
+}

@@ -481,7 +481,7 @@ func FuzzReadCalibration(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if s, ok := c.HeldStreams(testObjectives); ok && (!(s >= 0) || math.IsInf(s, 0)) {
+		if s, ok := c.StreamsBound(testObjectives); ok && (!(s >= 0) || math.IsInf(s, 0)) {
 			t.Fatalf("held streams %v", s)
 		}
 		at, err := c.Curve.At(testObjectives)
