@@ -80,10 +80,11 @@ type Assessment struct {
 	// within the objectives.
 	Streams float64 `json:"streams"`
 	// CalibratedStreams is the most streams the calibration's ladder held
-	// with the whole fleet loaded (capacity.Calibration.HeldStreams),
-	// scaled to the replicas with a capacity; nil when no calibration
-	// bounds the sum (none used, or its levels measured at another
-	// quantile).
+	// with the whole fleet loaded, scaled to the replicas with a
+	// capacity, where the ladder bounds the sum
+	// (capacity.Calibration.StreamsBound); nil where it does not (no
+	// calibration used, its levels at another quantile, or a ladder that
+	// held what its own curve claimed).
 	CalibratedStreams *float64 `json:"calibrated_streams,omitempty"`
 	Busy              float64  `json:"busy"`
 	BusyTokensPerSec  float64  `json:"busy_tokens_per_sec"`
@@ -135,14 +136,17 @@ type ReplicaAssessment struct {
 // where, with a calibration read into a replica's curve, S is at most
 // the calibration's held streams (the highest level of its ladder within
 // the objectives, the whole fleet loaded at once) times the replicas with
-// a capacity over the replicas it ran on. A replica's curve is keyed by
-// its own load, learnt while the others ran whatever they ran; summed,
-// the replicas' streams assume each holds its latency whatever the others
-// run, true of replicas on their own accelerators and false of replicas
-// sharing cores, where the sum promised loads the fleet never held
-// (TestComputeHeadroomCalibratedStreams). A fleet whose replicas are
-// independent held about the sum in its ladder and loses at most one of
-// the ladder's steps.
+// a capacity over the replicas it ran on, unless the ladder vouches for
+// the curves (capacity.Calibration.StreamsBound). A replica's curve is
+// keyed by its own load, learnt while the others ran whatever they ran;
+// summed, the replicas' streams assume each holds its latency whatever
+// the others run, true of replicas on their own accelerators and false of
+// replicas sharing cores, where the sum promised loads the fleet never
+// held. The ladder tells them apart on its own traffic: where the
+// calibration's curve, summed over its replicas, claims no more than the
+// levels measured and no level up to the claim broke, the replicas added
+// up to what the fleet did and their sum stands
+// (TestComputeHeadroomCalibratedStreams, TestComputeHeadroomReplaysRuns).
 //
 // The concurrency is what a client holding its requests open may hold;
 // arrivals from many independent clients at the quoted rate hold fewer
@@ -229,8 +233,8 @@ func ComputeHeadroom(m capacity.Model, cal *capacity.Calibration, o capacity.Obj
 		a.Replicas = append(a.Replicas, ra)
 	}
 	if calibrated && cal.Replicas > 0 {
-		if held, ok := cal.HeldStreams(o); ok {
-			fleet := held * float64(selling) / float64(cal.Replicas)
+		if bound, ok := cal.StreamsBound(o); ok {
+			fleet := bound * float64(selling) / float64(cal.Replicas)
 			a.CalibratedStreams = &fleet
 			a.Streams = min(a.Streams, fleet)
 		}
