@@ -464,8 +464,8 @@ func TestCalibrationRoundTrip(t *testing.T) {
 }
 
 // FuzzReadCalibration: a calibration file is outside input; whatever it
-// holds, reading it either fails or yields a curve At can read and held
-// streams that are a finite count.
+// holds, reading it either fails or yields a curve At can read and a
+// streams bound that is a finite count.
 func FuzzReadCalibration(f *testing.F) {
 	var buf bytes.Buffer
 	c := &Calibration{Version: CalibrationVersion, Model: "m", Replicas: 1, Objectives: ObjectivesJSON{TTFTSeconds: 2, ITLSeconds: 0.05, Quantile: 0.95},

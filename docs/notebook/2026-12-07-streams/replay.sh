@@ -13,6 +13,8 @@ row() { # name dir-with-files snapshot calibration [objective flags]
 	done
 }
 printf 'run\tbinary\ttok/s\tstreams\tsum or bound\tcalibrated_streams\n'
+D=$(dirname "$0")/../2026-12-06-capacity-demo/dir
+row "simulated demo fleet, 4 replicas (2 s / 50 ms)" "$D/snapshot-1.json" "$D/calibration.json"
 row "notebook calibration (2 s / 50 ms)" "$P/capacity-snapshot.json" "$P/calibration.json"
 row "attempt 7 (2 s / 50 ms)" "$P/proof/attempt-7/state/snapshot-0.json" "$P/proof/attempt-7/state/calibration.json"
 row "attempt 8, precise (2 s / 50 ms)" "$P/proof/precise/state/snapshot-0.json" "$P/proof/precise/state/calibration.json"
