@@ -122,6 +122,73 @@ func sortedBins[B any](m map[int]*B) []B {
 	return out
 }
 
+// HeldStreams is the largest concurrency level of the ladder whose p95
+// time to first token and p95 inter-token latency were both within o
+// (defaulted): the most streams the whole fleet, every replica loaded at
+// once, was seen to hold. ok is false when the levels say nothing about
+// o: there are none, or they were measured at another quantile. A level
+// that held above one that broke counts (the edge is noisy and the higher
+// level was measured within); a level of no requests never held; none
+// held reads 0, true (TestHeldStreams).
+func (c *Calibration) HeldStreams(o Objectives) (streams float64, ok bool) {
+	o = o.WithDefaults()
+	if len(c.Levels) == 0 || math.Abs(c.Objectives.Quantile-o.Quantile) > 1e-9 {
+		return 0, false
+	}
+	for _, l := range c.Levels {
+		if l.held(o) {
+			streams = max(streams, float64(l.Concurrency))
+		}
+	}
+	return streams, true
+}
+
+// held reports whether the level was within o.
+func (l Level) held(o Objectives) bool {
+	return l.Requests > 0 && l.TTFTP95Seconds <= o.TTFT.Seconds() && l.ITLP95Seconds <= o.ITL.Seconds()
+}
+
+// StreamsBound is the most streams a pool of c.Replicas replicas may be
+// sold at o, and whether the ladder bounds them at all.
+//
+// A replica's curve is keyed by its own load alone, so its bins at a load
+// may have been learnt while the other replicas ran little: the sum of
+// the replicas' streams assumes each keeps its latency whatever the others
+// run, which holds for replicas on their own accelerators and not for
+// replicas sharing cores. The ladder is the fleet-wide measurement that
+// tells them apart, on the calibration's own traffic: its curve read at o
+// (Curve.At), summed over its replicas, is what the replicas' curves
+// claim the fleet holds. The ladder vouches for that claim when the claim
+// is within the levels measured and no level at or below it broke; the
+// replicas then added up to what the fleet did, and nothing is bounded
+// (ok false), whatever mix the live curves read later. Otherwise the sum
+// over-reads the fleet (a load never measured fleet-wide, or one that
+// broke), and the bound is HeldStreams. A ladder that says nothing of o
+// bounds nothing (TestStreamsBound).
+func (c *Calibration) StreamsBound(o Objectives) (streams float64, ok bool) {
+	held, ok := c.HeldStreams(o)
+	if !ok {
+		return 0, false
+	}
+	if at, err := c.Curve.At(o.WithDefaults()); err == nil && c.vouches(at.Streams*float64(c.Replicas), o.WithDefaults()) {
+		return 0, false
+	}
+	return held, true
+}
+
+// vouches reports whether the ladder measured a load of claim streams or
+// more and held every level at or below it.
+func (c *Calibration) vouches(claim float64, o Objectives) bool {
+	top := 0.0
+	for _, l := range c.Levels {
+		top = max(top, float64(l.Concurrency))
+		if float64(l.Concurrency) <= claim && !l.held(o) {
+			return false
+		}
+	}
+	return claim <= top
+}
+
 // maxCalibrationBytes bounds a calibration document: a curve is a few
 // kilobytes per batch-size bin.
 const maxCalibrationBytes = 8 << 20
@@ -169,6 +236,13 @@ func (c *Calibration) Validate() error {
 	for _, v := range []float64{o.TTFTSeconds, o.ITLSeconds, o.Quantile} {
 		if !(v > 0) || math.IsInf(v, 0) {
 			return errors.New("calibration objectives are not positive numbers")
+		}
+	}
+	for i, l := range c.Levels {
+		for _, v := range []float64{float64(l.Concurrency), float64(l.Requests), float64(l.Errors), l.TTFTP95Seconds, l.ITLP95Seconds, l.OutputTokensPerSec} {
+			if !(v >= 0) || math.IsInf(v, 0) {
+				return fmt.Errorf("calibration level %d has a negative or non-finite value", i)
+			}
 		}
 	}
 	if len(c.Curve.Bins) == 0 {

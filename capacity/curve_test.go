@@ -464,11 +464,13 @@ func TestCalibrationRoundTrip(t *testing.T) {
 }
 
 // FuzzReadCalibration: a calibration file is outside input; whatever it
-// holds, reading it either fails or yields a curve At can read.
+// holds, reading it either fails or yields a curve At can read and a
+// streams bound that is a finite count.
 func FuzzReadCalibration(f *testing.F) {
 	var buf bytes.Buffer
 	c := &Calibration{Version: CalibrationVersion, Model: "m", Replicas: 1, Objectives: ObjectivesJSON{TTFTSeconds: 2, ITLSeconds: 0.05, Quantile: 0.95},
-		Curve: testCurve(testBin(10, 0.99, 1, 100, 500), testBin(20, 0.9, 0.9, 150, 500))}
+		Curve:  testCurve(testBin(10, 0.99, 1, 100, 500), testBin(20, 0.9, 0.9, 150, 500)),
+		Levels: []Level{{Concurrency: 2, Requests: 50, TTFTP95Seconds: 0.3, ITLP95Seconds: 0.03}, {Concurrency: 4, Requests: 60, ITLP95Seconds: 0.07}}}
 	c.Curve.Stall = []StallBin{testStall(1000, 0.99, 500), testStall(4000, 0.5, 500)}
 	c.Curve.Prefill = testMix
 	_ = c.Write(&buf)
@@ -478,6 +480,9 @@ func FuzzReadCalibration(f *testing.F) {
 		c, err := ReadCalibration(bytes.NewReader(data))
 		if err != nil {
 			return
+		}
+		if s, ok := c.StreamsBound(testObjectives); ok && (!(s >= 0) || math.IsInf(s, 0)) {
+			t.Fatalf("held streams %v", s)
 		}
 		at, err := c.Curve.At(testObjectives)
 		if err == nil && (at.Concurrency < 0 || math.IsNaN(at.Concurrency) || math.IsNaN(at.OutputTokensPerSec) ||

@@ -75,11 +75,19 @@ type Assessment struct {
 	// load now.
 	Concurrency        float64 `json:"concurrency"`
 	OutputTokensPerSec float64 `json:"output_tokens_per_sec"`
-	// Streams is the sum of the replicas' capacity.AtObjectives.Streams:
-	// the requests a client may keep in flight within the objectives.
-	Streams          float64 `json:"streams"`
-	Busy             float64 `json:"busy"`
-	BusyTokensPerSec float64 `json:"busy_tokens_per_sec"`
+	// Streams is the sum of the replicas' capacity.AtObjectives.Streams,
+	// at most CalibratedStreams: the requests a client may keep in flight
+	// within the objectives.
+	Streams float64 `json:"streams"`
+	// CalibratedStreams is the most streams the calibration's ladder held
+	// with the whole fleet loaded, scaled to the replicas with a
+	// capacity, where the ladder bounds the sum
+	// (capacity.Calibration.StreamsBound); nil where it does not (no
+	// calibration used, its levels at another quantile, or a ladder that
+	// held what its own curve claimed).
+	CalibratedStreams *float64 `json:"calibrated_streams,omitempty"`
+	Busy              float64  `json:"busy"`
+	BusyTokensPerSec  float64  `json:"busy_tokens_per_sec"`
 }
 
 // ReplicaAssessment is one replica's share of an Assessment.
@@ -125,6 +133,21 @@ type ReplicaAssessment struct {
 //	concurrency  = max(0, S - B)
 //	tokens/s     = max(0, min(T - L, T * concurrency / S))
 //
+// where, with a calibration read into a replica's curve, S is at most
+// the calibration's held streams (the highest level of its ladder within
+// the objectives, the whole fleet loaded at once) times the replicas with
+// a capacity over the replicas it ran on, unless the ladder vouches for
+// the curves (capacity.Calibration.StreamsBound). A replica's curve is
+// keyed by its own load, learnt while the others ran whatever they ran;
+// summed, the replicas' streams assume each holds its latency whatever
+// the others run, true of replicas on their own accelerators and false of
+// replicas sharing cores, where the sum promised loads the fleet never
+// held. The ladder tells them apart on its own traffic: where the
+// calibration's curve, summed over its replicas, claims no more than the
+// levels measured and no level up to the claim broke, the replicas added
+// up to what the fleet did and their sum stands
+// (TestComputeHeadroomCalibratedStreams, TestComputeHeadroomReplaysRuns).
+//
 // The concurrency is what a client holding its requests open may hold;
 // arrivals from many independent clients at the quoted rate hold fewer
 // (capacity.concurrency, the load the engines held at that rate), and
@@ -157,7 +180,7 @@ type ReplicaAssessment struct {
 // one at today's lighter load.
 func ComputeHeadroom(m capacity.Model, cal *capacity.Calibration, o capacity.Objectives) (Headroom, Assessment) {
 	var a Assessment
-	pool := 0
+	pool, selling, calibrated := 0, 0, false
 	for _, r := range m.ReplicaCapacity {
 		if r.Healthy {
 			pool++
@@ -199,6 +222,8 @@ func ComputeHeadroom(m capacity.Model, cal *capacity.Calibration, o capacity.Obj
 			}
 			at.BoundKV(ra.Busy, r.FreeKVTokens, r.TotalKVTokens, curve.Prefill)
 			ra.Capacity, ra.Source = at, source
+			selling++
+			calibrated = calibrated || source != "live"
 			a.Concurrency += at.Concurrency
 			a.Streams += at.Streams
 			a.OutputTokensPerSec += at.OutputTokensPerSec
@@ -206,6 +231,13 @@ func ComputeHeadroom(m capacity.Model, cal *capacity.Calibration, o capacity.Obj
 			a.BusyTokensPerSec += finite(r.OutputTokensPerSec)
 		}
 		a.Replicas = append(a.Replicas, ra)
+	}
+	if calibrated && cal.Replicas > 0 {
+		if bound, ok := cal.StreamsBound(o); ok {
+			fleet := bound * float64(selling) / float64(cal.Replicas)
+			a.CalibratedStreams = &fleet
+			a.Streams = min(a.Streams, fleet)
+		}
 	}
 	conc, tps := finite(a.Streams-a.Busy), 0.0
 	if conc > 0 {
