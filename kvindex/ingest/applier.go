@@ -60,7 +60,7 @@ type item struct {
 	f        *feed
 	kind     itemKind
 	pos      kvevents.Position
-	batch    kvevents.Batch // a copy: the subscriber reuses its own
+	batch    kvevents.Batch // exchanged for the subscriber's (kvevents.Handler)
 	mismatch uint64         // blocks of another block size
 	reason   string         // of a reset
 	stopped  chan struct{}  // closed once a stop is applied
@@ -91,11 +91,12 @@ func (a *applier) put(it *item) {
 	}
 }
 
-// batch queues a copy of b for f.
+// batch queues b for f, taking it without a copy: the subscriber gets
+// the memory of a batch applied earlier to decode its next one into.
 func (a *applier) batch(f *feed, pos kvevents.Position, b *kvevents.Batch, mismatch uint64) {
 	it := a.pool.Get().(*item)
 	it.f, it.kind, it.pos, it.mismatch = f, itemBatch, pos, mismatch
-	copyBatch(&it.batch, b)
+	it.batch, *b = *b, it.batch
 	a.put(it)
 }
 
@@ -248,20 +249,3 @@ func (a *applier) run() {
 // heldRetry is how often the applier tries again the feeds a snapshot
 // holds while nothing else arrives.
 const heldRetry = time.Millisecond
-
-// copyBatch makes dst a copy of src, reusing dst's memory: events, their
-// block hashes and token ids (strings are immutable and shared).
-func copyBatch(dst, src *kvevents.Batch) {
-	evs := dst.Events[:cap(dst.Events)]
-	if len(evs) < len(src.Events) {
-		evs = append(evs, make([]kvevents.Event, len(src.Events)-len(evs))...)
-	}
-	for i := range src.Events {
-		hashes := append(evs[i].BlockHashes[:0], src.Events[i].BlockHashes...)
-		toks := append(evs[i].TokenIDs[:0], src.Events[i].TokenIDs...)
-		evs[i] = src.Events[i]
-		evs[i].BlockHashes, evs[i].TokenIDs = hashes, toks
-	}
-	dst.Events = evs[:len(src.Events)]
-	dst.TS, dst.DPRank, dst.HasDPRank, dst.Unknown = src.TS, src.DPRank, src.HasDPRank, src.Unknown
-}
