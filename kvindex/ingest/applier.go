@@ -92,9 +92,14 @@ func (a *applier) put(it *item) {
 }
 
 // batch queues b for f, taking it without a copy: the subscriber gets
-// the memory of a batch applied earlier to decode its next one into.
+// the memory of a batch applied earlier to decode its next one into,
+// f's own last one when it is applied (spare), so that its events have
+// the shapes of that engine's and decoding allocates nothing.
 func (a *applier) batch(f *feed, pos kvevents.Position, b *kvevents.Batch, mismatch uint64) {
-	it := a.pool.Get().(*item)
+	it := f.spare.Swap(nil)
+	if it == nil {
+		it = a.pool.Get().(*item)
+	}
 	it.f, it.kind, it.pos, it.mismatch = f, itemBatch, pos, mismatch
 	it.batch, *b = *b, it.batch
 	a.put(it)
@@ -135,8 +140,13 @@ func (a *applier) run() {
 				}
 			}
 			if it.kind != itemStop {
+				f := it.f
 				it.f = nil
-				a.pool.Put(it)
+				// A batch's memory goes back to its feed for the next
+				// batch, unless the feed has one (or is stopped: f nil).
+				if it.kind != itemBatch || f == nil || !f.spare.CompareAndSwap(nil, it) {
+					a.pool.Put(it)
+				}
 			}
 		}
 		done = done[:0]

@@ -215,3 +215,29 @@ func TestApplierGoesOnWhileASnapshotHoldsAFeed(t *testing.T) {
 	require.Equal(t, kvindex.ReplicaStats{StoredBlocks: 2, Resets: 1, Blocks: 1}, held.stats)
 	require.Equal(t, kvevents.Position{Seq: 2}, held.pos)
 }
+
+// TestApplierHandsBackTheFeedsOwnBatch: once a feed's batch is applied,
+// its memory is what the feed's subscriber gets back with the next batch,
+// so each engine's batches are decoded into memory of their own shapes.
+func TestApplierHandsBackTheFeedsOwnBatch(t *testing.T) {
+	ix := kvindex.New(kvindex.Config{})
+	m, err := New(Config{}, benchBlock, ix, zap.NewNop())
+	require.NoError(t, err)
+	defer m.Close()
+	newFeed := func(r kvindex.Replica) *feed {
+		return &feed{src: Source{Replica: r, Name: fmt.Sprintf("10.0.0.%d:8000", r), Model: model}, log: zap.NewNop(),
+			blockSize: benchBlock, lag: m.lag, apply: m.apply, state: kvindex.NewReplicaState(ix, r, model)}
+	}
+	steps := engineCycle(1)
+	f, other := newFeed(1), newFeed(2)
+	first := &kvevents.Batch{Events: slices.Clone(steps[0])}
+	mem := &first.Events[0]
+	f.HandleBatch("", kvevents.Position{Seq: 0}, first)
+	require.Eventually(t, func() bool { return f.spare.Load() != nil }, 5*time.Second, time.Millisecond)
+	// Another feed's batch does not take it.
+	other.HandleBatch("", kvevents.Position{Seq: 0}, &kvevents.Batch{Events: slices.Clone(steps[0])})
+	next := &kvevents.Batch{Events: slices.Clone(steps[1])}
+	f.HandleBatch("", kvevents.Position{Seq: 1}, next)
+	require.NotEmpty(t, next.Events[:cap(next.Events)])
+	require.Same(t, mem, &next.Events[:1][0], "the feed's first batch is handed back with its second")
+}
