@@ -463,12 +463,23 @@ func FuzzDecodeBatch(f *testing.F) {
 	f.Add(unhex(f, contractArrayPayload))
 	f.Add(unhex(f, "93 00 dd ff ff ff ff"))
 	f.Add([]byte{})
+	// A batch decoded into before, as a subscriber reuses its own.
+	used, err := AppendBatch(nil, &Batch{TS: 2, Events: sampleEvents(), HasDPRank: true, DPRank: 3}, FormatMap, HashBytes)
+	if err != nil {
+		f.Fatal(err)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		var b Batch
+		var b, reused Batch
+		require.NoError(t, DecodeBatch(used, &reused))
+		errReused := DecodeBatch(data, &reused)
 		if err := DecodeBatch(data, &b); err != nil {
 			require.ErrorIs(t, err, ErrMalformed)
+			require.Error(t, errReused)
 			return
 		}
+		// Decoding into a batch used before gives what a new one gets.
+		require.NoError(t, errReused)
+		requireBatchEqual(t, &b, &reused)
 		// Whatever decodes must re-encode and decode to the same batch.
 		out, err := AppendBatch(nil, &b, FormatMap, HashUint64)
 		require.NoError(t, err)

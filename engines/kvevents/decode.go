@@ -34,7 +34,10 @@ const MaxSaltLen = 1024
 // input yields an error wrapping ErrMalformed, never a panic or a large
 // allocation.
 func DecodeBatch(data []byte, b *Batch) error {
-	b.Reset()
+	// Not Reset: each event is cleared as it is decoded into (events), so
+	// clearing them first too cost a pass over the batch.
+	b.Events = b.Events[:0]
+	b.TS, b.DPRank, b.HasDPRank, b.Unknown = 0, 0, false, 0
 	r := reader{b: data}
 	if err := r.batch(b); err != nil {
 		return fmt.Errorf("cannot decode batch: %w", err)

@@ -24,7 +24,10 @@ import (
 type Handler interface {
 	// HandleBatch applies one batch. pos is where it sits in the engine's
 	// stream: a subscriber started with Resume at pos continues from it. b
-	// is reused after the call returns.
+	// is reused after the call returns: a handler that keeps the batch
+	// exchanges it for one of its own (*b, mine = mine, *b), whose memory
+	// the subscriber then decodes the next batch into, so a batch handed on
+	// is never copied (TestSubscriberDecodesIntoTheBatchHandedBack).
 	HandleBatch(topic string, pos Position, b *Batch)
 	// HandleReset says the events of topic's replica can no longer be
 	// trusted (restart, or loss that replay could not fill): drop its state

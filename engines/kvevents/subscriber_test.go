@@ -120,7 +120,7 @@ func connect(t *testing.T, p *Publisher, rec *recorder, topic string) uint64 {
 	}
 }
 
-func startSubscriber(t *testing.T, cfg SubscriberConfig, rec *recorder) *Subscriber {
+func startSubscriber(t *testing.T, cfg SubscriberConfig, rec Handler) *Subscriber {
 	t.Helper()
 	s, err := NewSubscriber(cfg, rec, zaptest.NewLogger(t))
 	require.NoError(t, err)
@@ -714,4 +714,43 @@ func TestResumeConfigErrors(t *testing.T) {
 	require.ErrorContains(t, err, "Resume needs dial mode and a replay endpoint")
 	_, err = NewSubscriber(SubscriberConfig{Endpoint: "tcp://127.0.0.1:0", Bind: true, ReplayEndpoint: "tcp://127.0.0.1:1", Resume: pos}, &recorder{}, nil)
 	require.ErrorContains(t, err, "Resume needs dial mode")
+}
+
+// keeper is a Handler that keeps every batch without copying it, as the
+// Handler contract allows: it takes the subscriber's batch and hands back
+// one of its own.
+type keeper struct {
+	recorder
+	mu   sync.Mutex
+	kept []Batch
+}
+
+func (k *keeper) HandleBatch(topic string, pos Position, b *Batch) {
+	k.recorder.HandleBatch(topic, pos, b)
+	var mine Batch
+	mine, *b = *b, mine
+	k.mu.Lock()
+	k.kept = append(k.kept, mine)
+	k.mu.Unlock()
+}
+
+// TestSubscriberDecodesIntoTheBatchHandedBack: batches a handler keeps by
+// exchanging them for its own are never written again by the subscriber,
+// which decodes each next batch into what it was handed back.
+func TestSubscriberDecodesIntoTheBatchHandedBack(t *testing.T) {
+	p := startPublisher(t, PublisherConfig{Endpoint: "tcp://127.0.0.1:0"})
+	k := &keeper{}
+	startSubscriber(t, SubscriberConfig{Endpoint: p.Endpoint()}, k)
+	from := connect(t, p, &k.recorder, "") + 1
+	want := publishN(t, p, 7, 50)
+	k.waitSeq(t, "", from+49)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	got := map[uint64]uint64{}
+	for _, b := range k.kept[len(k.kept)-50:] {
+		require.Len(t, b.Events, 1)
+		require.Equal(t, []uint32{1, 2}, b.Events[0].TokenIDs)
+		got[uint64(len(got))+from] = b.Events[0].BlockHashes[0]
+	}
+	require.Equal(t, want, got)
 }

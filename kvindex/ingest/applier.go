@@ -60,7 +60,7 @@ type item struct {
 	f        *feed
 	kind     itemKind
 	pos      kvevents.Position
-	batch    kvevents.Batch // a copy: the subscriber reuses its own
+	batch    kvevents.Batch // exchanged for the subscriber's (kvevents.Handler)
 	mismatch uint64         // blocks of another block size
 	reason   string         // of a reset
 	stopped  chan struct{}  // closed once a stop is applied
@@ -91,11 +91,17 @@ func (a *applier) put(it *item) {
 	}
 }
 
-// batch queues a copy of b for f.
+// batch queues b for f, taking it without a copy: the subscriber gets
+// the memory of a batch applied earlier to decode its next one into,
+// f's own last one when it is applied (spare), so that its events have
+// the shapes of that engine's and decoding allocates nothing.
 func (a *applier) batch(f *feed, pos kvevents.Position, b *kvevents.Batch, mismatch uint64) {
-	it := a.pool.Get().(*item)
+	it := f.spare.Swap(nil)
+	if it == nil {
+		it = a.pool.Get().(*item)
+	}
 	it.f, it.kind, it.pos, it.mismatch = f, itemBatch, pos, mismatch
-	copyBatch(&it.batch, b)
+	it.batch, *b = *b, it.batch
 	a.put(it)
 }
 
@@ -134,8 +140,13 @@ func (a *applier) run() {
 				}
 			}
 			if it.kind != itemStop {
+				f := it.f
 				it.f = nil
-				a.pool.Put(it)
+				// A batch's memory goes back to its feed for the next
+				// batch, unless the feed has one (or is stopped: f nil).
+				if it.kind != itemBatch || f == nil || !f.spare.CompareAndSwap(nil, it) {
+					a.pool.Put(it)
+				}
 			}
 		}
 		done = done[:0]
@@ -248,20 +259,3 @@ func (a *applier) run() {
 // heldRetry is how often the applier tries again the feeds a snapshot
 // holds while nothing else arrives.
 const heldRetry = time.Millisecond
-
-// copyBatch makes dst a copy of src, reusing dst's memory: events, their
-// block hashes and token ids (strings are immutable and shared).
-func copyBatch(dst, src *kvevents.Batch) {
-	evs := dst.Events[:cap(dst.Events)]
-	if len(evs) < len(src.Events) {
-		evs = append(evs, make([]kvevents.Event, len(src.Events)-len(evs))...)
-	}
-	for i := range src.Events {
-		hashes := append(evs[i].BlockHashes[:0], src.Events[i].BlockHashes...)
-		toks := append(evs[i].TokenIDs[:0], src.Events[i].TokenIDs...)
-		evs[i] = src.Events[i]
-		evs[i].BlockHashes, evs[i].TokenIDs = hashes, toks
-	}
-	dst.Events = evs[:len(src.Events)]
-	dst.TS, dst.DPRank, dst.HasDPRank, dst.Unknown = src.TS, src.DPRank, src.HasDPRank, src.Unknown
-}

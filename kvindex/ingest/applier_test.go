@@ -116,13 +116,15 @@ func TestApplierKeepsEachReplicasOrder(t *testing.T) {
 					f.HandleReset("", "test")
 					continue
 				}
-				own := &kvevents.Batch{}
-				copyBatch(own, &b)
-				streams[i] = append(streams[i], own)
-				f.HandleBatch("", kvevents.Position{Seq: seq}, &b)
-				for j := range b.Events { // the subscriber reuses its batch
-					clear(b.Events[j].BlockHashes)
-					clear(b.Events[j].TokenIDs)
+				streams[i] = append(streams[i], cloneBatch(&b))
+				hand := cloneBatch(&b) // the generator keeps b's slices
+				f.HandleBatch("", kvevents.Position{Seq: seq}, hand)
+				// The subscriber decodes its next batch into the memory
+				// handed back: the applier must hold none of it.
+				for j := range hand.Events[:cap(hand.Events)] {
+					ev := &hand.Events[:cap(hand.Events)][j]
+					clear(ev.BlockHashes[:cap(ev.BlockHashes)])
+					clear(ev.TokenIDs[:cap(ev.TokenIDs)])
 				}
 			}
 		})
@@ -164,27 +166,15 @@ func replicaBlocks(ms []kvindex.Match, r kvindex.Replica) [kvindex.NumTiers]int 
 	return [kvindex.NumTiers]int{}
 }
 
-// TestCopyBatch: the copy shares no slice with the source and reuses its
-// own memory.
-func TestCopyBatch(t *testing.T) {
-	src := kvevents.Batch{TS: 3, DPRank: 1, HasDPRank: true, Unknown: 2, Events: []kvevents.Event{
-		{Kind: kvevents.KindBlockStored, BlockHashes: []uint64{1, 2}, TokenIDs: []uint32{5, 6, 7, 8}, BlockSize: 2, Medium: "GPU", LoraName: "a"},
-		{Kind: kvevents.KindBlockRemoved, BlockHashes: []uint64{9}},
-	}}
-	var dst kvevents.Batch
-	copyBatch(&dst, &src)
-	require.Equal(t, src, dst)
-	src.Events[0].BlockHashes[0], src.Events[0].TokenIDs[0] = 100, 100
-	require.Equal(t, uint64(1), dst.Events[0].BlockHashes[0])
-	require.Equal(t, uint32(5), dst.Events[0].TokenIDs[0])
-	small := kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.KindBlockRemoved, BlockHashes: []uint64{4}}}}
-	copyBatch(&dst, &small)
-	require.Len(t, dst.Events, 1)
-	require.Equal(t, small.Events[0].BlockHashes, dst.Events[0].BlockHashes)
-	require.Empty(t, dst.Events[0].TokenIDs)
-	require.Equal(t, kvevents.KindBlockRemoved, dst.Events[0].Kind)
-	require.Equal(t, 2, cap(dst.Events))
-	require.Equal(t, 0.0, testing.AllocsPerRun(10, func() { copyBatch(&dst, &src) }))
+// cloneBatch returns a copy of b that shares no memory with it.
+func cloneBatch(b *kvevents.Batch) *kvevents.Batch {
+	c := *b
+	c.Events = slices.Clone(b.Events)
+	for i := range c.Events {
+		c.Events[i].BlockHashes = slices.Clone(b.Events[i].BlockHashes)
+		c.Events[i].TokenIDs = slices.Clone(b.Events[i].TokenIDs)
+	}
+	return &c
 }
 
 // TestApplierGoesOnWhileASnapshotHoldsAFeed: while WriteSnapshot holds one
@@ -224,4 +214,30 @@ func TestApplierGoesOnWhileASnapshotHoldsAFeed(t *testing.T) {
 	defer held.mu.Unlock()
 	require.Equal(t, kvindex.ReplicaStats{StoredBlocks: 2, Resets: 1, Blocks: 1}, held.stats)
 	require.Equal(t, kvevents.Position{Seq: 2}, held.pos)
+}
+
+// TestApplierHandsBackTheFeedsOwnBatch: once a feed's batch is applied,
+// its memory is what the feed's subscriber gets back with the next batch,
+// so each engine's batches are decoded into memory of their own shapes.
+func TestApplierHandsBackTheFeedsOwnBatch(t *testing.T) {
+	ix := kvindex.New(kvindex.Config{})
+	m, err := New(Config{}, benchBlock, ix, zap.NewNop())
+	require.NoError(t, err)
+	defer m.Close()
+	newFeed := func(r kvindex.Replica) *feed {
+		return &feed{src: Source{Replica: r, Name: fmt.Sprintf("10.0.0.%d:8000", r), Model: model}, log: zap.NewNop(),
+			blockSize: benchBlock, lag: m.lag, apply: m.apply, state: kvindex.NewReplicaState(ix, r, model)}
+	}
+	steps := engineCycle(1)
+	f, other := newFeed(1), newFeed(2)
+	first := &kvevents.Batch{Events: slices.Clone(steps[0])}
+	mem := &first.Events[0]
+	f.HandleBatch("", kvevents.Position{Seq: 0}, first)
+	require.Eventually(t, func() bool { return f.spare.Load() != nil }, 5*time.Second, time.Millisecond)
+	// Another feed's batch does not take it.
+	other.HandleBatch("", kvevents.Position{Seq: 0}, &kvevents.Batch{Events: slices.Clone(steps[0])})
+	next := &kvevents.Batch{Events: slices.Clone(steps[1])}
+	f.HandleBatch("", kvevents.Position{Seq: 1}, next)
+	require.NotEmpty(t, next.Events[:cap(next.Events)])
+	require.Same(t, mem, &next.Events[:1][0], "the feed's first batch is handed back with its second")
 }

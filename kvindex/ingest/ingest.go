@@ -25,6 +25,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -149,6 +150,10 @@ type feed struct {
 	blockSize int
 	lag       prometheus.Histogram // the manager's
 	apply     *applier             // the manager's
+
+	// spare is the memory of this feed's last batch applied, handed to
+	// its subscriber with the next batch (applier.batch).
+	spare atomic.Pointer[item]
 }
 
 // New returns a manager applying events to ix. blockSize is the one the

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,7 +19,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/omnious/provider-node/engines/kvevents"
 	"github.com/omnious/provider-node/internal/cputime"
 	"github.com/omnious/provider-node/kvindex"
 )
@@ -61,17 +61,6 @@ const (
 	systemPrompts = 16
 )
 
-// churn is one simulated engine rank's KV events: every step each running
-// request fills one block, and a request that reached chainLimit blocks
-// frees them all and a new one starts, so the engine stores and removes
-// blocks at the same rate and its cache stays bounded.
-type churn struct {
-	engine uint64 // the publisher's number: engines' own blocks differ
-	next   uint64
-	chains [slots][]uint64
-	toks   [slots][benchBlock]uint32
-}
-
 // mix64 is SplitMix64's finaliser.
 func mix64(z uint64) uint64 {
 	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
@@ -79,90 +68,32 @@ func mix64(z uint64) uint64 {
 	return z ^ z>>31
 }
 
-func (c *churn) step(dst []kvevents.Event) []kvevents.Event {
-	dst = dst[:0]
-	for i := range c.chains {
-		ch := c.chains[i]
-		if len(ch) == chainLimit {
-			dst = append(dst, kvevents.Event{Kind: kvevents.KindBlockRemoved, BlockHashes: slices.Clone(ch), Medium: "GPU"})
-			ch = ch[:0]
-		}
-		c.next++
-		id := c.engine<<40 | c.next
-		h := mix64(id) | 1
-		if len(ch) == 0 {
-			id = c.next % systemPrompts
-		}
-		for j := range c.toks[i] {
-			c.toks[i][j] = uint32(mix64(id*benchBlock+uint64(j)) % 151936)
-		}
-		ev := kvevents.Event{Kind: kvevents.KindBlockStored, BlockHashes: []uint64{h}, TokenIDs: c.toks[i][:],
-			BlockSize: benchBlock, Medium: "GPU"}
-		if len(ch) > 0 {
-			ev.ParentHash, ev.HasParent = ch[len(ch)-1], true
-		}
-		dst = append(dst, ev)
-		c.chains[i] = append(ch, h)
-	}
-	return dst
-}
-
 // runPublishers binds n publishers on loopback, numbered from first,
 // writes their endpoints to out one a line, then publishes rate batches a
 // second from each, their phases spread evenly over one period, until in
-// closes.
+// closes; then it writes one line of what it sent: "sent N late N
+// max-late D cpu D".
 func runPublishers(first, n int, rate float64, out io.Writer, in io.Reader) error {
-	if !(rate > 0) {
-		return fmt.Errorf("rate %v: want > 0", rate)
+	f, err := newPubFleet(first, n, rate)
+	if err != nil {
+		return err
 	}
-	pubs := make([]*kvevents.Publisher, n)
-	defer func() {
-		for _, p := range pubs {
-			if p != nil {
-				_ = p.Close()
-			}
-		}
-	}()
+	defer f.close()
 	w := bufio.NewWriter(out)
-	for i := range pubs {
-		p, err := kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", BufferSteps: 1}, zap.NewNop())
-		if err != nil {
-			return err
-		}
-		pubs[i] = p
-		fmt.Fprintln(w, p.Endpoint())
+	for _, ep := range f.endpoints() {
+		fmt.Fprintln(w, ep)
 	}
 	if err := w.Flush(); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { _, _ = io.Copy(io.Discard, in); cancel() }()
-	period := time.Duration(float64(time.Second) / rate)
-	var wg sync.WaitGroup
-	for i, p := range pubs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c := churn{engine: uint64(first + i)}
-			var evs []kvevents.Event
-			time.Sleep(period * time.Duration(i) / time.Duration(n))
-			tick := time.NewTicker(period)
-			defer tick.Stop()
-			for {
-				evs = c.step(evs)
-				if _, err := p.Publish(evs); err != nil {
-					return
-				}
-				select {
-				case <-ctx.Done():
-					return
-				case <-tick.C:
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	return nil
+	cpu0 := cputime.Clock()
+	f.run(ctx)
+	sent, late, worst := f.stats()
+	fmt.Fprintf(w, "sent %d late %d max-late %v cpu %v\n", sent, late, worst.Round(time.Millisecond),
+		(cputime.Clock() - cpu0).Round(time.Millisecond))
+	return w.Flush()
 }
 
 // lagRecorder keeps every apply lag the manager observes.
@@ -184,11 +115,16 @@ func (r *lagRecorder) Observe(v float64) {
 // each publishing 20 batches a second (a busy engine's step rate, 16 blocks
 // stored a batch, as many freed; each engine's blocks its own but for the
 // first of each request, one of 16 every engine shares), from child
-// processes, so this process runs only the subscribers, the applier and
-// the index, on one core (GOMAXPROCS 1). One op is one batch applied; it
-// reports the apply lag's p50 and p99 (engine timestamp to index), the
-// batches a second delivered, the cores ingestion used and its CPU a
-// batch. Target at 1,024 replicas: p99 <= 100 ms on one core.
+// processes of pubFleet publishers (pre-encoded batches, several engines a
+// goroutine, so publishing costs little beside receiving), so this process
+// runs only the subscribers, the applier and the index, one zmq4 SUB per
+// engine over loopback TCP as the EPP subscribes, on one core: GOMAXPROCS
+// 1 while measuring, which lets one thread run Go code at a time. One op
+// is one batch applied; it reports the apply lag's p50 and p99 (engine
+// timestamp to index), the batches a second delivered, the cores
+// ingestion used (process CPU time over wall time), its CPU, allocations
+// and bytes allocated a batch, and the host's load average. Target at 1,024 replicas: p99 <= 100 ms
+// on one core.
 func BenchmarkIngest(b *testing.B) {
 	// rate=5 is 1,024 engines at a quarter of the rate: the batches a
 	// second of 256 busy engines, from four times as many connections.
@@ -215,8 +151,11 @@ func BenchmarkIngest(b *testing.B) {
 		})
 		if f != nil {
 			start := time.Now()
-			f.close()
-			b.Logf("%d publishers closed in %v", tc.replicas, time.Since(start).Round(time.Millisecond))
+			lines := f.close()
+			// On stdout beside the results: a parent benchmark's log is
+			// not shown.
+			fmt.Printf("%s: %d publishers closed in %v; each child: %s\n", name, tc.replicas,
+				time.Since(start).Round(time.Millisecond), strings.Join(lines, "; "))
 		}
 	}
 }
@@ -226,13 +165,13 @@ func BenchmarkIngest(b *testing.B) {
 type ingestFleet struct {
 	cmds  []*exec.Cmd
 	stdin []io.Closer
+	out   []*bufio.Scanner // each child's stdout, for its closing line
 	m     *Manager
 	rec   *lagRecorder
 }
 
-// publishersPerChild bounds one child's publishers: one process of 1,024
-// go-zeromq publishers delivered a fifth of their 20,480 batches a second
-// on the project's 2-core machine, one of 256 all of theirs.
+// publishersPerChild bounds one child's publishers, so that the
+// publishers spread over every core the host has.
 const publishersPerChild = 256
 
 func startIngestFleet(b *testing.B, n int, rate float64) *ingestFleet {
@@ -292,8 +231,8 @@ func (f *ingestFleet) startChild(first, n int, rate float64) ([]string, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("cannot start the publishers: %w", err)
 	}
-	f.cmds, f.stdin = append(f.cmds, cmd), append(f.stdin, stdin)
 	sc := bufio.NewScanner(stdout)
+	f.cmds, f.stdin, f.out = append(f.cmds, cmd), append(f.stdin, stdin), append(f.out, sc)
 	endpoints := make([]string, 0, n)
 	for len(endpoints) < n && sc.Scan() {
 		endpoints = append(endpoints, sc.Text())
@@ -304,14 +243,21 @@ func (f *ingestFleet) startChild(first, n int, rate float64) ([]string, error) {
 	return endpoints, nil
 }
 
-func (f *ingestFleet) close() {
+// close stops the manager and the children, and returns each child's
+// closing line (what it sent).
+func (f *ingestFleet) close() []string {
 	if f.m != nil {
 		f.m.Close()
 	}
+	var lines []string
 	for i, cmd := range f.cmds {
 		_ = f.stdin[i].Close() // a child stops when its stdin closes
+		if f.out[i].Scan() {
+			lines = append(lines, f.out[i].Text())
+		}
 		_ = cmd.Wait()
 	}
+	return lines
 }
 
 // measure waits for b.N batches to be applied on one core.
@@ -323,6 +269,8 @@ func (f *ingestFleet) measure(b *testing.B) {
 	rec.lags = rec.lags[:0]
 	rec.mu.Unlock()
 	from := rec.applied.Load()
+	var mem0, mem1 runtime.MemStats
+	runtime.ReadMemStats(&mem0)
 	start, cpu0 := time.Now(), cputime.Clock()
 	for last, at := from, time.Now(); rec.applied.Load()-from < int64(b.N); {
 		time.Sleep(5 * time.Millisecond)
@@ -333,6 +281,7 @@ func (f *ingestFleet) measure(b *testing.B) {
 		}
 	}
 	wall, cpu := time.Since(start), cputime.Clock()-cpu0
+	runtime.ReadMemStats(&mem1)
 	rec.mu.Lock()
 	lags := slices.Clone(rec.lags)
 	rec.mu.Unlock()
@@ -346,4 +295,21 @@ func (f *ingestFleet) measure(b *testing.B) {
 	b.ReportMetric(cpu.Seconds()/wall.Seconds(), "cores")
 	b.ReportMetric(float64(len(lags))/wall.Seconds(), "batches/s")
 	b.ReportMetric(float64(cpu.Microseconds())/float64(len(lags)), "cpu-µs/batch")
+	b.ReportMetric(float64(mem1.Mallocs-mem0.Mallocs)/float64(len(lags)), "allocs/batch")
+	b.ReportMetric(float64(mem1.TotalAlloc-mem0.TotalAlloc)/float64(len(lags)), "B/batch")
+	if l, ok := loadAverage(); ok {
+		b.ReportMetric(l, "loadavg-1m")
+	}
+}
+
+// loadAverage returns the host's one-minute load average, where Linux
+// tells it.
+func loadAverage() (float64, bool) {
+	raw, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0, false
+	}
+	first, _, _ := strings.Cut(string(raw), " ")
+	l, err := strconv.ParseFloat(first, 64)
+	return l, err == nil
 }
