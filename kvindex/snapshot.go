@@ -813,6 +813,7 @@ func LoadSnapshot(r io.Reader, o LoadOptions) (*Snapshot, error) {
 		// sender's word until the blocks arrive.
 		s.blocks = make(map[uint64]engineBlock, min(sec.Blocks, 1<<16))
 		s.w = lw.w
+		var cur loadCursor
 		for {
 			b, err := sr.NextBlock()
 			if errors.Is(err, io.EOF) {
@@ -821,7 +822,7 @@ func LoadSnapshot(r io.Reader, o LoadOptions) (*Snapshot, error) {
 			if err != nil {
 				return nil, err
 			}
-			if err := s.load(b, &pend); err != nil {
+			if err := s.load(b, &pend, &cur); err != nil {
 				return nil, fmt.Errorf("%w: replica %s: %v", ErrSnapshotCorrupt, sec.Name, err)
 			}
 			if lw.w.Len() >= loadWrites {
@@ -844,9 +845,8 @@ const loadWrites = 1 << 16
 
 // loadWriter stores a loading snapshot's keys in its index on a goroutine
 // of its own, so that decoding, verifying and keying the next blocks runs
-// beside it: the two halves cost about as much each (BenchmarkSnapshotLoad).
-// Writes are applied in the order handed over, so each replica's in its
-// order.
+// beside it (BenchmarkSnapshotLoad). Writes are applied in the order
+// handed over, so replica after replica, as Index.writeBulk requires.
 type loadWriter struct {
 	w    *Writes       // being filled
 	full chan *Writes  // handed over, applied in order
@@ -860,8 +860,9 @@ func newLoadWriter(ix *Index) *loadWriter {
 	lw.free <- new(Writes)
 	go func() {
 		defer close(lw.done)
+		var bs bulkStore
 		for w := range lw.full {
-			ix.Write(w)
+			ix.writeBulk(w, &bs)
 			lw.free <- w
 		}
 	}()
@@ -885,31 +886,45 @@ func (lw *loadWriter) close() {
 	}
 }
 
+// loadCursor is the replica's last loaded block: most blocks follow their
+// parent, whose key is then known without a map lookup.
+type loadCursor struct {
+	hash uint64
+	key  Key
+	ok   bool
+}
+
 // load adds one snapshot block, whose parent must precede it, and queues
 // its key per tier in pend.
-func (s *ReplicaState) load(b *SnapshotBlock, pend *[NumTiers][]Key) error {
-	if _, dup := s.blocks[b.Hash]; dup {
-		return fmt.Errorf("block %#x twice", b.Hash)
-	}
+func (s *ReplicaState) load(b *SnapshotBlock, pend *[NumTiers][]Key, cur *loadCursor) error {
 	var parent Key
-	if b.HasParent {
+	switch {
+	case b.HasParent && cur.ok && cur.hash == b.Parent:
+		parent = cur.key
+	case b.HasParent:
 		p, ok := s.blocks[b.Parent]
 		if !ok {
 			return fmt.Errorf("block %#x before its parent %#x", b.Hash, b.Parent)
 		}
 		parent = p.key
-	} else {
+	default:
 		parent = s.rootKey(b.Lora, b.Salt)
 	}
 	s.keys = AppendBlockKeys(s.keys[:0], parent, b.Tokens, s.tokens.stride)
 	nb := engineBlock{key: s.keys[0], parent: b.Parent, hasParent: b.HasParent, tiers: b.Tiers, tok: s.tokens.put(b.Tokens)}
+	// One map operation: a block seen before shows as a map that did not
+	// grow, and fails the whole load, so what it overwrote does not matter.
+	n := len(s.blocks)
+	if s.blocks[b.Hash] = nb; len(s.blocks) == n {
+		return fmt.Errorf("block %#x twice", b.Hash)
+	}
+	*cur = loadCursor{hash: b.Hash, key: nb.key, ok: true}
 	if !b.HasParent && (b.Lora != "" || b.Salt != "") {
 		if s.roots == nil {
 			s.roots = make(map[uint64]rootSpec)
 		}
 		s.roots[b.Hash] = rootSpec{b.Lora, b.Salt}
 	}
-	s.blocks[b.Hash] = nb
 	for t := Tier(0); t < NumTiers; t++ {
 		if b.Tiers&(1<<t) == 0 {
 			continue
