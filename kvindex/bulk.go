@@ -157,31 +157,15 @@ func (ix *Index) lastRes(idx int32, e *entry, bs *bulkStore) *residency {
 
 // appendBulkLocked is appendResLocked with the last chunk from bs.
 func (ix *Index) appendBulkLocked(idx int32, e *entry, v residency, bs *bulkStore) {
-	ix.changedLocked(idx, e)
-	pos := int32(e.n)
-	switch {
-	case pos < inlineRes:
-		e.res[pos] = v
-	case (pos-inlineRes)%chunkRes == 0:
-		ci := ix.chunks.alloc()
-		c := ix.chunks.at(ci)
-		c.next, c.res[0] = -1, v
-		ix.liveChunks++
-		if pos == inlineRes {
-			e.more = ci
-			sig := resSig(v)
-			for _, w := range e.res {
-				sig ^= resSig(w)
-			}
-			c.sig = sig
-		} else {
-			ix.chunks.at(ix.lastChunk(idx, e, bs)).next = ci
-			ix.chunks.at(e.more).sig ^= resSig(v)
-		}
-		bs.tails[idx] = ci
-	default:
-		ix.chunks.at(ix.lastChunk(idx, e, bs)).res[(pos-inlineRes)%chunkRes] = v
-		ix.chunks.at(e.more).sig ^= resSig(v)
+	pos, last := int32(e.n), int32(-1)
+	if pos > inlineRes {
+		last = ix.lastChunk(idx, e, bs)
 	}
-	e.n++
+	ix.appendResLocked(idx, e, v, last)
+	switch {
+	case pos == inlineRes:
+		bs.tails[idx] = e.more
+	case pos > inlineRes && (pos-inlineRes)%chunkRes == 0:
+		bs.tails[idx] = ix.chunks.at(last).next
+	}
 }
