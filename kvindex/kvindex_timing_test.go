@@ -6,6 +6,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"runtime"
+	"runtime/metrics"
 	"testing"
 	"time"
 
@@ -293,6 +294,37 @@ func BenchmarkSnapshotWrite(b *testing.B) {
 
 var sinkSnapshot *Snapshot
 
+// heapObjects returns the bytes of heap objects, live or not yet swept.
+func heapObjects() uint64 {
+	s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+// watchHeap samples heapObjects every 10 ms until the returned function
+// is called, which returns the largest sample.
+func watchHeap() func() uint64 {
+	stop, done := make(chan struct{}), make(chan uint64)
+	go func() {
+		peak := heapObjects()
+		t := time.NewTicker(10 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				done <- max(peak, heapObjects())
+				return
+			case <-t.C:
+				peak = max(peak, heapObjects())
+			}
+		}
+	}()
+	return func() uint64 {
+		close(stop)
+		return <-done
+	}
+}
+
 // BenchmarkSnapshotLoad is a warm start's cost on the receiving EPP:
 // decode and verify a snapshot and rebuild its replicas (keys recomputed
 // from the token ids, every block stored in a fresh index), for 8 to 1,024
@@ -301,6 +333,9 @@ var sinkSnapshot *Snapshot
 // sender's encoding is in the fixture. Target: a 1,024-replica pool's
 // snapshot loads in <= 5 s. replicas=1024 (18 M blocks) needs about
 // 10 GB: the sender's states, the snapshot and the loaded states.
+// MB-peak-heap is the most heap the loads held at once above what was
+// live before (sampled every 10 ms), MB-loaded what the last load's
+// index and states hold once collected.
 func BenchmarkSnapshotLoad(b *testing.B) {
 	for _, tc := range []struct{ replicas, blocks int }{{8, 17600}, {64, 17600}, {256, 17600}, {1024, 4400}, {1024, 17600}} {
 		name := fmt.Sprintf("replicas=%d", tc.replicas)
@@ -314,9 +349,13 @@ func BenchmarkSnapshotLoad(b *testing.B) {
 			opts := LoadOptions{Index: Config{MemoryBudget: 1 << 30}, Want: SnapshotHeader{BlockSize: 16}}
 			b.SetBytes(int64(len(data)))
 			b.ReportAllocs()
+			runtime.GC()
+			base := heapObjects()
+			peak := watchHeap()
 			b.ResetTimer()
 			start, loads := cputime.Clock(), 0
 			for b.Loop() {
+				sinkSnapshot = nil
 				snap, err := LoadSnapshot(bytes.NewReader(data), opts)
 				if err != nil {
 					b.Fatal(err)
@@ -334,6 +373,10 @@ func BenchmarkSnapshotLoad(b *testing.B) {
 			}
 			b.ReportMetric(float64(len(data))/float64(blocks), "B/block")
 			b.ReportMetric(b.Elapsed().Seconds()*1e3/float64(loads), "ms/load")
+			b.ReportMetric(cpu.Seconds()/float64(loads), "cpu-s/load")
+			b.ReportMetric(float64(peak()-base)/1e6, "MB-peak-heap")
+			runtime.GC()
+			b.ReportMetric(float64(heapObjects()-base)/1e6, "MB-loaded")
 			sinkSnapshot = nil
 		})
 	}
