@@ -382,6 +382,61 @@ func BenchmarkSnapshotLoad(b *testing.B) {
 	}
 }
 
+// BenchmarkSnapshotHandover is a whole warm start but the network: the
+// serving side encodes 1,024 replicas into a pipe while the receiving
+// side loads from it, as an EPP streams its snapshot to a starting
+// sibling. Both run in this process, so on a machine of two cores they
+// share what two EPPs' hosts would each have. Target: <= 5 s, the
+// EPP's default warm_start.timeout, for replicas of 17,600 blocks.
+func BenchmarkSnapshotHandover(b *testing.B) {
+	for _, perReplica := range []int{4400, 17600} {
+		b.Run(fmt.Sprintf("replicas=1024/blocks=%d", perReplica), func(b *testing.B) {
+			states := snapshotStates(b, 1024, perReplica)
+			opts := LoadOptions{Index: Config{MemoryBudget: 1 << 30}, Want: SnapshotHeader{BlockSize: 16}}
+			runtime.GC()
+			b.ResetTimer()
+			start, n, blocks := cputime.Clock(), 0, 0
+			for b.Loop() {
+				sinkSnapshot = nil
+				pr, pw := io.Pipe()
+				sent := make(chan int, 1)
+				go func() {
+					sw := NewSnapshotWriter(pw, SnapshotHeader{BlockSize: 16})
+					for r, s := range states {
+						err := sw.AddReplica(ReplicaTag{Name: fmt.Sprintf("10.0.%d.%d:8000", r/256, r%256)}, s)
+						if err == nil {
+							err = sw.Flush()
+						}
+						if err != nil {
+							_ = pw.CloseWithError(err)
+							sent <- -1
+							return
+						}
+					}
+					_ = pw.CloseWithError(sw.Close())
+					_, blocks, _ := sw.Stats()
+					sent <- blocks
+				}()
+				snap, err := LoadSnapshot(pr, opts)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if want := <-sent; snap.Blocks != want {
+					b.Fatalf("loaded %d blocks of %d", snap.Blocks, want)
+				}
+				blocks += snap.Blocks
+				sinkSnapshot = snap
+				n++
+			}
+			cpu := cputime.Clock() - start
+			b.ReportMetric(float64(blocks)/b.Elapsed().Seconds(), "blocks/s")
+			b.ReportMetric(cpu.Seconds()/float64(n), "cpu-s/handover")
+			b.ReportMetric(b.Elapsed().Seconds()*1e3/float64(n), "ms/handover")
+			sinkSnapshot = nil
+		})
+	}
+}
+
 // BenchmarkKeyCache keys 8k-token prompts at block size 16 with and
 // without a KeyCache: the same prompt again (warm), a shared 2k-token
 // prefix before a suffix no earlier prompt had (shared-2k), and prompts
