@@ -2,6 +2,7 @@ package kvindex
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -337,16 +338,24 @@ func watchHeap() func() uint64 {
 // live before (sampled every 10 ms), MB-loaded what the last load's
 // index and states hold once collected.
 func BenchmarkSnapshotLoad(b *testing.B) {
-	for _, tc := range []struct{ replicas, blocks int }{{8, 17600}, {64, 17600}, {256, 17600}, {1024, 4400}, {1024, 17600}} {
+	for _, tc := range []struct {
+		replicas, blocks int
+		budget           int64
+	}{{8, 17600, 0}, {64, 17600, 0}, {256, 17600, 0}, {1024, 4400, 0}, {1024, 17600, 0}, {1024, 17600, DefaultMemoryBudget}} {
 		name := fmt.Sprintf("replicas=%d", tc.replicas)
 		if tc.blocks != 17600 {
 			name += fmt.Sprintf("/blocks=%d", tc.blocks)
+		}
+		if tc.budget != 0 {
+			name += fmt.Sprintf("/budget=%dMiB", tc.budget>>20)
 		}
 		b.Run(name, func(b *testing.B) {
 			var buf bytes.Buffer
 			blocks := writeSnapshot(b, &buf, snapshotStates(b, tc.replicas, tc.blocks))
 			data := buf.Bytes()
-			opts := LoadOptions{Index: Config{MemoryBudget: 1 << 30}, Want: SnapshotHeader{BlockSize: 16}}
+			// 1 GiB holds every key of 1,024 x 17,600; budget= is the
+			// EPP's default index.memory_budget, which evicts while loading.
+			opts := LoadOptions{Index: Config{MemoryBudget: cmp.Or(tc.budget, 1<<30)}, Want: SnapshotHeader{BlockSize: 16}}
 			b.SetBytes(int64(len(data)))
 			b.ReportAllocs()
 			runtime.GC()
