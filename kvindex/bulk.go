@@ -20,8 +20,27 @@ type bulkStore struct {
 	evictions uint64
 	// sink keeps the loads of prefetchSlots.
 	sink uint32
-	// removed: a removal broke the rule, so later stores search as Store.
-	removed bool
+	// search: a removal, or a replica's stores resumed after another's
+	// (LoadSnapshot makes neither), broke the rule, so later stores
+	// search as Store does. cur is the replica storing now, seen a bit
+	// for every replica that has stored.
+	search bool
+	cur    Replica
+	seen   [1 << 16 / 64]uint64
+}
+
+// follows reports whether r may store under the rule: it is the replica
+// storing now, or one that has not stored yet.
+func (bs *bulkStore) follows(r Replica) bool {
+	if r == bs.cur && bs.seen[r/64]&(1<<(r%64)) != 0 {
+		return true
+	}
+	if bs.seen[r/64]&(1<<(r%64)) != 0 {
+		return false
+	}
+	bs.seen[r/64] |= 1 << (r % 64)
+	bs.cur = r
+	return true
 }
 
 // prefetchGroup is how many keys' hash-table slots are read ahead at once:
@@ -31,8 +50,9 @@ type bulkStore struct {
 const prefetchGroup = 16
 
 // writeBulk applies w, stores written replica after replica into a fresh
-// index, as Write would, and empties it. After a removal (LoadSnapshot
-// has none) it stores as Store does.
+// index, as Write would, and empties it. After a removal, or once a
+// replica stores again after another one did (LoadSnapshot makes
+// neither), it stores as Store does (TestBulkStoreAfterRemove).
 func (ix *Index) writeBulk(w *Writes, bs *bulkStore) {
 	if len(w.ops) == 0 {
 		return
@@ -44,10 +64,10 @@ func (ix *Index) writeBulk(w *Writes, bs *bulkStore) {
 		from = op.end
 		if op.remove {
 			ix.removeLocked(op.r, op.t, keys)
-			bs.removed = true
+			bs.search = true
 			continue
 		}
-		if bs.removed {
+		if bs.search = bs.search || !bs.follows(op.r); bs.search {
 			ix.storeLocked(op.r, op.t, keys)
 			continue
 		}

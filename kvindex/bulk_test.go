@@ -110,23 +110,40 @@ func TestBulkStoreEqualsStore(t *testing.T) {
 	}
 }
 
-// TestBulkStoreAfterRemove: a removal in a bulk write falls back to
-// Store's search, so the index still equals Store's.
+// TestBulkStoreAfterRemove: a removal in a bulk write, or a replica
+// storing again after another one did, falls back to Store's search, so
+// the index still equals Store's.
 func TestBulkStoreAfterRemove(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	keys := AppendBlockKeys(nil, RootKey(testModel, "", ""), randTokens(rng, 16*20), 16)
-	var w Writes
-	for r := range Replica(12) {
-		w.add(r, TierGPU, false, keys)
+	for _, tc := range []struct {
+		name string
+		tail func(w *Writes)
+	}{
+		{"removal", func(w *Writes) {
+			w.add(3, TierGPU, true, keys[:5])
+			w.add(3, TierCPU, false, keys)
+			w.add(11, TierCPU, false, keys)
+		}},
+		{"replica again", func(w *Writes) {
+			w.add(3, TierCPU, false, keys[2:])
+			w.add(11, TierCPU, false, keys)
+			w.add(3, TierGPU, false, keys[:4])
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var w Writes
+			for r := range Replica(12) {
+				w.add(r, TierGPU, false, keys)
+			}
+			tc.tail(&w)
+			want, got := New(Config{}), New(Config{})
+			want.Write(&Writes{ops: append([]writeOp(nil), w.ops...), keys: append([]Key(nil), w.keys...)})
+			got.writeBulk(&w, &bulkStore{})
+			checkInvariants(t, got)
+			require.Equal(t, imageOf(want), imageOf(got))
+		})
 	}
-	w.add(3, TierGPU, true, keys[:5])
-	w.add(3, TierCPU, false, keys)
-	w.add(11, TierCPU, false, keys)
-	want, got := New(Config{}), New(Config{})
-	want.Write(&Writes{ops: append([]writeOp(nil), w.ops...), keys: append([]Key(nil), w.keys...)})
-	got.writeBulk(&w, &bulkStore{})
-	checkInvariants(t, got)
-	require.Equal(t, imageOf(want), imageOf(got))
 }
 
 // TestSnapshotLoadAtScale: 1,024 replicas of random event streams (shared
