@@ -299,10 +299,10 @@ func (ix *Index) storeLocked(r Replica, t Tier, keys []Key) {
 		}
 		e := ix.entries.at(idx)
 		e.ref &^= refBit
-		pos, mask := ix.findRes(e, r)
+		pos, mask, last := ix.findResLast(e, r)
 		switch {
 		case pos < 0:
-			ix.appendResLocked(idx, e, residency(r)<<8|residency(bit))
+			ix.appendResLocked(idx, e, residency(r)<<8|residency(bit), last)
 			cnt.blocks++
 			cnt.byTier[t]++
 			ix.residencies++
@@ -885,25 +885,57 @@ func (ix *Index) findRes(e *entry, r Replica) (int32, uint8) {
 	return -1, 0
 }
 
-func (ix *Index) appendResLocked(idx int32, e *entry, v residency) {
+// findResLast is findRes that also returns e's last chunk (-1 if it has
+// none) when r is not found: the search has just walked to it, so
+// appendResLocked need not walk the chain again (BenchmarkStoreShared).
+func (ix *Index) findResLast(e *entry, r Replica) (int32, uint8, int32) {
+	n := int32(e.n)
+	for p := int32(0); p < min(n, inlineRes); p++ {
+		if v := e.res[p]; v.replica() == r {
+			return p, v.mask(), -1
+		}
+	}
+	p, last := int32(inlineRes), int32(-1)
+	for ci := e.more; ci >= 0 && p < n; {
+		c := ix.chunks.at(ci)
+		for _, v := range c.res[:min(n-p, chunkRes)] {
+			if v.replica() == r {
+				return p, v.mask(), -1
+			}
+			p++
+		}
+		last, ci = ci, c.next
+	}
+	return -1, 0, last
+}
+
+// appendResLocked appends v to e's residencies. last is e's last chunk
+// if the caller knows it (findResLast), else -1.
+func (ix *Index) appendResLocked(idx int32, e *entry, v residency, last int32) {
 	ix.changedLocked(idx, e)
 	pos := int32(e.n)
-	if pos >= inlineRes && (pos-inlineRes)%chunkRes == 0 {
+	if pos > inlineRes && last < 0 {
+		for last = e.more; ix.chunks.at(last).next >= 0; {
+			last = ix.chunks.at(last).next
+		}
+	}
+	switch {
+	case pos < inlineRes:
+		e.res[pos] = v
+	case (pos-inlineRes)%chunkRes == 0:
 		ci := ix.chunks.alloc()
-		ix.chunks.at(ci).next = -1
+		c := ix.chunks.at(ci)
+		c.next, c.res[0] = -1, v
 		ix.liveChunks++
 		if pos == inlineRes {
 			e.more = ci
 		} else {
-			last := ix.chunks.at(e.more)
-			for last.next >= 0 {
-				last = ix.chunks.at(last.next)
-			}
-			last.next = ci
+			ix.chunks.at(last).next = ci
 		}
+	default:
+		ix.chunks.at(last).res[(pos-inlineRes)%chunkRes] = v
 	}
 	e.n++
-	*ix.resPtr(e, pos) = v
 	switch {
 	case pos == inlineRes: // first chunk: sign the whole set
 		sig := resSig(v)

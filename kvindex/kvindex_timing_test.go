@@ -2,10 +2,12 @@ package kvindex
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"runtime"
+	"runtime/metrics"
 	"testing"
 	"time"
 
@@ -293,6 +295,37 @@ func BenchmarkSnapshotWrite(b *testing.B) {
 
 var sinkSnapshot *Snapshot
 
+// heapObjects returns the bytes of heap objects, live or not yet swept.
+func heapObjects() uint64 {
+	s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+// watchHeap samples heapObjects every 10 ms until the returned function
+// is called, which returns the largest sample.
+func watchHeap() func() uint64 {
+	stop, done := make(chan struct{}), make(chan uint64)
+	go func() {
+		peak := heapObjects()
+		t := time.NewTicker(10 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				done <- max(peak, heapObjects())
+				return
+			case <-t.C:
+				peak = max(peak, heapObjects())
+			}
+		}
+	}()
+	return func() uint64 {
+		close(stop)
+		return <-done
+	}
+}
+
 // BenchmarkSnapshotLoad is a warm start's cost on the receiving EPP:
 // decode and verify a snapshot and rebuild its replicas (keys recomputed
 // from the token ids, every block stored in a fresh index), for 8 to 1,024
@@ -301,22 +334,37 @@ var sinkSnapshot *Snapshot
 // sender's encoding is in the fixture. Target: a 1,024-replica pool's
 // snapshot loads in <= 5 s. replicas=1024 (18 M blocks) needs about
 // 10 GB: the sender's states, the snapshot and the loaded states.
+// MB-peak-heap is the most heap the loads held at once above what was
+// live before (sampled every 10 ms), MB-loaded what the last load's
+// index and states hold once collected.
 func BenchmarkSnapshotLoad(b *testing.B) {
-	for _, tc := range []struct{ replicas, blocks int }{{8, 17600}, {64, 17600}, {256, 17600}, {1024, 4400}, {1024, 17600}} {
+	for _, tc := range []struct {
+		replicas, blocks int
+		budget           int64
+	}{{8, 17600, 0}, {64, 17600, 0}, {256, 17600, 0}, {1024, 4400, 0}, {1024, 17600, 0}, {1024, 17600, DefaultMemoryBudget}} {
 		name := fmt.Sprintf("replicas=%d", tc.replicas)
 		if tc.blocks != 17600 {
 			name += fmt.Sprintf("/blocks=%d", tc.blocks)
+		}
+		if tc.budget != 0 {
+			name += fmt.Sprintf("/budget=%dMiB", tc.budget>>20)
 		}
 		b.Run(name, func(b *testing.B) {
 			var buf bytes.Buffer
 			blocks := writeSnapshot(b, &buf, snapshotStates(b, tc.replicas, tc.blocks))
 			data := buf.Bytes()
-			opts := LoadOptions{Index: Config{MemoryBudget: 1 << 30}, Want: SnapshotHeader{BlockSize: 16}}
+			// 1 GiB holds every key of 1,024 x 17,600; budget= is the
+			// EPP's default index.memory_budget, which evicts while loading.
+			opts := LoadOptions{Index: Config{MemoryBudget: cmp.Or(tc.budget, 1<<30)}, Want: SnapshotHeader{BlockSize: 16}}
 			b.SetBytes(int64(len(data)))
 			b.ReportAllocs()
+			runtime.GC()
+			base := heapObjects()
+			peak := watchHeap()
 			b.ResetTimer()
 			start, loads := cputime.Clock(), 0
 			for b.Loop() {
+				sinkSnapshot = nil
 				snap, err := LoadSnapshot(bytes.NewReader(data), opts)
 				if err != nil {
 					b.Fatal(err)
@@ -334,6 +382,65 @@ func BenchmarkSnapshotLoad(b *testing.B) {
 			}
 			b.ReportMetric(float64(len(data))/float64(blocks), "B/block")
 			b.ReportMetric(b.Elapsed().Seconds()*1e3/float64(loads), "ms/load")
+			b.ReportMetric(cpu.Seconds()/float64(loads), "cpu-s/load")
+			b.ReportMetric(float64(peak()-base)/1e6, "MB-peak-heap")
+			runtime.GC()
+			b.ReportMetric(float64(heapObjects()-base)/1e6, "MB-loaded")
+			sinkSnapshot = nil
+		})
+	}
+}
+
+// BenchmarkSnapshotHandover is a whole warm start but the network: the
+// serving side encodes 1,024 replicas into a pipe while the receiving
+// side loads from it, as an EPP streams its snapshot to a starting
+// sibling. Both run in this process, so on a machine of two cores they
+// share what two EPPs' hosts would each have. Target: <= 5 s, the
+// EPP's default warm_start.timeout, for replicas of 17,600 blocks.
+func BenchmarkSnapshotHandover(b *testing.B) {
+	for _, perReplica := range []int{4400, 17600} {
+		b.Run(fmt.Sprintf("replicas=1024/blocks=%d", perReplica), func(b *testing.B) {
+			states := snapshotStates(b, 1024, perReplica)
+			opts := LoadOptions{Index: Config{MemoryBudget: 1 << 30}, Want: SnapshotHeader{BlockSize: 16}}
+			runtime.GC()
+			b.ResetTimer()
+			start, n, blocks := cputime.Clock(), 0, 0
+			for b.Loop() {
+				sinkSnapshot = nil
+				pr, pw := io.Pipe()
+				sent := make(chan int, 1)
+				go func() {
+					sw := NewSnapshotWriter(pw, SnapshotHeader{BlockSize: 16})
+					for r, s := range states {
+						err := sw.AddReplica(ReplicaTag{Name: fmt.Sprintf("10.0.%d.%d:8000", r/256, r%256)}, s)
+						if err == nil {
+							err = sw.Flush()
+						}
+						if err != nil {
+							_ = pw.CloseWithError(err)
+							sent <- -1
+							return
+						}
+					}
+					_ = pw.CloseWithError(sw.Close())
+					_, blocks, _ := sw.Stats()
+					sent <- blocks
+				}()
+				snap, err := LoadSnapshot(pr, opts)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if want := <-sent; snap.Blocks != want {
+					b.Fatalf("loaded %d blocks of %d", snap.Blocks, want)
+				}
+				blocks += snap.Blocks
+				sinkSnapshot = snap
+				n++
+			}
+			cpu := cputime.Clock() - start
+			b.ReportMetric(float64(blocks)/b.Elapsed().Seconds(), "blocks/s")
+			b.ReportMetric(cpu.Seconds()/float64(n), "cpu-s/handover")
+			b.ReportMetric(b.Elapsed().Seconds()*1e3/float64(n), "ms/handover")
 			sinkSnapshot = nil
 		})
 	}

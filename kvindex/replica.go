@@ -44,8 +44,7 @@ type engineBlock struct {
 	parent uint64
 	// tok is the block's slot in ReplicaState.tokens.
 	tok       int32
-	mark      uint16 // snapshot walk, see markEpoch
-	tiers     uint8  // bitmask of Tier
+	tiers     uint8 // bitmask of Tier
 	hasParent bool
 	// opaque blocks are keyed by opaqueKey: their engine hash mixes in
 	// what no request maps to (kvevents.Event.Opaque). Their tokens cannot
@@ -132,7 +131,6 @@ type ReplicaState struct {
 	group     int
 	hasGroup  bool
 	blockSize int
-	markEpoch uint16 // see SnapshotWriter.AddReplica
 
 	// rootLora, rootSalt and root cache the last root key: most events of a
 	// replica share model, adapter and salt.

@@ -126,8 +126,9 @@ type SnapshotWriter struct {
 
 	replicas, blocks, skipped int
 
-	stack  []uint64
+	stack  []walkStep
 	orphan map[uint64]bool
+	marks  []uint8 // see walk
 
 	// version is SnapshotVersion but in tests; prev is the hash of the
 	// replica's last record, hasPrev whether it has one.
@@ -202,51 +203,50 @@ func (sw *SnapshotWriter) AddReplica(tag ReplicaTag, s *ReplicaState) error {
 }
 
 // walk encodes every block of s whose ancestors are all tracked, each after
-// its parent, and returns how many. A block's mark says whether the walk is
+// its parent, and returns how many. A block's mark, in sw.marks by its
+// token slot (unique among the blocks tracked), says whether the walk is
 // on its way up through it (visit) or has dealt with it (done); a parent
 // met on the way up is a cycle, possible only with hostile hashes.
+// Marking there rather than in the map costs a byte a block instead of
+// two map writes (BenchmarkSnapshotWrite).
 func (s *ReplicaState) walk(sw *SnapshotWriter) int {
-	if s.markEpoch >= ^uint16(0)-2 {
-		for h, b := range s.blocks {
-			b.mark = 0
-			s.blocks[h] = b
-		}
-		s.markEpoch = 0
+	const visit, done = 1, 2
+	marks := sw.marks[:0]
+	if n := int(s.tokens.used); cap(marks) >= n {
+		marks = marks[:n]
+		clear(marks)
+	} else {
+		marks = make([]uint8, n)
 	}
-	s.markEpoch += 2
-	visit, done := s.markEpoch, s.markEpoch+1
+	sw.marks = marks
 	clear(sw.orphan)
 	n := 0
-	for h := range s.blocks {
-		if s.blocks[h].mark == done {
+	for h, b := range s.blocks {
+		if marks[b.tok] == done {
 			continue
 		}
 		sw.stack = sw.stack[:0]
 		orphan := false
 		for ch := h; ; {
-			b := s.blocks[ch]
-			b.mark = visit
-			s.blocks[ch] = b
-			sw.stack = append(sw.stack, ch)
+			marks[b.tok] = visit
+			sw.stack = append(sw.stack, walkStep{ch, b})
 			if !b.hasParent {
 				break
 			}
 			p, ok := s.blocks[b.parent]
-			if !ok || p.mark == visit {
+			if !ok || marks[p.tok] == visit {
 				orphan = true
 				break
 			}
-			if p.mark == done {
+			if marks[p.tok] == done {
 				orphan = sw.orphan[b.parent]
 				break
 			}
-			ch = b.parent
+			ch, b = b.parent, p
 		}
 		for i := len(sw.stack) - 1; i >= 0; i-- {
-			ch := sw.stack[i]
-			b := s.blocks[ch]
-			b.mark = done
-			s.blocks[ch] = b
+			ch, b := sw.stack[i].hash, sw.stack[i].b
+			marks[b.tok] = done
 			var root rootSpec
 			if !b.hasParent {
 				root = s.roots[ch]
@@ -267,6 +267,12 @@ func (s *ReplicaState) walk(sw *SnapshotWriter) int {
 		}
 	}
 	return n
+}
+
+// walkStep is a block on the walk's way up to its first done ancestor.
+type walkStep struct {
+	hash uint64
+	b    engineBlock
 }
 
 func (sw *SnapshotWriter) appendRecord(h uint64, b engineBlock, root rootSpec, toks []uint32) {
@@ -551,13 +557,7 @@ func (sr *SnapshotReader) NextBlock() (*SnapshotBlock, error) {
 	case flags&recRootSpec != 0:
 		b.Lora, b.Salt = d.str(), d.str()
 	}
-	for i := range b.Tokens {
-		t := d.uvarint()
-		if t > 1<<32-1 {
-			d.bad = true
-		}
-		b.Tokens[i] = uint32(t)
-	}
+	d.tokens(b.Tokens)
 	switch {
 	case d.bad:
 		return nil, sr.fail(fmt.Errorf("%w: replica %s: block %d cut short or malformed", ErrSnapshotCorrupt, sr.sec.Name, sr.sec.Blocks-sr.pending))
@@ -706,6 +706,37 @@ func (d *decoder) uvarint() uint64 {
 	return v
 }
 
+// tokens decodes len(dst) uvarints of at most 32 bits into dst, as many
+// uvarint calls would (FuzzSnapshotTokens). Token ids below 2^21, every
+// vocabulary's, take at most three bytes and are decoded inline: this
+// loop is the decoder's hottest (BenchmarkSnapshotLoad).
+func (d *decoder) tokens(dst []uint32) {
+	b := d.b
+	for i := range dst {
+		if len(b) >= 3 {
+			c0, c1, c2 := b[0], b[1], b[2]
+			switch {
+			case c0 < 0x80:
+				dst[i], b = uint32(c0), b[1:]
+				continue
+			case c1 < 0x80:
+				dst[i], b = uint32(c0&0x7f)|uint32(c1)<<7, b[2:]
+				continue
+			case c2 < 0x80:
+				dst[i], b = uint32(c0&0x7f)|uint32(c1&0x7f)<<7|uint32(c2)<<14, b[3:]
+				continue
+			}
+		}
+		v, n := binary.Uvarint(b)
+		if n <= 0 || v > 1<<32-1 {
+			d.bad, d.b = true, nil
+			return
+		}
+		dst[i], b = uint32(v), b[n:]
+	}
+	d.b = b
+}
+
 func (d *decoder) varint() int64 {
 	v, n := binary.Varint(d.b)
 	if n <= 0 {
@@ -813,6 +844,7 @@ func LoadSnapshot(r io.Reader, o LoadOptions) (*Snapshot, error) {
 		// sender's word until the blocks arrive.
 		s.blocks = make(map[uint64]engineBlock, min(sec.Blocks, 1<<16))
 		s.w = lw.w
+		var cur loadCursor
 		for {
 			b, err := sr.NextBlock()
 			if errors.Is(err, io.EOF) {
@@ -821,7 +853,7 @@ func LoadSnapshot(r io.Reader, o LoadOptions) (*Snapshot, error) {
 			if err != nil {
 				return nil, err
 			}
-			if err := s.load(b, &pend); err != nil {
+			if err := s.load(b, &pend, &cur); err != nil {
 				return nil, fmt.Errorf("%w: replica %s: %v", ErrSnapshotCorrupt, sec.Name, err)
 			}
 			if lw.w.Len() >= loadWrites {
@@ -844,9 +876,8 @@ const loadWrites = 1 << 16
 
 // loadWriter stores a loading snapshot's keys in its index on a goroutine
 // of its own, so that decoding, verifying and keying the next blocks runs
-// beside it: the two halves cost about as much each (BenchmarkSnapshotLoad).
-// Writes are applied in the order handed over, so each replica's in its
-// order.
+// beside it (BenchmarkSnapshotLoad). Writes are applied in the order
+// handed over, so replica after replica, as Index.writeBulk requires.
 type loadWriter struct {
 	w    *Writes       // being filled
 	full chan *Writes  // handed over, applied in order
@@ -860,8 +891,9 @@ func newLoadWriter(ix *Index) *loadWriter {
 	lw.free <- new(Writes)
 	go func() {
 		defer close(lw.done)
+		var bs bulkStore
 		for w := range lw.full {
-			ix.Write(w)
+			ix.writeBulk(w, &bs)
 			lw.free <- w
 		}
 	}()
@@ -885,31 +917,45 @@ func (lw *loadWriter) close() {
 	}
 }
 
+// loadCursor is the replica's last loaded block: most blocks follow their
+// parent, whose key is then known without a map lookup.
+type loadCursor struct {
+	hash uint64
+	key  Key
+	ok   bool
+}
+
 // load adds one snapshot block, whose parent must precede it, and queues
 // its key per tier in pend.
-func (s *ReplicaState) load(b *SnapshotBlock, pend *[NumTiers][]Key) error {
-	if _, dup := s.blocks[b.Hash]; dup {
-		return fmt.Errorf("block %#x twice", b.Hash)
-	}
+func (s *ReplicaState) load(b *SnapshotBlock, pend *[NumTiers][]Key, cur *loadCursor) error {
 	var parent Key
-	if b.HasParent {
+	switch {
+	case b.HasParent && cur.ok && cur.hash == b.Parent:
+		parent = cur.key
+	case b.HasParent:
 		p, ok := s.blocks[b.Parent]
 		if !ok {
 			return fmt.Errorf("block %#x before its parent %#x", b.Hash, b.Parent)
 		}
 		parent = p.key
-	} else {
+	default:
 		parent = s.rootKey(b.Lora, b.Salt)
 	}
 	s.keys = AppendBlockKeys(s.keys[:0], parent, b.Tokens, s.tokens.stride)
 	nb := engineBlock{key: s.keys[0], parent: b.Parent, hasParent: b.HasParent, tiers: b.Tiers, tok: s.tokens.put(b.Tokens)}
+	// One map operation: a block seen before shows as a map that did not
+	// grow, and fails the whole load, so what it overwrote does not matter.
+	n := len(s.blocks)
+	if s.blocks[b.Hash] = nb; len(s.blocks) == n {
+		return fmt.Errorf("block %#x twice", b.Hash)
+	}
+	*cur = loadCursor{hash: b.Hash, key: nb.key, ok: true}
 	if !b.HasParent && (b.Lora != "" || b.Salt != "") {
 		if s.roots == nil {
 			s.roots = make(map[uint64]rootSpec)
 		}
 		s.roots[b.Hash] = rootSpec{b.Lora, b.Salt}
 	}
-	s.blocks[b.Hash] = nb
 	for t := Tier(0); t < NumTiers; t++ {
 		if b.Tiers&(1<<t) == 0 {
 			continue
