@@ -26,8 +26,8 @@ func (t *HF) encodeWord(dst []uint32, w string) []uint32 {
 		}
 	}
 	start := len(dst)
-	dst = t.startSymbols(dst, w)
-	dst = t.merge(dst, start)
+	dst, none := t.startSymbols(dst, w)
+	dst = t.merge(dst, start, none)
 	// ignore_merges takes a word found in the vocab whole. BPE that ends
 	// in one token has built the vocab's token of the word's bytes, so
 	// only a word BPE leaves in pieces is looked up, and only if the
@@ -76,19 +76,20 @@ func (f *hashFilter) mayHave(h uint64) bool {
 }
 
 // startSymbols appends the symbols BPE starts word w from: its
-// characters' own tokens where that is exact (chars.go), else its bytes.
-func (t *HF) startSymbols(dst []uint32, w string) []uint32 {
+// characters' own tokens where that is exact (chars.go), else its bytes;
+// and the pairs of them known to have no merge (appendChars).
+func (t *HF) startSymbols(dst []uint32, w string) ([]uint32, uint64) {
 	start := len(dst)
 	if t.charTok != nil {
-		if out, ok := t.appendChars(dst, w); ok {
-			return out
+		if out, none, ok := t.appendChars(dst, w); ok {
+			return out, none
 		}
 	}
 	dst = dst[:start]
 	for i := 0; i < len(w); i++ {
 		dst = append(dst, t.byteIDs[w[i]])
 	}
-	return dst
+	return dst, 0
 }
 
 // encodeSPM encodes a normalized segment, which SentencePiece-style BPE
@@ -161,21 +162,23 @@ func (t *HF) encodeSPMWord(dst []uint32, w string) []uint32 {
 		}
 		i += n
 	}
-	return t.merge(dst, start)
+	return t.merge(dst, start, 0)
 }
 
-// merge applies the BPE merges to the symbols dst[start:].
-func (t *HF) merge(dst []uint32, start int) []uint32 {
+// merge applies the BPE merges to the symbols dst[start:]; bit i of none
+// says that symbols i and i+1 have no merge.
+func (t *HF) merge(dst []uint32, start int, none uint64) []uint32 {
 	if len(dst)-start <= maxLinearWord {
-		return t.mergeLinear(dst, start)
+		return t.mergeLinear(dst, start, none)
 	}
 	return t.mergeHeap(dst, start)
 }
 
 // mergeLinear applies the lowest-ranked merge, leftmost first, until none
 // applies, in place. The merge of each adjacent pair is looked up once and
-// kept; a merge looks up only the two pairs it changes.
-func (t *HF) mergeLinear(dst []uint32, start int) []uint32 {
+// kept; a merge looks up only the two pairs it changes. Pairs in none
+// are not looked up.
+func (t *HF) mergeLinear(dst []uint32, start int, none uint64) []uint32 {
 	ids := dst[start:]
 	if len(ids) < 2 {
 		return dst
@@ -191,7 +194,11 @@ func (t *HF) mergeLinear(dst []uint32, start int) []uint32 {
 		return noRank
 	}
 	for i := range pair {
-		pair[i] = at(i)
+		if none&(1<<i) != 0 {
+			pair[i] = noRank
+		} else {
+			pair[i] = at(i)
+		}
 	}
 	for len(pair) > 0 {
 		best, v := 0, pair[0]

@@ -32,12 +32,20 @@ import (
 
 // charTok entries: the low half is a token id, charMulti|offset<<3|count
 // for a character of several tokens (in charMultiIDs), or charFromBytes;
-// the high half indexes charCtxs (0: starts from its tokens anywhere). One
-// entry per character, so a character costs one read.
+// bits 32-61 index charCtxs (0: starts from its tokens anywhere, read with
+// charCtx); charNoRight and charNoLeft say that the first of its tokens is
+// the right of no merge and the last the left of none. One entry per
+// character, so a character costs one read.
 const (
 	charFromBytes uint32 = math.MaxUint32
 	charMulti     uint32 = 1 << 31
+	charNoRight   uint64 = 1 << 63
+	charNoLeft    uint64 = 1 << 62
+	charCtxMask   uint64 = 1<<30 - 1
 )
+
+// charCtx is the index in charCtxs of a charTok entry.
+func charCtx(e uint64) uint64 { return e >> 32 & charCtxMask }
 
 // byteSet is a set of byte values.
 type byteSet [4]uint64
@@ -72,11 +80,13 @@ func (t *HF) buildCharStart() {
 	// partial then starts with a character's first byte), and with a
 	// token starting a character on their right.
 	withLeft, withRight := map[uint32][]byteRank{}, map[uint32][]byteRank{}
+	isLeft, isRight := make([]bool, maxID+1), make([]bool, maxID+1)
 	t.merges.each(func(key, v uint64) {
 		l, r, rank := uint32(key>>32), uint32(key), uint32(v>>32)
 		if l > maxID || r > maxID {
 			return
 		}
+		isLeft[l], isRight[r] = true, true
 		if partial[r] && utf8.RuneStart(first[r]) {
 			withLeft[r] = append(withLeft[r], byteRank{last[l], rank})
 		}
@@ -84,6 +94,14 @@ func (t *HF) buildCharStart() {
 			withRight[l] = append(withRight[l], byteRank{first[r], rank})
 		}
 	})
+	for b, id := range t.byteIDs {
+		if !isLeft[id] {
+			t.byteNo[b] |= charNoLeft
+		}
+		if !isRight[id] {
+			t.byteNo[b] |= charNoRight
+		}
+	}
 	t.charTok = make([]uint64, tableRunes)
 	t.charCtxs = []charContext{{}} // 0: none
 	interned := map[charContext]uint64{{}: 0}
@@ -104,10 +122,20 @@ func (t *HF) buildCharStart() {
 			interned[ctx] = k
 			t.charCtxs = append(t.charCtxs, ctx)
 		}
+		if k > charCtxMask || len(t.charMultiIDs) >= 1<<28 {
+			panic("tokenizer: character start table overflow")
+		}
+		e := k << 32
+		if !isRight[ids[0]] {
+			e |= charNoRight
+		}
+		if !isLeft[ids[len(ids)-1]] {
+			e |= charNoLeft
+		}
 		if len(ids) == 1 && ids[0] < charMulti {
-			t.charTok[r] = k<<32 | uint64(ids[0])
+			t.charTok[r] = e | uint64(ids[0])
 		} else {
-			t.charTok[r] = k<<32 | uint64(charMulti|uint32(len(t.charMultiIDs))<<3|uint32(len(ids)))
+			t.charTok[r] = e | uint64(charMulti|uint32(len(t.charMultiIDs))<<3|uint32(len(ids)))
 			t.charMultiIDs = append(t.charMultiIDs, ids...)
 		}
 	}
@@ -176,42 +204,72 @@ func (t *HF) charStart(ids []uint32, seen []charPart, b []byte, withLeft, withRi
 
 // appendChars appends the start symbols of word w: each character's own
 // tokens where that is exact, its bytes otherwise. It reports false
-// (leaving dst[:start] to the caller) on invalid UTF-8.
-func (t *HF) appendChars(dst []uint32, w string) ([]uint32, bool) {
+// (leaving dst[:start] to the caller) on invalid UTF-8. Bit i of none is
+// set when symbols i and i+1 of the word (i < 64) are known to have no
+// merge, which saves mergeLinear a pair-table lookup: the tokens of one
+// character started from its tokens (its own BPE left them apart), or a
+// left symbol that is no merge's left, or a right one no merge's right
+// (TestStartNoMerge).
+func (t *HF) appendChars(dst []uint32, w string) (out []uint32, none uint64, ok bool) {
+	n := 0          // symbols appended
+	prevNoL := true // the last symbol is no merge's left (none before the first)
+	// edge marks pair n-1, n when the symbol before is no merge's left or
+	// the next (flags of its character) no merge's right.
+	edge := func(flags uint64) {
+		if n > 0 && n <= 64 && (prevNoL || flags&charNoRight != 0) {
+			none |= 1 << (n - 1)
+		}
+	}
 	for i := 0; i < len(w); {
 		c := w[i]
 		if c < utf8.RuneSelf {
+			f := t.byteNo[c]
+			edge(f)
 			dst = append(dst, t.byteIDs[c])
+			n++
+			prevNoL = f&charNoLeft != 0
 			i++
 			continue
 		}
-		r, n := decodeRune(w, i)
-		if r == utf8.RuneError && n == 1 {
-			return dst, false
+		r, k := decodeRune(w, i)
+		if r == utf8.RuneError && k == 1 {
+			return dst, 0, false
 		}
-		v := charFromBytes
+		v, e := charFromBytes, uint64(0)
 		if r < tableRunes {
-			e := t.charTok[r]
+			e = t.charTok[r]
 			v = uint32(e)
-			if k := e >> 32; k != 0 {
-				ctx := &t.charCtxs[k]
-				if (i > 0 && ctx.before.has(w[i-1])) || (i+n < len(w) && ctx.after.has(w[i+n])) {
+			if x := charCtx(e); x != 0 {
+				ctx := &t.charCtxs[x]
+				if (i > 0 && ctx.before.has(w[i-1])) || (i+k < len(w) && ctx.after.has(w[i+k])) {
 					v = charFromBytes
 				}
 			}
 		}
 		switch {
 		case v == charFromBytes:
-			for j := i; j < i+n; j++ {
+			edge(t.byteNo[w[i]])
+			for j := i; j < i+k; j++ {
 				dst = append(dst, t.byteIDs[w[j]])
 			}
+			n += k
+			prevNoL = t.byteNo[w[i+k-1]]&charNoLeft != 0
 		case v&charMulti != 0:
-			off := (v &^ charMulti) >> 3
-			dst = append(dst, t.charMultiIDs[off:off+v&7]...)
+			edge(e)
+			off, m := (v&^charMulti)>>3, int(v&7)
+			dst = append(dst, t.charMultiIDs[off:off+uint32(m)]...)
+			for j := n; j < n+m-1 && j < 64; j++ {
+				none |= 1 << j
+			}
+			n += m
+			prevNoL = e&charNoLeft != 0
 		default:
+			edge(e)
 			dst = append(dst, v)
+			n++
+			prevNoL = e&charNoLeft != 0
 		}
-		i += n
+		i += k
 	}
-	return dst, true
+	return dst, none, true
 }

@@ -34,6 +34,7 @@ type HF struct {
 	charTok      []uint64
 	charMultiIDs []uint32
 	charCtxs     []charContext
+	byteNo       [256]uint64 // charNoLeft, charNoRight of each byte's token
 
 	// SentencePiece-style BPE: "▁" is prepended to every segment and
 	// replaces spaces; the symbols are characters.
