@@ -210,16 +210,25 @@ func (t *HF) mergeLinear(dst []uint32, start int, none uint64) []uint32 {
 		if v == noRank {
 			break
 		}
-		ids[best] = t.merges.ids[v]
+		m := t.merges.ids[v]
+		ids[best] = m & mergedIDMask
 		copy(ids[best+1:], ids[best+2:])
 		ids = ids[:len(ids)-1]
 		copy(pair[best:], pair[best+1:])
 		pair = pair[:len(pair)-1]
+		// The merged token's end flags spare the lookups of pairs it
+		// cannot be in (pairTable.markEnds).
 		if best > 0 {
-			pair[best-1] = at(best - 1)
+			pair[best-1] = noRank
+			if m&mergedNoRight == 0 {
+				pair[best-1] = at(best - 1)
+			}
 		}
 		if best < len(pair) {
-			pair[best] = at(best)
+			pair[best] = noRank
+			if m&mergedNoLeft == 0 {
+				pair[best] = at(best)
+			}
 		}
 	}
 	return dst[:start+len(ids)]

@@ -475,6 +475,7 @@ func (t *HF) buildMerges(vocab map[string]uint32, pairs [][2]string) error {
 		}
 		t.merges.putNew(uint64(l)<<32|uint64(r), uint64(rank)<<32|uint64(m))
 	}
+	t.merges.markEnds()
 	return nil
 }
 
