@@ -1,9 +1,6 @@
 package tokenizer
 
-import (
-	"math"
-	"unicode/utf8"
-)
+import "unicode/utf8"
 
 // Byte-level BPE starts a word from its bytes: a CJK character is three
 // symbols and two merges before it meets its neighbours. Most characters
@@ -30,22 +27,33 @@ import (
 // TestCharStartMatchesBytes, TestCharStartTrained and FuzzCharStart keep
 // the two starts equal.
 
-// charTok entries: the low half is a token id, charMulti|offset<<3|count
-// for a character of several tokens (in charMultiIDs), or charFromBytes;
-// bits 32-61 index charCtxs (0: starts from its tokens anywhere, read with
-// charCtx); charNoRight and charNoLeft say that the first of its tokens is
-// the right of no merge and the last the left of none. One entry per
-// character, so a character costs one read.
+// charTok entries, one per character so that a character costs one
+// read: charKind says how it starts, from one token (its id in bits 0-20),
+// two (the second in bits 21-41), more (charMultiIDs[bits 0-20], as many
+// as bits 21-41 say) or its bytes; charCtx indexes charCtxs (0: starts
+// from its tokens anywhere); charNoRight and charNoLeft say that the first
+// of its tokens is the right of no merge and the last the left of none.
+// Token ids are below 1<<charIDBits (pairTableFits).
 const (
-	charFromBytes uint32 = math.MaxUint32
-	charMulti     uint32 = 1 << 31
-	charNoRight   uint64 = 1 << 63
-	charNoLeft    uint64 = 1 << 62
-	charCtxMask   uint64 = 1<<30 - 1
+	charIDBits  = 21
+	charIDMask  = 1<<charIDBits - 1
+	charOne     = 0
+	charTwo     = 1
+	charMany    = 2
+	charBytes   = 3
+	charKindAt  = 2 * charIDBits
+	charCtxAt   = charKindAt + 2
+	charCtxMask = 1<<18 - 1
+	charNoLeft  = uint64(1) << 62
+	charNoRight = uint64(1) << 63
 )
 
+// charKind is how a charTok entry's character starts: charOne, charTwo,
+// charMany or charBytes.
+func charKind(e uint64) uint64 { return e >> charKindAt & 3 }
+
 // charCtx is the index in charCtxs of a charTok entry.
-func charCtx(e uint64) uint64 { return e >> 32 & charCtxMask }
+func charCtx(e uint64) uint64 { return e >> charCtxAt & charCtxMask }
 
 // byteSet is a set of byte values.
 type byteSet [4]uint64
@@ -110,7 +118,7 @@ func (t *HF) buildCharStart() {
 	var seen []charPart
 	for r := rune(0); r < tableRunes; r++ {
 		if r < utf8.RuneSelf || (r >= 0xD800 && r <= 0xDFFF) {
-			t.charTok[r] = uint64(charFromBytes)
+			t.charTok[r] = charBytes << charKindAt
 			continue
 		}
 		b := buf[:utf8.EncodeRune(buf[:], r)]
@@ -122,22 +130,26 @@ func (t *HF) buildCharStart() {
 			interned[ctx] = k
 			t.charCtxs = append(t.charCtxs, ctx)
 		}
-		if k > charCtxMask || len(t.charMultiIDs) >= 1<<28 {
-			panic("tokenizer: character start table overflow")
+		e := k<<charCtxAt | uint64(ids[0])
+		switch {
+		case len(ids) == 1:
+			e |= charOne << charKindAt
+		case len(ids) == 2:
+			e |= charTwo<<charKindAt | uint64(ids[1])<<charIDBits
+		default:
+			e = k<<charCtxAt | charMany<<charKindAt | uint64(len(ids))<<charIDBits | uint64(len(t.charMultiIDs))
+			t.charMultiIDs = append(t.charMultiIDs, ids...)
 		}
-		e := k << 32
 		if !isRight[ids[0]] {
 			e |= charNoRight
 		}
 		if !isLeft[ids[len(ids)-1]] {
 			e |= charNoLeft
 		}
-		if len(ids) == 1 && ids[0] < charMulti {
-			t.charTok[r] = e | uint64(ids[0])
-		} else {
-			t.charTok[r] = e | uint64(charMulti|uint32(len(t.charMultiIDs))<<3|uint32(len(ids)))
-			t.charMultiIDs = append(t.charMultiIDs, ids...)
+		if k > charCtxMask || len(t.charMultiIDs) > charIDMask {
+			e = charBytes << charKindAt // beyond the table's fields: exact from bytes
 		}
+		t.charTok[r] = e
 	}
 }
 
@@ -235,40 +247,45 @@ func (t *HF) appendChars(dst []uint32, w string) (out []uint32, none uint64, ok 
 		if r == utf8.RuneError && k == 1 {
 			return dst, 0, false
 		}
-		v, e := charFromBytes, uint64(0)
+		e := uint64(charBytes << charKindAt)
 		if r < tableRunes {
 			e = t.charTok[r]
-			v = uint32(e)
 			if x := charCtx(e); x != 0 {
 				ctx := &t.charCtxs[x]
 				if (i > 0 && ctx.before.has(w[i-1])) || (i+k < len(w) && ctx.after.has(w[i+k])) {
-					v = charFromBytes
+					e = charBytes << charKindAt
 				}
 			}
 		}
-		switch {
-		case v == charFromBytes:
+		switch charKind(e) {
+		case charOne:
+			edge(e)
+			dst = append(dst, uint32(e&charIDMask))
+			n++
+		case charTwo:
+			edge(e)
+			dst = append(dst, uint32(e&charIDMask), uint32(e>>charIDBits&charIDMask))
+			if n < 64 {
+				none |= 1 << n
+			}
+			n += 2
+		case charMany:
+			edge(e)
+			off, m := int(e&charIDMask), int(e>>charIDBits&charIDMask)
+			dst = append(dst, t.charMultiIDs[off:off+m]...)
+			for j := n; j < n+m-1 && j < 64; j++ {
+				none |= 1 << j
+			}
+			n += m
+		default:
 			edge(t.byteNo[w[i]])
 			for j := i; j < i+k; j++ {
 				dst = append(dst, t.byteIDs[w[j]])
 			}
 			n += k
-			prevNoL = t.byteNo[w[i+k-1]]&charNoLeft != 0
-		case v&charMulti != 0:
-			edge(e)
-			off, m := (v&^charMulti)>>3, int(v&7)
-			dst = append(dst, t.charMultiIDs[off:off+uint32(m)]...)
-			for j := n; j < n+m-1 && j < 64; j++ {
-				none |= 1 << j
-			}
-			n += m
-			prevNoL = e&charNoLeft != 0
-		default:
-			edge(e)
-			dst = append(dst, v)
-			n++
-			prevNoL = e&charNoLeft != 0
+			e = t.byteNo[w[i+k-1]]
 		}
+		prevNoL = e&charNoLeft != 0
 		i += k
 	}
 	return dst, none, true

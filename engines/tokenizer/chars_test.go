@@ -54,7 +54,7 @@ func TestCharStartMatchesBytes(t *testing.T) {
 			runes := startRunes()
 			n, cjk := 0, 0
 			for r := rune(utf8.RuneSelf); r < tableRunes; r++ {
-				if uint32(tok.charTok[r]) != charFromBytes && charCtx(tok.charTok[r]) == 0 {
+				if charKind(tok.charTok[r]) != charBytes && charCtx(tok.charTok[r]) == 0 {
 					n++
 					if r >= 0x4E00 && r <= 0x9FA5 {
 						cjk++
