@@ -48,6 +48,20 @@ const (
 	charNoRight = uint64(1) << 63
 )
 
+// charEntry is a character's charTok entry (e) and its partner
+// signatures (sig), side by side so that both are one cache line: the
+// high half has bit partnerBit(l) set for the left token l of every merge
+// whose right is the character's first token, the low half bit
+// partnerBit(r) for the right token r of every merge whose left is its
+// last token. A pair of two characters started from their tokens, where
+// the left one's low half lacks the right one's first token's bit or the
+// right one's high half the left one's last token's bit, has no merge
+// (TestStartNoMerge).
+type charEntry struct{ e, sig uint64 }
+
+// partnerBit is a token's bit in a partner signature half.
+func partnerBit(id uint32) uint64 { return 1 << (id * 0x9E3779B1 >> 27) }
+
 // charKind is how a charTok entry's character starts: charOne, charTwo,
 // charMany or charBytes.
 func charKind(e uint64) uint64 { return e >> charKindAt & 3 }
@@ -89,12 +103,15 @@ func (t *HF) buildCharStart() {
 	// token starting a character on their right.
 	withLeft, withRight := map[uint32][]byteRank{}, map[uint32][]byteRank{}
 	isLeft, isRight := make([]bool, maxID+1), make([]bool, maxID+1)
+	sigL, sigR := make([]uint64, maxID+1), make([]uint64, maxID+1)
 	t.merges.each(func(key, v uint64) {
 		l, r, rank := uint32(key>>32), uint32(key), uint32(v>>32)
 		if l > maxID || r > maxID {
 			return
 		}
 		isLeft[l], isRight[r] = true, true
+		sigR[l] |= partnerBit(r)
+		sigL[r] |= partnerBit(l) << 32
 		if partial[r] && utf8.RuneStart(first[r]) {
 			withLeft[r] = append(withLeft[r], byteRank{last[l], rank})
 		}
@@ -110,7 +127,7 @@ func (t *HF) buildCharStart() {
 			t.byteNo[b] |= charNoRight
 		}
 	}
-	t.charTok = make([]uint64, tableRunes)
+	t.charTok = make([]charEntry, tableRunes)
 	t.charCtxs = []charContext{{}} // 0: none
 	interned := map[charContext]uint64{{}: 0}
 	var buf [utf8.UTFMax]byte
@@ -118,7 +135,7 @@ func (t *HF) buildCharStart() {
 	var seen []charPart
 	for r := rune(0); r < tableRunes; r++ {
 		if r < utf8.RuneSelf || (r >= 0xD800 && r <= 0xDFFF) {
-			t.charTok[r] = charBytes << charKindAt
+			t.charTok[r] = charEntry{e: charBytes << charKindAt, sig: ^uint64(0)}
 			continue
 		}
 		b := buf[:utf8.EncodeRune(buf[:], r)]
@@ -146,10 +163,11 @@ func (t *HF) buildCharStart() {
 		if !isLeft[ids[len(ids)-1]] {
 			e |= charNoLeft
 		}
+		sig := sigL[ids[0]] | sigR[ids[len(ids)-1]]
 		if k > charCtxMask || len(t.charMultiIDs) > charIDMask {
-			e = charBytes << charKindAt // beyond the table's fields: exact from bytes
+			e, sig = charBytes<<charKindAt, ^uint64(0) // beyond the table's fields: exact from bytes
 		}
-		t.charTok[r] = e
+		t.charTok[r] = charEntry{e, sig}
 	}
 }
 
@@ -225,21 +243,27 @@ func (t *HF) charStart(ids []uint32, seen []charPart, b []byte, withLeft, withRi
 func (t *HF) appendChars(dst []uint32, w string) (out []uint32, none uint64, ok bool) {
 	n := 0          // symbols appended
 	prevNoL := true // the last symbol is no merge's left (none before the first)
+	// prevLast is the last symbol, prevSig the partner signature of its
+	// character when that started from its tokens, all ones otherwise.
+	prevSig, prevLast := ^uint64(0), uint32(0)
 	// edge marks pair n-1, n when the symbol before is no merge's left or
-	// the next (flags of its character) no merge's right.
-	edge := func(flags uint64) {
-		if n > 0 && n <= 64 && (prevNoL || flags&charNoRight != 0) {
+	// the next (flags of its character) no merge's right, or the
+	// signatures rule out a merge of the two.
+	edge := func(flags, sig uint64, first uint32) {
+		if n > 0 && n <= 64 && (prevNoL || flags&charNoRight != 0 ||
+			prevSig&partnerBit(first) == 0 || sig&(partnerBit(prevLast)<<32) == 0) {
 			none |= 1 << (n - 1)
 		}
 	}
 	for i := 0; i < len(w); {
 		c := w[i]
 		if c < utf8.RuneSelf {
-			f := t.byteNo[c]
-			edge(f)
-			dst = append(dst, t.byteIDs[c])
+			f, id := t.byteNo[c], t.byteIDs[c]
+			edge(f, ^uint64(0), id)
+			dst = append(dst, id)
 			n++
 			prevNoL = f&charNoLeft != 0
+			prevSig, prevLast = ^uint64(0), id
 			i++
 			continue
 		}
@@ -247,45 +271,52 @@ func (t *HF) appendChars(dst []uint32, w string) (out []uint32, none uint64, ok 
 		if r == utf8.RuneError && k == 1 {
 			return dst, 0, false
 		}
-		e := uint64(charBytes << charKindAt)
+		ce := charEntry{e: charBytes << charKindAt, sig: ^uint64(0)}
 		if r < tableRunes {
-			e = t.charTok[r]
-			if x := charCtx(e); x != 0 {
+			ce = t.charTok[r]
+			if x := charCtx(ce.e); x != 0 {
 				ctx := &t.charCtxs[x]
 				if (i > 0 && ctx.before.has(w[i-1])) || (i+k < len(w) && ctx.after.has(w[i+k])) {
-					e = charBytes << charKindAt
+					ce = charEntry{e: charBytes << charKindAt, sig: ^uint64(0)}
 				}
 			}
 		}
+		e := ce.e
+		first := uint32(e & charIDMask)
 		switch charKind(e) {
 		case charOne:
-			edge(e)
-			dst = append(dst, uint32(e&charIDMask))
+			edge(e, ce.sig, first)
+			dst = append(dst, first)
+			prevLast = first
 			n++
 		case charTwo:
-			edge(e)
-			dst = append(dst, uint32(e&charIDMask), uint32(e>>charIDBits&charIDMask))
+			edge(e, ce.sig, first)
+			prevLast = uint32(e >> charIDBits & charIDMask)
+			dst = append(dst, first, prevLast)
 			if n < 64 {
 				none |= 1 << n
 			}
 			n += 2
 		case charMany:
-			edge(e)
 			off, m := int(e&charIDMask), int(e>>charIDBits&charIDMask)
-			dst = append(dst, t.charMultiIDs[off:off+m]...)
+			ids := t.charMultiIDs[off : off+m]
+			edge(e, ce.sig, ids[0])
+			dst = append(dst, ids...)
+			prevLast = ids[m-1]
 			for j := n; j < n+m-1 && j < 64; j++ {
 				none |= 1 << j
 			}
 			n += m
 		default:
-			edge(t.byteNo[w[i]])
+			edge(t.byteNo[w[i]], ^uint64(0), t.byteIDs[w[i]])
 			for j := i; j < i+k; j++ {
 				dst = append(dst, t.byteIDs[w[j]])
 			}
 			n += k
-			e = t.byteNo[w[i+k-1]]
+			e, prevLast = t.byteNo[w[i+k-1]], t.byteIDs[w[i+k-1]]
 		}
 		prevNoL = e&charNoLeft != 0
+		prevSig = ce.sig
 		i += k
 	}
 	return dst, none, true

@@ -54,7 +54,7 @@ func TestCharStartMatchesBytes(t *testing.T) {
 			runes := startRunes()
 			n, cjk := 0, 0
 			for r := rune(utf8.RuneSelf); r < tableRunes; r++ {
-				if charKind(tok.charTok[r]) != charBytes && charCtx(tok.charTok[r]) == 0 {
+				if charKind(tok.charTok[r].e) != charBytes && charCtx(tok.charTok[r].e) == 0 {
 					n++
 					if r >= 0x4E00 && r <= 0x9FA5 {
 						cjk++
@@ -235,7 +235,7 @@ func TestCharStartTrained(t *testing.T) {
 			require.Equal(t, bytesStart(tok, w), charStarted(tok, w), "seed %d: %q", seed, w)
 		}
 		for _, r := range chars {
-			if r >= utf8.RuneSelf && charCtx(tok.charTok[r]) == 0 {
+			if r >= utf8.RuneSelf && charCtx(tok.charTok[r].e) == 0 {
 				started++
 			}
 		}

@@ -31,7 +31,7 @@ type HF struct {
 	vocab       map[string]uint32 // raw bytes of a token -> id
 	byteIDs     [256]uint32       // byte-level: the token of each byte
 	// Byte-level: where a word starts from each character (chars.go).
-	charTok      []uint64
+	charTok      []charEntry
 	charMultiIDs []uint32
 	charCtxs     []charContext
 	byteNo       [256]uint64 // charNoLeft, charNoRight of each byte's token
