@@ -27,22 +27,38 @@ func (t *HF) encodeWord(dst []uint32, w string) []uint32 {
 	}
 	start := len(dst)
 	dst, none := t.startSymbols(dst, w)
-	dst = t.merge(dst, start, none)
-	// ignore_merges takes a word found in the vocab whole. BPE that ends
-	// in one token has built the vocab's token of the word's bytes, so
-	// only a word BPE leaves in pieces is looked up, and only if the
-	// vocab filter may hold it (TestIgnoreMergesWholeWords).
-	if t.ignoreMerges && len(dst)-start > 1 && len(w) <= t.maxTokenLen &&
-		(!cacheable || t.vocabFilter.mayHave(h)) {
-		if !cacheable {
-			h = cacheHash(w)
-		}
-		if id, ok := t.vocabTab.get(w, h); ok {
-			dst = append(dst[:start], id)
-		}
+	// A word whose start pairs all have no merge (appendChars) is its
+	// start symbols: no BPE, and nothing worth a cache entry, which would
+	// cost more than starting it again. Words of other scripts often are
+	// (half of the mixed-script corpus's distinct words).
+	if n := len(dst) - start; n <= maxLinearWord && none == 1<<(n-1)-1 {
+		return t.wholeWord(dst, start, w, h, cacheable)
 	}
+	dst = t.merge(dst, start, none)
+	dst = t.wholeWord(dst, start, w, h, cacheable)
 	if cacheable {
 		t.cache.put(h, w, dst[start:])
+	}
+	return dst
+}
+
+// wholeWord applies ignore_merges to the BPE of w in dst[start:]: it
+// takes a word found in the vocab whole. BPE that ends in one token has
+// built the vocab's token of the word's bytes, so only a word BPE leaves
+// in pieces is looked up, and only if the vocab filter may hold it
+// (TestIgnoreMergesWholeWords). h is w's cacheHash when hashed.
+func (t *HF) wholeWord(dst []uint32, start int, w string, h uint64, hashed bool) []uint32 {
+	if !t.ignoreMerges || len(dst)-start <= 1 || len(w) > t.maxTokenLen {
+		return dst
+	}
+	if !hashed {
+		h = cacheHash(w)
+	}
+	if !t.vocabFilter.mayHave(h) {
+		return dst
+	}
+	if id, ok := t.vocabTab.get(w, h); ok {
+		dst = append(dst[:start], id)
 	}
 	return dst
 }
