@@ -382,30 +382,73 @@ func matchDeepSeekMain(s string, i int) int {
 	return spaceAlts(s, i)
 }
 
-func matchDigits3(s string, i int) int {
-	if c, _ := at(s, i); c&cN != 0 {
-		return run(s, i, cN, 3)
-	}
-	return -1
-}
-
 func isDeepSeekCJK(r rune) bool {
 	return (r >= 0x4E00 && r <= 0x9FA5) || (r >= 0x3040 && r <= 0x309F) || (r >= 0x30A0 && r <= 0x30FF)
 }
 
-func matchDeepSeekCJK(s string, i int) int {
-	j := i
-	for j < len(s) {
-		r, w := decodeRune(s, j)
-		if !isDeepSeekCJK(r) {
-			break
+// runeAt is at with the rune decoded: the rune at byte offset i, its
+// class and width (invalid UTF-8: utf8.RuneError, no class, one byte).
+func runeAt(s string, i int) (rune, uint16, int) {
+	b := s[i]
+	if b < utf8.RuneSelf {
+		return rune(b), asciiClass[b], 1
+	}
+	r, w := decodeRune(s, i)
+	if r == utf8.RuneError && w == 1 {
+		return r, 0, 1
+	}
+	if r < tableRunes && bmpClass != nil {
+		return r, bmpClass[r], w
+	}
+	return r, slowClass(r), w
+}
+
+// deepSeekSplit is DeepSeek V3's three splits, \p{N}{1,3}, then CJK
+// runs, then its main regex, each Isolated, in one pass over s: the first
+// two only cut around digit groups and CJK runs, so the main regex sees
+// the stretches between those and each CJK run, and a digit group, where
+// it matches nothing, is a word. FuzzSplitDeepSeek compares it with the
+// three splits in sequence.
+func deepSeekSplit(s string, emit func(string)) {
+	gap := 0 // start of the stretch of neither digits nor CJK
+	for i := 0; i < len(s); {
+		r, c, w := runeAt(s, i)
+		switch {
+		case c&cN != 0:
+			if gap < i {
+				splitIsolated(s[gap:i], matchDeepSeekMain, emit)
+			}
+			j := i + w
+			for n := 1; n < 3 && j < len(s); n++ {
+				_, c, w := runeAt(s, j)
+				if c&cN == 0 {
+					break
+				}
+				j += w
+			}
+			emit(s[i:j])
+			i, gap = j, j
+		case isDeepSeekCJK(r):
+			if gap < i {
+				splitIsolated(s[gap:i], matchDeepSeekMain, emit)
+			}
+			j := i + w
+			for j < len(s) {
+				r, w := decodeRune(s, j)
+				if !isDeepSeekCJK(r) {
+					break
+				}
+				j += w
+			}
+			splitIsolated(s[i:j], matchDeepSeekMain, emit)
+			i, gap = j, j
+		default:
+			i += w
 		}
-		j += w
 	}
-	if j == i {
-		return -1
+	if gap < len(s) {
+		splitIsolated(s[gap:], matchDeepSeekMain, emit)
 	}
-	return j
 }
 
 // splitIsolated calls emit for every match of m in s and for every gap
@@ -441,10 +484,6 @@ func (k splitKind) preTokenize(s string, emit func(string)) {
 	case splitO200k:
 		splitIsolated(s, matchO200k, emit)
 	case splitDeepSeek:
-		splitIsolated(s, matchDigits3, func(p string) {
-			splitIsolated(p, matchDeepSeekCJK, func(q string) {
-				splitIsolated(q, matchDeepSeekMain, emit)
-			})
-		})
+		deepSeekSplit(s, emit)
 	}
 }
