@@ -277,65 +277,78 @@ func matchCL100k(s string, i int, digitGroup int) int {
 	return spaceAlts(s, i)
 }
 
-// o200kWord matches U* L+ (upperFirst=false) or U+ L* (upperFirst=true) from
-// j, then an optional contraction.
-func o200kWord(s string, j int, upperFirst bool) int {
-	if !upperFirst {
-		// U* greedy, then L+ with backtracking: the match ends after the
-		// last L rune that a backed-off U* can leave to L+.
-		u := j
-		lastL := -1 // end of the last rune within the U run that is also L
-		for u < len(s) {
-			c, w := at(s, u)
-			if c&cUpper == 0 {
-				break
-			}
-			if c&cLower != 0 {
-				lastL = u + w
-			}
-			u += w
+// o200kWords matches from j both word alternatives of the o200k pattern,
+// U*L+ and U+L* (U and L its two letter classes, which share Lm, Lo and
+// M), each with an optional contraction after it, in one scan of the U
+// run; -1 for one that does not match. TestO200kWords and FuzzO200kWords
+// compare it with the two alternatives matched one by one.
+func o200kWords(s string, j int) (int, int) {
+	// U* greedy, then L+ with backtracking: the first alternative ends
+	// after the L run that follows the U run, or else after the last L
+	// rune that a backed-off U* can leave to L+.
+	u := j
+	lastL := -1 // end of the last rune within the U run that is also L
+	for u < len(s) {
+		c, w := at(s, u)
+		if c&cUpper == 0 {
+			break
 		}
-		var end int
-		if u < len(s) {
-			if c, _ := at(s, u); c&cLower != 0 {
-				end = run(s, u, cLower, 0)
-			} else if lastL >= 0 {
-				end = lastL
-			} else {
-				return -1
-			}
-		} else if lastL >= 0 {
-			end = lastL
-		} else {
-			return -1
+		if c&cLower != 0 {
+			lastL = u + w
 		}
-		if e := contraction(s, end); e >= 0 {
-			return e
-		}
-		return end
+		u += w
 	}
-	u := run(s, j, cUpper, 0)
-	if u == j {
-		return -1
+	low := run(s, u, cLower, 0)
+	e1, e2 := -1, -1
+	switch {
+	case low > u:
+		e1 = low
+	case lastL >= 0:
+		e1 = lastL
 	}
-	end := run(s, u, cLower, 0)
-	if e := contraction(s, end); e >= 0 {
-		return e
+	if u > j {
+		e2 = low
 	}
-	return end
+	return withContraction(s, e1), withContraction(s, e2)
 }
 
+// withContraction extends a match ending at e by a contraction there.
+func withContraction(s string, e int) int {
+	if e < 0 {
+		return e
+	}
+	if c := contraction(s, e); c >= 0 {
+		return c
+	}
+	return e
+}
+
+// matchO200k tries the alternatives in the pattern's order: the first
+// word alternative with its optional prefix character, then without it,
+// then the second the same way.
 func matchO200k(s string, i int) int {
 	c, w := at(s, i)
-	prefix := c&(cCRLF|cL|cN) == 0 && i+w < len(s)
-	for _, upperFirst := range [2]bool{false, true} {
-		if prefix {
-			if e := o200kWord(s, i+w, upperFirst); e >= 0 {
-				return e
-			}
+	if c&(cCRLF|cL|cN) == 0 && i+w < len(s) {
+		p1, p2 := o200kWords(s, i+w)
+		if p1 >= 0 {
+			return p1
 		}
-		if e := o200kWord(s, i, upperFirst); e >= 0 {
-			return e
+		e1, e2 := o200kWords(s, i)
+		switch {
+		case e1 >= 0:
+			return e1
+		case p2 >= 0:
+			return p2
+		case e2 >= 0:
+			return e2
+		}
+	} else {
+		e1, e2 := o200kWords(s, i)
+		if e1 >= 0 {
+			return e1
+		}
+		if e2 >= 0 {
+			return e2
 		}
 	}
 	if c&cN != 0 {
