@@ -101,18 +101,23 @@ func TestCharStartMatchesBytes(t *testing.T) {
 func checkNoMerge(t *testing.T, tok *HF, w string) int {
 	ids, none, ok := tok.appendChars(nil, w)
 	if !ok {
-		require.Zero(t, none, "%q", w)
+		if none != 0 {
+			t.Fatalf("%q: marks on invalid UTF-8", w)
+		}
 		return 0
 	}
 	marked := 0
 	for i := 0; i+1 < len(ids) && i < 64; i++ {
 		if none&(1<<i) != 0 {
-			_, has := tok.merges.get(uint64(ids[i])<<32 | uint64(ids[i+1]))
-			require.False(t, has, "%q: pair %d (%d, %d) has a merge", w, i, ids[i], ids[i+1])
+			if _, has := tok.merges.get(uint64(ids[i])<<32 | uint64(ids[i+1])); has {
+				t.Fatalf("%q: pair %d (%d, %d) has a merge", w, i, ids[i], ids[i+1])
+			}
 			marked++
 		}
 	}
-	require.Zero(t, none>>max(len(ids)-1, 0), "%q: bits past the last pair", w)
+	if none>>max(len(ids)-1, 0) != 0 {
+		t.Fatalf("%q: bits past the last pair", w)
+	}
 	return marked
 }
 
@@ -133,7 +138,7 @@ func TestStartNoMerge(t *testing.T) {
 			}
 			require.Greater(t, marked, 1000)
 			rng := rand.New(rand.NewPCG(3, uint64(len(fam))))
-			for i := 0; i < 20_000; i++ {
+			for i := 0; i < 2_000; i++ {
 				var sb strings.Builder
 				for k := 1 + rng.IntN(70); k > 0; k-- {
 					sb.WriteRune(runes[rng.IntN(len(runes))])
@@ -143,7 +148,7 @@ func TestStartNoMerge(t *testing.T) {
 		})
 	}
 	chars := []rune("прожмнабв中文的缓存😀éèa ,")
-	for seed := uint64(1); seed <= 20; seed++ {
+	for seed := uint64(1); seed <= 5; seed++ {
 		tok := trained(t, seed)
 		rng := rand.New(rand.NewPCG(seed, 2))
 		for i := 0; i < 2000; i++ {
