@@ -26,23 +26,39 @@ func (t *HF) encodeWord(dst []uint32, w string) []uint32 {
 		}
 	}
 	start := len(dst)
-	dst = t.startSymbols(dst, w)
-	dst = t.merge(dst, start)
-	// ignore_merges takes a word found in the vocab whole. BPE that ends
-	// in one token has built the vocab's token of the word's bytes, so
-	// only a word BPE leaves in pieces is looked up, and only if the
-	// vocab filter may hold it (TestIgnoreMergesWholeWords).
-	if t.ignoreMerges && len(dst)-start > 1 && len(w) <= t.maxTokenLen &&
-		(!cacheable || t.vocabFilter.mayHave(h)) {
-		if !cacheable {
-			h = cacheHash(w)
-		}
-		if id, ok := t.vocabTab.get(w, h); ok {
-			dst = append(dst[:start], id)
-		}
+	dst, none := t.startSymbols(dst, w)
+	// A word whose start pairs all have no merge (appendChars) is its
+	// start symbols: no BPE, and nothing worth a cache entry, which would
+	// cost more than starting it again. Words of other scripts often are
+	// (half of the mixed-script corpus's distinct words).
+	if n := len(dst) - start; n <= maxLinearWord && none == 1<<(n-1)-1 {
+		return t.wholeWord(dst, start, w, h, cacheable)
 	}
+	dst = t.merge(dst, start, none)
+	dst = t.wholeWord(dst, start, w, h, cacheable)
 	if cacheable {
 		t.cache.put(h, w, dst[start:])
+	}
+	return dst
+}
+
+// wholeWord applies ignore_merges to the BPE of w in dst[start:]: it
+// takes a word found in the vocab whole. BPE that ends in one token has
+// built the vocab's token of the word's bytes, so only a word BPE leaves
+// in pieces is looked up, and only if the vocab filter may hold it
+// (TestIgnoreMergesWholeWords). h is w's cacheHash when hashed.
+func (t *HF) wholeWord(dst []uint32, start int, w string, h uint64, hashed bool) []uint32 {
+	if !t.ignoreMerges || len(dst)-start <= 1 || len(w) > t.maxTokenLen {
+		return dst
+	}
+	if !hashed {
+		h = cacheHash(w)
+	}
+	if !t.vocabFilter.mayHave(h) {
+		return dst
+	}
+	if id, ok := t.vocabTab.get(w, h); ok {
+		dst = append(dst[:start], id)
 	}
 	return dst
 }
@@ -76,19 +92,20 @@ func (f *hashFilter) mayHave(h uint64) bool {
 }
 
 // startSymbols appends the symbols BPE starts word w from: its
-// characters' own tokens where that is exact (chars.go), else its bytes.
-func (t *HF) startSymbols(dst []uint32, w string) []uint32 {
+// characters' own tokens where that is exact (chars.go), else its bytes;
+// and the pairs of them known to have no merge (appendChars).
+func (t *HF) startSymbols(dst []uint32, w string) ([]uint32, uint64) {
 	start := len(dst)
 	if t.charTok != nil {
-		if out, ok := t.appendChars(dst, w); ok {
-			return out
+		if out, none, ok := t.appendChars(dst, w); ok {
+			return out, none
 		}
 	}
 	dst = dst[:start]
 	for i := 0; i < len(w); i++ {
 		dst = append(dst, t.byteIDs[w[i]])
 	}
-	return dst
+	return dst, 0
 }
 
 // encodeSPM encodes a normalized segment, which SentencePiece-style BPE
@@ -161,21 +178,23 @@ func (t *HF) encodeSPMWord(dst []uint32, w string) []uint32 {
 		}
 		i += n
 	}
-	return t.merge(dst, start)
+	return t.merge(dst, start, 0)
 }
 
-// merge applies the BPE merges to the symbols dst[start:].
-func (t *HF) merge(dst []uint32, start int) []uint32 {
+// merge applies the BPE merges to the symbols dst[start:]; bit i of none
+// says that symbols i and i+1 have no merge.
+func (t *HF) merge(dst []uint32, start int, none uint64) []uint32 {
 	if len(dst)-start <= maxLinearWord {
-		return t.mergeLinear(dst, start)
+		return t.mergeLinear(dst, start, none)
 	}
 	return t.mergeHeap(dst, start)
 }
 
 // mergeLinear applies the lowest-ranked merge, leftmost first, until none
 // applies, in place. The merge of each adjacent pair is looked up once and
-// kept; a merge looks up only the two pairs it changes.
-func (t *HF) mergeLinear(dst []uint32, start int) []uint32 {
+// kept; a merge looks up only the two pairs it changes. Pairs in none
+// are not looked up.
+func (t *HF) mergeLinear(dst []uint32, start int, none uint64) []uint32 {
 	ids := dst[start:]
 	if len(ids) < 2 {
 		return dst
@@ -191,7 +210,11 @@ func (t *HF) mergeLinear(dst []uint32, start int) []uint32 {
 		return noRank
 	}
 	for i := range pair {
-		pair[i] = at(i)
+		if none&(1<<i) != 0 {
+			pair[i] = noRank
+		} else {
+			pair[i] = at(i)
+		}
 	}
 	for len(pair) > 0 {
 		best, v := 0, pair[0]
@@ -203,16 +226,25 @@ func (t *HF) mergeLinear(dst []uint32, start int) []uint32 {
 		if v == noRank {
 			break
 		}
-		ids[best] = t.merges.ids[v]
+		m := t.merges.ids[v]
+		ids[best] = m & mergedIDMask
 		copy(ids[best+1:], ids[best+2:])
 		ids = ids[:len(ids)-1]
 		copy(pair[best:], pair[best+1:])
 		pair = pair[:len(pair)-1]
+		// The merged token's end flags spare the lookups of pairs it
+		// cannot be in (pairTable.markEnds).
 		if best > 0 {
-			pair[best-1] = at(best - 1)
+			pair[best-1] = noRank
+			if m&mergedNoRight == 0 {
+				pair[best-1] = at(best - 1)
+			}
 		}
 		if best < len(pair) {
-			pair[best] = at(best)
+			pair[best] = noRank
+			if m&mergedNoLeft == 0 {
+				pair[best] = at(best)
+			}
 		}
 	}
 	return dst[:start+len(ids)]

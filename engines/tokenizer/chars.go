@@ -1,9 +1,6 @@
 package tokenizer
 
-import (
-	"math"
-	"unicode/utf8"
-)
+import "unicode/utf8"
 
 // Byte-level BPE starts a word from its bytes: a CJK character is three
 // symbols and two merges before it meets its neighbours. Most characters
@@ -30,14 +27,47 @@ import (
 // TestCharStartMatchesBytes, TestCharStartTrained and FuzzCharStart keep
 // the two starts equal.
 
-// charTok entries: the low half is a token id, charMulti|offset<<3|count
-// for a character of several tokens (in charMultiIDs), or charFromBytes;
-// the high half indexes charCtxs (0: starts from its tokens anywhere). One
-// entry per character, so a character costs one read.
+// charTok entries, one per character so that a character costs one
+// read: charKind says how it starts, from one token (its id in bits 0-20),
+// two (the second in bits 21-41), more (charMultiIDs[bits 0-20], as many
+// as bits 21-41 say) or its bytes; charCtx indexes charCtxs (0: starts
+// from its tokens anywhere); charNoRight and charNoLeft say that the first
+// of its tokens is the right of no merge and the last the left of none.
+// Token ids are below 1<<charIDBits (pairTableFits).
 const (
-	charFromBytes uint32 = math.MaxUint32
-	charMulti     uint32 = 1 << 31
+	charIDBits  = 21
+	charIDMask  = 1<<charIDBits - 1
+	charOne     = 0
+	charTwo     = 1
+	charMany    = 2
+	charBytes   = 3
+	charKindAt  = 2 * charIDBits
+	charCtxAt   = charKindAt + 2
+	charCtxMask = 1<<18 - 1
+	charNoLeft  = uint64(1) << 62
+	charNoRight = uint64(1) << 63
 )
+
+// charEntry is a character's charTok entry (e) and its partner
+// signatures (sig), side by side so that both are one cache line: the
+// high half has bit partnerBit(l) set for the left token l of every merge
+// whose right is the character's first token, the low half bit
+// partnerBit(r) for the right token r of every merge whose left is its
+// last token. A pair of two characters started from their tokens, where
+// the left one's low half lacks the right one's first token's bit or the
+// right one's high half the left one's last token's bit, has no merge
+// (TestStartNoMerge).
+type charEntry struct{ e, sig uint64 }
+
+// partnerBit is a token's bit in a partner signature half.
+func partnerBit(id uint32) uint64 { return 1 << (id * 0x9E3779B1 >> 27) }
+
+// charKind is how a charTok entry's character starts: charOne, charTwo,
+// charMany or charBytes.
+func charKind(e uint64) uint64 { return e >> charKindAt & 3 }
+
+// charCtx is the index in charCtxs of a charTok entry.
+func charCtx(e uint64) uint64 { return e >> charCtxAt & charCtxMask }
 
 // byteSet is a set of byte values.
 type byteSet [4]uint64
@@ -72,11 +102,16 @@ func (t *HF) buildCharStart() {
 	// partial then starts with a character's first byte), and with a
 	// token starting a character on their right.
 	withLeft, withRight := map[uint32][]byteRank{}, map[uint32][]byteRank{}
+	isLeft, isRight := make([]bool, maxID+1), make([]bool, maxID+1)
+	sigL, sigR := make([]uint64, maxID+1), make([]uint64, maxID+1)
 	t.merges.each(func(key, v uint64) {
 		l, r, rank := uint32(key>>32), uint32(key), uint32(v>>32)
 		if l > maxID || r > maxID {
 			return
 		}
+		isLeft[l], isRight[r] = true, true
+		sigR[l] |= partnerBit(r)
+		sigL[r] |= partnerBit(l) << 32
 		if partial[r] && utf8.RuneStart(first[r]) {
 			withLeft[r] = append(withLeft[r], byteRank{last[l], rank})
 		}
@@ -84,7 +119,15 @@ func (t *HF) buildCharStart() {
 			withRight[l] = append(withRight[l], byteRank{first[r], rank})
 		}
 	})
-	t.charTok = make([]uint64, tableRunes)
+	for b, id := range t.byteIDs {
+		if !isLeft[id] {
+			t.byteNo[b] |= charNoLeft
+		}
+		if !isRight[id] {
+			t.byteNo[b] |= charNoRight
+		}
+	}
+	t.charTok = make([]charEntry, tableRunes)
 	t.charCtxs = []charContext{{}} // 0: none
 	interned := map[charContext]uint64{{}: 0}
 	var buf [utf8.UTFMax]byte
@@ -92,7 +135,7 @@ func (t *HF) buildCharStart() {
 	var seen []charPart
 	for r := rune(0); r < tableRunes; r++ {
 		if r < utf8.RuneSelf || (r >= 0xD800 && r <= 0xDFFF) {
-			t.charTok[r] = uint64(charFromBytes)
+			t.charTok[r] = charEntry{e: charBytes << charKindAt, sig: ^uint64(0)}
 			continue
 		}
 		b := buf[:utf8.EncodeRune(buf[:], r)]
@@ -104,12 +147,27 @@ func (t *HF) buildCharStart() {
 			interned[ctx] = k
 			t.charCtxs = append(t.charCtxs, ctx)
 		}
-		if len(ids) == 1 && ids[0] < charMulti {
-			t.charTok[r] = k<<32 | uint64(ids[0])
-		} else {
-			t.charTok[r] = k<<32 | uint64(charMulti|uint32(len(t.charMultiIDs))<<3|uint32(len(ids)))
+		e := k<<charCtxAt | uint64(ids[0])
+		switch {
+		case len(ids) == 1:
+			e |= charOne << charKindAt
+		case len(ids) == 2:
+			e |= charTwo<<charKindAt | uint64(ids[1])<<charIDBits
+		default:
+			e = k<<charCtxAt | charMany<<charKindAt | uint64(len(ids))<<charIDBits | uint64(len(t.charMultiIDs))
 			t.charMultiIDs = append(t.charMultiIDs, ids...)
 		}
+		if !isRight[ids[0]] {
+			e |= charNoRight
+		}
+		if !isLeft[ids[len(ids)-1]] {
+			e |= charNoLeft
+		}
+		sig := sigL[ids[0]] | sigR[ids[len(ids)-1]]
+		if k > charCtxMask || len(t.charMultiIDs) > charIDMask {
+			e, sig = charBytes<<charKindAt, ^uint64(0) // beyond the table's fields: exact from bytes
+		}
+		t.charTok[r] = charEntry{e, sig}
 	}
 }
 
@@ -176,42 +234,90 @@ func (t *HF) charStart(ids []uint32, seen []charPart, b []byte, withLeft, withRi
 
 // appendChars appends the start symbols of word w: each character's own
 // tokens where that is exact, its bytes otherwise. It reports false
-// (leaving dst[:start] to the caller) on invalid UTF-8.
-func (t *HF) appendChars(dst []uint32, w string) ([]uint32, bool) {
+// (leaving dst[:start] to the caller) on invalid UTF-8. Bit i of none is
+// set when symbols i and i+1 of the word (i < 64) are known to have no
+// merge, which saves mergeLinear a pair-table lookup: the tokens of one
+// character started from its tokens (its own BPE left them apart), or a
+// left symbol that is no merge's left, or a right one no merge's right
+// (TestStartNoMerge).
+func (t *HF) appendChars(dst []uint32, w string) (out []uint32, none uint64, ok bool) {
+	n := 0          // symbols appended
+	prevNoL := true // the last symbol is no merge's left (none before the first)
+	// prevLast is the last symbol, prevSig the partner signature of its
+	// character when that started from its tokens, all ones otherwise.
+	prevSig, prevLast := ^uint64(0), uint32(0)
+	// edge marks pair n-1, n when the symbol before is no merge's left or
+	// the next (flags of its character) no merge's right, or the
+	// signatures rule out a merge of the two.
+	edge := func(flags, sig uint64, first uint32) {
+		if n > 0 && n <= 64 && (prevNoL || flags&charNoRight != 0 ||
+			prevSig&partnerBit(first) == 0 || sig&(partnerBit(prevLast)<<32) == 0) {
+			none |= 1 << (n - 1)
+		}
+	}
 	for i := 0; i < len(w); {
 		c := w[i]
 		if c < utf8.RuneSelf {
-			dst = append(dst, t.byteIDs[c])
+			f, id := t.byteNo[c], t.byteIDs[c]
+			edge(f, ^uint64(0), id)
+			dst = append(dst, id)
+			n++
+			prevNoL = f&charNoLeft != 0
+			prevSig, prevLast = ^uint64(0), id
 			i++
 			continue
 		}
-		r, n := decodeRune(w, i)
-		if r == utf8.RuneError && n == 1 {
-			return dst, false
+		r, k := decodeRune(w, i)
+		if r == utf8.RuneError && k == 1 {
+			return dst, 0, false
 		}
-		v := charFromBytes
+		ce := charEntry{e: charBytes << charKindAt, sig: ^uint64(0)}
 		if r < tableRunes {
-			e := t.charTok[r]
-			v = uint32(e)
-			if k := e >> 32; k != 0 {
-				ctx := &t.charCtxs[k]
-				if (i > 0 && ctx.before.has(w[i-1])) || (i+n < len(w) && ctx.after.has(w[i+n])) {
-					v = charFromBytes
+			ce = t.charTok[r]
+			if x := charCtx(ce.e); x != 0 {
+				ctx := &t.charCtxs[x]
+				if (i > 0 && ctx.before.has(w[i-1])) || (i+k < len(w) && ctx.after.has(w[i+k])) {
+					ce = charEntry{e: charBytes << charKindAt, sig: ^uint64(0)}
 				}
 			}
 		}
-		switch {
-		case v == charFromBytes:
-			for j := i; j < i+n; j++ {
+		e := ce.e
+		first := uint32(e & charIDMask)
+		switch charKind(e) {
+		case charOne:
+			edge(e, ce.sig, first)
+			dst = append(dst, first)
+			prevLast = first
+			n++
+		case charTwo:
+			edge(e, ce.sig, first)
+			prevLast = uint32(e >> charIDBits & charIDMask)
+			dst = append(dst, first, prevLast)
+			if n < 64 {
+				none |= 1 << n
+			}
+			n += 2
+		case charMany:
+			off, m := int(e&charIDMask), int(e>>charIDBits&charIDMask)
+			ids := t.charMultiIDs[off : off+m]
+			edge(e, ce.sig, ids[0])
+			dst = append(dst, ids...)
+			prevLast = ids[m-1]
+			for j := n; j < n+m-1 && j < 64; j++ {
+				none |= 1 << j
+			}
+			n += m
+		default:
+			edge(t.byteNo[w[i]], ^uint64(0), t.byteIDs[w[i]])
+			for j := i; j < i+k; j++ {
 				dst = append(dst, t.byteIDs[w[j]])
 			}
-		case v&charMulti != 0:
-			off := (v &^ charMulti) >> 3
-			dst = append(dst, t.charMultiIDs[off:off+v&7]...)
-		default:
-			dst = append(dst, v)
+			n += k
+			e, prevLast = t.byteNo[w[i+k-1]], t.byteIDs[w[i+k-1]]
 		}
-		i += n
+		prevNoL = e&charNoLeft != 0
+		prevSig = ce.sig
+		i += k
 	}
-	return dst, true
+	return dst, none, true
 }

@@ -17,17 +17,17 @@ func bytesStart(t *HF, w string) []uint32 {
 	for i := 0; i < len(w); i++ {
 		dst = append(dst, t.byteIDs[w[i]])
 	}
-	return t.merge(dst, 0)
+	return t.merge(dst, 0, 0)
 }
 
 // charStarted is BPE on w started from its characters, or nil when some
 // character must start from bytes.
 func charStarted(t *HF, w string) []uint32 {
-	dst, ok := t.appendChars(nil, w)
+	dst, none, ok := t.appendChars(nil, w)
 	if !ok {
 		return nil
 	}
-	return t.merge(dst, 0)
+	return t.merge(dst, 0, none)
 }
 
 // startRunes are the characters words are drawn from: all below
@@ -54,7 +54,7 @@ func TestCharStartMatchesBytes(t *testing.T) {
 			runes := startRunes()
 			n, cjk := 0, 0
 			for r := rune(utf8.RuneSelf); r < tableRunes; r++ {
-				if uint32(tok.charTok[r]) != charFromBytes && tok.charTok[r]>>32 == 0 {
+				if charKind(tok.charTok[r].e) != charBytes && charCtx(tok.charTok[r].e) == 0 {
 					n++
 					if r >= 0x4E00 && r <= 0x9FA5 {
 						cjk++
@@ -93,6 +93,71 @@ func TestCharStartMatchesBytes(t *testing.T) {
 				require.Equal(t, bytesStart(tok, w), got, "%q", w)
 			}
 		})
+	}
+}
+
+// checkNoMerge fails unless every pair appendChars marks as having no
+// merge has none in the merge table; it returns how many were marked.
+func checkNoMerge(t *testing.T, tok *HF, w string) int {
+	ids, none, ok := tok.appendChars(nil, w)
+	if !ok {
+		if none != 0 {
+			t.Fatalf("%q: marks on invalid UTF-8", w)
+		}
+		return 0
+	}
+	marked := 0
+	for i := 0; i+1 < len(ids) && i < 64; i++ {
+		if none&(1<<i) != 0 {
+			if _, has := tok.merges.get(uint64(ids[i])<<32 | uint64(ids[i+1])); has {
+				t.Fatalf("%q: pair %d (%d, %d) has a merge", w, i, ids[i], ids[i+1])
+			}
+			marked++
+		}
+	}
+	if none>>max(len(ids)-1, 0) != 0 {
+		t.Fatalf("%q: bits past the last pair", w)
+	}
+	return marked
+}
+
+// TestStartNoMerge checks the pairs appendChars tells mergeLinear not to
+// look up: on the corpus documents' words of every family, on random words
+// of any characters, and on trained vocabularies, none of them has a
+// merge; and the check must skip some pairs of the mixed-script text.
+func TestStartNoMerge(t *testing.T) {
+	runes := startRunes()
+	for _, fam := range vsHFFamilies {
+		t.Run(fam, func(t *testing.T) {
+			tok := loadFamily(t, fam)
+			marked := 0
+			for _, script := range corpusScripts {
+				tok.split.preTokenize(goldenCorpus(t, fam)[script].Text, func(w string) {
+					marked += checkNoMerge(t, tok, w)
+				})
+			}
+			require.Greater(t, marked, 1000)
+			rng := rand.New(rand.NewPCG(3, uint64(len(fam))))
+			for i := 0; i < 2_000; i++ {
+				var sb strings.Builder
+				for k := 1 + rng.IntN(70); k > 0; k-- {
+					sb.WriteRune(runes[rng.IntN(len(runes))])
+				}
+				checkNoMerge(t, tok, sb.String())
+			}
+		})
+	}
+	chars := []rune("прожмнабв中文的缓存😀éèa ,")
+	for seed := uint64(1); seed <= 5; seed++ {
+		tok := trained(t, seed)
+		rng := rand.New(rand.NewPCG(seed, 2))
+		for i := 0; i < 2000; i++ {
+			var sb strings.Builder
+			for k := 1 + rng.IntN(10); k > 0; k-- {
+				sb.WriteRune(chars[rng.IntN(len(chars))])
+			}
+			checkNoMerge(t, tok, sb.String())
+		}
 	}
 }
 
@@ -175,7 +240,7 @@ func TestCharStartTrained(t *testing.T) {
 			require.Equal(t, bytesStart(tok, w), charStarted(tok, w), "seed %d: %q", seed, w)
 		}
 		for _, r := range chars {
-			if r >= utf8.RuneSelf && tok.charTok[r]>>32 == 0 {
+			if r >= utf8.RuneSelf && charCtx(tok.charTok[r].e) == 0 {
 				started++
 			}
 		}

@@ -31,9 +31,10 @@ type HF struct {
 	vocab       map[string]uint32 // raw bytes of a token -> id
 	byteIDs     [256]uint32       // byte-level: the token of each byte
 	// Byte-level: where a word starts from each character (chars.go).
-	charTok      []uint64
+	charTok      []charEntry
 	charMultiIDs []uint32
 	charCtxs     []charContext
+	byteNo       [256]uint64 // charNoLeft, charNoRight of each byte's token
 
 	// SentencePiece-style BPE: "▁" is prepended to every segment and
 	// replaces spaces; the symbols are characters.
@@ -474,6 +475,7 @@ func (t *HF) buildMerges(vocab map[string]uint32, pairs [][2]string) error {
 		}
 		t.merges.putNew(uint64(l)<<32|uint64(r), uint64(rank)<<32|uint64(m))
 	}
+	t.merges.markEnds()
 	return nil
 }
 

@@ -21,9 +21,13 @@ import (
 // word), so a one-hash Bloom filter of eight bits a merge (128-512 KiB,
 // about one false positive in nine) answers them first: it is small
 // enough to stay in cache across a document while the table is not.
+//
+// A merged id in ids carries mergedNoLeft and mergedNoRight (markEnds):
+// its token is the left, or the right, of no merge, so BPE need not look
+// up the pairs a merge makes with it (TestPairTableEnds).
 type pairTable struct {
 	slots  []uint64
-	ids    []uint32 // rank -> merged id
+	ids    []uint32 // rank -> merged id | end flags
 	filter []uint64
 	shift  uint8
 	fshift uint8
@@ -37,6 +41,13 @@ const (
 	maxPairID    = 1<<pairIDBits - 1 // the all-ones id is the empty slot's
 	maxPairRank  = 1<<pairRankBits - 1
 	pairRankMask = uint64(maxPairRank)
+)
+
+// End flags of a merged id in ids; ids are below maxPairID.
+const (
+	mergedNoLeft  uint32 = 1 << 31
+	mergedNoRight uint32 = 1 << 30
+	mergedIDMask         = mergedNoRight - 1
 )
 
 // noPair marks an empty slot: no pair has it, as no token id is
@@ -96,7 +107,7 @@ func (p *pairTable) get(key uint64) (uint64, bool) {
 	if !ok {
 		return 0, false
 	}
-	return uint64(rank)<<32 | uint64(p.ids[rank]), true
+	return uint64(rank)<<32 | uint64(p.ids[rank]&mergedIDMask), true
 }
 
 // noRank is no merge's rank (ranks are below maxPairRank).
@@ -125,7 +136,8 @@ func (p *pairTable) rank(key uint64) (uint32, bool) {
 
 // putNew stores the merge of pair key unless the pair has one: the
 // reference keeps the first (lowest-ranked) merge of a pair. Ranks are
-// distinct and below maxPairRank, ids below maxPairID (pairTableFits).
+// distinct and below maxPairRank, ids below maxPairID (pairTableFits);
+// markEnds runs after the last.
 func (p *pairTable) putNew(key, val uint64) {
 	k, ok := slotKey(key)
 	rank := val >> 32
@@ -157,7 +169,30 @@ func (p *pairTable) each(f func(key, val uint64)) {
 	for _, s := range p.slots {
 		if s != noPair {
 			l, r, rank := s>>(pairIDBits+pairRankBits), s>>pairRankBits&idMask, s&pairRankMask
-			f(l<<32|r, rank<<32|uint64(p.ids[rank]))
+			f(l<<32|r, rank<<32|uint64(p.ids[rank]&mergedIDMask))
 		}
+	}
+}
+
+// markEnds sets the end flags of every merged id, once all merges are in.
+func (p *pairTable) markEnds() {
+	const idMask = 1<<pairIDBits - 1
+	isLeft, isRight := make([]bool, maxPairID), make([]bool, maxPairID)
+	for _, s := range p.slots {
+		if s != noPair {
+			isLeft[s>>(pairIDBits+pairRankBits)] = true
+			isRight[s>>pairRankBits&idMask] = true
+		}
+	}
+	for i, m := range p.ids {
+		id := m & mergedIDMask
+		m = id
+		if !isLeft[id] {
+			m |= mergedNoLeft
+		}
+		if !isRight[id] {
+			m |= mergedNoRight
+		}
+		p.ids[i] = m
 	}
 }

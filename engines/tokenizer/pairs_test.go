@@ -18,7 +18,7 @@ func TestPairTable(t *testing.T) {
 		for i := 0; i < n; i++ {
 			// Small ids: dense keys, as real vocabularies have.
 			k := uint64(rng.IntN(2000))<<32 | uint64(rng.IntN(2000))
-			v := uint64(i)<<32 | uint64(rng.Uint32())
+			v := uint64(i)<<32 | uint64(rng.IntN(maxPairID))
 			p.putNew(k, v)
 			if _, dup := want[k]; !dup {
 				want[k] = v
@@ -46,5 +46,37 @@ func TestPairTable(t *testing.T) {
 			seen++
 		})
 		require.Equal(t, len(want), seen)
+		p.markEnds()
+		for k, v := range want {
+			got, ok := p.get(k)
+			require.True(t, ok)
+			require.Equal(t, v, got, "markEnds changed a merge")
+		}
 	}
+}
+
+// TestPairTableEnds checks the end flags markEnds sets on merged ids
+// against the pairs stored: a merged token flagged as no merge's left
+// (right) is the left (right) of no pair, and one that is not flagged is
+// of some pair.
+func TestPairTableEnds(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 5))
+	p := newPairTable(3000)
+	left, right := map[uint32]bool{}, map[uint32]bool{}
+	for i := 0; i < 3000; i++ {
+		l, r := uint32(rng.IntN(3000)), uint32(rng.IntN(3000))
+		p.putNew(uint64(l)<<32|uint64(r), uint64(i)<<32|uint64(rng.IntN(6000)))
+		left[l], right[r] = true, true
+	}
+	p.markEnds()
+	flagged := 0
+	for _, m := range p.ids {
+		id := m & mergedIDMask
+		require.Equal(t, !left[id], m&mergedNoLeft != 0, "id %d", id)
+		require.Equal(t, !right[id], m&mergedNoRight != 0, "id %d", id)
+		if m&(mergedNoLeft|mergedNoRight) != 0 {
+			flagged++
+		}
+	}
+	require.Greater(t, flagged, 100)
 }

@@ -277,65 +277,78 @@ func matchCL100k(s string, i int, digitGroup int) int {
 	return spaceAlts(s, i)
 }
 
-// o200kWord matches U* L+ (upperFirst=false) or U+ L* (upperFirst=true) from
-// j, then an optional contraction.
-func o200kWord(s string, j int, upperFirst bool) int {
-	if !upperFirst {
-		// U* greedy, then L+ with backtracking: the match ends after the
-		// last L rune that a backed-off U* can leave to L+.
-		u := j
-		lastL := -1 // end of the last rune within the U run that is also L
-		for u < len(s) {
-			c, w := at(s, u)
-			if c&cUpper == 0 {
-				break
-			}
-			if c&cLower != 0 {
-				lastL = u + w
-			}
-			u += w
+// o200kWords matches from j both word alternatives of the o200k pattern,
+// U*L+ and U+L* (U and L its two letter classes, which share Lm, Lo and
+// M), each with an optional contraction after it, in one scan of the U
+// run; -1 for one that does not match. TestO200kWords and FuzzO200kWords
+// compare it with the two alternatives matched one by one.
+func o200kWords(s string, j int) (int, int) {
+	// U* greedy, then L+ with backtracking: the first alternative ends
+	// after the L run that follows the U run, or else after the last L
+	// rune that a backed-off U* can leave to L+.
+	u := j
+	lastL := -1 // end of the last rune within the U run that is also L
+	for u < len(s) {
+		c, w := at(s, u)
+		if c&cUpper == 0 {
+			break
 		}
-		var end int
-		if u < len(s) {
-			if c, _ := at(s, u); c&cLower != 0 {
-				end = run(s, u, cLower, 0)
-			} else if lastL >= 0 {
-				end = lastL
-			} else {
-				return -1
-			}
-		} else if lastL >= 0 {
-			end = lastL
-		} else {
-			return -1
+		if c&cLower != 0 {
+			lastL = u + w
 		}
-		if e := contraction(s, end); e >= 0 {
-			return e
-		}
-		return end
+		u += w
 	}
-	u := run(s, j, cUpper, 0)
-	if u == j {
-		return -1
+	low := run(s, u, cLower, 0)
+	e1, e2 := -1, -1
+	switch {
+	case low > u:
+		e1 = low
+	case lastL >= 0:
+		e1 = lastL
 	}
-	end := run(s, u, cLower, 0)
-	if e := contraction(s, end); e >= 0 {
-		return e
+	if u > j {
+		e2 = low
 	}
-	return end
+	return withContraction(s, e1), withContraction(s, e2)
 }
 
+// withContraction extends a match ending at e by a contraction there.
+func withContraction(s string, e int) int {
+	if e < 0 {
+		return e
+	}
+	if c := contraction(s, e); c >= 0 {
+		return c
+	}
+	return e
+}
+
+// matchO200k tries the alternatives in the pattern's order: the first
+// word alternative with its optional prefix character, then without it,
+// then the second the same way.
 func matchO200k(s string, i int) int {
 	c, w := at(s, i)
-	prefix := c&(cCRLF|cL|cN) == 0 && i+w < len(s)
-	for _, upperFirst := range [2]bool{false, true} {
-		if prefix {
-			if e := o200kWord(s, i+w, upperFirst); e >= 0 {
-				return e
-			}
+	if c&(cCRLF|cL|cN) == 0 && i+w < len(s) {
+		p1, p2 := o200kWords(s, i+w)
+		if p1 >= 0 {
+			return p1
 		}
-		if e := o200kWord(s, i, upperFirst); e >= 0 {
-			return e
+		e1, e2 := o200kWords(s, i)
+		switch {
+		case e1 >= 0:
+			return e1
+		case p2 >= 0:
+			return p2
+		case e2 >= 0:
+			return e2
+		}
+	} else {
+		e1, e2 := o200kWords(s, i)
+		if e1 >= 0 {
+			return e1
+		}
+		if e2 >= 0 {
+			return e2
 		}
 	}
 	if c&cN != 0 {
@@ -382,30 +395,73 @@ func matchDeepSeekMain(s string, i int) int {
 	return spaceAlts(s, i)
 }
 
-func matchDigits3(s string, i int) int {
-	if c, _ := at(s, i); c&cN != 0 {
-		return run(s, i, cN, 3)
-	}
-	return -1
-}
-
 func isDeepSeekCJK(r rune) bool {
 	return (r >= 0x4E00 && r <= 0x9FA5) || (r >= 0x3040 && r <= 0x309F) || (r >= 0x30A0 && r <= 0x30FF)
 }
 
-func matchDeepSeekCJK(s string, i int) int {
-	j := i
-	for j < len(s) {
-		r, w := decodeRune(s, j)
-		if !isDeepSeekCJK(r) {
-			break
+// runeAt is at with the rune decoded: the rune at byte offset i, its
+// class and width (invalid UTF-8: utf8.RuneError, no class, one byte).
+func runeAt(s string, i int) (rune, uint16, int) {
+	b := s[i]
+	if b < utf8.RuneSelf {
+		return rune(b), asciiClass[b], 1
+	}
+	r, w := decodeRune(s, i)
+	if r == utf8.RuneError && w == 1 {
+		return r, 0, 1
+	}
+	if r < tableRunes && bmpClass != nil {
+		return r, bmpClass[r], w
+	}
+	return r, slowClass(r), w
+}
+
+// deepSeekSplit is DeepSeek V3's three splits, \p{N}{1,3}, then CJK
+// runs, then its main regex, each Isolated, in one pass over s: the first
+// two only cut around digit groups and CJK runs, so the main regex sees
+// the stretches between those and each CJK run, and a digit group, where
+// it matches nothing, is a word. FuzzSplitDeepSeek compares it with the
+// three splits in sequence.
+func deepSeekSplit(s string, emit func(string)) {
+	gap := 0 // start of the stretch of neither digits nor CJK
+	for i := 0; i < len(s); {
+		r, c, w := runeAt(s, i)
+		switch {
+		case c&cN != 0:
+			if gap < i {
+				splitIsolated(s[gap:i], matchDeepSeekMain, emit)
+			}
+			j := i + w
+			for n := 1; n < 3 && j < len(s); n++ {
+				_, c, w := runeAt(s, j)
+				if c&cN == 0 {
+					break
+				}
+				j += w
+			}
+			emit(s[i:j])
+			i, gap = j, j
+		case isDeepSeekCJK(r):
+			if gap < i {
+				splitIsolated(s[gap:i], matchDeepSeekMain, emit)
+			}
+			j := i + w
+			for j < len(s) {
+				r, w := decodeRune(s, j)
+				if !isDeepSeekCJK(r) {
+					break
+				}
+				j += w
+			}
+			splitIsolated(s[i:j], matchDeepSeekMain, emit)
+			i, gap = j, j
+		default:
+			i += w
 		}
-		j += w
 	}
-	if j == i {
-		return -1
+	if gap < len(s) {
+		splitIsolated(s[gap:], matchDeepSeekMain, emit)
 	}
-	return j
 }
 
 // splitIsolated calls emit for every match of m in s and for every gap
@@ -441,10 +497,6 @@ func (k splitKind) preTokenize(s string, emit func(string)) {
 	case splitO200k:
 		splitIsolated(s, matchO200k, emit)
 	case splitDeepSeek:
-		splitIsolated(s, matchDigits3, func(p string) {
-			splitIsolated(p, matchDeepSeekCJK, func(q string) {
-				splitIsolated(q, matchDeepSeekMain, emit)
-			})
-		})
+		deepSeekSplit(s, emit)
 	}
 }
