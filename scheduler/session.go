@@ -33,7 +33,11 @@ import (
 // history (longest prompt plus output so far) or its last prompt plus the
 // mean growth from one call's prompt to the next (output and tool
 // result), whichever is more, less the shared prefix the replica held at
-// its first call (TestSessionReserve). pending(r) is the agent policy's
+// its first call (TestSessionReserve). A session idle for longer than
+// its tool gaps last, the mean observed gap plus three standard
+// deviations (Cantelli: at most a tenth of any gap distribution lies
+// beyond it), reserves nothing: most likely it is done, and if it comes
+// back its call still goes first (TestSessionQueue). pending(r) is the agent policy's
 // pending prefill work, starting(r) the prompts of sessions admitted onto
 // r whose first call is not picked yet, so that one idle moment admits
 // only what fits in it (TestSessionSpareCompute). Past the budget an
@@ -59,20 +63,27 @@ type sessionTable struct {
 	s       *Scheduler
 	enabled bool
 
-	mu       sync.Mutex
-	byKey    map[uint64]*sessionEntry
+	mu    sync.Mutex
+	byKey map[uint64]*sessionEntry
+	// working, perRep and starting are what recountLocked last summed.
 	working  int64                     // Σ entries' reserved tokens
 	perRep   map[kvindex.Replica]int64 // the same per bound replica
-	starting map[kvindex.Replica]int64 // prompts of bound sessions not yet picked (recountLocked)
+	starting map[kvindex.Replica]int64 // prompts of bound sessions not yet picked
 	// growth is the mean growth of a session's prompt from one call to
 	// the next (an exponentially weighted mean; 0 before the first): what
 	// a session will need beyond its last prompt at its next call.
-	growth    float64
-	queue     list.List // of *sessionWaiter, oldest first
-	lastSweep time.Time
+	growth float64
+	// gapMean and gapVar are the exponentially weighted mean and variance
+	// of the observed tool gaps (a call's end to its session's next call),
+	// seconds; gaps counts the observations.
+	gapMean, gapVar float64
+	gaps            int
+	queue           list.List // of *sessionWaiter, oldest first
+	lastSweep       time.Time
 }
 
-// growthWeight is the weight of one observed growth in sessionTable.growth.
+// growthWeight is the weight of one observation in sessionTable.growth
+// and the gap statistics.
 const growthWeight = 0.05
 
 type sessionEntry struct {
@@ -84,6 +95,7 @@ type sessionEntry struct {
 	replica  kvindex.Replica
 	bound    bool      // replica is set
 	last     time.Time // the last call's arrival or end
+	ended    bool      // a call ended and none arrived since: in a tool gap
 	key      string    // the client's key, for the session memory
 }
 
@@ -177,14 +189,14 @@ func (t *sessionTable) rooms() []repRoom {
 // placeLocked returns the replica a new session needing need tokens may
 // start on, whether one was chosen at all (none before capacities are
 // known), and why it may start ("" when it may not).
-func (t *sessionTable) placeLocked(need int64, rooms []repRoom) (r kvindex.Replica, chosen bool, why string) {
+func (t *sessionTable) placeLocked(need int64, rooms []repRoom, now time.Time) (r kvindex.Replica, chosen bool, why string) {
 	if len(t.byKey) >= t.s.cfg.Sessions.MaxSessions {
 		return 0, false, ""
 	}
 	if len(rooms) == 0 {
 		return 0, false, admitRoom
 	}
-	t.recountLocked()
+	t.recountLocked(now)
 	best, room := kvindex.Replica(0), int64(-1<<62)
 	for _, x := range rooms {
 		if free := x.budget - t.perRep[x.id]; free > room || (free == room && x.id < best) {
@@ -210,17 +222,35 @@ func (t *sessionTable) placeLocked(need int64, rooms []repRoom) (r kvindex.Repli
 	return rooms[spare].id, true, admitSpare
 }
 
-// recountLocked sums the reservations again: what a session reserves
-// changes with growth.
-func (t *sessionTable) recountLocked() {
+// horizonLocked is how long a session in a tool gap keeps its
+// reservation: the mean observed gap plus three standard deviations, at
+// most the idle timeout (the idle timeout until two gaps are seen).
+func (t *sessionTable) horizonLocked() time.Duration {
+	idle := t.s.cfg.Sessions.IdleTimeout
+	if t.gaps < 2 {
+		return idle
+	}
+	return min(time.Duration((t.gapMean+3*math.Sqrt(t.gapVar))*float64(time.Second)), idle)
+}
+
+// recountLocked sums the reservations at now: each session's work, none
+// for a session idle past the horizon.
+func (t *sessionTable) recountLocked(now time.Time) {
 	clear(t.perRep)
 	clear(t.starting)
 	t.working = 0
-	g := int64(t.growth)
+	g, h := int64(t.growth), t.horizonLocked()
 	for _, e := range t.byKey {
-		t.addLocked(e, e.work(g))
-		if e.bound && !e.started {
-			t.starting[e.replica] += e.prompt
+		if e.ended && e.inflight == 0 && now.Sub(e.last) > h {
+			continue
+		}
+		w := e.work(g)
+		t.working += w
+		if e.bound {
+			t.perRep[e.replica] += w
+			if !e.started {
+				t.starting[e.replica] += e.prompt
+			}
 		}
 	}
 }
@@ -235,18 +265,7 @@ func (t *sessionTable) sweepLocked(now time.Time) {
 	t.lastSweep = now
 	for k, e := range t.byKey {
 		if e.inflight == 0 && now.Sub(e.last) >= idle {
-			t.addLocked(e, -e.work(int64(t.growth)))
 			delete(t.byKey, k)
-		}
-	}
-}
-
-// addLocked adds n to e's replica's reservation and the total.
-func (t *sessionTable) addLocked(e *sessionEntry, n int64) {
-	t.working += n
-	if e.bound {
-		if t.perRep[e.replica] += n; t.perRep[e.replica] <= 0 {
-			delete(t.perRep, e.replica)
 		}
 	}
 }
@@ -256,7 +275,6 @@ func (t *sessionTable) addLocked(e *sessionEntry, n int64) {
 func (t *sessionTable) insertLocked(k uint64, key string, need int64, r kvindex.Replica, chosen bool, why string, now time.Time) {
 	e := &sessionEntry{tokens: need, prompt: need, last: now, replica: r, bound: chosen, key: key}
 	t.byKey[k] = e
-	t.addLocked(e, e.work(int64(t.growth)))
 	if chosen {
 		t.s.sess.set(key, r, now)
 	}
@@ -278,12 +296,15 @@ func (t *sessionTable) admit(ctx context.Context, req *Request) *Error {
 	t.mu.Lock()
 	t.sweepLocked(now)
 	if e, ok := t.byKey[k]; ok {
-		e.last = now
+		if e.ended {
+			t.observeGapLocked(now.Sub(e.last))
+		}
+		e.last, e.ended = now, false
 		t.mu.Unlock()
 		return nil
 	}
 	if t.queue.Len() == 0 {
-		if r, chosen, why := t.placeLocked(need, rooms); why != "" {
+		if r, chosen, why := t.placeLocked(need, rooms, now); why != "" {
 			t.insertLocked(k, req.SessionKey, need, r, chosen, why, now)
 			t.gaugesLocked(rooms)
 			t.mu.Unlock()
@@ -347,7 +368,7 @@ func (t *sessionTable) dispatch() {
 	for t.queue.Len() > 0 {
 		w := t.queue.Front().Value.(*sessionWaiter)
 		if _, ok := t.byKey[w.key]; !ok {
-			r, chosen, why := t.placeLocked(w.need, rooms)
+			r, chosen, why := t.placeLocked(w.need, rooms, now)
 			if why == "" {
 				break
 			}
@@ -360,7 +381,21 @@ func (t *sessionTable) dispatch() {
 	t.gaugesLocked(rooms)
 }
 
+// observeGapLocked adds a tool gap to the gap statistics.
+func (t *sessionTable) observeGapLocked(gap time.Duration) {
+	x := gap.Seconds()
+	t.gaps++
+	if t.gaps == 1 {
+		t.gapMean = x
+		return
+	}
+	d := x - t.gapMean
+	t.gapMean += growthWeight * d
+	t.gapVar = (1 - growthWeight) * (t.gapVar + growthWeight*d*d)
+}
+
 func (t *sessionTable) gaugesLocked(rooms []repRoom) {
+	t.recountLocked(t.s.now())
 	var total int64
 	for _, x := range rooms {
 		total += x.budget
@@ -390,8 +425,7 @@ func (t *sessionTable) started(k uint64, r kvindex.Replica, prompt, resident int
 		return
 	}
 	e.inflight++
-	g := int64(t.growth)
-	t.addLocked(e, -e.work(g))
+	e.ended = false
 	if !e.started {
 		e.started, e.shared = true, min(resident, prompt)
 	} else if d := float64(prompt - e.prompt); d > 0 {
@@ -404,7 +438,6 @@ func (t *sessionTable) started(k uint64, r kvindex.Replica, prompt, resident int
 	e.replica, e.bound = r, true
 	e.prompt = prompt
 	e.tokens = max(e.tokens, prompt)
-	t.addLocked(e, e.work(g))
 }
 
 // ended records the end of a call of session k: its history is now at
@@ -418,11 +451,8 @@ func (t *sessionTable) ended(k uint64, history int64) {
 	defer t.mu.Unlock()
 	if e, ok := t.byKey[k]; ok {
 		e.inflight = max(e.inflight-1, 0)
-		e.last = now
-		g := int64(t.growth)
-		t.addLocked(e, -e.work(g))
+		e.last, e.ended = now, e.inflight == 0
 		e.tokens = max(e.tokens, history)
-		t.addLocked(e, e.work(g))
 	}
 }
 

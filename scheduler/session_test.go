@@ -110,28 +110,32 @@ func TestSessionTableBound(t *testing.T) {
 }
 
 // TestSessionQueue: a new session that would push the active sessions'
-// histories past every replica's KV waits while calls of the admitted
-// sessions go through; past the queue TTL it gets 429
-// session_queue_expired, and when an admitted session goes idle for the
-// idle timeout first, the waiting session is admitted into the room it
-// leaves.
+// reservations past every replica's KV, on a fleet with no compute to
+// spare, waits while calls of the admitted sessions go through; past the
+// queue TTL it gets 429 session_queue_expired. It is admitted into the
+// room an admitted session leaves: at the idle timeout, or once that
+// session has been idle for longer than the tool gaps observed (their
+// mean plus three standard deviations).
 func TestSessionQueue(t *testing.T) {
 	for _, tc := range []struct {
-		name      string
-		ttl, idle time.Duration
-		want      error
-		waited    time.Duration // b's wait, within a second
+		name   string
+		ttl    time.Duration
+		aCalls bool // a calls every 2s (gaps of 2s); else its first call stays in flight
+		bCalls bool // b calls every 2s too; else its only call ends at once
+		want   error
+		waited time.Duration // c's wait, within a second
 	}{
-		{"expires", 10 * time.Second, time.Minute, ErrSessionQueueExpired, 10 * time.Second},
-		// b's only call ends at once; a's calls keep it active.
-		{"admitted when an active session ends", time.Minute, 12 * time.Second, nil, 12 * time.Second},
+		{"expires", 10 * time.Second, true, true, ErrSessionQueueExpired, 10 * time.Second},
+		{"admitted at the idle timeout", time.Minute, false, false, nil, 12 * time.Second},
+		// gaps of 2s: b reserves nothing once idle past 2s + 3 x 0s, at a's second gap.
+		{"admitted past the observed gaps", time.Minute, true, false, nil, 4 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				// 2 replicas x 4096 tokens of KV.
+				// 2 replicas x 4096 tokens of KV, each with a queue.
 				e := sessionEnv(t, 4096, func(c *Config) {
 					c.Sessions.QueueTTL = tc.ttl
-					c.Sessions.IdleTimeout = tc.idle
+					c.Sessions.IdleTimeout = 12 * time.Second
 				})
 				e.s.now = time.Now // the bubble's clock
 				for i := range 2 {
@@ -144,7 +148,9 @@ func TestSessionQueue(t *testing.T) {
 				// a fills one replica, b most of the other.
 				a, err := e.s.admitPick(ctx, sessReq("a", 3000))
 				require.NoError(t, err)
-				a.Done(DoneInfo{Status: 200, PromptTokens: 3000, CompletionTokens: 200})
+				if tc.aCalls {
+					a.Done(DoneInfo{Status: 200, PromptTokens: 3000, CompletionTokens: 200})
+				}
 				b0, err := e.s.admitPick(ctx, sessReq("b", 2200))
 				require.NoError(t, err)
 				require.NotEqual(t, primary(a), primary(b0), "b is bound to the replica with room")
@@ -154,22 +160,39 @@ func TestSessionQueue(t *testing.T) {
 				// replica has the room and none has compute to spare (an
 				// engine queue), it waits.
 				start := time.Now()
-				b := admitAsync(e.s, ctx, &Request{Model: testModel, SessionKey: "c", Tokens: tokens(2000, 3), Arrived: start})
+				var waited time.Duration
+				c := make(chan error, 1)
+				go func() {
+					_, err := e.s.Admit(ctx, &Request{Model: testModel, SessionKey: "c", Tokens: tokens(2000, 3), Arrived: start})
+					waited = time.Since(start)
+					c <- err
+				}()
 				synctest.Wait()
 				_, queued := e.s.stab.counts()
 				require.Equal(t, 1, queued)
 
-				// a's calls go first: straight through while c waits.
-				for range 3 {
+				// Admitted sessions' calls go first: straight through while c waits.
+				for i := range 7 {
 					time.Sleep(2 * time.Second)
-					d, err := e.s.admitPick(ctx, sessReq("a", 3300))
-					require.NoError(t, err)
-					d.Done(DoneInfo{Status: 200, PromptTokens: 3300, CompletionTokens: 100})
-					_, queued := e.s.stab.counts()
-					require.Equal(t, 1, queued, "c still waits")
+					for _, k := range []struct {
+						key   string
+						on    bool
+						n, to int
+					}{{"a", tc.aCalls, 3300 + 100*i, 100}, {"b", tc.bCalls, 2300 + 100*i, 100}} {
+						if !k.on {
+							continue
+						}
+						d, err := e.s.admitPick(ctx, sessReq(k.key, k.n))
+						require.NoError(t, err)
+						d.Done(DoneInfo{Status: 200, PromptTokens: k.n, CompletionTokens: k.to})
+					}
+					if time.Since(start) < tc.waited-time.Second {
+						_, queued := e.s.stab.counts()
+						require.Equal(t, 1, queued, "c still waits at %v", time.Since(start))
+					}
 				}
-				err = <-b
-				require.InDelta(t, tc.waited.Seconds(), time.Since(start).Seconds(), 1)
+				err = <-c
+				require.InDelta(t, tc.waited.Seconds(), waited.Seconds(), 1)
 				active, queued := e.s.stab.counts()
 				require.Zero(t, queued)
 				if tc.want != nil {
@@ -180,7 +203,7 @@ func TestSessionQueue(t *testing.T) {
 					return
 				}
 				require.NoError(t, err)
-				require.Equal(t, 2, active, "b left, c came in")
+				require.Equal(t, 1.0, testutil.ToFloat64(e.s.m.sessionAdmitted.WithLabelValues(admitRoom))-2)
 				// c is bound where b was: its first call goes there.
 				d, err := e.s.Pick(&Request{Model: testModel, SessionKey: "c", Tokens: tokens(2000, 3)}, nil)
 				require.NoError(t, err)
@@ -204,6 +227,7 @@ func TestSessionPerReplica(t *testing.T) {
 	perRep := func() map[kvindex.Replica]int64 {
 		e.s.stab.mu.Lock()
 		defer e.s.stab.mu.Unlock()
+		e.s.stab.recountLocked(e.s.now())
 		return maps.Clone(e.s.stab.perRep)
 	}
 	var placed []string
@@ -228,7 +252,8 @@ func TestSessionPerReplica(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, ReasonSessionMove, d.Reason)
 	require.Equal(t, placed[1], primary(d))
-	require.Equal(t, map[kvindex.Replica]int64{r1: 2000 + 3100}, perRep())
+	// s0 grew by 100 tokens a call: each session now reserves 100 more.
+	require.Equal(t, map[kvindex.Replica]int64{r1: 2000 + 3100 + 3*100}, perRep())
 	d.Done(DoneInfo{Status: 200})
 }
 
@@ -266,7 +291,7 @@ func TestSessionReserve(t *testing.T) {
 				b.Done(DoneInfo{Status: 200})
 				snap := e.s.snap.Load()
 				e.s.stab.mu.Lock()
-				e.s.stab.recountLocked()
+				e.s.stab.recountLocked(e.s.now())
 				got := maps.Clone(e.s.stab.perRep)
 				e.s.stab.mu.Unlock()
 				require.Equal(t, map[kvindex.Replica]int64{
