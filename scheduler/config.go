@@ -105,9 +105,17 @@ type SessionsConfig struct {
 	// as when the KV cache is full. Default 10000.
 	MaxSessions int `yaml:"max_sessions"`
 	// KVFraction is the share of a replica's KV capacity (the engine's
-	// block size times blocks) the histories of the active sessions bound
-	// to it may take, (0, 1]. Default 0.9.
+	// block size times blocks) the reservations of the active sessions
+	// bound to it may take, and the KV usage below which it may have
+	// compute to spare (SpareWork), (0, 1]. Default 0.9.
 	KVFraction float64 `yaml:"kv_fraction"`
+	// SpareWork lets a new session start past the KV budget onto a replica
+	// with compute to spare: no engine queue, KV usage below kv_fraction,
+	// and pending prefill work, the session's prompt included, at most
+	// this fraction of ttft_objective. Evicting a history there costs only
+	// a recompute the replica has time for. 0: never past the budget.
+	// Default 0.5 (TestSessionSpareCompute).
+	SpareWork *float64 `yaml:"spare_work"`
 	// QueueTTL: a new session that waited this long gets 429
 	// session_queue_expired. Default 2m: a session of minutes had rather
 	// start late than not at all.
@@ -356,6 +364,7 @@ func (c Config) WithDefaults() Config {
 	opt.Zero(&se.KVFraction, 0.9)
 	opt.Zero(&se.QueueTTL, 2*time.Minute)
 	se.QueueCapacity = opt.Or(se.QueueCapacity, 1000)
+	se.SpareWork = opt.Or(se.SpareWork, 0.5)
 	return c
 }
 
@@ -522,6 +531,9 @@ func (c *Config) Validate() error {
 	if !(se.KVFraction > 0 && se.KVFraction <= 1) {
 		bad("sessions.kv_fraction %v: want (0, 1]", se.KVFraction)
 	}
+	if f := *se.SpareWork; !(f >= 0 && f <= 1) {
+		bad("sessions.spare_work %v: want 0 (off) ..1", f)
+	}
 	if se.QueueTTL <= 0 {
 		bad("sessions.queue_ttl %v: want > 0", se.QueueTTL)
 	}
@@ -559,6 +571,7 @@ func (c *Config) unsetPointers() []string {
 		{"admission.enabled", c.Admission.Enabled == nil},
 		{"admission.queue_capacity_per_band", c.Admission.QueueCapacityPerBand == nil},
 		{"sessions.queue_capacity", c.Sessions.QueueCapacity == nil},
+		{"sessions.spare_work", c.Sessions.SpareWork == nil},
 	} {
 		if f.nil {
 			unset = append(unset, f.name)

@@ -70,6 +70,7 @@ type schedMetrics struct {
 	sessionWorkingSet, sessionKV   prometheus.Gauge
 	sessionResident                prometheus.Histogram
 	sessionRefused                 *prometheus.CounterVec
+	sessionAdmitted                *prometheus.CounterVec
 	sessionWait                    prometheus.Histogram
 }
 
@@ -157,7 +158,7 @@ func newSchedMetrics(reg prometheus.Registerer, pool string) (*schedMetrics, err
 		Name: "omnious_epp_sessions_queued", Help: "New sessions waiting for the active sessions' histories to leave room in the fleet's KV cache.",
 	})
 	m.sessionWorkingSet = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "omnious_epp_session_working_set_tokens", Help: "Sum of the active sessions' history lengths, tokens: the KV they need resident.",
+		Name: "omnious_epp_session_working_set_tokens", Help: "Sum of the active sessions' reservations (history, or last prompt plus the expected growth), tokens: the KV they need resident.",
 	})
 	m.sessionKV = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "omnious_epp_session_kv_budget_tokens", Help: "The fleet's KV capacity times sessions.kv_fraction, tokens (0: capacity not reported yet, nothing waits).",
@@ -168,6 +169,9 @@ func newSchedMetrics(reg prometheus.Registerer, pool string) (*schedMetrics, err
 	})
 	m.sessionRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "omnious_epp_sessions_refused_total", Help: "New sessions refused by session admission, by reason (session_queue_full, session_queue_expired).",
+	}, []string{"reason"})
+	m.sessionAdmitted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "omnious_epp_sessions_admitted_total", Help: "New sessions admitted by session admission, by reason (room: within the KV budget; spare_compute: past it, onto a replica with compute to spare).",
 	}, []string{"reason"})
 	m.sessionWait = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "omnious_epp_session_queue_wait_seconds", Help: "Time admitted new sessions waited in the session queue.",
@@ -182,7 +186,7 @@ func newSchedMetrics(reg prometheus.Registerer, pool string) (*schedMetrics, err
 		m.decisions, m.breakerState, m.score, m.queueDepth, m.queueWait, m.tenantTokens, m.stale, m.replicaStale, m.lookup, outcomes,
 		m.capacityConcurrency, m.capacityDispersion, m.capacityPrefill,
 		m.sessionMoves, m.sessionsActive, m.sessionsQueued, m.sessionWorkingSet, m.sessionKV, m.sessionResident,
-		m.sessionRefused, m.sessionWait} {
+		m.sessionRefused, m.sessionAdmitted, m.sessionWait} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("cannot register scheduler metrics: %w", err)
 		}

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"container/list"
 	"context"
+	"math"
 	"net/http"
 	"sync"
 	"time"
@@ -17,19 +18,36 @@ import (
 // An agent session's history must stay in a replica's KV cache across its
 // tool gaps; when more sessions are active than the fleet's KV cache can
 // keep, every session's history is evicted in its gaps and re-prefilled on
-// its next call, and all of them slow down. So a new session (a session
-// key the table does not hold) is admitted only onto a replica r with
+// its next call, and all of them slow down. But a session held back while
+// the fleet has compute to spare is goodput lost for nothing. So a new
+// session (a session key the table does not hold) is admitted
 //
-//	working set(r) + its prompt <= kv_fraction × KV capacity(r)
+//	onto the replica r with the most room, when
+//	    reserved(r) + its prompt <= kv_fraction × KV capacity(r)
+//	else onto the replica r of least work among those with compute to spare:
+//	    no engine queue, KV usage < kv_fraction, and
+//	    (pending(r) + starting(r) + its prompt) / rate(r) <= spare_work × ttft_objective
 //
-// the one with the most room, where a replica's working set is the sum of
-// the history lengths (longest prompt plus output so far, at least the
-// mean history calls ended with, as a young session will grow; less the
-// shared prefix the replica held at the session's first call) of the
-// active sessions whose calls went there last. The session is then bound to that
-// replica (the agent policy's holder); when a call moves, its history's
-// tokens move with it. Otherwise it waits in the session queue, first
-// come first served, until sessions end (idle timeout) and leave room, or
+// where reserved(r) is the sum, over the active sessions whose calls went
+// to r last, of what each holds and will need at its next call: its
+// history (longest prompt plus output so far) or its last prompt plus the
+// mean growth from one call's prompt to the next (output and tool
+// result), whichever is more, less the shared prefix the replica held at
+// its first call (TestSessionReserve). A session idle for longer than
+// its tool gaps last, the mean observed gap plus three standard
+// deviations (Cantelli: at most a tenth of any gap distribution lies
+// beyond it), reserves nothing: most likely it is done, and if it comes
+// back its call still goes first (TestSessionQueue). pending(r) is the agent policy's
+// pending prefill work, starting(r) the prompts of sessions admitted onto
+// r whose first call is not picked yet, so that one idle moment admits
+// only what fits in it (TestSessionSpareCompute). Past the budget an
+// eviction costs a recompute the replica has time for; when evictions
+// make it busy, its queue and pending work close the second way.
+//
+// The session is then bound to that replica (the agent policy's holder);
+// when a call moves, its history's tokens move with it. Otherwise it
+// waits in the session queue, first come first served, until sessions
+// end (idle timeout) and leave room, compute is spare again, or
 // sessions.queue_ttl passes (429 session_queue_expired). Calls of
 // admitted sessions never wait here. With nothing active a session is
 // always admitted, and before the engines report their KV capacity
@@ -45,35 +63,47 @@ type sessionTable struct {
 	s       *Scheduler
 	enabled bool
 
-	mu      sync.Mutex
-	byKey   map[uint64]*sessionEntry
-	working int64                     // Σ entries' working tokens
-	perRep  map[kvindex.Replica]int64 // the same per bound replica
-	// expect is the mean history length sessions' calls have ended with
-	// (an exponentially weighted mean; 0 before the first): a session
-	// counts at least this much, as it will grow.
-	expect    float64
-	queue     list.List // of *sessionWaiter, oldest first
-	lastSweep time.Time
+	mu    sync.Mutex
+	byKey map[uint64]*sessionEntry
+	// working, perRep and starting are what recountLocked last summed.
+	working  int64                     // Σ entries' reserved tokens
+	perRep   map[kvindex.Replica]int64 // the same per bound replica
+	starting map[kvindex.Replica]int64 // prompts of bound sessions not yet picked
+	// growth is the mean growth of a session's prompt from one call to
+	// the next (an exponentially weighted mean; 0 before the first): what
+	// a session will need beyond its last prompt at its next call.
+	growth float64
+	// gapMean and gapVar are the exponentially weighted mean and variance
+	// of the observed tool gaps (a call's end to its session's next call),
+	// seconds; gaps counts the observations.
+	gapMean, gapVar float64
+	gaps            int
+	queue           list.List // of *sessionWaiter, oldest first
+	lastSweep       time.Time
 }
 
-// expectWeight is the weight of one ended call in sessionTable.expect.
-const expectWeight = 0.02
+// growthWeight is the weight of one observation in sessionTable.growth
+// and the gap statistics.
+const growthWeight = 0.05
 
 type sessionEntry struct {
 	tokens   int64 // the history's length: longest prompt + output seen
+	prompt   int64 // the last call's prompt (the first's estimate before it)
 	shared   int64 // held by its replica at its first call: a shared prefix
 	inflight int   // calls picked and not done
 	started  bool  // a call was picked
 	replica  kvindex.Replica
 	bound    bool      // replica is set
 	last     time.Time // the last call's arrival or end
+	ended    bool      // a call ended and none arrived since: in a tool gap
 	key      string    // the client's key, for the session memory
 }
 
-// work is what the session adds to its replica's working set, counting
-// its history as at least expect tokens long.
-func (e *sessionEntry) work(expect int64) int64 { return max(max(e.tokens, expect)-e.shared, 0) }
+// work is what the session reserves on its replica: what it holds and
+// will need at its next call, growth tokens beyond its last prompt.
+func (e *sessionEntry) work(growth int64) int64 {
+	return max(max(e.tokens, e.prompt+growth)-e.shared, 0)
+}
 
 type sessionWaiter struct {
 	key      uint64
@@ -89,12 +119,18 @@ var (
 	ErrSessionQueueExpired = &Error{http.StatusTooManyRequests, "session_queue_expired", "the new session waited longer than the session queue TTL for room in the fleet's KV cache"}
 )
 
+// Why a new session was admitted (omnious_epp_sessions_admitted_total).
+const (
+	admitRoom  = "room"          // within the KV budget, or nothing known to wait for
+	admitSpare = "spare_compute" // past the budget, onto a replica with compute to spare
+)
+
 // maxSessionsLimit bounds sessions.max_sessions and sessions.queue_capacity.
 const maxSessionsLimit = 1 << 20
 
 func newSessionTable(s *Scheduler) *sessionTable {
 	return &sessionTable{s: s, enabled: s.cfg.sessionAdmission(), byKey: make(map[uint64]*sessionEntry),
-		perRep: make(map[kvindex.Replica]int64)}
+		perRep: make(map[kvindex.Replica]int64), starting: make(map[kvindex.Replica]int64)}
 }
 
 // sessionKey hashes a client's session key; 0 is no session.
@@ -114,50 +150,108 @@ func promptTokens(req *Request) int64 {
 	return int64(len(req.PromptText) / 4)
 }
 
-// budgets are kv_fraction of each replica's KV capacity in tokens, by
-// replica id; empty while no engine reports its capacity.
-func (t *sessionTable) budgets() map[kvindex.Replica]int64 {
-	var out map[kvindex.Replica]int64
+// repRoom is what admission reads of one replica.
+type repRoom struct {
+	id     kvindex.Replica
+	budget int64 // kv_fraction of its KV capacity, tokens
+	// idle: no engine queue and KV usage below kv_fraction at the last
+	// scrape.
+	idle    bool
+	pending int64   // the agent policy's pending prefill, tokens
+	rate    float64 // prefill tokens per second, > 0
+}
+
+// rooms are the replicas whose engines report their KV capacity; empty
+// while none does.
+func (t *sessionTable) rooms() []repRoom {
+	var out []repRoom
 	for _, r := range t.s.snap.Load().all.reps {
-		if g := r.signal(); g != nil {
-			if c := g.sm.Signals.KVCapacityTokens(); c > 0 {
-				if out == nil {
-					out = make(map[kvindex.Replica]int64)
-				}
-				out[r.id] = int64(float64(c) * t.s.cfg.Sessions.KVFraction)
-			}
+		g := r.signal()
+		if g == nil {
+			continue
 		}
+		c := g.sm.Signals.KVCapacityTokens()
+		if c <= 0 {
+			continue
+		}
+		rate := float64frombits(r.prefillRate.Load())
+		if !(rate > 0) {
+			rate = t.s.cfg.Sessions.PrefillRate
+		}
+		f := t.s.cfg.Sessions.KVFraction
+		out = append(out, repRoom{id: r.id, budget: int64(float64(c) * f),
+			idle:    g.sm.Signals.Waiting == 0 && g.sm.Signals.KVUsage < f,
+			pending: r.pending.Load(), rate: rate})
 	}
 	return out
 }
 
 // placeLocked returns the replica a new session needing need tokens may
-// start on (the one with the most room; ok false when none has room),
-// and whether one was chosen at all (none before capacities are known).
-func (t *sessionTable) placeLocked(need int64, budgets map[kvindex.Replica]int64) (r kvindex.Replica, chosen, ok bool) {
+// start on, whether one was chosen at all (none before capacities are
+// known), and why it may start ("" when it may not).
+func (t *sessionTable) placeLocked(need int64, rooms []repRoom, now time.Time) (r kvindex.Replica, chosen bool, why string) {
 	if len(t.byKey) >= t.s.cfg.Sessions.MaxSessions {
-		return 0, false, false
+		return 0, false, ""
 	}
-	if len(budgets) == 0 {
-		return 0, false, true
+	if len(rooms) == 0 {
+		return 0, false, admitRoom
 	}
-	t.recountLocked()
+	t.recountLocked(now)
 	best, room := kvindex.Replica(0), int64(-1<<62)
-	for id, b := range budgets {
-		if free := b - t.perRep[id]; free > room || (free == room && id < best) {
-			best, room = id, free
+	for _, x := range rooms {
+		if free := x.budget - t.perRep[x.id]; free > room || (free == room && x.id < best) {
+			best, room = x.id, free
 		}
 	}
-	return best, true, len(t.byKey) == 0 || max(need, int64(t.expect)) <= room
+	if len(t.byKey) == 0 || need+int64(t.growth) <= room {
+		return best, true, admitRoom
+	}
+	limit := *t.s.cfg.Sessions.SpareWork * t.s.cfg.Sessions.TTFTObjective.Seconds()
+	spare, least := -1, math.Inf(1)
+	for i, x := range rooms {
+		if !x.idle {
+			continue
+		}
+		if w := float64(x.pending+t.starting[x.id]+need) / x.rate; w <= limit && w < least {
+			spare, least = i, w
+		}
+	}
+	if spare < 0 {
+		return 0, false, ""
+	}
+	return rooms[spare].id, true, admitSpare
 }
 
-// recountLocked sums the working sets again: what a session counts
-// changes with expect.
-func (t *sessionTable) recountLocked() {
+// horizonLocked is how long a session in a tool gap keeps its
+// reservation: the mean observed gap plus three standard deviations, at
+// most the idle timeout (the idle timeout until two gaps are seen).
+func (t *sessionTable) horizonLocked() time.Duration {
+	idle := t.s.cfg.Sessions.IdleTimeout
+	if t.gaps < 2 {
+		return idle
+	}
+	return min(time.Duration((t.gapMean+3*math.Sqrt(t.gapVar))*float64(time.Second)), idle)
+}
+
+// recountLocked sums the reservations at now: each session's work, none
+// for a session idle past the horizon.
+func (t *sessionTable) recountLocked(now time.Time) {
 	clear(t.perRep)
+	clear(t.starting)
 	t.working = 0
+	g, h := int64(t.growth), t.horizonLocked()
 	for _, e := range t.byKey {
-		t.addLocked(e, e.work(int64(t.expect)))
+		if e.ended && e.inflight == 0 && now.Sub(e.last) > h {
+			continue
+		}
+		w := e.work(g)
+		t.working += w
+		if e.bound {
+			t.perRep[e.replica] += w
+			if !e.started {
+				t.starting[e.replica] += e.prompt
+			}
+		}
 	}
 }
 
@@ -171,31 +265,20 @@ func (t *sessionTable) sweepLocked(now time.Time) {
 	t.lastSweep = now
 	for k, e := range t.byKey {
 		if e.inflight == 0 && now.Sub(e.last) >= idle {
-			t.addLocked(e, -e.work(int64(t.expect)))
 			delete(t.byKey, k)
-		}
-	}
-}
-
-// addLocked adds n to e's replica's working set and the total.
-func (t *sessionTable) addLocked(e *sessionEntry, n int64) {
-	t.working += n
-	if e.bound {
-		if t.perRep[e.replica] += n; t.perRep[e.replica] <= 0 {
-			delete(t.perRep, e.replica)
 		}
 	}
 }
 
 // insertLocked admits session k onto r (when chosen) and tells the
 // session memory, so that the agent policy places its first call there.
-func (t *sessionTable) insertLocked(k uint64, key string, need int64, r kvindex.Replica, chosen bool, now time.Time) {
-	e := &sessionEntry{tokens: need, last: now, replica: r, bound: chosen, key: key}
+func (t *sessionTable) insertLocked(k uint64, key string, need int64, r kvindex.Replica, chosen bool, why string, now time.Time) {
+	e := &sessionEntry{tokens: need, prompt: need, last: now, replica: r, bound: chosen, key: key}
 	t.byKey[k] = e
-	t.addLocked(e, e.work(int64(t.expect)))
 	if chosen {
 		t.s.sess.set(key, r, now)
 	}
+	t.s.m.sessionAdmitted.WithLabelValues(why).Inc()
 }
 
 // admit returns when req's session may go on: at once for a request
@@ -208,19 +291,22 @@ func (t *sessionTable) admit(ctx context.Context, req *Request) *Error {
 		return nil
 	}
 	need := promptTokens(req)
-	budgets := t.budgets()
+	rooms := t.rooms()
 	now := t.s.now()
 	t.mu.Lock()
 	t.sweepLocked(now)
 	if e, ok := t.byKey[k]; ok {
-		e.last = now
+		if e.ended {
+			t.observeGapLocked(now.Sub(e.last))
+		}
+		e.last, e.ended = now, false
 		t.mu.Unlock()
 		return nil
 	}
 	if t.queue.Len() == 0 {
-		if r, chosen, ok := t.placeLocked(need, budgets); ok {
-			t.insertLocked(k, req.SessionKey, need, r, chosen, now)
-			t.gaugesLocked(budgets)
+		if r, chosen, why := t.placeLocked(need, rooms, now); why != "" {
+			t.insertLocked(k, req.SessionKey, need, r, chosen, why, now)
+			t.gaugesLocked(rooms)
 			t.mu.Unlock()
 			return nil
 		}
@@ -232,7 +318,7 @@ func (t *sessionTable) admit(ctx context.Context, req *Request) *Error {
 	}
 	w := &sessionWaiter{key: k, name: req.SessionKey, need: need, ch: make(chan struct{})}
 	el := t.queue.PushBack(w)
-	t.gaugesLocked(budgets)
+	t.gaugesLocked(rooms)
 	t.mu.Unlock()
 
 	start := time.Now()
@@ -259,7 +345,7 @@ func (t *sessionTable) admit(ctx context.Context, req *Request) *Error {
 		return nil
 	}
 	t.queue.Remove(el)
-	t.gaugesLocked(budgets)
+	t.gaugesLocked(rooms)
 	t.mu.Unlock()
 	if cause != ErrClientGone {
 		t.s.m.sessionRefused.WithLabelValues(cause.Reason).Inc()
@@ -274,7 +360,7 @@ func (t *sessionTable) dispatch() {
 	if !t.enabled {
 		return
 	}
-	budgets := t.budgets()
+	rooms := t.rooms()
 	now := t.s.now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -282,23 +368,37 @@ func (t *sessionTable) dispatch() {
 	for t.queue.Len() > 0 {
 		w := t.queue.Front().Value.(*sessionWaiter)
 		if _, ok := t.byKey[w.key]; !ok {
-			r, chosen, ok := t.placeLocked(w.need, budgets)
-			if !ok {
+			r, chosen, why := t.placeLocked(w.need, rooms, now)
+			if why == "" {
 				break
 			}
-			t.insertLocked(w.key, w.name, w.need, r, chosen, now)
+			t.insertLocked(w.key, w.name, w.need, r, chosen, why, now)
 		}
 		t.queue.Remove(t.queue.Front())
 		w.admitted = true
 		close(w.ch)
 	}
-	t.gaugesLocked(budgets)
+	t.gaugesLocked(rooms)
 }
 
-func (t *sessionTable) gaugesLocked(budgets map[kvindex.Replica]int64) {
+// observeGapLocked adds a tool gap to the gap statistics.
+func (t *sessionTable) observeGapLocked(gap time.Duration) {
+	x := gap.Seconds()
+	t.gaps++
+	if t.gaps == 1 {
+		t.gapMean = x
+		return
+	}
+	d := x - t.gapMean
+	t.gapMean += growthWeight * d
+	t.gapVar = (1 - growthWeight) * (t.gapVar + growthWeight*d*d)
+}
+
+func (t *sessionTable) gaugesLocked(rooms []repRoom) {
+	t.recountLocked(t.s.now())
 	var total int64
-	for _, b := range budgets {
-		total += b
+	for _, x := range rooms {
+		total += x.budget
 	}
 	t.s.m.sessionsActive.Set(float64(len(t.byKey)))
 	t.s.m.sessionsQueued.Set(float64(t.queue.Len()))
@@ -325,14 +425,19 @@ func (t *sessionTable) started(k uint64, r kvindex.Replica, prompt, resident int
 		return
 	}
 	e.inflight++
-	x := int64(t.expect)
-	t.addLocked(e, -e.work(x))
+	e.ended = false
 	if !e.started {
 		e.started, e.shared = true, min(resident, prompt)
+	} else if d := float64(prompt - e.prompt); d > 0 {
+		if t.growth == 0 {
+			t.growth = d
+		} else {
+			t.growth += growthWeight * (d - t.growth)
+		}
 	}
 	e.replica, e.bound = r, true
+	e.prompt = prompt
 	e.tokens = max(e.tokens, prompt)
-	t.addLocked(e, e.work(x))
 }
 
 // ended records the end of a call of session k: its history is now at
@@ -346,18 +451,8 @@ func (t *sessionTable) ended(k uint64, history int64) {
 	defer t.mu.Unlock()
 	if e, ok := t.byKey[k]; ok {
 		e.inflight = max(e.inflight-1, 0)
-		e.last = now
-		x := int64(t.expect)
-		t.addLocked(e, -e.work(x))
+		e.last, e.ended = now, e.inflight == 0
 		e.tokens = max(e.tokens, history)
-		t.addLocked(e, e.work(x))
-		if history > 0 {
-			if t.expect == 0 {
-				t.expect = float64(history)
-			} else {
-				t.expect += expectWeight * (float64(history) - t.expect)
-			}
-		}
 	}
 }
 

@@ -19,7 +19,8 @@ import (
 )
 
 // sessionEnv is a 2-replica agent scheduler whose engines report
-// kvTokens of KV capacity each, with session admission on and the given
+// kvTokens of KV capacity each and one request queued (no compute to
+// spare: the KV budget binds), with session admission on and the given
 // changes.
 func sessionEnv(t *testing.T, kvTokens int64, mut func(*Config)) *testEnv {
 	e := newEnv(t, 2, func(c *Config) {
@@ -31,7 +32,7 @@ func sessionEnv(t *testing.T, kvTokens int64, mut func(*Config)) *testEnv {
 		}
 	})
 	for i := range 2 {
-		e.setSignals(i, metrics.Signals{Engine: metrics.EngineVLLM, BlockSize: 16, NumGPUBlocks: kvTokens / 16})
+		e.setSignals(i, metrics.Signals{Engine: metrics.EngineVLLM, BlockSize: 16, NumGPUBlocks: kvTokens / 16, Waiting: 1})
 	}
 	return e
 }
@@ -109,32 +110,36 @@ func TestSessionTableBound(t *testing.T) {
 }
 
 // TestSessionQueue: a new session that would push the active sessions'
-// histories past every replica's KV waits while calls of the admitted
-// sessions go through; past the queue TTL it gets 429
-// session_queue_expired, and when an admitted session goes idle for the
-// idle timeout first, the waiting session is admitted into the room it
-// leaves.
+// reservations past every replica's KV, on a fleet with no compute to
+// spare, waits while calls of the admitted sessions go through; past the
+// queue TTL it gets 429 session_queue_expired. It is admitted into the
+// room an admitted session leaves: at the idle timeout, or once that
+// session has been idle for longer than the tool gaps observed (their
+// mean plus three standard deviations).
 func TestSessionQueue(t *testing.T) {
 	for _, tc := range []struct {
-		name      string
-		ttl, idle time.Duration
-		want      error
-		waited    time.Duration // b's wait, within a second
+		name   string
+		ttl    time.Duration
+		aCalls bool // a calls every 2s (gaps of 2s); else its first call stays in flight
+		bCalls bool // b calls every 2s too; else its only call ends at once
+		want   error
+		waited time.Duration // c's wait, within a second
 	}{
-		{"expires", 10 * time.Second, time.Minute, ErrSessionQueueExpired, 10 * time.Second},
-		// b's only call ends at once; a's calls keep it active.
-		{"admitted when an active session ends", time.Minute, 12 * time.Second, nil, 12 * time.Second},
+		{"expires", 10 * time.Second, true, true, ErrSessionQueueExpired, 10 * time.Second},
+		{"admitted at the idle timeout", time.Minute, false, false, nil, 12 * time.Second},
+		// gaps of 2s: b reserves nothing once idle past 2s + 3 x 0s, at a's second gap.
+		{"admitted past the observed gaps", time.Minute, true, false, nil, 4 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				// 2 replicas x 4096 tokens of KV.
+				// 2 replicas x 4096 tokens of KV, each with a queue.
 				e := sessionEnv(t, 4096, func(c *Config) {
 					c.Sessions.QueueTTL = tc.ttl
-					c.Sessions.IdleTimeout = tc.idle
+					c.Sessions.IdleTimeout = 12 * time.Second
 				})
 				e.s.now = time.Now // the bubble's clock
 				for i := range 2 {
-					e.setSignals(i, metrics.Signals{Engine: metrics.EngineVLLM, BlockSize: 16, NumGPUBlocks: 4096 / 16})
+					e.setSignals(i, metrics.Signals{Engine: metrics.EngineVLLM, BlockSize: 16, NumGPUBlocks: 4096 / 16, Waiting: 1})
 				}
 				ctx, cancel := context.WithCancel(context.Background())
 				defer cancel()
@@ -143,31 +148,51 @@ func TestSessionQueue(t *testing.T) {
 				// a fills one replica, b most of the other.
 				a, err := e.s.admitPick(ctx, sessReq("a", 3000))
 				require.NoError(t, err)
-				a.Done(DoneInfo{Status: 200, PromptTokens: 3000, CompletionTokens: 200})
-				b0, err := e.s.admitPick(ctx, sessReq("b", 1800))
+				if tc.aCalls {
+					a.Done(DoneInfo{Status: 200, PromptTokens: 3000, CompletionTokens: 200})
+				}
+				b0, err := e.s.admitPick(ctx, sessReq("b", 2200))
 				require.NoError(t, err)
 				require.NotEqual(t, primary(a), primary(b0), "b is bound to the replica with room")
-				b0.Done(DoneInfo{Status: 200, PromptTokens: 1800, CompletionTokens: 100})
+				b0.Done(DoneInfo{Status: 200, PromptTokens: 2200, CompletionTokens: 100})
 
-				// c needs 2000, or rather the 3,200 sessions end with: no
-				// replica has the room, it waits.
+				// c needs 2000: a holds 3200, b 2300 of 4096 each, no
+				// replica has the room and none has compute to spare (an
+				// engine queue), it waits.
 				start := time.Now()
-				b := admitAsync(e.s, ctx, &Request{Model: testModel, SessionKey: "c", Tokens: tokens(2000, 3), Arrived: start})
+				var waited time.Duration
+				c := make(chan error, 1)
+				go func() {
+					_, err := e.s.Admit(ctx, &Request{Model: testModel, SessionKey: "c", Tokens: tokens(2000, 3), Arrived: start})
+					waited = time.Since(start)
+					c <- err
+				}()
 				synctest.Wait()
 				_, queued := e.s.stab.counts()
 				require.Equal(t, 1, queued)
 
-				// a's calls go first: straight through while c waits.
-				for range 3 {
+				// Admitted sessions' calls go first: straight through while c waits.
+				for i := range 7 {
 					time.Sleep(2 * time.Second)
-					d, err := e.s.admitPick(ctx, sessReq("a", 3300))
-					require.NoError(t, err)
-					d.Done(DoneInfo{Status: 200, PromptTokens: 3300, CompletionTokens: 100})
-					_, queued := e.s.stab.counts()
-					require.Equal(t, 1, queued, "c still waits")
+					for _, k := range []struct {
+						key   string
+						on    bool
+						n, to int
+					}{{"a", tc.aCalls, 3300 + 100*i, 100}, {"b", tc.bCalls, 2300 + 100*i, 100}} {
+						if !k.on {
+							continue
+						}
+						d, err := e.s.admitPick(ctx, sessReq(k.key, k.n))
+						require.NoError(t, err)
+						d.Done(DoneInfo{Status: 200, PromptTokens: k.n, CompletionTokens: k.to})
+					}
+					if time.Since(start) < tc.waited-time.Second {
+						_, queued := e.s.stab.counts()
+						require.Equal(t, 1, queued, "c still waits at %v", time.Since(start))
+					}
 				}
-				err = <-b
-				require.InDelta(t, tc.waited.Seconds(), time.Since(start).Seconds(), 1)
+				err = <-c
+				require.InDelta(t, tc.waited.Seconds(), waited.Seconds(), 1)
 				active, queued := e.s.stab.counts()
 				require.Zero(t, queued)
 				if tc.want != nil {
@@ -178,7 +203,7 @@ func TestSessionQueue(t *testing.T) {
 					return
 				}
 				require.NoError(t, err)
-				require.Equal(t, 2, active, "b left, c came in")
+				require.Equal(t, 1.0, testutil.ToFloat64(e.s.m.sessionAdmitted.WithLabelValues(admitRoom))-2)
 				// c is bound where b was: its first call goes there.
 				d, err := e.s.Pick(&Request{Model: testModel, SessionKey: "c", Tokens: tokens(2000, 3)}, nil)
 				require.NoError(t, err)
@@ -202,6 +227,7 @@ func TestSessionPerReplica(t *testing.T) {
 	perRep := func() map[kvindex.Replica]int64 {
 		e.s.stab.mu.Lock()
 		defer e.s.stab.mu.Unlock()
+		e.s.stab.recountLocked(e.s.now())
 		return maps.Clone(e.s.stab.perRep)
 	}
 	var placed []string
@@ -226,34 +252,136 @@ func TestSessionPerReplica(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, ReasonSessionMove, d.Reason)
 	require.Equal(t, placed[1], primary(d))
-	require.Equal(t, map[kvindex.Replica]int64{r1: 2000 + 3100}, perRep())
+	// s0 grew by 100 tokens a call: each session now reserves 100 more.
+	require.Equal(t, map[kvindex.Replica]int64{r1: 2000 + 3100 + 3*100}, perRep())
 	d.Done(DoneInfo{Status: 200})
 }
 
-// TestSessionExpect: a young session counts at least the mean history
-// calls have ended with, as it will grow: once sessions are known to end
-// at 3000 tokens, two more of 500 do not both fit beside one of 3000 in
-// 2 x 4096 tokens, though their prompts would.
-func TestSessionExpect(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		e := sessionEnv(t, 4096, nil)
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		a, err := e.s.admitPick(ctx, sessReq("a", 1000))
-		require.NoError(t, err)
-		a.Done(DoneInfo{Status: 200, PromptTokens: 2900, CompletionTokens: 100})
-		b, err := e.s.admitPick(ctx, sessReq("b", 500))
-		require.NoError(t, err)
-		require.NotEqual(t, primary(a), primary(b))
-		b.Done(DoneInfo{Status: 200})
-		c := admitAsync(e.s, ctx, sessReq("c", 500))
-		synctest.Wait()
-		active, queued := e.s.stab.counts()
-		require.Equal(t, 2, active)
-		require.Equal(t, 1, queued, "c would grow past either replica's room")
-		cancel()
-		require.ErrorIs(t, <-c, ErrClientGone)
-	})
+// TestSessionReserve: an active session reserves what it holds and will
+// need at its next call: its history, or its last prompt plus the mean
+// growth from one call's prompt to the next, whichever is more. Once
+// sessions are seen to grow by 800 tokens a call, a new session of 1500
+// does not fit beside them in 2 x 4096 tokens, though its prompt would;
+// before any growth is seen it does.
+func TestSessionReserve(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		aCalls  []int // a's prompts, each answered in 100 tokens
+		reserve []int64
+		waits   bool
+	}{
+		{"no growth seen", []int{1000}, []int64{1100, 1000}, false},
+		{"growth reserved", []int{1000, 1800}, []int64{2600, 1800}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e := sessionEnv(t, 4096, nil)
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				var a *Decision
+				for _, n := range tc.aCalls {
+					d, err := e.s.admitPick(ctx, sessReq("a", n))
+					require.NoError(t, err)
+					d.Done(DoneInfo{Status: 200, PromptTokens: n, CompletionTokens: 100})
+					a = d
+				}
+				b, err := e.s.admitPick(ctx, sessReq("b", 1000))
+				require.NoError(t, err)
+				require.NotEqual(t, primary(a), primary(b))
+				b.Done(DoneInfo{Status: 200})
+				snap := e.s.snap.Load()
+				e.s.stab.mu.Lock()
+				e.s.stab.recountLocked(e.s.now())
+				got := maps.Clone(e.s.stab.perRep)
+				e.s.stab.mu.Unlock()
+				require.Equal(t, map[kvindex.Replica]int64{
+					snap.byAddr[primary(a)].id: tc.reserve[0], snap.byAddr[primary(b)].id: tc.reserve[1]}, got)
+
+				c := admitAsync(e.s, ctx, sessReq("c", 1500))
+				synctest.Wait()
+				active, queued := e.s.stab.counts()
+				if !tc.waits {
+					require.NoError(t, <-c)
+					require.Equal(t, 3, active)
+					return
+				}
+				require.Equal(t, 2, active)
+				require.Equal(t, 1, queued, "c would not leave room for a's and b's next calls")
+				cancel()
+				require.ErrorIs(t, <-c, ErrClientGone)
+			})
+		})
+	}
+}
+
+// TestSessionSpareCompute: past the KV budget a new session is admitted
+// onto the replica of least work among those with compute to spare (no
+// engine queue, KV usage below kv_fraction, pending prefill work with
+// its prompt within spare_work x ttft_objective), counting the prompts of
+// sessions admitted there whose first call has not come, so that one
+// idle moment admits only what fits in it; otherwise it waits.
+func TestSessionSpareCompute(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		waiting float64 // engine queue at the last scrape
+		kvUsage float64
+		pending int64 // on each replica, tokens
+		spare   float64
+		want    int // of the 3 new sessions, admitted past the budget
+	}{
+		// The limit is 0.5 x 2s x 3000 tokens/s = 3000 tokens: one new
+		// session of 2000 per replica.
+		{"idle fleet", 0, 0.2, 0, 0.5, 2},
+		{"pending work", 0, 0.2, 1500, 0.5, 0},
+		{"engine queue", 1, 0.2, 0, 0.5, 0},
+		{"kv full", 0, 0.95, 0, 0.5, 0},
+		{"off", 0, 0.2, 0, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e := sessionEnv(t, 4096, func(c *Config) {
+					c.Sessions.KVFraction = 0.9
+					c.Sessions.PrefillRate = 3000
+					c.Sessions.SpareWork = new(tc.spare)
+				})
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				// s0 and s1 fill the budget (3686 tokens each).
+				for i := range 2 {
+					d, err := e.s.admitPick(ctx, sessReq(fmt.Sprint("s", i), 3500))
+					require.NoError(t, err)
+					d.Done(DoneInfo{Status: 200, PromptTokens: 3500, CompletionTokens: 100})
+				}
+				for i := range 2 {
+					e.setSignals(i, metrics.Signals{Engine: metrics.EngineVLLM, BlockSize: 16, NumGPUBlocks: 4096 / 16,
+						Waiting: tc.waiting, KVUsage: tc.kvUsage})
+					e.rep(i).pending.Store(tc.pending)
+				}
+				var chs []<-chan error
+				for i := range 3 {
+					chs = append(chs, admitAsync(e.s, ctx, sessReq(fmt.Sprint("n", i), 2000)))
+					synctest.Wait()
+				}
+				active, queued := e.s.stab.counts()
+				require.Equal(t, 2+tc.want, active)
+				require.Equal(t, 3-tc.want, queued)
+				require.Equal(t, float64(tc.want), testutil.ToFloat64(e.s.m.sessionAdmitted.WithLabelValues(admitSpare)))
+				for _, ch := range chs[:tc.want] {
+					require.NoError(t, <-ch)
+				}
+				if tc.want > 0 {
+					// one each: the second went where the first was not.
+					r0, _ := e.s.sess.get("n0", e.s.now())
+					r1, _ := e.s.sess.get("n1", e.s.now())
+					require.NotEqual(t, r0, r1)
+				}
+				cancel()
+				for _, ch := range chs[tc.want:] {
+					require.ErrorIs(t, <-ch, ErrClientGone)
+				}
+			})
+		})
+	}
 }
 
 // TestSessionAdmissionAuto: "auto" turns session admission on with the

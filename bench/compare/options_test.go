@@ -69,7 +69,9 @@ func TestValidateOptions(t *testing.T) {
 // histories are at least 1.5x the fleet's KV cache, the load the
 // acceptance asks for (calls taken as 1 s of model time), whether its
 // closed-loop agents run them (the default) or they arrive open-loop;
-// -num-gpu-blocks 10400 brings them to at most 0.5x.
+// -num-gpu-blocks 10400 brings them to at most 0.5x, and the
+// oversubscription sweep's points (bench/README.md, Scenarios: agents)
+// are what they are named.
 func TestAgentsPreset(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
@@ -80,6 +82,9 @@ func TestAgentsPreset(t *testing.T) {
 		{"closed loop", nil, 0, 1.5, 1.7},
 		{"open loop", new(0), 0, 1.5, 1.7},
 		{"below saturation", nil, 10400, 0.4, 0.5},
+		{"sweep 1.0x: 16 agents", new(16), 0, 0.95, 1.05},
+		{"sweep 2.5x", nil, 2041, 2.45, 2.55},
+		{"sweep 4x", nil, 1276, 3.95, 4.05},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o, err := Preset(PresetAgents)
@@ -94,7 +99,7 @@ func TestAgentsPreset(t *testing.T) {
 			require.NoError(t, o.Validate())
 			w, err := rig.BuildWorkload(o.Options)
 			require.NoError(t, err)
-			require.Equal(t, tc.concurrency == nil, w.Closed != nil)
+			require.Equal(t, tc.concurrency == nil || *tc.concurrency > 0, w.Closed != nil)
 			peak := w.PeakSessionTokens(time.Duration(float64(time.Second)/o.Fleet.TimeScale), 30)
 			fleet := int64(o.Fleet.Replicas * o.Fleet.NumGPUBlocks * o.Fleet.BlockSize)
 			ratio := float64(peak) / float64(fleet)
