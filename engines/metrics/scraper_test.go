@@ -128,13 +128,7 @@ func TestScraperSpreadsScrapes(t *testing.T) {
 		const targets, interval, rounds = 256, time.Second, 3
 		var mu sync.Mutex
 		at := map[string][]time.Time{}
-		client := &http.Client{Transport: roundTrip(func(r *http.Request) (*http.Response, error) {
-			mu.Lock()
-			at[r.URL.RawQuery] = append(at[r.URL.RawQuery], time.Now())
-			mu.Unlock()
-			return &http.Response{StatusCode: http.StatusOK, Header: http.Header{},
-				Body: io.NopCloser(strings.NewReader("vllm:num_requests_running 1\n")), Request: r}, nil
-		})}
+		client := recordingClient(&mu, at)
 		s := NewScraper(ScraperConfig{Interval: interval, Client: client}, nil)
 		urls := make([]string, targets)
 		for i := range urls {
@@ -172,6 +166,18 @@ func TestScraperSpreadsScrapes(t *testing.T) {
 	})
 }
 
+// recordingClient answers every scrape with one running request and
+// records, under mu, when each target (its URL's query) was scraped.
+func recordingClient(mu *sync.Mutex, at map[string][]time.Time) *http.Client {
+	return &http.Client{Transport: roundTrip(func(r *http.Request) (*http.Response, error) {
+		mu.Lock()
+		at[r.URL.RawQuery] = append(at[r.URL.RawQuery], time.Now())
+		mu.Unlock()
+		return &http.Response{StatusCode: http.StatusOK, Header: http.Header{},
+			Body: io.NopCloser(strings.NewReader("vllm:num_requests_running 1\n")), Request: r}, nil
+	})}
+}
+
 // TestScraperScrapesNewTargetAtOnce: a target added while Run runs is
 // scraped at the next part of the interval, not in its own part up to an
 // interval later, so a replica that just joined has signals before it is
@@ -181,13 +187,7 @@ func TestScraperScrapesNewTargetAtOnce(t *testing.T) {
 		const interval = 2 * time.Second
 		var mu sync.Mutex
 		at := map[string][]time.Time{}
-		client := &http.Client{Transport: roundTrip(func(r *http.Request) (*http.Response, error) {
-			mu.Lock()
-			at[r.URL.RawQuery] = append(at[r.URL.RawQuery], time.Now())
-			mu.Unlock()
-			return &http.Response{StatusCode: http.StatusOK, Header: http.Header{},
-				Body: io.NopCloser(strings.NewReader("vllm:num_requests_running 1\n")), Request: r}, nil
-		})}
+		client := recordingClient(&mu, at)
 		s := NewScraper(ScraperConfig{Interval: interval, Client: client}, nil)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
