@@ -38,20 +38,20 @@ type Prompter interface {
 	Prompt(model string, in *PromptInput) (tokens []uint32, ok bool)
 }
 
-// promptAppender is a Prompter that appends the tokens to a buffer and
-// says which of them its tokenizer's prefix cache holds
-// (TokenPrompter.AppendPromptPrefix).
+// promptAppender is a Prompter that hands the prompt over as the leading
+// tokens its tokenizer's prefix cache holds and the others, appended to a
+// buffer (TokenPrompter.AppendPromptTail).
 type promptAppender interface {
-	AppendPromptPrefix(dst []uint32, model string, in *PromptInput) ([]uint32, tokenizer.Prefix, bool)
+	AppendPromptTail(dst []uint32, model string, in *PromptInput) ([]uint32, tokenizer.Prefix, bool)
 }
 
 // maxPooledTokens bounds the token buffers the server keeps (4 bytes a
 // token): a buffer grown by a rare huge prompt is left to the collector.
 const maxPooledTokens = 1 << 20
 
-// prompt is the prompter's tokens for the stream's request, in a pooled
-// buffer when the prompter can append (give it back with putTokens), and
-// the cached prefix of them, if any.
+// prompt is the prompter's tokens for the stream's request: the cached
+// prefix of them, if any, and the tokens after it, in a pooled buffer
+// when the prompter can append (give it back with putTokens).
 func (s *Server) prompt(model string, in *PromptInput) ([]uint32, tokenizer.Prefix, bool) {
 	if s.appender == nil {
 		toks, ok := s.prompter.Prompt(model, in)
@@ -61,7 +61,7 @@ func (s *Server) prompt(model string, in *PromptInput) ([]uint32, tokenizer.Pref
 	if b, ok := s.tokenBufs.Get().(*[]uint32); ok {
 		dst = (*b)[:0]
 	}
-	toks, prefix, ok := s.appender.AppendPromptPrefix(dst, model, in)
+	toks, prefix, ok := s.appender.AppendPromptTail(dst, model, in)
 	if !ok {
 		s.putTokens(toks)
 		return nil, tokenizer.Prefix{}, false
@@ -136,20 +136,28 @@ func (p *TokenPrompter) Prompt(model string, in *PromptInput) ([]uint32, bool) {
 // TestAllocsPromptTokens). A token-list prompt comes back in a slice of
 // its own.
 func (p *TokenPrompter) AppendPrompt(dst []uint32, model string, in *PromptInput) ([]uint32, bool) {
-	dst, _, ok := p.AppendPromptPrefix(dst, model, in)
-	return dst, ok
+	return p.appendPrompt(dst, model, in, nil)
 }
 
-// AppendPromptPrefix is AppendPrompt that also returns the leading tokens
-// the model's tokenizer, when it is a PrefixCache, holds in its entries:
-// its ids are the first Prefix.Len() of the tokens returned
-// (TestPromptPrefixIDs). The Prefix is the zero one for a completions
-// prompt, or when dst was not empty.
-func (p *TokenPrompter) AppendPromptPrefix(dst []uint32, model string, in *PromptInput) ([]uint32, tokenizer.Prefix, bool) {
+// AppendPromptTail is AppendPrompt that leaves out of dst the leading
+// tokens the model's tokenizer, when it is a PrefixCache, holds in its
+// entries, and returns them as a Prefix: the prompt's tokens are the
+// Prefix's followed by those appended to dst (TestPromptPrefixIDs). The
+// cached tokens are not copied (tokenizer.PrefixCache.EncodeTail). The
+// Prefix is the zero one for a completions prompt.
+func (p *TokenPrompter) AppendPromptTail(dst []uint32, model string, in *PromptInput) ([]uint32, tokenizer.Prefix, bool) {
+	var prefix tokenizer.Prefix
+	dst, ok := p.appendPrompt(dst, model, in, &prefix)
+	return dst, prefix, ok
+}
+
+// appendPrompt is AppendPrompt, or AppendPromptTail's tokens when prefix
+// is not nil: then *prefix is set to the leading tokens left out.
+func (p *TokenPrompter) appendPrompt(dst []uint32, model string, in *PromptInput, prefix *tokenizer.Prefix) ([]uint32, bool) {
 	mt, ok := p.models[model]
 	if !ok {
 		if p.def == nil {
-			return dst, tokenizer.Prefix{}, false
+			return dst, false
 		}
 		mt = *p.def
 	}
@@ -159,22 +167,22 @@ func (p *TokenPrompter) AppendPromptPrefix(dst []uint32, model string, in *Promp
 	case APIChat:
 		msgs, err := decodeMessages(in.Messages)
 		if err != nil {
-			return dst, tokenizer.Prefix{}, false
+			return dst, false
 		}
 		if mt.Template == nil {
 			buf = p.textBuf()
 		}
 		if text, err = renderChat(mt.Template, msgs, in, buf); err != nil {
 			p.putText(buf)
-			return dst, tokenizer.Prefix{}, false
+			return dst, false
 		}
 	case APIResponses:
 		if mt.Harmony {
-			return dst, tokenizer.Prefix{}, false
+			return dst, false
 		}
 		msgs, err := responsesMessages(in)
 		if err != nil {
-			return dst, tokenizer.Prefix{}, false
+			return dst, false
 		}
 		if mt.Template == nil {
 			buf = p.textBuf()
@@ -182,22 +190,20 @@ func (p *TokenPrompter) AppendPromptPrefix(dst []uint32, model string, in *Promp
 		// No chat_template_kwargs: vLLM's Responses request has none.
 		if text, err = renderChat(mt.Template, msgs, &PromptInput{AddGenerationPrompt: true}, buf); err != nil {
 			p.putText(buf)
-			return dst, tokenizer.Prefix{}, false
+			return dst, false
 		}
 	case APICompletions:
-		toks, ok := completionTokens(dst, mt.Tokenizer, in.Prompt)
-		return toks, tokenizer.Prefix{}, ok
+		return completionTokens(dst, mt.Tokenizer, in.Prompt)
 	default:
-		return dst, tokenizer.Prefix{}, false
+		return dst, false
 	}
-	var prefix tokenizer.Prefix
-	if pc, ok := mt.Tokenizer.(*tokenizer.PrefixCache); ok && len(dst) == 0 {
-		dst, prefix = pc.EncodePrefix(dst, text)
+	if pc, ok := mt.Tokenizer.(*tokenizer.PrefixCache); ok && prefix != nil {
+		dst, *prefix = pc.EncodeTail(dst, text)
 	} else {
 		dst = mt.Tokenizer.Encode(dst, text)
 	}
 	p.putText(buf) // text is not read again (TestAppendPromptReusesText)
-	return dst, prefix, true
+	return dst, true
 }
 
 // textBuf returns an empty rendering buffer from the pool.

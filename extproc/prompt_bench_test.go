@@ -54,9 +54,51 @@ type promptLayout int
 const (
 	systemPrompt   promptLayout = iota // a system message (3/4), then the user's question
 	sharedDocument                     // one user message: a document (96%), then the question
+	nextTurn                           // a system message, then a question of 256 bytes: almost all cached
 )
 
+// BenchmarkPromptTail200KB is a 200 KiB chat whose all but its last 256
+// bytes the prefix cache holds (a conversation's next turn, or the Envoy
+// benchmark's repeated body), with the stand-in tokenizer, as the EPP
+// tokenizes it into a recycled buffer: "copy" with every id
+// in the buffer (AppendPrompt, the cached prefix's ids copied out of the
+// prefix cache), "tail" with only the ids after those the cache holds
+// (AppendPromptTail, the Prefix handed to the scheduler instead).
+func BenchmarkPromptTail200KB(b *testing.B) {
+	for _, tail := range []bool{false, true} {
+		name := "copy"
+		if tail {
+			name = "tail"
+		}
+		b.Run(name, func(b *testing.B) {
+			p := NewStandInPrompter()
+			var buf []uint32
+			benchPromptWith(b, 200<<10, nextTurn, func(in *PromptInput) int {
+				if !tail {
+					buf, _ = p.AppendPrompt(buf[:0], "m", in)
+					return len(buf)
+				}
+				var prefix tokenizer.Prefix
+				buf, prefix, _ = p.AppendPromptTail(buf[:0], "m", in)
+				return prefix.Len() + len(buf)
+			})
+		})
+	}
+}
+
 func benchPrompt(b *testing.B, p Prompter, size int, layout promptLayout) {
+	benchPromptWith(b, size, layout, func(in *PromptInput) int {
+		toks, ok := p.Prompt("m", in)
+		if !ok {
+			b.Fatal("no tokens")
+		}
+		return len(toks)
+	})
+}
+
+// benchPromptWith runs prompt on the benchmark's chats; it returns the
+// prompt's tokens.
+func benchPromptWith(b *testing.B, size int, layout promptLayout, prompt func(in *PromptInput) int) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	words := strings.Fields("the router sends each request to a replica whose cache already holds its prefix and " +
 		"the engine skips prefill for blocks it holds while queue depth and KV pressure decide the rest")
@@ -73,8 +115,11 @@ func benchPrompt(b *testing.B, p Prompter, size int, layout promptLayout) {
 		return sb.String()
 	}
 	shared, question := size*3/4, size/4
-	if layout == sharedDocument {
+	switch layout {
+	case sharedDocument:
 		shared, question = size*24/25, size/25
+	case nextTurn:
+		shared, question = size-256, 256
 	}
 	// One body per shared text, its question led by a counter that each
 	// iteration rewrites: every prompt is new past the shared text, as in
@@ -108,11 +153,9 @@ func benchPrompt(b *testing.B, p Prompter, size int, layout promptLayout) {
 		copy(body[at[n%uint64(len(bodies))]+digits-len(d):], d)
 		require.NoError(b, parseRequestBody(body, &rb))
 		in := promptInput(APIChat, body, &rb)
-		toks, ok := p.Prompt("m", &in)
-		if !ok {
+		if tokens = prompt(&in); tokens == 0 {
 			b.Fatal("no tokens")
 		}
-		tokens = len(toks)
 	}
 	b.ReportMetric(float64(tokens), "tokens/op")
 }

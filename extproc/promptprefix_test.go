@@ -44,11 +44,12 @@ func jsonString(t testing.TB, s string) json.RawMessage {
 	return b
 }
 
-// TestPromptPrefixIDs: AppendPromptPrefix's tokens are AppendPrompt's,
-// and the keys of its Prefix are the tokens' own
-// (kvindex.KeyCache.AppendPrefixKeys equals AppendBlockKeys) under every
-// root and block size, turn after turn; every turn comes with a prefix,
-// and a completions prompt or a non-empty dst with none.
+// TestPromptPrefixIDs: AppendPromptTail's Prefix followed by its tokens
+// is AppendPrompt's prompt, and the keys of the Prefix and the tokens are
+// the prompt's own (kvindex.KeyCache.AppendPrefixKeys equals
+// AppendBlockKeys) under every root and block size, turn after turn;
+// every turn comes with a prefix, ids already in dst stay first, and a
+// completions prompt comes with none.
 func TestPromptPrefixIDs(t *testing.T) {
 	p := NewStandInPrompter()
 	plain := NewTokenPrompter(nil, &ModelTokenizer{Tokenizer: tokenizer.NewStandIn()})
@@ -65,35 +66,50 @@ func TestPromptPrefixIDs(t *testing.T) {
 			var rb requestBody
 			require.NoError(t, parseRequestBody(body, &rb))
 			in := promptInput(APIChat, body, &rb)
-			toks, prefix, ok := p.AppendPromptPrefix(dst[:0], "m", &in)
+			toks, prefix, ok := p.AppendPromptTail(dst[:0], "m", &in)
 			require.True(t, ok)
 			want, ok := plain.AppendPrompt(nil, "m", &in)
 			require.True(t, ok)
-			require.Equal(t, want, toks, "turn %d", i)
-			require.LessOrEqual(t, prefix.Len(), len(toks))
+			require.Equal(t, want, append(prefixIDs(prefix), toks...), "turn %d", i)
 			// The first time, the entries the tokens were just stored in.
 			require.Positive(t, prefix.Len(), "turn %d, time %d: the conversation so far is cached", i, rep)
+			require.Less(t, len(toks), len(want)/2, "turn %d, time %d: the cached ids are not copied", i, rep)
 			for _, bs := range []int{16, 5} {
 				for _, root := range roots {
-					require.Equal(t, kvindex.AppendBlockKeys(nil, root, toks, bs), caches[bs].AppendPrefixKeys(nil, root, toks, prefix),
+					require.Equal(t, kvindex.AppendBlockKeys(nil, root, want, bs), caches[bs].AppendPrefixKeys(nil, root, prefix, toks),
 						"turn %d, time %d, block size %d", i, rep, bs)
 				}
 			}
 			dst = toks
 
-			_, prefix, ok = p.AppendPromptPrefix([]uint32{1}, "m", &in)
+			toks, prefix, ok = p.AppendPromptTail([]uint32{1}, "m", &in)
 			require.True(t, ok)
-			require.Zero(t, prefix.Len(), "ids already in dst: no prefix")
+			require.Equal(t, uint32(1), toks[0], "ids already in dst stay")
+			require.Equal(t, want, append(prefixIDs(prefix), toks[1:]...))
 		}
 	}
 	in := PromptInput{API: APICompletions, Prompt: []byte(`"Once upon a time"`)}
-	_, prefix, ok := p.AppendPromptPrefix(nil, "m", &in)
+	toks, prefix, ok := p.AppendPromptTail(nil, "m", &in)
 	require.True(t, ok)
 	require.Zero(t, prefix.Len(), "a completions prompt has no prefix")
+	want, ok := plain.AppendPrompt(nil, "m", &in)
+	require.True(t, ok)
+	require.Equal(t, want, toks)
 }
 
-// keyPicker checks in Pick that the request's Prefix keys its Tokens as
-// AppendBlockKeys does, and counts the requests that had one.
+// prefixIDs is a copy of the ids p holds.
+func prefixIDs(p tokenizer.Prefix) []uint32 {
+	runs, _ := p.AppendRuns(nil, nil)
+	var ids []uint32
+	for _, r := range runs {
+		ids = append(ids, r...)
+	}
+	return ids
+}
+
+// keyPicker checks in Pick that the request's Prefix and Tokens key as
+// AppendBlockKeys does the prompt they hold together, and counts the
+// requests that had one.
 type keyPicker struct {
 	t    testing.TB
 	kc   *kvindex.KeyCache
@@ -106,7 +122,14 @@ func (keyPicker) Admit(context.Context, *scheduler.Request) (*scheduler.Ticket, 
 
 func (k keyPicker) Pick(r *scheduler.Request, _ *scheduler.Ticket) (*scheduler.Decision, error) {
 	root := kvindex.RootKey(r.Model, "", r.CacheSalt)
-	if got, want := k.kc.AppendPrefixKeys(nil, root, r.Tokens, r.Prefix), kvindex.AppendBlockKeys(nil, root, r.Tokens, 16); !slices.Equal(got, want) {
+	var all []uint32
+	for ids := range r.TokenRuns {
+		all = append(all, ids...)
+	}
+	if len(all) != r.TokenCount() {
+		k.t.Errorf("request %s: %d ids, TokenCount %d", r.ID, len(all), r.TokenCount())
+	}
+	if got, want := k.kc.AppendPrefixKeys(nil, root, r.Prefix, r.Tokens), kvindex.AppendBlockKeys(nil, root, all, 16); !slices.Equal(got, want) {
 		k.t.Errorf("request %s: the prefix's keys differ from the tokens'", r.ID)
 	}
 	if r.Prefix != nil {

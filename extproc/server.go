@@ -29,8 +29,9 @@ import (
 
 // Picker admits requests and chooses their endpoints; the scheduler
 // implements it. Admit may wait (flow control, bounded by ctx); Pick never
-// does, and releases the ticket Admit returned. Neither keeps r.Tokens or
-// r.PromptText once Pick returned: the server reuses their memory.
+// does, and releases the ticket Admit returned. Neither keeps r.Tokens,
+// r.Prefix or r.PromptText once Pick returned: the server reuses their
+// memory, and Prefix's is the prompter's cache's.
 type Picker interface {
 	Admit(ctx context.Context, r *scheduler.Request) (*scheduler.Ticket, error)
 	Pick(r *scheduler.Request, t *scheduler.Ticket) (*scheduler.Decision, error)

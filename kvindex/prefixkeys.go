@@ -10,12 +10,13 @@ import (
 // holds them (engines/tokenizer's Prefix): a chain of runs, each with a
 // memo slot in which AppendPrefixKeys keeps the keys of the blocks that end
 // inside the run, so that a cached prefix costs neither a token comparison
-// nor a block hash. AppendRuns appends, first run first, each run's end in
-// tokens from the prompt's start (ascending) and its memo. The runs' tokens
-// must be the prompt's first ones: the memo is filled from the tokens the
-// caller passes along.
+// nor a block hash. Len is the number of tokens the runs hold. AppendRuns
+// appends, first run first, each run's tokens (those after the previous
+// run's) and its memo; the tokens are the cache's, read and never written
+// or kept.
 type CachedPrefix interface {
-	AppendRuns(ends []int, memos []*atomic.Value) ([]int, []*atomic.Value)
+	Len() int
+	AppendRuns(ids [][]uint32, memos []*atomic.Value) ([][]uint32, []*atomic.Value)
 }
 
 // prefixRun is a memo's content: the keys of the blocks ending inside one
@@ -28,52 +29,82 @@ type prefixRun struct {
 	keys      []Key
 }
 
-// runScratch holds the runs of one AppendPrefixKeys call.
+// runScratch holds the runs of one AppendPrefixKeys call and the tokens
+// after its last full block.
 type runScratch struct {
-	ends  []int
+	ids   [][]uint32
 	memos []*atomic.Value
+	carry []uint32
 }
 
 var runScratches = sync.Pool{New: func() any { return new(runScratch) }}
 
-// AppendPrefixKeys is AppendBlockKeys(dst, root, tokens, c's block size)
-// (FuzzAppendPrefixKeys) for a prompt whose leading tokens p holds: the
+// AppendPrefixKeys is AppendBlockKeys(dst, root, p's tokens followed by
+// tail, c's block size) (FuzzAppendPrefixKeys): the prompt is p's tokens
+// then tail, and no caller has to copy p's tokens into one slice. The
 // blocks that end inside a run whose memo has keys for root and c's block
 // size take them from there; the others are keyed through the cache, and
 // a run's empty memo keeps them for the next prompt that shares it. A nil
-// p is AppendBlockKeys.
-func (c *KeyCache) AppendPrefixKeys(dst []Key, root Key, tokens []uint32, p CachedPrefix) []Key {
+// p is AppendBlockKeys of tail.
+func (c *KeyCache) AppendPrefixKeys(dst []Key, root Key, p CachedPrefix, tail []uint32) []Key {
 	if p == nil {
-		return c.AppendBlockKeys(dst, root, tokens)
+		return c.AppendBlockKeys(dst, root, tail)
 	}
 	sc := runScratches.Get().(*runScratch)
-	sc.ends, sc.memos = p.AppendRuns(sc.ends[:0], sc.memos[:0])
+	sc.ids, sc.memos = p.AppendRuns(sc.ids[:0], sc.memos[:0])
 	bs := c.blockSize
-	start := len(dst)
-	parent, prev := root, 0
-	for i, end := range sc.ends {
-		if end < prev || end > len(tokens) {
-			break // not a prefix of tokens: the rest is keyed below
-		}
-		b0, b1 := prev/bs, end/bs
-		prev = end
+	parent, carry, pos := root, sc.carry[:0], 0
+	for i, ids := range sc.ids {
+		// Invariant: dst holds the keys of the blocks [0, pos/bs) after
+		// what it held, parent is the last of them (root for none), and
+		// carry the pos%bs tokens after them.
+		end := pos + len(ids)
+		b0, b1 := pos/bs, end/bs
+		pos = end
 		if b1 == b0 {
-			continue // no block ends in this run
+			carry = append(carry, ids...) // no block ends in this run
+			continue
 		}
-		// Invariant: dst[start:] holds the keys of blocks [0, b0).
 		m := sc.memos[i]
 		if r, ok := m.Load().(*prefixRun); ok && r.root == root && r.blockSize == bs && len(r.keys) == b1-b0 {
 			dst = append(dst, r.keys...)
+			parent = dst[len(dst)-1]
+			carry = append(carry[:0], ids[len(ids)-end%bs:]...)
 		} else {
 			k := len(dst)
-			dst = c.AppendBlockKeys(dst, parent, tokens[b0*bs:b1*bs])
+			dst, parent, carry = c.appendJoined(dst, parent, carry, ids)
 			if !ok {
 				m.CompareAndSwap(nil, &prefixRun{root: root, blockSize: bs, keys: slices.Clone(dst[k:])})
 			}
 		}
-		parent = dst[len(dst)-1]
 	}
-	clear(sc.memos) // the memos are the entries': let them go
+	dst, _, carry = c.appendJoined(dst, parent, carry, tail)
+	clear(sc.ids) // the tokens and memos are the entries': let them go
+	clear(sc.memos)
+	sc.carry = carry[:0]
 	runScratches.Put(sc)
-	return c.AppendBlockKeys(dst, parent, tokens[(len(dst)-start)*bs:])
+	return dst
+}
+
+// appendJoined appends the keys, after parent, of the full blocks of carry
+// followed by ids, where carry holds fewer tokens than a block, and
+// returns the last key (parent when none) and the tokens after the last
+// full block, in carry's buffer. The block that joins carry to ids is
+// hashed alone: a single block gains nothing from the key cache.
+func (c *KeyCache) appendJoined(dst []Key, parent Key, carry, ids []uint32) ([]Key, Key, []uint32) {
+	bs := c.blockSize
+	if len(carry)+len(ids) < bs {
+		return dst, parent, append(carry, ids...)
+	}
+	if len(carry) > 0 {
+		need := bs - len(carry)
+		carry = append(carry, ids[:need]...)
+		dst = AppendBlockKeys(dst, parent, carry, bs)
+		parent, ids = dst[len(dst)-1], ids[need:]
+	}
+	if full := len(ids) / bs * bs; full > 0 {
+		dst = c.AppendBlockKeys(dst, parent, ids[:full])
+		parent, ids = dst[len(dst)-1], ids[full:]
+	}
+	return dst, parent, append(carry[:0], ids...)
 }

@@ -2,6 +2,7 @@ package kvindex
 
 import (
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,30 +12,47 @@ import (
 	"github.com/omnious/provider-node/internal/cputime"
 )
 
-// runs is a CachedPrefix over runs ending at ends, as a tokenizer's cache
+// runs is a CachedPrefix over toks cut at ends, as a tokenizer's cache
 // hands one out.
 type runs struct {
-	ends  []int
+	ids   [][]uint32
 	memos []*atomic.Value
+	n     int
 }
 
-func newRuns(ends ...int) *runs {
-	r := &runs{ends: ends}
-	for range ends {
-		r.memos = append(r.memos, new(atomic.Value))
+func newRuns(toks []uint32, ends ...int) *runs {
+	return (&runs{}).extend(toks, ends...)
+}
+
+func (r *runs) Len() int { return r.n }
+
+func (r *runs) AppendRuns(ids [][]uint32, memos []*atomic.Value) ([][]uint32, []*atomic.Value) {
+	return append(ids, r.ids...), append(memos, r.memos...)
+}
+
+// extend is a prefix that continues r with runs of toks ending at ends,
+// sharing r's memos (a later turn of a conversation).
+func (r *runs) extend(toks []uint32, ends ...int) *runs {
+	x := &runs{ids: slices.Clone(r.ids), memos: slices.Clone(r.memos), n: r.n}
+	for _, e := range ends {
+		x.ids = append(x.ids, toks[x.n:e])
+		x.memos = append(x.memos, new(atomic.Value))
+		x.n = e
 	}
-	return r
+	return x
 }
 
-func (r *runs) AppendRuns(ends []int, memos []*atomic.Value) ([]int, []*atomic.Value) {
-	return append(ends, r.ends...), append(memos, r.memos...)
-}
-
-// extend is a prefix that continues r with runs ending at ends, sharing
-// r's memos (a later turn of a conversation).
-func (r *runs) extend(ends ...int) *runs {
-	x := newRuns(ends...)
-	return &runs{ends: append(append([]int{}, r.ends...), x.ends...), memos: append(append([]*atomic.Value{}, r.memos...), x.memos...)}
+// upTo is r's leading runs that end at or before n tokens, sharing their
+// memos (an earlier turn).
+func (r *runs) upTo(n int) *runs {
+	x := &runs{}
+	for i, ids := range r.ids {
+		if x.n+len(ids) > n {
+			break
+		}
+		x.ids, x.memos, x.n = append(x.ids, ids), append(x.memos, r.memos[i]), x.n+len(ids)
+	}
+	return x
 }
 
 // TestAppendPrefixKeysRoots keys prompts through prefixes whose memos are
@@ -51,12 +69,12 @@ func TestAppendPrefixKeysRoots(t *testing.T) {
 		tokens int // the prompt is toks[:tokens]
 		prefix int // index into prefixes
 	}
-	base := newRuns(100, 700, 1303)
+	base := newRuns(toks, 100, 700, 1303)
 	prefixes := []*runs{
 		base,
-		base.extend(1600, 1601, 1602, 1990),  // a later turn: shares base's memos
-		newRuns(3, 6, 9, 12, 15, 18, 21, 24), // runs shorter than a block
-		newRuns(500, 2500),                   // claims more tokens than the prompt has
+		base.extend(toks, 1600, 1601, 1602, 1990),  // a later turn: shares base's memos
+		newRuns(toks, 3, 6, 9, 12, 15, 18, 21, 24), // runs shorter than a block
+		newRuns(toks, 500, 2000),                   // the whole prompt, no tail
 	}
 	for _, tc := range []struct {
 		name  string
@@ -67,7 +85,7 @@ func TestAppendPrefixKeysRoots(t *testing.T) {
 		{"block sizes alternate", []call{{16, rootA, 2000, 0}, {5, rootA, 2000, 0}, {832, rootA, 2000, 0}, {5, rootA, 2000, 0}, {16, rootA, 2000, 0}}},
 		{"a later turn", []call{{16, rootA, 1400, 0}, {16, rootA, 2000, 1}, {16, rootB, 2000, 1}, {16, rootA, 2000, 1}}},
 		{"short runs", []call{{16, rootA, 30, 2}, {16, rootA, 30, 2}, {1, rootA, 30, 2}, {16, rootA, 30, 2}}},
-		{"prefix past the prompt", []call{{16, rootA, 2000, 3}, {16, rootA, 2000, 3}, {16, rootA, 600, 3}}},
+		{"no tail", []call{{16, rootA, 2000, 3}, {16, rootA, 2000, 3}, {5, rootA, 2000, 3}, {16, rootB, 2000, 3}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, p := range prefixes {
@@ -85,7 +103,8 @@ func TestAppendPrefixKeysRoots(t *testing.T) {
 					caches[c.bs] = kc
 				}
 				want := AppendBlockKeys([]Key{7}, c.root, toks[:c.tokens], c.bs)
-				got := kc.AppendPrefixKeys([]Key{7}, c.root, toks[:c.tokens], prefixes[c.prefix])
+				p := prefixes[c.prefix]
+				got := kc.AppendPrefixKeys([]Key{7}, c.root, p, toks[p.Len():c.tokens])
 				require.Equal(t, want, got, "call %d", i)
 			}
 		})
@@ -101,21 +120,21 @@ func TestAppendPrefixKeysServesMemo(t *testing.T) {
 	root, other := RootKey("m", "", ""), RootKey("n", "", "")
 	kc, err := NewKeyCache(1<<16, 16)
 	require.NoError(t, err)
-	p := newRuns(40, 100) // blocks 0-1 end in the first run, 2-5 in the second
+	p := newRuns(toks, 40, 100) // blocks 0-1 end in the first run, 2-5 in the second
 	want := AppendBlockKeys(nil, root, toks, 16)
-	require.Equal(t, want, kc.AppendPrefixKeys(nil, root, toks, p))
+	require.Equal(t, want, kc.AppendPrefixKeys(nil, root, p, nil))
 	r, ok := p.memos[0].Load().(*prefixRun)
 	require.True(t, ok, "the first prompt fills the memo")
 	require.Equal(t, want[:2], r.keys)
 
 	planted := []Key{101, 102}
 	p.memos[0].Store(&prefixRun{root: root, blockSize: 16, keys: planted})
-	got := kc.AppendPrefixKeys(nil, root, toks, p)
+	got := kc.AppendPrefixKeys(nil, root, p, nil)
 	require.Equal(t, planted, got[:2], "a memo under the prompt's root and block size is served")
-	require.Equal(t, AppendBlockKeys(nil, other, toks, 16), kc.AppendPrefixKeys(nil, other, toks, p), "another root never reads it")
+	require.Equal(t, AppendBlockKeys(nil, other, toks, 16), kc.AppendPrefixKeys(nil, other, p, nil), "another root never reads it")
 	kc5, err := NewKeyCache(1<<16, 5)
 	require.NoError(t, err)
-	require.Equal(t, AppendBlockKeys(nil, root, toks, 5), kc5.AppendPrefixKeys(nil, root, toks, p), "another block size never reads it")
+	require.Equal(t, AppendBlockKeys(nil, root, toks, 5), kc5.AppendPrefixKeys(nil, root, p, nil), "another block size never reads it")
 }
 
 // TestAppendPrefixKeysConcurrent shares prefixes between goroutines keying
@@ -126,7 +145,7 @@ func TestAppendPrefixKeysConcurrent(t *testing.T) {
 	roots := []Key{RootKey("m", "", ""), RootKey("m", "", "salt")}
 	kc, err := NewKeyCache(1<<16, 16)
 	require.NoError(t, err)
-	p := newRuns(1000, 2000, 3000, 3999)
+	p := newRuns(toks, 1000, 2000, 3000, 3999)
 	want := [][]Key{AppendBlockKeys(nil, roots[0], toks, 16), AppendBlockKeys(nil, roots[1], toks, 16)}
 	var wg sync.WaitGroup
 	errs := make(chan string, 4)
@@ -135,7 +154,7 @@ func TestAppendPrefixKeysConcurrent(t *testing.T) {
 			var dst []Key
 			for i := range 200 {
 				r := (g + i) % 2
-				dst = kc.AppendPrefixKeys(dst[:0], roots[r], toks, p)
+				dst = kc.AppendPrefixKeys(dst[:0], roots[r], p, toks[p.Len():])
 				if len(dst) != len(want[r]) || dst[len(dst)-1] != want[r][len(dst)-1] || dst[0] != want[r][0] {
 					errs <- "keys differ"
 					return
@@ -151,7 +170,8 @@ func TestAppendPrefixKeysConcurrent(t *testing.T) {
 }
 
 // FuzzAppendPrefixKeys keys prompts made of the fuzzer's tokens through
-// prefixes with the fuzzer's run ends, under two roots and two block sizes
+// prefixes with the fuzzer's run ends (the runs that fit the prompt, then
+// its other tokens as the tail), under two roots and two block sizes
 // sharing the prefixes' memos, in turn: every answer is AppendBlockKeys's.
 func FuzzAppendPrefixKeys(f *testing.F) {
 	f.Add([]byte("abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz"), []byte{10, 20, 3, 40}, uint8(4), uint8(7))
@@ -165,10 +185,12 @@ func FuzzAppendPrefixKeys(f *testing.F) {
 		var ends []int
 		end := 0
 		for _, c := range cuts {
-			end += int(c%64) + 1
+			if end += int(c%64) + 1; end > len(toks) {
+				break
+			}
 			ends = append(ends, end)
 		}
-		p := newRuns(ends...)
+		all := newRuns(toks, ends...)
 		roots := []Key{RootKey("m", "", ""), RootKey("m", "", "s")}
 		var caches []*KeyCache
 		for _, bs := range []uint8{bsA, bsB} {
@@ -180,7 +202,8 @@ func FuzzAppendPrefixKeys(f *testing.F) {
 			kc, root := caches[i%2], roots[(i/2)%2]
 			n := len(toks) - i*len(toks)/16 // shorter and shorter prompts
 			want := AppendBlockKeys(nil, root, toks[:n], kc.blockSize)
-			require.Equal(t, want, kc.AppendPrefixKeys(nil, root, toks[:n], p), "call %d", i)
+			p := all.upTo(n)
+			require.Equal(t, want, kc.AppendPrefixKeys(nil, root, p, toks[p.Len():n]), "call %d", i)
 		}
 	})
 }
@@ -207,13 +230,13 @@ func BenchmarkPrefixKeys(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			kc, err := NewKeyCache(1<<20, 16)
 			require.NoError(b, err)
-			p := newRuns(ends...)
+			p := newRuns(toks, ends...)
 			keys := make([]Key, 0, n/16)
 			b.ReportAllocs()
 			start, ops := cputime.Clock(), 0
 			for b.Loop() {
 				if memo {
-					keys = kc.AppendPrefixKeys(keys[:0], root, toks, p)
+					keys = kc.AppendPrefixKeys(keys[:0], root, p, toks[p.Len():])
 				} else {
 					keys = kc.AppendBlockKeys(keys[:0], root, toks)
 				}

@@ -28,16 +28,21 @@ type Request struct {
 	// it may be a LoRA adapter name served on top of a base model.
 	Model string
 	// Tokens are the exact prompt token ids the engine will see (chat
-	// template rendered and tokenized), or nil when the tokenizer for Model
-	// is unavailable: then PromptText drives approximate prefix matching.
-	// They must not be kept after Pick returns (the ext_proc server reuses
-	// their buffer).
+	// template rendered and tokenized) after those Prefix holds: the whole
+	// prompt without a Prefix. Both nil when the tokenizer for Model is
+	// unavailable: then PromptText drives approximate prefix matching.
+	// Read the prompt through TokenCount, HasTokens and TokenRuns, never
+	// Tokens alone. They must not be kept after Pick returns (the ext_proc
+	// server reuses their buffer).
 	Tokens []uint32
-	// Prefix, when non-nil, holds Tokens' leading ids as the tokenizer's
-	// prefix cache stored them (tokenizer.PrefixCache.EncodePrefix): the
-	// block keys of that part come from its entries rather than from a
-	// comparison and hash of the tokens (kvindex.KeyCache.AppendPrefixKeys).
-	// Its ids must be Tokens' first ones. Not kept after Pick returns.
+	// Prefix, when non-nil, holds the prompt's leading ids as the
+	// tokenizer's prefix cache stored them (tokenizer.PrefixCache.EncodeTail),
+	// by reference: the ids are the cache's, read-only, and neither they
+	// nor Prefix are kept after Pick returns. The block keys of that part
+	// come from its entries rather than from a comparison and hash of the
+	// ids (kvindex.KeyCache.AppendPrefixKeys), and its ids are never copied
+	// into one slice. Pick decides as it would on the whole prompt in
+	// Tokens (TestPickWithCachedPrefix, FuzzPickWithCachedPrefix).
 	Prefix kvindex.CachedPrefix
 	// PromptText is the prompt as text (rendered chat or completion prompt),
 	// for approximate prefix matching. It may alias the request body: the
@@ -60,6 +65,36 @@ type Request struct {
 	// Arrived is when the request reached the EPP (queue wait is measured
 	// from it).
 	Arrived time.Time
+}
+
+// HasTokens reports whether the request's prompt ids are known (Tokens
+// or Prefix set): the precise matching's condition.
+func (r *Request) HasTokens() bool { return r.Tokens != nil || r.Prefix != nil }
+
+// TokenCount is the number of prompt ids: Prefix's and Tokens'.
+func (r *Request) TokenCount() int {
+	if r.Prefix == nil {
+		return len(r.Tokens)
+	}
+	return r.Prefix.Len() + len(r.Tokens)
+}
+
+// TokenRuns yields the prompt's ids in order, in the slices that hold
+// them (Prefix's runs, then Tokens), for a reader that needs the ids
+// themselves; most need only TokenCount. The slices are read-only and not
+// to be kept past Pick.
+func (r *Request) TokenRuns(yield func(ids []uint32) bool) {
+	if r.Prefix != nil {
+		runs, _ := r.Prefix.AppendRuns(nil, nil)
+		for _, ids := range runs {
+			if !yield(ids) {
+				return
+			}
+		}
+	}
+	if len(r.Tokens) > 0 {
+		yield(r.Tokens)
+	}
 }
 
 // Decision is the scheduler's answer.

@@ -70,9 +70,9 @@ func clamp01(v float64) float64 {
 // routing memory.
 func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *Request, base, adapter string, now time.Time) (string, int) {
 	sc.keys, sc.matches, sc.hits, sc.hashes, sc.seen = sc.keys[:0], sc.matches[:0], sc.hits[:0], sc.hashes[:0], sc.seen[:0]
-	precise := (s.cfg.Policy == PolicyPrecise || s.cfg.Policy == PolicyAgent) && s.ix != nil && req.Tokens != nil
+	precise := (s.cfg.Policy == PolicyPrecise || s.cfg.Policy == PolicyAgent) && s.ix != nil && req.HasTokens()
 	if !precise && len(req.PromptText) == 0 {
-		if req.Tokens != nil {
+		if req.HasTokens() {
 			return ModePrecise, 0
 		}
 		return ModeApproximate, 0
@@ -95,10 +95,10 @@ func (s *Scheduler) matchPrefix(sc *scratch, snap *snapshot, cands []cand, req *
 
 	if precise {
 		bs := s.cfg.BlockSize
-		n := len(req.Tokens)
+		n := req.TokenCount()
 		root := kvindex.RootKey(base, adapter, req.CacheSalt)
 		lookupStart := time.Now()
-		sc.keys = s.keys.AppendPrefixKeys(sc.keys, root, req.Tokens, req.Prefix)
+		sc.keys = s.keys.AppendPrefixKeys(sc.keys, root, req.Prefix, req.Tokens)
 		sc.matches = s.ix.Match(sc.keys, sc.matches)
 		s.m.lookup.Observe(time.Since(lookupStart).Seconds())
 		cpuW, storageW := *s.cfg.Prefix.CPUWeight, *s.cfg.Prefix.StorageWeight

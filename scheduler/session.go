@@ -144,8 +144,8 @@ func sessionKey(key string) uint64 {
 // promptTokens estimates a request's prompt in tokens: its tokens, else
 // its text at 4 bytes a token.
 func promptTokens(req *Request) int64 {
-	if req.Tokens != nil {
-		return int64(len(req.Tokens))
+	if req.HasTokens() {
+		return int64(req.TokenCount())
 	}
 	return int64(len(req.PromptText) / 4)
 }

@@ -9,44 +9,51 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// checkPrefix encodes text after pre through pc and checks EncodePrefix's
-// contract: the ids are the tokenizer's own, the Prefix's entries hold
-// the first Len() of them, and its runs end where its entries do, in
-// order, each with a memo of its own. It returns the Prefix's length.
-func checkPrefix(t *testing.T, tok Tokenizer, pc *PrefixCache, pre []uint32, text string) int {
+// checkPrefix encodes text after pre through pc, with EncodeTail when
+// tail is set and EncodePrefix otherwise, and checks their contract: the
+// ids are the tokenizer's own, the Prefix's entries hold the first Len()
+// of them (which EncodeTail leaves out of dst), and its runs hold those
+// ids in order, each with a memo of its own. It returns the Prefix's
+// length.
+func checkPrefix(t *testing.T, tok Tokenizer, pc *PrefixCache, pre []uint32, text string, tail bool) int {
 	t.Helper()
-	got, p := pc.EncodePrefix(append([]uint32(nil), pre...), text)
+	encode := pc.EncodePrefix
+	if tail {
+		encode = pc.EncodeTail
+	}
+	got, p := encode(append([]uint32(nil), pre...), text)
 	want := tok.Encode(append([]uint32(nil), pre...), text)
-	require.Equal(t, want, got, "%q", text)
-	ids := got[len(pre):]
-	require.LessOrEqual(t, p.Len(), len(ids))
+	require.Equal(t, append([]uint32{}, pre...), append([]uint32{}, got[:len(pre)]...), "dst's ids are kept")
 	var held []uint32
 	if p.e != nil {
 		held = p.e.appendTo(nil)
 	}
+	require.Len(t, held, p.Len())
+	ids := got[len(pre):]
+	if tail {
+		ids = append(append([]uint32{}, held...), ids...)
+	}
+	require.Equal(t, append([]uint32{}, want[len(pre):]...), append([]uint32{}, ids...), "%q", text)
 	require.Equal(t, append([]uint32{}, ids[:p.Len()]...), append([]uint32{}, held...), "the prefix's ids are the text's first ones: %q", text)
-	ends, memos := p.AppendRuns(nil, nil)
-	require.Len(t, memos, len(ends))
+	runs, memos := p.AppendRuns(nil, nil)
+	require.Len(t, memos, len(runs))
 	seen := map[*atomic.Value]bool{}
-	for i, end := range ends {
+	var joined []uint32
+	for i, r := range runs {
 		require.False(t, seen[memos[i]], "run %d shares a memo", i)
 		seen[memos[i]] = true
-		if i > 0 {
-			require.Greater(t, end, ends[i-1], "runs ascend")
-		}
+		require.NotEmpty(t, r, "run %d", i)
+		joined = append(joined, r...)
 	}
-	if p.Len() > 0 {
-		require.Equal(t, p.Len(), ends[len(ends)-1])
-	} else {
-		require.Empty(t, ends)
-	}
+	require.Equal(t, append([]uint32{}, held...), append([]uint32{}, joined...), "the runs hold the prefix's ids")
 	return p.Len()
 }
 
 // TestEncodePrefixIDs replays conversations, documents sharing a head,
 // and random texts through caches small enough to evict, with ids already
-// in dst: EncodePrefix's Prefix always holds exactly the ids it appended
-// first, and a repeated text comes back almost wholly held.
+// in dst, through EncodePrefix and EncodeTail in turn: the Prefix always
+// holds exactly the text's first ids, EncodeTail appends exactly the
+// others, and a repeated text comes back almost wholly held.
 func TestEncodePrefixIDs(t *testing.T) {
 	tok := NewStandIn()
 	for _, tc := range []struct {
@@ -82,7 +89,7 @@ func TestEncodePrefixIDs(t *testing.T) {
 					text = "<|im_start|>system\n" + randText(rng.IntN(400)) + "<|im_end|>"
 				}
 				pre := make([]uint32, rng.IntN(3))
-				n := checkPrefix(t, tok, pc, pre, text)
+				n := checkPrefix(t, tok, pc, pre, text, i%2 == 1)
 				if i%3 == 1 && len(text) > 200 && n > 0 {
 					repeatHeld++
 				}
@@ -97,8 +104,9 @@ func TestEncodePrefixIDs(t *testing.T) {
 }
 
 // FuzzEncodePrefix encodes a, b and their concatenations in turn through
-// one cache cutting every 16 bytes: each call's Prefix holds the ids it
-// appended first (checkPrefix).
+// one cache cutting every 16 bytes, each with EncodePrefix then
+// EncodeTail: each call's Prefix holds the text's first ids, and
+// EncodeTail appends exactly the others (checkPrefix).
 func FuzzEncodePrefix(f *testing.F) {
 	f.Add("<|im_start|>system\nyou are a helper<|im_end|>", "<|im_start|>user\nhello there, how are you<|im_end|>")
 	f.Add("a long document without added tokens, cut inside the text", "and its continuation")
@@ -107,7 +115,8 @@ func FuzzEncodePrefix(f *testing.F) {
 	f.Fuzz(func(t *testing.T, a, b string) {
 		pc := NewPrefixCache(tok, PrefixCacheConfig{CutEvery: 16, MaxEntries: 16})
 		for _, text := range []string{a, b, a + b, a + b, b + a, a, a + b + a} {
-			checkPrefix(t, tok, pc, nil, text)
+			checkPrefix(t, tok, pc, nil, text, false)
+			checkPrefix(t, tok, pc, nil, text, true)
 		}
 	})
 }

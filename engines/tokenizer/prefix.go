@@ -176,10 +176,25 @@ func (c *PrefixCache) Encode(dst []uint32, text string) []uint32 {
 // it stored. The Prefix's ids are the first Prefix.Len() ids appended, bit
 // for bit (TestEncodePrefixIDs, FuzzEncodePrefix).
 func (c *PrefixCache) EncodePrefix(dst []uint32, text string) ([]uint32, Prefix) {
+	return c.encodePrefix(dst, text, false)
+}
+
+// EncodeTail is EncodePrefix that appends only the ids after those the
+// Prefix holds: the ids of text are the Prefix's followed by what it
+// appended to dst (TestEncodePrefixIDs, FuzzEncodePrefix). The cached ids are
+// not copied, so a long prompt whose start the cache holds costs the scan
+// and hash of its text and the encoding of its uncached end.
+func (c *PrefixCache) EncodeTail(dst []uint32, text string) ([]uint32, Prefix) {
+	return c.encodePrefix(dst, text, true)
+}
+
+// encodePrefix is EncodePrefix, or EncodeTail when tail is set.
+func (c *PrefixCache) encodePrefix(dst []uint32, text string, tail bool) ([]uint32, Prefix) {
 	// Room for the ids at about 3 bytes a token (English runs near 4):
 	// growing a 50k-id prompt by doubling allocated twice its size again.
-	// No text, no ids: dst stays as it was (nil stays nil).
-	if len(text) > 0 {
+	// No text, no ids: dst stays as it was (nil stays nil). EncodeTail
+	// makes room once it knows what the cache holds.
+	if len(text) > 0 && !tail {
 		dst = slices.Grow(dst, len(text)/3+16)
 	}
 	// Hash every prefix that ends at a cut, in one pass: after each added
@@ -217,10 +232,15 @@ func (c *PrefixCache) EncodePrefix(dst []uint32, text string) ([]uint32, Prefix)
 		if e, ok := c.cache.Get(cuts[i].hash); ok && e.n == cuts[i].end {
 			c.hits.Add(1)
 			c.reused.Add(uint64(e.total))
-			dst = e.appendTo(dst)
+			if !tail {
+				dst = e.appendTo(dst)
+			}
 			hit, from, skip, cont = e, cuts[i].end, i+1, cuts[i].mid
 			break
 		}
+	}
+	if tail && len(text) > from {
+		dst = slices.Grow(dst, (len(text)-from)/3+16)
 	}
 	newCuts := cuts[skip:]
 	var mids []int // offsets in text[from:] of the new mid cuts
@@ -276,6 +296,11 @@ func (c *PrefixCache) EncodePrefix(dst []uint32, text string) ([]uint32, Prefix)
 	for c.bytes.Load() > c.maxBytes && c.cache.Len() > 0 {
 		c.cache.RemoveOldest()
 	}
+	if tail && base > 0 {
+		// The ids the stored entries hold leave dst: what stays is what
+		// follows the last cached cut, which the cache never stores.
+		dst = append(dst[:start], dst[start+base:]...)
+	}
 	return dst, Prefix{parent}
 }
 
@@ -295,17 +320,19 @@ func (p Prefix) Len() int {
 	return p.e.total
 }
 
-// AppendRuns appends, for each entry of the chain from the first, its end
-// (the ids it and its ancestors hold) to ends and its memo to memos. A
-// memo is a slot for what the caller derives from the ids up to its end:
-// the cache never reads it, and a caller must store in it only what
-// depends on nothing but those ids and a tag it stores alongside.
-func (p Prefix) AppendRuns(ends []int, memos []*atomic.Value) ([]int, []*atomic.Value) {
+// AppendRuns appends, for each entry of the chain from the first, its ids
+// (those after its parent's) to ids and its memo to memos. The ids are
+// the entry's own, never written after insertion: read them, do not write
+// or keep them. A memo is a slot for what the caller derives from the ids
+// up to the entry's end: the cache never reads it, and a caller must
+// store in it only what depends on nothing but those ids and a tag it
+// stores alongside.
+func (p Prefix) AppendRuns(ids [][]uint32, memos []*atomic.Value) ([][]uint32, []*atomic.Value) {
 	if p.e == nil {
-		return ends, memos
+		return ids, memos
 	}
 	if p.e.parent != nil {
-		ends, memos = Prefix{p.e.parent}.AppendRuns(ends, memos)
+		ids, memos = Prefix{p.e.parent}.AppendRuns(ids, memos)
 	}
-	return append(ends, p.e.total), append(memos, &p.e.memo)
+	return append(ids, p.e.ids), append(memos, &p.e.memo)
 }

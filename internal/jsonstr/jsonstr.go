@@ -11,6 +11,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"math/bits"
 	"slices"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -78,7 +79,16 @@ func AppendDecode(dst, raw []byte) ([]byte, error) {
 				break
 			}
 		}
-		for i+8 <= len(in) && plain(binary.LittleEndian.Uint64(in[i:])) {
+		// Then a word at a time, and in the word that needs a look, to its
+		// first byte that does: need's lowest flagged byte is always a
+		// true one (TestDecodeEveryPosition), so the plain bytes before
+		// an escape are not stepped through one by one.
+		for i+8 <= len(in) {
+			m := need(binary.LittleEndian.Uint64(in[i:])) & highs
+			if m != 0 {
+				i += bits.TrailingZeros64(m) >> 3
+				break
+			}
 			i += 8
 		}
 		if i >= len(in) {
