@@ -1,6 +1,7 @@
 package capacity
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -174,6 +175,51 @@ func (c *Calibration) StreamsBound(o Objectives) (streams float64, ok bool) {
 		return 0, false
 	}
 	return held, true
+}
+
+// RateBound is the most output tokens per second a pool of c.Replicas
+// replicas may be sold at o with load requests in flight across it, and
+// whether the ladder bounds the rate at all: only where it bounds the
+// streams (StreamsBound), for the same reason. The replicas' curves read
+// each one's rate at its own share of the load, learnt while the others
+// ran what they ran; summed, they claim a rate the fleet may never have
+// reached at that load. The ladder measured the fleet's rate at each of
+// its levels, every replica loaded at once; read at load over the levels
+// that held (linear between the two around it, in proportion to the
+// lowest below it, the highest held level's rate above it), it is the
+// rate the fleet was seen to serve within o at that load
+// (TestRateBound).
+func (c *Calibration) RateBound(o Objectives, load float64) (tokensPerSec float64, ok bool) {
+	if _, bounded := c.StreamsBound(o); !bounded {
+		return 0, false
+	}
+	o = o.WithDefaults()
+	// The held levels by concurrency, the best rate of a repeated one.
+	var held []Level
+	for _, l := range c.Levels {
+		if !l.held(o) {
+			continue
+		}
+		i, found := slices.BinarySearchFunc(held, l.Concurrency, func(h Level, c int) int { return cmp.Compare(h.Concurrency, c) })
+		switch {
+		case found:
+			held[i].OutputTokensPerSec = max(held[i].OutputTokensPerSec, l.OutputTokensPerSec)
+		default:
+			held = slices.Insert(held, i, l)
+		}
+	}
+	if len(held) == 0 || load <= 0 {
+		return 0, true
+	}
+	lo := Level{}
+	for _, h := range held {
+		if x := float64(h.Concurrency); load <= x {
+			x0 := float64(lo.Concurrency)
+			return lo.OutputTokensPerSec + (h.OutputTokensPerSec-lo.OutputTokensPerSec)*(load-x0)/(x-x0), true
+		}
+		lo = h
+	}
+	return lo.OutputTokensPerSec, true
 }
 
 // vouches reports whether the ladder measured a load of claim streams or

@@ -104,3 +104,43 @@ func TestStreamsBound(t *testing.T) {
 		})
 	}
 }
+
+func TestRateBound(t *testing.T) {
+	// The curve of TestStreamsBound: about 30 streams claimed over 2
+	// replicas.
+	c := testCurve(testBin(5, 1, 1, 50, 500), testBin(10, 0.97, 1, 100, 500), testBin(20, 0.93, 1, 180, 500))
+	lv := func(c int, within bool, tps float64) Level {
+		itl := 0.04
+		if !within {
+			itl = 0.07
+		}
+		return Level{Concurrency: c, Requests: 100, TTFTP95Seconds: 0.5, ITLP95Seconds: itl, OutputTokensPerSec: tps}
+	}
+	bounded := []Level{lv(4, true, 200), lv(8, true, 300), lv(12, false, 500), lv(16, true, 360)}
+	for _, tc := range []struct {
+		name   string
+		levels []Level
+		load   float64
+		want   float64
+		ok     bool
+	}{
+		{"the ladder vouches for the curves: no bound", []Level{lv(10, true, 400), lv(40, true, 900)}, 6, 0, false},
+		{"no levels: no bound", nil, 6, 0, false},
+		{"between two held levels: linear", bounded, 6, 250, true},
+		{"on a held level: its rate", bounded, 8, 300, true},
+		{"across a broken level: between the held ones", bounded, 12, 330, true},
+		{"below the lowest: in proportion", bounded, 2, 100, true},
+		{"above the highest held: its rate", bounded, 30, 360, true},
+		{"a repeated level: its best rate", []Level{lv(4, true, 180), lv(4, true, 200), lv(8, false, 300)}, 4, 200, true},
+		{"nothing held: nothing to sell", []Level{lv(4, false, 200)}, 4, 0, true},
+		{"no load: no rate", bounded, 0, 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cal := &Calibration{Replicas: 2, Levels: tc.levels, Curve: c,
+				Objectives: ObjectivesJSON{TTFTSeconds: 2, ITLSeconds: 0.05, Quantile: 0.95}}
+			got, ok := cal.RateBound(testObjectives, tc.load)
+			require.Equal(t, tc.ok, ok)
+			require.InDelta(t, tc.want, got, 1e-9)
+		})
+	}
+}

@@ -484,6 +484,11 @@ func FuzzReadCalibration(f *testing.F) {
 		if s, ok := c.StreamsBound(testObjectives); ok && (!(s >= 0) || math.IsInf(s, 0)) {
 			t.Fatalf("held streams %v", s)
 		}
+		for _, load := range []float64{0.5, 3, 1e6} {
+			if r, ok := c.RateBound(testObjectives, load); ok && (!(r >= 0) || math.IsInf(r, 0)) {
+				t.Fatalf("rate bound %v at load %v", r, load)
+			}
+		}
 		at, err := c.Curve.At(testObjectives)
 		if err == nil && (at.Concurrency < 0 || math.IsNaN(at.Concurrency) || math.IsNaN(at.OutputTokensPerSec) ||
 			math.IsNaN(at.PrefillBoundTokensPerSec) || math.IsInf(at.PrefillBoundTokensPerSec, 0) ||

@@ -86,8 +86,13 @@ type Assessment struct {
 	// calibration used, its levels at another quantile, or a ladder that
 	// held what its own curve claimed).
 	CalibratedStreams *float64 `json:"calibrated_streams,omitempty"`
-	Busy              float64  `json:"busy"`
-	BusyTokensPerSec  float64  `json:"busy_tokens_per_sec"`
+	// CalibratedTokensPerSec is the rate the calibration's ladder measured
+	// at the pool's concurrency, scaled to the replicas with a capacity,
+	// when the ladder bounds the streams: OutputTokensPerSec is at most
+	// that (capacity.Calibration.RateBound). nil when it does not.
+	CalibratedTokensPerSec *float64 `json:"calibrated_tokens_per_sec,omitempty"`
+	Busy                   float64  `json:"busy"`
+	BusyTokensPerSec       float64  `json:"busy_tokens_per_sec"`
 }
 
 // ReplicaAssessment is one replica's share of an Assessment.
@@ -147,6 +152,10 @@ type ReplicaAssessment struct {
 // levels measured and no level up to the claim broke, the replicas added
 // up to what the fleet did and their sum stands
 // (TestComputeHeadroomCalibratedStreams, TestComputeHeadroomReplaysRuns).
+// Where the ladder bounds S it bounds T too: the replicas' rates, each read
+// at its own share of the concurrency, add up to a claim of the same kind,
+// so T is at most the rate the ladder measured at the pool's concurrency
+// scaled the same way (capacity.Calibration.RateBound).
 //
 // The concurrency is what a client holding its requests open may hold;
 // arrivals from many independent clients at the quoted rate hold fewer
@@ -233,10 +242,16 @@ func ComputeHeadroom(m capacity.Model, cal *capacity.Calibration, o capacity.Obj
 		a.Replicas = append(a.Replicas, ra)
 	}
 	if calibrated && cal.Replicas > 0 {
+		scale := float64(selling) / float64(cal.Replicas)
 		if bound, ok := cal.StreamsBound(o); ok {
-			fleet := bound * float64(selling) / float64(cal.Replicas)
+			fleet := bound * scale
 			a.CalibratedStreams = &fleet
 			a.Streams = min(a.Streams, fleet)
+		}
+		if rate, ok := cal.RateBound(o, a.Concurrency/scale); ok {
+			fleet := rate * scale
+			a.CalibratedTokensPerSec = &fleet
+			a.OutputTokensPerSec = min(a.OutputTokensPerSec, fleet)
 		}
 	}
 	conc, tps := finite(a.Streams-a.Busy), 0.0

@@ -42,14 +42,31 @@ func TestComputeHeadroomCalibratedStreams(t *testing.T) {
 	rep := func(healthy bool, load float64) capacity.Replica {
 		return capacity.Replica{Addr: "r", Healthy: healthy, Running: int(load), Load: load, MaxRunning: 256, Curve: full}
 	}
-	// lv is a level at c streams, within 50 ms ITL p95 or not.
-	lv := func(c int, within bool) capacity.Level {
+	// lvr is a level at c streams, within 50 ms ITL p95 or not, that
+	// served tps; lv one whose rate is far above what the curves claim,
+	// so that only the streams are bounded.
+	lvr := func(c int, within bool, tps float64) capacity.Level {
 		itl := 0.04
 		if !within {
 			itl = 0.07
 		}
-		return capacity.Level{Concurrency: c, Requests: 100, TTFTP95Seconds: 0.5, ITLP95Seconds: itl}
+		return capacity.Level{Concurrency: c, Requests: 100, TTFTP95Seconds: 0.5, ITLP95Seconds: itl, OutputTokensPerSec: tps}
 	}
+	lv := func(c int, within bool) capacity.Level { return lvr(c, within, 1e6*float64(c)) }
+	// rateAt is a ladder's rate read at load, for held levels 6 and 12
+	// that served r6 and r12 tokens/s (capacity.Calibration.RateBound).
+	rateAt := func(load, r6, r12 float64) float64 {
+		switch {
+		case load < 6:
+			return r6 * load / 6
+		case load < 12:
+			return r6 + (r12-r6)*(load-6)/6
+		}
+		return r12
+	}
+	conc := 2 * at.Concurrency // the pool's, 2 replicas
+	ladderRate := rateAt(conc, 50, 80)
+	require.Less(t, ladderRate, 2*v)
 	// cal is a calibration over n replicas at quantile q, with curve c
 	// and the levels.
 	cal := func(n int, q float64, c capacity.Curve, levels ...capacity.Level) *capacity.Calibration {
@@ -94,6 +111,10 @@ func TestComputeHeadroomCalibratedStreams(t *testing.T) {
 			cal(2, 0.99, full, shared...), h(2*s, 2*v), nil},
 		{"no level held at these objectives: nothing sold", []capacity.Replica{rep(true, 0), rep(true, 0)},
 			cal(2, 0.95, full, lv(2, false)), Headroom{}, ptr(0)},
+		{"the ladder bounds the streams: its rate at the pool's concurrency bounds the rate", []capacity.Replica{rep(true, 0), rep(true, 0)},
+			cal(2, 0.95, full, lvr(6, true, 50), lvr(12, true, 80), lvr(15, false, 90)), h(12, ladderRate), ptr(12)},
+		{"scaled out since the calibration: the rate bound scales with the replicas", []capacity.Replica{rep(true, 0), rep(true, 0)},
+			cal(1, 0.95, full, lvr(6, true, 25), lvr(12, true, 40), lvr(15, false, 45)), h(24, min(2*v, 2*rateAt(conc/2, 25, 40))), ptr(24)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, a := ComputeHeadroom(capacity.Model{ReplicaCapacity: tc.reps}, tc.cal, obj)
@@ -118,24 +139,28 @@ func TestComputeHeadroomCalibratedStreams(t *testing.T) {
 // (the notebook's run, the loose one) nothing changes, and the simulated
 // demo fleet, whose independent replicas' calibration curve summed to
 // 67.8 between the levels held (60) and broken (75), keeps its 79
-// streams, which its streams ladder put at 0.94 of the true edge. The
-// rate is untouched.
+// streams, which its streams ladder put at 0.94 of the true edge. Where
+// the ladder bounds the streams it bounds the rate too: attempt 9's idle
+// quote of 241 tokens/s broke ITL p95 in both steps at 1.00x, where the
+// ladder served 185 at the pool's concurrency of 3.8.
 func TestComputeHeadroomReplaysRuns(t *testing.T) {
 	strict := capacity.Objectives{TTFT: 2 * time.Second, ITL: 50 * time.Millisecond, Quantile: 0.95}
 	loose := capacity.Objectives{TTFT: 3 * time.Second, ITL: 300 * time.Millisecond, Quantile: 0.95}
 	for _, tc := range []struct {
-		dir           string
-		o             capacity.Objectives
-		sum           float64
-		tokens        uint64
-		before, after uint32
-		bound         *float64
+		dir                 string
+		o                   capacity.Objectives
+		sum                 float64
+		tokens, tokensAfter uint64
+		before, after       uint32
+		bound               *float64
+		rateBound           float64 // 0: none
 	}{
-		{"demo", strict, 79.73, 2530, 79, 79, nil},
-		{"vllm-notebook", strict, 13.35, 349, 13, 13, nil},
-		{"vllm-attempt-7", strict, 8.17, 185, 8, 5, ptr(5)},
-		{"vllm-attempt-8", strict, 8.40, 143, 8, 5, ptr(5)},
-		{"vllm-loose", loose, 19.45, 240, 19, 19, ptr(24)},
+		{"demo", strict, 79.73, 2530, 2530, 79, 79, nil, 0},
+		{"vllm-notebook", strict, 13.35, 349, 349, 13, 13, nil, 0},
+		{"vllm-attempt-7", strict, 8.17, 185, 130, 8, 5, ptr(5), 130.1},
+		{"vllm-attempt-8", strict, 8.40, 143, 99, 8, 5, ptr(5), 99.7},
+		{"vllm-attempt-9", strict, 8.76, 241, 185, 8, 5, ptr(5), 185.1},
+		{"vllm-loose", loose, 19.45, 240, 228, 19, 19, ptr(24), 228.8},
 	} {
 		t.Run(tc.dir, func(t *testing.T) {
 			dir := filepath.Join("testdata", "proof-runs", tc.dir)
@@ -156,7 +181,13 @@ func TestComputeHeadroomReplaysRuns(t *testing.T) {
 
 			got, a = ComputeHeadroom(m, cal, tc.o)
 			require.Equal(t, tc.bound, a.CalibratedStreams)
-			require.Equal(t, Headroom{TokensPerSec: tc.tokens, Concurrency: tc.after}, got)
+			if tc.rateBound > 0 {
+				require.NotNil(t, a.CalibratedTokensPerSec)
+				require.InDelta(t, tc.rateBound, *a.CalibratedTokensPerSec, 0.05)
+			} else {
+				require.Nil(t, a.CalibratedTokensPerSec)
+			}
+			require.Equal(t, Headroom{TokensPerSec: tc.tokensAfter, Concurrency: tc.after}, got)
 		})
 	}
 }
