@@ -28,7 +28,7 @@ func (promptPicker) Admit(context.Context, *scheduler.Request) (*scheduler.Ticke
 
 func (promptPicker) Pick(r *scheduler.Request, _ *scheduler.Ticket) (*scheduler.Decision, error) {
 	h := fnv.New64a()
-	fmt.Fprintf(h, "%s|%s|%s|%v|", r.Model, r.SessionKey, r.CacheSalt, r.Tokens)
+	fmt.Fprintf(h, "%s|%s|%s|%v|", r.Model, r.SessionKey, r.CacheSalt, allTokens(r))
 	_, _ = h.Write(r.PromptText)
 	return &scheduler.Decision{Endpoints: []*endpoint.Endpoint{{Addr: "10.0.0." + strconv.FormatUint(h.Sum64()%250, 10) + ":8000"}}}, nil
 }

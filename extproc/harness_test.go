@@ -40,15 +40,25 @@ func (*fakePicker) Admit(context.Context, *scheduler.Request) (*scheduler.Ticket
 	return nil, nil
 }
 
+// allTokens copies every prompt id the request carries (Prefix's runs,
+// then Tokens) into one slice; nil when it carries none.
+func allTokens(r *scheduler.Request) []uint32 {
+	if !r.HasTokens() {
+		return nil
+	}
+	out := make([]uint32, 0, r.TokenCount())
+	for ids := range r.TokenRuns {
+		out = append(out, ids...)
+	}
+	return out
+}
+
 func (f *fakePicker) Pick(r *scheduler.Request, _ *scheduler.Ticket) (*scheduler.Decision, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	cp := *r
 	cp.PromptText = append([]byte(nil), r.PromptText...)
-	cp.Tokens = append([]uint32(nil), r.Tokens...) // the server reuses the buffer
-	if r.Tokens == nil {
-		cp.Tokens = nil
-	}
+	cp.Tokens, cp.Prefix = allTokens(r), nil // the server reuses the buffer
 	f.reqs = append(f.reqs, cp)
 	if f.err != nil {
 		return nil, f.err

@@ -130,19 +130,13 @@ func TestComputeHeadroomCalibratedStreams(t *testing.T) {
 
 // TestComputeHeadroomReplaysRuns reads the EPP's snapshot and the
 // calibration at the idle quote of saved proof runs, at their objectives
-// (docs/notebook/2026-12-07-streams has where each came from). Two CPU
-// vLLM replicas sharing two cores (vllm-*): in attempts 7 and 8 each
-// replica's curve held about 4 streams, summed to 8, which broke ITL p95
-// in both of attempt 8's checks at 8 streams; the ladder held at most 5
-// with the whole fleet loaded and did not vouch for its curve's 8.5, and
-// 5 is now the figure. Where the sum stayed within what the ladder held
-// (the notebook's run, the loose one) nothing changes, and the simulated
-// demo fleet, whose independent replicas' calibration curve summed to
-// 67.8 between the levels held (60) and broken (75), keeps its 79
-// streams, which its streams ladder put at 0.94 of the true edge. Where
-// the ladder bounds the streams it bounds the rate too: attempt 9's idle
-// quote of 241 tokens/s broke ITL p95 in both steps at 1.00x, where the
-// ladder served 185 at the pool's concurrency of 3.8.
+// (testdata/proof-runs; docs/notebook/2026-12-07-streams says where each
+// came from): without the ladder the quote is the replicas' sum; with it,
+// where the ladder does not vouch for its own curve's claim (the CPU vLLM
+// replicas sharing two cores), the streams are at most its highest held
+// level and the rate at most its rate at the pool's concurrency; where it
+// vouches (the simulated demo fleet, independent replicas) nothing
+// changes.
 func TestComputeHeadroomReplaysRuns(t *testing.T) {
 	strict := capacity.Objectives{TTFT: 2 * time.Second, ITL: 50 * time.Millisecond, Quantile: 0.95}
 	loose := capacity.Objectives{TTFT: 3 * time.Second, ITL: 300 * time.Millisecond, Quantile: 0.95}

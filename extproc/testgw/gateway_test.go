@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,7 +47,15 @@ func (p *listPicker) Pick(r *scheduler.Request, _ *scheduler.Ticket) (*scheduler
 	defer p.mu.Unlock()
 	cp := *r
 	cp.PromptText = nil
-	cp.Tokens = slices.Clone(r.Tokens) // the server reuses the buffer
+	// The server reuses the buffer and the prefix cache owns Prefix's
+	// runs: keep a copy of every id, in one slice.
+	cp.Tokens, cp.Prefix = nil, nil
+	if r.HasTokens() {
+		cp.Tokens = make([]uint32, 0, r.TokenCount())
+		for ids := range r.TokenRuns {
+			cp.Tokens = append(cp.Tokens, ids...)
+		}
+	}
 	p.reqs = append(p.reqs, cp)
 	if p.err != nil {
 		return nil, p.err
