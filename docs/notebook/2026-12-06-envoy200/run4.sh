@@ -1,7 +1,7 @@
 #!/bin/bash
-# Fourth pass: alternates the third pass's EPP (before, 6ddc974), this
-# pass's with the ids by reference (after1, d9563bb) and with the string
-# decoder's jump as well (after2, 5db0cb4), each built with go test -c
+# Fourth pass: alternates the third pass's EPP (before, df0fc40), this
+# pass's with the ids by reference (after1, b42edda) and with the string
+# decoder's jump as well (after2, cd40930), each built with go test -c
 # from the same e2e/envoy code, in one session.
 set -u
 for round in ${ROUNDS:-1 2 3 4 5 6}; do
