@@ -46,11 +46,7 @@ func allTokens(r *scheduler.Request) []uint32 {
 	if !r.HasTokens() {
 		return nil
 	}
-	out := make([]uint32, 0, r.TokenCount())
-	for ids := range r.TokenRuns {
-		out = append(out, ids...)
-	}
-	return out
+	return r.AppendTokens(make([]uint32, 0, r.TokenCount()))
 }
 
 func (f *fakePicker) Pick(r *scheduler.Request, _ *scheduler.Ticket) (*scheduler.Decision, error) {

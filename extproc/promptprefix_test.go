@@ -122,10 +122,7 @@ func (keyPicker) Admit(context.Context, *scheduler.Request) (*scheduler.Ticket, 
 
 func (k keyPicker) Pick(r *scheduler.Request, _ *scheduler.Ticket) (*scheduler.Decision, error) {
 	root := kvindex.RootKey(r.Model, "", r.CacheSalt)
-	var all []uint32
-	for ids := range r.TokenRuns {
-		all = append(all, ids...)
-	}
+	all := r.AppendTokens(nil)
 	if len(all) != r.TokenCount() {
 		k.t.Errorf("request %s: %d ids, TokenCount %d", r.ID, len(all), r.TokenCount())
 	}

@@ -31,7 +31,7 @@ type Request struct {
 	// template rendered and tokenized) after those Prefix holds: the whole
 	// prompt without a Prefix. Both nil when the tokenizer for Model is
 	// unavailable: then PromptText drives approximate prefix matching.
-	// Read the prompt through TokenCount, HasTokens and TokenRuns, never
+	// Read the prompt through TokenCount, HasTokens and AppendTokens, never
 	// Tokens alone. They must not be kept after Pick returns (the ext_proc
 	// server reuses their buffer).
 	Tokens []uint32
@@ -79,22 +79,17 @@ func (r *Request) TokenCount() int {
 	return r.Prefix.Len() + len(r.Tokens)
 }
 
-// TokenRuns yields the prompt's ids in order, in the slices that hold
-// them (Prefix's runs, then Tokens), for a reader that needs the ids
-// themselves; most need only TokenCount. The slices are read-only and not
-// to be kept past Pick.
-func (r *Request) TokenRuns(yield func(ids []uint32) bool) {
+// AppendTokens appends the prompt's ids in order (Prefix's runs, then
+// Tokens) to dst and returns it, for a reader that needs the ids
+// themselves, kept or not past Pick; most need only TokenCount.
+func (r *Request) AppendTokens(dst []uint32) []uint32 {
 	if r.Prefix != nil {
 		runs, _ := r.Prefix.AppendRuns(nil, nil)
 		for _, ids := range runs {
-			if !yield(ids) {
-				return
-			}
+			dst = append(dst, ids...)
 		}
 	}
-	if len(r.Tokens) > 0 {
-		yield(r.Tokens)
-	}
+	return append(dst, r.Tokens...)
 }
 
 // Decision is the scheduler's answer.

@@ -66,11 +66,7 @@ func checkTokens(t *testing.T, req *Request, toks []uint32) {
 	require.True(t, req.HasTokens())
 	require.Equal(t, len(toks), req.TokenCount())
 	require.Equal(t, int64(len(toks)), promptTokens(req))
-	var got []uint32
-	for ids := range req.TokenRuns {
-		got = append(got, ids...)
-	}
-	require.Equal(t, toks, got)
+	require.Equal(t, toks, req.AppendTokens(nil))
 }
 
 // TestPickWithCachedPrefix: a request whose ids come as the prefix

@@ -51,10 +51,7 @@ func (p *listPicker) Pick(r *scheduler.Request, _ *scheduler.Ticket) (*scheduler
 	// runs: keep a copy of every id, in one slice.
 	cp.Tokens, cp.Prefix = nil, nil
 	if r.HasTokens() {
-		cp.Tokens = make([]uint32, 0, r.TokenCount())
-		for ids := range r.TokenRuns {
-			cp.Tokens = append(cp.Tokens, ids...)
-		}
+		cp.Tokens = r.AppendTokens(make([]uint32, 0, r.TokenCount()))
 	}
 	p.reqs = append(p.reqs, cp)
 	if p.err != nil {
