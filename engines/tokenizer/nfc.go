@@ -28,6 +28,10 @@ func inertRune(r rune) bool {
 	return p.CCC() == 0 && p.BoundaryBefore() && norm.NFC.IsNormal(s)
 }
 
+// invalidAt reports whether the character at s[i:i+w] is an invalid
+// byte (at reads one as a character of width 1 and no class).
+func invalidAt(s string, i, w int) bool { return w == 1 && s[i] >= utf8.RuneSelf }
+
 // nfcInert reports whether s is made only of NFC-inert characters.
 func nfcInert(s string) bool {
 	for i := 0; i < len(s); {
@@ -55,13 +59,23 @@ func toNFC(s string) string {
 			i += w
 			continue
 		}
+		bad := invalidAt(s, i, w)
 		j := i + w
 		for j < len(s) {
 			c, w := at(s, j)
 			if c&cNFC != 0 {
 				break
 			}
+			bad = bad || invalidAt(s, j, w)
 			j += w
+		}
+		if bad {
+			// The normalizer reads an invalid byte by what follows it (a
+			// lead byte near the end of its input is a rune cut short, not
+			// one bad byte), so the rest of s goes through it whole, from
+			// the inert character before (FuzzToNFC).
+			out = append(out, s[done:lastInert]...)
+			return string(norm.NFC.AppendString(out, s[lastInert:]))
 		}
 		if region := s[lastInert:j]; !norm.NFC.IsNormalString(region) {
 			if out == nil {
