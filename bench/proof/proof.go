@@ -1045,6 +1045,7 @@ func (r *capacityRun) stepWorkload(qps float64, d time.Duration, stream int) *ri
 	o.Workload.SharedPrefix.StageDuration = d
 	o.Workload.SharedPrefix.StageDurations = nil
 	o.Workload.SharedPrefix.WarmupStages = 0
+	o.Workload.SharedPrefix.Counted = true
 	return rig.SharedPrefixWorkload(o)
 }
 
@@ -1228,7 +1229,7 @@ func chunks(x *rig.Result, f func(i int, at time.Time, gap time.Duration)) {
 // step's prefix hits read 0.99 where the steps either side read 0.67 and
 // 0.68.
 func (r *capacityRun) traceStep(o rig.Options, qps float64, d time.Duration) *rig.Workload {
-	arrivals, stages := rig.PoissonLadder(o.Seed, []float64{qps}, []time.Duration{d}, o.Fleet.TimeScale)
+	arrivals, stages := rig.CountedLadder(o.Seed, []float64{qps}, []time.Duration{d}, o.Fleet.TimeScale)
 	rounds := int64(len(arrivals[0])+traceStreams-1) / traceStreams
 	first := r.traceRounds.Add(rounds) - rounds
 	n := int64(len(r.trace))

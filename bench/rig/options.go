@@ -232,6 +232,9 @@ type SharedPrefixOptions struct {
 	// as inference-perf's shared_prefix data does; false (default) draws
 	// each request's group and prompt at random.
 	Cycle bool
+	// Counted sends each stage's QPS × duration requests exactly, at
+	// random times (CountedLadder), instead of a Poisson count of them.
+	Counted bool
 }
 
 // ChatOptions are multi-turn chat sessions through /v1/chat/completions:

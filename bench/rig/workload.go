@@ -375,6 +375,20 @@ func loadTrace(o Options) (*Workload, error) {
 // Poisson process at qps[i] requests per model second for dur model time,
 // compressed by timeScale. The same seed gives the same arrivals.
 func PoissonLadder(seed int64, qps []float64, durs []time.Duration, timeScale float64) ([][]time.Duration, []Stage) {
+	return ladder(seed, qps, durs, timeScale, false)
+}
+
+// CountedLadder is PoissonLadder given each stage's count: round(qps[i] ×
+// dur) arrivals at independent uniform times, which is a Poisson process
+// conditioned on its count. A stage then offers exactly its rate and
+// still bursts as arrivals do; a Poisson count's spread (±32% at 10
+// requests) would make a check "at the quote" a check at a random
+// multiple of it (TestCountedLadderOffersItsRate).
+func CountedLadder(seed int64, qps []float64, durs []time.Duration, timeScale float64) ([][]time.Duration, []Stage) {
+	return ladder(seed, qps, durs, timeScale, true)
+}
+
+func ladder(seed int64, qps []float64, durs []time.Duration, timeScale float64, counted bool) ([][]time.Duration, []Stage) {
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x6c6164646572))
 	var out [][]time.Duration
 	var stages []Stage
@@ -383,13 +397,22 @@ func PoissonLadder(seed int64, qps []float64, durs []time.Duration, timeScale fl
 		dur := durs[i]
 		wallDur := time.Duration(float64(dur) / timeScale)
 		var at []time.Duration
-		t := 0.0 // model seconds into the stage
-		for {
-			t += rng.ExpFloat64() / q
-			if t >= dur.Seconds() {
-				break
+		if counted {
+			n := int(math.Round(q * dur.Seconds()))
+			at = make([]time.Duration, n)
+			for j := range at {
+				at[j] = start + time.Duration(rng.Float64()*float64(wallDur))
 			}
-			at = append(at, start+time.Duration(t/timeScale*float64(time.Second)))
+			slices.Sort(at)
+		} else {
+			t := 0.0 // model seconds into the stage
+			for {
+				t += rng.ExpFloat64() / q
+				if t >= dur.Seconds() {
+					break
+				}
+				at = append(at, start+time.Duration(t/timeScale*float64(time.Second)))
+			}
 		}
 		out = append(out, at)
 		stages = append(stages, Stage{QPS: q, Start: start, End: start + wallDur})
@@ -415,7 +438,11 @@ func (sp SharedPrefixOptions) StageLengths() []time.Duration {
 // token per word, so prompt lengths are exact for the stand-in tokenizer.
 func SharedPrefixWorkload(o Options) *Workload {
 	sp := o.Workload.SharedPrefix
-	arrivals, stages := PoissonLadder(o.Seed, sp.QPS, sp.StageLengths(), o.Fleet.TimeScale)
+	arrive := PoissonLadder
+	if sp.Counted {
+		arrive = CountedLadder
+	}
+	arrivals, stages := arrive(o.Seed, sp.QPS, sp.StageLengths(), o.Fleet.TimeScale)
 	for i := range min(sp.WarmupStages, len(stages)) {
 		stages[i].Warmup = true
 	}

@@ -3,6 +3,7 @@ package rig
 import (
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -115,6 +116,39 @@ func TestPoissonLadderDeterministic(t *testing.T) {
 	_, sv := PoissonLadder(7, qps, []time.Duration{4 * time.Second, 30 * time.Second}, 2)
 	require.Equal(t, Stage{QPS: 5, Start: 0, End: 2 * time.Second}, sv[0])
 	require.Equal(t, Stage{QPS: 20, Start: 2 * time.Second, End: 17 * time.Second}, sv[1])
+}
+
+// TestCountedLadderOffersItsRate: every stage sends exactly round(qps ×
+// duration) requests, inside the stage, in order, spread over it, for any
+// seed; 39,595 is a seed whose Poisson draws leave one arrival in 5 s at 2
+// requests a second.
+func TestCountedLadderOffersItsRate(t *testing.T) {
+	qps := []float64{2, 20, 0.1}
+	durs := []time.Duration{5 * time.Second, 10 * time.Second, 5 * time.Second}
+	poisson, _ := PoissonLadder(5*7919, qps[:1], durs[:1], 1)
+	require.Len(t, poisson[0], 1)
+	for _, seed := range []int64{1, 7, 5 * 7919} {
+		a, sa := CountedLadder(seed, qps, durs, 2)
+		b, _ := CountedLadder(seed, qps, durs, 2)
+		require.Equal(t, a, b)
+		_, sp := PoissonLadder(seed, qps, durs, 2)
+		require.Equal(t, sp, sa)
+		for i, want := range []int{10, 200, 1} {
+			require.Len(t, a[i], want, "stage %d", i)
+			require.True(t, slices.IsSorted(a[i]))
+			for _, x := range a[i] {
+				require.GreaterOrEqual(t, x, sa[i].Start)
+				require.Less(t, x, sa[i].End)
+			}
+		}
+		// 200 uniform arrivals: each half of the stage gets 100 ± 5 sigma.
+		mid := sa[1].Start + (sa[1].End-sa[1].Start)/2
+		first, _ := slices.BinarySearch(a[1], mid)
+		require.InDelta(t, 100, first, 5*math.Sqrt(50))
+	}
+	c, _ := CountedLadder(8, qps, durs, 2)
+	a, _ := CountedLadder(7, qps, durs, 2)
+	require.NotEqual(t, a, c)
 }
 
 func TestSharedPrefixWorkload(t *testing.T) {
