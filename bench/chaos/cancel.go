@@ -260,6 +260,16 @@ func cancelBaseline(ctx context.Context, env *world, o *outcome, n int) (served,
 	return env.takeServed(), nil
 }
 
+// maxShareShift is how far, in points, a replica's share of the served
+// requests may move from the run without cancels. Counting a cancel as
+// evidence shows first as breakers opened and failures counted, which
+// checkUnharmed requires to be none; without either, a few prompt groups
+// still move with the load the cancelled requests put on their replicas
+// until they abort (bench/README.md, Chaos). The line sits above those
+// moves and below a third of one replica's share, what it loses when shut
+// out for a third of the run (TestChaosScenarios/client-cancel).
+const maxShareShift = 12
+
 // checkUnharmed is what both cancel scenarios expect after their run: no
 // breaker opened, no request counted as a failure, shares where the
 // baseline had them, nothing left in flight. It also reports how many of
@@ -277,7 +287,7 @@ func checkUnharmed(ctx context.Context, env *world, o *outcome, opened int, base
 		opened, failures, unknown, fmtShares(got), fmtShares(base), shift, stayed, groups, self)
 	o.check(opened == 0, "a breaker left closed %d times", opened)
 	o.check(failures == 0, "%.0f requests counted as failures", failures)
-	o.check(shift <= 5, "shares moved %.1f points from the baseline", shift)
+	o.check(shift <= maxShareShift, "shares moved %.1f points from the baseline", shift)
 	took, err := env.settled(ctx)
 	if err != nil {
 		o.check(false, "in flight not back to 0 within 5 s: %v", err)
