@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -226,8 +227,8 @@ func (c *cluster) watch(o watchOpts) *watcher {
 		select {
 		case err := <-w.errc:
 			require.NoError(c.t, err)
-		case <-time.After(10 * time.Second):
-			c.t.Error("Pool.Run did not return after cancel")
+		case <-time.After(30 * time.Second): // a hang, not a slow shutdown on a loaded host
+			c.t.Errorf("Pool.Run did not return after cancel; its goroutines:\n%s", stacksOf("discovery.", "client-go/tools/cache."))
 		}
 		requireDistinct(c.t, w.u.all())
 		if c.t.Failed() {
@@ -476,4 +477,21 @@ func TestPoolAccessNeeded(t *testing.T) {
 			}, 30*time.Second, 50*time.Millisecond, "no refusal %q", refusal)
 		})
 	}
+}
+
+// stacksOf is every goroutine's stack that has a frame naming one of
+// parts: what a test that waits in vain for them to end reports.
+func stacksOf(parts ...string) string {
+	var b strings.Builder
+	_ = pprof.Lookup("goroutine").WriteTo(&b, 2)
+	var out []string
+	for _, g := range strings.Split(b.String(), "\n\n") {
+		for _, part := range parts {
+			if strings.Contains(g, part) {
+				out = append(out, g)
+				break
+			}
+		}
+	}
+	return strings.Join(out, "\n\n")
 }
