@@ -123,30 +123,68 @@ func sortedBins[B any](m map[int]*B) []B {
 	return out
 }
 
-// HeldStreams is the largest concurrency level of the ladder whose p95
-// time to first token and p95 inter-token latency were both within o
-// (defaulted): the most streams the whole fleet, every replica loaded at
-// once, was seen to hold. ok is false when the levels say nothing about
-// o: there are none, or they were measured at another quantile. A level
-// that held above one that broke counts (the edge is noisy and the higher
-// level was measured within); a level of no requests never held; none
-// held reads 0, true (TestHeldStreams).
+// MaxErrorShare is the share of a level's requests that may fail and the
+// level still hold: a level whose requests fail measured the failures,
+// not the latencies of a fleet that serves.
+const MaxErrorShare = 0.05
+
+// HeldStreams is the largest concurrency level of the ladder held within
+// o (defaulted) every time it was measured: its p95 time to first token
+// and p95 inter-token latency both within, at most MaxErrorShare of its
+// requests failed. It is the most streams the whole fleet, every replica
+// loaded at once, was seen to hold. ok is false when the levels say
+// nothing about o: there are none, or they were measured at another
+// quantile.
+//
+// A level measured twice (the ladder confirms its top, quoter/calibration)
+// counts only if both measurements held: the highest of several one-shot
+// levels that held is the likeliest to be a lucky draw at the edge, and a
+// repeat that breaks refutes it. A level that held above one that broke
+// counts (the edge is noisy and the higher level was measured within); a
+// level of no requests never held; none held reads 0, true
+// (TestHeldStreams).
 func (c *Calibration) HeldStreams(o Objectives) (streams float64, ok bool) {
 	o = o.WithDefaults()
 	if len(c.Levels) == 0 || math.Abs(c.Objectives.Quantile-o.Quantile) > 1e-9 {
 		return 0, false
 	}
-	for _, l := range c.Levels {
-		if l.held(o) {
-			streams = max(streams, float64(l.Concurrency))
-		}
+	if held := c.heldLevels(o); len(held) > 0 {
+		streams = float64(held[len(held)-1].Concurrency)
 	}
 	return streams, true
 }
 
-// held reports whether the level was within o.
+// heldLevels is the ladder's levels held within o every time they were
+// measured, one per concurrency, ascending, each with the lowest rate
+// measured at it: the rate every measurement reached, for the reason a
+// repeat must hold to count (TestHeldStreams, TestRateBound).
+func (c *Calibration) heldLevels(o Objectives) []Level {
+	var levels, broke []Level // by concurrency
+	for _, l := range c.Levels {
+		into := &levels
+		if !l.held(o) {
+			into = &broke
+		}
+		i, found := slices.BinarySearchFunc(*into, l.Concurrency, byConcurrency)
+		switch {
+		case found:
+			(*into)[i].OutputTokensPerSec = min((*into)[i].OutputTokensPerSec, l.OutputTokensPerSec)
+		default:
+			*into = slices.Insert(*into, i, l)
+		}
+	}
+	return slices.DeleteFunc(levels, func(l Level) bool {
+		_, refuted := slices.BinarySearchFunc(broke, l.Concurrency, byConcurrency)
+		return refuted
+	})
+}
+
+func byConcurrency(l Level, c int) int { return cmp.Compare(l.Concurrency, c) }
+
+// held reports whether the level was within o, its requests served.
 func (l Level) held(o Objectives) bool {
-	return l.Requests > 0 && l.TTFTP95Seconds <= o.TTFT.Seconds() && l.ITLP95Seconds <= o.ITL.Seconds()
+	return l.Requests > 0 && float64(l.Errors) <= MaxErrorShare*float64(l.Requests) &&
+		l.TTFTP95Seconds <= o.TTFT.Seconds() && l.ITLP95Seconds <= o.ITL.Seconds()
 }
 
 // StreamsBound is the most streams a pool of c.Replicas replicas may be
@@ -185,29 +223,16 @@ func (c *Calibration) StreamsBound(o Objectives) (streams float64, ok bool) {
 // ran what they ran; summed, they claim a rate the fleet may never have
 // reached at that load. The ladder measured the fleet's rate at each of
 // its levels, every replica loaded at once; read at load over the levels
-// that held (linear between the two around it, in proportion to the
-// lowest below it, the highest held level's rate above it), it is the
-// rate the fleet was seen to serve within o at that load
-// (TestRateBound).
+// that held as HeldStreams counts them (every measurement within; a
+// repeated level at the lowest rate measured at it), linear between the
+// two around it, in proportion to the lowest below it, the highest held
+// level's rate above it, it is the rate the fleet was seen to serve within
+// o at that load (TestRateBound).
 func (c *Calibration) RateBound(o Objectives, load float64) (tokensPerSec float64, ok bool) {
 	if _, bounded := c.StreamsBound(o); !bounded {
 		return 0, false
 	}
-	o = o.WithDefaults()
-	// The held levels by concurrency, the best rate of a repeated one.
-	var held []Level
-	for _, l := range c.Levels {
-		if !l.held(o) {
-			continue
-		}
-		i, found := slices.BinarySearchFunc(held, l.Concurrency, func(h Level, c int) int { return cmp.Compare(h.Concurrency, c) })
-		switch {
-		case found:
-			held[i].OutputTokensPerSec = max(held[i].OutputTokensPerSec, l.OutputTokensPerSec)
-		default:
-			held = slices.Insert(held, i, l)
-		}
-	}
+	held := c.heldLevels(o.WithDefaults())
 	if len(held) == 0 || load <= 0 {
 		return 0, true
 	}

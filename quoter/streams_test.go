@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"encoding/json"
+	"fmt"
 	"io"
 	"math"
 	"os"
@@ -136,10 +137,15 @@ func TestComputeHeadroomCalibratedStreams(t *testing.T) {
 // replicas sharing two cores), the streams are at most its highest held
 // level and the rate at most its rate at the pool's concurrency; where it
 // vouches (the simulated demo fleet, independent replicas) nothing
-// changes.
+// changes. A repeat appends to the ladder its proof's first closed-loop
+// check at the streams it sold, as the ladder's repeat of that level
+// (quoter/calibration, Repeats): attempt 9's 5 held again, attempt 10's 7
+// broke, and 7 is no longer sold.
 func TestComputeHeadroomReplaysRuns(t *testing.T) {
 	strict := capacity.Objectives{TTFT: 2 * time.Second, ITL: 50 * time.Millisecond, Quantile: 0.95}
 	loose := capacity.Objectives{TTFT: 3 * time.Second, ITL: 300 * time.Millisecond, Quantile: 0.95}
+	check9 := &capacity.Level{Concurrency: 5, Requests: 224, TTFTP95Seconds: 0.675, ITLP95Seconds: 0.0358, OutputTokensPerSec: 224, Within: true}
+	check10 := &capacity.Level{Concurrency: 7, Requests: 243, TTFTP95Seconds: 0.453, ITLP95Seconds: 0.0920, OutputTokensPerSec: 243}
 	for _, tc := range []struct {
 		dir                 string
 		o                   capacity.Objectives
@@ -148,15 +154,23 @@ func TestComputeHeadroomReplaysRuns(t *testing.T) {
 		before, after       uint32
 		bound               *float64
 		rateBound           float64 // 0: none
+		repeat              *capacity.Level
 	}{
-		{"demo", strict, 79.73, 2530, 2530, 79, 79, nil, 0},
-		{"vllm-notebook", strict, 13.35, 349, 349, 13, 13, nil, 0},
-		{"vllm-attempt-7", strict, 8.17, 185, 130, 8, 5, ptr(5), 130.1},
-		{"vllm-attempt-8", strict, 8.40, 143, 99, 8, 5, ptr(5), 99.7},
-		{"vllm-attempt-9", strict, 8.76, 241, 185, 8, 5, ptr(5), 185.1},
-		{"vllm-loose", loose, 19.45, 240, 228, 19, 19, ptr(24), 228.8},
+		{"demo", strict, 79.73, 2530, 2530, 79, 79, nil, 0, nil},
+		{"vllm-notebook", strict, 13.35, 349, 349, 13, 13, nil, 0, nil},
+		{"vllm-attempt-7", strict, 8.17, 185, 130, 8, 5, ptr(5), 130.1, nil},
+		{"vllm-attempt-8", strict, 8.40, 143, 99, 8, 5, ptr(5), 99.7, nil},
+		{"vllm-attempt-9", strict, 8.76, 241, 185, 8, 5, ptr(5), 185.1, nil},
+		{"vllm-attempt-9", strict, 8.76, 241, 185, 8, 5, ptr(5), 185.1, check9},
+		{"vllm-attempt-10", strict, 11.70, 283, 196, 11, 7, ptr(7), 196.6, nil},
+		{"vllm-attempt-10", strict, 11.70, 283, 196, 11, 5, ptr(5), 196.6, check10},
+		{"vllm-loose", loose, 19.45, 240, 228, 19, 19, ptr(24), 228.8, nil},
 	} {
-		t.Run(tc.dir, func(t *testing.T) {
+		name := tc.dir
+		if tc.repeat != nil {
+			name += fmt.Sprintf(" with %d repeated", tc.repeat.Concurrency)
+		}
+		t.Run(name, func(t *testing.T) {
 			dir := filepath.Join("testdata", "proof-runs", tc.dir)
 			var snap capacity.Snapshot
 			require.NoError(t, json.Unmarshal(gunzip(t, filepath.Join(dir, "snapshot.json.gz")), &snap))
@@ -164,6 +178,9 @@ func TestComputeHeadroomReplaysRuns(t *testing.T) {
 			m := snap.Models[0]
 			cal, err := capacity.ReadCalibration(bytes.NewReader(gunzip(t, filepath.Join(dir, "calibration.json.gz"))))
 			require.NoError(t, err)
+			if tc.repeat != nil {
+				cal.Levels = append(cal.Levels, *tc.repeat)
+			}
 
 			// Without the ladder: the replicas' sum, as quoted then.
 			noLadder := *cal

@@ -41,6 +41,7 @@ func cmdCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.DurationVar(&cfg.LevelDuration, "level-duration", def.LevelDuration, "measured time per level (0: the default)")
 	warmup := fs.Duration("warmup", *def.Warmup, "unmeasured time at the start of each level (0s: measure at once)")
 	pastBreak := fs.Int("past-break", *def.PastBreak, "levels measured past the first that breaks an objective, the quote never reading beyond the loads measured (0: stop at the first)")
+	repeats := fs.Int("repeats", *def.Repeats, "levels measured again after the climb, from the highest held down, until one holds twice; a level counts only if every measurement held (0: off, the highest level held once is sold)")
 	out := fs.String("out", "", "write the calibration to FILE (atomically)")
 	configMap := fs.String("configmap", "", "write the calibration into ConfigMap NAME")
 	namespace := fs.String("namespace", env("POD_NAMESPACE", "default"), "the ConfigMap's namespace (env POD_NAMESPACE)")
@@ -50,6 +51,7 @@ func cmdCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	cfg.Warmup = warmup
 	cfg.PastBreak = pastBreak
+	cfg.Repeats = repeats
 	if err := errors.Join(envDurationErrors(), cfg.WithDefaults().Validate()); err != nil {
 		fmt.Fprintf(stderr, "quoter calibrate: %v\n%s\n", err, calibrateUsage)
 		return exitUsage

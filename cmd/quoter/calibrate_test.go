@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -177,10 +178,16 @@ func TestCalibrateCommand(t *testing.T) {
 			at, err := cal.Curve.At(obj)
 			require.NoError(t, err)
 			require.Positive(t, at.Concurrency, "the engines hold the objectives at the first level, as the client saw")
-			// The ladder measures one level past the first outside the
-			// objectives, and stops.
-			require.GreaterOrEqual(t, len(cal.Levels), 3)
-			broke := len(cal.Levels) - 2
+			// The ladder climbs to one level past the first outside the
+			// objectives, then measures again its highest level within,
+			// and while that breaks the next one below, at most 2, until
+			// one holds twice.
+			climb := 1
+			for climb < len(cal.Levels) && cal.Levels[climb].Concurrency > cal.Levels[climb-1].Concurrency {
+				climb++
+			}
+			require.GreaterOrEqual(t, climb, 3)
+			broke := climb - 2
 			for i, l := range cal.Levels[:broke+1] {
 				require.Equal(t, i < broke, l.Within, "level %d", i)
 			}
@@ -188,11 +195,38 @@ func TestCalibrateCommand(t *testing.T) {
 				require.Positive(t, l.Requests)
 				require.Zero(t, l.Errors)
 				require.Positive(t, l.OutputTokensPerSec)
-				if i > 0 {
+				if i > 0 && i < climb {
 					require.Equal(t, max(cal.Levels[i-1].Concurrency+1, 2*cal.Levels[i-1].Concurrency), l.Concurrency)
 				}
 			}
 			require.Greater(t, cal.Levels[broke].ITLP95Seconds, obj.ITL.Seconds())
+			var within []int // the climb's levels within, highest first
+			for _, l := range slices.Backward(cal.Levels[:climb]) {
+				if l.Within {
+					within = append(within, l.Concurrency)
+				}
+			}
+			repeats := cal.Levels[climb:]
+			require.NotEmpty(t, repeats)
+			require.LessOrEqual(t, len(repeats), 2)
+			refuted := map[int]bool{}
+			for i, r := range repeats {
+				require.Equal(t, within[i], r.Concurrency, "repeat %d: the next level within, down", i)
+				if i < len(repeats)-1 {
+					require.False(t, r.Within, "the repeats stop at the first that holds")
+				}
+				refuted[r.Concurrency] = !r.Within
+			}
+			held, ok := cal.HeldStreams(obj)
+			require.True(t, ok)
+			want := 0.0
+			for _, c := range within {
+				if !refuted[c] {
+					want = float64(c)
+					break
+				}
+			}
+			require.Equal(t, want, held, "the highest level held every time it was measured")
 		})
 	}
 }
@@ -224,9 +258,20 @@ func TestCalibrateStopsAtAFailingLevelPastTheBreak(t *testing.T) {
 	require.Regexp(t, `the ladder stops","concurrency":16,"error":"[0-9]+ of [0-9]+ requests failed at concurrency 16 .*status 429`, stderr)
 	cal, err := capacity.LoadCalibration(out)
 	require.NoError(t, err)
-	last := cal.Levels[len(cal.Levels)-1]
+	// The climb ends below 16, outside the objectives (16 failed and is
+	// not kept); then its highest level within is measured again.
+	climb, top := 1, cal.Levels[0].Concurrency
+	for climb < len(cal.Levels) && cal.Levels[climb].Concurrency > cal.Levels[climb-1].Concurrency {
+		if cal.Levels[climb].Within {
+			top = cal.Levels[climb].Concurrency
+		}
+		climb++
+	}
+	last := cal.Levels[climb-1]
 	require.Less(t, last.Concurrency, 16, "the failing level is not kept")
 	require.False(t, last.Within)
+	require.Less(t, climb, len(cal.Levels), "the climb's top held is repeated after a failing level too")
+	require.Equal(t, top, cal.Levels[climb].Concurrency)
 	for _, l := range cal.Levels {
 		require.Zero(t, l.Errors, "level %d", l.Concurrency)
 	}

@@ -2,7 +2,8 @@
 // generator that drives a serving URL up a ladder of concurrency levels
 // with a fixed prompt/output mix, measures each level as a client sees it
 // (p95 time to first token, p95 inter-token latency, output tokens/s), stops
-// at the first level that breaks the latency objectives, and then pools
+// past the first level that breaks the latency objectives, measures its
+// highest level within them again to confirm it, and then pools
 // the curves the EPP learnt from the engines over the same traffic into
 // the capacity.Calibration document the quoter reads when a pool is idle.
 package calibration
@@ -37,8 +38,8 @@ const TokenHeader = "x-omnious-calibration-token"
 
 // MaxErrorShare is the share of a level's requests that may fail before
 // the run is a failure: a ladder that errors measures the errors, not the
-// capacity.
-const MaxErrorShare = 0.05
+// capacity. A repeated level that fails more broke (Config.Repeats).
+const MaxErrorShare = capacity.MaxErrorShare
 
 // Config configures one calibration run. Zero values take the defaults
 // (WithDefaults); pointer fields are those where 0 is a setting.
@@ -72,6 +73,15 @@ type Config struct {
 	// that stops at its first break holds an idle pool's quote well below
 	// the edge. Default 1; 0 stops at the first break.
 	PastBreak *int
+	// Repeats is how many levels at most are measured again after the
+	// climb: its highest level within the objectives, and while a repeat
+	// breaks the next one below, until one holds twice. A level counts
+	// only if every measurement of it held (capacity.Calibration.
+	// HeldStreams): the highest of several one-shot levels that held is the
+	// likeliest to be a lucky draw at the edge. A ladder that holds its top
+	// again pays one level. Default 2; 0 is off (the highest level held
+	// once is sold).
+	Repeats *int
 	// MaxConcurrency is the last level. Default (0): the sum over the
 	// model's healthy replicas of their MaxRunning (the batch size the EPP
 	// fills a replica to).
@@ -121,6 +131,7 @@ func (c Config) WithDefaults() Config {
 	opt.Zero(&c.LevelDuration, d.LevelDuration)
 	c.Warmup = opt.Or(c.Warmup, 5*time.Second)
 	c.PastBreak = opt.Or(c.PastBreak, 1)
+	c.Repeats = opt.Or(c.Repeats, 2)
 	opt.Zero(&c.RequestTimeout, d.RequestTimeout)
 	if c.Log == nil {
 		c.Log = zap.NewNop()
@@ -157,6 +168,7 @@ func (c Config) Validate() error {
 		opt.DefaultNonNegative("--level-duration", c.LevelDuration, defaults.LevelDuration),
 		opt.NonNegative("--warmup", *c.Warmup),
 		opt.NonNegative("--past-break", *c.PastBreak),
+		opt.NonNegative("--repeats", *c.Repeats),
 		opt.DefaultNonNegative("RequestTimeout", c.RequestTimeout, defaults.RequestTimeout))
 	if m.SharedPrefixTokens > m.PromptTokens {
 		bad("shared prefix of %d tokens is longer than the %d-token prompt", m.SharedPrefixTokens, m.PromptTokens)

@@ -124,6 +124,7 @@ func TestValidate(t *testing.T) {
 		{"quantile", func(c *Config) { c.Objectives.Quantile = 1 }, "quantile 1 is not in (0, 1)"},
 		{"negative warmup", func(c *Config) { d := -time.Second; c.Warmup = &d }, "--warmup -1s is negative"},
 		{"negative past-break", func(c *Config) { n := -1; c.PastBreak = &n }, "--past-break -1 is negative"},
+		{"negative repeats", func(c *Config) { n := -2; c.Repeats = &n }, "--repeats -2 is negative; give 0 or a positive value"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := ok
@@ -151,13 +152,15 @@ func TestREADMEDefaults(t *testing.T) {
 	conftest.Check(t, conftest.Table(t, "README.md", "Configuration", "field", "default"), 0, 1, fields, nil)
 }
 
-// TestZeroIsASetting: a warmup of 0s stays 0s, and 0 levels past the
-// first break stay 0.
+// TestZeroIsASetting: a warmup of 0s stays 0s, 0 levels past the first
+// break stay 0, and 0 repeats (off) stay 0.
 func TestZeroIsASetting(t *testing.T) {
-	zero, none := time.Duration(0), 0
-	c := Config{Warmup: &zero, PastBreak: &none}.WithDefaults()
+	zero, none, off := time.Duration(0), 0, 0
+	c := Config{Warmup: &zero, PastBreak: &none, Repeats: &off}.WithDefaults()
 	require.Equal(t, time.Duration(0), *c.Warmup)
 	require.Equal(t, 0, *c.PastBreak)
+	require.Equal(t, 0, *c.Repeats)
+	require.Equal(t, 2, *Config{}.WithDefaults().Repeats)
 }
 
 func TestSummarise(t *testing.T) {

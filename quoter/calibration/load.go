@@ -34,11 +34,18 @@ type generator struct {
 	// measured is what the engine counted of the last preflight prompt.
 	measured int
 	rec      recorder
+	crew     crew
+	// worker is one worker's loop (work) and measure a level's
+	// measurement (level); tests replace them to replay a ladder.
+	worker  func(ctx context.Context, p *prompts)
+	measure func(ctx context.Context, c int) (capacity.Level, error)
 }
 
 func newGenerator(cfg *Config) *generator {
-	return &generator{cfg: cfg, endpoint: strings.TrimSuffix(cfg.URL, "/") + "/v1/chat/completions",
+	g := &generator{cfg: cfg, endpoint: strings.TrimSuffix(cfg.URL, "/") + "/v1/chat/completions",
 		prompts: newPrompts(cfg.Mix, cfg.Seed, math.MaxUint64, 1), wordsPerToken: 1}
+	g.worker, g.measure = g.work, g.level
+	return g
 }
 
 // Fitting the prompts: at most maxFits preflight requests, until the
@@ -79,23 +86,31 @@ func (g *generator) preflight(ctx context.Context) error {
 	return nil
 }
 
-// ladder runs the levels and returns them, the last being the first
-// outside the objectives or the maximum concurrency. Workers are only
-// added between levels, so the requests in flight carry over and a level
-// starts loaded; its warmup absorbs the step.
+// ladder runs the levels and returns them: the climb (climb), then the
+// repeats that confirm its top (confirm). Workers run in a crew: added
+// on the way up, so the requests in flight carry over and a level starts
+// loaded (its warmup absorbs the step), and stopped from the last on the
+// way down.
 func (g *generator) ladder(ctx context.Context) ([]capacity.Level, error) {
 	wctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer wg.Wait()
+	g.crew = crew{ctx: wctx}
+	defer g.crew.wg.Wait()
 	defer cancel() // before Wait: the workers end on it
+	levels, err := g.climb(ctx)
+	if err != nil {
+		return levels, err
+	}
+	return g.confirm(ctx, levels)
+}
+
+// climb runs the levels up, the last being PastBreak levels past the
+// first outside the objectives, or the maximum concurrency.
+func (g *generator) climb(ctx context.Context) ([]capacity.Level, error) {
 	var levels []capacity.Level
-	workers, past := 0, -1 // levels measured past the first break
+	past := -1 // levels measured past the first break
 	for c := g.cfg.StartConcurrency; ; c = next(c, g.cfg.Factor, g.cfg.MaxConcurrency) {
-		for ; workers < c; workers++ {
-			wg.Add(1)
-			go func(p *prompts) { defer wg.Done(); g.work(wctx, p) }(newPrompts(g.cfg.Mix, g.cfg.Seed, uint64(workers), g.wordsPerToken))
-		}
-		lv, err := g.level(ctx, c)
+		g.resize(c)
+		lv, err := g.measure(ctx, c)
 		if err != nil && past >= 0 && ctx.Err() == nil {
 			// Past the edge errors are the overload, not a broken URL: the
 			// levels up to here stand.
@@ -106,9 +121,7 @@ func (g *generator) ladder(ctx context.Context) ([]capacity.Level, error) {
 			return levels, err
 		}
 		levels = append(levels, lv)
-		g.cfg.Log.Info("level measured", zap.Int("concurrency", c), zap.Int("requests", lv.Requests), zap.Int("errors", lv.Errors),
-			zap.Float64("ttft_p95_seconds", lv.TTFTP95Seconds), zap.Float64("itl_p95_seconds", lv.ITLP95Seconds),
-			zap.Float64("output_tokens_per_sec", lv.OutputTokensPerSec), zap.Bool("within", lv.Within))
+		g.logLevel("level measured", lv)
 		if !lv.Within && past < 0 {
 			if len(levels) == 1 {
 				return nil, fmt.Errorf("%s breaks its objectives at concurrency %d: %s", g.cfg.URL, c, broken(lv, g.cfg.Objectives))
@@ -120,6 +133,91 @@ func (g *generator) ladder(ctx context.Context) ([]capacity.Level, error) {
 		if past >= *g.cfg.PastBreak || c >= g.cfg.MaxConcurrency {
 			return levels, nil
 		}
+	}
+}
+
+// confirm measures the climb's highest level within the objectives again
+// and, while a repeat breaks, the next such level below it, at most
+// Repeats levels, until one holds twice. A level counts only if every
+// measurement of it held (capacity.Calibration.HeldStreams), so a top
+// held once by luck at the edge is not what the quote sells
+// (TestLadderConfirms). A repeat whose requests fail broke: that level is
+// not held. Every level refuted fails the run, as a first level that
+// breaks does.
+func (g *generator) confirm(ctx context.Context, levels []capacity.Level) ([]capacity.Level, error) {
+	var held []int // the climb's levels within, highest first
+	for _, lv := range slices.Backward(levels) {
+		if lv.Within {
+			held = append(held, lv.Concurrency)
+		}
+	}
+	repeats := min(*g.cfg.Repeats, len(held))
+	for i, c := range held[:repeats] {
+		g.resize(c)
+		lv, err := g.measure(ctx, c)
+		if err != nil && (ctx.Err() != nil || !failed(lv)) {
+			return levels, err
+		}
+		levels = append(levels, lv)
+		g.logLevel("level repeated", lv)
+		if lv.Within {
+			return levels, nil
+		}
+		if i == len(held)-1 {
+			return nil, fmt.Errorf("%s held no level when measured again: concurrency %d held before and now %s", g.cfg.URL, c, g.why(lv, err))
+		}
+	}
+	if repeats > 0 {
+		g.cfg.Log.Warn("no level held twice within the repeats; the highest not refuted was measured once",
+			zap.Int("repeats", repeats), zap.Int("concurrency", held[repeats]))
+	}
+	return levels, nil
+}
+
+// failed reports whether a level measured more failures than it may hold
+// with.
+func failed(lv capacity.Level) bool {
+	return lv.Requests > 0 && float64(lv.Errors) > MaxErrorShare*float64(lv.Requests)
+}
+
+// why says how a level broke: its failures' error, or the objectives and
+// the numbers.
+func (g *generator) why(lv capacity.Level, err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	return broken(lv, g.cfg.Objectives)
+}
+
+func (g *generator) logLevel(msg string, lv capacity.Level) {
+	g.cfg.Log.Info(msg, zap.Int("concurrency", lv.Concurrency), zap.Int("requests", lv.Requests), zap.Int("errors", lv.Errors),
+		zap.Float64("ttft_p95_seconds", lv.TTFTP95Seconds), zap.Float64("itl_p95_seconds", lv.ITLP95Seconds),
+		zap.Float64("output_tokens_per_sec", lv.OutputTokensPerSec), zap.Bool("within", lv.Within))
+}
+
+// crew is the ladder's workers: each one's stop, in the order started.
+type crew struct {
+	ctx     context.Context // the ladder's: every worker ends with it
+	wg      sync.WaitGroup
+	stops   []context.CancelFunc
+	started uint64 // workers ever started, each one's prompts stream
+}
+
+// resize runs n workers: it starts new ones, each with prompts no earlier
+// worker sent, or stops the last started, whose request in flight is
+// cancelled and not counted (request).
+func (g *generator) resize(n int) {
+	w := &g.crew
+	for len(w.stops) < n {
+		ctx, stop := context.WithCancel(w.ctx)
+		w.stops = append(w.stops, stop)
+		p := newPrompts(g.cfg.Mix, g.cfg.Seed, w.started, g.wordsPerToken)
+		w.started++
+		w.wg.Go(func() { g.worker(ctx, p) })
+	}
+	for len(w.stops) > n {
+		w.stops[len(w.stops)-1]()
+		w.stops = w.stops[:len(w.stops)-1]
 	}
 }
 
@@ -138,19 +236,25 @@ func (g *generator) level(ctx context.Context, c int) (capacity.Level, error) {
 	return summarise(c, s, g.cfg.LevelDuration, g.cfg.Objectives)
 }
 
-// summarise is a level from what was measured in it.
+// summarise is a level from what was measured in it. A level whose
+// requests failed (failed) comes with its error and its p95s where it
+// measured any, never within.
 func summarise(c int, s stats, d time.Duration, o capacity.Objectives) (capacity.Level, error) {
 	lv := capacity.Level{Concurrency: c, Requests: s.requests, Errors: s.errors,
 		OutputTokensPerSec: float64(s.tokens) / d.Seconds()}
-	if float64(s.errors) > MaxErrorShare*float64(s.requests) {
+	if len(s.ttft) > 0 {
+		lv.TTFTP95Seconds = quantile(s.ttft, o.Quantile)
+	}
+	if len(s.itl) > 0 {
+		lv.ITLP95Seconds = quantile(s.itl, o.Quantile)
+	}
+	if failed(lv) {
 		return lv, fmt.Errorf("%d of %d requests failed at concurrency %d (more than %.0f%%); the first: %w",
 			s.errors, s.requests, c, 100*MaxErrorShare, s.firstErr)
 	}
 	if len(s.ttft) == 0 || len(s.itl) == 0 {
 		return lv, fmt.Errorf("concurrency %d measured no first token or no inter-token gap in %v: lengthen the level duration", c, d)
 	}
-	lv.TTFTP95Seconds = quantile(s.ttft, o.Quantile)
-	lv.ITLP95Seconds = quantile(s.itl, o.Quantile)
 	lv.Within = lv.TTFTP95Seconds <= o.TTFT.Seconds() && lv.ITLP95Seconds <= o.ITL.Seconds()
 	return lv, nil
 }

@@ -2,14 +2,19 @@ package calibration
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/omnious/provider-node/capacity"
 )
@@ -136,6 +141,139 @@ func TestRequestTiming(t *testing.T) {
 				require.Equal(t, tc.tokens, res.tokens)
 				require.Equal(t, tc.prom, res.promptTokens)
 				require.Equal(t, tc.tokens, s.tokens)
+			})
+		})
+	}
+}
+
+// TestLadderConfirms replays ladders through climb and confirm, each
+// level's measurements scripted in the order the ladder asks for them,
+// with the workers that run at each one counted. Attempts 9 and 10 are
+// the real vLLM fleet's ladders (docs/notebook/2026-12-06-vllm/proof,
+// attempt-9/ and attempt-10/, ITL p95 in ms), their repeats the first
+// closed-loop check their proof ran at the streams it sold: 5 held
+// (35.8 ms), 7 broke (92.0 ms); a repeat of attempt 10's 5 was never run,
+// so both outcomes are replayed. old is the ladder's bound before
+// repeats (the highest level held once), held the bound after.
+func TestLadderConfirms(t *testing.T) {
+	strict := capacity.Objectives{TTFT: 2 * time.Second, ITL: 50 * time.Millisecond, Quantile: 0.95}
+	// lv is a level at concurrency c with its p95s in milliseconds.
+	lv := func(c int, ttftMS, itlMS float64) capacity.Level {
+		l := capacity.Level{Concurrency: c, Requests: 100, TTFTP95Seconds: ttftMS / 1000, ITLP95Seconds: itlMS / 1000, OutputTokensPerSec: 10 * float64(c)}
+		l.Within = l.TTFTP95Seconds <= strict.TTFT.Seconds() && l.ITLP95Seconds <= strict.ITL.Seconds()
+		return l
+	}
+	attempt9 := []capacity.Level{lv(2, 215, 18.4), lv(3, 394, 27.7), lv(4, 582, 32.3), lv(5, 688, 39.3), lv(7, 1078, 72.9), lv(9, 1182, 109.3)}
+	attempt10 := []capacity.Level{lv(2, 222, 17.6), lv(3, 351, 18.5), lv(4, 661, 30.9), lv(5, 613, 34.5), lv(7, 1053, 32.8), lv(9, 770, 85.8), lv(12, 1775, 97.5)}
+	// The simulated demo fleet's ladder (2026-12-06-capacity-demo), four
+	// independent replicas: held to 60, broke at 75 and 94.
+	var demo []capacity.Level
+	for c := 4; c <= 94; c = next(c, 1.25, 94) {
+		if c <= 60 {
+			demo = append(demo, lv(c, 100, 30))
+		} else {
+			demo = append(demo, lv(c, 2900, 30))
+		}
+		if c == 94 {
+			break
+		}
+	}
+	with := func(ls []capacity.Level, more ...capacity.Level) []capacity.Level {
+		return append(slices.Clone(ls), more...)
+	}
+	failing := capacity.Level{Concurrency: 5, Requests: 40, Errors: 10, TTFTP95Seconds: 0.5, ITLP95Seconds: 0.03}
+	ptr := func(n int) *int { return &n }
+	for _, tc := range []struct {
+		name     string
+		start    int
+		max      int
+		repeats  *int // nil: the default
+		script   []capacity.Level
+		fail     map[int]error // by the script's index: that measurement's error
+		measured []int         // concurrencies, in order
+		old      float64
+		held     float64
+		err      string
+		warn     string // logged
+	}{
+		{name: "a clean ladder pays one repeat and loses nothing", start: 4, max: 200, script: with(demo, lv(60, 120, 31)),
+			measured: []int{4, 5, 7, 9, 12, 15, 19, 24, 30, 38, 48, 60, 75, 94, 60}, old: 60, held: 60},
+		{name: "attempt 9: its 5 held again", start: 2, max: 40, script: with(attempt9, lv(5, 675, 35.8)),
+			measured: []int{2, 3, 4, 5, 7, 9, 5}, old: 5, held: 5},
+		{name: "attempt 10: its 7 broke again, its 5 held", start: 2, max: 40, script: with(attempt10, lv(7, 453, 92.0), lv(5, 613, 34.5)),
+			measured: []int{2, 3, 4, 5, 7, 9, 12, 7, 5}, old: 7, held: 5},
+		{name: "attempt 10: its 7 broke again, and its 5", start: 2, max: 40, script: with(attempt10, lv(7, 453, 92.0), lv(5, 700, 60)),
+			measured: []int{2, 3, 4, 5, 7, 9, 12, 7, 5}, old: 7, held: 4,
+			warn: "no level held twice within the repeats; the highest not refuted was measured once"},
+		{name: "attempt 10 with repeats off: the highest held once", start: 2, max: 40, repeats: ptr(0), script: attempt10,
+			measured: []int{2, 3, 4, 5, 7, 9, 12}, old: 7, held: 7},
+		{name: "never broke: the maximum repeated", start: 1, max: 3, script: []capacity.Level{lv(1, 100, 20), lv(2, 100, 25), lv(3, 100, 30), lv(3, 100, 31)},
+			measured: []int{1, 2, 3, 3}, old: 3, held: 3},
+		{name: "a held level above a broken one is repeated first, then the next held below both", start: 2, max: 40,
+			script:   []capacity.Level{lv(2, 300, 32.9), lv(3, 500, 36.4), lv(4, 530, 63.9), lv(5, 740, 37.5), lv(5, 700, 55), lv(3, 500, 40)},
+			measured: []int{2, 3, 4, 5, 5, 3}, old: 5, held: 3},
+		{name: "a repeat whose requests fail broke", start: 2, max: 40, fail: map[int]error{6: errors.New("10 of 40 requests failed")},
+			script: with(attempt9, failing, lv(4, 600, 33)), measured: []int{2, 3, 4, 5, 7, 9, 5, 4}, old: 5, held: 4},
+		{name: "every level refuted: the run fails", start: 1, max: 40, repeats: ptr(3), script: []capacity.Level{lv(1, 100, 40), lv(2, 100, 45), lv(3, 100, 60), lv(4, 100, 70), lv(2, 100, 51), lv(1, 100, 52)},
+			measured: []int{1, 2, 3, 4, 2, 1}, err: "held no level when measured again: concurrency 1 held before and now ITL p95 52ms > 50ms"},
+		{name: "a repeat that cannot be measured fails the run", start: 2, max: 40, fail: map[int]error{6: errors.New("concurrency 5 measured no first token")},
+			script: with(attempt9, capacity.Level{Concurrency: 5}), measured: []int{2, 3, 4, 5, 7, 9, 5}, err: "measured no first token"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				cfg := Config{URL: "http://engine", Model: "m", CapacityURL: "http://epp", Objectives: strict, StartConcurrency: tc.start,
+					MaxConcurrency: tc.max, Repeats: tc.repeats}.WithDefaults()
+				core, logs := observer.New(zap.WarnLevel)
+				cfg.Log = zap.New(core)
+				g := newGenerator(&cfg)
+				var running atomic.Int64
+				g.worker = func(ctx context.Context, p *prompts) {
+					running.Add(1)
+					defer running.Add(-1)
+					<-ctx.Done()
+				}
+				var measured []int
+				g.measure = func(ctx context.Context, c int) (capacity.Level, error) {
+					synctest.Wait() // every worker started or stopped
+					require.Equal(t, int64(c), running.Load(), "workers running at concurrency %d", c)
+					require.Less(t, len(measured), len(tc.script), "a level past the script: %d after %v", c, measured)
+					l := tc.script[len(measured)]
+					require.Equal(t, l.Concurrency, c, "level %d of the script", len(measured))
+					measured = append(measured, c)
+					return l, tc.fail[len(measured)-1]
+				}
+				levels, err := g.ladder(context.Background())
+				synctest.Wait()
+				require.Zero(t, running.Load(), "the workers end with the ladder")
+				require.Equal(t, tc.measured, measured)
+				var warned []string
+				for _, e := range logs.All() {
+					warned = append(warned, e.Message)
+				}
+				if tc.warn != "" {
+					require.Equal(t, []string{tc.warn}, warned)
+				} else {
+					require.Empty(t, warned)
+				}
+				if tc.err != "" {
+					require.ErrorContains(t, err, tc.err)
+					return
+				}
+				require.NoError(t, err)
+				require.Equal(t, uint64(slices.Max(measured)), g.crew.started,
+					"workers are only started going up: one started again would send a stopped one's prompts")
+				cal := &capacity.Calibration{Levels: levels, Objectives: capacity.ObjectivesJSON{Quantile: 0.95}}
+				held, ok := cal.HeldStreams(strict)
+				require.True(t, ok)
+				require.Equal(t, tc.held, held, "held")
+				n := 1 // the climb's levels: rising, before the repeats
+				for n < len(levels) && levels[n].Concurrency > levels[n-1].Concurrency {
+					n++
+				}
+				climb := &capacity.Calibration{Levels: levels[:n], Objectives: capacity.ObjectivesJSON{Quantile: 0.95}}
+				old, _ := climb.HeldStreams(strict)
+				require.Equal(t, tc.old, old, "held before repeats")
+				t.Logf("levels %v: held %v once, %v confirmed", measured, old, held)
 			})
 		})
 	}
