@@ -6,57 +6,88 @@ import (
 	"fmt"
 	"net"
 	"strings"
-	"sync"
+	"time"
 
 	"github.com/go-zeromq/zmq4"
-	"github.com/go-zeromq/zmq4/transport"
+	"github.com/go-zeromq/zmq4/security/null"
 )
 
-// zmq4 reads every ZMTP frame with separate read calls on the connection
-// (a header, then its body): three frames a message, about six system calls
-// a batch, a quarter of the CPU BenchmarkIngest spent. A dialed tcp://
-// endpoint goes through bufferedScheme instead, whose connections read
-// through a buffer: one system call returns every frame that has arrived.
-
-// bufferedScheme is the zmq4 transport dialing TCP with buffered reads.
-const bufferedScheme = "omnious-kv-tcp"
+// A subscriber receives on zmq4's ZMTP connection (zmq4.Conn) rather than
+// through a zmq4 SUB socket: it dials (or, in bind mode, accepts) the
+// connection itself, has zmq4 run the handshake (zmq4.Open) and send the
+// subscription, and calls RecvMsg on its own goroutine. A socket would add,
+// per message, a reading goroutine handing each message to the caller
+// through a channel, and a context made and cancelled by every Recv. A
+// subscriber needs none of what the socket adds: it has one peer,
+// reconnects itself, and resubscribes on each connection.
 
 // readBuffer is each connection's read buffer: several batches of 16
 // blocks (about 1.5 KB each); a larger frame is read straight into its
 // body. 1,024 engines hold 8 MiB of buffers.
 const readBuffer = 8 << 10
 
-var registerBuffered sync.Once
-
-type bufferedTransport struct{}
-
-func (bufferedTransport) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
-	c, err := d.DialContext(ctx, "tcp", addr)
+// dialEndpoint dials a tcp:// or ipc:// endpoint, within timeout; its reads
+// go through a buffer (bufConn).
+func dialEndpoint(ctx context.Context, endpoint string, timeout time.Duration) (net.Conn, error) {
+	network, addr, ok := strings.Cut(endpoint, "://")
+	switch {
+	case !ok || addr == "":
+		return nil, fmt.Errorf("bad endpoint %q: want tcp://host:port or ipc://path", endpoint)
+	case network == "tcp":
+	case network == "ipc":
+		network = "unix"
+	default:
+		return nil, fmt.Errorf("bad endpoint %q: the %s transport is not supported (tcp, ipc)", endpoint, network)
+	}
+	d := net.Dialer{Timeout: timeout}
+	c, err := d.DialContext(ctx, network, addr)
 	if err != nil {
 		return nil, err
 	}
 	return newBufConn(c), nil
 }
 
-func (bufferedTransport) Listen(context.Context, string) (net.Listener, error) {
-	return nil, fmt.Errorf("the %s transport only dials", bufferedScheme)
-}
-
-func (bufferedTransport) Addr(ep string) (string, error) { return transport.New("tcp").Addr(ep) }
-
-// bufferedEndpoint returns the endpoint zmq4 dials for a tcp:// endpoint:
-// the same address through bufferedScheme. Other schemes are unchanged.
-func bufferedEndpoint(endpoint string) string {
-	addr, ok := strings.CutPrefix(endpoint, "tcp://")
-	if !ok {
-		return endpoint
+// openSub runs the ZMTP handshake on c as a SUB peer with the NULL
+// mechanism and subscribes to topic, within timeout. The caller closes c
+// (when its context ends, to end a RecvMsg waiting on it).
+// TestSubscriberOnZMTPConn keeps what a publisher sees equal to what a
+// zmq4 SUB socket sends.
+func openSub(c net.Conn, topic string, timeout time.Duration) (*zmq4.Conn, error) {
+	if err := c.SetDeadline(time.Now().Add(timeout)); err != nil {
+		return nil, fmt.Errorf("cannot set the handshake's deadline: %w", err)
 	}
-	registerBuffered.Do(func() { _ = zmq4.RegisterTransport(bufferedScheme, bufferedTransport{}) })
-	return bufferedScheme + "://" + addr
+	zc, err := zmq4.Open(c, null.Security(), zmq4.Sub, nil, false, nil)
+	if err != nil {
+		return nil, fmt.Errorf("handshake: %w", err)
+	}
+	if err := zc.SendMsg(zmq4.NewMsg(append([]byte{1}, topic...))); err != nil {
+		return nil, fmt.Errorf("subscribe: %w", err)
+	}
+	if err := c.SetDeadline(time.Time{}); err != nil {
+		return nil, fmt.Errorf("cannot clear the handshake's deadline: %w", err)
+	}
+	return zc, nil
 }
 
-// bufConn is a connection whose reads go through a buffer. zmq4 reads a
-// connection from one goroutine at a time.
+// recvMsg returns the next message's frames, skipping ZMTP commands (a
+// PING, which RecvMsg answers).
+func recvMsg(zc *zmq4.Conn) ([][]byte, error) {
+	for {
+		msg, err := zc.RecvMsg()
+		if err != nil {
+			return nil, err
+		}
+		if msg.Type != zmq4.CmdMsg {
+			return msg.Frames, nil
+		}
+	}
+}
+
+// bufConn is a connection whose reads go through a buffer. zmq4 reads
+// every ZMTP frame with separate reads (a header, then its body): three
+// frames a message; through the buffer one system call returns every
+// frame that has arrived (TestBufConnReadsOnce). Read from one goroutine
+// at a time.
 type bufConn struct {
 	net.Conn
 	r *bufio.Reader

@@ -6,48 +6,20 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
-	"github.com/go-zeromq/zmq4/transport"
 	"go.uber.org/zap"
 )
 
 // A bound ZMQ socket does not say which connection a message came on, so
-// bind mode accepts TCP itself: each accepted connection gets a SUB socket
-// of its own, which "dials" that very connection through the peerTransport
-// below, and every message it receives carries the connection's remote
-// address. The publisher sees an ordinary ZMTP peer (the NULL mechanism
-// is symmetric), so engines need no change (ingest.TestForgedPublisher).
-
-// peerScheme is the zmq4 transport handing out accepted connections.
-const peerScheme = "omnious-kv-peer"
-
-var (
-	registerPeer sync.Once
-	peerConns    sync.Map // id -> net.Conn, taken once by Dial
-	peerIDs      atomic.Uint64
-)
-
-type peerTransport struct{}
-
-func (peerTransport) Dial(_ context.Context, _ transport.Dialer, addr string) (net.Conn, error) {
-	c, ok := peerConns.LoadAndDelete(addr)
-	if !ok {
-		return nil, fmt.Errorf("no accepted connection %s", addr)
-	}
-	return c.(net.Conn), nil
-}
-
-func (peerTransport) Listen(context.Context, string) (net.Listener, error) {
-	return nil, errors.New("the peer transport only dials accepted connections")
-}
-
-func (peerTransport) Addr(ep string) (string, error) { return ep, nil }
+// bind mode accepts TCP itself and runs each accepted connection as a
+// dialed one's (openSub: zmq4's handshake, the subscription, RecvMsg on
+// the connection's goroutine); every message it receives carries the
+// connection's remote address. The publisher sees an ordinary ZMTP peer
+// (the NULL mechanism is symmetric), so engines need no change
+// (ingest.TestForgedPublisher).
 
 // peerMsg is one message with the address of the connection it came on.
 type peerMsg struct {
@@ -67,26 +39,9 @@ func listenTCP(endpoint string) (net.Listener, error) {
 	return net.Listen("tcp", addr)
 }
 
-// closeWatch closes dead when the connection's reader sees an error, so
-// the SUB socket on it can be closed (zmq4 would wait for a reconnect).
-type closeWatch struct {
-	net.Conn
-	once sync.Once
-	dead chan struct{}
-}
-
-func (c *closeWatch) Read(b []byte) (int, error) {
-	n, err := c.Conn.Read(b)
-	if err != nil {
-		c.once.Do(func() { close(c.dead) })
-	}
-	return n, err
-}
-
 // acceptPeers accepts engines until ln is closed, refusing those
 // PeerAllowed rejects, and sends every message of the others to msgs.
 func (s *Subscriber) acceptPeers(ctx context.Context, ln net.Listener, msgs chan<- peerMsg) {
-	registerPeer.Do(func() { _ = zmq4.RegisterTransport(peerScheme, peerTransport{}) })
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
@@ -126,34 +81,16 @@ func (s *Subscriber) acceptPeers(ctx context.Context, ln net.Listener, msgs chan
 
 // servePeer receives one engine's messages until its connection or ctx ends.
 func (s *Subscriber) servePeer(ctx context.Context, conn net.Conn, peer netip.Addr, msgs chan<- peerMsg) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	w := &closeWatch{Conn: newBufConn(conn), dead: make(chan struct{})}
-	id := strconv.FormatUint(peerIDs.Add(1), 10)
-	peerConns.Store(id, net.Conn(w))
-	sock := zmq4.NewSub(ctx)
-	defer sock.Close()
-	if err := sock.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
-		peerConns.Delete(id)
-		_ = conn.Close()
-		return
-	}
-	if err := sock.Dial(peerScheme + "://" + id); err != nil {
-		peerConns.Delete(id)
-		_ = conn.Close()
+	c := newBufConn(conn)
+	defer c.Close()
+	defer context.AfterFunc(ctx, func() { _ = c.Close() })()
+	zc, err := openSub(c, s.cfg.Topic, s.cfg.MaxBackoff)
+	if err != nil {
 		s.log.Debug("kv event connection failed its handshake", zap.Stringer("peer", peer), zap.Error(err))
 		return
 	}
-	go func() {
-		select {
-		case <-w.dead:
-		case <-ctx.Done():
-		}
-		cancel()
-		_ = conn.Close()
-	}()
 	for {
-		msg, err := sock.Recv()
+		frames, err := recvMsg(zc)
 		if err != nil || ctx.Err() != nil {
 			if ctx.Err() == nil {
 				s.stats.Reconnects.Add(1)
@@ -161,7 +98,7 @@ func (s *Subscriber) servePeer(ctx context.Context, conn net.Conn, peer netip.Ad
 			return
 		}
 		select {
-		case msgs <- peerMsg{frames: msg.Frames, peer: peer}:
+		case msgs <- peerMsg{frames: frames, peer: peer}:
 		case <-ctx.Done():
 			return
 		}

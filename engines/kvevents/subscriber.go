@@ -355,14 +355,14 @@ func (s *Subscriber) Run(ctx context.Context) error {
 
 // runDialed runs one connection; received reports whether any message came.
 func (s *Subscriber) runDialed(ctx context.Context) (received bool, err error) {
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	sock := zmq4.NewSub(sctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.cfg.MaxBackoff))
-	defer sock.Close()
-	if err := sock.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
-		return false, fmt.Errorf("subscribe: %w", err)
+	conn, err := dialEndpoint(ctx, s.cfg.Endpoint, s.cfg.MaxBackoff)
+	var zc *zmq4.Conn
+	if err == nil {
+		defer conn.Close()
+		defer context.AfterFunc(ctx, func() { _ = conn.Close() })()
+		zc, err = openSub(conn, s.cfg.Topic, s.cfg.MaxBackoff)
 	}
-	if err := sock.Dial(bufferedEndpoint(s.cfg.Endpoint)); err != nil {
+	if err != nil {
 		if r := s.resumeAt; r != nil {
 			// The state handed over cannot be shown current while the
 			// engine is unreachable: drop it now rather than serve it.
@@ -370,7 +370,7 @@ func (s *Subscriber) runDialed(ctx context.Context) (received bool, err error) {
 			s.stats.ResumeFailures.Add(1)
 			s.reset(s.replicaFor(nil), fmt.Sprintf("cannot resume at seq %d: engine unreachable: %v", r.Seq, err))
 		}
-		return false, err
+		return false, fmt.Errorf("cannot subscribe: %w", err)
 	}
 	if !s.synced {
 		s.synced = true
@@ -379,12 +379,12 @@ func (s *Subscriber) runDialed(ctx context.Context) (received bool, err error) {
 		}
 	}
 	for {
-		msg, err := sock.Recv()
+		frames, err := recvMsg(zc)
 		if err != nil {
 			return received, err
 		}
 		received = true
-		s.handle(ctx, msg.Frames, true)
+		s.handle(ctx, frames, true)
 	}
 }
 
