@@ -73,18 +73,14 @@ func (sp *speculative) credit(r kvindex.Replica, keys []kvindex.Key, now time.Ti
 			i = len(keys) - 1
 		}
 		k := keys[i]
-		s := sp.cur.get(k)
-		if s == nil || s.partial {
-			// A copy of the previous generation's credits dominates them:
-			// prev is read-only until the next rotation drops it.
-			s = sp.cur.insert(k)
-			if ps := sp.prev.get(k); ps != nil {
-				s.val = ps.val
+		v := sp.cur.get(k)
+		if v == nil {
+			v = sp.cur.insert(k)
+			if pv := sp.prev.get(k); pv != nil {
+				*v = *pv
 			}
 		}
-		if s.val.put(r, exp) {
-			s.partial = true
-		}
+		v.put(r, exp)
 		if i == len(keys)-1 {
 			break
 		}
@@ -109,12 +105,8 @@ func (v *specVal) expOf(r kvindex.Replica) int64 {
 	return 0
 }
 
-// put credits r until exp, and reports whether that dropped a credit v
-// held: another replica's slot replaced, or r's expiry lowered (a clock
-// read earlier than the last credit's).
-func (v *specVal) put(r kvindex.Replica, exp int64) bool {
+func (v *specVal) put(r kvindex.Replica, exp int64) {
 	slot := v.slotOf(r)
-	dropped := false
 	if slot < 0 {
 		// Replace the slot that expires first (empty and expired slots first).
 		slot = 0
@@ -123,19 +115,12 @@ func (v *specVal) put(r kvindex.Replica, exp int64) bool {
 				slot = i
 			}
 		}
-		dropped = v.exp[slot] != 0
-	} else {
-		dropped = exp < v.exp[slot]
 	}
 	v.r[slot], v.exp[slot] = r, exp
-	return dropped
 }
 
 // match appends to out, per replica, how many leading blocks of keys it is
-// speculatively credited with, in either generation. A key whose current
-// credits dominate the previous generation's (specSlot.partial false) is
-// read in the current one alone: every replica live in the previous one is
-// live in it too, with the same count (TestSpeculativeMatchAgainstBoth).
+// speculatively credited with.
 func (sp *speculative) match(keys []kvindex.Key, now time.Time, out []prefixHit) []prefixHit {
 	if sp.ttl <= 0 || len(keys) == 0 {
 		return out
@@ -149,14 +134,11 @@ func (sp *speculative) match(keys []kvindex.Key, now time.Time, out []prefixHit)
 			i = len(keys) - 1
 		}
 		var live, prevLive bool
-		s := sp.cur.get(keys[i])
-		if s != nil {
-			out, live = s.val.hits(out, base, nowNs, i+1)
+		if v := sp.cur.get(keys[i]); v != nil {
+			out, live = v.hits(out, base, nowNs, i+1)
 		}
-		if s == nil || s.partial {
-			if ps := sp.prev.get(keys[i]); ps != nil {
-				out, prevLive = ps.val.hits(out, base, nowNs, i+1)
-			}
+		if pv := sp.prev.get(keys[i]); pv != nil {
+			out, prevLive = pv.hits(out, base, nowNs, i+1)
 		}
 		if !live && !prevLive || i == len(keys)-1 {
 			break

@@ -21,11 +21,6 @@ type specTable struct {
 type specSlot struct {
 	key kvindex.Key
 	val specVal
-	// partial: the previous generation may credit this key with a replica
-	// val does not hold, or holds with an earlier expiry. False means val
-	// dominates the previous generation's credits for key, so a match need
-	// not read them (TestSpeculativeMatchAgainstBoth).
-	partial bool
 }
 
 // newSpecTable returns a table that holds hint keys before it grows.
@@ -39,14 +34,14 @@ func newSpecTable(hint int) *specTable {
 
 func (t *specTable) home(k kvindex.Key) int { return int((uint64(k) * 0x9E3779B97F4A7C15) >> t.shift) }
 
-// get returns k's slot, nil when it has none.
-func (t *specTable) get(k kvindex.Key) *specSlot {
+// get returns k's credits, nil when it has none.
+func (t *specTable) get(k kvindex.Key) *specVal {
 	mask := len(t.slots) - 1
 	for i := t.home(k); ; i = (i + 1) & mask {
 		s := &t.slots[i]
 		switch s.key {
 		case k:
-			return s
+			return &s.val
 		case 0:
 			return nil
 		}
@@ -54,8 +49,8 @@ func (t *specTable) get(k kvindex.Key) *specSlot {
 }
 
 // insert adds k, which must be absent, with empty credits and returns
-// its slot. The table stays at most half full.
-func (t *specTable) insert(k kvindex.Key) *specSlot {
+// them. The table stays at most half full.
+func (t *specTable) insert(k kvindex.Key) *specVal {
 	if 2*(t.n+1) > len(t.slots) {
 		t.grow()
 	}
@@ -66,7 +61,7 @@ func (t *specTable) insert(k kvindex.Key) *specSlot {
 		i = (i + 1) & mask
 	}
 	t.slots[i].key = k
-	return &t.slots[i]
+	return &t.slots[i].val
 }
 
 func (t *specTable) grow() {

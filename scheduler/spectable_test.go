@@ -20,7 +20,7 @@ func TestSpecTableAgainstMap(t *testing.T) {
 		for i := 0; i < 5000; i++ {
 			k := kvindex.Key(rng.Uint64() | 1)
 			if tab.get(k) == nil {
-				tab.insert(k).val.put(kvindex.Replica(i), 1)
+				tab.insert(k).put(kvindex.Replica(i), 1)
 				want[k] = kvindex.Replica(i)
 			}
 			if i%7 == 0 {
@@ -32,7 +32,7 @@ func TestSpecTableAgainstMap(t *testing.T) {
 		for k, r := range want {
 			v := tab.get(k)
 			require.NotNil(t, v)
-			require.Equal(t, r, v.val.r[0])
+			require.Equal(t, r, v.r[0])
 		}
 	}
 }
