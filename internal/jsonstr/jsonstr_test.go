@@ -79,7 +79,9 @@ func TestNeedLowest(t *testing.T) {
 		if m != 0 {
 			got = bits.TrailingZeros64(m) >> 3
 		}
-		require.Equal(t, want, got, "word % x", w)
+		if got != want { // require in the loop costs seconds under -race
+			require.Equal(t, want, got, "word % x", w)
+		}
 	}
 	w := make([]byte, 8)
 	for c1 := range 256 {
@@ -94,7 +96,7 @@ func TestNeedLowest(t *testing.T) {
 		}
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
-	for range 1 << 20 { // several bytes that need a look, among plain ones
+	for range 1 << 18 { // several bytes that need a look, among plain ones
 		for i := range w {
 			if w[i] = byte(rng.Uint32()); rng.IntN(4) > 0 {
 				w[i] = 'a' + w[i]%26
