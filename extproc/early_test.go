@@ -7,6 +7,7 @@ import (
 	"io"
 	"strconv"
 	"testing"
+	"unsafe"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/stretchr/testify/require"
@@ -230,4 +231,82 @@ func FuzzRouteAtContentLength(f *testing.F) {
 		require.Equal(t, ref.contentLength, got.contentLength)
 		require.Equal(t, string(ref.body), string(got.body))
 	})
+}
+
+// TestRequestBodyKept: a body that comes whole in one message, with its
+// end of stream or complete by its Content-Length with the end apart (as
+// Envoy sends a body it read at once), is routed and forwarded from the
+// message's own bytes; a body in pieces, or one whose end cannot be known
+// before the end of stream, is gathered in a buffer of the EPP's. The
+// forwarded bytes are the body either way.
+func TestRequestBodyKept(t *testing.T) {
+	body := chatRequestUsage(64<<10, true)
+	cl := []string{"content-length", strconv.Itoa(len(body))}
+	for _, tc := range []struct {
+		name     string
+		length   bool
+		chunks   []int // message sizes; the last message ends the stream
+		emptyEnd bool  // the end of stream in an empty message after them
+		kept     bool
+	}{
+		{name: "one message with its end", chunks: []int{len(body)}, kept: true},
+		{name: "one message at content-length", length: true, chunks: []int{len(body)}, emptyEnd: true, kept: true},
+		{name: "one message with its end and content-length", length: true, chunks: []int{len(body)}, kept: true},
+		{name: "one message, no content-length", chunks: []int{len(body)}, emptyEnd: true},
+		{name: "two messages at content-length", length: true, chunks: []int{100, len(body) - 100}, emptyEnd: true},
+		{name: "empty, then whole at content-length", length: true, chunks: []int{0, len(body)}, emptyEnd: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := NewServer(Config{}, promptPicker{}, NewStandInPrompter(), nil, zap.NewNop())
+			h := []string{":method", "POST", ":path", "/v1/chat/completions", "content-type", "application/json"}
+			if tc.length {
+				h = append(h, cl...)
+			}
+			msgs := []*extprocv3.ProcessingRequest{reqHeaders(false, h...)}
+			off := 0
+			for i, n := range tc.chunks {
+				msgs = append(msgs, reqBody(string(body[off:off+n]), i == len(tc.chunks)-1 && !tc.emptyEnd))
+				off += n
+			}
+			if tc.emptyEnd {
+				msgs = append(msgs, reqBody("", true))
+			}
+			within := func(p *byte) bool { // p points into a body message's bytes
+				for _, m := range msgs {
+					if b := m.GetRequestBody().GetBody(); len(b) > 0 {
+						a := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+						if x := uintptr(unsafe.Pointer(p)); x >= a && x < a+uintptr(len(b)) {
+							return true
+						}
+					}
+				}
+				return false
+			}
+			w := s.watch(&ctxStream{})
+			var fwd []byte
+			chunks, kept := 0, 0
+			w.st.send = func(r *extprocv3.ProcessingResponse) error {
+				if b := r.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse().GetBody(); len(b) > 0 {
+					fwd = append(fwd, b...)
+					chunks++
+					if within(unsafe.SliceData(b)) {
+						kept++
+					}
+				}
+				return nil
+			}
+			for _, m := range msgs {
+				done, err := w.st.step(m, nil)
+				require.False(t, done, "%v", err)
+			}
+			s.recycle(w)
+			require.Equal(t, string(body), string(fwd))
+			require.Positive(t, chunks)
+			if tc.kept {
+				require.Equal(t, chunks, kept, "every chunk forwarded from the message")
+			} else {
+				require.Zero(t, kept, "every chunk forwarded from the EPP's buffer")
+			}
+		})
+	}
 }

@@ -176,15 +176,19 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) error {
 	if st.phase != phaseRequest {
 		return nil // Envoy sends nothing after end of stream; tolerate it
 	}
-	if st.body == nil && b.EndOfStream {
-		st.body = b.Body // the whole body in one message: keep it, no copy (TestAllocsRequest)
+	if st.body == nil && (b.EndOfStream || st.contentLength > 0 && int64(len(b.Body)) == st.contentLength) {
+		// The whole body in one message, ended or complete by its
+		// Content-Length (as Envoy sends a body it read at once): keep
+		// it, no copy (TestAllocsRequest, TestRequestBodyKept).
+		st.body = b.Body
 	} else {
 		switch {
-		case st.body == nil:
+		case st.owned == nil:
 			// The body's one gathering buffer, pooled and sized from
-			// Content-Length when known (TestAllocsRequest).
-			n := max(int(min(st.contentLength, st.s.cfg.MaxBodyBytes)), 2*len(b.Body))
-			st.body = append(st.s.bufs.get(n), b.Body...)
+			// Content-Length when known (TestAllocsRequest), after a
+			// body kept by reference if there is one.
+			n := max(int(min(st.contentLength, st.s.cfg.MaxBodyBytes)), 2*(len(st.body)+len(b.Body)))
+			st.body = append(append(st.s.bufs.get(n), st.body...), b.Body...)
 		case len(st.body)+len(b.Body) > cap(st.body):
 			grown := append(st.s.bufs.get(2*(len(st.body)+len(b.Body))), st.body...)
 			st.s.bufs.put(st.body)

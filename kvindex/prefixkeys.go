@@ -54,29 +54,45 @@ func (c *KeyCache) AppendPrefixKeys(dst []Key, root Key, p CachedPrefix, tail []
 	sc.ids, sc.memos = p.AppendRuns(sc.ids[:0], sc.memos[:0])
 	bs := c.blockSize
 	parent, carry, pos := root, sc.carry[:0], 0
+	// After a run served from its memo, the tokens after its last full
+	// block are left where they are, in the run (held), and copied to
+	// carry only when a later step reads them: a prefix served from
+	// memos run after run never reads its tokens.
+	var held []uint32
+	lazy := false
 	for i, ids := range sc.ids {
 		// Invariant: dst holds the keys of the blocks [0, pos/bs) after
 		// what it held, parent is the last of them (root for none), and
-		// carry the pos%bs tokens after them.
+		// the pos%bs tokens after them are held when lazy, carry if not.
 		end := pos + len(ids)
 		b0, b1 := pos/bs, end/bs
 		pos = end
+		m := sc.memos[i]
+		r, ok := (*prefixRun)(nil), false
+		if b1 > b0 {
+			r, ok = m.Load().(*prefixRun)
+		}
+		if ok && r.root == root && r.blockSize == bs && len(r.keys) == b1-b0 {
+			dst = append(dst, r.keys...)
+			parent = dst[len(dst)-1]
+			held, lazy = ids[len(ids)-end%bs:], true
+			continue
+		}
+		if lazy {
+			carry, lazy = append(carry[:0], held...), false
+		}
 		if b1 == b0 {
 			carry = append(carry, ids...) // no block ends in this run
 			continue
 		}
-		m := sc.memos[i]
-		if r, ok := m.Load().(*prefixRun); ok && r.root == root && r.blockSize == bs && len(r.keys) == b1-b0 {
-			dst = append(dst, r.keys...)
-			parent = dst[len(dst)-1]
-			carry = append(carry[:0], ids[len(ids)-end%bs:]...)
-		} else {
-			k := len(dst)
-			dst, parent, carry = c.appendJoined(dst, parent, carry, ids)
-			if !ok {
-				m.CompareAndSwap(nil, &prefixRun{root: root, blockSize: bs, keys: slices.Clone(dst[k:])})
-			}
+		k := len(dst)
+		dst, parent, carry = c.appendJoined(dst, parent, carry, ids)
+		if !ok {
+			m.CompareAndSwap(nil, &prefixRun{root: root, blockSize: bs, keys: slices.Clone(dst[k:])})
 		}
+	}
+	if lazy {
+		carry = append(carry[:0], held...)
 	}
 	dst, _, carry = c.appendJoined(dst, parent, carry, tail)
 	clear(sc.ids) // the tokens and memos are the entries': let them go

@@ -247,3 +247,37 @@ func BenchmarkPrefixKeys(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPrefixKeysCold is BenchmarkPrefixKeys' memo case as the EPP
+// meets it: each run's ids in an allocation of its own, as the tokenizer's
+// cache entries hold them, and the CPU's caches evicted before every call
+// (64 MiB written, outside the timer), as other processes leave them
+// between two requests.
+func BenchmarkPrefixKeysCold(b *testing.B) {
+	rng := rand.New(rand.NewPCG(27, 28))
+	const n, run = 50_000, 1365
+	toks := randTokens(rng, n)
+	var ends []int
+	for e := run; e < n-100; e += run {
+		ends = append(ends, e)
+	}
+	root := RootKey("m", "", "")
+	kc, err := NewKeyCache(1<<20, 16)
+	require.NoError(b, err)
+	p := newRuns(toks, ends...)
+	for i := range p.ids {
+		p.ids[i] = slices.Clone(p.ids[i])
+	}
+	keys := kc.AppendPrefixKeys(make([]Key, 0, n/16), root, p, toks[p.Len():]) // fills the memos
+	evict := make([]byte, 64<<20)
+	b.ReportAllocs()
+	for b.Loop() {
+		b.StopTimer()
+		for i := 0; i < len(evict); i += 64 {
+			evict[i]++
+		}
+		b.StartTimer()
+		keys = kc.AppendPrefixKeys(keys[:0], root, p, toks[p.Len():])
+	}
+	sinkKeys = keys
+}

@@ -26,10 +26,7 @@ const (
 )
 
 // plain reports whether none of the eight bytes in x needs a look: no
-// control character, quote, backslash or non-ASCII byte. (v-lows)&^v&highs
-// is non-zero exactly when some byte of v is zero (a false hit is only
-// ever above a true one), and (x-lows*0x20)&^x&highs when some byte is
-// below 0x20.
+// control character, quote, backslash or non-ASCII byte.
 func plain(x uint64) bool { return need(x)&highs == 0 }
 
 // plain4 is plain of four words at once.
@@ -37,12 +34,18 @@ func plain4(x0, x1, x2, x3 uint64) bool {
 	return (need(x0)|need(x1)|need(x2)|need(x3))&highs == 0
 }
 
-// need has the high bit of each byte of x that needs a look set (and
-// maybe of bytes above one that does), as plain tests it.
+// need has the high bit of each byte of x that needs a look set, as plain
+// tests it; above a non-ASCII byte, other bytes' bits may be wrong either
+// way, so the lowest set bit is always the first byte that needs a look
+// (TestNeedLowest). For an ASCII byte c, c+0x60 has its high bit set
+// exactly when c >= 0x20, and (c^q)+0x7f exactly when c != q, and neither
+// carries into the next byte; a non-ASCII byte is flagged by its own high
+// bit, and only its carries reach the bytes above it.
 func need(x uint64) uint64 {
-	q := x ^ (lows * '"')
-	b := x ^ (lows * '\\')
-	return (x-lows*0x20)&^x | (q-lows)&^q | (b-lows)&^b | x
+	ctl := x + lows*(0x80-0x20)
+	q := (x ^ (lows * '"')) + lows*0x7f
+	b := (x ^ (lows * '\\')) + lows*0x7f
+	return x | ^(ctl & q & b)
 }
 
 var unescaped = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"math/bits"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -56,6 +58,51 @@ func TestPlain(t *testing.T) {
 			w[pos] = byte(c)
 			require.Equal(t, want, plain(binary.LittleEndian.Uint64(w[:])), "byte %#x at %d", c, pos)
 		}
+	}
+}
+
+// TestNeedLowest: in words of two bytes that may need a look among plain
+// ones, and in words with several, need's lowest flagged byte is the first that
+// needs a look, and a word with none has no flag: the decoder jumps to it.
+func TestNeedLowest(t *testing.T) {
+	needs := func(c byte) bool { return c < 0x20 || c >= 0x80 || c == '"' || c == '\\' }
+	check := func(w []byte) {
+		want := 8
+		for i, c := range w {
+			if needs(c) {
+				want = i
+				break
+			}
+		}
+		m := need(binary.LittleEndian.Uint64(w)) & highs
+		got := 8
+		if m != 0 {
+			got = bits.TrailingZeros64(m) >> 3
+		}
+		if got != want { // require in the loop costs seconds under -race
+			require.Equal(t, want, got, "word % x", w)
+		}
+	}
+	w := make([]byte, 8)
+	for c1 := range 256 {
+		for c2 := range 256 {
+			for p1 := range 8 {
+				for p2 := p1 + 1; p2 < 8; p2++ {
+					copy(w, "abcdefgh")
+					w[p1], w[p2] = byte(c1), byte(c2)
+					check(w)
+				}
+			}
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 1 << 18 { // several bytes that need a look, among plain ones
+		for i := range w {
+			if w[i] = byte(rng.Uint32()); rng.IntN(4) > 0 {
+				w[i] = 'a' + w[i]%26
+			}
+		}
+		check(w)
 	}
 }
 
