@@ -1,6 +1,9 @@
 package tokenizer
 
-import "unicode/utf8"
+import (
+	"unicode/utf8"
+	"unsafe"
+)
 
 // Byte-level BPE starts a word from its bytes: a CJK character is three
 // symbols and two merges before it meets its neighbours. Most characters
@@ -127,7 +130,7 @@ func (t *HF) buildCharStart() {
 			t.byteNo[b] |= charNoRight
 		}
 	}
-	t.charTok = make([]charEntry, tableRunes)
+	t.charTok = unsafe.Slice((*charEntry)(unsafe.Pointer(unsafe.SliceData(hugeUint64s(2*tableRunes)))), tableRunes)
 	t.charCtxs = []charContext{{}} // 0: none
 	interned := map[charContext]uint64{{}: 0}
 	var buf [utf8.UTFMax]byte

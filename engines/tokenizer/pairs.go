@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"fmt"
 	"math/bits"
+	"unsafe"
 )
 
 // pairTable maps a pair of token ids (left<<32 | right) to its merge
@@ -15,6 +16,7 @@ import (
 // (2 MiB for Qwen3's 151,387 merges), which keeps more of it in the
 // caches that another process's work between two prompts leaves; the
 // merged id is read from ids by rank, only for a pair that has a merge.
+// Slots, filter and ids are one allocation in huge pages (hugeUint64s).
 // TestPairTable keeps it equal to a map.
 //
 // Most pairs looked up have no merge (two CJK characters that are not a
@@ -72,9 +74,15 @@ func newPairTable(n int) pairTable {
 	for fbits < 8*n {
 		fbits *= 2
 	}
+	// One allocation in huge pages (hugeUint64s): slots, filter, ids.
+	sw, fw := size, fbits/64
+	words := hugeUint64s(sw + fw + (n+1)/2)
 	p := pairTable{
-		slots: make([]uint64, size), ids: make([]uint32, n), shift: uint8(64 - bits.TrailingZeros(uint(size))),
-		filter: make([]uint64, fbits/64), fshift: uint8(64 - bits.TrailingZeros(uint(fbits))),
+		slots: words[:sw:sw], shift: uint8(64 - bits.TrailingZeros(uint(size))),
+		filter: words[sw : sw+fw : sw+fw], fshift: uint8(64 - bits.TrailingZeros(uint(fbits))),
+	}
+	if n > 0 {
+		p.ids = unsafe.Slice((*uint32)(unsafe.Pointer(&words[sw+fw])), n)
 	}
 	for i := range p.slots {
 		p.slots[i] = noPair
