@@ -31,10 +31,9 @@ type HF struct {
 	vocab       map[string]uint32 // raw bytes of a token -> id
 	byteIDs     [256]uint32       // byte-level: the token of each byte
 	// Byte-level: where a word starts from each character (chars.go).
-	charTok      []charEntry
-	charMultiIDs []uint32
-	charCtxs     []charContext
-	byteNo       [256]uint64 // charNoLeft, charNoRight of each byte's token
+	charTok  []charEntry
+	charCtxs []charContext
+	byteNo   [256]uint64 // charNoLeft, charNoRight of each byte's token
 
 	// SentencePiece-style BPE: "▁" is prepended to every segment and
 	// replaces spaces; the symbols are characters.
