@@ -199,19 +199,16 @@ func (t *HF) mergeLinear(dst []uint32, start int, none uint64) []uint32 {
 	if len(ids) < 2 {
 		return dst
 	}
-	// pair[i] is the rank of the merge of ids[i], ids[i+1], or noRank;
-	// the merged id is read only for the merges applied.
-	var store [maxLinearWord]uint32
+	// pair[i] is the merge of ids[i], ids[i+1] (rank<<32 | merged id
+	// with its end flags) or noMerge; the merged id is read with the
+	// rank, so its cache miss overlaps the lookups that follow instead of
+	// stalling the merge that needs it.
+	var store [maxLinearWord]uint64
 	pair := store[:len(ids)-1]
-	at := func(i int) uint32 {
-		if r, ok := t.merges.rank(uint64(ids[i])<<32 | uint64(ids[i+1])); ok {
-			return r
-		}
-		return noRank
-	}
+	at := func(i int) uint64 { return t.merges.lookup(uint64(ids[i])<<32 | uint64(ids[i+1])) }
 	for i := range pair {
 		if none&(1<<i) != 0 {
-			pair[i] = noRank
+			pair[i] = noMerge
 		} else {
 			pair[i] = at(i)
 		}
@@ -223,10 +220,10 @@ func (t *HF) mergeLinear(dst []uint32, start int, none uint64) []uint32 {
 				best, v = i+1, p
 			}
 		}
-		if v == noRank {
+		if v == noMerge {
 			break
 		}
-		m := t.merges.ids[v]
+		m := uint32(v)
 		ids[best] = m & mergedIDMask
 		copy(ids[best+1:], ids[best+2:])
 		ids = ids[:len(ids)-1]
@@ -235,13 +232,13 @@ func (t *HF) mergeLinear(dst []uint32, start int, none uint64) []uint32 {
 		// The merged token's end flags spare the lookups of pairs it
 		// cannot be in (pairTable.markEnds).
 		if best > 0 {
-			pair[best-1] = noRank
+			pair[best-1] = noMerge
 			if m&mergedNoRight == 0 {
 				pair[best-1] = at(best - 1)
 			}
 		}
 		if best < len(pair) {
-			pair[best] = noRank
+			pair[best] = noMerge
 			if m&mergedNoLeft == 0 {
 				pair[best] = at(best)
 			}
