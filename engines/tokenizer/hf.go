@@ -389,13 +389,7 @@ func (t *HF) buildVocab(vocab map[string]uint32, mergesRaw json.RawMessage) erro
 	}
 	t.buildCharStart()
 	if t.ignoreMerges {
-		keys := make([]string, 0, len(t.vocab))
-		for k := range t.vocab {
-			keys = append(keys, k)
-			t.maxTokenLen = max(t.maxTokenLen, len(k))
-		}
-		t.vocabFilter = newHashFilter(keys)
-		t.vocabTab = newVocabTable(t.vocab)
+		t.buildWholeWords()
 	}
 	t.vocab = nil // byte-level encoding reads vocabTab only
 	return nil

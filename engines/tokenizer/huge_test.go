@@ -33,7 +33,6 @@ func TestHugeTables(t *testing.T) {
 	for name, p := range map[string]unsafe.Pointer{
 		"pair slots": unsafe.Pointer(&tok.merges.slots[0]),
 		"charTok":    unsafe.Pointer(&tok.charTok[0]),
-		"vocab":      unsafe.Pointer(&tok.vocabTab.slots[0]),
 	} {
 		require.Zero(t, uintptr(p)%hugePage, name)
 	}
