@@ -232,9 +232,7 @@ func (t *HF) mergeLinear(dst []uint32, start int, none uint64) []uint32 {
 		return dst
 	}
 	// pair[i] is the merge of ids[i], ids[i+1] (rank<<32 | merged id
-	// with its end flags) or noMerge; the merged id is read with the
-	// rank, so its cache miss overlaps the lookups that follow instead of
-	// stalling the merge that needs it.
+	// with its end flags, both from the pair's slot) or noMerge.
 	var store [maxLinearWord]uint64
 	pair := store[:len(ids)-1]
 	at := func(i int) uint64 { return t.merges.lookup(uint64(ids[i])<<32 | uint64(ids[i+1])) }
