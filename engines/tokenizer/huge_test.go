@@ -18,13 +18,20 @@ func TestHugeTables(t *testing.T) {
 	for _, n := range []int{0, 1, 1000, hugePage/8 - 1, hugePage / 8, 3*hugePage/8 + 5} {
 		s := hugeUint64s(n)
 		require.Len(t, s, n)
+		bad := -1
 		for i := range s {
-			require.Zero(t, s[i])
+			if s[i] != 0 && bad < 0 {
+				bad = i
+			}
 			s[i] = uint64(i)
 		}
+		require.Equal(t, -1, bad, "n=%d: word %d not zeroed", n, bad)
 		for i := range s {
-			require.Equal(t, uint64(i), s[i])
+			if s[i] != uint64(i) && bad < 0 {
+				bad = i
+			}
 		}
+		require.Equal(t, -1, bad, "n=%d: word %d not as written", n, bad)
 		if n*8 >= hugePage {
 			require.Zero(t, uintptr(unsafe.Pointer(&s[0]))%hugePage, "n=%d", n)
 		}
