@@ -1,6 +1,9 @@
 package tokenizer
 
-import "unicode/utf8"
+import (
+	"unicode/utf8"
+	"unsafe"
+)
 
 // Byte-level BPE starts a word from its bytes: a CJK character is three
 // symbols and two merges before it meets its neighbours. Most characters
@@ -29,8 +32,9 @@ import "unicode/utf8"
 
 // charTok entries, one per character so that a character costs one
 // read: charKind says how it starts, from one token (its id in bits 0-20),
-// two (the second in bits 21-41), more (charMultiIDs[bits 0-20], as many
-// as bits 21-41 say) or its bytes; charCtx indexes charCtxs (0: starts
+// two (the second in bits 21-41), three or four (the first two so, the
+// others in the entry's more: bits 0-20 and 21-41, how many in bits
+// 42-44) or its bytes; charCtx indexes charCtxs (0: starts
 // from its tokens anywhere); charNoRight and charNoLeft say that the first
 // of its tokens is the right of no merge and the last the left of none.
 // Token ids are below 1<<charIDBits (pairTableFits).
@@ -48,16 +52,17 @@ const (
 	charNoRight = uint64(1) << 63
 )
 
-// charEntry is a character's charTok entry (e) and its partner
-// signatures (sig), side by side so that both are one cache line: the
-// high half has bit partnerBit(l) set for the left token l of every merge
+// charEntry is a character's charTok entry (e, more) and its partner
+// signatures (sig) in half a cache line, so that a character of up to
+// four tokens, which is every one, is one read. sig's high half has
+// bit partnerBit(l) set for the left token l of every merge
 // whose right is the character's first token, the low half bit
 // partnerBit(r) for the right token r of every merge whose left is its
 // last token. A pair of two characters started from their tokens, where
 // the left one's low half lacks the right one's first token's bit or the
 // right one's high half the left one's last token's bit, has no merge
 // (TestStartNoMerge).
-type charEntry struct{ e, sig uint64 }
+type charEntry struct{ e, sig, more, _ uint64 }
 
 // partnerBit is a token's bit in a partner signature half.
 func partnerBit(id uint32) uint64 { return 1 << (id * 0x9E3779B1 >> 27) }
@@ -127,7 +132,7 @@ func (t *HF) buildCharStart() {
 			t.byteNo[b] |= charNoRight
 		}
 	}
-	t.charTok = make([]charEntry, tableRunes)
+	t.charTok = unsafe.Slice((*charEntry)(unsafe.Pointer(unsafe.SliceData(hugeUint64s(4*tableRunes)))), tableRunes)
 	t.charCtxs = []charContext{{}} // 0: none
 	interned := map[charContext]uint64{{}: 0}
 	var buf [utf8.UTFMax]byte
@@ -147,15 +152,18 @@ func (t *HF) buildCharStart() {
 			interned[ctx] = k
 			t.charCtxs = append(t.charCtxs, ctx)
 		}
-		e := k<<charCtxAt | uint64(ids[0])
+		e, more := k<<charCtxAt|uint64(ids[0]), uint64(0)
 		switch {
 		case len(ids) == 1:
 			e |= charOne << charKindAt
 		case len(ids) == 2:
 			e |= charTwo<<charKindAt | uint64(ids[1])<<charIDBits
-		default:
-			e = k<<charCtxAt | charMany<<charKindAt | uint64(len(ids))<<charIDBits | uint64(len(t.charMultiIDs))
-			t.charMultiIDs = append(t.charMultiIDs, ids...)
+		default: // at most four, one a byte
+			e |= charMany<<charKindAt | uint64(ids[1])<<charIDBits
+			more = uint64(len(ids)-2) << (2 * charIDBits)
+			for j, id := range ids[2:] {
+				more |= uint64(id) << (j * charIDBits)
+			}
 		}
 		if !isRight[ids[0]] {
 			e |= charNoRight
@@ -164,10 +172,10 @@ func (t *HF) buildCharStart() {
 			e |= charNoLeft
 		}
 		sig := sigL[ids[0]] | sigR[ids[len(ids)-1]]
-		if k > charCtxMask || len(t.charMultiIDs) > charIDMask {
-			e, sig = charBytes<<charKindAt, ^uint64(0) // beyond the table's fields: exact from bytes
+		if k > charCtxMask {
+			e, sig, more = charBytes<<charKindAt, ^uint64(0), 0 // beyond the table's fields: exact from bytes
 		}
-		t.charTok[r] = charEntry{e, sig}
+		t.charTok[r] = charEntry{e: e, sig: sig, more: more}
 	}
 }
 
@@ -298,11 +306,14 @@ func (t *HF) appendChars(dst []uint32, w string) (out []uint32, none uint64, ok 
 			}
 			n += 2
 		case charMany:
-			off, m := int(e&charIDMask), int(e>>charIDBits&charIDMask)
-			ids := t.charMultiIDs[off : off+m]
-			edge(e, ce.sig, ids[0])
-			dst = append(dst, ids...)
-			prevLast = ids[m-1]
+			edge(e, ce.sig, first)
+			m := 2 + int(ce.more>>(2*charIDBits))
+			dst = append(dst, first, uint32(e>>charIDBits&charIDMask), uint32(ce.more&charIDMask))
+			prevLast = dst[len(dst)-1]
+			if m == 4 {
+				prevLast = uint32(ce.more >> charIDBits & charIDMask)
+				dst = append(dst, prevLast)
+			}
 			for j := n; j < n+m-1 && j < 64; j++ {
 				none |= 1 << j
 			}

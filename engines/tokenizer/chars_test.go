@@ -285,7 +285,7 @@ func BenchmarkBuildCharStart(b *testing.B) {
 			fresh := *tok
 			b.ReportAllocs()
 			for b.Loop() {
-				fresh.charTok, fresh.charMultiIDs, fresh.charCtxs = nil, nil, nil
+				fresh.charTok, fresh.charCtxs = nil, nil
 				fresh.buildCharStart()
 			}
 		})

@@ -31,10 +31,9 @@ type HF struct {
 	vocab       map[string]uint32 // raw bytes of a token -> id
 	byteIDs     [256]uint32       // byte-level: the token of each byte
 	// Byte-level: where a word starts from each character (chars.go).
-	charTok      []charEntry
-	charMultiIDs []uint32
-	charCtxs     []charContext
-	byteNo       [256]uint64 // charNoLeft, charNoRight of each byte's token
+	charTok  []charEntry
+	charCtxs []charContext
+	byteNo   [256]uint64 // charNoLeft, charNoRight of each byte's token
 
 	// SentencePiece-style BPE: "▁" is prepended to every segment and
 	// replaces spaces; the symbols are characters.
@@ -390,13 +389,7 @@ func (t *HF) buildVocab(vocab map[string]uint32, mergesRaw json.RawMessage) erro
 	}
 	t.buildCharStart()
 	if t.ignoreMerges {
-		keys := make([]string, 0, len(t.vocab))
-		for k := range t.vocab {
-			keys = append(keys, k)
-			t.maxTokenLen = max(t.maxTokenLen, len(k))
-		}
-		t.vocabFilter = newHashFilter(keys)
-		t.vocabTab = newVocabTable(t.vocab)
+		t.buildWholeWords()
 	}
 	t.vocab = nil // byte-level encoding reads vocabTab only
 	return nil

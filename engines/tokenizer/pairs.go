@@ -10,11 +10,12 @@ import (
 // symbols and every merge, at random places in a table of up to 450,000
 // merges, so a lookup is mostly cache misses: open addressing with linear
 // probing, at most three quarters full, finds a pair in the cache line of
-// its home slot. A slot is one word, left<<43 | right<<22 | rank, so the
-// table is a quarter of the size of one holding the pair and its merge
-// (2 MiB for Qwen3's 151,387 merges), which keeps more of it in the
-// caches that another process's work between two prompts leaves; the
-// merged id is read from ids by rank, only for a pair that has a merge.
+// its home slot. A slot is two words, left<<43 | right<<22 | rank and
+// the merged id with its end flags, so a lookup that finds a merge reads
+// one cache line: most pairs looked up in text of many scripts do merge,
+// and a merged id read from a table by rank was a second miss for each
+// (4 MiB for Qwen3's 151,387 merges, 16 MiB for gpt-oss's 446,189).
+// Slots and filter are one allocation in huge pages (hugeUint64s).
 // TestPairTable keeps it equal to a map.
 //
 // Most pairs looked up have no merge (two CJK characters that are not a
@@ -22,13 +23,13 @@ import (
 // about one false positive in nine) answers them first: it is small
 // enough to stay in cache across a document while the table is not.
 //
-// A merged id in ids carries mergedNoLeft and mergedNoRight (markEnds):
-// its token is the left, or the right, of no merge, so BPE need not look
-// up the pairs a merge makes with it (TestPairTableEnds).
+// A merged id carries mergedNoLeft and mergedNoRight (markEnds): its
+// token is the left, or the right, of no merge, so BPE need not look up
+// the pairs a merge makes with it (TestPairTableEnds).
 type pairTable struct {
-	slots  []uint64
-	ids    []uint32 // rank -> merged id | end flags
+	slots  []uint64 // slot i: slots[2i] pair and rank, slots[2i+1] merged id | end flags
 	filter []uint64
+	mask   uint64 // slot count - 1
 	shift  uint8
 	fshift uint8
 }
@@ -43,7 +44,7 @@ const (
 	pairRankMask = uint64(maxPairRank)
 )
 
-// End flags of a merged id in ids; ids are below maxPairID.
+// End flags of a merged id; ids are below maxPairID.
 const (
 	mergedNoLeft  uint32 = 1 << 31
 	mergedNoRight uint32 = 1 << 30
@@ -72,11 +73,14 @@ func newPairTable(n int) pairTable {
 	for fbits < 8*n {
 		fbits *= 2
 	}
+	// One allocation in huge pages (hugeUint64s): slots, filter.
+	sw, fw := 2*size, fbits/64
+	words := hugeUint64s(sw + fw)
 	p := pairTable{
-		slots: make([]uint64, size), ids: make([]uint32, n), shift: uint8(64 - bits.TrailingZeros(uint(size))),
-		filter: make([]uint64, fbits/64), fshift: uint8(64 - bits.TrailingZeros(uint(fbits))),
+		slots: words[:sw:sw], mask: uint64(size - 1), shift: uint8(64 - bits.TrailingZeros(uint(size))),
+		filter: words[sw : sw+fw : sw+fw], fshift: uint8(64 - bits.TrailingZeros(uint(fbits))),
 	}
-	for i := range p.slots {
+	for i := 0; i < sw; i += 2 {
 		p.slots[i] = noPair
 	}
 	return p
@@ -101,20 +105,9 @@ func slotKey(key uint64) (uint64, bool) {
 	return l<<(pairIDBits+pairRankBits) | r<<pairRankBits, true
 }
 
-// get returns the merge of pair key.
-func (p *pairTable) get(key uint64) (uint64, bool) {
-	rank, ok := p.rank(key)
-	if !ok {
-		return 0, false
-	}
-	return uint64(rank)<<32 | uint64(p.ids[rank]&mergedIDMask), true
-}
-
-// noRank is no merge's rank (ranks are below maxPairRank).
-const noRank = ^uint32(0)
-
-// rank returns the rank of the merge of pair key; ids holds its id.
-func (p *pairTable) rank(key uint64) (uint32, bool) {
+// find returns the index in slots of pair key's first word, and false
+// when the pair has no merge.
+func (p *pairTable) find(key uint64) (uint64, bool) {
 	k, ok := slotKey(key)
 	if !ok {
 		return 0, false
@@ -122,16 +115,50 @@ func (p *pairTable) rank(key uint64) (uint32, bool) {
 	if w, b := p.bit(k); p.filter[w]&b == 0 {
 		return 0, false
 	}
-	mask := uint64(len(p.slots) - 1)
-	for i := p.home(k); ; i = (i + 1) & mask {
-		s := p.slots[i]
+	for i := p.home(k); ; i = (i + 1) & p.mask {
+		s := p.slots[2*i]
 		if s&^pairRankMask == k {
-			return uint32(s & pairRankMask), true
+			return 2 * i, true
 		}
 		if s == noPair {
 			return 0, false
 		}
 	}
+}
+
+// get returns the merge of pair key.
+func (p *pairTable) get(key uint64) (uint64, bool) {
+	i, ok := p.find(key)
+	if !ok {
+		return 0, false
+	}
+	return (p.slots[i]&pairRankMask)<<32 | p.slots[i+1]&uint64(mergedIDMask), true
+}
+
+// noRank is no merge's rank (ranks are below maxPairRank).
+const noRank = ^uint32(0)
+
+// rank returns the rank of the merge of pair key.
+func (p *pairTable) rank(key uint64) (uint32, bool) {
+	i, ok := p.find(key)
+	if !ok {
+		return 0, false
+	}
+	return uint32(p.slots[i] & pairRankMask), true
+}
+
+// noMerge is lookup's answer for a pair without a merge: above every
+// merge's, as ranks are below maxPairRank.
+const noMerge = ^uint64(0)
+
+// lookup returns the merge of pair key as rank<<32 | the merged id with
+// its end flags, or noMerge.
+func (p *pairTable) lookup(key uint64) uint64 {
+	i, ok := p.find(key)
+	if !ok {
+		return noMerge
+	}
+	return (p.slots[i]&pairRankMask)<<32 | p.slots[i+1]
 }
 
 // putNew stores the merge of pair key unless the pair has one: the
@@ -144,20 +171,15 @@ func (p *pairTable) putNew(key, val uint64) {
 	if !ok || rank >= maxPairRank {
 		panic(fmt.Sprintf("pairTable: pair %#x or rank %d out of range", key, rank))
 	}
-	mask := uint64(len(p.slots) - 1)
-	for i := p.home(k); ; i = (i + 1) & mask {
-		s := p.slots[i]
+	for i := p.home(k); ; i = (i + 1) & p.mask {
+		s := p.slots[2*i]
 		if s != noPair && s&^pairRankMask == k {
 			return
 		}
 		if s == noPair {
-			p.slots[i] = k | rank
+			p.slots[2*i], p.slots[2*i+1] = k|rank, uint64(uint32(val))
 			w, b := p.bit(k)
 			p.filter[w] |= b
-			if int(rank) >= len(p.ids) {
-				p.ids = append(p.ids, make([]uint32, int(rank)+1-len(p.ids))...)
-			}
-			p.ids[rank] = uint32(val)
 			return
 		}
 	}
@@ -166,10 +188,10 @@ func (p *pairTable) putNew(key, val uint64) {
 // each calls f for every pair and its merge.
 func (p *pairTable) each(f func(key, val uint64)) {
 	const idMask = 1<<pairIDBits - 1
-	for _, s := range p.slots {
-		if s != noPair {
+	for i := 0; i < len(p.slots); i += 2 {
+		if s := p.slots[i]; s != noPair {
 			l, r, rank := s>>(pairIDBits+pairRankBits), s>>pairRankBits&idMask, s&pairRankMask
-			f(l<<32|r, rank<<32|uint64(p.ids[rank]&mergedIDMask))
+			f(l<<32|r, rank<<32|p.slots[i+1]&uint64(mergedIDMask))
 		}
 	}
 }
@@ -178,21 +200,24 @@ func (p *pairTable) each(f func(key, val uint64)) {
 func (p *pairTable) markEnds() {
 	const idMask = 1<<pairIDBits - 1
 	isLeft, isRight := make([]bool, maxPairID), make([]bool, maxPairID)
-	for _, s := range p.slots {
-		if s != noPair {
+	for i := 0; i < len(p.slots); i += 2 {
+		if s := p.slots[i]; s != noPair {
 			isLeft[s>>(pairIDBits+pairRankBits)] = true
 			isRight[s>>pairRankBits&idMask] = true
 		}
 	}
-	for i, m := range p.ids {
-		id := m & mergedIDMask
-		m = id
+	for i := 0; i < len(p.slots); i += 2 {
+		if p.slots[i] == noPair {
+			continue
+		}
+		id := uint32(p.slots[i+1]) & mergedIDMask
+		m := id
 		if !isLeft[id] {
 			m |= mergedNoLeft
 		}
 		if !isRight[id] {
 			m |= mergedNoRight
 		}
-		p.ids[i] = m
+		p.slots[i+1] = uint64(m)
 	}
 }

@@ -70,7 +70,11 @@ func TestPairTableEnds(t *testing.T) {
 	}
 	p.markEnds()
 	flagged := 0
-	for _, m := range p.ids {
+	for i := 0; i < len(p.slots); i += 2 {
+		if p.slots[i] == noPair {
+			continue
+		}
+		m := uint32(p.slots[i+1])
 		id := m & mergedIDMask
 		require.Equal(t, !left[id], m&mergedNoLeft != 0, "id %d", id)
 		require.Equal(t, !right[id], m&mergedNoRight != 0, "id %d", id)

@@ -21,7 +21,7 @@ func newVocabTable(vocab map[string]uint32) vocabTable {
 		maxID = max(maxID, id)
 		total += len(tok)
 	}
-	v := vocabTable{slots: make([]uint64, size), toks: make([]uint64, maxID+1), bytes: make([]byte, 0, total)}
+	v := vocabTable{slots: hugeUint64s(size), toks: make([]uint64, maxID+1), bytes: make([]byte, 0, total)}
 	for tok, id := range vocab {
 		if len(tok) >= 1<<16 {
 			continue // longer than any word encodeWord looks up
