@@ -135,18 +135,6 @@ func (p *pairTable) get(key uint64) (uint64, bool) {
 	return (p.slots[i]&pairRankMask)<<32 | p.slots[i+1]&uint64(mergedIDMask), true
 }
 
-// noRank is no merge's rank (ranks are below maxPairRank).
-const noRank = ^uint32(0)
-
-// rank returns the rank of the merge of pair key.
-func (p *pairTable) rank(key uint64) (uint32, bool) {
-	i, ok := p.find(key)
-	if !ok {
-		return 0, false
-	}
-	return uint32(p.slots[i] & pairRankMask), true
-}
-
 // noMerge is lookup's answer for a pair without a merge: above every
 // merge's, as ranks are below maxPairRank.
 const noMerge = ^uint64(0)

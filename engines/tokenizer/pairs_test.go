@@ -28,17 +28,17 @@ func TestPairTable(t *testing.T) {
 			got, ok := p.get(k)
 			require.True(t, ok, "n=%d key %#x", n, k)
 			require.Equal(t, v, got)
-			rank, ok := p.rank(k)
-			require.True(t, ok)
-			require.Equal(t, v>>32, uint64(rank))
+			m := p.lookup(k)
+			require.NotEqual(t, noMerge, m)
+			require.Equal(t, v>>32, m>>32)
+			require.Equal(t, uint32(v), uint32(m)&mergedIDMask)
 		}
 		for i := 0; i < 10_000; i++ {
 			k := uint64(rng.IntN(4000))<<32 | uint64(rng.IntN(4000))
 			_, ok := p.get(k)
 			_, in := want[k]
 			require.Equal(t, in, ok, "n=%d key %#x", n, k)
-			_, ok = p.rank(k)
-			require.Equal(t, in, ok, "n=%d key %#x", n, k)
+			require.Equal(t, in, p.lookup(k) != noMerge, "n=%d key %#x", n, k)
 		}
 		seen := 0
 		p.each(func(k, v uint64) {
