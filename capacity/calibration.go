@@ -183,8 +183,15 @@ func byConcurrency(l Level, c int) int { return cmp.Compare(l.Concurrency, c) }
 
 // held reports whether the level was within o, its requests served.
 func (l Level) held(o Objectives) bool {
-	return l.Requests > 0 && float64(l.Errors) <= MaxErrorShare*float64(l.Requests) &&
+	return l.Requests > 0 && !l.Failed() &&
 		l.TTFTP95Seconds <= o.TTFT.Seconds() && l.ITLP95Seconds <= o.ITL.Seconds()
+}
+
+// Failed reports whether more than MaxErrorShare of the level's requests
+// failed: it measured the failures, not a fleet that serves, and never
+// holds.
+func (l Level) Failed() bool {
+	return l.Requests > 0 && float64(l.Errors) > MaxErrorShare*float64(l.Requests)
 }
 
 // StreamsBound is the most streams a pool of c.Replicas replicas may be

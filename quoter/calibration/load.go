@@ -155,7 +155,7 @@ func (g *generator) confirm(ctx context.Context, levels []capacity.Level) ([]cap
 	for i, c := range held[:repeats] {
 		g.resize(c)
 		lv, err := g.measure(ctx, c)
-		if err != nil && (ctx.Err() != nil || !failed(lv)) {
+		if err != nil && (ctx.Err() != nil || !lv.Failed()) {
 			return levels, err
 		}
 		levels = append(levels, lv)
@@ -172,12 +172,6 @@ func (g *generator) confirm(ctx context.Context, levels []capacity.Level) ([]cap
 			zap.Int("repeats", repeats), zap.Int("concurrency", held[repeats]))
 	}
 	return levels, nil
-}
-
-// failed reports whether a level measured more failures than it may hold
-// with.
-func failed(lv capacity.Level) bool {
-	return lv.Requests > 0 && float64(lv.Errors) > MaxErrorShare*float64(lv.Requests)
 }
 
 // why says how a level broke: its failures' error, or the objectives and
@@ -237,8 +231,8 @@ func (g *generator) level(ctx context.Context, c int) (capacity.Level, error) {
 }
 
 // summarise is a level from what was measured in it. A level whose
-// requests failed (failed) comes with its error and its p95s where it
-// measured any, never within.
+// requests failed (capacity.Level.Failed) comes with its error and its
+// p95s where it measured any, never within.
 func summarise(c int, s stats, d time.Duration, o capacity.Objectives) (capacity.Level, error) {
 	lv := capacity.Level{Concurrency: c, Requests: s.requests, Errors: s.errors,
 		OutputTokensPerSec: float64(s.tokens) / d.Seconds()}
@@ -248,7 +242,7 @@ func summarise(c int, s stats, d time.Duration, o capacity.Objectives) (capacity
 	if len(s.itl) > 0 {
 		lv.ITLP95Seconds = quantile(s.itl, o.Quantile)
 	}
-	if failed(lv) {
+	if lv.Failed() {
 		return lv, fmt.Errorf("%d of %d requests failed at concurrency %d (more than %.0f%%); the first: %w",
 			s.errors, s.requests, c, 100*MaxErrorShare, s.firstErr)
 	}
