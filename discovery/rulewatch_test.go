@@ -113,11 +113,10 @@ func must[T any](v T, err error) T {
 // ruleEnv is a ruleWatch over client-go caches the test fills itself, as
 // its informers would.
 type ruleEnv struct {
-	w              *ruleWatch
-	store          *rules.Store
-	objs, rws      cache.Store
-	logs           *observer.ObservedLogs
-	invalidLogLine string
+	w         *ruleWatch
+	store     *rules.Store
+	objs, rws cache.Store
+	logs      *observer.ObservedLogs
 }
 
 func newRuleEnv(t *testing.T) *ruleEnv {

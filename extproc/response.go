@@ -290,14 +290,13 @@ func nextEventEnd(b []byte, from int) int {
 
 // respState is the response phase of one request.
 type respState struct {
-	sse      bool   // text/event-stream: events forwarded as they complete
-	buffer   bool   // JSON: held to end of stream, then rewritten
-	rewrite  string // the client-facing model as a JSON literal, "" = no rewrite
-	strip    bool   // drop the usage-only event the EPP asked for
-	pending  []byte // an incomplete SSE event, or the buffered JSON body
-	usage    usage
-	edits    []edit
-	complete bool
+	sse     bool   // text/event-stream: events forwarded as they complete
+	buffer  bool   // JSON: held to end of stream, then rewritten
+	rewrite string // the client-facing model as a JSON literal, "" = no rewrite
+	strip   bool   // drop the usage-only event the EPP asked for
+	pending []byte // an incomplete SSE event, or the buffered JSON body
+	usage   usage
+	edits   []edit
 }
 
 // sseChunk returns what can be forwarded now: every complete event of

@@ -54,8 +54,6 @@ func newSpeculative(ttl time.Duration) *speculative {
 	return &speculative{ttl: ttl, cur: newSpecTable(0), prev: newSpecTable(0)}
 }
 
-func specRecorded(i, n int) bool { return (i+1)%specStride == 0 || i == n-1 }
-
 // credit records that r holds keys until now+ttl.
 func (sp *speculative) credit(r kvindex.Replica, keys []kvindex.Key, now time.Time) {
 	if sp.ttl <= 0 || len(keys) == 0 {

@@ -52,15 +52,6 @@ func scrape(ctx context.Context, e *launch.EPP, names ...string) ([]float64, err
 	return promtext.Values(page, names...)
 }
 
-// routeHistogram reads the EPP's route-duration histogram.
-func routeHistogram(ctx context.Context, e *launch.EPP) ([]promtext.Bucket, error) {
-	page, err := e.Metrics(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return promtext.Buckets(page, routeMetric)
-}
-
 // hostBusy is the machine's busy (non-idle, non-iowait) CPU time summed
 // over its CPUs, from /proc/stat.
 func hostBusy() (time.Duration, error) {
