@@ -40,13 +40,15 @@ func durationOf(d time.Duration) *time.Duration { return &d }
 
 // startCalibrationFleet runs two simulated replicas in real time (time
 // scale 1, so the client and the engines measure the same latencies),
-// with a decode step that grows 25ms per running request: their inter-token
-// latency is about 45ms alone, 70ms at two and 120ms at four, so a 100ms
+// with a decode step that grows 50ms per running request: their inter-token
+// latency is about 90ms alone, 140ms at two and 240ms at four, so a 200ms
 // objective (one of vLLM's ITL bucket bounds, where the engines' curve is
 // read without interpolating inside a bucket) breaks within a few levels
 // of the ladder. The steps are long because the client measures them on a
 // busy machine: a 2-core CI runner under -race has added 15ms to the p95
-// of an 11ms step. maxNumSeqs, when > 0, caps each replica's batch; with
+// of an 11ms step, and a host at load average 10 broke the first level
+// when it was 45ms against 100ms; the first level's 110ms of margin is
+// what TestCalibrateCommand needs to hold. maxNumSeqs, when > 0, caps each replica's batch; with
 // rejectSaturated the EPP queues nothing and answers 429 once the pool is
 // saturated (admission.queue_capacity_per_band 0).
 func startCalibrationFleet(t *testing.T, maxNumSeqs int, rejectSaturated bool) calibrationFleet {
@@ -60,7 +62,7 @@ func startCalibrationFleet(t *testing.T, maxNumSeqs int, rejectSaturated bool) c
 			}
 			tm := &c.Engine.Timing
 			tm.PrefillBase, tm.PrefillPerToken = durationOf(time.Millisecond), durationOf(10*time.Microsecond)
-			tm.DecodeBase, tm.DecodePerSeq, tm.KVTerm = durationOf(20*time.Millisecond), durationOf(25*time.Millisecond), durationOf(0)
+			tm.DecodeBase, tm.DecodePerSeq, tm.KVTerm = durationOf(40*time.Millisecond), durationOf(50*time.Millisecond), durationOf(0)
 		})
 		eps = append(eps, endpoint.Endpoint{Addr: r.Addr(), Model: model, Engine: "vllm", MetricsURL: "http://" + r.Addr() + "/metrics"})
 	}
@@ -96,7 +98,7 @@ func TestCalibrateCommand(t *testing.T) {
 	f := startCalibrationFleet(t, 0, false)
 	dir := t.TempDir()
 	fleet := []string{"--url", f.url, "--model", model, "--capacity-url", f.adminURL, "--log-level", "warn"}
-	// Short prompts and answers: a request takes 1-2s, so a 2s level
+	// Short prompts and answers: a request takes 1.5-4s, so a 3s level
 	// finishes some and measures many gaps.
 	quick := []string{"--prompt-tokens", "64", "--shared-prefix-tokens", "16", "--groups", "2", "--output-tokens", "16",
 		"--factor", "2", "--warmup", "500ms"}
@@ -113,7 +115,7 @@ func TestCalibrateCommand(t *testing.T) {
 		// a few seconds, every worker with it.
 		cancelAfter time.Duration
 	}{
-		{name: "calibrates", args: append(append([]string{"--slo-itl-p95", "100ms", "--slo-ttft-p95", "1s", "--level-duration", "2s"}, quick...), fleet...),
+		{name: "calibrates", args: append(append([]string{"--slo-itl-p95", "200ms", "--slo-ttft-p95", "1s", "--level-duration", "3s"}, quick...), fleet...),
 			code: exitOK, want: []string{"concurrency", "itl p95", "false", "engines' curve (one of 2 replicas)", "wrote "}, written: true},
 		{name: "breaks at once", args: append(append([]string{"--slo-itl-p95", "1ms", "--level-duration", "1s", "--warmup", "0s"}, quick...), fleet...),
 			code: exitFail, want: []string{"breaks its objectives at concurrency 1: ITL p95 ", " > 1ms"}},
@@ -173,8 +175,8 @@ func TestCalibrateCommand(t *testing.T) {
 			// The prompts were fitted to 64 of the engine's tokens, chat
 			// template included (unfitted, 64 random words are about 100).
 			require.InDelta(t, 64, cal.PromptTokensMeasured, 0.02*64+1)
-			obj := capacity.Objectives{TTFT: time.Second, ITL: 100 * time.Millisecond, Quantile: 0.95}
-			require.Equal(t, capacity.ObjectivesJSON{TTFTSeconds: 1, ITLSeconds: 0.1, Quantile: 0.95}, cal.Objectives)
+			obj := capacity.Objectives{TTFT: time.Second, ITL: 200 * time.Millisecond, Quantile: 0.95}
+			require.Equal(t, capacity.ObjectivesJSON{TTFTSeconds: 1, ITLSeconds: 0.2, Quantile: 0.95}, cal.Objectives)
 			at, err := cal.Curve.At(obj)
 			require.NoError(t, err)
 			require.Positive(t, at.Concurrency, "the engines hold the objectives at the first level, as the client saw")
@@ -241,7 +243,7 @@ func deadline(ctx context.Context) time.Time {
 // not a broken URL. The ladder stops there and the calibration keeps what
 // it measured. Two replicas of at most 4 running requests, behind an EPP
 // that answers 429 once the pool is saturated rather than queueing: 8
-// requests run (4 each, ITL about 120ms, outside 100ms), 16 leave 8 waiting
+// requests run (4 each, ITL about 240ms, outside 200ms), 16 leave 8 waiting
 // and are mostly refused.
 func TestCalibrateStopsAtAFailingLevelPastTheBreak(t *testing.T) {
 	f := startCalibrationFleet(t, 4, true)
@@ -249,7 +251,7 @@ func TestCalibrateStopsAtAFailingLevelPastTheBreak(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	code, stdout, stderr := invoke(ctx, "calibrate", "--url", f.url, "--model", model, "--capacity-url", f.adminURL,
-		"--log-level", "info", "--slo-itl-p95", "100ms", "--slo-ttft-p95", "1s", "--level-duration", "2s", "--warmup", "500ms",
+		"--log-level", "info", "--slo-itl-p95", "200ms", "--slo-ttft-p95", "1s", "--level-duration", "2s", "--warmup", "500ms",
 		"--prompt-tokens", "64", "--shared-prefix-tokens", "16", "--groups", "2", "--output-tokens", "16", "--factor", "2",
 		"--past-break", "3", "--max-concurrency", "64", "--out", out)
 	t.Log(stdout + stderr)
@@ -275,7 +277,7 @@ func TestCalibrateStopsAtAFailingLevelPastTheBreak(t *testing.T) {
 	for _, l := range cal.Levels {
 		require.Zero(t, l.Errors, "level %d", l.Concurrency)
 	}
-	_, err = cal.Curve.At(capacity.Objectives{TTFT: time.Second, ITL: 100 * time.Millisecond, Quantile: 0.95})
+	_, err = cal.Curve.At(capacity.Objectives{TTFT: time.Second, ITL: 200 * time.Millisecond, Quantile: 0.95})
 	require.NoError(t, err)
 }
 
