@@ -8,7 +8,7 @@ moves, sessions admitted within the KV budget / past it (spare compute).
 Figures the report does not have (another EPP, an older binary) are "-"."""
 import json, os, sys
 
-NAMES = {"docs/notebook/2026-12-07-agents-workers/agent-noadm.yaml": "agent, admission off"}
+NAMES = {"docs/notebook/2026-12-07-agents-workers/agent-noadm.yaml": "agent, admission off", "llmd": "llm-d EPP"}
 
 print("| run | policy | goodput tok/s (x precise) | sessions done/min | hit rate (/ bound) | TTFT p50 / p90 / p99 ms | session p50 / p90 s | output tok/s | done / started | errors | 429 given up / retried | moves | admitted room / spare |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
