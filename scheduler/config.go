@@ -112,8 +112,9 @@ type SessionsConfig struct {
 	// SpareWork lets a new session start past the KV budget onto a replica
 	// with compute to spare: no engine queue, KV usage below kv_fraction,
 	// and pending prefill work, the session's prompt included, at most
-	// this fraction of ttft_objective. Evicting a history there costs only
-	// a recompute the replica has time for. 0: never past the budget.
+	// this fraction of ttft_objective, on that replica and over the fleet.
+	// Evicting a history there costs only a recompute the replica has
+	// time for. 0: never past the budget.
 	// Default 0.5 (TestSessionSpareCompute).
 	SpareWork *float64 `yaml:"spare_work"`
 	// QueueTTL: a new session that waited this long gets 429

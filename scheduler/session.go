@@ -24,7 +24,9 @@ import (
 //
 //	onto the replica r with the most room, when
 //	    reserved(r) + its prompt <= kv_fraction × KV capacity(r)
-//	else onto the replica r of least work among those with compute to spare:
+//	else, when the fleet has compute to spare,
+//	    (Σ pending + Σ starting + its prompt) / Σ rate <= spare_work × ttft_objective,
+//	onto the replica r of least work among those with compute to spare:
 //	    no engine queue, KV usage < kv_fraction, and
 //	    (pending(r) + starting(r) + its prompt) / rate(r) <= spare_work × ttft_objective
 //
@@ -42,7 +44,10 @@ import (
 // r whose first call is not picked yet, so that one idle moment admits
 // only what fits in it (TestSessionSpareCompute). Past the budget an
 // eviction costs a recompute the replica has time for; when evictions
-// make it busy, its queue and pending work close the second way.
+// make it busy, its queue and pending work close the second way. The
+// fleet's sums come first because the agent policy moves calls off busy
+// holders: a replica idle for a moment while the fleet is recompute-bound
+// is where those calls go next, not spare compute.
 //
 // The session is then bound to that replica (the agent policy's holder);
 // when a call moves, its history's tokens move with it. Otherwise it
@@ -207,6 +212,19 @@ func (t *sessionTable) placeLocked(need int64, rooms []repRoom, now time.Time) (
 		return best, true, admitRoom
 	}
 	limit := *t.s.cfg.Sessions.SpareWork * t.s.cfg.Sessions.TTFTObjective.Seconds()
+	// The fleet first: the agent policy moves a call off a busy holder to
+	// the least-worked replica, so one replica idle at its last scrape has
+	// no compute to spare while the fleet's pending prefill work, per
+	// replica, is past the bound: the sessions already admitted bring it
+	// their recomputes (TestSessionSpareCompute, "fleet recompute-bound").
+	var fleetWork, fleetRate float64
+	for _, x := range rooms {
+		fleetWork += float64(x.pending + t.starting[x.id])
+		fleetRate += x.rate
+	}
+	if (fleetWork+float64(need))/fleetRate > limit {
+		return 0, false, ""
+	}
 	spare, least := -1, math.Inf(1)
 	for i, x := range rooms {
 		if !x.idle {

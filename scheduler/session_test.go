@@ -325,17 +325,22 @@ func TestSessionSpareCompute(t *testing.T) {
 		name    string
 		waiting float64 // engine queue at the last scrape
 		kvUsage float64
-		pending int64 // on each replica, tokens
+		pending [2]int64 // on each replica, tokens
 		spare   float64
 		want    int // of the 3 new sessions, admitted past the budget
 	}{
-		// The limit is 0.5 x 2s x 3000 tokens/s = 3000 tokens: one new
-		// session of 2000 per replica.
-		{"idle fleet", 0, 0.2, 0, 0.5, 2},
-		{"pending work", 0, 0.2, 1500, 0.5, 0},
-		{"engine queue", 1, 0.2, 0, 0.5, 0},
-		{"kv full", 0, 0.95, 0, 0.5, 0},
-		{"off", 0, 0.2, 0, 0, 0},
+		// The limit is 0.5 x 2s x 3000 tokens/s = 3000 tokens a
+		// replica, 6000 the fleet: one new session of 2000 per replica.
+		{"idle fleet", 0, 0.2, [2]int64{0, 0}, 0.5, 2},
+		{"pending work", 0, 0.2, [2]int64{1500, 1500}, 0.5, 0},
+		{"engine queue", 1, 0.2, [2]int64{0, 0}, 0.5, 0},
+		{"kv full", 0, 0.95, [2]int64{0, 0}, 0.5, 0},
+		{"off", 0, 0.2, [2]int64{0, 0}, 0, 0},
+		// One replica busy, the fleet not: the idle one takes one.
+		{"one replica busy", 0, 0.2, [2]int64{0, 2000}, 0.5, 1},
+		// The fleet's pending work (6000 + 2000 of 6000 a second) is
+		// past the bound: the idle replica is where moved calls go.
+		{"fleet recompute-bound", 0, 0.2, [2]int64{0, 6000}, 0.5, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -355,7 +360,7 @@ func TestSessionSpareCompute(t *testing.T) {
 				for i := range 2 {
 					e.setSignals(i, metrics.Signals{Engine: metrics.EngineVLLM, BlockSize: 16, NumGPUBlocks: 4096 / 16,
 						Waiting: tc.waiting, KVUsage: tc.kvUsage})
-					e.rep(i).pending.Store(tc.pending)
+					e.rep(i).pending.Store(tc.pending[i])
 				}
 				var chs []<-chan error
 				for i := range 3 {
@@ -369,7 +374,7 @@ func TestSessionSpareCompute(t *testing.T) {
 				for _, ch := range chs[:tc.want] {
 					require.NoError(t, <-ch)
 				}
-				if tc.want > 0 {
+				if tc.want > 1 {
 					// one each: the second went where the first was not.
 					r0, _ := e.s.sess.get("n0", e.s.now())
 					r1, _ := e.s.sess.get("n1", e.s.now())

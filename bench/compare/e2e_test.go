@@ -210,6 +210,8 @@ func TestRunAgents(t *testing.T) {
 			require.Equal(t, 4, pr.Sessions.Completed)
 			require.Zero(t, pr.Sessions.Refused)
 			require.False(t, math.IsNaN(pr.Sessions.Moves), "the EPPs' moves are read")
+			// Admission tracks keyed sessions only: each admitted once.
+			require.Equal(t, map[bool]float64{false: 4, true: 0}[noIDs], pr.Sessions.AdmittedRoom+pr.Sessions.AdmittedSpare)
 			require.Greater(t, pr.HitRate, 0.5, "each call extends the last")
 		})
 	}

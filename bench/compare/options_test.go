@@ -69,28 +69,36 @@ func TestValidateOptions(t *testing.T) {
 // histories are at least 1.5x the fleet's KV cache, the load the
 // acceptance asks for (calls taken as 1 s of model time), whether its
 // closed-loop agents run them (the default) or they arrive open-loop;
-// -num-gpu-blocks 10400 brings them to at most 0.5x, and the
-// oversubscription sweep's points (bench/README.md, Scenarios: agents)
+// 32 agents and 64 sessions with -num-gpu-blocks 10400 bring them to at
+// most 0.5x, and the oversubscription sweep's points (32 agents, 64
+// sessions) and the workers sweep's (bench/README.md, Scenarios: agents)
 // are what they are named.
 func TestAgentsPreset(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
 		concurrency *int
 		blocks      int
+		sessions    int
 		min, max    float64
 	}{
-		{"closed loop", nil, 0, 1.5, 1.7},
-		{"open loop", new(0), 0, 1.5, 1.7},
-		{"below saturation", nil, 10400, 0.4, 0.5},
-		{"sweep 1.0x: 16 agents", new(16), 0, 0.95, 1.05},
-		{"sweep 2.5x", nil, 2041, 2.45, 2.55},
-		{"sweep 4x", nil, 1276, 3.95, 4.05},
+		{"closed loop: 128 agents", nil, 0, 0, 5.71, 5.81},
+		{"open loop", new(0), 0, 0, 3.45, 3.55},
+		{"below saturation", new(32), 10400, 64, 0.4, 0.5},
+		{"sweep 1.0x: 16 agents", new(16), 0, 64, 0.95, 1.05},
+		{"sweep 1.57x: 32 agents", new(32), 0, 64, 1.5, 1.7},
+		{"sweep 2.5x", new(32), 2041, 64, 2.45, 2.55},
+		{"sweep 4x", new(32), 1276, 64, 3.95, 4.05},
+		{"workers 3.1x: 64 agents", new(64), 0, 128, 3.07, 3.17},
+		{"workers 4.6x: 96 agents", new(96), 0, 192, 4.53, 4.63},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o, err := Preset(PresetAgents)
 			require.NoError(t, err)
 			if tc.concurrency != nil {
 				o.Workload.Agents.Concurrency = tc.concurrency
+			}
+			if tc.sessions > 0 {
+				o.Workload.Agents.Sessions = tc.sessions
 			}
 			if tc.blocks > 0 {
 				o.Fleet.NumGPUBlocks = tc.blocks

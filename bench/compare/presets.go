@@ -134,26 +134,33 @@ func LLMD73Options(k float64) Options {
 }
 
 // AgentsOptions is the agents scenario: tool-using agent sessions
-// (rig.AgentOptions' defaults, bench/README.md cites them) run by
-// agentsConcurrency closed-loop agents on 4 simulated replicas of
-// agentsKVTokens each, at time scale 4, raced through precise,
-// approximate and agent (with session admission, its default). At the
-// busiest the active sessions' histories are 1.57x the fleet's 208,000
-// tokens (TestAgentsPreset, calls taken as 1 s); -num-gpu-blocks sets
-// another ratio (10400: 0.49x), -agent-concurrency 0 the open-loop arrival.
+// (rig.AgentOptions' defaults, bench/README.md cites them), agentsSessions
+// of them run by agentsConcurrency closed-loop agents on 4 simulated
+// replicas of agentsKVTokens each, at time scale 4, raced through
+// precise, approximate and agent (with session admission, its default).
+// At the busiest the active sessions' histories are 5.76x the fleet's
+// 208,000 tokens (TestAgentsPreset, calls taken as 1 s): the regime where
+// calls wait for KV and admission pays. -agent-concurrency 32
+// -agent-sessions 64 is the 1.57x point, with -num-gpu-blocks 10400
+// 0.49x; -agent-concurrency 0 the open-loop arrival.
 func AgentsOptions() Options {
 	const blockSize = 16
 	return Options{EPPs: 1, Policies: []string{"precise", "approximate", "agent"}, Options: rig.Options{Scenario: PresetAgents,
 		Fleet: rig.FleetOptions{Replicas: 4, TimeScale: 4, BlockSize: blockSize, NumGPUBlocks: agentsKVTokens / blockSize},
 		Workload: rig.WorkloadOptions{Kind: rig.WorkloadAgents,
-			Agents: rig.AgentOptions{Concurrency: new(agentsConcurrency)}}}}
+			Agents: rig.AgentOptions{Sessions: agentsSessions, Concurrency: new(agentsConcurrency)}}}}
 }
 
 // agentsConcurrency is the agents scenario's closed-loop agents: a fixed
-// pool, as ThunderAgent's reproduction runs mini-swe-agent with a fixed
-// number of workers (`mini-extra swebench --workers 128`,
-// ThunderAgent-org/ThunderAgent examples/inference/mini-swe-agent).
-const agentsConcurrency = 32
+// pool, as many as ThunderAgent's reproduction runs mini-swe-agent with
+// (`mini-extra swebench --workers 128`,
+// ThunderAgent-org/ThunderAgent examples/inference/mini-swe-agent), and
+// agentsSessions twice as many sessions, so that each agent runs two and
+// the loop reaches its steady state.
+const (
+	agentsConcurrency = 128
+	agentsSessions    = 2 * agentsConcurrency
+)
 
 // agentsKVTokens is each replica's KV capacity in the agents scenario.
 const agentsKVTokens = 52000

@@ -94,7 +94,8 @@ type ContractResult struct {
 // goodput (output tok/s of calls within the TTFT objective), sessions
 // started, completed (and per model minute) and refused (429), refused
 // calls retried by closed-loop agents, completion time percentiles in
-// seconds and the EPPs' session moves (null: unknown).
+// seconds, the EPPs' session moves and sessions admitted within the KV
+// budget (room) and past it (spare_compute) (null: unknown).
 type ContractSessions struct {
 	GoodputTokPS jsonFloat `json:"goodput_tok_per_s"`
 	Started      int       `json:"started"`
@@ -105,6 +106,8 @@ type ContractSessions struct {
 	P50s         jsonFloat `json:"completion_p50_s"`
 	P90s         jsonFloat `json:"completion_p90_s"`
 	Moves        jsonFloat `json:"moves"`
+	Room         jsonFloat `json:"admitted_room"`
+	Spare        jsonFloat `json:"admitted_spare_compute"`
 }
 
 // ContractReplica is one replica's share of a policy's run, from its own
@@ -131,7 +134,8 @@ func (r *Report) Contract() ContractJSON {
 		}
 		if f := p.Sessions; f != nil {
 			cr.Sessions = &ContractSessions{GoodputTokPS: jsonFloat(f.GoodputTokPS), Started: f.Sessions, Completed: f.Completed,
-				Refused: f.Refused, Retries: f.Retries, PerMin: jsonFloat(f.CompletedPerMin), P50s: jsonFloat(f.CompletionP50), P90s: jsonFloat(f.CompletionP90), Moves: jsonFloat(f.Moves)}
+				Refused: f.Refused, Retries: f.Retries, PerMin: jsonFloat(f.CompletedPerMin), P50s: jsonFloat(f.CompletionP50), P90s: jsonFloat(f.CompletionP90), Moves: jsonFloat(f.Moves),
+				Room: jsonFloat(f.AdmittedRoom), Spare: jsonFloat(f.AdmittedSpare)}
 		}
 		if p.EPP != nil {
 			src, n := p.EPP.DecisionHistogram, jsonFloat(p.EPP.Requests)
@@ -217,6 +221,9 @@ func (r *Report) tableRows() [][]string {
 			row{"session time p50 s", sess(func(f *SessionFigures) string { return fmtNum(f.CompletionP50, 1) })},
 			row{"session time p90 s", sess(func(f *SessionFigures) string { return fmtNum(f.CompletionP90, 1) })},
 			row{"session moves", sess(func(f *SessionFigures) string { return fmtNum(f.Moves, 0) })},
+			row{"admitted: room / spare compute", sess(func(f *SessionFigures) string {
+				return fmtNum(f.AdmittedRoom, 0) + " / " + fmtNum(f.AdmittedSpare, 0)
+			})},
 		)
 	}
 	out := [][]string{append([]string{"policy"}, r.policyNames()...)}

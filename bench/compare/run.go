@@ -178,10 +178,10 @@ func runPolicy(ctx context.Context, opts Options, w *rig.Workload, policy, label
 			calls[i] = r.Agent.Calls()
 		}
 		pr.Sessions = sessionFigures(res, calls, pr.Duration, scale)
-		if m, ok := target.(sessionMover); ok {
+		if m, ok := target.(sessionCounter); ok {
 			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			if v, err := m.SessionMoves(sctx); err == nil {
-				pr.Sessions.Moves = v
+			if v, err := m.SessionCounts(sctx); err == nil {
+				pr.Sessions.Moves, pr.Sessions.AdmittedRoom, pr.Sessions.AdmittedSpare = v.Moves, v.Room, v.Spare
 			}
 			cancel()
 		}
@@ -208,9 +208,9 @@ func runPolicy(ctx context.Context, opts Options, w *rig.Workload, policy, label
 // eppCounter is a target that knows how many EPPs serve it; externalInfo
 // one that reads an external EPP's own metrics.
 type (
-	eppCounter   interface{ EPPCount() int }
-	sessionMover interface {
-		SessionMoves(context.Context) (float64, error)
+	eppCounter     interface{ EPPCount() int }
+	sessionCounter interface {
+		SessionCounts(context.Context) (rig.SessionCounts, error)
 	}
 	externalInfo interface {
 		Info(context.Context) *rig.EPPInfo

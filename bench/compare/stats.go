@@ -94,15 +94,18 @@ type SessionFigures struct {
 	// the first call's send to the last call's end, seconds (model time).
 	CompletionP50, CompletionP90 float64
 	// Moves is what the EPPs' omnious_epp_session_moves_total grew by;
-	// NaN when unknown (another EPP).
-	Moves float64
+	// AdmittedRoom and AdmittedSpare what omnious_epp_sessions_admitted_total
+	// did, by reason room (within the KV budget) and spare_compute (past
+	// it): the budget bound for the spare_compute ones. NaN when unknown
+	// (another EPP).
+	Moves, AdmittedRoom, AdmittedSpare float64
 }
 
 // sessionFigures summarises an agent workload's results: calls are
 // grouped by Result.Session, and a session is complete when its calls
 // number calls[session] and none failed.
 func sessionFigures(res []*rig.Result, calls map[int]int, duration time.Duration, scale float64) *SessionFigures {
-	f := &SessionFigures{Moves: math.NaN(), CompletionP50: math.NaN(), CompletionP90: math.NaN()}
+	f := &SessionFigures{Moves: math.NaN(), AdmittedRoom: math.NaN(), AdmittedSpare: math.NaN(), CompletionP50: math.NaN(), CompletionP90: math.NaN()}
 	type acc struct {
 		n          int
 		failed     bool

@@ -485,9 +485,13 @@ func runAgent(ctx context.Context, c *Client, r *Request, idx int, add func(*Res
 	for call := range a.Calls() {
 		final := call == a.Calls()-1
 		var res *Result
+		var first time.Time
 		for n := 0; ; n++ {
 			res = c.agentCall(ctx, msgs, a, final, r.Stage)
 			res.Session, res.Turn = idx, call
+			if n == 0 {
+				first = res.Start
+			}
 			if res.Status != http.StatusTooManyRequests || closed == nil || n >= closed.Retries {
 				break
 			}
@@ -495,6 +499,15 @@ func runAgent(ctx context.Context, c *Client, r *Request, idx int, add func(*Res
 			add(res)
 			if !sleep(ctx, backoff(res, closed.Backoff, n)) {
 				return
+			}
+		}
+		// A call refused and sent again is one call from its first send:
+		// its TTFT and E2E include the refusals and backoffs, so waiting
+		// never looks like goodput (TestReplayClosedLoop).
+		if wait := res.Start.Sub(first); wait > 0 {
+			res.Start, res.E2E = first, res.E2E+wait
+			if res.Err == nil {
+				res.TTFT += wait
 			}
 		}
 		add(res)

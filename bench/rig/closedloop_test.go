@@ -95,14 +95,27 @@ func TestReplayClosedLoop(t *testing.T) {
 			res := Replay(context.Background(), c, w, 1, time.Minute, nil)
 
 			retried, ok := map[int]int{}, map[int]int{}
+			type call struct{ session, turn int }
+			refusals := map[call][]*Result{}
 			for _, r := range res {
 				if r.Retried {
 					require.Equal(t, http.StatusTooManyRequests, r.Status)
 					retried[r.Session]++
+					refusals[call{r.Session, r.Turn}] = append(refusals[call{r.Session, r.Turn}], r)
 					continue
 				}
 				if r.Err == nil {
 					ok[r.Session]++
+				}
+				// A retried call counts from its first send: its TTFT
+				// includes the refusals and the backoffs between them.
+				if rs := refusals[call{r.Session, r.Turn}]; len(rs) > 0 {
+					require.Equal(t, rs[0].Start, r.Start, "session %d call %d starts at its first send", r.Session, r.Turn)
+					wait := rs[len(rs)-1].Start.Sub(rs[0].Start) + rs[len(rs)-1].E2E
+					require.Greater(t, r.E2E, wait, "session %d call %d", r.Session, r.Turn)
+					if r.Err == nil {
+						require.Greater(t, r.TTFT, wait, "session %d call %d", r.Session, r.Turn)
+					}
 				}
 			}
 			require.LessOrEqual(t, srv.maxActive, tc.agents, "never more sessions at once than agents")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -260,20 +261,40 @@ func (t *EPPTarget) EPPCount() int { return len(t.epps) }
 // EPPs are the EPPs serving the policy, the one given onWindow first.
 func (t *EPPTarget) EPPs() []*launch.EPP { return t.epps }
 
-// SessionMoves is the sum of the EPPs' omnious_epp_session_moves_total:
-// the session calls the agent policy moved off their history's replica.
-func (t *EPPTarget) SessionMoves(ctx context.Context) (float64, error) {
-	var total float64
+// SessionCounts are the EPPs' session counters summed: Moves is
+// omnious_epp_session_moves_total (calls the agent policy moved off their
+// history's replica), Room and Spare omnious_epp_sessions_admitted_total
+// by reason (room: within the KV budget; spare_compute: past it, onto a
+// replica with compute to spare).
+type SessionCounts struct{ Moves, Room, Spare float64 }
+
+// SessionCounts reads the EPPs' session counters.
+func (t *EPPTarget) SessionCounts(ctx context.Context) (SessionCounts, error) {
+	var total SessionCounts
 	for _, e := range t.epps {
 		page, err := e.Metrics(ctx)
 		if err != nil {
-			return 0, err
+			return SessionCounts{}, err
 		}
-		sums, _, err := promtext.Sum(page, "omnious_epp_session_moves_total")
-		if err != nil {
-			return 0, fmt.Errorf("cannot read session moves: %w", err)
+		var c [3]float64
+		for i, q := range []struct {
+			name string
+			want map[string]string
+		}{
+			{"omnious_epp_session_moves_total", nil},
+			{"omnious_epp_sessions_admitted_total", map[string]string{"reason": "room"}},
+			{"omnious_epp_sessions_admitted_total", map[string]string{"reason": "spare_compute"}},
+		} {
+			if _, err := page.Seek(0, io.SeekStart); err != nil {
+				return SessionCounts{}, fmt.Errorf("cannot reread the EPP's metrics: %w", err)
+			}
+			v, _, err := promtext.SumWhere(page, q.name, q.want)
+			if err != nil {
+				return SessionCounts{}, fmt.Errorf("cannot read %s: %w", q.name, err)
+			}
+			c[i] = v
 		}
-		total += sums[0]
+		total.Moves, total.Room, total.Spare = total.Moves+c[0], total.Room+c[1], total.Spare+c[2]
 	}
 	return total, nil
 }

@@ -1,12 +1,14 @@
 package rig
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/omnious/provider-node/engines/sim"
 	"github.com/omnious/provider-node/engines/sim/engine"
 	"github.com/omnious/provider-node/internal/opt"
 )
@@ -153,6 +155,16 @@ type AgentOptions struct {
 	// NoSessionIDs sends no session header: the router must infer
 	// sessions from prefixes. Default false (x-session-id is sent).
 	NoSessionIDs bool
+	// MaxContext is the context window every call must fit, prompt plus
+	// max_tokens, in tokens: a session whose next call would not fit ends
+	// with the call before, which gives its final answer (as SWE-agent
+	// submits on exit_context and mini-swe-agent stops on
+	// ContextWindowExceededError); it is a completed session with fewer
+	// calls. A call's prompt is counted as its words plus 128 tokens a
+	// tool and 64 a call so far (the template and JSON around them), its
+	// budget the larger of OutputLen and ToolCallMax. Default: the fleet's MaxModelLen, the
+	// simulator's 40,960 when that is unset.
+	MaxContext int
 	// Concurrency, when positive, makes the arrival closed-loop: that many
 	// agents, started SessionRate a model second, each starting the next
 	// of the Sessions when its current one ends, completed or given up.
@@ -352,6 +364,7 @@ func (o Options) WithDefaults() Options {
 	def(&a.Gap, 5*time.Second)
 	def(&a.GapMax, 60*time.Second)
 	def(&a.Sigma, 0.8)
+	def(&a.MaxContext, cmp.Or(o.Fleet.MaxModelLen, sim.Config{}.WithDefaults().MaxModelLen))
 	a.Concurrency = opt.Or(a.Concurrency, 0)
 	a.Retries = opt.Or(a.Retries, 20)
 	def(&a.RetryBackoff, 5*time.Second)
@@ -458,6 +471,9 @@ func (o Options) Validate() error {
 		}
 		if err := opt.DefaultNonNegative("agent-retry-backoff", a.RetryBackoff, 5*time.Second); err != nil {
 			errs = append(errs, fmt.Errorf("agents: %w", err))
+		}
+		if first := agentCallTokens(a.SystemLen+a.SchemaLen+a.TaskLen, 1, a.Tools) + max(a.OutputLen, a.ToolCallMax); a.MaxContext < first {
+			errs = append(errs, fmt.Errorf("agents: agent-max-context %d: the first call alone needs %d tokens", a.MaxContext, first))
 		}
 	default:
 		errs = append(errs, fmt.Errorf("workload %q: want trace, shared-prefix, chat or agents", w.Kind))

@@ -99,6 +99,9 @@ type Workload struct {
 	// Closed, when set, replays the agent sessions closed-loop; each
 	// Request's At is then unused.
 	Closed *ClosedLoop
+	// ContextEnded is how many agent sessions end early because their
+	// next call would not fit AgentOptions.MaxContext.
+	ContextEnded int
 	// pieces are each request's prompt as reusable pieces, in arrival
 	// order, for the finite-cache bound; nil when unknown (chat).
 	pieces [][]piece
@@ -593,6 +596,7 @@ func agentSessions(o Options) *Workload {
 		a.Sessions, a.SessionRate, a.Calls, a.SystemLen, a.SchemaLen, a.ResultLen, a.Gap, ids),
 		Bound: math.NaN(), BoundNote: "estimated from the first policy's usage: each call can hit the previous call's prompt and output, each session after the first the shared system prompt and tools"}
 	t := 0.0
+	budget, ended := max(a.OutputLen, a.ToolCallMax), 0
 	for s := 0; s < a.Sessions; s++ {
 		if s > 0 {
 			t += rng.ExpFloat64() / a.SessionRate
@@ -604,25 +608,53 @@ func agentSessions(o Options) *Workload {
 			as.ID = fmt.Sprintf("agent-%d-%d", o.Seed, s)
 		}
 		history := a.SystemLen + a.SchemaLen + a.TaskLen
+		full := true // every drawn call fits the context window
 		for c := 0; c < calls-1; c++ {
+			// Draw every call's result and gap even past the window, so a
+			// session is the same whatever the window (TestAgentMaxContext).
 			n := int(logNormal(rng, float64(a.ResultLen), a.Sigma, 1, float64(a.ResultMax)))
 			gap := logNormal(rng, a.Gap.Seconds(), a.Sigma, 0, a.GapMax.Seconds())
+			if full && agentCallTokens(history+n+a.ToolCallMax, c+2, a.Tools)+budget > a.MaxContext {
+				full = false // call c+1 would not fit: call c answers
+				ended++
+			}
+			if !full {
+				continue
+			}
 			as.Results = append(as.Results, strings.TrimSpace(words(o.Seed, "toolresult", s, c, n)))
 			as.Gaps = append(as.Gaps, time.Duration(gap/o.Fleet.TimeScale*float64(time.Second)))
 			history += n + a.ToolCallMax
 		}
-		w.MaxLen = max(w.MaxLen, history+a.OutputLen+64*calls)
+		w.MaxLen = max(w.MaxLen, agentCallTokens(history, as.Calls(), a.Tools)+a.OutputLen)
 		w.Requests = append(w.Requests, Request{At: time.Duration(t / o.Fleet.TimeScale * float64(time.Second)), Agent: as})
 	}
 	end := w.Requests[len(w.Requests)-1].At
 	w.Stages = []Stage{{QPS: a.SessionRate * float64(a.Calls), End: end}}
+	w.ContextEnded = ended
 	if n := *a.Concurrency; n > 0 {
 		w.Closed = &ClosedLoop{Agents: n, Ramp: time.Duration(float64(time.Second) / a.SessionRate / o.Fleet.TimeScale),
 			Retries: *a.Retries, Backoff: time.Duration(float64(a.RetryBackoff) / o.Fleet.TimeScale)}
 		w.Name = fmt.Sprintf("agents: %d sessions by %d agents closed-loop (one more each %gs), median %d calls, %d+%d shared tokens, results median %d, gaps median %v, %s",
 			a.Sessions, n, 1/a.SessionRate, a.Calls, a.SystemLen, a.SchemaLen, a.ResultLen, a.Gap, ids)
 	}
+	w.Name += fmt.Sprintf(", %d ended at the %d-token context", ended, a.MaxContext)
 	return w
+}
+
+// agentCallOverhead is what a call's prompt adds beyond its words, per
+// call of the session so far: the chat template's role markers and a
+// tool call's JSON around its arguments; agentToolOverhead is what each
+// tool's JSON schema adds beyond its description. TestAgentMaxContext-
+// FitsEngine keeps them an upper bound against the simulator's tokenizer.
+const (
+	agentCallOverhead = 64
+	agentToolOverhead = 128
+)
+
+// agentCallTokens bounds the prompt of a session's call-th call (1 the
+// first) whose messages total history words, with tools tools.
+func agentCallTokens(history, call, tools int) int {
+	return history + agentToolOverhead*tools + agentCallOverhead*call
 }
 
 // BuildWorkload builds the workload of defaulted options.

@@ -70,6 +70,7 @@ type workloadFlags struct {
 type agentFlags struct {
 	sessions, calls, callsMax, system, schema, tools int
 	task, result, resultMax, output, toolCallMax     int
+	maxContext                                       int
 	rate, sigma                                      float64
 	gap, gapMax                                      time.Duration
 	noIDs                                            bool
@@ -90,6 +91,7 @@ func (f *agentFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.resultMax, "agent-result-max", 0, "agents: largest tool result tokens (0: 4000)")
 	fs.IntVar(&f.output, "agent-output-len", 0, "agents: final answer tokens (0: 300)")
 	fs.IntVar(&f.toolCallMax, "agent-tool-call-max", 0, "agents: max_tokens of a tool call (0: 256)")
+	fs.IntVar(&f.maxContext, "agent-max-context", 0, "agents: context window a call's prompt plus max_tokens must fit; a session whose next call would not ends with its answer (0: -max-model-len, else 40960)")
 	fs.DurationVar(&f.gap, "agent-gap", 0, "agents: median tool time between calls, model time (0: 5s)")
 	fs.DurationVar(&f.gapMax, "agent-gap-max", 0, "agents: longest tool time (0: 60s)")
 	fs.Float64Var(&f.sigma, "agent-sigma", 0, "agents: log-normal shape of calls, results and gaps (0: 0.8)")
@@ -112,6 +114,7 @@ func (f *agentFlags) apply(a *rig.AgentOptions, set map[string]bool) {
 	ifSet(set, "agent-result-max", &a.ResultMax, f.resultMax)
 	ifSet(set, "agent-output-len", &a.OutputLen, f.output)
 	ifSet(set, "agent-tool-call-max", &a.ToolCallMax, f.toolCallMax)
+	ifSet(set, "agent-max-context", &a.MaxContext, f.maxContext)
 	ifSet(set, "agent-gap", &a.Gap, f.gap)
 	ifSet(set, "agent-gap-max", &a.GapMax, f.gapMax)
 	ifSet(set, "agent-sigma", &a.Sigma, f.sigma)
