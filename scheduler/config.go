@@ -110,9 +110,10 @@ type SessionsConfig struct {
 	// compute to spare (SpareWork), (0, 1]. Default 0.9.
 	KVFraction float64 `yaml:"kv_fraction"`
 	// SpareWork lets a new session start past the KV budget onto a replica
-	// with compute to spare: no engine queue, KV usage below kv_fraction,
-	// and pending prefill work, the session's prompt included, at most
-	// this fraction of ttft_objective, on that replica and over the fleet.
+	// with compute to spare: no engine queue in the fleet, KV usage below
+	// kv_fraction, and pending prefill work, the session's prompt
+	// included, at most this fraction of ttft_objective, on that replica
+	// and over the fleet.
 	// Evicting a history there costs only a recompute the replica has
 	// time for. 0: never past the budget.
 	// Default 0.5 (TestSessionSpareCompute).

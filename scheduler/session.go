@@ -25,7 +25,8 @@ import (
 //	onto the replica r with the most room, when
 //	    reserved(r) + its prompt <= kv_fraction × KV capacity(r)
 //	else, when the fleet has compute to spare,
-//	    (Σ pending + Σ starting + its prompt) / Σ rate <= spare_work × ttft_objective,
+//	    (Σ pending + Σ starting + its prompt) / Σ rate <= spare_work × ttft_objective
+//	    and no replica's engine queue is non-empty,
 //	onto the replica r of least work among those with compute to spare:
 //	    no engine queue, KV usage < kv_fraction, and
 //	    (pending(r) + starting(r) + its prompt) / rate(r) <= spare_work × ttft_objective
@@ -45,9 +46,14 @@ import (
 // only what fits in it (TestSessionSpareCompute). Past the budget an
 // eviction costs a recompute the replica has time for; when evictions
 // make it busy, its queue and pending work close the second way. The
-// fleet's sums come first because the agent policy moves calls off busy
+// fleet comes first because the agent policy moves calls off busy
 // holders: a replica idle for a moment while the fleet is recompute-bound
-// is where those calls go next, not spare compute.
+// is where those calls go next, not spare compute. And a call waiting in
+// any engine's queue (num_requests_waiting at its last fresh scrape) is
+// waiting for KV, which a new session past the budget takes more of,
+// however little prefill work is pending: a fleet short of KV for the
+// calls it serves has nothing to spare (TestSessionSpareCompute, "one
+// replica queueing"). A stale scrape is no evidence of a queue now.
 //
 // The session is then bound to that replica (the agent policy's holder);
 // when a call moves, its history's tokens move with it. Otherwise it
@@ -161,7 +167,10 @@ type repRoom struct {
 	budget int64 // kv_fraction of its KV capacity, tokens
 	// idle: no engine queue and KV usage below kv_fraction at the last
 	// scrape.
-	idle    bool
+	idle bool
+	// queued: requests waiting in its engine's queue at its last scrape,
+	// which is not stale.
+	queued  bool
 	pending int64   // the agent policy's pending prefill, tokens
 	rate    float64 // prefill tokens per second, > 0
 }
@@ -170,8 +179,9 @@ type repRoom struct {
 // while none does.
 func (t *sessionTable) rooms() []repRoom {
 	var out []repRoom
+	staleBefore := t.s.staleBefore(t.s.now())
 	for _, r := range t.s.snap.Load().all.reps {
-		g := r.signal()
+		g, stale := signals(r, staleBefore)
 		if g == nil {
 			continue
 		}
@@ -186,6 +196,7 @@ func (t *sessionTable) rooms() []repRoom {
 		f := t.s.cfg.Sessions.KVFraction
 		out = append(out, repRoom{id: r.id, budget: int64(float64(c) * f),
 			idle:    g.sm.Signals.Waiting == 0 && g.sm.Signals.KVUsage < f,
+			queued:  g.sm.Signals.Waiting > 0 && !stale,
 			pending: r.pending.Load(), rate: rate})
 	}
 	return out
@@ -217,8 +228,13 @@ func (t *sessionTable) placeLocked(need int64, rooms []repRoom, now time.Time) (
 	// no compute to spare while the fleet's pending prefill work, per
 	// replica, is past the bound: the sessions already admitted bring it
 	// their recomputes (TestSessionSpareCompute, "fleet recompute-bound").
+	// Nor while any engine has calls waiting for KV (TestSessionSpareCompute,
+	// "one replica queueing").
 	var fleetWork, fleetRate float64
 	for _, x := range rooms {
+		if x.queued {
+			return 0, false, ""
+		}
 		fleetWork += float64(x.pending + t.starting[x.id])
 		fleetRate += x.rate
 	}

@@ -319,11 +319,13 @@ func TestSessionReserve(t *testing.T) {
 // engine queue, KV usage below kv_fraction, pending prefill work with
 // its prompt within spare_work x ttft_objective), counting the prompts of
 // sessions admitted there whose first call has not come, so that one
-// idle moment admits only what fits in it; otherwise it waits.
+// idle moment admits only what fits in it, and only while no engine of
+// the fleet has a queue at its last fresh scrape; otherwise it waits.
 func TestSessionSpareCompute(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		waiting float64 // engine queue at the last scrape
+		waiting [2]float64 // engine queues at the last scrape
+		stale   bool       // replica 1's scrape is older than stale_after
 		kvUsage float64
 		pending [2]int64 // on each replica, tokens
 		spare   float64
@@ -331,16 +333,22 @@ func TestSessionSpareCompute(t *testing.T) {
 	}{
 		// The limit is 0.5 x 2s x 3000 tokens/s = 3000 tokens a
 		// replica, 6000 the fleet: one new session of 2000 per replica.
-		{"idle fleet", 0, 0.2, [2]int64{0, 0}, 0.5, 2},
-		{"pending work", 0, 0.2, [2]int64{1500, 1500}, 0.5, 0},
-		{"engine queue", 1, 0.2, [2]int64{0, 0}, 0.5, 0},
-		{"kv full", 0, 0.95, [2]int64{0, 0}, 0.5, 0},
-		{"off", 0, 0.2, [2]int64{0, 0}, 0, 0},
+		{"idle fleet", [2]float64{0, 0}, false, 0.2, [2]int64{0, 0}, 0.5, 2},
+		{"pending work", [2]float64{0, 0}, false, 0.2, [2]int64{1500, 1500}, 0.5, 0},
+		{"engine queue", [2]float64{1, 1}, false, 0.2, [2]int64{0, 0}, 0.5, 0},
+		{"kv full", [2]float64{0, 0}, false, 0.95, [2]int64{0, 0}, 0.5, 0},
+		{"off", [2]float64{0, 0}, false, 0.2, [2]int64{0, 0}, 0, 0},
 		// One replica busy, the fleet not: the idle one takes one.
-		{"one replica busy", 0, 0.2, [2]int64{0, 2000}, 0.5, 1},
+		{"one replica busy", [2]float64{0, 0}, false, 0.2, [2]int64{0, 2000}, 0.5, 1},
 		// The fleet's pending work (6000 + 2000 of 6000 a second) is
 		// past the bound: the idle replica is where moved calls go.
-		{"fleet recompute-bound", 0, 0.2, [2]int64{0, 6000}, 0.5, 0},
+		{"fleet recompute-bound", [2]float64{0, 0}, false, 0.2, [2]int64{0, 6000}, 0.5, 0},
+		// A call waits for KV on replica 1: the fleet is short of KV
+		// for the calls it serves, and idle replica 0 takes nothing.
+		{"one replica queueing", [2]float64{0, 1}, false, 0.2, [2]int64{0, 0}, 0.5, 0},
+		// The same queue seen at a stale scrape is no evidence of one
+		// now: replica 0 takes one.
+		{"queue at a stale scrape", [2]float64{0, 1}, true, 0.2, [2]int64{0, 0}, 0.5, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -357,10 +365,13 @@ func TestSessionSpareCompute(t *testing.T) {
 					require.NoError(t, err)
 					d.Done(DoneInfo{Status: 200, PromptTokens: 3500, CompletionTokens: 100})
 				}
-				for i := range 2 {
+				for _, i := range []int{1, 0} {
 					e.setSignals(i, metrics.Signals{Engine: metrics.EngineVLLM, BlockSize: 16, NumGPUBlocks: 4096 / 16,
-						Waiting: tc.waiting, KVUsage: tc.kvUsage})
+						Waiting: tc.waiting[i], KVUsage: tc.kvUsage})
 					e.rep(i).pending.Store(tc.pending[i])
+					if i == 1 && tc.stale {
+						e.clock.Add(e.s.cfg.Signals.StaleAfter + time.Second)
+					}
 				}
 				var chs []<-chan error
 				for i := range 3 {
