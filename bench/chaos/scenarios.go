@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/omnious/provider-node/bench/internal/launch"
@@ -36,14 +37,14 @@ func scenarios() []scenario {
 			name: "client-cancel",
 			expected: "1,000 requests cancelled before the routing reply, at the response headers or mid-body, mixed with " +
 				"300 normal ones: every normal one served, no breaker leaves closed, no request counts as a failure, " +
-				"each replica's share within 5 points of a run without cancels, nothing in flight afterwards",
+				"each replica's share within " + strconv.Itoa(maxShareShift) + " points of a run without cancels, nothing in flight afterwards",
 			setup: setup{replicas: 3},
 			run:   runClientCancel,
 		},
 		{
 			name: "no-response-phase",
 			expected: "300 requests through a gateway with response processing off (the EPP sees only its streams end): " +
-				"all served, no breaker leaves closed, no failure counted, shares within 5 points of the same load " +
+				"all served, no breaker leaves closed, no failure counted, shares within " + strconv.Itoa(maxShareShift) + " points of the same load " +
 				"with a response phase, nothing in flight afterwards",
 			setup: setup{replicas: 3},
 			run:   runNoResponsePhase,
