@@ -40,13 +40,32 @@ func gatewayFleet(t *testing.T, extra string, route map[string]string) (string, 
 		t.Cleanup(func() { cancel(); <-done })
 		return "http://" + gw.Addr()
 	}
-	// Its tokens count under a tenant of its own, in either mode.
+	// Its tokens count under a tenant of its own, in either mode. Under
+	// make test's load one held request was not seen in flight within 5 s
+	// (refused before the EPP had a healthy replica, or through its 2 s
+	// stall before a poll saw it), so it is sent again until one is; a
+	// second one held does no harm: any in flight refuses bronze.
 	holder := map[string]string{"x-gateway-inference-fairness-id": "holder"}
-	simtest.Hold(t, http.DefaultClient, "http://"+r.Addr(), gateway(holder), testModel, holder)
-	require.Eventually(t, func() bool {
-		return metricSum(t, e.MetricsAddr(), "inference_objective_running_requests") == 1
-	}, 5*time.Second, 5*time.Millisecond, "a request in flight")
+	holdURL := gateway(holder)
+	inFlight := func() bool { return metricSum(t, e.MetricsAddr(), "inference_objective_running_requests") >= 1 }
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		simtest.Hold(t, http.DefaultClient, "http://"+r.Addr(), holdURL, testModel, holder)
+		if waitFor(inFlight, 3*time.Second) {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "a request in flight")
+	}
 	return gateway(route), e
+}
+
+// waitFor polls cond every 5 ms until it holds or d has passed.
+func waitFor(cond func() bool, d time.Duration) bool {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+	}
+	return false
 }
 
 // chat sends one completion through the gateway with headers and returns
