@@ -141,6 +141,45 @@ func TestDecodeEveryPosition(t *testing.T) {
 	}
 }
 
+// TestDecodeLongRuns: in text long enough for the vector scans, one or
+// two special bytes at the edges of plainRun's windows and of runMin
+// decode as encoding/json decodes them: the scans take the plain runs,
+// the word loop what is not plain, and each hands over to the other at
+// the right byte.
+func TestDecodeLongRuns(t *testing.T) {
+	specials := []string{`\n`, `\"`, `\u00e9`, "\n", `"`, "é", "\xff", "\x7f", `\`, "’"}
+	var positions []int
+	for _, p := range []int{0, 1, runMin, runWindow, 2 * runWindow} {
+		positions = append(positions, p-1, p, p+1, p+7)
+	}
+	for _, n := range []int{runMin - 1, runMin, runWindow, runWindow + 1, 3*runWindow + 5} {
+		for _, sp := range specials {
+			for _, p := range positions {
+				for _, q := range []int{-1, p + runMin - 1, p + runMin + 3, p + runWindow} {
+					if p < 0 || p > n {
+						continue
+					}
+					text := []byte(strings.Repeat("x", n))
+					text = append(text[:p:p], append([]byte(sp), text[p:]...)...)
+					if q >= 0 && q <= len(text) {
+						text = append(text[:q:q], append([]byte(sp), text[q:]...)...)
+					}
+					raw := append(append([]byte(`"`), text...), '"')
+					var want string
+					wantErr := json.Unmarshal(raw, &want)
+					got, err := Decode(raw)
+					if wantErr != nil {
+						require.Error(t, err, "%q at %d and %d of %d", sp, p, q, n)
+						continue
+					}
+					require.NoError(t, err, "%q at %d and %d of %d", sp, p, q, n)
+					require.Equal(t, want, got, "%q at %d and %d of %d", sp, p, q, n)
+				}
+			}
+		}
+	}
+}
+
 // FuzzDecode: Decode agrees with encoding/json on every input whose value
 // is a string, both on the value and on whether there is one; any other
 // value is an error.
@@ -204,5 +243,30 @@ func BenchmarkDecodeLong(b *testing.B) {
 		if dst, err = AppendDecode(dst[:0], raw); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkDecodeNonASCII is text the vector scan does not take whole:
+// Chinese, where no window is plain, and English with a curly quote every
+// few hundred bytes, where every window has one.
+//
+//	go test ./internal/jsonstr -run '^$' -bench DecodeNonASCII -count 6
+func BenchmarkDecodeNonASCII(b *testing.B) {
+	for _, bc := range []struct{ name, text string }{
+		{"chinese", strings.Repeat("路由器把每个请求发送到缓存中持有其前缀的副本。", 2000)},
+		{"curly-quotes", strings.Repeat("The router sends each request to a replica whose cache holds its prefix; it’s the one that answers first, and the others wait for the next request to come. ", 1400)},
+	} {
+		raw, err := json.Marshal(bc.text)
+		require.NoError(b, err)
+		b.Run(bc.name, func(b *testing.B) {
+			dst := make([]byte, 0, len(raw))
+			b.SetBytes(int64(len(raw)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if dst, err = AppendDecode(dst[:0], raw); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
