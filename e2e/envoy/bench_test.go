@@ -57,7 +57,8 @@ func startFloor(tb testing.TB, dest string) string {
 // FULL_DUPLEX_STREAMED mode, where the headers' answer must precede the
 // body's, and nothing else: it holds every body chunk until the body is
 // complete, then answers with the routing reply (testgw.Floor's) and the
-// chunks as they came, unchanged. atLength: the body is complete when it
+// chunks as they came, unchanged (cut at the EPP's chunk_size, as
+// testgw.SendBody sends them). atLength: the body is complete when it
 // reaches its Content-Length, as the EPP takes it (Envoy's end of stream,
 // an empty message that often comes later, is then passed on by itself);
 // else at Envoy's end of stream, as testgw.Floor waits for it.
@@ -79,7 +80,7 @@ func (f *bufferingFloor) Process(st extprocv3.ExternalProcessor_ProcessServer) e
 		if err != nil {
 			return err
 		}
-		var out []*extprocv3.ProcessingResponse
+		var out *extprocv3.ProcessingResponse
 		switch r := req.Request.(type) {
 		case *extprocv3.ProcessingRequest_RequestHeaders:
 			for _, h := range r.RequestHeaders.GetHeaders().GetHeaders() {
@@ -87,14 +88,17 @@ func (f *bufferingFloor) Process(st extprocv3.ExternalProcessor_ProcessServer) e
 					length, _ = strconv.ParseInt(string(h.RawValue), 10, 64)
 				}
 			}
-			if r.RequestHeaders.EndOfStream {
-				out = append(out, testgw.RouteReply(f.dest, 0))
+			if !r.RequestHeaders.EndOfStream {
+				continue
 			}
+			out = testgw.RouteReply(f.dest, 0)
 		case *extprocv3.ProcessingRequest_RequestBody:
 			b := r.RequestBody
 			if open { // answered at Content-Length: the end of stream
-				out = append(out, testgw.StreamedBody(true, b.Body, b.EndOfStream))
-				break
+				if err := testgw.SendBody(st, true, b.Body, b.EndOfStream); err != nil {
+					return err
+				}
+				continue
 			}
 			chunks = append(chunks, b.Body) // the received message's own bytes: no copy
 			held += len(b.Body)
@@ -103,22 +107,28 @@ func (f *bufferingFloor) Process(st extprocv3.ExternalProcessor_ProcessServer) e
 				continue
 			}
 			open = !b.EndOfStream
-			out = append(out, testgw.RouteReply(f.dest, held))
-			for i, c := range chunks {
-				out = append(out, testgw.StreamedBody(true, c, b.EndOfStream && i == len(chunks)-1))
+			if err := st.Send(testgw.RouteReply(f.dest, held)); err != nil {
+				return err
 			}
+			for i, c := range chunks {
+				if err := testgw.SendBody(st, true, c, b.EndOfStream && i == len(chunks)-1); err != nil {
+					return err
+				}
+			}
+			continue
 		case *extprocv3.ProcessingRequest_ResponseHeaders:
-			out = append(out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
-				ResponseHeaders: &extprocv3.HeadersResponse{}}})
+			out = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
+				ResponseHeaders: &extprocv3.HeadersResponse{}}}
 		case *extprocv3.ProcessingRequest_ResponseBody:
-			out = append(out, testgw.StreamedBody(false, r.ResponseBody.Body, r.ResponseBody.EndOfStream))
+			if err := testgw.SendBody(st, false, r.ResponseBody.Body, r.ResponseBody.EndOfStream); err != nil {
+				return err
+			}
+			continue
 		default:
 			continue // trailers: the benchmark's client sends none
 		}
-		for _, m := range out {
-			if err := st.Send(m); err != nil {
-				return err
-			}
+		if err := st.Send(out); err != nil {
+			return err
 		}
 	}
 }
@@ -161,7 +171,9 @@ func withoutExtProc(doc map[string]any) error {
 // request at a time through five Envoys on the shipped envoy.yaml, to an
 // upstream that answers at once: with the EPP (precise, stand-in
 // tokenizer); with the no-op ext_proc server in its place (testgw.Floor,
-// the same filter config: the floor the target is set against); with the
+// the same filter config, the body sent back in the EPP's chunks of at
+// most 62000 bytes as the ext_proc contract has them: the floor the
+// target is set against); with the
 // buffering floor, which holds the body until Envoy's end of stream
 // ("buffer") or until its Content-Length ("buffer-cl", when the EPP
 // routes) and then answers, doing nothing else (bufferingFloor: what any

@@ -15,8 +15,9 @@ import (
 
 // Floor is an ext_proc server that answers the gateway's exchange as the
 // EPP does, message for message, with no work at all: it gathers the
-// request body, routes to its destinations in turn, echoes the body and
-// answers the response phase unchanged. What the gateway waits on it is
+// request body, routes to its destinations in turn, echoes the body in
+// chunks of at most the EPP's chunk_size (the ext_proc contract's 62000
+// bytes) and answers the response phase unchanged, in chunks alike. What the gateway waits on it is
 // the cost of gRPC, protobuf and the machine's scheduling alone, the
 // floor under the EPP's added latency (`bench load -floor`).
 type Floor struct {
@@ -52,12 +53,18 @@ func (f *Floor) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
 			if err := st.Send(RouteReply(f.dest(), len(body))); err != nil {
 				return err
 			}
-			resp = StreamedBody(true, body, true)
+			if err := SendBody(st, true, body, true); err != nil {
+				return err
+			}
+			continue
 		case *extprocv3.ProcessingRequest_ResponseHeaders:
 			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
 				ResponseHeaders: &extprocv3.HeadersResponse{}}}
 		case *extprocv3.ProcessingRequest_ResponseBody:
-			resp = StreamedBody(false, r.ResponseBody.Body, r.ResponseBody.EndOfStream)
+			if err := SendBody(st, false, r.ResponseBody.Body, r.ResponseBody.EndOfStream); err != nil {
+				return err
+			}
+			continue
 		default:
 			continue // trailers: the gateway sends none
 		}
@@ -82,6 +89,29 @@ func RouteReply(dest string, n int) *extprocv3.ProcessingResponse {
 		RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{ClearRouteCache: true,
 			HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
 				set(extproc.HeaderDestination, dest), set("content-length", strconv.Itoa(n))}}}}}}
+}
+
+// chunkSize is the largest body chunk the EPP sends back (its default
+// chunk_size).
+var chunkSize = extproc.Config{}.WithDefaults().ChunkSize
+
+// SendBody sends body back unchanged, as the request's (request) or the
+// response's, in chunks of at most the EPP's chunk_size, the last with
+// eos. An empty body is one message when it carries end of stream, none
+// otherwise.
+func SendBody(st extprocv3.ExternalProcessor_ProcessServer, request bool, body []byte, eos bool) error {
+	for first := true; first || len(body) > 0; first = false {
+		n := min(len(body), chunkSize)
+		last := n == len(body)
+		if n == 0 && !(eos && last) {
+			return nil
+		}
+		if err := st.Send(StreamedBody(request, body[:n], eos && last)); err != nil {
+			return err
+		}
+		body = body[n:]
+	}
+	return nil
 }
 
 // StreamedBody is a streamed body chunk of the request or the response,
