@@ -17,9 +17,10 @@ import (
 // EPP does, message for message, with no work at all: it gathers the
 // request body, routes to its destinations in turn, echoes the body in
 // chunks of at most the EPP's chunk_size (the ext_proc contract's 62000
-// bytes) and answers the response phase unchanged, in chunks alike. What the gateway waits on it is
-// the cost of gRPC, protobuf and the machine's scheduling alone, the
-// floor under the EPP's added latency (`bench load -floor`).
+// bytes) and answers the response phase unchanged, in chunks alike. What
+// the gateway waits on it is the cost of gRPC, protobuf and the machine's
+// scheduling alone, the floor under the EPP's added latency (`bench load
+// -floor`).
 type Floor struct {
 	extprocv3.UnimplementedExternalProcessorServer
 	// Dests are the endpoints (ip:port) requests are routed to in turn.
