@@ -163,19 +163,9 @@ func (c Config) ServerOptions() []grpc.ServerOption {
 	}
 }
 
-// NewBufferPool returns a gRPC buffer pool for body-sized messages. gRPC's
-// default pool jumps from 32 KiB to 1 MiB buffers and zeroes the whole
-// buffer on every Get, so each 33 KiB body chunk cleared a megabyte; with a
-// tier at every power of two up to 64 MiB a buffer is at most twice the
-// message.
-func NewBufferPool() mem.BufferPool {
-	exps := make([]uint8, 0, 19)
-	for e := uint8(8); e <= 26; e++ {
-		exps = append(exps, e)
-	}
-	p, err := mem.NewBinaryTieredBufferPool(exps...)
-	if err != nil {
-		panic(err) // the exponents are constant and valid on 64-bit and 32-bit
-	}
-	return p
-}
+// NewBufferPool returns a gRPC buffer pool for body-sized messages
+// (msgPool). gRPC's default pool jumps from 32 KiB to 1 MiB buffers and
+// zeroes the whole buffer on every Get, so each 33 KiB body chunk cleared
+// a megabyte; with a tier at every power of two up to 64 MiB a buffer is
+// at most twice the message.
+func NewBufferPool() mem.BufferPool { return new(msgPool) }
