@@ -44,18 +44,19 @@ func (p *bodyPool) put(b []byte) {
 }
 
 // bodyClass is the class whose buffers hold n bytes, or -1.
-func bodyClass(n int) int {
-	if n <= 0 {
-		return 0
+func bodyClass(n int) int { return tier(n, bodyPoolMinShift, bodyPoolClasses) }
+
+// tier is the index of the smallest of tiers powers of two from
+// 1<<minShift up that holds n bytes, or -1 when none does.
+func tier(n, minShift, tiers int) int {
+	t := 0
+	if n > 1<<minShift {
+		t = bits.Len(uint(n-1)) - minShift
 	}
-	c := bits.Len(uint(n-1)) - bodyPoolMinShift
-	if c < 0 {
-		c = 0
-	}
-	if c >= bodyPoolClasses {
+	if t >= tiers {
 		return -1
 	}
-	return c
+	return t
 }
 
 // msgPool is gRPC's buffer pool for ext_proc messages (NewBufferPool): a
@@ -101,13 +102,4 @@ func (p *msgPool) Put(b *[]byte) {
 }
 
 // msgTier is the tier whose buffers hold n bytes, or -1.
-func msgTier(n int) int {
-	t := 0
-	if n > 1<<msgPoolMinShift {
-		t = bits.Len(uint(n-1)) - msgPoolMinShift
-	}
-	if t >= msgPoolTiers {
-		return -1
-	}
-	return t
-}
+func msgTier(n int) int { return tier(n, msgPoolMinShift, msgPoolTiers) }
