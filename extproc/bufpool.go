@@ -64,9 +64,10 @@ func tier(n, minShift, tiers int) int {
 // as it was put, not cleared as gRPC's own pools clear theirs: gRPC fills
 // the whole length it asks for (a received message is copied in, Codec
 // writes a marshalled one), so clearing was one more pass over every
-// message, about 27 µs for 200 KB on each side of the exchange
-// (BenchmarkExtProcRoundTrip). Larger buffers are left to the GC.
-// TestMsgPool; TestMsgPoolReuse sends bodies through recycled buffers.
+// message, about 27 µs for a 200 KB body's chunks (a CPU profile of
+// BenchmarkEPPInEnvoy/200KB). Larger buffers are left to the GC.
+// TestMsgPool; TestMsgPoolReuse sends bodies of falling sizes through
+// recycled buffers and fails if a stale byte comes back.
 type msgPool struct {
 	tiers [msgPoolTiers]sync.Pool
 }
