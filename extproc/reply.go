@@ -243,14 +243,24 @@ func (c *chunkReply) message(b []byte, eos, request bool) *extprocv3.ProcessingR
 // (FULL_DUPLEX_STREAMED). An empty b still sends one message when it
 // carries end of stream.
 func (st *stream) sendBody(b []byte, eos, request bool) error {
-	size := st.s.cfg.ChunkSize
+	return EachChunk(b, eos, st.s.cfg.ChunkSize, func(c []byte, eos bool) error {
+		return st.send(st.chunk.message(c, eos, request))
+	})
+}
+
+// EachChunk calls send with b's chunks of at most size bytes, in order,
+// the last with eos, as the EPP sends a body back to Envoy; it stops at
+// send's first error. An empty b is one chunk when it carries end of
+// stream, none otherwise. testgw's floors send with it, so they chunk as
+// the EPP does (TestFloorChunks).
+func EachChunk(b []byte, eos bool, size int, send func(chunk []byte, eos bool) error) error {
 	for first := true; first || len(b) > 0; first = false {
 		n := min(len(b), size)
 		last := n == len(b)
 		if n == 0 && !(eos && last) {
 			return nil
 		}
-		if err := st.send(st.chunk.message(b[:n], eos && last, request)); err != nil {
+		if err := send(b[:n], eos && last); err != nil {
 			return err
 		}
 		b = b[n:]

@@ -97,22 +97,12 @@ func RouteReply(dest string, n int) *extprocv3.ProcessingResponse {
 var chunkSize = extproc.Config{}.WithDefaults().ChunkSize
 
 // SendBody sends body back unchanged, as the request's (request) or the
-// response's, in chunks of at most the EPP's chunk_size, the last with
-// eos. An empty body is one message when it carries end of stream, none
-// otherwise.
+// response's, in the EPP's chunks (extproc.EachChunk at its default
+// chunk_size).
 func SendBody(st extprocv3.ExternalProcessor_ProcessServer, request bool, body []byte, eos bool) error {
-	for first := true; first || len(body) > 0; first = false {
-		n := min(len(body), chunkSize)
-		last := n == len(body)
-		if n == 0 && !(eos && last) {
-			return nil
-		}
-		if err := st.Send(StreamedBody(request, body[:n], eos && last)); err != nil {
-			return err
-		}
-		body = body[n:]
-	}
-	return nil
+	return extproc.EachChunk(body, eos, chunkSize, func(c []byte, eos bool) error {
+		return st.Send(StreamedBody(request, c, eos))
+	})
 }
 
 // StreamedBody is a streamed body chunk of the request or the response,
